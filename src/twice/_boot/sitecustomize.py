@@ -1,0 +1,39 @@
+# twice's bootstrap: `twice run` puts this folder first on PYTHONPATH so that every Python process
+# of the command (scripts, `python -m`, shell wrappers, subprocesses, torchrun workers) is seeded,
+# made deterministic and recorded before the first line of user code. It then runs the
+# sitecustomize this one shadows, if there is one.
+
+
+def _twice_boot():
+    import importlib
+    import os
+    import sys
+
+    boot_dir = os.path.dirname(os.path.abspath(__file__))
+    try:
+        from twice import bootstrap
+    except ImportError:
+        # The command's interpreter may lack twice (another venv): use the launcher's copy.
+        sys.path.append(os.path.dirname(os.path.dirname(boot_dir)))
+        try:
+            from twice import bootstrap
+        except ImportError as exc:
+            sys.stderr.write(f"twice: warning: this process is not recorded: cannot import twice ({exc})\n")
+            bootstrap = None
+    if bootstrap is not None:
+        bootstrap.boot()
+
+    ours = sys.modules.pop("sitecustomize", None)
+    saved_path = list(sys.path)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != boot_dir]
+    try:
+        importlib.import_module("sitecustomize")
+    except ImportError:
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours
+    finally:
+        sys.path[:] = saved_path
+
+
+_twice_boot()
+del _twice_boot

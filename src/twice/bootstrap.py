@@ -1,0 +1,165 @@
+"""Runs at interpreter start in every process of a `twice run` command (via the _boot sitecustomize).
+
+It reads the launcher's settings from TWICE_* variables, seeds Python's `random` at once, and seeds
+NumPy and torch (and switches torch to deterministic mode, and installs step capture) the moment
+they are imported, so that processes that never import torch pay nothing. Only the standard
+library is imported here; the rest of twice loads inside the torch import hook.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import os
+import sys
+import time
+from typing import Callable
+
+ENV_RUN_DIR = "TWICE_RUN_DIR"
+ENV_SEED = "TWICE_SEED"
+ENV_DETERMINISM = "TWICE_DETERMINISM"
+ENV_OBSERVE = "TWICE_OBSERVE"
+ENV_TRACE_EVERY = "TWICE_TRACE_EVERY"
+ENV_PARAMS_EVERY = "TWICE_PARAMS_EVERY"
+ENV_STOP_AFTER = "TWICE_STOP_AFTER"
+ENV_TRACE = "TWICE_TRACE"
+
+_state: dict = {}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `callback(module)` right after the module named `name` has finished executing."""
+
+    def __init__(self, name: str, callback: Callable):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once, and so that the real finder below is used
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, callback = spec.loader, self.callback
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                callback(module)
+
+        spec.loader = _Loader()
+        return spec
+
+
+def _when_imported(name: str, callback: Callable) -> None:
+    if name in sys.modules:
+        callback(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "", "auto") else None
+
+
+def _on_numpy(numpy) -> None:
+    seed = _state.get("seed")
+    if seed is not None:
+        numpy.random.seed(seed if seed < 2**32 else [seed & 0xFFFFFFFF, seed >> 32])
+
+
+def _on_torch(torch) -> None:
+    from . import capture, determinism, instrument
+    from .errors import DeterminismError
+
+    seed, mode = _state.get("seed"), _state.get("mode", "off")
+    if seed is not None:
+        if mode != "off":
+            try:
+                report = determinism.deterministic(seed=None, mode=mode)
+            except DeterminismError as exc:
+                sys.stderr.write(f"twice: {exc.render()}\n")
+                raise SystemExit(2) from None
+            _state["determinism"] = report.to_json()
+        torch.manual_seed(seed)
+    _state["torch"] = capture.torch_facts(torch)
+    if os.environ.get(ENV_TRACE, "1") == "1":
+        rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+        stream = f"rank{rank}" if rank is not None and world not in (None, "1") else None
+        recorder = instrument.Recorder(
+            _state["run_dir"],
+            trace_every=_int_env(ENV_TRACE_EVERY) or 1,
+            params_every=_int_env(ENV_PARAMS_EVERY),
+            stop_after=_int_env(ENV_STOP_AFTER),
+            stream=stream,
+        )
+        instrument.install(recorder)
+
+
+def _local_sources() -> list[str]:
+    """Files of modules this process imported from outside the interpreter and its site-packages."""
+    import sysconfig
+
+    skip = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    skip.update(os.path.realpath(p) for p in sysconfig.get_paths().values())
+    skip.add(os.path.realpath(os.path.dirname(os.path.abspath(__file__))))
+    sources = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not path.endswith(".py"):
+            continue
+        real = os.path.realpath(os.path.join(_state["cwd"], path))
+        if not os.path.isfile(real):
+            continue
+        if "site-packages" in real or "dist-packages" in real or any(real.startswith(s + os.sep) for s in skip):
+            continue
+        sources.add(real)
+    return sorted(sources)
+
+
+def _at_exit() -> None:
+    if os.getpid() != _state.get("pid"):
+        return  # a forked child inherited this handler
+    from . import instrument
+    from .store import write_json_atomic
+
+    recorder = instrument.active_recorder()
+    if recorder is not None:
+        recorder.finish()
+    record = {
+        "pid": os.getpid(), "ppid": os.getppid(), "argv": list(sys.argv), "started": _state["started"],
+        "ended": time.time(), "sources": _local_sources(), "seed": _state.get("seed"),
+        "determinism": _state.get("determinism"), "torch": _state.get("torch"),
+        "steps": recorder.step_index if recorder is not None else None,
+        "stopped_after": recorder.stop_after if recorder is not None and recorder.stopped else None,
+    }
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        from .capture import torch_runtime_facts
+
+        record["torch_runtime"] = torch_runtime_facts(torch)
+    procs = os.path.join(_state["run_dir"], "procs")
+    os.makedirs(procs, exist_ok=True)
+    write_json_atomic(os.path.join(procs, f"{os.getpid()}.json"), record)
+
+
+def boot() -> None:
+    """Apply the launcher's settings to this process; a no-op outside `twice run`."""
+    run_dir = os.environ.get(ENV_RUN_DIR)
+    if not run_dir or _state:
+        return
+    _state.update(run_dir=run_dir, pid=os.getpid(), started=time.time(), cwd=os.getcwd())
+    if os.environ.get(ENV_OBSERVE) != "1":
+        seed = int(os.environ.get(ENV_SEED, "0"))
+        _state.update(seed=seed, mode=os.environ.get(ENV_DETERMINISM, "strict"))
+        import random
+
+        random.seed(seed)
+        _when_imported("numpy", _on_numpy)
+    _when_imported("torch", _on_torch)
+    atexit.register(_at_exit)

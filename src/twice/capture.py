@@ -1,0 +1,195 @@
+"""Environment facts a run depends on: one small function per fact, gathered by a table.
+
+The launcher gathers what it can without importing torch (fast); the facts that need torch are
+gathered inside the training process itself (`torch_facts`), so they describe the torch that ran.
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["gather_identity_facts", "gather_context_facts", "torch_facts", "git_state", "NUMERIC_ENV_PREFIXES",
+           "numeric_env"]
+
+# Environment variables that change numerics, kernels, threads or hashing.
+NUMERIC_ENV_PREFIXES = ("CUBLAS_", "CUDA_", "CUDNN_", "NCCL_", "TORCH_", "OMP_", "MKL_", "OPENBLAS_",
+                        "KMP_", "GOMP_", "NVIDIA_TF32", "PYTORCH_", "TORCHINDUCTOR_", "XLA_", "HIP_", "ROCM_")
+NUMERIC_ENV_NAMES = ("PYTHONHASHSEED", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "TF32_OVERRIDE")
+# The launcher's own protocol variables are not facts about the user's environment.
+_OWN_PREFIX = "TWICE_"
+
+
+def numeric_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items()
+            if (k.startswith(NUMERIC_ENV_PREFIXES) or k in NUMERIC_ENV_NAMES) and not k.startswith(_OWN_PREFIX)}
+
+
+def python_facts() -> dict[str, Any]:
+    return {"version": platform.python_version(), "implementation": platform.python_implementation(),
+            "executable": sys.executable}
+
+
+def package_facts() -> dict[str, str]:
+    packages = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            packages[re.sub(r"[-_.]+", "-", name).lower()] = dist.version
+    return dict(sorted(packages.items()))
+
+
+def os_facts() -> dict[str, Any]:
+    libc = platform.libc_ver()
+    return {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
+            "libc": "-".join(x for x in libc if x)}
+
+
+def cpu_facts() -> dict[str, Any]:
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"model": model, "count": os.cpu_count(), "available": available}
+
+
+def gpu_facts() -> list[dict[str, Any]]:
+    """GPUs as nvidia-smi sees them (no CUDA initialisation in this process); [] without one."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    fields = "name,compute_cap,driver_version,memory.total"
+    try:
+        out = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4:
+            gpus.append(dict(zip(("name", "compute_capability", "driver", "memory"), parts)))
+    return gpus
+
+
+def _git(args: list[str], cwd: Path, env: dict | None = None) -> str | None:
+    try:
+        result = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=30, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.decode("utf-8", "surrogateescape") if result.returncode == 0 else None
+
+
+def git_state(cwd: Path, exclude: list[Path] = ()) -> tuple[dict[str, Any] | None, str]:
+    """(facts, patch): commit, branch and dirty flag; the patch holds uncommitted and untracked changes.
+
+    Untracked files are included by diffing HEAD against a throw-away index that has every
+    non-ignored file added, so the user's own index is never touched.
+    """
+    import tempfile
+
+    top = _git(["rev-parse", "--show-toplevel"], cwd)
+    if top is None:
+        return None, ""
+    top_path = Path(top.strip())
+    commit = (_git(["rev-parse", "--verify", "-q", "HEAD"], cwd) or "").strip() or None
+    branch = (_git(["rev-parse", "--abbrev-ref", "HEAD"], cwd) or "").strip() or None
+    pathspec = ["--", "."]
+    for path in exclude:
+        try:
+            relative = Path(path).resolve().relative_to(top_path.resolve())
+        except ValueError:
+            continue
+        pathspec.append(f":(exclude){relative.as_posix()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, GIT_INDEX_FILE=str(Path(tmp) / "index"))
+        if commit:
+            _git(["read-tree", "HEAD"], top_path, env)
+        _git(["add", "-A", *pathspec], top_path, env)
+        base = commit or _git(["hash-object", "-t", "tree", "/dev/null"], top_path, env).strip()
+        patch = _git(["diff", "--cached", "--binary", "--no-color", "--no-ext-diff", base, *pathspec], top_path, env) or ""
+    return {"commit": commit, "branch": branch, "dirty": bool(patch), "root": str(top_path)}, patch
+
+
+def gather_identity_facts() -> dict[str, Any]:
+    """Facts that can change results and that the launcher can read without importing torch."""
+    return {name: gather() for name, gather in IDENTITY_GATHERERS.items()}
+
+
+IDENTITY_GATHERERS: dict[str, Callable[[], Any]] = {
+    "python": python_facts,
+    "packages": package_facts,
+    "os": os_facts,
+    "cpu": cpu_facts,
+    "gpus": gpu_facts,
+    "env": numeric_env,
+}
+
+
+def gather_context_facts() -> dict[str, Any]:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = None
+    return {"host": socket.gethostname(), "user": user, "cwd": os.getcwd()}
+
+
+def _torch_config_value(config: str, key: str) -> str | None:
+    match = re.search(rf"{re.escape(key)}\s*=?\s*([^\n,]+)", config)
+    return match.group(1).strip() if match else None
+
+
+def torch_facts(torch) -> dict[str, Any]:
+    """The build and runtime facts of the torch in this process (called where torch was imported)."""
+    config = torch.__config__.show()
+    parallel = torch.__config__.parallel_info()
+    cuda = torch.version.cuda
+    facts: dict[str, Any] = {
+        "version": torch.__version__,
+        "git_version": getattr(torch.version, "git_version", None),
+        "debug": bool(getattr(torch.version, "debug", False)),
+        "cuda": cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "blas": _torch_config_value(config, "BLAS_INFO"),
+        "lapack": _torch_config_value(config, "LAPACK_INFO"),
+        "openmp": _torch_config_value(parallel, "ATen parallel backend:") or _torch_config_value(config, "USE_OPENMP"),
+        "mkl": bool(torch.backends.mkl.is_available()),
+        "mkldnn": bool(torch.backends.mkldnn.is_available()),
+        "cpu_capability": _torch_config_value(config, "CPU capability usage:"),
+    }
+    if cuda and torch.cuda.is_available():
+        try:
+            facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except (RuntimeError, AttributeError):
+            facts["nccl"] = None
+        facts["cuda_device_count"] = torch.cuda.device_count()
+    return facts
+
+
+def torch_runtime_facts(torch) -> dict[str, Any]:
+    """Facts that the program can change while it runs: read at exit."""
+    facts = {"intra_op_threads": torch.get_num_threads(), "inter_op_threads": torch.get_num_interop_threads()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        devices = []
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            devices.append({"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
+                            "memory": props.total_memory})
+        facts["cuda_devices"] = devices
+    return facts

@@ -1,0 +1,313 @@
+"""The `twice` command line: thin commands that parse, call one library function, print, return."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from .errors import EXIT_USAGE, TwiceError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _out(text: str = "") -> None:
+    click.echo(text)
+
+
+def _err(text: str) -> None:
+    click.echo(text, err=True)
+
+
+def _style(text: str, **kwargs) -> str:
+    if os.environ.get("NO_COLOR") or not sys.stdout.isatty():
+        return text
+    return click.style(text, **kwargs)
+
+
+class TwiceGroup(click.Group):
+    """Renders every error as `error:` / `hint:` on stderr with exit code 2, never a traceback."""
+
+    def main(self, args=None, prog_name="twice", **kwargs):
+        debug = "--debug" in (args if args is not None else sys.argv[1:])
+        try:
+            return super().main(args=args, prog_name=prog_name, standalone_mode=False, **kwargs)
+        except TwiceError as exc:
+            if debug:
+                raise
+            _err(exc.render())
+            sys.exit(exc.exit_code)
+        except click.exceptions.NoSuchOption as exc:
+            hint = f"did you mean {' or '.join(exc.possibilities)}?" if exc.possibilities else None
+            command = exc.ctx.command_path if exc.ctx else "twice"
+            _err(f"error: unknown option {exc.option_name}\nhint: {hint or f'see `{command} --help`'}")
+            sys.exit(EXIT_USAGE)
+        except click.exceptions.UsageError as exc:
+            command = exc.ctx.command_path if exc.ctx else "twice"
+            _err(f"error: {exc.format_message()}\nhint: see `{command} --help`")
+            sys.exit(EXIT_USAGE)
+        except click.exceptions.Abort:
+            _err("error: aborted")
+            sys.exit(130)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=TwiceGroup, context_settings=CONTEXT)
+@click.version_option(package_name="twice", prog_name="twice")
+@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+def main(debug: bool) -> None:
+    """Run PyTorch training twice and get the same bits; when you don't, learn where and why.
+
+    \b
+    Examples:
+      twice run -- python train.py --lr 0.1
+      twice verify runs/<id>
+      twice diff runs/<a> runs/<b>
+    """
+
+
+def _runs_dir_option(function):
+    return click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True,
+                        help="Folder holding run folders.")(function)
+
+
+@main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option("--seed", type=int, default=None, help="Root seed for every RNG  [default: 0].")
+@click.option("--name", help="A label appended to the run id.")
+@_runs_dir_option
+@click.option("--determinism", type=click.Choice(["strict", "warn", "off"]), default="strict", show_default=True,
+              help="strict: refuse what cannot be made deterministic; warn: warn instead; off: seed only.")
+@click.option("--observe", is_flag=True, help="Record only: no seeding, no deterministic mode, nothing changed.")
+@click.option("--trace-every", type=click.IntRange(min=1), default=1, show_default=True, help="Record every N-th step.")
+@click.option("--params-every", type=click.IntRange(min=0), default=None,
+              help="Per-tensor digests every N steps (0: never)  [default: every step for models of at most 64 tensors, else every 100].")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, command):
+    """Run COMMAND seeded, deterministic and recorded in runs/<id>/.
+
+    The exit code is the command's own.
+
+    \b
+    Examples:
+      twice run -- python train.py --lr 0.1
+      twice run train.py --lr 0.1              (shorthand for a Python script)
+      twice run --observe -- bash train.sh     (record only, change nothing)
+    """
+    from .launch import DEFAULT_SEED, RunOptions, run_command
+    from .errors import UsageError
+
+    if observe and seed is not None:
+        raise UsageError("--observe records the run as it is and cannot also seed it", "drop --seed or --observe")
+    options = RunOptions(seed=DEFAULT_SEED if seed is None else seed, name=name, runs_dir=runs_dir,
+                         determinism=determinism, observe=observe, trace_every=trace_every, params_every=params_every)
+    code, run_dir = run_command(list(command), options)
+    from .store import read_json
+
+    status = read_json(run_dir / "manifest.json")["context"]["status"]
+    _err(f"twice: run {run_dir} {status} (exit {code})")
+    sys.exit(code)
+
+
+def _print_comparison(result, as_json: bool) -> None:
+    if as_json:
+        _out(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        return
+    colour = "green" if result.identical else "red"
+    _out(_style(result.verdict, fg=colour, bold=True))
+    if not result.identical:
+        _out(f"cause: {result.explanation}")
+    elif result.differences:
+        _out(f"note: {result.explanation}")
+    if result.differences:
+        _out("\nidentity differences (A -> B):")
+        group = None
+        shown: dict[str, int] = {}
+        for diff in result.differences:
+            shown[diff.group] = shown.get(diff.group, 0) + 1
+            if shown[diff.group] > 12:
+                continue
+            if diff.group != group:
+                group = diff.group
+                total = sum(1 for d in result.differences if d.group == group)
+                _out(f"  {group}:" + (f" ({total}, first 12 shown)" if total > 12 else ""))
+            _out(f"    {diff.key}: {diff.a} -> {diff.b}")
+    divergence = result.divergence
+    if divergence is not None:
+        from .divergence import FIELD_MEANING, loss_gap
+
+        where = "" if divergence.stream == "main" else f", stream {divergence.stream}"
+        _out(f"\nfirst divergence: step {divergence.step}{where}, in causal order:")
+        for name in divergence.fields:
+            detail = ""
+            if name == "loss":
+                gap = loss_gap(divergence.loss_a, divergence.loss_b)
+                detail = f": {divergence.loss_a} vs {divergence.loss_b}"
+                if gap.get("abs") is not None:
+                    detail += f" (abs {gap['abs']:.3g}" + (f", {gap['ulps']} ulps)" if gap.get("ulps") is not None else ")")
+            elif name == "rng" and divergence.rng_sources:
+                detail = f": {', '.join(divergence.rng_sources)}"
+            elif name in divergence.tensors:
+                names = divergence.tensors[name]
+                detail = f": {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+            _out(f"  {FIELD_MEANING[name]}{detail}")
+    steps = ", ".join(f"{s}: A {a} / B {b}" for s, (a, b) in result.steps.items())
+    _out(f"\nrecorded steps: {steps or 'none'}; status: A {result.statuses[0]}, B {result.statuses[1]}")
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@_runs_dir_option
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Compare only the first N steps.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def diff(a, b, runs_dir, steps, as_json):
+    """Compare two runs: the verdict, identity differences, the first divergence and its likely cause.
+
+    Exit 0 when identical, 1 when different.
+
+    \b
+    Examples:
+      twice diff runs/<a> runs/<b>
+      twice diff <id-a> <id-b> --json
+    """
+    from .compare import compare_runs
+    from .store import find_run
+
+    result = compare_runs(find_run(a, runs_dir), find_run(b, runs_dir), steps=steps)
+    _print_comparison(result, as_json)
+    sys.exit(result.exit_code)
+
+
+@main.command()
+@click.argument("run_ref", metavar="RUN")
+@_runs_dir_option
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Verify only the first N steps (stops the re-run there).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--quiet", "-q", is_flag=True, help="Do not echo the re-run's output.")
+def verify(run_ref, runs_dir, steps, as_json, quiet):
+    """Run RUN's command again with its seed and settings; exit 0 if every step is bit-identical.
+
+    \b
+    Examples:
+      twice verify runs/<id>
+      twice verify <id> --steps 100
+    """
+    from .store import find_run
+    from .verify import verify_run
+
+    result, new_dir = verify_run(find_run(run_ref, runs_dir), steps=steps, quiet=quiet or as_json)
+    _err(f"twice: re-run recorded in {new_dir}")
+    if not as_json:
+        _out(_style("reproducible" if result.identical else "NOT reproducible", fg="green" if result.identical else "red", bold=True))
+    _print_comparison(result, as_json)
+    sys.exit(result.exit_code)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def env(as_json):
+    """This machine's determinism hazards and the facts behind them.
+
+    \b
+    Examples:
+      twice env
+      twice env --json
+    """
+    from .hazards import machine_hazards
+
+    hazards, facts = machine_hazards()
+    if as_json:
+        _out(json.dumps({"hazards": [h.to_json() for h in hazards], "facts": facts}, indent=2, sort_keys=True))
+        return
+    _out(f"{len(hazards)} determinism hazard{'s' if len(hazards) != 1 else ''} here:" if hazards else "no determinism hazards found")
+    for hazard in hazards:
+        _out(f"  {_style(hazard.name, bold=True)}: {hazard.detail}\n    fix: {hazard.fix}")
+    torch_facts = facts["torch"]
+    _out("\nfacts:")
+    _out(f"  python {facts['python']['version']}, torch {torch_facts['version']} (CUDA {torch_facts['cuda'] or 'none'}, "
+         f"cuDNN {torch_facts['cudnn'] or 'none'}, BLAS {torch_facts['blas'] or 'unknown'})")
+    _out(f"  cpu: {facts['cpu']['model']} ({facts['cpu']['available']} of {facts['cpu']['count']} cores available)")
+    _out(f"  threads: {facts['threads']['intra_op_threads']} intra-op, {facts['threads']['inter_op_threads']} inter-op")
+    _out(f"  TF32: matmul {facts['tf32']['matmul']}, cuDNN {facts['tf32']['cudnn']}")
+    gpus = facts["gpus"]
+    _out("  gpus: " + (", ".join(f"{g['name']} (cc {g['compute_capability']}, driver {g['driver']})" for g in gpus) if gpus else "none"))
+    env_vars = facts["env"]
+    _out("  numerics env: " + (", ".join(f"{k}={v}" for k, v in sorted(env_vars.items())) if env_vars else "none set"))
+
+
+def _summary(run_dir: Path) -> dict:
+    from .store import effective_status, read_json
+
+    manifest = read_json(run_dir / "manifest.json")
+    context, identity = manifest["context"], manifest["identity"]
+    return {"id": run_dir.name, "path": str(run_dir), "status": effective_status(manifest),
+            "exit_code": context.get("exit_code"), "steps": context.get("steps"), "seed": identity.get("seed"),
+            "started": context.get("started"), "command": " ".join(identity.get("argv", []))}
+
+
+@main.command(name="ls")
+@click.argument("runs_dir", required=False, type=click.Path(path_type=Path), default=Path("runs"))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_command(runs_dir, as_json):
+    """List the runs in RUNS_DIR (default: runs), oldest first.
+
+    \b
+    Examples:
+      twice ls
+      twice ls experiments/runs --json
+    """
+    from .errors import UsageError
+    from .store import list_runs
+
+    if not runs_dir.is_dir():
+        raise UsageError(f"no runs folder {runs_dir}", "start a run with `twice run`, or pass the folder that holds runs")
+    rows = [_summary(path) for path in list_runs(runs_dir)]
+    if as_json:
+        _out(json.dumps(rows, indent=2, sort_keys=True))
+        return
+    for row in rows:
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"])) if row["started"] else "?"
+        steps = "-" if row["steps"] is None else row["steps"]
+        _out(f"{row['id']:<44} {row['status']:<11} {started}  steps {steps:<6} {row['command']}")
+
+
+@main.command()
+@click.argument("run_ref", metavar="RUN")
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the whole manifest).")
+def show(run_ref, runs_dir, as_json):
+    """Show one run: status, command, seed, code, environment and trace length.
+
+    \b
+    Examples:
+      twice show runs/<id>
+      twice show <id-prefix> --json
+    """
+    from .store import effective_status, find_run, read_json
+
+    run_dir = find_run(run_ref, runs_dir)
+    manifest = read_json(run_dir / "manifest.json")
+    if as_json:
+        manifest["context"]["effective_status"] = effective_status(manifest)
+        _out(json.dumps(manifest, indent=2, sort_keys=True))
+        return
+    row, identity = _summary(run_dir), manifest["identity"]
+    torch_facts = identity.get("torch", {})
+    git = identity.get("code", {}).get("git") or {}
+    _out(f"run {row['id']}: {row['status']}" + (f" (exit {row['exit_code']})" if row["exit_code"] is not None else ""))
+    _out(f"  command: {row['command']}")
+    _out(f"  seed: {row['seed']}, determinism: {identity.get('determinism', {}).get('mode')}")
+    _out(f"  steps recorded: {row['steps'] if row['steps'] is not None else 'unknown'}")
+    if git:
+        _out(f"  git: {git.get('commit') or 'no commit'} on {git.get('branch')}{' (dirty: code.patch saved)' if git.get('dirty') else ''}")
+    _out(f"  sources: {len(identity.get('code', {}).get('sources', {}))} local files digested")
+    _out(f"  python {identity.get('python', {}).get('version')}, torch {torch_facts.get('version', 'not imported')}, "
+         f"{len(identity.get('packages', {}))} packages")
+    threads = identity.get("threads", {})
+    if threads:
+        _out(f"  threads: {threads.get('intra_op_threads')} intra-op, {threads.get('inter_op_threads')} inter-op")

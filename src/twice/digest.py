@@ -1,0 +1,207 @@
+"""Exact digests of tensors, state dicts and nested batches: equal digests mean equal bits.
+
+A digest covers the dtype, the shape and every byte of the data in logical (row-major) order, so
+a view, a non-contiguous tensor and its contiguous copy agree, while 0.0 and -0.0, two NaN
+payloads, or float32 and int32 with the same bytes do not. CPU data is hashed with xxh3-128.
+Tensors on an accelerator are folded on the device into a few 64-bit words (an NH-style universal
+hash over 32-bit word pairs with position-derived keys) and only those words leave the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+import sys
+from typing import Any
+
+import numpy as np
+import xxhash
+
+__all__ = ["digest", "Digester", "tensor_bytes_view", "device_fold"]
+
+_TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = b"N", b"?", b"i", b"f", b"s", b"b"
+_TAG_SEQ, _TAG_MAP, _TAG_TENSOR, _TAG_ARRAY, _TAG_DATACLASS, _TAG_OPAQUE = b"[", b"{", b"T", b"A", b"D", b"O"
+_TAG_DEVICE_TENSOR = b"G"
+
+# Elements per chunk on the device path: bounds the temporary key tensors to a few hundred MB.
+_DEVICE_CHUNK_WORDS = 1 << 24
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class _NoTensor:  # stands in for torch.Tensor when torch is not imported: nothing is an instance
+    pass
+
+
+class Digester:
+    """Incremental digest over a sequence of values (see `digest`)."""
+
+    def __init__(self, strict: bool = True):
+        self._hash = xxhash.xxh3_128()
+        self._strict = strict
+
+    def _frame(self, tag: bytes, payload: bytes) -> None:
+        self._hash.update(tag + len(payload).to_bytes(8, "little") + payload)
+
+    def update(self, value: Any) -> "Digester":
+        """Feed one value (tensor, array, number, string, or a nesting of those)."""
+        # A value cannot be a tensor unless torch is loaded; not importing it keeps the launcher fast.
+        torch_module = sys.modules.get("torch")
+        tensor_type = torch_module.Tensor if torch_module is not None else _NoTensor
+        if value is None:
+            self._frame(_TAG_NONE, b"")
+        elif isinstance(value, bool):
+            self._frame(_TAG_BOOL, b"1" if value else b"0")
+        elif isinstance(value, int):
+            self._frame(_TAG_INT, str(value).encode())
+        elif isinstance(value, float):
+            self._frame(_TAG_FLOAT, struct.pack("<d", value))
+        elif isinstance(value, str):
+            self._frame(_TAG_STR, value.encode("utf-8", "surrogatepass"))
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            self._frame(_TAG_BYTES, bytes(value))
+        elif isinstance(value, tensor_type):
+            self._update_tensor(value)
+        elif isinstance(value, np.ndarray):
+            self._update_array(value)
+        elif isinstance(value, np.generic):
+            self._update_array(np.asarray(value))
+        elif isinstance(value, dict) or (hasattr(value, "keys") and hasattr(value, "__getitem__")):
+            keys = list(value.keys())
+            self._frame(_TAG_MAP, str(len(keys)).encode())
+            for key in keys:
+                self.update(key)
+                self.update(value[key])
+        elif isinstance(value, (list, tuple)):
+            self._frame(_TAG_SEQ, type(value).__name__.encode() + b":" + str(len(value)).encode())
+            for item in value:
+                self.update(item)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = dataclasses.fields(value)
+            self._frame(_TAG_DATACLASS, type(value).__qualname__.encode() + b":" + str(len(fields)).encode())
+            for field in fields:
+                self.update(field.name)
+                self.update(getattr(value, field.name))
+        elif self._strict:
+            raise TypeError(
+                f"cannot digest a {type(value).__module__}.{type(value).__qualname__}; "
+                "digest takes tensors, arrays, numbers, strings, bytes, and lists, tuples, dicts "
+                "and dataclasses of those"
+            )
+        else:
+            # Capture must never crash a training loop; an unknown object is identified by type only.
+            self._frame(_TAG_OPAQUE, f"{type(value).__module__}.{type(value).__qualname__}".encode())
+        return self
+
+    def _update_tensor(self, tensor) -> None:
+        torch = _torch()
+        if tensor.layout != torch.strided:
+            raise TypeError(f"cannot digest a {tensor.layout} tensor; convert it with .to_dense() first")
+        if tensor.device.type == "meta":
+            raise TypeError("cannot digest a meta tensor: it has no data")
+        header = f"{tensor.dtype}|{tuple(tensor.shape)}".encode()
+        if tensor.device.type == "cpu":
+            self._frame(_TAG_TENSOR, header)
+            data = tensor_bytes_view(tensor)
+            self._hash.update(len(data).to_bytes(8, "little"))
+            self._hash.update(data)
+        else:
+            words = device_fold(tensor)
+            self._frame(_TAG_DEVICE_TENSOR, header + b"|" + words)
+
+    def _update_array(self, array: np.ndarray) -> None:
+        if array.dtype.hasobject:
+            raise TypeError("cannot digest a NumPy array of Python objects")
+        array = np.ascontiguousarray(array)
+        self._frame(_TAG_ARRAY, f"{array.dtype.str}|{array.shape}".encode())
+        data = memoryview(array).cast("B") if array.size else b""
+        self._hash.update(len(data).to_bytes(8, "little"))
+        self._hash.update(data)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def tensor_bytes_view(tensor) -> memoryview:
+    """The tensor's bytes in logical order, without a copy when it is already contiguous."""
+    tensor = tensor.detach()
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    if tensor.numel() == 0:
+        return memoryview(b"")
+    torch = _torch()
+    flat = tensor.reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy()).cast("B")
+
+
+def _mix64(x):
+    """splitmix64 finaliser on an int64 tensor (wrapping arithmetic, logical shifts emulated)."""
+    def shr(v, n):
+        return (v >> n) & ((1 << (64 - n)) - 1)
+
+    x = x ^ shr(x, 30)
+    x = x * -4658895280553007687  # 0xbf58476d1ce4e5b9 as a signed 64-bit integer
+    x = x ^ shr(x, 27)
+    x = x * -7723592293110705685  # 0x94d049bb133111eb
+    return x ^ shr(x, 31)
+
+
+def device_fold(tensor) -> bytes:
+    """Fold a tensor's bytes into 32 bytes on its own device (integer sums: order-independent, exact).
+
+    Works on any device, the CPU included, so that the device algorithm can be checked here.
+    """
+    torch = _torch()
+    tensor = tensor.detach()
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    raw = tensor.contiguous().reshape(-1).view(torch.uint8)
+    nbytes = raw.numel()
+    pad = (-nbytes) % 8
+    if pad:
+        raw = torch.cat([raw, torch.zeros(pad, dtype=torch.uint8, device=raw.device)])
+    words = raw.view(torch.int64)
+    low_mask = (1 << 32) - 1
+    sums = torch.zeros(4, dtype=torch.int64, device=raw.device)
+    for start in range(0, words.numel(), _DEVICE_CHUNK_WORDS):
+        chunk = words[start : start + _DEVICE_CHUNK_WORDS]
+        index = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=raw.device)
+        low, high = chunk & low_mask, (chunk >> 32) & low_mask
+        for lane in range(2):
+            key = _mix64(index * 2 + lane * (1 << 40) + 0x5EED)
+            k_low, k_high = key & low_mask, (key >> 32) & low_mask
+            # NH: (a + k1 mod 2^32) * (b + k2 mod 2^32), summed mod 2^64; two lanes with other keys.
+            products = ((low + k_low) & low_mask) * ((high + k_high) & low_mask)
+            sums[lane] += products.sum()
+            sums[2 + lane] += (chunk ^ key).sum()
+    return struct.pack("<q", nbytes) + sums.cpu().numpy().astype("<i8").tobytes()
+
+
+def digest(value: Any, *, strict: bool = True) -> str:
+    """Return the exact digest (32 hex characters) of a tensor, array, state dict or nested batch.
+
+    >>> import torch
+    >>> digest(torch.zeros(3)) == digest(torch.zeros(3))
+    True
+    >>> digest(torch.zeros(3)) == digest(torch.zeros(3, dtype=torch.float64))
+    False
+    """
+    return Digester(strict=strict).update(value).hexdigest()
+
+
+def float_bits(value: float) -> str:
+    """A float as exact text (`float.hex`), with nan/inf spelled out."""
+    if math.isnan(value):
+        return "nan:" + struct.pack("<d", value).hex()
+    return float.hex(value)

@@ -1,0 +1,47 @@
+"""The exception tree of twice, each error carrying its exit code and a hint.
+
+    TwiceError                 exit 2: usage or tool error (rendered as error:/hint:)
+    ├── UsageError             bad arguments or options
+    ├── RunNotFound            a run folder that does not exist or is not a run
+    ├── CorruptRecord          a manifest or trace that cannot be read
+    └── DeterminismError       a determinism setting that can no longer take effect
+"""
+
+from __future__ import annotations
+
+EXIT_SAME = 0
+EXIT_DIFFERENT = 1
+EXIT_USAGE = 2
+
+
+class TwiceError(Exception):
+    """Base of every error twice raises on purpose; `hint` says how to fix it."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def render(self) -> str:
+        lines = [f"error: {self.message}"]
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        return "\n".join(lines)
+
+
+class UsageError(TwiceError):
+    """Arguments or options that cannot be used as given."""
+
+
+class RunNotFound(TwiceError):
+    """A path that should be a run folder but is not one."""
+
+
+class CorruptRecord(TwiceError):
+    """A manifest, trace or other record that exists but cannot be read."""
+
+
+class DeterminismError(TwiceError):
+    """A determinism setting that was asked for and can no longer take effect."""

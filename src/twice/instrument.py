@@ -1,0 +1,324 @@
+"""Zero-code step capture: optimizer-step, backward and DataLoader hooks that feed the step trace.
+
+A "step" is one round of optimizer updates: with one optimizer, one `step()` call; with several
+(a GAN's discriminator and generator) the round ends when an optimizer that already stepped in it
+steps again. Everything consumed in between (batches from DataLoader iterators, losses passed to
+backward) belongs to that step. Loops without torch.optim call `Recorder.record_explicit` through
+`twice.Run.step`, which then replaces the hooks for that process.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .digest import Digester, digest, float_bits
+from .seeding import rng_digests
+from .trace import StepRecord, TraceWriter
+
+__all__ = ["Recorder", "install", "active_recorder", "uninstall"]
+
+# Per-tensor digests are written every step for models with at most this many parameter tensors,
+# else every AUTO_PARAMS_INTERVAL steps: names for a difference where it costs little space.
+AUTO_PARAMS_TENSORS = 64
+AUTO_PARAMS_INTERVAL = 100
+
+
+@dataclass
+class _Round:
+    """What the optimizers of the current step have contributed so far."""
+
+    optimizers: list[int] = field(default_factory=list)
+    grads: list[tuple[str, str]] = field(default_factory=list)
+    params: list[tuple[str, str]] = field(default_factory=list)
+    grad_squares: list[Any] = field(default_factory=list)
+    lr: list[str] = field(default_factory=list)
+    losses: list[Any] = field(default_factory=list)
+    batch: Digester | None = None
+    batch_count: int = 0
+    rng: dict[str, str] = field(default_factory=dict)
+
+
+def _param_names(optimizer) -> dict[int, str]:
+    """Name each parameter by its path in the largest module holding it ("encoder.layer3.weight")."""
+    import torch
+
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    names: dict[int, str] = {}
+    module_type = torch.nn.Module
+    for obj in gc.get_objects():
+        # type() rather than isinstance(): isinstance can trigger lazy module attributes' warnings.
+        if issubclass(type(obj), module_type):
+            for name, param in obj.named_parameters(remove_duplicate=False):
+                if id(param) in wanted and len(name) > len(names.get(id(param), "")):
+                    names[id(param)] = name
+    return names
+
+
+class Recorder:
+    """Turns hook events into StepRecords written to `trace[.<stream>].jsonl` in the run folder."""
+
+    def __init__(self, run_dir: Path, *, trace_every: int = 1, params_every: int | None = None,
+                 stop_after: int | None = None, stream: str | None = None):
+        self.run_dir = Path(run_dir)
+        self.trace_every = max(1, int(trace_every))
+        self.params_every = params_every
+        self.stop_after = stop_after
+        self.stream = stream
+        self.step_index = 0
+        self.explicit = False
+        self.stopped = False
+        self.pid = os.getpid()
+        self._fork_count = 0
+        self._t0 = time.perf_counter()
+        self._writer = TraceWriter(self.run_dir / (f"trace.{stream}.jsonl" if stream else "trace.jsonl"))
+        self._round = _Round()
+        self._pending_losses: list[Any] = []
+        self._pending_batch: Digester | None = None
+        self._pending_batch_count = 0
+        self._round_size: int | None = None
+        self._names: dict[int, dict[int, str]] = {}
+        self._opt_index: dict[int, int] = {}
+
+    # -- events -----------------------------------------------------------------------------------
+    def on_batch(self, batch: Any) -> None:
+        if self.explicit or not self._tracing_this_step():
+            return
+        if self._pending_batch is None:
+            self._pending_batch = Digester(strict=False)
+        self._pending_batch.update(batch)
+        self._pending_batch_count += 1
+
+    def on_backward(self, tensors: Any) -> None:
+        import torch
+
+        if self.explicit or not self._tracing_this_step():
+            return
+        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+            self._pending_losses.append(tensors.detach())
+
+    def pre_step(self, optimizer, args, kwargs) -> None:
+        if self.explicit:
+            return
+        if id(optimizer) in self._round.optimizers:
+            if self._round_size is None:
+                self._round_size = len(self._round.optimizers)
+            self._finish_round()
+        if self._tracing_this_step() and not _has_closure(args, kwargs):
+            # Before the update: some optimizers (maximize=True) change the gradients in place.
+            self._take_grads(optimizer)
+
+    def post_step(self, optimizer, args, kwargs) -> None:
+        if self.explicit:
+            return
+        round_ = self._round
+        round_.optimizers.append(id(optimizer))
+        if self._tracing_this_step():
+            if _has_closure(args, kwargs):
+                self._take_grads(optimizer)  # a closure (LBFGS) computes the gradients inside step()
+            self._take_params(optimizer)
+            round_.lr.extend(float_bits(float(group["lr"])) for group in optimizer.param_groups if "lr" in group)
+            self._move_pending(round_)
+            round_.rng = rng_digests()
+        if self._round_size is not None and len(round_.optimizers) >= self._round_size:
+            self._finish_round()
+
+    def record_explicit(self, *, loss: Any = None, batch: Any = None, params: list[tuple[str, Any]] | None = None) -> None:
+        """One step from a hand-written loop: the given loss, batch and named parameters (with .grad)."""
+        import torch
+
+        self.explicit = True
+        if self._tracing_this_step():
+            round_ = _Round()
+            if loss is not None:
+                round_.losses.append(loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
+            if batch is not None:
+                round_.batch = Digester(strict=False).update(batch)
+                round_.batch_count = 1
+            for name, param in params or []:
+                if param.grad is not None:
+                    round_.grads.append((name, digest(param.grad)))
+                    round_.grad_squares.append(param.grad.detach().double().square().sum())
+                round_.params.append((name, digest(param)))
+            round_.rng = rng_digests()
+            self._round = round_
+            self._write_round()
+        self._advance()
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def _tracing_this_step(self) -> bool:
+        return self.step_index % self.trace_every == 0
+
+    def _named(self, optimizer):
+        key = id(optimizer)
+        if key not in self._names:
+            self._opt_index[key] = len(self._opt_index)
+            self._names[key] = _param_names(optimizer)
+        names, index = self._names[key], self._opt_index[key]
+        for g, group in enumerate(optimizer.param_groups):
+            for p, param in enumerate(group["params"]):
+                yield names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param
+
+    def _take_grads(self, optimizer) -> None:
+        for name, param in self._named(optimizer):
+            if param.grad is not None:
+                self._round.grads.append((name, digest(param.grad)))
+                self._round.grad_squares.append(param.grad.detach().double().square().sum())
+
+    def _take_params(self, optimizer) -> None:
+        for name, param in self._named(optimizer):
+            self._round.params.append((name, digest(param)))
+
+    def _move_pending(self, round_: _Round) -> None:
+        round_.losses.extend(self._pending_losses)
+        self._pending_losses = []
+        if self._pending_batch is not None:
+            if round_.batch is None:
+                round_.batch = self._pending_batch
+            else:
+                round_.batch.update(self._pending_batch.hexdigest())
+            round_.batch_count += self._pending_batch_count
+        self._pending_batch, self._pending_batch_count = None, 0
+
+    def _finish_round(self) -> None:
+        if not self._round.optimizers:
+            return
+        if self._tracing_this_step():
+            self._write_round()
+        self._round = _Round()
+        self._advance()
+
+    def _advance(self) -> None:
+        self.step_index += 1
+        if self.stop_after is not None and self.step_index >= self.stop_after and not self.stopped:
+            self.stopped = True
+            self._writer.close()
+            # Leave through normal interpreter exit so that atexit handlers record the process.
+            raise SystemExit(0)
+
+    def _write_round(self) -> None:
+        import torch
+
+        round_ = self._round
+        losses = [float_bits(float(x)) for x in round_.losses]
+        per_tensor = self._per_tensor_due(len(round_.params))
+        record = StepRecord(
+            step=self.step_index,
+            loss=None if not losses else losses[0] if len(losses) == 1 else losses,
+            batch=round_.batch.hexdigest() if round_.batch is not None else None,
+            grads=digest(round_.grads) if round_.grads else None,
+            grad_norm=float_bits(float(torch.stack(round_.grad_squares).sum().sqrt())) if round_.grad_squares else None,
+            lr=round_.lr,
+            params=digest(round_.params) if round_.params else None,
+            rng=round_.rng,
+            param_digests=dict(round_.params) if per_tensor and round_.params else None,
+            grad_digests=dict(round_.grads) if per_tensor and round_.grads else None,
+            time=round(time.perf_counter() - self._t0, 6),
+        )
+        self._writer.write(record)
+
+    def _per_tensor_due(self, tensors: int) -> bool:
+        every = self.params_every
+        if every is None:
+            every = 1 if tensors <= AUTO_PARAMS_TENSORS else AUTO_PARAMS_INTERVAL
+        return every > 0 and self.step_index % every == 0
+
+    def finish(self) -> None:
+        """Write the step still open (the last one) and close the trace."""
+        if os.getpid() != self.pid:
+            return
+        if not self.explicit and self._round.optimizers and not self.stopped:
+            if self._tracing_this_step():
+                self._write_round()
+            self._round = _Round()
+        self._writer.close()
+
+    def _after_fork_in_child(self, index: int) -> None:
+        # A forked process (Hogwild worker, DataLoader worker) records into a stream of its own,
+        # named by fork order so that two runs name their processes alike.
+        self.pid = os.getpid()
+        self.stream = f"{self.stream + '.' if self.stream else ''}fork{index}"
+        self._writer = TraceWriter(self.run_dir / f"trace.{self.stream}.jsonl")
+        self._round, self._pending_losses, self._pending_batch = _Round(), [], None
+        self._fork_count = 0
+        self.step_index = 0
+
+
+def _has_closure(args, kwargs) -> bool:
+    return bool(args) and callable(args[0]) or callable(kwargs.get("closure"))
+
+
+_recorder: Recorder | None = None
+_handles: list[Any] = []
+_originals: dict[str, Any] = {}
+
+
+def active_recorder() -> Recorder | None:
+    return _recorder
+
+
+def _before_fork() -> None:
+    if _recorder is not None:
+        _recorder._fork_count += 1
+
+
+def _after_fork_child() -> None:
+    if _recorder is not None:
+        _recorder._after_fork_in_child(_recorder._fork_count)
+
+
+def install(recorder: Recorder) -> Recorder:
+    """Route optimizer steps, backward calls and DataLoader batches of this process to `recorder`."""
+    global _recorder
+    import torch
+    import torch.optim.optimizer as optimizer_module
+    from torch.utils.data import dataloader
+
+    if _recorder is not None:
+        uninstall()
+    _recorder = recorder
+    _handles.append(optimizer_module.register_optimizer_step_pre_hook(lambda o, a, k: _recorder and _recorder.pre_step(o, a, k)))
+    _handles.append(optimizer_module.register_optimizer_step_post_hook(lambda o, a, k: _recorder and _recorder.post_step(o, a, k)))
+
+    original_backward = torch.autograd.backward
+    original_next = dataloader._BaseDataLoaderIter.__next__
+    _originals.update(backward=original_backward, next=original_next)
+
+    def backward(tensors, *args, **kwargs):
+        if _recorder is not None:
+            _recorder.on_backward(tensors)
+        return original_backward(tensors, *args, **kwargs)
+
+    def next_batch(self):
+        batch = original_next(self)
+        if _recorder is not None:
+            _recorder.on_batch(batch)
+        return batch
+
+    torch.autograd.backward = backward
+    dataloader._BaseDataLoaderIter.__next__ = next_batch
+    if not _originals.get("fork_hook"):
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
+        _originals["fork_hook"] = True
+    return recorder
+
+
+def uninstall() -> None:
+    """Remove the hooks and close the recorder's trace."""
+    global _recorder
+    import torch
+    from torch.utils.data import dataloader
+
+    if _recorder is not None:
+        _recorder.finish()
+    _recorder = None
+    for handle in _handles:
+        handle.remove()
+    _handles.clear()
+    if "backward" in _originals:
+        torch.autograd.backward = _originals.pop("backward")
+        dataloader._BaseDataLoaderIter.__next__ = _originals.pop("next")

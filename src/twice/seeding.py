@@ -1,0 +1,149 @@
+"""Seeding every RNG, and one table of RNG sources that capture, restore and digest all iterate over."""
+
+from __future__ import annotations
+
+import random
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .digest import digest
+
+__all__ = ["seed_everything", "RngSource", "RNG_SOURCES", "capture_rng", "restore_rng", "rng_digests"]
+
+
+@dataclass(frozen=True)
+class RngSource:
+    """One global RNG: how to tell it exists, seed it, read its state and put the state back."""
+
+    name: str
+    available: Callable[[], bool]
+    seed: Callable[[int], None]
+    get_state: Callable[[], Any]
+    set_state: Callable[[Any], None]
+
+
+def _numpy():
+    # NumPy is only touched if the program has imported it (or can): we never import it for seeding alone.
+    return sys.modules.get("numpy")
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _numpy_seed(seed: int) -> None:
+    # The legacy global RNG takes at most 32-bit integers; a wider seed is passed as two words.
+    np = _numpy()
+    np.random.seed(seed if seed < 2**32 else [seed & 0xFFFFFFFF, seed >> 32])
+
+
+def _cuda_ready() -> bool:
+    torch = _torch()
+    # Reading CUDA RNG state would initialise CUDA; only do it when the program already has.
+    return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _accelerator_seed(seed: int) -> None:
+    torch = _torch()
+    for name in ("mps", "xpu"):
+        module = getattr(torch, name, None)
+        if module is not None and getattr(module, "is_available", lambda: False)():
+            module.manual_seed(seed)
+
+
+def _accelerator_available() -> bool:
+    torch = _torch()
+    if torch is None:
+        return False
+    return any(
+        getattr(getattr(torch, name, None), "is_available", lambda: False)() for name in ("mps", "xpu")
+    )
+
+
+RNG_SOURCES: tuple[RngSource, ...] = (
+    RngSource(
+        "python",
+        available=lambda: True,
+        seed=lambda s: random.seed(s),
+        get_state=random.getstate,
+        set_state=random.setstate,
+    ),
+    RngSource(
+        "numpy",
+        available=lambda: _numpy() is not None,
+        seed=_numpy_seed,
+        get_state=lambda: _numpy().random.get_state(),
+        set_state=lambda state: _numpy().random.set_state(state),
+    ),
+    RngSource(
+        "torch",
+        available=lambda: _torch() is not None,
+        # torch.manual_seed also queues the seed for every CUDA device, without initialising CUDA.
+        seed=lambda s: _torch().manual_seed(s),
+        get_state=lambda: _torch().get_rng_state(),
+        set_state=lambda state: _torch().set_rng_state(state),
+    ),
+    RngSource(
+        "cuda",
+        available=_cuda_ready,
+        seed=lambda s: _torch().cuda.manual_seed_all(s),
+        get_state=lambda: _torch().cuda.get_rng_state_all(),
+        set_state=lambda state: _torch().cuda.set_rng_state_all(state),
+    ),
+    RngSource(
+        "accelerator",
+        available=_accelerator_available,
+        seed=_accelerator_seed,
+        get_state=lambda: None,
+        set_state=lambda state: None,
+    ),
+)
+
+
+def seed_everything(seed: int) -> dict[str, int]:
+    """Seed Python's `random`, NumPy's global RNG, torch on the CPU and on every device.
+
+    Returns the seed given to each source that exists in this process, e.g.
+    ``{"python": 0, "numpy": 0, "torch": 0}``. Sources for libraries the program has not imported are
+    skipped; `twice run` seeds them the moment they are imported.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an integer in [0, 2**64), not {seed!r}")
+    seeded = {}
+    for source in RNG_SOURCES:
+        if source.available():
+            source.seed(seed)
+            seeded[source.name] = seed
+    torch = _torch()
+    if torch is not None and "cuda" not in seeded and torch.cuda.is_available():
+        seeded["cuda"] = seed  # queued by torch.manual_seed, applied when CUDA initialises
+    return seeded
+
+
+def capture_rng() -> dict[str, Any]:
+    """The current state of every available RNG source (live objects, for `restore_rng`)."""
+    return {source.name: source.get_state() for source in RNG_SOURCES if source.available()}
+
+
+def restore_rng(states: dict[str, Any]) -> None:
+    """Put back states taken by `capture_rng`; a source missing from `states` is left alone."""
+    for source in RNG_SOURCES:
+        if source.name in states and source.available():
+            source.set_state(states[source.name])
+
+
+def rng_digests() -> dict[str, str]:
+    """A digest of each available RNG's state: cheap evidence of whether two runs drew the same numbers."""
+    out = {}
+    for source in RNG_SOURCES:
+        if source.name == "accelerator" or not source.available():
+            continue
+        state = source.get_state()
+        if source.name == "python":
+            # 625 Python ints: packing them is ~50x faster than digesting them one by one.
+            version, words, gauss = state
+            state = (version, struct.pack(f"<{len(words)}Q", *words), gauss)
+        out[source.name] = digest(state)
+    return out

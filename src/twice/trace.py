@@ -1,0 +1,113 @@
+"""The step trace: one JSON record per training step, appended and flushed as the run goes.
+
+A record holds exact evidence only: digests, and floats as `float.hex` text, so that two traces
+compare bit for bit. Reading tolerates a last line cut short by a killed process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import CorruptRecord
+
+__all__ = ["StepRecord", "TraceWriter", "read_trace", "trace_files", "COMPARED_FIELDS"]
+
+# The fields two runs are compared on, in causal order within a step: what came in (data, RNG),
+# the forward pass (loss), the backward pass (gradients), the update (parameters).
+COMPARED_FIELDS = ("batch", "rng", "loss", "grads", "grad_norm", "lr", "params")
+
+
+@dataclass
+class StepRecord:
+    """The exact fingerprint of one training step."""
+
+    step: int
+    loss: Any = None              # float.hex of the loss, or a list when backward ran several times
+    batch: str | None = None      # digest of the batches the step consumed
+    grads: str | None = None      # digest of all gradients the optimizers used
+    grad_norm: str | None = None  # float.hex of the total L2 gradient norm
+    lr: list[str] = field(default_factory=list)
+    params: str | None = None     # digest of all parameters after the update
+    rng: dict[str, str] = field(default_factory=dict)
+    param_digests: dict[str, str] | None = None  # per tensor, at the --params-every interval
+    grad_digests: dict[str, str] | None = None
+    time: float | None = None     # seconds since the recorder started: context, never compared
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None and v != {} and v != []}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StepRecord":
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+class TraceWriter:
+    """Appends records to a JSONL file, flushing each so that a killed process loses at most one line."""
+
+    def __init__(self, path: Path, fsync_every: float = 5.0):
+        self.path = Path(path)
+        self._handle = None
+        self._fsync_every = fsync_every
+        self._last_sync = 0.0
+
+    def write(self, record: StepRecord) -> None:
+        if self._handle is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = open(self.path, "a", encoding="utf-8")
+        self._handle.write(json.dumps(record.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
+        self._handle.flush()  # in the OS from here on: survives the process being killed
+        if record.time is not None and record.time - self._last_sync >= self._fsync_every:
+            os.fsync(self._handle.fileno())  # and on disk now and then: survives the machine
+            self._last_sync = record.time
+
+    def close(self) -> None:
+        if self._handle is not None:
+            try:
+                self._handle.flush()
+                os.fsync(self._handle.fileno())
+            finally:
+                self._handle.close()
+                self._handle = None
+
+
+def read_trace(path: Path) -> list[StepRecord]:
+    """Read a trace; a last line without its newline (a kill mid-write) is dropped, any other damage is an error."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"cannot read trace {path}: {exc}", "the trace is damaged; re-record the run") from exc
+    lines = text.split("\n")
+    if lines and lines[-1] != "":
+        lines = lines[:-1]  # cut short by a kill: the record was never complete
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line:
+            continue
+        try:
+            records.append(StepRecord.from_json(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise CorruptRecord(f"trace {path} line {number} is not a step record: {exc}",
+                                "the trace is damaged; re-record the run") from exc
+    return records
+
+
+def trace_files(run_dir: Path) -> dict[str, Path]:
+    """The traces of a run by stream: "main" for trace.jsonl, else the tag of trace.<tag>.jsonl."""
+    out = {}
+    for path in sorted(Path(run_dir).glob("trace*.jsonl")):
+        parts = path.name.split(".")
+        out["main" if len(parts) == 2 else ".".join(parts[1:-1])] = path
+    return out
+
+
+def iter_values(record: StepRecord) -> Iterator[tuple[str, Any]]:
+    for name in COMPARED_FIELDS:
+        yield name, getattr(record, name)
