@@ -16,7 +16,7 @@ _EXPORTS = {
     "deterministic": "determinism",
     "DeterminismReport": "determinism",
     "derive_seed": "seeds",
-    "digest": "digest",
+    "digest": "digests",
     "Run": "run",
     "TwiceError": "errors",
     "DeterminismError": "errors",
@@ -43,7 +43,7 @@ def __dir__():
 
 if TYPE_CHECKING:  # pragma: no cover
     from .determinism import DeterminismReport, deterministic
-    from .digest import digest
+    from .digests import digest
     from .divergence import compare_runs, first_divergence
     from .errors import DeterminismError, TwiceError
     from .run import Run

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .digest import Digester, digest, float_bits
+from .digests import Digester, digest, float_bits
 from .seeding import rng_digests
 from .trace import StepRecord, TraceWriter
 

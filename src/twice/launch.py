@@ -21,7 +21,7 @@ from typing import IO
 from . import bootstrap
 from .capture import gather_context_facts, gather_identity_facts, git_state, numeric_env
 from .determinism import CUBLAS_WORKSPACE, MODES
-from .digest import digest
+from .digests import digest
 from .errors import UsageError
 from .store import MANIFEST, new_run_dir, process_start_time, read_json, write_bytes_atomic, write_json_atomic
 
@@ -173,6 +173,53 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
             "stopped_after": main.get("stopped_after") if main else None}
 
 
+def start_manifest(run_dir: Path, argv: list[str], script: Path | None, cwd: Path, options: RunOptions,
+                   env: dict[str, str], runs_dir: Path) -> dict:
+    """Capture the identity and context of a run that is starting and write its manifest (status running)."""
+    started = time.time()
+    git, patch = git_state(cwd, exclude=[runs_dir])
+    if patch:
+        write_bytes_atomic(run_dir / "code.patch", patch.encode("utf-8", "surrogateescape"))
+    code = {"git": None if git is None else {**{k: git[k] for k in ("commit", "branch", "dirty")},
+                                               "patch": digest(patch) if patch else None}}
+    if script is not None:
+        code["script"] = {"path": script.as_posix(), "digest": digest((cwd / script).read_bytes())}
+    identity = {
+        "schema": SCHEMA,
+        "argv": list(argv),
+        "code": code,
+        "seed": None if options.observe else options.seed,
+        "observe": options.observe,
+        "determinism": {"mode": "observe" if options.observe else options.determinism},
+        **gather_identity_facts(),
+        "env": numeric_env(env),
+    }
+    facts = gather_context_facts()
+    launcher = {"pid": os.getpid(), "host": facts["host"], "start_time": process_start_time(os.getpid())}
+    context = {**facts, "cwd": str(cwd), "started": started, "status": "running", "launcher": launcher,
+               "git_root": git["root"] if git else None, "trace_every": options.trace_every,
+               "params_every": options.params_every, "stop_after": options.stop_after,
+               "capture_seconds": round(time.time() - started, 4)}
+    manifest = {"identity": identity, "context": context}
+    write_json_atomic(run_dir / MANIFEST, manifest)
+    return manifest
+
+
+def finish_manifest(run_dir: Path, manifest: dict, returncode: int | None, interrupted: bool) -> None:
+    """Fold in what the processes recorded, set the final status, and rewrite the manifest atomically."""
+    identity, context = manifest["identity"], manifest["context"]
+    summary = _merge_processes(run_dir, identity, Path(context.get("git_root") or context["cwd"]))
+    config_path = run_dir / "config.json"
+    if config_path.is_file():
+        identity["config"] = read_json(config_path)
+    context.update(ended=time.time(), exit_code=returncode, status=_status_for(returncode, interrupted), **summary)
+    if returncode is not None and returncode < 0:
+        context["signal"] = signal.Signals(-returncode).name
+    if summary.get("stopped_after"):
+        context["status"] = "stopped"
+    write_json_atomic(run_dir / MANIFEST, manifest)
+
+
 def run_command(command: list[str], options: RunOptions | None = None) -> tuple[int, Path]:
     """Run `command` under twice and return (its exit code, the run folder)."""
     options = options or RunOptions()
@@ -191,31 +238,9 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
     run_dir = new_run_dir(runs_dir, options.name)
     env = child_environment(options, run_dir)
 
-    started = time.time()
-    git, patch = git_state(cwd, exclude=[runs_dir])
-    if patch:
-        write_bytes_atomic(run_dir / "code.patch", patch.encode("utf-8", "surrogateescape"))
-    code = {"git": None if git is None else {**{k: git[k] for k in ("commit", "branch", "dirty")},
-                                               "patch": digest(patch) if patch else None}}
-    if script is not None:
-        code["script"] = {"path": script.as_posix(), "digest": digest((cwd / script).read_bytes())}
-    identity = {
-        "schema": SCHEMA,
-        "argv": list(command),
-        "code": code,
-        "seed": None if options.observe else options.seed,
-        "observe": options.observe,
-        "determinism": {"mode": "observe" if options.observe else options.determinism},
-        **gather_identity_facts(),
-        "env": numeric_env(env),
-    }
-    launcher = {"pid": os.getpid(), "host": gather_context_facts()["host"], "start_time": process_start_time(os.getpid())}
-    context = {**gather_context_facts(), "cwd": str(cwd), "started": started, "status": "running",
-               "launcher": launcher, "executable": argv, "git_root": git["root"] if git else None,
-               "trace_every": options.trace_every, "params_every": options.params_every,
-               "stop_after": options.stop_after, "capture_seconds": round(time.time() - started, 4)}
-    manifest = {"identity": identity, "context": context}
-    write_json_atomic(run_dir / MANIFEST, manifest)
+    manifest = start_manifest(run_dir, list(command), script, cwd, options, env, runs_dir)
+    identity, context = manifest["identity"], manifest["context"]
+    context["executable"] = argv
 
     stdout_log = open(run_dir / "stdout.log", "wb")
     stderr_log = open(run_dir / "stderr.log", "wb")
@@ -254,13 +279,7 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
     finally:
         stdout_log.close()
         stderr_log.close()
-        summary = _merge_processes(run_dir, identity, Path(context.get("git_root") or cwd))
-        context.update(ended=time.time(), exit_code=returncode, status=_status_for(returncode, interrupted), **summary)
-        if returncode is not None and returncode < 0:
-            context["signal"] = signal.Signals(-returncode).name
-        if summary.get("stopped_after"):
-            context["status"] = "stopped"
-        write_json_atomic(run_dir / MANIFEST, manifest)
+        finish_manifest(run_dir, manifest, returncode, interrupted)
     if returncode is None:
         returncode = 130 if interrupted else 1
     return (128 - returncode if returncode < 0 else returncode), run_dir

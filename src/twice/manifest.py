@@ -33,8 +33,8 @@ class Difference:
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(value, dict) and value:
-        for key, item in value.items():
+    if isinstance(value, dict):
+        for key, item in value.items():  # an empty dict adds nothing: {} and a missing key agree
             _flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
     else:
         out[prefix] = value

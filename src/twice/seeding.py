@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .digest import digest
+from .digests import digest
 
 __all__ = ["seed_everything", "RngSource", "RNG_SOURCES", "capture_rng", "restore_rng", "rng_digests"]
 

@@ -1,0 +1,123 @@
+"""`twice.Run`: the library API for training loops that want more than the launcher gives.
+
+Under `twice run` a Run joins the launcher's run folder (the launcher already seeded and
+recorded the process); on its own it creates a run folder, applies deterministic mode, writes
+the manifest and records the trace itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import bootstrap, instrument
+from .determinism import deterministic
+from .store import write_json_atomic
+
+__all__ = ["Run"]
+
+
+class Run:
+    """A recorded run. Use as a context manager; call `step()` in loops without torch.optim.
+
+    >>> import torch, twice
+    >>> with twice.Run(runs_dir=tmp, determinism="warn") as run:   # doctest: +SKIP
+    ...     for x in data:
+    ...         loss = model(x).sum(); loss.backward()
+    ...         manual_sgd(model)
+    ...         run.step(loss=loss, batch=x, model=model)
+    """
+
+    def __init__(self, *, config: dict | None = None, seed: int = 0, runs_dir: str | Path = "runs",
+                 name: str | None = None, determinism: str = "strict", trace_every: int = 1,
+                 params_every: int | None = None):
+        self.config = dict(config or {})
+        self.seed = seed
+        self.runs_dir = Path(runs_dir)
+        self.name = name
+        self.determinism = determinism
+        self.trace_every = trace_every
+        self.params_every = params_every
+        self.dir: Path | None = None
+        self._manifest: dict | None = None
+        self._recorder: instrument.Recorder | None = None
+        self._owns_recorder = False
+        self._report = None
+
+    @property
+    def under_launcher(self) -> bool:
+        return bool(os.environ.get(bootstrap.ENV_RUN_DIR))
+
+    @property
+    def step_index(self) -> int:
+        """How many steps have been recorded so far (the index of the next step)."""
+        return self._recorder.step_index if self._recorder is not None else 0
+
+    def __enter__(self) -> "Run":
+        from .launch import RunOptions, start_manifest
+        from .store import new_run_dir
+
+        if self.under_launcher:
+            self.dir = Path(os.environ[bootstrap.ENV_RUN_DIR])
+            if self.config:
+                write_json_atomic(self.dir / "config.json", self.config)
+            self._recorder = instrument.active_recorder()
+            if self._recorder is None:  # torch capture disabled: record explicitly ourselves
+                self._recorder = instrument.install(instrument.Recorder(self.dir, trace_every=self.trace_every,
+                                                                        params_every=self.params_every))
+                self._owns_recorder = True
+            return self
+        self.dir = new_run_dir(self.runs_dir, self.name)
+        self._report = deterministic(seed=self.seed, mode=self.determinism)
+        options = RunOptions(seed=self.seed, name=self.name, runs_dir=self.runs_dir, determinism=self.determinism,
+                             trace_every=self.trace_every, params_every=self.params_every)
+        script = Path(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") and Path(sys.argv[0]).is_file() else None
+        self._manifest = start_manifest(self.dir, list(sys.argv), script, Path.cwd(), options, dict(os.environ), self.runs_dir)
+        if self.config:
+            write_json_atomic(self.dir / "config.json", self.config)
+        self._recorder = instrument.install(instrument.Recorder(self.dir, trace_every=self.trace_every,
+                                                                params_every=self.params_every))
+        self._owns_recorder = True
+        return self
+
+    def step(self, *, loss: Any = None, batch: Any = None, model: Any = None, params: Any = None) -> None:
+        """Record one training step: the loss, the batch it consumed, and the model's parameters and gradients.
+
+        `params` may be given instead of `model`: named (name, tensor) pairs or plain tensors.
+        """
+        if self._recorder is None:
+            raise RuntimeError("Run.step() called outside `with twice.Run(...)`")
+        named = None
+        if model is not None:
+            named = list(model.named_parameters())
+        elif params is not None:
+            named = [(p[0], p[1]) if isinstance(p, tuple) else (f"param{i}", p) for i, p in enumerate(params)]
+        self._recorder.record_explicit(loss=loss, batch=batch, params=named)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        from .launch import finish_manifest
+
+        try:
+            if self._owns_recorder:
+                instrument.uninstall()
+            if self._manifest is not None:
+                if exc_type is None or (exc_type is SystemExit and not getattr(exc, "code", 0)):
+                    code, interrupted = 0, False
+                else:
+                    code, interrupted = 1, exc_type is KeyboardInterrupt
+                self._manifest["identity"]["torch"] = _torch_facts()
+                finish_manifest(self.dir, self._manifest, code, interrupted)
+                self._manifest["context"]["steps"] = self.step_index
+                write_json_atomic(self.dir / "manifest.json", self._manifest)
+        finally:
+            if self._report is not None:
+                self._report.restore()
+
+
+def _torch_facts() -> dict:
+    from .capture import torch_facts
+
+    torch = sys.modules.get("torch")
+    return torch_facts(torch) if torch is not None else {}

@@ -1,0 +1,2 @@
+# Prints a set of strings: its order depends on the hash seed.
+print(list({"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"}))

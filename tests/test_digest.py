@@ -1,0 +1,111 @@
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import twice
+from twice.digests import device_fold
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
+          torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.complex64, torch.complex128]
+
+
+def sample(dtype, shape=(3, 5)):
+    base = torch.arange(15, dtype=torch.float32).reshape(shape) / 7 - 1
+    if dtype is torch.bool:
+        return base > 0
+    if dtype.is_complex:
+        return torch.complex(base, -base).to(dtype)
+    return base.mul(10).to(dtype) if not dtype.is_floating_point else base.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dense_dtype_digests_and_a_changed_element_changes_the_digest(dtype):
+    tensor = sample(dtype)
+    assert twice.digest(tensor) == twice.digest(tensor.clone())
+    changed = tensor.clone()
+    changed.view(torch.uint8).view(-1)[0] ^= 1  # flip one bit of the first element
+    assert twice.digest(changed) != twice.digest(tensor)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_views_and_non_contiguous_tensors_digest_like_their_contiguous_copies(dtype):
+    tensor = sample(dtype)
+    transposed = tensor.t()
+    assert not transposed.is_contiguous()
+    assert twice.digest(transposed) == twice.digest(transposed.contiguous())
+    assert twice.digest(tensor[:, ::2]) == twice.digest(tensor[:, ::2].clone())
+    assert twice.digest(tensor[1]) == twice.digest(tensor[1].clone())
+
+
+def test_dtype_and_shape_are_part_of_the_digest():
+    data = torch.zeros(4, dtype=torch.int32)
+    assert twice.digest(data) != twice.digest(data.view(torch.float32))
+    assert twice.digest(data) != twice.digest(data.reshape(2, 2))
+    assert twice.digest(torch.tensor(0.0)) != twice.digest(torch.tensor(-0.0))
+
+
+def test_conjugate_and_negative_views_digest_their_values():
+    z = torch.complex(torch.ones(3), torch.arange(3.0))
+    assert twice.digest(z.conj()) == twice.digest(z.conj().resolve_conj())
+
+
+def test_nested_batches_state_dicts_and_dataclasses():
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+        label: str
+
+    model = torch.nn.Linear(3, 2)
+    assert twice.digest(model.state_dict()) == twice.digest({k: v.clone() for k, v in model.state_dict().items()})
+    nested = {"a": [torch.ones(2), (1, 2.5, "s", None, b"by")], "b": Batch(torch.zeros(1), "l"), "n": np.arange(3)}
+    same = {"a": [torch.ones(2), (1, 2.5, "s", None, b"by")], "b": Batch(torch.zeros(1), "l"), "n": np.arange(3)}
+    assert twice.digest(nested) == twice.digest(same)
+    assert twice.digest([1, 2]) != twice.digest((1, 2))
+    assert twice.digest([torch.ones(2)]) != twice.digest([torch.ones(2), torch.ones(0)])
+    assert twice.digest(1) != twice.digest(1.0) != twice.digest("1")
+
+
+def test_unknown_objects_are_refused_unless_strict_is_off():
+    with pytest.raises(TypeError, match="cannot digest"):
+        twice.digest(object())
+    assert len(twice.digest(object(), strict=False)) == 32
+
+
+def test_sparse_tensors_are_refused_with_a_fix():
+    with pytest.raises(TypeError, match="to_dense"):
+        twice.digest(torch.eye(3).to_sparse())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, width=32), min_size=1, max_size=40), st.integers(0, 39))
+def test_a_single_changed_bit_anywhere_changes_the_digest(values, index):
+    tensor = torch.tensor(values, dtype=torch.float32)
+    index %= tensor.numel()
+    flipped = tensor.clone()
+    flipped.view(torch.int32)[index] ^= 1 << (index % 32)
+    assert twice.digest(flipped) != twice.digest(tensor)
+
+
+def test_the_device_algorithm_is_exact_and_layout_independent_on_the_cpu():
+    tensor = torch.randn(1000, 33)
+    assert device_fold(tensor) == device_fold(tensor.clone())
+    assert device_fold(tensor.t()) == device_fold(tensor.t().contiguous())
+    flipped = tensor.clone()
+    flipped.view(torch.int32)[500, 7] ^= 1
+    assert device_fold(flipped) != device_fold(tensor)
+    swapped = tensor.clone()
+    swapped[[0, 1]] = swapped[[1, 0]]  # same multiset of values, other positions
+    assert device_fold(swapped) != device_fold(tensor)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: no CUDA device on this machine")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_digest_is_computed_on_the_device_and_matches_the_device_algorithm_on_the_cpu(dtype):
+    tensor = sample(dtype)
+    assert device_fold(tensor.cuda()) == device_fold(tensor)
+    assert twice.digest(tensor.cuda()) == twice.digest(tensor.cuda().clone())

@@ -1,0 +1,66 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from twice.divergence import explain, first_divergence, loss_gap
+from twice.manifest import Difference, compare_identity
+from twice.trace import StepRecord
+
+
+def trace(n):
+    return [StepRecord(step=i, loss=float.hex(1 / (i + 1)), batch=f"b{i}", grads=f"g{i}", params=f"p{i}",
+                       rng={"torch": f"r{i}"}, param_digests={"w": f"w{i}", "b": f"c{i}"}) for i in range(n)]
+
+
+@given(st.integers(1, 60), st.data(), st.sampled_from(["batch", "loss", "grads", "params", "rng"]))
+def test_perturbing_step_k_is_reported_at_step_k(n, data, field):
+    k = data.draw(st.integers(0, n - 1))
+    a, b = trace(n), trace(n)
+    if field == "rng":
+        b[k].rng = {"torch": "other"}
+    elif field == "loss":
+        b[k].loss = float.hex(5.0)
+    else:
+        setattr(b[k], field, "other")
+    found = first_divergence(a, b)
+    assert found is not None and found.step == k and found.first == field
+    assert found.identical_before == k
+
+
+def test_identical_traces_and_a_shorter_one_have_no_divergence():
+    assert first_divergence(trace(10), trace(10)) is None
+    assert first_divergence(trace(10), trace(4)) is None
+
+
+def test_causal_order_puts_data_before_loss_before_parameters():
+    a, b = trace(3), trace(3)
+    b[1].params, b[1].loss, b[1].batch = "x", float.hex(9.0), "y"
+    assert first_divergence(a, b).fields == ["batch", "loss", "params"]
+
+
+def test_differing_tensors_are_named():
+    a, b = trace(3), trace(3)
+    b[2].params, b[2].param_digests = "x", {"w": "other", "b": "c2"}
+    assert first_divergence(a, b).tensors == {"params": ["w"]}
+
+
+def test_loss_gap_counts_float32_ulps():
+    one = float.hex(1.0)
+    next_up = float.hex(1.0 + 2**-23)
+    assert loss_gap(one, next_up) == {"abs": 2**-23, "ulps": 1}
+
+
+def test_explanation_combines_trace_and_manifest():
+    a, b = trace(3), trace(3)
+    b[1].loss = float.hex(2.0)
+    diffs = compare_identity({"threads": {"intra_op_threads": 1}}, {"threads": {"intra_op_threads": 2}})
+    sentence = explain(diffs, first_divergence(a, b))
+    assert sentence.startswith("batches and parameters identical, loss differs: the forward computation differs at step 1")
+    assert "the runs used 1 and 2 torch threads" in sentence
+
+
+def test_identity_differences_are_grouped():
+    diffs = compare_identity({"argv": ["a"], "packages": {"numpy": "1"}, "env": {"OMP_NUM_THREADS": "1"}},
+                             {"argv": ["b"], "packages": {"numpy": "2"}, "env": {}})
+    assert [(d.group, d.key) for d in diffs] == [("arguments", "argv"), ("packages", "packages.numpy"),
+                                                  ("threads", "env.OMP_NUM_THREADS")]
+    assert isinstance(diffs[0], Difference)
