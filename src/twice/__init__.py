@@ -23,7 +23,7 @@ _EXPORTS = {
     "StepRecord": "trace",
     "read_trace": "trace",
     "first_divergence": "divergence",
-    "compare_runs": "divergence",
+    "compare_runs": "compare",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -44,7 +44,8 @@ def __dir__():
 if TYPE_CHECKING:  # pragma: no cover
     from .determinism import DeterminismReport, deterministic
     from .digests import digest
-    from .divergence import compare_runs, first_divergence
+    from .compare import compare_runs
+    from .divergence import first_divergence
     from .errors import DeterminismError, TwiceError
     from .run import Run
     from .seeding import seed_everything

@@ -119,6 +119,10 @@ def _local_sources() -> list[str]:
         if "site-packages" in real or "dist-packages" in real or any(real.startswith(s + os.sep) for s in skip):
             continue
         sources.add(real)
+    # CPython deletes __main__.__file__ after the script ran; sys.argv[0] still names it.
+    main = sys.argv[0] if sys.argv else ""
+    if main.endswith(".py") and os.path.isfile(os.path.join(_state["cwd"], main)):
+        sources.add(os.path.realpath(os.path.join(_state["cwd"], main)))
     return sorted(sources)
 
 

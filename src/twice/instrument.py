@@ -249,7 +249,8 @@ class Recorder:
 
 
 def _has_closure(args, kwargs) -> bool:
-    return bool(args) and callable(args[0]) or callable(kwargs.get("closure"))
+    # Step hooks receive the bound call's arguments: args[0] is the optimizer itself.
+    return any(callable(arg) for arg in args[1:2]) or callable(kwargs.get("closure"))
 
 
 _recorder: Recorder | None = None

@@ -1,0 +1,245 @@
+"""End to end: the real `twice` command line in subprocesses, on real scripts and real git repos."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import clean_env, runs, script, twice
+
+
+def manifest(run_dir):
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def test_a_string_set_prints_in_the_same_order_under_twice_run_and_not_without(tmp_path):
+    path = script("print_set.py", tmp_path)
+    under = {twice("run", "--", sys.executable, path, cwd=tmp_path).stdout for _ in range(2)}
+    assert len(under) == 1
+    # Without the launcher the order depends on the hash seed: show it really varies here.
+    plain = {subprocess.run([sys.executable, path], capture_output=True, text=True, env=clean_env(PYTHONHASHSEED=str(s))).stdout
+             for s in range(1, 9)}
+    assert len(plain) > 1
+    # And setting it inside the script is too late: the launcher sets it before the interpreter starts.
+    assert manifest(runs(tmp_path)[0])["identity"]["env"]["PYTHONHASHSEED"] == "0"
+
+
+def test_tiny_training_saves_byte_identical_weights_twice(tmp_path):
+    path = script("tiny_train.py", tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        result = twice("run", "--name", name, "--", sys.executable, path, f"{name}/w.pt", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    assert (tmp_path / "a/w.pt").read_bytes() == (tmp_path / "b/w.pt").read_bytes()
+
+
+@pytest.fixture
+def out_dirs(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    return tmp_path
+
+
+def test_weights_are_byte_identical_through_a_shell_wrapper(out_dirs):
+    tmp = out_dirs
+    path = script("tiny_train.py", tmp)
+    wrapper = tmp / "train.sh"
+    wrapper.write_text(f'#!/bin/sh\necho "wrapper starting"\nexec "{sys.executable}" "{path}" "$1"\n')
+    wrapper.chmod(0o755)
+    for name in ("a", "b"):
+        result = twice("run", "--", str(wrapper), f"{name}/w.pt", cwd=tmp)
+        assert result.returncode == 0, result.stderr
+        assert "wrapper starting" in result.stdout
+    assert (tmp / "a/w.pt").read_bytes() == (tmp / "b/w.pt").read_bytes()
+
+
+def test_weights_are_byte_identical_through_a_subprocess_the_script_starts(out_dirs):
+    tmp = out_dirs
+    path = script("tiny_train.py", tmp)
+    parent = tmp / "parent.py"
+    parent.write_text(f"import subprocess, sys\nsubprocess.run([sys.executable, {str(path)!r}, sys.argv[1]], check=True)\n")
+    for name in ("a", "b"):
+        assert twice("run", "--", sys.executable, parent, f"{name}/w.pt", cwd=tmp).returncode == 0
+    assert (tmp / "a/w.pt").read_bytes() == (tmp / "b/w.pt").read_bytes()
+    procs = list((runs(tmp)[0] / "procs").glob("*.json"))
+    assert len(procs) == 2  # both interpreters were bootstrapped and recorded
+
+
+def test_shorthand_stdout_stderr_and_exit_code(tmp_path):
+    (tmp_path / "fail.py").write_text("import sys\nprint('out line')\nprint('err line', file=sys.stderr)\nsys.exit(3)\n")
+    result = twice("run", "fail.py", cwd=tmp_path)
+    assert result.returncode == 3
+    assert "out line" in result.stdout and "err line" in result.stderr
+    run = runs(tmp_path)[0]
+    assert (run / "stdout.log").read_text() == "out line\n"
+    assert (run / "stderr.log").read_text() == "err line\n"
+    assert manifest(run)["context"]["status"] == "failed"
+    assert manifest(run)["context"]["exit_code"] == 3
+
+
+def test_python_dash_m_twice_is_the_same_command_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "twice", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "twice run" in result.stdout
+
+
+def git(*args, cwd):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+def test_manifest_records_git_dirty_state_and_a_patch_with_untracked_files(tmp_path):
+    (tmp_path / "train.py").write_text("import helper\nprint(helper.VALUE)\n")
+    (tmp_path / "helper.py").write_text("VALUE = 1\n")
+    git("init", "-q", "-b", "main", cwd=tmp_path)
+    git("add", ".", cwd=tmp_path)
+    git("commit", "-qm", "first", cwd=tmp_path)
+    (tmp_path / "helper.py").write_text("VALUE = 2\n")             # modified
+    (tmp_path / "notes_untracked.py").write_text("NEW = True\n")   # untracked
+    result = twice("run", "train.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = runs(tmp_path)[0]
+    identity = manifest(run)["identity"]
+    assert identity["code"]["git"]["dirty"] is True
+    assert identity["code"]["git"]["branch"] == "main"
+    assert len(identity["code"]["git"]["commit"]) == 40
+    patch = (run / "code.patch").read_text()
+    assert "+VALUE = 2" in patch and "notes_untracked.py" in patch and "+NEW = True" in patch
+    assert "runs/" not in patch  # the run folder itself is never part of the patch
+    assert set(identity["code"]["sources"]) == {"train.py", "helper.py"}
+    # the user's own index is untouched: the untracked file is still untracked
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert "?? notes_untracked.py" in status
+
+
+def test_manifest_has_identity_and_context_written_sorted(tmp_path):
+    path = script("tiny_train.py", tmp_path)
+    twice("run", "--seed", "7", "--", sys.executable, path, "w.pt", cwd=tmp_path)
+    run = runs(tmp_path)[0]
+    text = (run / "manifest.json").read_text()
+    data = json.loads(text)
+    assert text == json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    identity = data["identity"]
+    assert identity["seed"] == 7 and identity["determinism"]["mode"] == "strict"
+    assert identity["determinism"]["in_effect"]["deterministic_algorithms"] == "strict"
+    assert identity["torch"]["version"].startswith("2.")
+    assert "torch" in identity["packages"] and identity["threads"]["intra_op_threads"] >= 1
+    assert {"model", "count"} <= set(identity["cpu"]) and identity["os"]["system"] == "Linux"
+    assert identity["env"]["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert identity["code"]["script"]["path"].endswith("tiny_train.py")
+    assert {"host", "user", "started", "ended", "status"} <= set(data["context"])
+    assert data["context"]["status"] == "completed"
+
+
+def test_run_ids_sort_by_time_and_stay_unique_when_many_start_at_once(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from twice.store import new_run_dir
+
+    with ThreadPoolExecutor(8) as pool:
+        made = list(pool.map(lambda _: new_run_dir(tmp_path / "runs"), range(64)))
+    assert len(set(made)) == 64
+    later = new_run_dir(tmp_path / "runs")
+    time.sleep(0.002)
+    last = new_run_dir(tmp_path / "runs")
+    assert sorted([later.name, last.name]) == [later.name, last.name]
+
+
+def wait_for_status(run_parent, status, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = [p for p in (run_parent / "runs").glob("*/manifest.json")] if (run_parent / "runs").exists() else []
+        if found:
+            data = json.loads(found[0].read_text())
+            if data["context"].get("status") == status and data["context"].get("child_pid"):
+                return found[0].parent, data
+        time.sleep(0.1)
+    raise AssertionError(f"no run reached status {status}")
+
+
+def test_a_launcher_killed_with_sigkill_is_shown_as_crashed_not_running(tmp_path):
+    (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "twice", "run", "sleepy.py"], cwd=tmp_path, env=clean_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run, data = wait_for_status(tmp_path, "running")
+    launcher.kill()
+    launcher.wait()
+    os.kill(data["context"]["child_pid"], signal.SIGKILL)
+    shown = json.loads(twice("show", run, "--json", cwd=tmp_path).stdout)
+    assert shown["context"]["effective_status"] == "crashed"
+    assert "crashed" in twice("ls", cwd=tmp_path).stdout
+
+
+def test_a_command_killed_with_sigkill_is_recorded_as_crashed(tmp_path):
+    (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "twice", "run", "sleepy.py"], cwd=tmp_path, env=clean_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run, data = wait_for_status(tmp_path, "running")
+    os.kill(data["context"]["child_pid"], signal.SIGKILL)
+    assert launcher.wait(timeout=60) == 128 + signal.SIGKILL
+    context = manifest(run)["context"]
+    assert context["status"] == "crashed" and context["signal"] == "SIGKILL"
+
+
+def test_ctrl_c_marks_the_run_interrupted(tmp_path):
+    (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "twice", "run", "sleepy.py"], cwd=tmp_path, env=clean_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run, _ = wait_for_status(tmp_path, "running")
+    launcher.send_signal(signal.SIGINT)
+    launcher.wait(timeout=60)
+    assert manifest(run)["context"]["status"] == "interrupted"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run"], "no command to run"),
+    (["run", "--", "missing_script.py"], "script not found: missing_script.py"),
+    (["run", "--", sys.executable, "missing_script.py"], "script not found: missing_script.py"),
+    (["run", "--seed", "abc", "--", "true"], "'abc' is not a valid integer"),
+    (["run", "--sede", "1", "--", "true"], "unknown option --sede"),
+    (["run", "--", "no-such-command-anywhere"], "command not found"),
+    (["show", "nope"], "no run 'nope'"),
+    (["diff", "a", "b"], "no run 'a'"),
+    (["ls", "nowhere"], "no runs folder nowhere"),
+])
+def test_bad_input_prints_error_and_hint_and_exits_2_without_traceback(tmp_path, args, message):
+    result = twice(*args, cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert "\nhint: " in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unwritable_runs_dir_is_a_clear_error(tmp_path):
+    if os.geteuid() == 0:
+        blocker = tmp_path / "file"
+        blocker.write_text("")
+        target = blocker / "runs"  # a folder inside a file: cannot be created, even by root
+    else:
+        target = tmp_path / "ro"
+        target.mkdir(mode=0o500)
+    (tmp_path / "ok.py").write_text("pass\n")
+    result = twice("run", "--runs-dir", target, "ok.py", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and "hint: " in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_env_reports_hazards_as_text_and_json(tmp_path):
+    text = twice("env", cwd=tmp_path)
+    assert text.returncode == 0 and "PYTHONHASHSEED" in text.stdout and "threads" in text.stdout
+    data = json.loads(twice("env", "--json", cwd=tmp_path).stdout)
+    assert {h["name"] for h in data["hazards"]} >= {"PYTHONHASHSEED", "deterministic algorithms"}
+    assert data["facts"]["torch"]["version"].startswith("2.")
+
+
+def test_ls_and_show_list_runs(tmp_path):
+    (tmp_path / "ok.py").write_text("pass\n")
+    twice("run", "--name", "hello", "ok.py", cwd=tmp_path)
+    rows = json.loads(twice("ls", "--json", cwd=tmp_path).stdout)
+    assert len(rows) == 1 and rows[0]["status"] == "completed" and rows[0]["id"].endswith("-hello")
+    shown = twice("show", rows[0]["id"][:15], cwd=tmp_path)
+    assert shown.returncode == 0 and shown.stdout.startswith(f"run {rows[0]['id']}: completed")

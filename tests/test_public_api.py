@@ -1,0 +1,55 @@
+"""The public surface is small and explicit, and imports point one way (core never imports the shell)."""
+
+import ast
+from pathlib import Path
+
+import twice
+
+PACKAGE = Path(twice.__file__).parent
+
+# Layers, lowest first: a module may import only from its own layer or lower ones.
+LAYERS = [
+    {"errors", "seeds", "digests", "manifest", "trace", "divergence"},           # pure core
+    {"seeding", "determinism", "instrument"},                                    # process state
+    {"capture", "store", "hazards", "compare"},                                  # I/O
+    {"bootstrap", "launch", "run", "verify"},                                    # orchestration
+    {"cli", "__main__"},                                                         # command line
+]
+
+
+def test_exported_names_are_exactly_the_documented_ones():
+    assert set(twice.__all__) == {
+        "seed_everything", "deterministic", "DeterminismReport", "derive_seed", "digest", "Run", "TwiceError",
+        "DeterminismError", "StepRecord", "read_trace", "first_divergence", "compare_runs", "__version__",
+    }
+    for name in twice.__all__:
+        assert getattr(twice, name) is not None
+
+
+def test_importing_twice_loads_neither_torch_nor_numpy():
+    import subprocess
+    import sys
+
+    code = "import sys, twice; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split() == ["False", "False"]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_imports_point_one_way():
+    layer_of = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    assert modules <= set(layer_of), f"place new modules in a layer: {modules - set(layer_of)}"
+    for module in modules:
+        for imported in _imports(PACKAGE / f"{module}.py"):
+            assert layer_of[imported] <= layer_of[module], f"{module} (layer {layer_of[module]}) imports {imported}"
