@@ -243,3 +243,12 @@ def test_ls_and_show_list_runs(tmp_path):
     assert len(rows) == 1 and rows[0]["status"] == "completed" and rows[0]["id"].endswith("-hello")
     shown = twice("show", rows[0]["id"][:15], cwd=tmp_path)
     assert shown.returncode == 0 and shown.stdout.startswith(f"run {rows[0]['id']}: completed")
+
+
+def test_forked_children_draw_the_same_python_random_numbers_in_every_run(tmp_path):
+    # CPython reseeds `random` from os.urandom after fork; twice reseeds it by fork order.
+    (tmp_path / "forks.py").write_text(
+        "import os, random, sys\nfor i in range(2):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        print(i, random.random(), flush=True)\n        os._exit(0)\n    os.waitpid(pid, 0)\n")
+    outputs = [twice("run", "forks.py", cwd=tmp_path).stdout for _ in range(2)]
+    assert outputs[0] == outputs[1] and len(set(outputs[0].split())) == 4

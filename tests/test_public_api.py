@@ -9,7 +9,7 @@ PACKAGE = Path(twice.__file__).parent
 
 # Layers, lowest first: a module may import only from its own layer or lower ones.
 LAYERS = [
-    {"errors", "seeds", "digests", "manifest", "trace", "divergence"},           # pure core
+    {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports"},         # pure core
     {"seeding", "determinism", "instrument"},                                    # process state
     {"capture", "store", "hazards", "compare"},                                  # I/O
     {"bootstrap", "launch", "run", "verify"},                                    # orchestration

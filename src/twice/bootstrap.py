@@ -9,12 +9,11 @@ library is imported here; the rest of twice loads inside the torch import hook.
 from __future__ import annotations
 
 import atexit
-import importlib.abc
-import importlib.util
 import os
 import sys
 import time
-from typing import Callable
+
+from .imports import when_imported
 
 ENV_RUN_DIR = "TWICE_RUN_DIR"
 ENV_SEED = "TWICE_SEED"
@@ -26,40 +25,6 @@ ENV_STOP_AFTER = "TWICE_STOP_AFTER"
 ENV_TRACE = "TWICE_TRACE"
 
 _state: dict = {}
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls `callback(module)` right after the module named `name` has finished executing."""
-
-    def __init__(self, name: str, callback: Callable):
-        self.name, self.callback = name, callback
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # once, and so that the real finder below is used
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, callback = spec.loader, self.callback
-
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, spec):
-                return loader.create_module(spec)
-
-            def exec_module(self, module):
-                loader.exec_module(module)
-                callback(module)
-
-        spec.loader = _Loader()
-        return spec
-
-
-def _when_imported(name: str, callback: Callable) -> None:
-    if name in sys.modules:
-        callback(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def _int_env(name: str) -> int | None:
@@ -152,6 +117,21 @@ def _at_exit() -> None:
     write_json_atomic(os.path.join(procs, f"{os.getpid()}.json"), record)
 
 
+def _count_fork() -> None:
+    _state["forks"] = _state.get("forks", 0) + 1
+
+
+def _reseed_forked_child() -> None:
+    import random
+
+    from .seeds import derive_seed
+
+    index = _state.get("forks", 0)
+    _state["forks"] = 0
+    _state["fork_path"] = _state.get("fork_path", ()) + (index,)
+    random.seed(derive_seed(_state["seed"], "fork", *_state["fork_path"]))
+
+
 def boot() -> None:
     """Apply the launcher's settings to this process; a no-op outside `twice run`."""
     run_dir = os.environ.get(ENV_RUN_DIR)
@@ -164,6 +144,10 @@ def boot() -> None:
         import random
 
         random.seed(seed)
-        _when_imported("numpy", _on_numpy)
-    _when_imported("torch", _on_torch)
+        # CPython reseeds `random` from os.urandom in every forked child (random.py registers
+        # an at-fork hook), so fork-based workers (multiprocessing, Hogwild) would draw
+        # different numbers on every run. Ours runs after it and reseeds by fork order instead.
+        os.register_at_fork(before=_count_fork, after_in_child=_reseed_forked_child)
+        when_imported("numpy", _on_numpy)
+    when_imported("torch", _on_torch)
     atexit.register(_at_exit)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import DeterminismError
+from .imports import when_imported
 from .seeding import capture_rng, restore_rng, seed_everything
 
 __all__ = ["deterministic", "DeterminismReport", "Setting", "MODES", "CUBLAS_WORKSPACE", "hash_seed_in_effect"]
@@ -111,6 +112,26 @@ def _torch():
     return sys.modules.get("torch")
 
 
+_inductor_hook_pending: list[bool] = []
+
+
+def _set_deterministic_algorithms(torch, enabled: bool, warn_only: bool) -> None:
+    """torch.use_deterministic_algorithms, without importing torch._inductor (1.3 s) just to set its flag.
+
+    The public function imports the inductor config to copy the flag there; we set it there when
+    the program itself imports it (torch.compile), so the program starts as fast as without twice.
+    """
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        return
+    setter(enabled, warn_only=warn_only)
+    if _inductor_hook_pending:
+        return
+    _inductor_hook_pending.append(True)
+    when_imported("torch._inductor.config", lambda config: setattr(config, "deterministic", torch.are_deterministic_algorithms_enabled()))
+
+
 def _flag_setting(name: str, get: Callable[[], Any], put: Callable[[Any], None], want: Any, report: DeterminismReport) -> None:
     before = get()
     report._undo.append(lambda: put(before))
@@ -132,7 +153,7 @@ def _apply_torch(report: DeterminismReport, strict: bool) -> None:
         return "warn" if torch.is_deterministic_algorithms_warn_only_enabled() else "strict"
 
     def put_algorithms(value):
-        torch.use_deterministic_algorithms(value != "off", warn_only=value == "warn")
+        _set_deterministic_algorithms(torch, value != "off", value == "warn")
 
     _flag_setting("deterministic_algorithms", get_algorithms, put_algorithms, "strict" if strict else "warn", report)
     _flag_setting("cudnn.deterministic", lambda: cudnn.deterministic, lambda v: setattr(cudnn, "deterministic", v), True, report)

@@ -10,13 +10,14 @@ backward) belongs to that step. Loops without torch.optim call `Recorder.record_
 from __future__ import annotations
 
 import gc
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .digests import Digester, digest, float_bits
+from .digests import Digester, digest, digest_pairs, float_bits
 from .seeding import rng_digests
 from .trace import StepRecord, TraceWriter
 
@@ -44,18 +45,34 @@ class _Round:
 
 
 def _param_names(optimizer) -> dict[int, str]:
-    """Name each parameter by its path in the largest module holding it ("encoder.layer3.weight")."""
+    """Name each parameter by its path from the outermost module holding it ("encoder.layer3.weight").
+
+    One pass over live modules builds a child -> parent map, so naming costs O(modules) rather
+    than calling named_parameters() on every submodule.
+    """
     import torch
 
     wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    names: dict[int, str] = {}
     module_type = torch.nn.Module
-    for obj in gc.get_objects():
-        # type() rather than isinstance(): isinstance can trigger lazy module attributes' warnings.
-        if issubclass(type(obj), module_type):
-            for name, param in obj.named_parameters(remove_duplicate=False):
-                if id(param) in wanted and len(name) > len(names.get(id(param), "")):
-                    names[id(param)] = name
+    # type() rather than isinstance(): isinstance can trigger lazy module attributes' warnings.
+    modules = [obj for obj in gc.get_objects() if issubclass(type(obj), module_type)]
+    parent: dict[int, tuple[Any, str]] = {}
+    owner: dict[int, tuple[Any, str]] = {}
+    for module in modules:
+        for name, child in module._modules.items():
+            if child is not None:
+                parent.setdefault(id(child), (module, name))
+        for name, param in module._parameters.items():
+            if param is not None and id(param) in wanted:
+                owner.setdefault(id(param), (module, name))
+    names = {}
+    for key, (module, name) in owner.items():
+        parts, seen = [name], set()
+        while id(module) in parent and id(module) not in seen:
+            seen.add(id(module))
+            module, child_name = parent[id(module)]
+            parts.append(child_name)
+        names[key] = ".".join(reversed(parts))
     return names
 
 
@@ -142,7 +159,7 @@ class Recorder:
             for name, param in params or []:
                 if param.grad is not None:
                     round_.grads.append((name, digest(param.grad)))
-                    round_.grad_squares.append(param.grad.detach().double().square().sum())
+                    round_.grad_squares.append(_norm(param.grad))
                 round_.params.append((name, digest(param)))
             round_.rng = rng_digests()
             self._round = round_
@@ -153,25 +170,26 @@ class Recorder:
     def _tracing_this_step(self) -> bool:
         return self.step_index % self.trace_every == 0
 
-    def _named(self, optimizer):
+    def _named(self, optimizer) -> list[tuple[str, Any]]:
         key = id(optimizer)
-        if key not in self._names:
-            self._opt_index[key] = len(self._opt_index)
-            self._names[key] = _param_names(optimizer)
-        names, index = self._names[key], self._opt_index[key]
-        for g, group in enumerate(optimizer.param_groups):
-            for p, param in enumerate(group["params"]):
-                yield names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param
+        count = sum(len(group["params"]) for group in optimizer.param_groups)
+        cached = self._names.get(key)
+        if cached is None or len(cached) != count:  # add_param_group() invalidates the cache
+            index = self._opt_index.setdefault(key, len(self._opt_index))
+            names = _param_names(optimizer)
+            self._names[key] = [
+                (names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param)
+                for g, group in enumerate(optimizer.param_groups) for p, param in enumerate(group["params"])
+            ]
+        return self._names[key]
 
     def _take_grads(self, optimizer) -> None:
-        for name, param in self._named(optimizer):
-            if param.grad is not None:
-                self._round.grads.append((name, digest(param.grad)))
-                self._round.grad_squares.append(param.grad.detach().double().square().sum())
+        grads = [(name, param.grad) for name, param in self._named(optimizer) if param.grad is not None]
+        self._round.grads.extend((name, digest(grad)) for name, grad in grads)
+        self._round.grad_squares.extend(_norms([grad for _, grad in grads]))
 
     def _take_params(self, optimizer) -> None:
-        for name, param in self._named(optimizer):
-            self._round.params.append((name, digest(param)))
+        self._round.params.extend((name, digest(param)) for name, param in self._named(optimizer))
 
     def _move_pending(self, round_: _Round) -> None:
         round_.losses.extend(self._pending_losses)
@@ -210,10 +228,10 @@ class Recorder:
             step=self.step_index,
             loss=None if not losses else losses[0] if len(losses) == 1 else losses,
             batch=round_.batch.hexdigest() if round_.batch is not None else None,
-            grads=digest(round_.grads) if round_.grads else None,
-            grad_norm=float_bits(float(torch.stack(round_.grad_squares).sum().sqrt())) if round_.grad_squares else None,
+            grads=digest_pairs(round_.grads) if round_.grads else None,
+            grad_norm=float_bits(math.sqrt(sum(float(n) ** 2 for n in round_.grad_squares))) if round_.grad_squares else None,
             lr=round_.lr,
-            params=digest(round_.params) if round_.params else None,
+            params=digest_pairs(round_.params) if round_.params else None,
             rng=round_.rng,
             param_digests=dict(round_.params) if per_tensor and round_.params else None,
             grad_digests=dict(round_.grads) if per_tensor and round_.grads else None,
@@ -246,6 +264,25 @@ class Recorder:
         self._round, self._pending_losses, self._pending_batch = _Round(), [], None
         self._fork_count = 0
         self.step_index = 0
+
+
+def _norm(grad):
+    """The L2 norm of one gradient (kept as a tensor: no device sync until the record is written)."""
+    import torch
+
+    return torch.linalg.vector_norm(grad.detach())
+
+
+def _norms(grads: list) -> list:
+    """L2 norms of many gradients in one fused call where torch offers it."""
+    import torch
+
+    if not grads:
+        return []
+    foreach_norm = getattr(torch, "_foreach_norm", None)
+    if foreach_norm is not None and len({(g.device, g.dtype) for g in grads}) == 1:
+        return list(foreach_norm([g.detach() for g in grads]))
+    return [_norm(g) for g in grads]
 
 
 def _has_closure(args, kwargs) -> bool:

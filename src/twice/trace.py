@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,7 +38,9 @@ class StepRecord:
     time: float | None = None     # seconds since the recorder started: context, never compared
 
     def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None and v != {} and v != []}
+        # Shallow on purpose: asdict() deep-copies every field and cost more than the digests.
+        values = ((name, getattr(self, name)) for name in self.__dataclass_fields__)
+        return {k: v for k, v in values if v is not None and v != {} and v != []}
 
     @classmethod
     def from_json(cls, data: dict) -> "StepRecord":
