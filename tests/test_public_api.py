@@ -10,8 +10,8 @@ PACKAGE = Path(twice.__file__).parent
 # Layers, lowest first: a module may import only from its own layer or lower ones.
 LAYERS = [
     {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports"},         # pure core
-    {"seeding", "determinism", "instrument"},                                    # process state
-    {"capture", "store", "hazards", "compare"},                                  # I/O
+    {"seeding", "determinism", "instrument", "data"},                            # process state
+    {"capture", "store", "hazards", "compare", "checkpoint"},                    # I/O
     {"bootstrap", "launch", "run", "verify"},                                    # orchestration
     {"cli", "__main__"},                                                         # command line
 ]

@@ -24,6 +24,7 @@ _EXPORTS = {
     "read_trace": "trace",
     "first_divergence": "divergence",
     "compare_runs": "compare",
+    "checkpoint_dir": "run",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -47,7 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .compare import compare_runs
     from .divergence import first_divergence
     from .errors import DeterminismError, TwiceError
-    from .run import Run
+    from .run import Run, checkpoint_dir
     from .seeding import seed_everything
     from .seeds import derive_seed
     from .trace import StepRecord, read_trace

@@ -86,8 +86,10 @@ def _runs_dir_option(function):
 @click.option("--trace-every", type=click.IntRange(min=1), default=1, show_default=True, help="Record every N-th step.")
 @click.option("--params-every", type=click.IntRange(min=0), default=None,
               help="Per-tensor digests every N steps (0: never)  [default: every step for models of at most 64 tensors, else every 100].")
+@click.option("--resume", "resume_from", type=click.Path(path_type=Path), default=None,
+              help="A checkpoint, checkpoints folder or run whose latest checkpoint twice.Run.resume() starts from.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, command):
+def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, resume_from, command):
     """Run COMMAND seeded, deterministic and recorded in runs/<id>/.
 
     The exit code is the command's own.
@@ -103,8 +105,14 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, c
 
     if observe and seed is not None:
         raise UsageError("--observe records the run as it is and cannot also seed it", "drop --seed or --observe")
+    if resume_from is not None:
+        if not resume_from.exists():
+            raise UsageError(f"nothing to resume from at {resume_from}", "pass a checkpoint folder, or a run folder with checkpoints/")
+        if (resume_from / "checkpoints").is_dir():
+            resume_from = resume_from / "checkpoints"
     options = RunOptions(seed=DEFAULT_SEED if seed is None else seed, name=name, runs_dir=runs_dir,
-                         determinism=determinism, observe=observe, trace_every=trace_every, params_every=params_every)
+                         determinism=determinism, observe=observe, trace_every=trace_every, params_every=params_every,
+                         resume_from=resume_from)
     code, run_dir = run_command(list(command), options)
     from .store import read_json
 
@@ -311,3 +319,81 @@ def show(run_ref, runs_dir, as_json):
     threads = identity.get("threads", {})
     if threads:
         _out(f"  threads: {threads.get('intra_op_threads')} intra-op, {threads.get('inter_op_threads')} inter-op")
+
+
+@main.command(name="verify-resume", context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option("--at", type=click.IntRange(min=1), default=None, help="Interrupt after this many steps  [default: half the run].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
+@_runs_dir_option
+@click.option("--determinism", type=click.Choice(["strict", "warn", "off"]), default="strict", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def verify_resume_command(at, seed, runs_dir, determinism, as_json, command):
+    """Check that an interrupted and resumed COMMAND equals the uninterrupted one, bit for bit.
+
+    Runs COMMAND straight; again, stopped after --at steps (a real separate process); then resumed
+    in a new process. Exit 0 when the resumed steps and the final state match, 1 otherwise, naming
+    the first mismatch and the state that was missing.
+
+    \b
+    Examples:
+      twice verify-resume -- python train.py
+      twice verify-resume --at 100 -- python train.py --epochs 2
+    """
+    from .launch import RunOptions
+    from .verify import verify_resume
+
+    options = RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True)
+    result = verify_resume(list(command), options, at=at)
+    if as_json:
+        _out(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    else:
+        _out(_style(result.verdict, fg="green" if result.identical else "red", bold=True))
+        if result.cause:
+            _out(f"cause: {result.cause}")
+        for role, path in result.runs.items():
+            _out(f"  {role}: {path}")
+    sys.exit(result.exit_code)
+
+
+@main.group(name="checkpoint")
+def checkpoint_group():
+    """Inspect checkpoints written by twice.Run.checkpoint() or twice.checkpoint.save()."""
+
+
+@checkpoint_group.command(name="verify")
+@click.argument("path", type=click.Path(path_type=Path))
+def checkpoint_verify(path):
+    """Check every file of the checkpoint at PATH against its recorded digest (exit 0 valid, 2 not).
+
+    \b
+    Examples:
+      twice checkpoint verify runs/<id>/checkpoints/step-00000400
+    """
+    from .checkpoint import verify as verify_checkpoint
+
+    index = verify_checkpoint(path)
+    _out(f"checkpoint {path}: valid ({', '.join(sorted(index['entries']))})")
+
+
+@checkpoint_group.command(name="ls")
+@click.argument("run_ref", metavar="RUN")
+@_runs_dir_option
+def checkpoint_ls(run_ref, runs_dir):
+    """List RUN's checkpoints, newest last, each valid or why not.
+
+    \b
+    Examples:
+      twice checkpoint ls runs/<id>
+    """
+    from .checkpoint import CheckpointError, list_checkpoints
+    from .checkpoint import verify as verify_checkpoint
+    from .store import find_run
+
+    run_dir = find_run(run_ref, runs_dir)
+    for path in list_checkpoints(run_dir / "checkpoints"):
+        try:
+            verify_checkpoint(path)
+            _out(f"{path.name}  valid")
+        except CheckpointError as exc:
+            _out(f"{path.name}  INVALID: {exc.message}")

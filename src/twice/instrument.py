@@ -42,6 +42,7 @@ class _Round:
     batch: Digester | None = None
     batch_count: int = 0
     rng: dict[str, str] = field(default_factory=dict)
+    params_before: str | None = None
 
 
 def _param_names(optimizer) -> dict[int, str]:
@@ -89,6 +90,7 @@ class Recorder:
         self.step_index = 0
         self.explicit = False
         self.stopped = False
+        self._exit_pending = False
         self.pid = os.getpid()
         self._fork_count = 0
         self._t0 = time.perf_counter()
@@ -98,11 +100,14 @@ class Recorder:
         self._pending_batch: Digester | None = None
         self._pending_batch_count = 0
         self._round_size: int | None = None
-        self._names: dict[int, dict[int, str]] = {}
+        self._names: dict[int, list[tuple[str, Any]]] = {}
+        self.on_stop: list = []  # called when stop_after is reached, before the process exits
+        self.probe_params = os.environ.get("TWICE_RESUME_PROBE") == "1"
         self._opt_index: dict[int, int] = {}
 
     # -- events -----------------------------------------------------------------------------------
     def on_batch(self, batch: Any) -> None:
+        self._exit_if_stopping()
         if self.explicit or not self._tracing_this_step():
             return
         if self._pending_batch is None:
@@ -113,18 +118,25 @@ class Recorder:
     def on_backward(self, tensors: Any) -> None:
         import torch
 
+        self._exit_if_stopping()
         if self.explicit or not self._tracing_this_step():
             return
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             self._pending_losses.append(tensors.detach())
 
     def pre_step(self, optimizer, args, kwargs) -> None:
+        self._exit_if_stopping()
         if self.explicit:
             return
         if id(optimizer) in self._round.optimizers:
             if self._round_size is None:
                 self._round_size = len(self._round.optimizers)
             self._finish_round()
+        if self.probe_params and not self._round.optimizers:
+            # The first step after a resume: record the parameters as loaded, to tell a model that
+            # was not restored from an optimizer or RNG that was not.
+            self.probe_params = False
+            self._round.params_before = digest_pairs([(n, digest(p)) for n, p in self._named(optimizer)])
         if self._tracing_this_step() and not _has_closure(args, kwargs):
             # Before the update: some optimizers (maximize=True) change the gradients in place.
             self._take_grads(optimizer)
@@ -148,6 +160,7 @@ class Recorder:
         """One step from a hand-written loop: the given loss, batch and named parameters (with .grad)."""
         import torch
 
+        self._exit_if_stopping()
         self.explicit = True
         if self._tracing_this_step():
             round_ = _Round()
@@ -210,12 +223,27 @@ class Recorder:
         self._round = _Round()
         self._advance()
 
+    def resume_at(self, step: int) -> None:
+        """Continue numbering at `step` (after a checkpoint restore); the open round is dropped."""
+        self.step_index = step
+        self._round = _Round()
+        self._pending_losses, self._pending_batch, self._pending_batch_count = [], None, 0
+
     def _advance(self) -> None:
         self.step_index += 1
         if self.stop_after is not None and self.step_index >= self.stop_after and not self.stopped:
             self.stopped = True
             self._writer.close()
-            # Leave through normal interpreter exit so that atexit handlers record the process.
+            # Leave at the next event (the next batch, backward or step), not inside this step:
+            # the loop finishes its bookkeeping first (scheduler.step(), its own checkpoint).
+            self._exit_pending = True
+
+    def _exit_if_stopping(self) -> None:
+        if self._exit_pending and os.getpid() == self.pid:
+            self._exit_pending = False
+            for callback in self.on_stop:
+                callback()  # twice.Run checkpoints here: between two steps
+            # Through normal interpreter exit, so that atexit handlers record the process.
             raise SystemExit(0)
 
     def _write_round(self) -> None:
@@ -233,6 +261,7 @@ class Recorder:
             lr=round_.lr,
             params=digest_pairs(round_.params) if round_.params else None,
             rng=round_.rng,
+            params_before=round_.params_before,
             param_digests=dict(round_.params) if per_tensor and round_.params else None,
             grad_digests=dict(round_.grads) if per_tensor and round_.grads else None,
             time=round(time.perf_counter() - self._t0, 6),

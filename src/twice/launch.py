@@ -27,6 +27,11 @@ from .store import MANIFEST, new_run_dir, process_start_time, read_json, write_b
 
 __all__ = ["RunOptions", "run_command", "DEFAULT_SEED", "child_environment", "resolve_command"]
 
+# Where a script keeps checkpoints when it asks twice (twice.checkpoint_dir()): per run by default.
+ENV_CHECKPOINT_DIR = "TWICE_CHECKPOINT_DIR"
+ENV_RESUME_FROM = "TWICE_RESUME_FROM"
+# Variables that describe one run and must not leak from an outer `twice run` into a new one.
+_PER_RUN = (ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, "TWICE_RESUME_PROBE", "TWICE_STOP_AFTER")
 # The documented default: two plain `twice run`s of a script compare equal.
 DEFAULT_SEED = 0
 BOOT_DIR = Path(__file__).resolve().parent / "_boot"
@@ -61,6 +66,8 @@ class RunOptions:
     """Where to run the command (default: here)."""
     quiet: bool = False
     """Save the command's output without also echoing it."""
+    resume_from: Path | None = None
+    """A checkpoint (or checkpoints folder) that twice.Run.resume() in the command starts from."""
 
 
 def resolve_command(command: list[str]) -> tuple[list[str], Path | None]:
@@ -91,14 +98,17 @@ def resolve_command(command: list[str]) -> tuple[list[str], Path | None]:
 
 def child_environment(options: RunOptions, run_dir: Path) -> dict[str, str]:
     """The environment of the command: set before its interpreter starts, so it takes effect."""
-    env = {k: v for k, v in os.environ.items() if k not in options.unset_env}
+    env = {k: v for k, v in os.environ.items() if k not in options.unset_env and k not in _PER_RUN}
     env.update(options.env)
     env[bootstrap.ENV_RUN_DIR] = str(run_dir.resolve())
     env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault(ENV_CHECKPOINT_DIR, str((run_dir / "checkpoints").resolve()))
     env[bootstrap.ENV_TRACE_EVERY] = str(options.trace_every)
     env[bootstrap.ENV_PARAMS_EVERY] = "auto" if options.params_every is None else str(options.params_every)
     if options.stop_after is not None:
         env[bootstrap.ENV_STOP_AFTER] = str(options.stop_after)
+    if options.resume_from is not None:
+        env[ENV_RESUME_FROM] = str(Path(options.resume_from).resolve())
     for key in (bootstrap.ENV_SEED, bootstrap.ENV_DETERMINISM, bootstrap.ENV_OBSERVE):
         env.pop(key, None)
     if options.observe:

@@ -14,9 +14,16 @@ from typing import Any
 
 from . import bootstrap, instrument
 from .determinism import deterministic
+from .launch import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM
 from .store import write_json_atomic
 
-__all__ = ["Run"]
+__all__ = ["Run", "checkpoint_dir"]
+
+
+def checkpoint_dir() -> Path:
+    """Where a script that writes its own checkpoints should keep them: the run's folder under
+    `twice run` (so that `twice verify-resume` can interrupt and resume it), else ./checkpoints."""
+    return Path(os.environ.get(ENV_CHECKPOINT_DIR, "checkpoints"))
 
 
 class Run:
@@ -32,7 +39,7 @@ class Run:
 
     def __init__(self, *, config: dict | None = None, seed: int = 0, runs_dir: str | Path = "runs",
                  name: str | None = None, determinism: str = "strict", trace_every: int = 1,
-                 params_every: int | None = None):
+                 params_every: int | None = None, keep_last: int | None = 3):
         self.config = dict(config or {})
         self.seed = seed
         self.runs_dir = Path(runs_dir)
@@ -45,6 +52,10 @@ class Run:
         self._recorder: instrument.Recorder | None = None
         self._owns_recorder = False
         self._report = None
+        self._tracked: dict[str, Any] = {}
+        self.keep_last = keep_last
+        self.epoch = 0
+        self._resumed_from: Path | None = None
 
     @property
     def under_launcher(self) -> bool:
@@ -68,6 +79,7 @@ class Run:
                 self._recorder = instrument.install(instrument.Recorder(self.dir, trace_every=self.trace_every,
                                                                         params_every=self.params_every))
                 self._owns_recorder = True
+            self._recorder.on_stop.append(self._checkpoint_at_stop)
             return self
         self.dir = new_run_dir(self.runs_dir, self.name)
         self._report = deterministic(seed=self.seed, mode=self.determinism)
@@ -80,6 +92,7 @@ class Run:
         self._recorder = instrument.install(instrument.Recorder(self.dir, trace_every=self.trace_every,
                                                                 params_every=self.params_every))
         self._owns_recorder = True
+        self._recorder.on_stop.append(self._checkpoint_at_stop)
         return self
 
     def step(self, *, loss: Any = None, batch: Any = None, model: Any = None, params: Any = None) -> None:
@@ -95,6 +108,61 @@ class Run:
         elif params is not None:
             named = [(p[0], p[1]) if isinstance(p, tuple) else (f"param{i}", p) for i, p in enumerate(params)]
         self._recorder.record_explicit(loss=loss, batch=batch, params=named)
+
+    # -- checkpoint and resume -------------------------------------------------------------------
+    def track(self, **objects: Any) -> None:
+        """Register what a checkpoint must hold: models, optimizers, schedulers, GradScalers, loaders,
+        generators (torch or NumPy), anything with state_dict/load_state_dict. Global RNGs,
+        step and epoch counters and the trace position are always included."""
+        for name in objects:
+            if name.startswith("__"):
+                raise ValueError(f"tracked names cannot start with '__': {name!r}")
+        self._tracked.update(objects)
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return Path(self.dir) / "checkpoints"
+
+    def checkpoint(self, **extras: Any) -> Path:
+        """Save every tracked object, every RNG, the counters and `extras` as checkpoints/step-<n>."""
+        from . import checkpoint as checkpoints
+        from .seeding import capture_rng
+
+        if self.dir is None:
+            raise RuntimeError("Run.checkpoint() called outside `with twice.Run(...)`")
+        counters = {"step": self.step_index, "epoch": self.epoch}
+        return checkpoints.save(checkpoints.step_dir(self.checkpoints_dir, self.step_index), keep_last=self.keep_last,
+                                **self._tracked, __extras__=extras, __counters__=counters, __rng__=capture_rng())
+
+    def resume(self, path: str | Path | None = None, *, strict: bool = True) -> dict | None:
+        """Restore the latest valid checkpoint (or `path`); returns its extras, or None when there is none.
+
+        Under `twice run --resume` / `twice verify-resume` the checkpoint to resume from is given by
+        the launcher; otherwise this run's own latest checkpoint is used (a no-op on a fresh run).
+        """
+        from . import checkpoint as checkpoints
+        from .seeding import restore_rng
+
+        if path is None:
+            path = os.environ.get(ENV_RESUME_FROM) or checkpoints.latest(self.checkpoints_dir)
+        if path is None:
+            return None
+        path = Path(path)
+        if not (path / checkpoints.INDEX).exists() and checkpoints.list_checkpoints(path):
+            path = checkpoints.latest(path) or path  # a checkpoints folder: take its newest valid one
+        restored = checkpoints.load(path, strict=strict, **self._tracked)
+        counters = restored["__counters__"]
+        self.epoch = counters["epoch"]
+        if self._recorder is not None:
+            self._recorder.resume_at(counters["step"])
+        # RNGs last: restoring other objects must not consume random numbers after them.
+        restore_rng(restored["__rng__"])
+        self._resumed_from = path
+        return restored.get("__extras__", {})
+
+    def _checkpoint_at_stop(self) -> None:
+        if self._tracked:
+            self.checkpoint()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         from .launch import finish_manifest

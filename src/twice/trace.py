@@ -35,6 +35,7 @@ class StepRecord:
     rng: dict[str, str] = field(default_factory=dict)
     param_digests: dict[str, str] | None = None  # per tensor, at the --params-every interval
     grad_digests: dict[str, str] | None = None
+    params_before: str | None = None  # parameters before the first step after a resume
     time: float | None = None     # seconds since the recorder started: context, never compared
 
     def to_json(self) -> dict:

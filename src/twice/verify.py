@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from .capture import numeric_env
 from .compare import Comparison, compare_runs
 from .errors import UsageError
-from .launch import RunOptions, run_command
+from .launch import ENV_CHECKPOINT_DIR, RunOptions, run_command
 from .store import MANIFEST, read_json
 
-__all__ = ["verify_run"]
+__all__ = ["verify_run", "verify_resume", "ResumeCheck"]
 
 
 def verify_run(run_dir: Path, steps: int | None = None, quiet: bool = False) -> tuple[Comparison, Path]:
@@ -43,3 +44,89 @@ def verify_run(run_dir: Path, steps: int | None = None, quiet: bool = False) -> 
         raise UsageError(f"the run's folder {options.cwd} no longer exists", "verify on the machine and checkout it was recorded in")
     _, new_dir = run_command(list(identity["argv"]), options)
     return compare_runs(run_dir, new_dir, steps=steps), new_dir
+
+
+_MISSING_STATE = {
+    "batch": "the data position or the sampler's RNG was not restored: the first resumed batch differs",
+    "rng": "the RNG state was not restored",
+    "loss": "the forward pass differs after resuming: RNG state (dropout) or model buffers were not restored",
+    "grads": "the backward pass differs after resuming: state used by backward was not restored",
+    "grad_norm": "the gradients differ after resuming",
+    "lr": "the learning-rate scheduler's state was not restored",
+    "params": "the optimizer's state was not restored (moments, step counts)",
+}
+
+
+@dataclass
+class ResumeCheck:
+    """The outcome of `verify_resume`: straight run A, interrupted run B, resumed run C."""
+
+    identical: bool
+    verdict: str
+    cause: str
+    at: int
+    runs: dict[str, str]
+    divergence: dict | None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.identical else 1
+
+    def to_json(self) -> dict:
+        return {"identical": self.identical, "verdict": self.verdict, "cause": self.cause, "at": self.at,
+                "runs": self.runs, "divergence": self.divergence}
+
+
+def verify_resume(command: list[str], options: RunOptions, at: int | None = None) -> ResumeCheck:
+    """Run `command` straight; again, stopped after `at` steps (default: half); then resumed in a new
+    process from where it stopped. Compare the resumed steps and the final state with the straight run.
+
+    A script using twice.Run resumes through `run.resume()`; a script that checkpoints by itself
+    finds its checkpoints in twice.checkpoint_dir(), which the interrupted and resumed runs share.
+    """
+    from dataclasses import replace
+
+    from . import checkpoint as checkpoints
+    from .divergence import FIELD_MEANING, first_divergence
+    from .trace import read_trace
+
+    code, straight = run_command(command, replace(options, name="straight"))
+    full = read_trace(straight / "trace.jsonl")
+    if code != 0 or len(full) < 2:
+        raise UsageError(f"the straight run {'failed (exit ' + str(code) + ')' if code else 'recorded fewer than 2 steps'}",
+                         f"fix the command first; see {straight}/stderr.log")
+    at = len(full) // 2 if at is None else at
+    if not 1 <= at < len(full):
+        raise UsageError(f"--at {at} is outside the run's {len(full)} steps", f"give a step from 1 to {len(full) - 1}")
+    _, interrupted = run_command(command, replace(options, name=f"stopped-at-{at}", stop_after=at))
+    saved = interrupted / "checkpoints"
+    resume_from = checkpoints.latest(saved)
+    env = {**options.env, ENV_CHECKPOINT_DIR: str(saved.resolve()), "TWICE_RESUME_PROBE": "1"}
+    code, resumed = run_command(command, replace(options, name=f"resumed-from-{at}", env=env, resume_from=resume_from))
+    runs = {"straight": str(straight), "interrupted": str(interrupted), "resumed": str(resumed)}
+    after = read_trace(resumed / "trace.jsonl")
+    # A script resuming by itself restarts twice's step count at 0: align it with the straight run.
+    offset = at if after and after[0].step == 0 else 0
+    for record in after:
+        record.step += offset
+    tail = [r for r in full if r.step >= at]
+    found = first_divergence(tail, after)
+    before = next((r for r in full if r.step == at - 1), None)
+    if after and before is not None and after[0].params_before is not None and after[0].params_before != before.params:
+        cause = f"the model's parameters were not restored: they differ from the straight run's after step {at - 1}"
+        divergence = {"step": at, "fields": ["params_before"]}
+        return ResumeCheck(False, f"resume differs: first divergence at step {at}, the first resumed step", cause, at, runs, divergence)
+    if found is None and len(after) == len(tail) and after:
+        verdict = f"resume is bit-exact: steps {at}-{tail[-1].step} and the final parameters match the uninterrupted run"
+        return ResumeCheck(True, verdict, "", at, runs, None)
+    if found is None:
+        verdict = f"resume differs: the resumed run recorded {len(after)} steps where the straight run has {len(tail)} after step {at}"
+        return ResumeCheck(False, verdict, "the resumed run did not continue where the interrupted one stopped", at, runs, None)
+    cause = _MISSING_STATE[found.first]
+    if found.first == "rng" and found.rng_sources:
+        cause += f" ({', '.join(found.rng_sources)})"
+    if found.step > at:
+        cause = f"state that matters only later was not restored; at step {found.step}: {cause}"
+    first = " (the first resumed step)" if found.step == at else ""
+    verdict = f"resume differs: first divergence at step {found.step}{first} ({FIELD_MEANING[found.first]})"
+    return ResumeCheck(False, verdict, cause, at, runs, found.to_json())

@@ -21,7 +21,14 @@ def _twice_boot():
             sys.stderr.write(f"twice: warning: this process is not recorded: cannot import twice ({exc})\n")
             bootstrap = None
     if bootstrap is not None:
-        bootstrap.boot()
+        import importlib.util
+
+        missing = [name for name in ("xxhash", "numpy", "safetensors") if importlib.util.find_spec(name) is None]
+        if missing:
+            sys.stderr.write(f"twice: warning: this process is not recorded: its Python ({sys.executable}) "
+                             f"lacks {', '.join(missing)}; install twice into it\n")
+        else:
+            bootstrap.boot()
 
     ours = sys.modules.pop("sitecustomize", None)
     saved_path = list(sys.path)

@@ -1,0 +1,331 @@
+"""Complete, verified, pickle-free checkpoints: tensors in safetensors, everything else in JSON.
+
+A checkpoint is a folder:
+
+    step-00000400/
+      tensors.safetensors     every tensor of every entry (code-free format: never unpickled)
+      state.json              the structure around them: numbers, strings, RNG states, positions
+      checkpoint.json         written last: format, entries, and size + xxh3 digest of each file
+
+It is written into a hidden temporary folder, fsynced, and renamed into place, so a crash leaves
+either the previous checkpoint or the new one. Loading checks every file against its digest and
+refuses anything it did not write. Floats are kept exact (JSON floats round-trip in Python; NaN
+and infinities are stored as float.hex).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from .errors import TwiceError
+from .store import _fsync_dir
+
+__all__ = ["save", "load", "verify", "latest", "list_checkpoints", "CheckpointError", "RNG_ENTRY"]
+
+FORMAT = "twice-checkpoint/1"
+INDEX = "checkpoint.json"
+TENSORS = "tensors.safetensors"
+STATE = "state.json"
+FILES = (TENSORS, STATE)
+RNG_ENTRY = "__rng__"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(TwiceError):
+    """A checkpoint that is incomplete, damaged, foreign, or does not match what is being restored."""
+
+
+# -- encoding: nested Python values with tensors <-> JSON + a flat tensor table ---------------------
+
+def _encode(value: Any, tensors: dict, path: str) -> Any:
+    import torch
+
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value if -(2**53) <= value <= 2**53 else {"__int__": str(value)}
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else {"__float__": float.hex(value)}
+    if isinstance(value, torch.Tensor):
+        key = f"t{len(tensors)}"
+        tensors[key] = value
+        return {"__tensor__": key}
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise CheckpointError(f"cannot save {path}: a NumPy array of Python objects", "store plain numeric arrays")
+        data = np.ascontiguousarray(value)
+        return {"__ndarray__": {"dtype": data.dtype.str, "shape": list(data.shape),
+                                "data": base64.b64encode(data.tobytes()).decode("ascii")}}
+    if isinstance(value, np.generic):
+        return _encode(value.item(), tensors, path)
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and not any(k.startswith("__") and k.endswith("__") for k in value):
+            return {k: _encode(v, tensors, f"{path}.{k}") for k, v in value.items()}
+        return {"__items__": [[_encode(k, tensors, path), _encode(v, tensors, f"{path}[{k!r}]")] for k, v in value.items()]}
+    if isinstance(value, torch.dtype):
+        return {"__dtype__": str(value).removeprefix("torch.")}
+    raise CheckpointError(f"cannot save {path}: a {type(value).__module__}.{type(value).__qualname__} is neither "
+                          "a tensor, a number, a string nor a list/tuple/dict of those",
+                          "give it a state_dict()/load_state_dict() pair, or store it as plain data")
+
+
+def _decode(value: Any, tensors: dict) -> Any:
+    import torch
+
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        (tag, body), = value.items()
+        if tag == "__tensor__":
+            return tensors[body]
+        if tag == "__tuple__":
+            return tuple(_decode(v, tensors) for v in body)
+        if tag == "__items__":
+            return {_decode(k, tensors): _decode(v, tensors) for k, v in body}
+        if tag == "__int__":
+            return int(body)
+        if tag == "__float__":
+            return float.fromhex(body)
+        if tag == "__ndarray__":
+            raw = base64.b64decode(body["data"])
+            return np.frombuffer(raw, dtype=np.dtype(body["dtype"])).reshape(body["shape"]).copy()
+        if tag == "__dtype__":
+            return getattr(torch, body)
+    return {k: _decode(v, tensors) for k, v in value.items()}
+
+
+# -- what an entry is, and how to take and give back its state ------------------------------------
+
+def _kind(obj: Any) -> str:
+    import torch
+
+    if isinstance(obj, torch.Generator):
+        return "torch_generator"
+    if isinstance(obj, np.random.Generator):
+        return "numpy_generator"
+    if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+        return "stateful"
+    return "value"
+
+
+def _state_of(obj: Any, kind: str) -> Any:
+    if kind == "torch_generator":
+        return obj.get_state()
+    if kind == "numpy_generator":
+        return obj.bit_generator.state
+    if kind == "stateful":
+        return obj.state_dict()
+    return obj
+
+
+def _restore(obj: Any, kind: str, state: Any, name: str) -> Any:
+    if kind == "torch_generator":
+        obj.set_state(state)
+    elif kind == "numpy_generator":
+        obj.bit_generator.state = state
+    elif kind == "stateful":
+        try:
+            result = obj.load_state_dict(state)
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"entry {name!r} does not fit the object it is restored into: {exc}",
+                                  "restore into the same kind of object, built with the same shapes") from exc
+        missing = getattr(result, "missing_keys", None)
+        if missing:
+            raise CheckpointError(f"entry {name!r} lacks keys {missing}", "pass strict=False to load partially")
+    return obj
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+def _digest_file(path: Path) -> str:
+    hasher = xxhash.xxh3_128()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 24):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _save_tensors(path: Path, tensors: dict) -> None:
+    from safetensors.torch import save_file
+
+    # safetensors refuses views sharing memory and non-contiguous tensors; copy only those.
+    seen: set[tuple[int, int]] = set()
+    ready = {}
+    for key, tensor in tensors.items():
+        tensor = tensor.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        marker = (tensor.untyped_storage().data_ptr(), tensor.storage_offset()) if tensor.numel() else (id(tensor), 0)
+        if marker in seen or not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+            tensor = tensor.contiguous().clone()
+        seen.add(marker)
+        ready[key] = tensor
+    save_file(ready, str(path))
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def save(directory: str | Path, *, keep_last: int | None = None, **entries: Any) -> Path:
+    """Write `entries` (models, optimizers, schedulers, GradScalers, generators, plain values) to `directory`.
+
+    The checkpoint appears complete or not at all. With `keep_last=N`, older `step-*` siblings
+    beyond the newest N are removed afterwards.
+
+    >>> twice.checkpoint.save("ckpt/step-00000100", model=model, optimizer=opt, extra={"epoch": 3})  # doctest: +SKIP
+    """
+    import torch
+
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    kinds, encoded = {}, {}
+    for name, obj in entries.items():
+        kinds[name] = _kind(obj)
+        encoded[name] = _encode(_state_of(obj, kinds[name]), tensors, name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+    try:
+        _save_tensors(tmp / TENSORS, tensors)
+        _write_file(tmp / STATE, json.dumps({"entries": encoded}, sort_keys=True).encode("utf-8"))
+        index = {"format": FORMAT, "entries": kinds,
+                 "files": {name: {"size": (tmp / name).stat().st_size, "digest": _digest_file(tmp / name)} for name in FILES}}
+        _write_file(tmp / INDEX, json.dumps(index, sort_keys=True, indent=2).encode("utf-8"))
+        _fsync_dir(tmp)
+        if directory.exists():
+            # Replace an old checkpoint of the same name: move it aside first, so that a crash
+            # leaves one of the two complete and "latest" never sees a half-written folder.
+            trash = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old", dir=directory.parent))
+            os.replace(directory, trash / "old")
+            os.replace(tmp, directory)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, directory)
+        _fsync_dir(directory.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep_last is not None:
+        _retain(directory.parent, keep_last)
+    return directory
+
+
+def _retain(parent: Path, keep_last: int) -> None:
+    if keep_last < 1:
+        raise ValueError("keep_last must be at least 1")
+    for old in list_checkpoints(parent)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def verify(directory: str | Path) -> dict:
+    """Check that `directory` is a complete, undamaged twice checkpoint; return its index."""
+    directory = Path(directory)
+    hint_restore = "restore an earlier checkpoint (twice.checkpoint.latest skips damaged ones), or re-create it"
+    if directory.is_file():
+        raise CheckpointError(f"{directory} is a file, not a twice checkpoint folder",
+                              "twice checkpoints are folders written by twice.checkpoint.save; it never loads pickles")
+    if not directory.is_dir():
+        raise CheckpointError(f"no checkpoint at {directory}", "check the path; `twice checkpoint ls RUN` lists them")
+    index_path = directory / INDEX
+    if not index_path.is_file():
+        raise CheckpointError(f"{directory} is incomplete or not a twice checkpoint: it has no {INDEX}", hint_restore)
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{index_path} is damaged: {exc}", hint_restore) from exc
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise CheckpointError(f"{directory} has an unknown format {index.get('format') if isinstance(index, dict) else None!r}",
+                              f"this twice reads {FORMAT}")
+    expected = set(index.get("files", {})) | {INDEX}
+    foreign = sorted(p.name for p in directory.iterdir() if p.name not in expected)
+    if foreign:
+        raise CheckpointError(f"{directory} holds files twice did not write: {', '.join(foreign)}",
+                              "twice never loads them (a pickle can run code); remove them or use a clean copy")
+    for name, meta in index["files"].items():
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} is missing", hint_restore)
+        size = path.stat().st_size
+        if size != meta["size"]:
+            raise CheckpointError(f"checkpoint file {path} is truncated or extended: {size} bytes, expected {meta['size']}", hint_restore)
+        if _digest_file(path) != meta["digest"]:
+            raise CheckpointError(f"checkpoint file {path} is corrupt: its digest does not match", hint_restore)
+    return index
+
+
+def load(directory: str | Path, *, strict: bool = True, **targets: Any) -> dict[str, Any]:
+    """Verify `directory`, restore each entry into the object passed under its name, and return all entries.
+
+    Entries without a target come back as plain values (tensors, numbers, dicts). In strict mode
+    an entry in the checkpoint that is not asked for, or a target the checkpoint lacks, is an error
+    naming it; `strict=False` restores what matches.
+    """
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    index = verify(directory)
+    kinds: dict[str, str] = index["entries"]
+    missing = sorted(set(targets) - set(kinds))
+    if missing:
+        raise CheckpointError(f"checkpoint {directory.name} has no state for {', '.join(map(repr, missing))}",
+                              "save it in the checkpoint before resuming, or load with strict=False")
+    stateful = {name for name, kind in kinds.items() if kind != "value"}
+    unexpected = sorted(stateful - set(targets))
+    if strict and unexpected:
+        raise CheckpointError(f"checkpoint {directory.name} has state for {', '.join(map(repr, unexpected))} that nothing restores",
+                              "pass those objects too, or load with strict=False")
+    tensors = load_file(str(directory / TENSORS))
+    state = _decode(json.loads((directory / STATE).read_text(encoding="utf-8"))["entries"], tensors)
+    restored = {}
+    for name, kind in kinds.items():
+        if name in targets:
+            restored[name] = _restore(targets[name], kind, state[name], name)
+        else:
+            restored[name] = state[name]
+    return restored
+
+
+def list_checkpoints(parent: str | Path) -> list[Path]:
+    """`step-<n>` folders under `parent`, oldest step first (complete or not)."""
+    parent = Path(parent)
+    if not parent.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in parent.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest(parent: str | Path) -> Path | None:
+    """The newest checkpoint under `parent` that verifies; damaged or incomplete ones are skipped with a warning."""
+    for candidate in reversed(list_checkpoints(parent)):
+        try:
+            verify(candidate)
+            return candidate
+        except CheckpointError as exc:
+            warnings.warn(f"twice: skipping checkpoint {candidate.name}: {exc.message}", RuntimeWarning, stacklevel=2)
+    return None
+
+
+def step_dir(parent: str | Path, step: int) -> Path:
+    return Path(parent) / f"step-{step:08d}"

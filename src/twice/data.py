@@ -1,0 +1,166 @@
+"""Deterministic, resumable data loading that gives the same batches for any number of workers.
+
+`loader(dataset, ...)` wraps torch's DataLoader. The shuffle order is a function of (seed, epoch);
+before each sample is fetched, Python's `random`, NumPy's global RNG and torch's global RNG are
+seeded from (seed, epoch, sample index), in whichever process fetches it, so random augmentations
+do not depend on which worker ran them. The position (epoch, batches served) is a state_dict, and
+a resumed loader skips straight to it without fetching the batches before it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+
+from .seeds import derive_seed
+
+__all__ = ["loader", "ResumableLoader"]
+
+
+class _EpochSampler(Sampler):
+    """Yields (epoch, index) pairs: this rank's share of the epoch's order, from a given position on."""
+
+    def __init__(self, size: int, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool):
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
+        self.epoch = 0
+        self.start = 0  # samples of this rank's share already served
+
+    def order(self, epoch: int) -> list[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(derive_seed(self.seed, "shuffle", epoch))
+            indices = torch.randperm(self.size, generator=generator).tolist()
+        else:
+            indices = list(range(self.size))
+        # Shard like DistributedSampler: pad by wrapping around (or drop the tail) so every rank
+        # gets the same number of samples, then take every world_size-th from this rank's offset.
+        if self.drop_last:
+            per_rank = self.size // self.world_size
+            indices = indices[: per_rank * self.world_size]
+        else:
+            per_rank = math.ceil(self.size / self.world_size)
+            pad = per_rank * self.world_size - len(indices)
+            indices += (indices * math.ceil(pad / max(len(indices), 1)))[:pad]
+        return indices[self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch, start = self.epoch, self.start
+        for index in self.order(epoch)[start:]:
+            yield epoch, index
+
+    def __len__(self) -> int:
+        return len(self.order(self.epoch)) - self.start
+
+
+class _SeededSamples(Dataset):
+    """Fetches dataset[index] with every global RNG seeded from (seed, epoch, index)."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        sample_seed = derive_seed(self.seed, "sample", epoch, index)
+        in_main = get_worker_info() is None
+        numpy = sys.modules.get("numpy")
+        if in_main:
+            # In the main process the training loop shares these RNGs: give them back untouched,
+            # so that num_workers=0 trains exactly like num_workers=4.
+            saved = (random.getstate(), torch.get_rng_state(), numpy.random.get_state() if numpy else None)
+        random.seed(sample_seed)
+        torch.manual_seed(sample_seed)
+        if numpy is not None:
+            numpy.random.seed([sample_seed & 0xFFFFFFFF, sample_seed >> 32])
+        try:
+            return self.dataset[index]
+        finally:
+            if in_main:
+                random.setstate(saved[0])
+                torch.set_rng_state(saved[1])
+                if numpy is not None:
+                    numpy.random.set_state(saved[2])
+
+
+class ResumableLoader:
+    """A DataLoader whose batches depend only on (seed, epoch, position), with state_dict/load_state_dict.
+
+    Iterating starts the current epoch (or continues it after `load_state_dict`); finishing an
+    epoch moves to the next. `set_epoch(e)` chooses an epoch explicitly.
+    """
+
+    def __init__(self, dataset: Dataset, *, batch_size: int = 1, shuffle: bool = False, seed: int | None = None,
+                 rank: int = 0, world_size: int = 1, drop_last: bool = False, **dataloader_kwargs: Any):
+        if seed is None:
+            seed = _default_seed()
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), not rank={rank}, world_size={world_size}")
+        for forbidden in ("sampler", "batch_sampler", "generator", "worker_init_fn"):
+            if dataloader_kwargs.get(forbidden) is not None:
+                raise ValueError(f"twice.data.loader sets {forbidden} itself; remove it")
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.sampler = _EpochSampler(len(dataset), shuffle, seed, rank, world_size, drop_last)
+        self._kwargs = dataloader_kwargs
+        self._drop_last_batch = drop_last
+        self.batches_served = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.epoch, self.sampler.start, self.batches_served = epoch, 0, 0
+
+    def __len__(self) -> int:
+        samples = len(self.sampler.order(self.sampler.epoch))
+        return samples // self.batch_size if self._drop_last_batch else math.ceil(samples / self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.sampler.start = self.batches_served * self.batch_size
+        # A generator of our own: DataLoader otherwise draws its workers' base seed from the global
+        # torch RNG each epoch, so a resumed run (one iterator fewer) would drift from the original.
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, "workers", self.sampler.epoch))
+        inner = DataLoader(_SeededSamples(self.dataset, self.seed), batch_size=self.batch_size, sampler=self.sampler,
+                           drop_last=self._drop_last_batch, generator=generator, **self._kwargs)
+        for batch in inner:
+            self.batches_served += 1
+            yield batch
+        self.set_epoch(self.sampler.epoch + 1)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.sampler.epoch, "batches_served": self.batches_served, "seed": self.seed,
+                "batch_size": self.batch_size, "rank": self.sampler.rank, "world_size": self.sampler.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seed", "batch_size", "world_size", "rank"):
+            if state[key] != getattr(self, key, None) and state[key] != getattr(self.sampler, key, None):
+                raise ValueError(f"loader {key} differs from the checkpoint's ({getattr(self, key, getattr(self.sampler, key, None))} "
+                                 f"vs {state[key]}); resume with the same loader settings")
+        self.sampler.epoch = state["epoch"]
+        self.batches_served = state["batches_served"]
+
+
+def _default_seed() -> int:
+    import os
+
+    root = os.environ.get("TWICE_SEED")
+    return derive_seed(int(root) if root is not None else 0, "data")
+
+
+def loader(dataset: Dataset, *, batch_size: int = 1, shuffle: bool = False, seed: int | None = None, rank: int = 0,
+           world_size: int = 1, drop_last: bool = False, **dataloader_kwargs: Any) -> ResumableLoader:
+    """A deterministic, resumable DataLoader (see ResumableLoader); other keywords go to torch's DataLoader.
+
+    The seed defaults to derive_seed(root, "data"), root being `twice run`'s seed (0 outside it).
+
+    >>> data = twice.data.loader(dataset, batch_size=64, shuffle=True, num_workers=4)   # doctest: +SKIP
+    """
+    return ResumableLoader(dataset, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank,
+                           world_size=world_size, drop_last=drop_last, **dataloader_kwargs)
