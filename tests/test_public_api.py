@@ -20,7 +20,8 @@ LAYERS = [
 def test_exported_names_are_exactly_the_documented_ones():
     assert set(twice.__all__) == {
         "seed_everything", "deterministic", "DeterminismReport", "derive_seed", "digest", "Run", "TwiceError",
-        "DeterminismError", "StepRecord", "read_trace", "first_divergence", "compare_runs", "__version__",
+        "DeterminismError", "StepRecord", "read_trace", "first_divergence", "compare_runs", "checkpoint_dir",
+        "checkpoint", "data", "__version__",
     }
     for name in twice.__all__:
         assert getattr(twice, name) is not None

@@ -27,10 +27,15 @@ _EXPORTS = {
     "checkpoint_dir": "run",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+# Submodules that are part of the public surface: twice.checkpoint.save(...), twice.data.loader(...).
+_SUBMODULES = ("checkpoint", "data")
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["__version__"]
 
 
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
         globals()[name] = value

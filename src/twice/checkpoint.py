@@ -169,24 +169,54 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def _save_tensors(path: Path, tensors: dict) -> None:
-    from safetensors.torch import save_file
+def _safetensors_dtypes() -> dict:
+    from safetensors.torch import _TYPES
 
-    # safetensors refuses views sharing memory and non-contiguous tensors; copy only those.
-    seen: set[tuple[int, int]] = set()
-    ready = {}
+    return {dtype: name for name, dtype in _TYPES.items()}
+
+
+def _save_tensors(path: Path, tensors: dict) -> str:
+    """Write `tensors` in the safetensors format and return the file's xxh3 digest.
+
+    Written here rather than by safetensors.torch.save_file, which first builds the whole file in
+    memory: writing each tensor's memory directly, and hashing it while it is hot, saves a copy
+    and a re-read of the file. The output is a standard safetensors file (tested by loading it
+    with the safetensors library).
+    """
+    from .digests import tensor_bytes_view
+
+    names = _safetensors_dtypes()
+    ready = []
     for key, tensor in tensors.items():
         tensor = tensor.detach()
         if tensor.device.type != "cpu":
             tensor = tensor.cpu()
-        marker = (tensor.untyped_storage().data_ptr(), tensor.storage_offset()) if tensor.numel() else (id(tensor), 0)
-        if marker in seen or not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-            tensor = tensor.contiguous().clone()
-        seen.add(marker)
-        ready[key] = tensor
-    save_file(ready, str(path))
-    with open(path, "rb+") as handle:
+        if tensor.dtype not in names:
+            raise CheckpointError(f"cannot save tensor {key}: dtype {tensor.dtype} has no safetensors encoding",
+                                  "convert it to a supported dtype first")
+        ready.append((key, tensor))
+    # Larger elements first keeps every tensor aligned to its element size, as safetensors does.
+    ready.sort(key=lambda item: (-item[1].element_size(), item[0]))
+    header, offset = {}, 0
+    for key, tensor in ready:
+        nbytes = tensor.numel() * tensor.element_size()
+        header[key] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    header_bytes += b" " * ((-len(header_bytes)) % 8)
+    hasher = xxhash.xxh3_128()
+    with open(path, "wb") as handle:
+        for chunk in (len(header_bytes).to_bytes(8, "little"), header_bytes):
+            handle.write(chunk)
+            hasher.update(chunk)
+        for _, tensor in ready:
+            data = tensor_bytes_view(tensor)
+            buffer = data.buffer if hasattr(data, "buffer") else data
+            handle.write(buffer)
+            hasher.update(buffer)
+        handle.flush()
         os.fsync(handle.fileno())
+    return hasher.hexdigest()
 
 
 def save(directory: str | Path, *, keep_last: int | None = None, **entries: Any) -> Path:
@@ -206,12 +236,16 @@ def save(directory: str | Path, *, keep_last: int | None = None, **entries: Any)
     for name, obj in entries.items():
         kinds[name] = _kind(obj)
         encoded[name] = _encode(_state_of(obj, kinds[name]), tensors, name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+    _sweep_stale_temporaries(directory.parent)
+    # The writer's pid in the name lets a later save remove what a killed writer left behind.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.{os.getpid()}.", suffix=".tmp", dir=directory.parent))
     try:
-        _save_tensors(tmp / TENSORS, tensors)
-        _write_file(tmp / STATE, json.dumps({"entries": encoded}, sort_keys=True).encode("utf-8"))
+        digests = {TENSORS: _save_tensors(tmp / TENSORS, tensors)}
+        state_bytes = json.dumps({"entries": encoded}, sort_keys=True).encode("utf-8")
+        _write_file(tmp / STATE, state_bytes)
+        digests[STATE] = xxhash.xxh3_128_hexdigest(state_bytes)
         index = {"format": FORMAT, "entries": kinds,
-                 "files": {name: {"size": (tmp / name).stat().st_size, "digest": _digest_file(tmp / name)} for name in FILES}}
+                 "files": {name: {"size": (tmp / name).stat().st_size, "digest": digests[name]} for name in FILES}}
         _write_file(tmp / INDEX, json.dumps(index, sort_keys=True, indent=2).encode("utf-8"))
         _fsync_dir(tmp)
         if directory.exists():
@@ -230,6 +264,21 @@ def save(directory: str | Path, *, keep_last: int | None = None, **entries: Any)
     if keep_last is not None:
         _retain(directory.parent, keep_last)
     return directory
+
+
+def _sweep_stale_temporaries(parent: Path) -> None:
+    """Remove temporary folders of writers that died mid-save (their pid is gone)."""
+    for path in parent.glob(".*.tmp"):
+        parts = path.name.split(".")
+        if len(parts) >= 4 and parts[-3].isdigit():
+            pid = int(parts[-3])
+            try:
+                os.kill(pid, 0)
+                continue  # still writing
+            except ProcessLookupError:
+                shutil.rmtree(path, ignore_errors=True)
+            except PermissionError:
+                continue
 
 
 def _retain(parent: Path, keep_last: int) -> None:

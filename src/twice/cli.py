@@ -86,10 +86,12 @@ def _runs_dir_option(function):
 @click.option("--trace-every", type=click.IntRange(min=1), default=1, show_default=True, help="Record every N-th step.")
 @click.option("--params-every", type=click.IntRange(min=0), default=None,
               help="Per-tensor digests every N steps (0: never)  [default: every step for models of at most 64 tensors, else every 100].")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop the command after N training steps (twice.Run checkpoints on the way out).")
 @click.option("--resume", "resume_from", type=click.Path(path_type=Path), default=None,
               help="A checkpoint, checkpoints folder or run whose latest checkpoint twice.Run.resume() starts from.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, resume_from, command):
+def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, max_steps, resume_from, command):
     """Run COMMAND seeded, deterministic and recorded in runs/<id>/.
 
     The exit code is the command's own.
@@ -112,7 +114,7 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, r
             resume_from = resume_from / "checkpoints"
     options = RunOptions(seed=DEFAULT_SEED if seed is None else seed, name=name, runs_dir=runs_dir,
                          determinism=determinism, observe=observe, trace_every=trace_every, params_every=params_every,
-                         resume_from=resume_from)
+                         resume_from=resume_from, stop_after=max_steps)
     code, run_dir = run_command(list(command), options)
     from .store import read_json
 

@@ -1,5 +1,5 @@
 # Resumable training with twice.Run: shuffle, 2 workers, random augmentation in the Dataset,
-# dropout, Adam and a scheduler. Saves final weights to argv[1].
+# dropout, Adam and a scheduler. Saves final weights to <run folder>/final.pt; argv[1]: workers.
 import random
 import sys
 
@@ -26,7 +26,7 @@ with twice.Run(determinism="warn") as run:
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
-    loader = twice.data.loader(Augmented(), batch_size=4, shuffle=True, num_workers=int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+    loader = twice.data.loader(Augmented(), batch_size=4, shuffle=True, num_workers=int(sys.argv[1]) if len(sys.argv) > 1 else 2)
     run.track(model=model, optimizer=opt, scheduler=sched, loader=loader)
     run.resume()
     while loader.epoch < 2:
@@ -35,4 +35,4 @@ with twice.Run(determinism="warn") as run:
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             sched.step()
-    torch.save(model.state_dict(), sys.argv[1])
+    torch.save(model.state_dict(), run.dir / "final.pt")

@@ -1,0 +1,153 @@
+import json
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import twice
+from twice import checkpoint
+from twice.checkpoint import CheckpointError
+from twice.seeding import capture_rng
+
+from conftest import twice as twice_cli
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(3, 4)
+        self.b = torch.nn.Linear(4, 2)
+        self.tied = self.a  # the same tensors under two names: safetensors refuses shared memory unless handled
+        self.register_buffer("steps", torch.tensor(0))
+
+
+def trained():
+    torch.manual_seed(0)
+    model = Model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    for _ in range(3):
+        opt.zero_grad()
+        model.b(model.a(torch.randn(5, 3))).sum().backward()
+        opt.step()
+        sched.step()
+    return model, opt, sched
+
+
+def test_save_and_load_restore_model_optimizer_scheduler_generators_rng_and_extras_exactly(tmp_path):
+    model, opt, sched = trained()
+    gen = torch.Generator().manual_seed(5)
+    npgen = np.random.default_rng(7)
+    gen.manual_seed(5), torch.rand(2, generator=gen), npgen.random(3)
+    extras = {"epoch": 3, "best": float("nan"), "huge": 2**70, "ratio": 1 / 3, "tags": ("a", 1), "ids": {1: "x"}}
+    checkpoint.save(tmp_path / "step-00000003", model=model, optimizer=opt, scheduler=sched, gen=gen, npgen=npgen,
+                    extras=extras, rng=capture_rng())
+    expected_gen, expected_np = torch.rand(4, generator=gen), npgen.random(4)
+    model2, opt2, sched2 = Model(), None, None
+    opt2 = torch.optim.Adam(model2.parameters(), lr=0.1)
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, 1, gamma=0.5)
+    gen2, npgen2 = torch.Generator(), np.random.default_rng(0)
+    out = checkpoint.load(tmp_path / "step-00000003", model=model2, optimizer=opt2, scheduler=sched2, gen=gen2, npgen=npgen2)
+    for (k, v), v2 in zip(model.state_dict().items(), model2.state_dict().values()):
+        assert torch.equal(v, v2), k
+    assert torch.equal(opt.state[opt.param_groups[0]["params"][0]]["exp_avg"],
+                       opt2.state[opt2.param_groups[0]["params"][0]]["exp_avg"])
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"] and sched2.last_epoch == sched.last_epoch
+    assert torch.equal(torch.rand(4, generator=gen2), expected_gen)
+    assert npgen2.random(4).tobytes() == expected_np.tobytes()
+    got = out["extras"]
+    assert got["epoch"] == 3 and got["huge"] == 2**70 and got["ratio"] == 1 / 3 and got["tags"] == ("a", 1)
+    assert got["ids"] == {1: "x"} and got["best"] != got["best"]
+    random.random()
+    from twice.seeding import restore_rng
+    restore_rng(out["rng"])
+
+
+def test_loading_is_strict_about_missing_and_unexpected_entries(tmp_path):
+    model, opt, _ = trained()
+    checkpoint.save(tmp_path / "c", model=model, optimizer=opt)
+    with pytest.raises(CheckpointError, match="has no state for 'scaler'") as missing:
+        checkpoint.load(tmp_path / "c", model=Model(), optimizer=opt, scaler=torch.nn.Linear(1, 1))
+    assert "hint" not in missing.value.message and missing.value.hint
+    with pytest.raises(CheckpointError, match="has state for 'optimizer' that nothing restores"):
+        checkpoint.load(tmp_path / "c", model=Model())
+    partial = Model()
+    checkpoint.load(tmp_path / "c", strict=False, model=partial)
+    assert torch.equal(partial.a.weight, model.a.weight)
+
+
+def test_a_planted_malicious_pickle_is_refused_without_running_it(tmp_path):
+    model, _, _ = trained()
+    target = tmp_path / "c"
+    checkpoint.save(target, model=model)
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (target / "model.pt").write_bytes(pickle.dumps(Exploit()))
+    with pytest.raises(CheckpointError, match="files twice did not write: model.pt"):
+        checkpoint.load(target, model=Model())
+    # Replacing the tensors file itself with a pickle fails its digest, and safetensors never unpickles.
+    (target / "model.pt").unlink()
+    torch.save({"x": Exploit()}, target / "tensors.safetensors")
+    with pytest.raises(CheckpointError, match="tensors.safetensors is"):
+        checkpoint.load(target, model=Model())
+    with pytest.raises(CheckpointError, match="is a file, not a twice checkpoint"):
+        checkpoint.load(target / "tensors.safetensors")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "tensors.safetensors").write_bytes((d / "tensors.safetensors").read_bytes()[:-10]), "truncated"),
+    (lambda d: _flip_byte(d / "tensors.safetensors"), "corrupt"),
+    (lambda d: _flip_byte(d / "state.json"), "corrupt"),
+    (lambda d: (d / "state.json").unlink(), "missing"),
+    (lambda d: (d / "checkpoint.json").unlink(), "incomplete"),
+    (lambda d: (d / "notes.txt").write_text("hi"), "did not write: notes.txt"),
+])
+def test_damaged_checkpoints_are_errors_naming_the_file_and_exit_2_in_the_cli(tmp_path, damage, message):
+    model, _, _ = trained()
+    target = checkpoint.save(tmp_path / "step-00000001", model=model)
+    damage(target)
+    with pytest.raises(CheckpointError, match=message):
+        checkpoint.load(target, model=Model())
+    result = twice_cli("checkpoint", "verify", target, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and "hint: " in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _flip_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_latest_skips_incomplete_and_corrupt_checkpoints_with_a_warning_and_keep_last_retains(tmp_path):
+    model, _, _ = trained()
+    for step in (1, 2, 3, 4):
+        checkpoint.save(tmp_path / f"step-{step:08d}", keep_last=3, model=model)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003", "step-00000004"]
+    _flip_byte(tmp_path / "step-00000004" / "tensors.safetensors")
+    (tmp_path / "step-00000003" / "checkpoint.json").unlink()
+    with pytest.warns(RuntimeWarning, match="skipping checkpoint step-00000004"):
+        assert checkpoint.latest(tmp_path).name == "step-00000002"
+
+
+def test_overwriting_a_checkpoint_replaces_it_whole(tmp_path):
+    model, _, _ = trained()
+    checkpoint.save(tmp_path / "c", model=model, extra={"v": 1})
+    checkpoint.save(tmp_path / "c", model=model, extra={"v": 2})
+    assert checkpoint.load(tmp_path / "c", model=Model())["extra"] == {"v": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+
+
+def test_objects_that_cannot_be_saved_are_refused_with_a_fix(tmp_path):
+    with pytest.raises(CheckpointError, match="cannot save thing: a builtins.object") as refused:
+        checkpoint.save(tmp_path / "c", thing=object())
+    assert "state_dict" in refused.value.hint
+    assert not (tmp_path / "c").exists() and not list(tmp_path.iterdir())

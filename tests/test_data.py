@@ -1,0 +1,87 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import twice.data
+
+
+class Augmented(Dataset):
+    """Draws from all three global RNGs, like random augmentations do; counts fetches."""
+
+    def __init__(self, size=30):
+        self.size, self.fetched = size, []
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        self.fetched.append(i)
+        return torch.tensor([float(i), random.random(), float(np.random.rand())]) + torch.rand(3)
+
+
+def stream(workers, epochs=2, **kwargs):
+    loader = twice.data.loader(Augmented(), batch_size=4, shuffle=True, num_workers=workers, seed=11, **kwargs)
+    return [batch for _ in range(epochs) for batch in loader]
+
+
+def test_the_same_batches_for_0_1_2_and_4_workers():
+    reference = stream(0)
+    for workers in (1, 2, 4):
+        other = stream(workers)
+        assert len(other) == len(reference)
+        assert all(torch.equal(a, b) for a, b in zip(reference, other)), workers
+
+
+def test_order_depends_on_seed_and_epoch_and_epochs_differ():
+    first = stream(0, epochs=2)
+    assert not torch.equal(first[0], first[8])  # epoch 1 is shuffled differently from epoch 0
+    other = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=12)
+    assert not torch.equal(next(iter(other)), first[0])
+
+
+def test_main_process_rngs_are_left_untouched_by_sample_seeding():
+    torch.manual_seed(3)
+    random.seed(3)
+    expected = (torch.rand(1), random.random())
+    torch.manual_seed(3)
+    random.seed(3)
+    list(twice.data.loader(Augmented(), batch_size=5, shuffle=True, seed=1))
+    assert torch.equal(torch.rand(1), expected[0]) and random.random() == expected[1]
+
+
+def test_mid_epoch_resume_continues_exactly_without_fetching_skipped_samples():
+    reference = stream(0)
+    dataset = Augmented()
+    loader = twice.data.loader(dataset, batch_size=4, shuffle=True, seed=11)
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    state = loader.state_dict()
+    assert state["epoch"] == 0 and state["batches_served"] == 3
+    fresh_dataset = Augmented()
+    resumed = twice.data.loader(fresh_dataset, batch_size=4, shuffle=True, seed=11, num_workers=2)
+    resumed.load_state_dict(state)
+    rest = list(resumed) + list(resumed)
+    assert all(torch.equal(a, b) for a, b in zip(reference[3:], rest)) and len(rest) == len(reference) - 3
+    in_process = Augmented()
+    resumed_here = twice.data.loader(in_process, batch_size=4, shuffle=True, seed=11)
+    resumed_here.load_state_dict(state)
+    next(iter(resumed_here))
+    assert len(in_process.fetched) == 4  # constant time: the 12 samples before were never fetched
+
+
+def test_sharding_by_rank_covers_the_data_like_distributed_sampler():
+    shards = [twice.data.loader(Augmented(size=10), batch_size=1, shuffle=True, seed=2, rank=r, world_size=3) for r in range(3)]
+    seen = [int(batch[0, 0]) for shard in shards for batch in shard]
+    assert len(seen) == 12 and set(seen) == set(range(10))  # padded to 4 per rank, every sample present
+    assert all(len(shard) == 4 for shard in shards)
+
+
+def test_resuming_with_other_loader_settings_is_refused():
+    loader = twice.data.loader(Augmented(), batch_size=4, seed=1)
+    other = twice.data.loader(Augmented(), batch_size=5, seed=1)
+    with pytest.raises(ValueError, match="batch_size"):
+        other.load_state_dict(loader.state_dict())
