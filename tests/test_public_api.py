@@ -9,10 +9,10 @@ PACKAGE = Path(twice.__file__).parent
 
 # Layers, lowest first: a module may import only from its own layer or lower ones.
 LAYERS = [
-    {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports"},         # pure core
-    {"seeding", "determinism", "instrument", "data"},                            # process state
+    {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports", "opdiff"},         # pure core
+    {"seeding", "determinism", "instrument", "data", "oplog"},                          # process state
     {"capture", "store", "hazards", "compare", "checkpoint"},                    # I/O
-    {"bootstrap", "launch", "run", "verify"},                                    # orchestration
+    {"bootstrap", "launch", "run", "verify", "locate"},                                  # orchestration
     {"cli", "__main__"},                                                         # command line
 ]
 

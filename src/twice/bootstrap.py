@@ -23,6 +23,7 @@ ENV_TRACE_EVERY = "TWICE_TRACE_EVERY"
 ENV_PARAMS_EVERY = "TWICE_PARAMS_EVERY"
 ENV_STOP_AFTER = "TWICE_STOP_AFTER"
 ENV_TRACE = "TWICE_TRACE"
+ENV_RECORD_OPS = "TWICE_RECORD_OPS"
 
 _state: dict = {}
 
@@ -30,6 +31,18 @@ _state: dict = {}
 def _int_env(name: str) -> int | None:
     value = os.environ.get(name)
     return int(value) if value not in (None, "", "auto") else None
+
+
+def _steps_env(name: str) -> set[int]:
+    value = os.environ.get(name, "")
+    steps: set[int] = set()
+    for part in filter(None, value.split(",")):
+        if "-" in part:
+            first, last = part.split("-")
+            steps.update(range(int(first), int(last) + 1))
+        else:
+            steps.add(int(part))
+    return steps
 
 
 def _on_numpy(numpy) -> None:
@@ -62,6 +75,7 @@ def _on_torch(torch) -> None:
             params_every=_int_env(ENV_PARAMS_EVERY),
             stop_after=_int_env(ENV_STOP_AFTER),
             stream=stream,
+            record_ops=_steps_env(ENV_RECORD_OPS),
         )
         instrument.install(recorder)
 

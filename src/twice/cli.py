@@ -86,12 +86,14 @@ def _runs_dir_option(function):
 @click.option("--trace-every", type=click.IntRange(min=1), default=1, show_default=True, help="Record every N-th step.")
 @click.option("--params-every", type=click.IntRange(min=0), default=None,
               help="Per-tensor digests every N steps (0: never)  [default: every step for models of at most 64 tensors, else every 100].")
+@click.option("--record-ops", metavar="STEPS", default=None,
+              help="Record every operation of these steps into ops/ (e.g. 3 or 0,10-12), for `twice locate`.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Stop the command after N training steps (twice.Run checkpoints on the way out).")
 @click.option("--resume", "resume_from", type=click.Path(path_type=Path), default=None,
               help="A checkpoint, checkpoints folder or run whose latest checkpoint twice.Run.resume() starts from.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, max_steps, resume_from, command):
+def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, record_ops, max_steps, resume_from, command):
     """Run COMMAND seeded, deterministic and recorded in runs/<id>/.
 
     The exit code is the command's own.
@@ -114,13 +116,25 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, m
             resume_from = resume_from / "checkpoints"
     options = RunOptions(seed=DEFAULT_SEED if seed is None else seed, name=name, runs_dir=runs_dir,
                          determinism=determinism, observe=observe, trace_every=trace_every, params_every=params_every,
-                         resume_from=resume_from, stop_after=max_steps)
+                         resume_from=resume_from, stop_after=max_steps, record_ops=_steps_option(record_ops))
     code, run_dir = run_command(list(command), options)
     from .store import read_json
 
     status = read_json(run_dir / "manifest.json")["context"]["status"]
     _err(f"twice: run {run_dir} {status} (exit {code})")
     sys.exit(code)
+
+
+def _steps_option(value: str | None) -> str | None:
+    import re
+
+    from .errors import UsageError
+
+    if value is None:
+        return None
+    if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", value):
+        raise UsageError(f"--record-ops {value!r} is not a list of steps", "give steps like 3 or 0,10-12")
+    return value
 
 
 def _print_comparison(result, as_json: bool) -> None:
@@ -399,3 +413,76 @@ def checkpoint_ls(run_ref, runs_dir):
             _out(f"{path.name}  valid")
         except CheckpointError as exc:
             _out(f"{path.name}  INVALID: {exc.message}")
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--verbose", "-v", is_flag=True, help="Echo the re-runs' output.")
+def locate(a, b, runs_dir, as_json, verbose):
+    """The first operation whose inputs were identical and whose outputs differed between runs A and B.
+
+    Uses op logs recorded with `twice run --record-ops`, or re-runs both runs up to their first
+    diverging step with op recording. Exit 0 when the runs do not diverge, 1 otherwise.
+
+    \b
+    Examples:
+      twice locate runs/<a> runs/<b>
+      twice locate <id-a> <id-b> --json
+    """
+    from .locate import locate_runs
+    from .store import find_run
+
+    result = locate_runs(find_run(a, runs_dir), find_run(b, runs_dir), quiet=not verbose)
+    if as_json:
+        _out(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    else:
+        _out(result.sentence)
+        if result.logs:
+            _out(f"op logs: {result.logs[0]}\n         {result.logs[1]}")
+    sys.exit(result.exit_code)
+
+
+@main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True, help="How many steps to record twice.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
+@_runs_dir_option
+@click.option("--determinism", type=click.Choice(["strict", "warn", "off"]), default="warn", show_default=True,
+              help="warn (default) lets nondeterministic kernels run so that they can be seen.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def audit(steps, seed, runs_dir, determinism, as_json, command):
+    """List the nondeterminism COMMAND really hits: ops that gave different bits from identical inputs
+    in two runs of its first steps, and ops it runs that are nondeterministic on CUDA. Exit 1 if any.
+
+    \b
+    Examples:
+      twice audit -- python train.py
+      twice audit --steps 3 -- python train.py --lr 0.1
+    """
+    from .launch import RunOptions
+    from .locate import audit_command
+
+    report = audit_command(list(command), RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True), steps=steps)
+    if as_json:
+        _out(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        sys.exit(report.exit_code)
+    seen = set()
+    rows = []
+    for finding in report.differing:
+        op = finding.a
+        key = (op["op"], op.get("module"), op.get("line"))
+        if key not in seen:
+            seen.add(key)
+            rows.append(f"  {op['op']} in {op.get('module') or '?'} ({op['phase']}) at {op.get('line') or '?'}, first at step {op['step']}")
+    _out(f"{len(rows)} operation{'s' if len(rows) != 1 else ''} gave different bits from identical inputs in {steps} steps run twice:"
+         if rows else f"no operation gave different bits from identical inputs in {steps} steps run twice")
+    for row in rows:
+        _out(row)
+    if report.cuda_hazards:
+        _out(f"{len(report.cuda_hazards)} operation(s) this model runs are nondeterministic on CUDA:")
+        for name, info in sorted(report.cuda_hazards.items()):
+            _out(f"  {name} in {info.get('module') or '?'} at {info.get('line') or '?'}: {info['fix']}")
+    sys.exit(report.exit_code)

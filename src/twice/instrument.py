@@ -81,7 +81,7 @@ class Recorder:
     """Turns hook events into StepRecords written to `trace[.<stream>].jsonl` in the run folder."""
 
     def __init__(self, run_dir: Path, *, trace_every: int = 1, params_every: int | None = None,
-                 stop_after: int | None = None, stream: str | None = None):
+                 stop_after: int | None = None, stream: str | None = None, record_ops: Any = None):
         self.run_dir = Path(run_dir)
         self.trace_every = max(1, int(trace_every))
         self.params_every = params_every
@@ -103,6 +103,14 @@ class Recorder:
         self._names: dict[int, list[tuple[str, Any]]] = {}
         self.on_stop: list = []  # called when stop_after is reached, before the process exits
         self.probe_params = os.environ.get("TWICE_RESUME_PROBE") == "1"
+        self.record_ops: set[int] = set(record_ops or ())
+        # step -> op index whose outputs are saved (TWICE_DUMP_OP="STEP:INDEX", set by twice locate)
+        self.dump_ops: dict[int, int] = {}
+        dump = os.environ.get("TWICE_DUMP_OP")
+        if dump:
+            step, index = map(int, dump.split(":"))
+            self.dump_ops[step] = index
+        self._ops = None  # the OpRecorder of the step being recorded, if any
         self._opt_index: dict[int, int] = {}
 
     # -- events -----------------------------------------------------------------------------------
@@ -112,7 +120,8 @@ class Recorder:
             return
         if self._pending_batch is None:
             self._pending_batch = Digester(strict=False)
-        self._pending_batch.update(batch)
+        with self._paused():
+            self._pending_batch.update(batch)
         self._pending_batch_count += 1
 
     def on_backward(self, tensors: Any) -> None:
@@ -136,16 +145,31 @@ class Recorder:
             # The first step after a resume: record the parameters as loaded, to tell a model that
             # was not restored from an optimizer or RNG that was not.
             self.probe_params = False
-            self._round.params_before = digest_pairs([(n, digest(p)) for n, p in self._named(optimizer)])
+            with self._paused():
+                self._round.params_before = digest_pairs([(n, digest(p)) for n, p in self._named(optimizer)])
+        self.set_phase("optimizer")
         if self._tracing_this_step() and not _has_closure(args, kwargs):
             # Before the update: some optimizers (maximize=True) change the gradients in place.
-            self._take_grads(optimizer)
+            with self._paused():
+                self._take_grads(optimizer)
 
     def post_step(self, optimizer, args, kwargs) -> None:
+        self.set_phase("forward")
         if self.explicit:
             return
         round_ = self._round
         round_.optimizers.append(id(optimizer))
+        if self._round_size is None and self.step_index + 1 in self.record_ops and self._ops is None:
+            # The first round's end is only known when an optimizer repeats; with one optimizer
+            # (the usual case) it ends here, so start recording the next step now.
+            from .oplog import OpRecorder
+
+            self._ops = OpRecorder(self.step_index + 1, dump_index=self.dump_ops.get(self.step_index + 1))
+            self._ops.__enter__()
+        with self._paused():
+            self._post_step_record(optimizer, args, kwargs, round_)
+
+    def _post_step_record(self, optimizer, args, kwargs, round_) -> None:
         if self._tracing_this_step():
             if _has_closure(args, kwargs):
                 self._take_grads(optimizer)  # a closure (LBFGS) computes the gradients inside step()
@@ -223,6 +247,43 @@ class Recorder:
         self._round = _Round()
         self._advance()
 
+    # -- op-level recording of chosen steps ------------------------------------------------------
+    def start_ops_if_chosen(self) -> None:
+        if self.step_index in self.record_ops and self._ops is None and os.getpid() == self.pid:
+            from .oplog import OpRecorder
+
+            self._ops = OpRecorder(self.step_index, dump_index=self.dump_ops.get(self.step_index))
+            self._ops.__enter__()
+
+    def stop_ops(self) -> None:
+        if self._ops is not None and self._ops.step <= self.step_index:
+            ops, self._ops = self._ops, None
+            ops.__exit__(None, None, None)
+            ops.close()
+            ops.write(self.run_dir / "ops")
+
+    def _paused(self):
+        """Our own tensor work (digests, norms) is not part of the user's step: keep it out of op logs."""
+        import contextlib
+
+        ops = self._ops
+        if ops is None:
+            return contextlib.nullcontext()
+
+        @contextlib.contextmanager
+        def paused():
+            ops.paused = True
+            try:
+                yield
+            finally:
+                ops.paused = False
+
+        return paused()
+
+    def set_phase(self, phase: str) -> None:
+        if self._ops is not None:
+            self._ops.phase = phase
+
     def resume_at(self, step: int) -> None:
         """Continue numbering at `step` (after a checkpoint restore); the open round is dropped."""
         self.step_index = step
@@ -230,7 +291,9 @@ class Recorder:
         self._pending_losses, self._pending_batch, self._pending_batch_count = [], None, 0
 
     def _advance(self) -> None:
+        self.stop_ops()
         self.step_index += 1
+        self.start_ops_if_chosen()
         if self.stop_after is not None and self.step_index >= self.stop_after and not self.stopped:
             self.stopped = True
             self._writer.close()
@@ -278,6 +341,7 @@ class Recorder:
         """Write the step still open (the last one) and close the trace."""
         if os.getpid() != self.pid:
             return
+        self.stop_ops()
         if not self.explicit and self._round.optimizers and not self.stopped:
             if self._tracing_this_step():
                 self._write_round()
@@ -356,9 +420,15 @@ def install(recorder: Recorder) -> Recorder:
     _originals.update(backward=original_backward, next=original_next)
 
     def backward(tensors, *args, **kwargs):
-        if _recorder is not None:
-            _recorder.on_backward(tensors)
-        return original_backward(tensors, *args, **kwargs)
+        recorder = _recorder
+        if recorder is not None:
+            recorder.on_backward(tensors)
+            recorder.set_phase("backward")
+        try:
+            return original_backward(tensors, *args, **kwargs)
+        finally:
+            if recorder is not None:
+                recorder.set_phase("forward")
 
     def next_batch(self):
         batch = original_next(self)
@@ -368,6 +438,7 @@ def install(recorder: Recorder) -> Recorder:
 
     torch.autograd.backward = backward
     dataloader._BaseDataLoaderIter.__next__ = next_batch
+    recorder.start_ops_if_chosen()
     if not _originals.get("fork_hook"):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
         _originals["fork_hook"] = True

@@ -31,7 +31,8 @@ __all__ = ["RunOptions", "run_command", "DEFAULT_SEED", "child_environment", "re
 ENV_CHECKPOINT_DIR = "TWICE_CHECKPOINT_DIR"
 ENV_RESUME_FROM = "TWICE_RESUME_FROM"
 # Variables that describe one run and must not leak from an outer `twice run` into a new one.
-_PER_RUN = (ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, "TWICE_RESUME_PROBE", "TWICE_STOP_AFTER")
+_PER_RUN = (ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, "TWICE_RESUME_PROBE", "TWICE_STOP_AFTER", "TWICE_RECORD_OPS",
+            "TWICE_DUMP_OP")
 # The documented default: two plain `twice run`s of a script compare equal.
 DEFAULT_SEED = 0
 BOOT_DIR = Path(__file__).resolve().parent / "_boot"
@@ -66,6 +67,8 @@ class RunOptions:
     """Where to run the command (default: here)."""
     quiet: bool = False
     """Save the command's output without also echoing it."""
+    record_ops: str | None = None
+    """Steps whose every operation is recorded into ops/ (e.g. "3,10-12")."""
     resume_from: Path | None = None
     """A checkpoint (or checkpoints folder) that twice.Run.resume() in the command starts from."""
 
@@ -107,6 +110,8 @@ def child_environment(options: RunOptions, run_dir: Path) -> dict[str, str]:
     env[bootstrap.ENV_PARAMS_EVERY] = "auto" if options.params_every is None else str(options.params_every)
     if options.stop_after is not None:
         env[bootstrap.ENV_STOP_AFTER] = str(options.stop_after)
+    if options.record_ops:
+        env[bootstrap.ENV_RECORD_OPS] = options.record_ops
     if options.resume_from is not None:
         env[ENV_RESUME_FROM] = str(Path(options.resume_from).resolve())
     for key in (bootstrap.ENV_SEED, bootstrap.ENV_DETERMINISM, bootstrap.ENV_OBSERVE):

@@ -14,22 +14,20 @@ from .store import MANIFEST, read_json
 __all__ = ["verify_run", "verify_resume", "ResumeCheck"]
 
 
-def verify_run(run_dir: Path, steps: int | None = None, quiet: bool = False) -> tuple[Comparison, Path]:
-    """Re-execute the run in `run_dir` into a new run beside it; compare the first `steps` steps (or all)."""
-    run_dir = Path(run_dir)
-    manifest = read_json(run_dir / MANIFEST)
-    identity, context = manifest["identity"], manifest["context"]
-    if steps is not None and steps < 1:
-        raise UsageError(f"--steps must be at least 1, not {steps}", "give the number of steps to verify")
-    recorded_env = identity.get("env", {})
+def rerun_options(run_dir: Path, *, name: str, steps: int | None = None, quiet: bool = False,
+                  record_ops: str | None = None) -> tuple[list[str], RunOptions]:
+    """The command and options that re-execute a recorded run as it was recorded."""
     import os
 
+    manifest = read_json(Path(run_dir) / MANIFEST)
+    identity, context = manifest["identity"], manifest["context"]
+    recorded_env = identity.get("env", {})
     # The re-run gets the recorded numerics-relevant variables and none that the original lacked.
     unset = tuple(k for k in numeric_env(dict(os.environ)) if k not in recorded_env)
     options = RunOptions(
         seed=identity.get("seed") if identity.get("seed") is not None else 0,
-        name=f"verify-{run_dir.name[:26]}"[:100],
-        runs_dir=run_dir.parent.resolve(),
+        name=name[:100],
+        runs_dir=Path(run_dir).parent.resolve(),
         determinism=identity.get("determinism", {}).get("mode", "strict") if not identity.get("observe") else "strict",
         observe=bool(identity.get("observe")),
         trace_every=context.get("trace_every") or 1,
@@ -39,10 +37,20 @@ def verify_run(run_dir: Path, steps: int | None = None, quiet: bool = False) -> 
         unset_env=unset,
         cwd=Path(context.get("cwd", ".")),
         quiet=quiet,
+        record_ops=record_ops,
     )
     if not options.cwd.is_dir():
-        raise UsageError(f"the run's folder {options.cwd} no longer exists", "verify on the machine and checkout it was recorded in")
-    _, new_dir = run_command(list(identity["argv"]), options)
+        raise UsageError(f"the run's folder {options.cwd} no longer exists", "re-run on the machine and checkout it was recorded in")
+    return list(identity["argv"]), options
+
+
+def verify_run(run_dir: Path, steps: int | None = None, quiet: bool = False) -> tuple[Comparison, Path]:
+    """Re-execute the run in `run_dir` into a new run beside it; compare the first `steps` steps (or all)."""
+    run_dir = Path(run_dir)
+    if steps is not None and steps < 1:
+        raise UsageError(f"--steps must be at least 1, not {steps}", "give the number of steps to verify")
+    command, options = rerun_options(run_dir, name=f"verify-{run_dir.name[:26]}", steps=steps, quiet=quiet)
+    _, new_dir = run_command(command, options)
     return compare_runs(run_dir, new_dir, steps=steps), new_dir
 
 

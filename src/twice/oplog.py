@@ -1,0 +1,203 @@
+"""Op-level recording of chosen steps: every ATen operation with digests of its inputs and outputs.
+
+A TorchDispatchMode sees each operation of forward, backward and the optimizer update below
+autograd. For each one we record its name, the phase, the module path ("encoder.layers.3.attn"),
+the user's source line, and digests of inputs (before the op: in-place ops change them) and
+outputs; output values are kept too (up to a budget) so that a difference can be measured. Only
+recorded steps pay for this; other steps run without the mode.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .digests import digest
+
+__all__ = ["OpRecorder", "read_oplog"]
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_TWICE_DIR = os.path.dirname(os.path.abspath(__file__))
+_STDLIB_DIR = os.path.dirname(os.__file__)
+
+
+def user_line() -> str | None:
+    """`file:line` of the innermost frame outside torch, twice and the standard library."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (filename.startswith((_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR)) or filename.startswith("<")):
+            return f"{os.path.relpath(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _line_from_traceback(stack: str | None) -> str | None:
+    """The user's line in a forward traceback stored by anomaly mode (for backward ops)."""
+    if not stack:
+        return None
+    if isinstance(stack, list):
+        stack = "".join(stack)
+    user = None
+    for line in stack.splitlines():
+        line = line.strip()
+        if line.startswith('File "'):
+            filename = line.split('"')[1]
+            if not filename.startswith((_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR)) and not filename.startswith("<"):
+                number = line.split("line ")[1].split(",")[0]
+                user = f"{os.path.relpath(filename)}:{number}"
+    return user
+
+
+def _module_names() -> dict[int, str]:
+    """Every live module's path from its outermost parent ("" for a root)."""
+    modules = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.nn.Module)]
+    parent: dict[int, tuple[Any, str]] = {}
+    for module in modules:
+        for name, child in module._modules.items():
+            if child is not None:
+                parent.setdefault(id(child), (module, name))
+    names = {}
+    for module in modules:
+        parts, current, seen = [], module, set()
+        while id(current) in parent and id(current) not in seen:
+            seen.add(id(current))
+            current, name = parent[id(current)]
+            parts.append(name)
+        root = type(current).__name__
+        names[id(module)] = ".".join([root, *reversed(parts)]) if parts else root
+    return names
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records every operation while active; `phase` is set by the step recorder's hooks."""
+
+    def __init__(self, step: int, dump_index: int | None = None):
+        super().__init__()
+        self.step = step
+        self.records: list[dict] = []
+        self.values: dict[str, torch.Tensor] = {}
+        self.dump_index = dump_index
+        # id -> (tensor, version, digest): a tensor digested once is not hashed again while its
+        # version counter (bumped by every in-place write) is unchanged. Holding the tensor keeps
+        # its id from being reused within the step.
+        self._digests: dict[int, tuple[torch.Tensor, int, str]] = {}
+        self.phase = "forward"
+        self.paused = False
+        self._module_stack: list[str] = []
+        self._names = _NAMES  # shared across steps: the gc walk is only repeated for unknown modules
+        self._hooks = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._enter_module),
+            torch.nn.modules.module.register_module_forward_hook(self._leave_module),
+        ]
+        self._anomaly = torch.is_anomaly_enabled()
+        # Anomaly mode stores each autograd node's forward traceback: the line a backward op came from.
+        torch.autograd.set_detect_anomaly(True, check_nan=False)
+
+    def _enter_module(self, module, args):
+        name = self._names.get(id(module))
+        if name is None:
+            self._names.clear()
+            self._names.update(_module_names())
+            name = self._names.setdefault(id(module), type(module).__name__)
+        self._module_stack.append(name)
+
+    def _leave_module(self, module, args, output):
+        name = self._module_stack.pop() if self._module_stack else type(module).__name__
+        # Label the autograd nodes this module created, so its backward ops can be named.
+        pending = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        seen = set()
+        while pending:
+            node = pending.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            metadata = node.metadata
+            if "twice_module" in metadata:
+                continue  # created by an inner module (labelled first) or before this step
+            metadata["twice_module"] = name
+            pending.extend(next_node for next_node, _ in node.next_functions)
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        torch.autograd.set_detect_anomaly(self._anomaly)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.paused or func.is_view or func in _SKIPPED or func.namespace == "profiler":
+            return func(*args, **kwargs)
+        inputs = [self._digest(t) for t in _tensors((args, kwargs))]
+        out = func(*args, **kwargs)
+        outputs = _tensors(out)
+        index = len(self.records)
+        record = {"i": index, "op": str(func.name()), "phase": self.phase, "in": inputs,
+                  "out": [self._digest(t) for t in outputs],
+                  "shapes": [list(t.shape) for t in outputs], "dtypes": [str(t.dtype).removeprefix("torch.") for t in outputs]}
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            record["phase"] = "backward"
+            metadata = node.metadata
+            record["module"] = metadata.get("twice_module")
+            record["node"] = node.name()
+            record["line"] = _line_from_traceback(metadata.get("traceback_"))
+        else:
+            record["module"] = self._module_stack[-1] if self._module_stack else None
+            record["line"] = user_line()
+        self.records.append(record)
+        if index == self.dump_index:
+            # Asked for by `twice locate` once it knows which op differs: its outputs and inputs.
+            for j, tensor in enumerate(outputs):
+                self.values[f"{index}.{j}"] = tensor.detach().to("cpu", copy=True).contiguous()
+        return out
+
+    def _digest(self, tensor: torch.Tensor) -> str:
+        known = self._digests.get(id(tensor))
+        version = tensor._version
+        if known is not None and known[1] == version and known[0] is tensor:
+            return known[2]
+        value = digest(tensor)
+        self._digests[id(tensor)] = (tensor, version, value)
+        return value
+
+    def write(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"step-{self.step}.jsonl"
+        with open(path, "w", encoding="utf-8") as handle:
+            for record in self.records:
+                handle.write(json.dumps(record, sort_keys=True) + "\n")
+        if self.values:
+            from safetensors.torch import save_file
+
+            save_file(self.values, str(folder / f"step-{self.step}-op-{self.dump_index}.safetensors"))
+        self._digests.clear()
+        return path
+
+
+_NAMES: dict[int, str] = {}
+_SKIPPED = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            out.append(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+    return out
+
+
+def read_oplog(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]

@@ -1,0 +1,97 @@
+"""locate and audit end to end, with real processes; the op-log comparison on plain records."""
+
+import json
+import sys
+
+import torch
+
+from conftest import clean_env, runs, script, twice
+from twice.opdiff import first_op_difference, value_gap
+
+
+def run_named(tmp, name, *args, env=None):
+    result = twice("run", "--name", name, "--", sys.executable, *args, cwd=tmp, env=env)
+    assert result.returncode == 0, result.stderr
+    return next(r for r in runs(tmp) if r.name.endswith("-" + name))
+
+
+def test_audit_and_locate_name_the_noisy_module_its_op_and_line_and_nothing_else(tmp_path):
+    script("noisy.py", tmp_path)
+    audit = twice("audit", "--steps", "2", "--json", "--", sys.executable, "noisy.py", cwd=tmp_path)
+    assert audit.returncode == 1
+    found = json.loads(audit.stdout)["nondeterministic_here"]
+    assert {(op["op"], op["module"], op["line"]) for op in found} == {("aten::randn.generator", "Sequential.2", "noisy.py:8")}
+    a, b = run_named(tmp_path, "a", "noisy.py"), run_named(tmp_path, "b", "noisy.py")
+    located = twice("locate", a, b, "--json", cwd=tmp_path)
+    assert located.returncode == 1
+    report = json.loads(located.stdout)
+    assert report["finding"]["kind"] == "operation"
+    assert report["finding"]["a"]["op"] == "aten::randn.generator"
+    assert report["finding"]["a"]["module"] == "Sequential.2" and report["finding"]["a"]["line"] == "noisy.py:8"
+
+
+def test_locate_names_the_thread_dependent_reduction_and_its_module(tmp_path):
+    script("threads_module.py", tmp_path)
+    one = run_named(tmp_path, "one", "threads_module.py", env=clean_env(OMP_NUM_THREADS="1"))
+    two = run_named(tmp_path, "two", "threads_module.py", env=clean_env(OMP_NUM_THREADS="2"))
+    result = twice("locate", one, two, cwd=tmp_path)
+    assert result.returncode == 1
+    sentence = result.stdout.splitlines()[0]
+    assert sentence.startswith("step 0: aten::sum")
+    assert "in Reduce" in sentence and "threads_module.py:10" in sentence
+    assert "from identical inputs" in sentence and "ulps" in sentence
+
+
+def test_locate_says_the_first_difference_is_the_input_batch_when_only_data_differ(tmp_path):
+    script("data_arg.py", tmp_path)
+    a, b = run_named(tmp_path, "d1", "data_arg.py", "1"), run_named(tmp_path, "d2", "data_arg.py", "2")
+    result = twice("locate", a, b, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.startswith("step 0: the first difference is the input batch (data), not an operation")
+
+
+def test_locate_on_identical_runs_finds_nothing(tmp_path):
+    script("data_arg.py", tmp_path)
+    a, b = run_named(tmp_path, "x", "data_arg.py", "1"), run_named(tmp_path, "y", "data_arg.py", "1")
+    result = twice("locate", a, b, cwd=tmp_path)
+    assert result.returncode == 0 and "nothing to locate" in result.stdout
+
+
+def test_record_ops_writes_the_op_log_of_chosen_steps_only(tmp_path):
+    script("data_arg.py", tmp_path)
+    result = twice("run", "--record-ops", "1", "--", sys.executable, "data_arg.py", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    ops = runs(tmp_path)[0] / "ops"
+    assert sorted(p.name for p in ops.iterdir()) == ["step-1.jsonl"]
+    records = [json.loads(line) for line in (ops / "step-1.jsonl").read_text().splitlines()]
+    phases = {r["phase"] for r in records}
+    assert {"forward", "backward", "optimizer"} <= phases
+    addmm = next(r for r in records if r["op"] == "aten::addmm")
+    assert addmm["module"] == "Sequential.0" and addmm["line"].startswith("data_arg.py:")
+    bad = twice("run", "--record-ops", "x", "--", sys.executable, "data_arg.py", "1", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --record-ops 'x' is not a list of steps")
+
+
+def op(name, inputs, outputs):
+    return {"op": name, "in": inputs, "out": outputs, "phase": "forward"}
+
+
+def test_op_comparison_tells_operation_input_and_sequence_apart():
+    base = [op("mm", ["x", "w"], ["h"]), op("relu", ["h"], ["r"]), op("sum", ["r"], ["s"])]
+    noisy = [op("mm", ["x", "w"], ["h"]), op("relu", ["h"], ["r2"]), op("sum", ["r2"], ["s2"])]
+    assert first_op_difference(base, noisy).kind == "operation" and first_op_difference(base, noisy).index == 1
+    other_data = [op("mm", ["x2", "w"], ["h2"]), op("relu", ["h2"], ["r2"]), op("sum", ["r2"], ["s2"])]
+    found = first_op_difference(base, other_data)
+    assert found.kind == "input" and found.index == 0 and found.inputs == [0]
+    branch = [op("mm", ["x", "w"], ["h"]), op("tanh", ["h"], ["t"])]
+    assert first_op_difference(base, branch).kind == "sequence" and first_op_difference(base, branch).index == 1
+    assert first_op_difference(base, base[:2]).kind == "sequence"
+    assert first_op_difference(base, list(base)).kind == "identical"
+
+
+def test_value_gap_measures_abs_and_ulps():
+    x = torch.tensor([1.0, 2.0, 3.0])
+    y = x.clone()
+    y[1] = torch.nextafter(y[1], torch.tensor(10.0))
+    gap = value_gap(x, y)
+    assert gap["max_ulps"] == 1 and gap["elements_differing"] == 1 and gap["max_abs"] == 2.0 ** -22
