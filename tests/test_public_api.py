@@ -9,10 +9,10 @@ PACKAGE = Path(twice.__file__).parent
 
 # Layers, lowest first: a module may import only from its own layer or lower ones.
 LAYERS = [
-    {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports", "opdiff"},         # pure core
-    {"seeding", "determinism", "instrument", "data", "oplog"},                          # process state
-    {"capture", "store", "hazards", "compare", "checkpoint"},                    # I/O
-    {"bootstrap", "launch", "run", "verify", "locate"},                                  # orchestration
+    {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports", "opdiff", "stats"},         # pure core
+    {"seeding", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files"},                          # process state
+    {"capture", "store", "hazards", "compare", "checkpoint", "metrics"},                    # I/O
+    {"bootstrap", "launch", "run", "verify", "locate", "sweep"},                                  # orchestration
     {"cli", "__main__"},                                                         # command line
 ]
 
@@ -21,7 +21,7 @@ def test_exported_names_are_exactly_the_documented_ones():
     assert set(twice.__all__) == {
         "seed_everything", "deterministic", "DeterminismReport", "derive_seed", "digest", "Run", "TwiceError",
         "DeterminismError", "StepRecord", "read_trace", "first_divergence", "compare_runs", "checkpoint_dir",
-        "checkpoint", "data", "__version__",
+        "checkpoint", "data", "numerics", "stream", "log_metric", "__version__",
     }
     for name in twice.__all__:
         assert getattr(twice, name) is not None

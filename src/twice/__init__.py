@@ -25,10 +25,12 @@ _EXPORTS = {
     "first_divergence": "divergence",
     "compare_runs": "compare",
     "checkpoint_dir": "run",
+    "stream": "streams",
+    "log_metric": "metrics",
 }
 
 # Submodules that are part of the public surface: twice.checkpoint.save(...), twice.data.loader(...).
-_SUBMODULES = ("checkpoint", "data")
+_SUBMODULES = ("checkpoint", "data", "numerics")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["__version__"]
 
@@ -53,7 +55,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .compare import compare_runs
     from .divergence import first_divergence
     from .errors import DeterminismError, TwiceError
+    from .metrics import log_metric
     from .run import Run, checkpoint_dir
+    from .streams import stream
     from .seeding import seed_everything
     from .seeds import derive_seed
     from .trace import StepRecord, read_trace

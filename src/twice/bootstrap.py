@@ -24,6 +24,7 @@ ENV_PARAMS_EVERY = "TWICE_PARAMS_EVERY"
 ENV_STOP_AFTER = "TWICE_STOP_AFTER"
 ENV_TRACE = "TWICE_TRACE"
 ENV_RECORD_OPS = "TWICE_RECORD_OPS"
+ENV_NUMERICS = "TWICE_NUMERICS"
 
 _state: dict = {}
 
@@ -78,6 +79,11 @@ def _on_torch(torch) -> None:
             record_ops=_steps_env(ENV_RECORD_OPS),
         )
         instrument.install(recorder)
+        numerics_mode = os.environ.get(ENV_NUMERICS)
+        if numerics_mode:
+            from . import numerics
+
+            numerics.watch(mode=numerics_mode).start()
 
 
 def _local_sources() -> list[str]:
@@ -109,7 +115,7 @@ def _at_exit() -> None:
     if os.getpid() != _state.get("pid"):
         return  # a forked child inherited this handler
     from . import instrument
-    from .store import write_json_atomic
+    from .files import write_json_atomic
 
     recorder = instrument.active_recorder()
     if recorder is not None:

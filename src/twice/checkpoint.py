@@ -29,7 +29,7 @@ import numpy as np
 import xxhash
 
 from .errors import TwiceError
-from .store import _fsync_dir
+from .files import fsync_dir as _fsync_dir
 
 __all__ = ["save", "load", "verify", "latest", "list_checkpoints", "CheckpointError", "RNG_ENTRY"]
 

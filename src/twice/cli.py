@@ -86,6 +86,8 @@ def _runs_dir_option(function):
 @click.option("--trace-every", type=click.IntRange(min=1), default=1, show_default=True, help="Record every N-th step.")
 @click.option("--params-every", type=click.IntRange(min=0), default=None,
               help="Per-tensor digests every N steps (0: never)  [default: every step for models of at most 64 tensors, else every 100].")
+@click.option("--numerics", type=click.Choice(["stop", "warn"]), default=None, is_flag=False, flag_value="stop",
+              help="Check every operation for NaN/Inf; stop at the first (default) or warn. See `twice nan RUN`.")
 @click.option("--record-ops", metavar="STEPS", default=None,
               help="Record every operation of these steps into ops/ (e.g. 3 or 0,10-12), for `twice locate`.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
@@ -93,7 +95,8 @@ def _runs_dir_option(function):
 @click.option("--resume", "resume_from", type=click.Path(path_type=Path), default=None,
               help="A checkpoint, checkpoints folder or run whose latest checkpoint twice.Run.resume() starts from.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, record_ops, max_steps, resume_from, command):
+def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, numerics, record_ops, max_steps, resume_from,
+        command):
     """Run COMMAND seeded, deterministic and recorded in runs/<id>/.
 
     The exit code is the command's own.
@@ -116,7 +119,8 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, r
             resume_from = resume_from / "checkpoints"
     options = RunOptions(seed=DEFAULT_SEED if seed is None else seed, name=name, runs_dir=runs_dir,
                          determinism=determinism, observe=observe, trace_every=trace_every, params_every=params_every,
-                         resume_from=resume_from, stop_after=max_steps, record_ops=_steps_option(record_ops))
+                         resume_from=resume_from, stop_after=max_steps, record_ops=_steps_option(record_ops),
+                         numerics=numerics)
     code, run_dir = run_command(list(command), options)
     from .store import read_json
 
@@ -486,3 +490,129 @@ def audit(steps, seed, runs_dir, determinism, as_json, command):
         for name, info in sorted(report.cuda_hazards.items()):
             _out(f"  {name} in {info.get('module') or '?'} at {info.get('line') or '?'}: {info['fix']}")
     sys.exit(report.exit_code)
+
+
+@main.command()
+@click.argument("run_ref", metavar="RUN")
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def nan(run_ref, runs_dir, as_json):
+    """Show RUN's numerical health: where its first NaN/Inf came from and the warnings before it.
+
+    Exit 0 when the run recorded no fault, 1 when it did.
+
+    \b
+    Examples:
+      twice nan runs/<id>
+      twice nan <id> --json
+    """
+    from .numerics import read_report
+    from .store import find_run
+
+    report, events = read_report(find_run(run_ref, runs_dir))
+    faults = [e for e in events if e["kind"] == "non_finite"]
+    if as_json:
+        _out(json.dumps({"report": report, "events": events}, indent=2, sort_keys=True))
+        sys.exit(1 if report or faults else 0)
+    if report is None and not faults:
+        _out(f"no NaN or Inf recorded; {len(events)} warning{'s' if len(events) != 1 else ''}")
+        for event in events[:20]:
+            _out(f"  step {event['step']}: {event['summary']}")
+        sys.exit(0)
+    if report is not None:
+        fault = report["fault"]
+        _out(_style(f"{fault['value']} at step {fault['step']}: {fault['op']} ({fault['phase']}"
+                    f"{', ' + fault['module'] if fault.get('module') else ''}) at {fault.get('line') or '?'}", fg="red", bold=True))
+        _out("chain of causes, first cause first:")
+        for number, event in enumerate(report["chain"], start=1):
+            where = " ".join(x for x in (event.get("module") and f"in {event['module']}", event.get("line") and f"at {event['line']}") if x)
+            _out(f"  {number}. step {event['step']}: {event['summary']}{' ' + where if where else ''}")
+            if event.get("fix"):
+                _out(f"     fix: {event['fix']}")
+    else:
+        _out(_style(f"non-finite values recorded from step {faults[0]['step']}: {faults[0]['summary']}", fg="red", bold=True))
+        _out("(run with `twice run --numerics` to find the operation and line)")
+    sys.exit(1)
+
+
+@main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option("--vary", "vary", multiple=True, metavar="NAME=V1,V2", help="A setting and its values (repeatable: a grid).")
+@click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True, help="Seeds per arm (0..N-1, the same for every arm).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="Trials run at once.")
+@click.option("--metric", default="final_loss", show_default=True, help="final_loss, best_loss, or a name the script logs.")
+@click.option("--name", default=None, help="The sweep folder's name under --runs-dir  [default: from the settings].")
+@_runs_dir_option
+@click.option("--determinism", type=click.Choice(["strict", "warn", "off"]), default="strict", show_default=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def sweep(vary, seeds, jobs, metric, name, runs_dir, determinism, command):
+    """Run COMMAND for every combination of --vary values times --seeds seeds, each a recorded run.
+
+    {name} in COMMAND is replaced by each value ({seed} too). Re-running the same sweep skips
+    completed trials and retries failed ones; Ctrl-C leaves completed trials intact.
+
+    \b
+    Examples:
+      twice sweep --vary lr=0.1,0.01 --seeds 5 -- python train.py --lr {lr}
+      twice sweep --vary lr=0.1,0.01 --vary wd=0,1e-4 --seeds 3 -j 2 -- python train.py --lr {lr} --wd {wd}
+    """
+    import re
+
+    from .launch import RunOptions
+    from .sweep import parse_vary, plan_trials, run_sweep
+
+    grid = parse_vary(list(vary))
+    plan_trials(grid, seeds, list(command))  # validate before creating anything
+    label = name or re.sub(r"[^A-Za-z0-9_.=-]", "_", "sweep-" + "-".join(grid))
+    folder = Path(runs_dir) / label
+    tty = sys.stderr.isatty()
+
+    def progress(done, total, running, failed, eta):
+        left = f", ~{eta:.0f} s left" if eta is not None else ""
+        line = f"twice sweep: {done}/{total} done, {running} running, {failed} failed{left}"
+        click.echo(("\r" + line + " " * 8) if tty else line, err=True, nl=not tty)
+
+    outcome = run_sweep(folder, grid, seeds, list(command), jobs=jobs, metric=metric,
+                        options=RunOptions(runs_dir=runs_dir, determinism=determinism), progress=progress)
+    if tty:
+        click.echo("", err=True)
+    _out(f"sweep {folder}: {outcome.completed} trials completed ({outcome.skipped} from before), {len(outcome.failed)} failed")
+    for failure in outcome.failed:
+        _out(f"  failed: {failure}")
+    if outcome.interrupted:
+        _err("twice: interrupted; run the same command again to continue")
+    sys.exit(outcome.exit_code)
+
+
+@main.command()
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--metric", default=None, help="The metric to compare  [default: the sweep's].")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def stats(folder, metric, as_json):
+    """Each arm's mean and 95% CI, and for each pair of arms whether the effect exceeds seed noise.
+
+    \b
+    Examples:
+      twice stats runs/sweep-lr
+      twice stats runs/sweep-lr --metric best_loss --json
+    """
+    from itertools import combinations
+
+    from .stats import compare_pair, summarize_arm
+    from .sweep import sweep_results
+
+    spec, values = sweep_results(folder, metric)
+    arms = [summarize_arm(arm, per_seed) for arm, per_seed in values.items()]
+    pairs = [compare_pair(a, b) for a, b in combinations(arms, 2)]
+    if as_json:
+        _out(json.dumps({"metric": spec["metric"], "arms": [a.to_json() for a in arms], "pairs": [p.to_json() for p in pairs]},
+                        indent=2, sort_keys=True))
+        return
+    _out(f"metric: {spec['metric']}")
+    for arm in arms:
+        _out(f"  {arm.arm:<30} n={arm.n}  mean {arm.mean:.6g}  sd {arm.std:.3g}  95% CI [{arm.ci_low:.6g}, {arm.ci_high:.6g}]")
+    for pair in pairs:
+        p_w = "n/a" if pair.p_wilcoxon is None else f"{pair.p_wilcoxon:.3g}"
+        needed = "" if pair.seeds_needed is None else f"; {pair.seeds_needed} seeds resolve this difference at 80% power"
+        _out(f"{pair.b} vs {pair.a}: {pair.verdict}: difference {pair.mean_difference:+.6g} "
+             f"(95% CI [{pair.ci_low:.6g}, {pair.ci_high:.6g}]), paired t p={pair.p_t:.3g}, Wilcoxon p={p_w}, "
+             f"d_z={pair.effect_size:.3g}{needed}")

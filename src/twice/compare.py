@@ -45,6 +45,17 @@ class Comparison:
         }
 
 
+def _first_fault(run_dir: Path) -> dict | None:
+    from .numerics import read_report
+
+    report, events = read_report(run_dir)
+    if report is not None:
+        fault = report["fault"]
+        return {"step": fault["step"], "summary": f"{fault['value']} from {fault['op']} at {fault.get('line') or '?'}"}
+    bad = next((e for e in events if e["kind"] == "non_finite"), None)
+    return None if bad is None else {"step": bad["step"], "summary": bad["summary"]}
+
+
 def _limit(records, steps):
     return records if steps is None else [r for r in records if r.step < steps]
 
@@ -70,6 +81,15 @@ def compare_runs(a: Path, b: Path, steps: int | None = None) -> Comparison:
     statuses = (effective_status(manifest_a), effective_status(manifest_b))
     observed = bool(manifest_a["identity"].get("observe") or manifest_b["identity"].get("observe"))
     explanation = explain(diffs, first, observed=observed)
+    faults = {label: _first_fault(path) for label, path in (("A", Path(a)), ("B", Path(b)))}
+    faults = {label: fault for label, fault in faults.items() if fault is not None}
+    if faults:
+        # A NaN is a numerical fault, which two runs can share or not; say so before blaming nondeterminism.
+        notes = [f"run {label} hit a numerical fault at step {fault['step']} ({fault['summary']}; see `twice nan`)"
+                 for label, fault in faults.items()]
+        same = len(faults) == 2 and faults["A"]["step"] == faults["B"]["step"]
+        explanation = "; ".join(notes) + (": both runs fail alike, a numerical problem, not nondeterminism" if same
+                                          else f"; {explanation}")
     uneven = {s: n for s, n in lengths.items() if n[0] != n[1]}
     if first is not None:
         where = "" if first.stream == "main" else f" in {first.stream}"

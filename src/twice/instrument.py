@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ class _Round:
     batch_count: int = 0
     rng: dict[str, str] = field(default_factory=dict)
     params_before: str | None = None
+    param_norm: float | None = None
 
 
 def _param_names(optimizer) -> dict[int, str]:
@@ -111,11 +113,14 @@ class Recorder:
             step, index = map(int, dump.split(":"))
             self.dump_ops[step] = index
         self._ops = None  # the OpRecorder of the step being recorded, if any
+        self._health = None
+        self._norm_history: list[float] = []
         self._opt_index: dict[int, int] = {}
 
     # -- events -----------------------------------------------------------------------------------
     def on_batch(self, batch: Any) -> None:
         self._exit_if_stopping()
+        self.set_phase("forward")
         if self.explicit or not self._tracing_this_step():
             return
         if self._pending_batch is None:
@@ -226,7 +231,13 @@ class Recorder:
         self._round.grad_squares.extend(_norms([grad for _, grad in grads]))
 
     def _take_params(self, optimizer) -> None:
-        self._round.params.extend((name, digest(param)) for name, param in self._named(optimizer))
+        named = self._named(optimizer)
+        self._round.params.extend((name, digest(param)) for name, param in named)
+        # One fused norm over the parameters: inf or NaN iff some parameter is (cheap health check).
+        norms = _norms([param for _, param in named])
+        if norms:
+            total = math.sqrt(sum(float(n) ** 2 for n in norms))
+            self._round.param_norm = total if self._round.param_norm is None else math.hypot(self._round.param_norm, total)
 
     def _move_pending(self, round_: _Round) -> None:
         round_.losses.extend(self._pending_losses)
@@ -262,27 +273,36 @@ class Recorder:
             ops.close()
             ops.write(self.run_dir / "ops")
 
+    def _modes(self) -> list:
+        """The dispatch modes watching the user's ops: the op log of this step, the numerics watch."""
+        modes = [self._ops] if self._ops is not None else []
+        numerics = sys.modules.get("twice.numerics")
+        watch = numerics.active_watch() if numerics is not None else None
+        return modes + ([watch] if watch is not None else [])
+
     def _paused(self):
         """Our own tensor work (digests, norms) is not part of the user's step: keep it out of op logs."""
         import contextlib
 
-        ops = self._ops
-        if ops is None:
+        modes = self._modes()
+        if not modes:
             return contextlib.nullcontext()
 
         @contextlib.contextmanager
         def paused():
-            ops.paused = True
+            for mode in modes:
+                mode.paused = True
             try:
                 yield
             finally:
-                ops.paused = False
+                for mode in modes:
+                    mode.paused = False
 
         return paused()
 
     def set_phase(self, phase: str) -> None:
-        if self._ops is not None:
-            self._ops.phase = phase
+        for mode in self._modes():
+            mode.phase = phase
 
     def resume_at(self, step: int) -> None:
         """Continue numbering at `step` (after a checkpoint restore); the open round is dropped."""
@@ -330,6 +350,38 @@ class Recorder:
             time=round(time.perf_counter() - self._t0, 6),
         )
         self._writer.write(record)
+        self._check_health(record, round_)
+
+    def _check_health(self, record: StepRecord, round_: _Round) -> None:
+        """The cheap always-on numerics mode: loss, gradients and parameters, once per step."""
+        from .numerics import Event, HealthLog
+
+        if self._health is None:
+            self._health = HealthLog(self.run_dir)
+        log, step = self._health, record.step
+        losses = [float(x) for x in round_.losses]
+        if any(not math.isfinite(x) for x in losses):
+            log.add(Event("non_finite", step, f"loss is {losses[0]} at step {step}"))
+        elif losses and all(x == 0.0 for x in losses):
+            log.add(Event("loss_zero", step, f"loss exactly 0 at step {step}"))
+        norms = [float(n) for n in round_.grad_squares]
+        if norms:
+            total = math.sqrt(sum(n * n for n in norms))
+            if not math.isfinite(total):
+                log.add(Event("non_finite", step, f"gradients non-finite at step {step}"))
+            else:
+                zero = [name for (name, _), n in zip(round_.grads, norms) if n == 0.0]
+                if zero:
+                    log.add(Event("zero_grad", step, f"gradients exactly zero: {', '.join(zero[:6])}" + (" ..." if len(zero) > 6 else ""),
+                                  details={"parameters": zero}), key=("zero_grad", tuple(zero)))
+                history = self._norm_history
+                if len(history) >= 10 and total > 1e3 * sorted(history)[len(history) // 2]:
+                    log.add(Event("grad_explosion", step, f"gradient norm {total:.3g} at step {step}, "
+                                  f"over 1000x the recent median {sorted(history)[len(history) // 2]:.3g}"))
+                history.append(total)
+                del history[:-50]
+        if round_.param_norm is not None and not math.isfinite(round_.param_norm):
+            log.add(Event("non_finite", step, f"parameters non-finite after the update at step {step}"))
 
     def _per_tensor_due(self, tensors: int) -> bool:
         every = self.params_every
@@ -428,7 +480,7 @@ def install(recorder: Recorder) -> Recorder:
             return original_backward(tensors, *args, **kwargs)
         finally:
             if recorder is not None:
-                recorder.set_phase("forward")
+                recorder.set_phase("user")  # between backward and the optimizer: gradient edits, clipping
 
     def next_batch(self):
         batch = original_next(self)

@@ -32,7 +32,7 @@ ENV_CHECKPOINT_DIR = "TWICE_CHECKPOINT_DIR"
 ENV_RESUME_FROM = "TWICE_RESUME_FROM"
 # Variables that describe one run and must not leak from an outer `twice run` into a new one.
 _PER_RUN = (ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, "TWICE_RESUME_PROBE", "TWICE_STOP_AFTER", "TWICE_RECORD_OPS",
-            "TWICE_DUMP_OP")
+            "TWICE_DUMP_OP", "TWICE_NUMERICS")
 # The documented default: two plain `twice run`s of a script compare equal.
 DEFAULT_SEED = 0
 BOOT_DIR = Path(__file__).resolve().parent / "_boot"
@@ -67,6 +67,8 @@ class RunOptions:
     """Where to run the command (default: here)."""
     quiet: bool = False
     """Save the command's output without also echoing it."""
+    numerics: str | None = None
+    """Full numerics watch in the command: "stop" at the first NaN/Inf, or "warn"."""
     record_ops: str | None = None
     """Steps whose every operation is recorded into ops/ (e.g. "3,10-12")."""
     resume_from: Path | None = None
@@ -110,6 +112,8 @@ def child_environment(options: RunOptions, run_dir: Path) -> dict[str, str]:
     env[bootstrap.ENV_PARAMS_EVERY] = "auto" if options.params_every is None else str(options.params_every)
     if options.stop_after is not None:
         env[bootstrap.ENV_STOP_AFTER] = str(options.stop_after)
+    if options.numerics:
+        env[bootstrap.ENV_NUMERICS] = options.numerics
     if options.record_ops:
         env[bootstrap.ENV_RECORD_OPS] = options.record_ops
     if options.resume_from is not None:

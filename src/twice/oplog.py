@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .digests import digest
 
-__all__ = ["OpRecorder", "read_oplog"]
+__all__ = ["OpContext", "OpRecorder", "read_oplog", "user_line"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _TWICE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -76,19 +76,17 @@ def _module_names() -> dict[int, str]:
     return names
 
 
-class OpRecorder(TorchDispatchMode):
-    """Records every operation while active; `phase` is set by the step recorder's hooks."""
+class OpContext(TorchDispatchMode):
+    """A dispatch mode that knows, for each op, its phase, module path and the user's source line.
 
-    def __init__(self, step: int, dump_index: int | None = None):
+    Subclasses implement `on_op`. `phase` is set by the step recorder's hooks (forward, backward,
+    user: between backward and the optimizer step, optimizer).
+    """
+
+    def __init__(self, step: int, forward_lines: bool = True):
         super().__init__()
         self.step = step
-        self.records: list[dict] = []
-        self.values: dict[str, torch.Tensor] = {}
-        self.dump_index = dump_index
-        # id -> (tensor, version, digest): a tensor digested once is not hashed again while its
-        # version counter (bumped by every in-place write) is unchanged. Holding the tensor keeps
-        # its id from being reused within the step.
-        self._digests: dict[int, tuple[torch.Tensor, int, str]] = {}
+        self.forward_lines = forward_lines
         self.phase = "forward"
         self.paused = False
         self._module_stack: list[str] = []
@@ -98,8 +96,10 @@ class OpRecorder(TorchDispatchMode):
             torch.nn.modules.module.register_module_forward_hook(self._leave_module),
         ]
         self._anomaly = torch.is_anomaly_enabled()
-        # Anomaly mode stores each autograd node's forward traceback: the line a backward op came from.
-        torch.autograd.set_detect_anomaly(True, check_nan=False)
+        if forward_lines:
+            # Anomaly mode stores each autograd node's forward traceback: the line a backward op came
+            # from. It costs a traceback per node, so the numerics watch goes without it.
+            torch.autograd.set_detect_anomaly(True, check_nan=False)
 
     def _enter_module(self, module, args):
         name = self._names.get(id(module))
@@ -107,6 +107,8 @@ class OpRecorder(TorchDispatchMode):
             self._names.clear()
             self._names.update(_module_names())
             name = self._names.setdefault(id(module), type(module).__name__)
+        if self.phase in ("user", "optimizer"):
+            self.phase = "forward"  # the next forward pass has begun
         self._module_stack.append(name)
 
     def _leave_module(self, module, args, output):
@@ -128,12 +130,44 @@ class OpRecorder(TorchDispatchMode):
     def close(self) -> None:
         for hook in self._hooks:
             hook.remove()
-        torch.autograd.set_detect_anomaly(self._anomaly)
+        if self.forward_lines:
+            torch.autograd.set_detect_anomaly(self._anomaly)
+
+    def where(self) -> dict:
+        """Phase, module, line (and autograd node) of the op being dispatched now."""
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            metadata = node.metadata
+            line = _line_from_traceback(metadata.get("traceback_")) if self.forward_lines else None
+            return {"phase": "backward", "module": metadata.get("twice_module"), "node": node.name(),
+                    "line": line or user_line()}
+        return {"phase": self.phase, "module": self._module_stack[-1] if self._module_stack else None,
+                "line": user_line()}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.paused or func.is_view or func in _SKIPPED or func.namespace == "profiler":
             return func(*args, **kwargs)
+        return self.on_op(func, args, kwargs)
+
+    def on_op(self, func, args, kwargs):
+        return func(*args, **kwargs)
+
+
+class OpRecorder(OpContext):
+    """Records every operation of one step (see the module docstring)."""
+
+    def __init__(self, step: int, dump_index: int | None = None):
+        super().__init__(step)
+        self.records: list[dict] = []
+        self.values: dict[str, torch.Tensor] = {}
+        self.dump_index = dump_index
+        # id -> (tensor, version, digest): a tensor digested once is not hashed again while its
+        # version counter (bumped by every in-place write) is unchanged. Holding the tensor keeps
+        # its id from being reused within the step.
+        self._digests: dict[int, tuple[torch.Tensor, int, str]] = {}
+
+    def on_op(self, func, args, kwargs):
         inputs = [self._digest(t) for t in _tensors((args, kwargs))]
         out = func(*args, **kwargs)
         outputs = _tensors(out)
@@ -141,16 +175,7 @@ class OpRecorder(TorchDispatchMode):
         record = {"i": index, "op": str(func.name()), "phase": self.phase, "in": inputs,
                   "out": [self._digest(t) for t in outputs],
                   "shapes": [list(t.shape) for t in outputs], "dtypes": [str(t.dtype).removeprefix("torch.") for t in outputs]}
-        node = torch._C._current_autograd_node()
-        if node is not None:
-            record["phase"] = "backward"
-            metadata = node.metadata
-            record["module"] = metadata.get("twice_module")
-            record["node"] = node.name()
-            record["line"] = _line_from_traceback(metadata.get("traceback_"))
-        else:
-            record["module"] = self._module_stack[-1] if self._module_stack else None
-            record["line"] = user_line()
+        record.update(self.where())
         self.records.append(record)
         if index == self.dump_index:
             # Asked for by `twice locate` once it knows which op differs: its outputs and inputs.

@@ -6,58 +6,17 @@ import json
 import os
 import secrets
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import CorruptRecord, RunNotFound, UsageError
+from .files import dumps, fsync_dir, write_bytes_atomic, write_json_atomic  # noqa: F401 (re-exported)
 
 __all__ = ["write_json_atomic", "read_json", "new_run_dir", "find_run", "list_runs", "effective_status",
            "process_start_time", "MANIFEST"]
 
 MANIFEST = "manifest.json"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a crash leaves either the old file or the new one, never half."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
-def dumps(value: Any) -> str:
-    """Canonical JSON: sorted keys, UTF-8, two-space indent, trailing newline."""
-    return json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
-
-
-def write_json_atomic(path: Path, value: Any) -> None:
-    write_bytes_atomic(path, dumps(value).encode("utf-8"))
 
 
 def read_json(path: Path) -> Any:

@@ -1,0 +1,124 @@
+"""Numerical health: the NaN's real origin, the causes before it, and no false alarms."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import clean_env, runs, script, twice
+from twice import instrument, numerics
+
+
+def test_gradient_normalisation_nan_is_traced_to_the_scripts_line_with_saturation_and_zero_gradients(tmp_path):
+    script("gradnorm.py", tmp_path)
+    result = twice("run", "--numerics", "--", sys.executable, "gradnorm.py", cwd=tmp_path)
+    assert result.returncode == 1 and "NonFiniteError" in result.stderr
+    shown = twice("nan", runs(tmp_path)[0], "--json", cwd=tmp_path)
+    assert shown.returncode == 1
+    report = json.loads(shown.stdout)["report"]
+    fault = report["fault"]
+    assert fault["value"] == "NaN" and fault["op"] == "aten::div_.Tensor"
+    assert fault["phase"] == "user" and fault["line"] == "gradnorm.py:19"  # p.grad /= p.grad.norm()
+    kinds = [event["kind"] for event in report["chain"]]
+    assert kinds[0] == "saturation" and kinds[-1] == "non_finite"  # first cause first
+    saturation = report["chain"][0]
+    assert "softmax" in saturation["summary"] and saturation["last_step"] == fault["step"]
+    zero = next(e for e in report["chain"] if e["kind"] == "zero_grad")
+    assert zero["step"] == fault["step"] and "0.weight" in zero["details"]["parameters"]
+    assert any(e["kind"] == "div_by_zero" and e["line"] == "gradnorm.py:19" for e in report["chain"])
+    text = twice("nan", runs(tmp_path)[0], cwd=tmp_path).stdout
+    assert text.startswith(f"NaN at step {fault['step']}: aten::div_.Tensor (user) at gradnorm.py:19")
+    # What detect_anomaly says about the same script: a backward function, one step later.
+    anomaly = subprocess.run([sys.executable, "gradnorm.py", "anomaly"], cwd=tmp_path, capture_output=True, text=True,
+                             env=clean_env())
+    assert "Function 'LogSoftmaxBackward0' returned nan values" in anomaly.stderr
+    assert "gradnorm.py:19" not in anomaly.stderr.splitlines()[-1]
+
+
+def test_the_cheap_mode_records_the_bad_step_without_being_asked(tmp_path):
+    script("gradnorm.py", tmp_path)
+    assert twice("run", "--", sys.executable, "gradnorm.py", cwd=tmp_path).returncode == 0
+    run = runs(tmp_path)[0]
+    events = [json.loads(line) for line in (run / "numerics.jsonl").read_text().splitlines()]
+    first_bad = next(e for e in events if e["kind"] == "non_finite")
+    assert first_bad["step"] == 79
+    shown = twice("nan", run, cwd=tmp_path)
+    assert shown.returncode == 1 and "non-finite values recorded from step 79" in shown.stdout
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    rec = instrument.install(instrument.Recorder(tmp_path))
+    yield rec
+    instrument.uninstall()
+
+
+def catch(function):
+    with pytest.raises(numerics.NonFiniteError) as caught:
+        with numerics.watch():
+            function()
+    return caught.value.report
+
+
+def test_a_nan_made_in_forward_by_log_of_zero_is_named(recorder):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return torch.log(torch.relu(self.lin(x)))
+
+    model = Model()
+    with torch.no_grad():
+        model.lin.bias.fill_(-10.0)
+    report = catch(lambda: model(torch.ones(2, 3)))
+    fault = report["fault"]
+    assert fault["op"].startswith("aten::log") and fault["phase"] == "forward" and fault["value"] == "Inf"
+    assert fault["module"] == "Model" and fault["inputs"][0]["all_zero"]
+    assert any(e["kind"] == "log_of_zero" for e in report["chain"])
+
+
+def test_a_nan_made_in_backward_by_sqrt_at_zero_is_named(recorder):
+    lin = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        lin.weight.zero_()
+        lin.bias.zero_()
+
+    def step():
+        torch.sqrt(lin(torch.ones(1, 2))).sum().backward()
+
+    fault = catch(step)["fault"]
+    assert fault["phase"] == "backward" and fault["node"] == "SqrtBackward0"
+    assert fault["line"] is not None and fault["line"].startswith("tests/test_numerics.py:")
+
+
+def test_a_nan_made_in_the_optimizer_by_an_infinite_learning_rate_is_named(recorder):
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=float("inf"), foreach=False)
+
+    def step():
+        opt.zero_grad()
+        model(torch.ones(4, 2)).sum().backward()
+        opt.step()
+
+    report = catch(step)
+    assert report["fault"]["phase"] == "optimizer"
+    assert any(e["kind"] == "bad_scalar" and "inf" in e["summary"] for e in report["chain"])
+
+
+def test_no_false_alarms_on_a_healthy_run_of_hundreds_of_steps(recorder):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(128, 8), torch.randint(0, 3, (128,))
+    with numerics.watch(mode="warn") as watch:
+        for _ in range(300):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    recorder.finish()
+    assert watch.report is None and watch.log.events == []
+    assert recorder._health is None or recorder._health.events == []

@@ -1,0 +1,129 @@
+"""Named streams, sweeps (real trials) and seed-noise statistics."""
+
+import json
+import math
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as scipy_stats
+
+import twice
+from conftest import script, twice as twice_cli
+from twice.stats import compare_pair, seeds_for_power, summarize_arm
+
+
+def train(lr, evaluate):
+    """Initial weights and batches drawn from named streams; an optional eval pass draws random numbers."""
+    torch.manual_seed(123)
+    twice.stream.reset()  # each call stands for a separate run
+    with twice.stream("init", seed=0):
+        model = torch.nn.Linear(3, 2)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    batches = []
+    for step in range(4):
+        with twice.stream("data", seed=0):
+            batch = torch.randn(5, 3)
+            batch = batch + random.random() + float(np.random.rand())
+        batches.append(batch)
+        opt.zero_grad()
+        model(batch).sum().backward()
+        opt.step()
+        if evaluate:
+            torch.rand(100)  # an evaluation pass with dropout-like randomness on the global RNG
+            random.random()
+    return initial, batches
+
+
+def test_streams_keep_batches_and_initial_weights_bit_identical_when_lr_or_evaluation_change():
+    base_init, base_batches = train(0.1, evaluate=False)
+    for lr, evaluate in ((0.1, True), (0.5, False), (0.5, True)):
+        init, batches = train(lr, evaluate)
+        assert all(torch.equal(base_init[k], init[k]) for k in base_init)
+        assert all(torch.equal(a, b) for a, b in zip(base_batches, batches))
+
+
+def test_a_stream_continues_where_it_left_off_and_leaves_the_global_rng_alone():
+    torch.manual_seed(7)
+    expected = torch.rand(2)
+    torch.manual_seed(7)
+    with twice.stream("s1", seed=99):
+        first = torch.rand(3)
+    with twice.stream("s1", seed=99):
+        second = torch.rand(3)
+    assert torch.equal(torch.rand(2), expected)
+    assert not torch.equal(first, second)
+    gen = twice.stream("s1", seed=99).generator()
+    assert torch.equal(torch.rand(3, generator=gen), torch.rand(3, generator=twice.stream("s1", seed=99).generator()))
+
+
+def test_sweep_runs_paired_trials_resumes_and_its_stats_match_scipy(tmp_path):
+    script("sweep_train.py", tmp_path)
+    args = ["sweep", "--vary", "lr=0.05,0.2", "--seeds", "3", "--name", "lr", "-j", "2", "--metric", "weight_error",
+            "--", sys.executable, "sweep_train.py", "--lr", "{lr}"]
+    first = twice_cli(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "6 trials completed (0 from before)" in first.stdout
+    # A second invocation skips every completed trial.
+    again = twice_cli(*args, cwd=tmp_path)
+    assert again.returncode == 0 and "6 trials completed (6 from before)" in again.stdout
+    trials = sorted(p.name.split("-", 4)[-1] for p in (tmp_path / "runs" / "lr" / "trials").iterdir())
+    assert trials == sorted(f"lr={lr}-seed{s}" for lr in ("0.05", "0.2") for s in range(3))
+    report = json.loads(twice_cli("stats", tmp_path / "runs" / "lr", "--json", cwd=tmp_path).stdout)
+    arms = {a["arm"]: a for a in report["arms"]}
+    low, high = [arms[f"lr={lr}"]["values"] for lr in ("0.05", "0.2")]
+    a_values = [low[str(s)] for s in range(3)]
+    b_values = [high[str(s)] for s in range(3)]
+    assert arms["lr=0.05"]["mean"] == pytest.approx(np.mean(a_values), rel=1e-12)
+    assert arms["lr=0.05"]["std"] == pytest.approx(np.std(a_values, ddof=1), rel=1e-12)
+    pair = report["pairs"][0]
+    assert pair["p_paired_t"] == pytest.approx(scipy_stats.ttest_rel(b_values, a_values).pvalue, rel=1e-9)
+    assert pair["mean_difference"] == pytest.approx(np.mean(np.subtract(b_values, a_values)), rel=1e-12)
+    assert sorted(arms["lr=0.05"]["values"]) == sorted(arms["lr=0.2"]["values"]) == ["0", "1", "2"]  # paired
+
+
+def test_an_interrupted_sweep_continues_and_failed_trials_are_retried(tmp_path):
+    script("sweep_train.py", tmp_path)
+    failing = ["sweep", "--vary", "lr=0.1", "--vary", "fail=--fail,--lr", "--seeds", "1", "--name", "f",
+               "--", sys.executable, "sweep_train.py", "{fail}", "0.1", "--lr", "{lr}"]
+    result = twice_cli(*failing, cwd=tmp_path)
+    assert result.returncode == 1 and "1 failed" in result.stdout
+    again = twice_cli(*failing, cwd=tmp_path)
+    assert "1 trials completed (1 from before), 1 failed" in again.stdout  # the failure was retried
+
+
+def test_a_known_effect_is_found_and_no_effect_is_within_seed_noise():
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 1.0, 10)
+    base = summarize_arm("a", {s: 5.0 + noise[s] for s in range(10)})
+    shifted = summarize_arm("b", {s: 5.0 + noise[s] + 0.8 + rng.normal(0, 0.2) for s in range(10)})
+    same = summarize_arm("c", {s: 5.0 + noise[s] + rng.normal(0, 0.5) for s in range(10)})
+    assert compare_pair(base, shifted).verdict == "effect exceeds seed noise"
+    assert compare_pair(base, same).verdict == "within seed noise"
+    assert seeds_for_power(0.5) == 34  # paired t test, d_z = 0.5, 80% power, alpha 0.05
+    assert math.isclose(compare_pair(base, shifted).mean_difference,
+                        np.mean([shifted.values[s] - base.values[s] for s in range(10)]))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--vary", "lr", "--", "python", "x.py", "{lr}"], "is not NAME=VALUE"),
+    (["--vary", "lr=0.1,", "--", "python", "x.py", "{lr}"], "is not NAME=VALUE"),
+    (["--vary", "lr=0.1", "--", "python", "x.py", "--lr", "0.1"], "no placeholder for {lr}"),
+    (["--vary", "lr=0.1", "--", "python", "x.py", "{lr}", "{wd}"], "uses {wd}, which nothing varies"),
+])
+def test_bad_sweep_input_is_a_clear_error(tmp_path, args, message):
+    result = twice_cli("sweep", *args, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and message in result.stderr
+    assert "hint: " in result.stderr and not (tmp_path / "runs").exists()
+
+
+def test_an_unknown_metric_is_a_clear_error(tmp_path):
+    script("sweep_train.py", tmp_path)
+    twice_cli("sweep", "--vary", "lr=0.1", "--seeds", "2", "--name", "m", "--", sys.executable, "sweep_train.py",
+              "--lr", "{lr}", cwd=tmp_path)
+    result = twice_cli("stats", tmp_path / "runs" / "m", "--metric", "accuracy", cwd=tmp_path)
+    assert result.returncode == 2 and "error: unknown metric 'accuracy'" in result.stderr
+    assert "weight_error" in result.stderr
