@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The CPU build of torch; the package itself accepts torch>=2.4 (see pyproject.toml).
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean browser
 
 setup: $(VENV)/.installed
 
@@ -19,7 +19,13 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
 
-test: setup
+# The browser tests use Debian's chromium; installed here where apt can, skipped (with a reason) elsewhere.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+	  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
+	  || echo "note: chromium not installed; the browser test will be skipped"; }
+
+test: setup browser
 	$(PY) -m pytest -q
 
 bench: setup

@@ -193,7 +193,8 @@ def _print_comparison(result, as_json: bool) -> None:
 @_runs_dir_option
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Compare only the first N steps.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def diff(a, b, runs_dir, steps, as_json):
+@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None, help="Also write the HTML report here.")
+def diff(a, b, runs_dir, steps, as_json, html_out):
     """Compare two runs: the verdict, identity differences, the first divergence and its likely cause.
 
     Exit 0 when identical, 1 when different.
@@ -208,6 +209,11 @@ def diff(a, b, runs_dir, steps, as_json):
 
     result = compare_runs(find_run(a, runs_dir), find_run(b, runs_dir), steps=steps)
     _print_comparison(result, as_json)
+    if html_out is not None:
+        from .report import write_report
+
+        write_report([result.a, result.b], html_out)
+        _err(f"twice: report written to {html_out}")
     sys.exit(result.exit_code)
 
 
@@ -439,7 +445,11 @@ def locate(a, b, runs_dir, as_json, verbose):
     from .locate import locate_runs
     from .store import find_run
 
-    result = locate_runs(find_run(a, runs_dir), find_run(b, runs_dir), quiet=not verbose)
+    run_a, run_b = find_run(a, runs_dir), find_run(b, runs_dir)
+    result = locate_runs(run_a, run_b, quiet=not verbose)
+    from .files import write_json_atomic
+
+    write_json_atomic(run_a / f"locate-{run_b.name}.json", result.to_json())  # shown by `twice report`
     if as_json:
         _out(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:
@@ -587,7 +597,8 @@ def sweep(vary, seeds, jobs, metric, name, runs_dir, determinism, command):
 @click.argument("folder", type=click.Path(path_type=Path))
 @click.option("--metric", default=None, help="The metric to compare  [default: the sweep's].")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def stats(folder, metric, as_json):
+@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None, help="Also write the HTML report here.")
+def stats(folder, metric, as_json, html_out):
     """Each arm's mean and 95% CI, and for each pair of arms whether the effect exceeds seed noise.
 
     \b
@@ -603,6 +614,11 @@ def stats(folder, metric, as_json):
     spec, values = sweep_results(folder, metric)
     arms = [summarize_arm(arm, per_seed) for arm, per_seed in values.items()]
     pairs = [compare_pair(a, b) for a, b in combinations(arms, 2)]
+    if html_out is not None:
+        from .report import write_report
+
+        write_report([folder], html_out)
+        _err(f"twice: report written to {html_out}")
     if as_json:
         _out(json.dumps({"metric": spec["metric"], "arms": [a.to_json() for a in arms], "pairs": [p.to_json() for p in pairs]},
                         indent=2, sort_keys=True))
@@ -616,3 +632,23 @@ def stats(folder, metric, as_json):
         _out(f"{pair.b} vs {pair.a}: {pair.verdict}: difference {pair.mean_difference:+.6g} "
              f"(95% CI [{pair.ci_low:.6g}, {pair.ci_high:.6g}]), paired t p={pair.p_t:.3g}, Wilcoxon p={p_w}, "
              f"d_z={pair.effect_size:.3g}{needed}")
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@_runs_dir_option
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True)
+def report(paths, runs_dir, output):
+    """Write one self-contained HTML page about RUNs (compared with the first) or a SWEEP folder.
+
+    \b
+    Examples:
+      twice report runs/<a> runs/<b> -o report.html
+      twice report runs/sweep-lr -o sweep.html
+    """
+    from .report import write_report
+    from .store import find_run
+    from .sweep import SWEEP_FILE
+
+    resolved = [Path(p) if (Path(p) / SWEEP_FILE).is_file() else find_run(p, runs_dir) for p in paths]
+    _out(f"report written to {write_report(resolved, output)}")

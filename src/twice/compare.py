@@ -60,8 +60,19 @@ def _limit(records, steps):
     return records if steps is None else [r for r in records if r.step < steps]
 
 
-def compare_runs(a: Path, b: Path, steps: int | None = None) -> Comparison:
-    """Compare runs A and B (the first `steps` steps only, when given)."""
+def compare_runs(a: Path, b: Path, steps: int | None = None, cache: dict | None = None) -> Comparison:
+    """Compare runs A and B (the first `steps` steps only, when given).
+
+    `cache` (path -> records, read-only) lets callers comparing many runs read each trace once.
+    """
+
+    def read(path: Path):
+        if cache is None:
+            return read_trace(path)
+        if path not in cache:
+            cache[path] = read_trace(path)
+        return cache[path]
+
     manifest_a, manifest_b = read_json(Path(a) / MANIFEST), read_json(Path(b) / MANIFEST)
     diffs = [d for d in compare_identity(manifest_a.get("identity", {}), manifest_b.get("identity", {}))
              if not d.key.startswith(_IGNORED)]
@@ -70,8 +81,8 @@ def compare_runs(a: Path, b: Path, steps: int | None = None) -> Comparison:
     lengths: dict[str, tuple[int, int]] = {}
     compared = 0
     for stream in sorted(set(traces_a) | set(traces_b)):
-        records_a = _limit(read_trace(traces_a[stream]) if stream in traces_a else [], steps)
-        records_b = _limit(read_trace(traces_b[stream]) if stream in traces_b else [], steps)
+        records_a = _limit(read(traces_a[stream]) if stream in traces_a else [], steps)
+        records_b = _limit(read(traces_b[stream]) if stream in traces_b else [], steps)
         lengths[stream] = (len(records_a), len(records_b))
         found = first_divergence(records_a, records_b, stream)
         if found is not None:
