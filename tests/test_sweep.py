@@ -127,3 +127,17 @@ def test_an_unknown_metric_is_a_clear_error(tmp_path):
     result = twice_cli("stats", tmp_path / "runs" / "m", "--metric", "accuracy", cwd=tmp_path)
     assert result.returncode == 2 and "error: unknown metric 'accuracy'" in result.stderr
     assert "weight_error" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_its_trials_as_ray_tasks_on_a_local_ray_instance(tmp_path):
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    script("sweep_train.py", tmp_path)
+    result = twice_cli("sweep", "--executor", "ray", "--jobs", "2", "--vary", "lr=0.05,0.2", "--seeds", "2", "--name", "r",
+                       "--", sys.executable, "sweep_train.py", "--lr", "{lr}", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "4 trials completed (0 from before), 0 failed" in result.stdout
+    trials = sorted(p.name.split("-", 4)[-1] for p in (tmp_path / "runs" / "r" / "trials").iterdir())
+    assert trials == sorted(f"lr={lr}-seed{s}" for lr in ("0.05", "0.2") for s in range(2))
+    report = json.loads(twice_cli("stats", tmp_path / "runs" / "r", "--json", cwd=tmp_path).stdout)
+    assert {a["arm"] for a in report["arms"]} == {"lr=0.05", "lr=0.2"} and all(a["n"] == 2 for a in report["arms"])

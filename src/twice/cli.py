@@ -550,11 +550,14 @@ def nan(run_ref, runs_dir, as_json):
 @click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True, help="Seeds per arm (0..N-1, the same for every arm).")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="Trials run at once.")
 @click.option("--metric", default="final_loss", show_default=True, help="final_loss, best_loss, or a name the script logs.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: processes on this machine; ray: Ray tasks (needs twice[ray], a shared filesystem).")
+@click.option("--ray-address", default=None, help="An existing Ray cluster (default: start a local one).")
 @click.option("--name", default=None, help="The sweep folder's name under --runs-dir  [default: from the settings].")
 @_runs_dir_option
 @click.option("--determinism", type=click.Choice(["strict", "warn", "off"]), default="strict", show_default=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def sweep(vary, seeds, jobs, metric, name, runs_dir, determinism, command):
+def sweep(vary, seeds, jobs, metric, executor, ray_address, name, runs_dir, determinism, command):
     """Run COMMAND for every combination of --vary values times --seeds seeds, each a recorded run.
 
     {name} in COMMAND is replaced by each value ({seed} too). Re-running the same sweep skips
@@ -582,7 +585,8 @@ def sweep(vary, seeds, jobs, metric, name, runs_dir, determinism, command):
         click.echo(("\r" + line + " " * 8) if tty else line, err=True, nl=not tty)
 
     outcome = run_sweep(folder, grid, seeds, list(command), jobs=jobs, metric=metric,
-                        options=RunOptions(runs_dir=runs_dir, determinism=determinism), progress=progress)
+                        options=RunOptions(runs_dir=runs_dir, determinism=determinism), progress=progress,
+                        executor=executor, ray_address=ray_address)
     if tty:
         click.echo("", err=True)
     _out(f"sweep {folder}: {outcome.completed} trials completed ({outcome.skipped} from before), {len(outcome.failed)} failed")

@@ -114,8 +114,48 @@ class SweepOutcome:
         return 130 if self.interrupted else (1 if self.failed else 0)
 
 
+def _ray_trial(command: list[str], options: dict) -> int:
+    """One trial inside a Ray worker: a full `twice run` (the sweep folder must be on a shared filesystem)."""
+    from .launch import RunOptions, run_command
+
+    options = {**options, "runs_dir": Path(options["runs_dir"]), "cwd": Path(options["cwd"])}
+    code, _ = run_command(command, RunOptions(**options))
+    return code
+
+
+def _run_on_ray(trials: list[Trial], submit_options, command: list[str], address: str | None, jobs: int,
+                outcome: "SweepOutcome", report) -> None:
+    try:
+        import ray
+    except ImportError as exc:  # the `ray` extra
+        raise UsageError("--executor ray needs Ray", "pip install 'twice[ray]'") from exc
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    remote = ray.remote(num_cpus=1)(_ray_trial)
+    pending: dict = {}
+    queue = list(trials)
+    try:
+        while queue or pending:
+            while queue and len(pending) < jobs:
+                trial = queue.pop(0)
+                pending[remote.remote(trial.command(command), submit_options(trial))] = trial
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            for ref in ready:
+                trial, code = pending.pop(ref), ray.get(ref)
+                if code == 0:
+                    outcome.completed += 1
+                else:
+                    outcome.failed.append(f"{trial.arm_label} seed {trial.seed} (exit {code})")
+            report()
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        for ref in pending:
+            ray.cancel(ref, force=True)
+
+
 def run_sweep(folder: Path, grid: dict[str, list[str]], seeds: int, command: list[str], *, jobs: int = 1,
-              options: RunOptions | None = None, metric: str = "final_loss", progress=None) -> SweepOutcome:
+              options: RunOptions | None = None, metric: str = "final_loss", progress=None,
+              executor: str = "local", ray_address: str | None = None) -> SweepOutcome:
     """Run every trial not completed yet into `folder`/trials; re-running retries failures and skips successes."""
     trials = plan_trials(grid, seeds, command)
     folder = Path(folder)
@@ -156,6 +196,20 @@ def run_sweep(folder: Path, grid: dict[str, list[str]], seeds: int, command: lis
             eta = (sum(durations) / len(durations)) * remaining / max(jobs, 1) if durations else None
             progress(done=outcome.completed, total=len(trials), running=state["running"], failed=len(outcome.failed), eta=eta)
 
+    if executor == "ray":
+        import os
+        from dataclasses import asdict, replace
+
+        def submit_options(trial: Trial) -> dict:
+            chosen = replace(base, seed=trial.seed, name=trial.name, runs_dir=trials_dir.resolve(), quiet=True,
+                             cwd=Path(base.cwd or os.getcwd()).resolve())
+            return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(chosen).items()}
+
+        report()
+        _run_on_ray(todo, submit_options, command, ray_address, max(1, jobs), outcome, report)
+        return outcome
+    if executor != "local":
+        raise UsageError(f"unknown executor {executor!r}", "use local or ray")
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     pending: set[Future] = set()
     queue = list(todo)

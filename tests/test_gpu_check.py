@@ -1,0 +1,25 @@
+"""The GPU proof script's code paths, run on the CPU with tiny sizes (the figures need the GPU machine)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_env
+
+SCRIPT = Path(__file__).parents[1] / "bench" / "gpu_check.py"
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_every_check_on_the_cpu(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--smoke", "--out", str(tmp_path)],
+                            capture_output=True, text=True, env=clean_env(), timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert all("error" not in report[name] for name in ("determinism", "digests", "price")), report
+    assert report["determinism"]["strict_runs_identical"] is True
+    assert report["digests"]["correct_for_every_dtype"] is True
+    assert set(report["price"]) == {"resnet_style", "transformer_style"}
+    assert report["late_cublas"] == {"skipped": "needs CUDA"}
