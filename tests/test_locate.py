@@ -3,6 +3,7 @@
 import json
 import sys
 
+import pytest
 import torch
 
 from conftest import clean_env, runs, script, twice
@@ -95,3 +96,25 @@ def test_value_gap_measures_abs_and_ulps():
     y[1] = torch.nextafter(y[1], torch.tensor(10.0))
     gap = value_gap(x, y)
     assert gap["max_ulps"] == 1 and gap["elements_differing"] == 1 and gap["max_abs"] == 2.0 ** -22
+
+
+@pytest.mark.slow
+def test_bisection_finds_the_step_full_tracing_finds_in_log2_replays(tmp_path):
+    import math
+
+    script("late_reduction.py", tmp_path)
+    envs = {"1": clean_env(OMP_NUM_THREADS="1"), "2": clean_env(OMP_NUM_THREADS="2")}
+    full = [run_named(tmp_path, f"full{t}", "late_reduction.py", env=envs[t]) for t in ("1", "2")]
+    diff = json.loads(twice("diff", *full, "--json", cwd=tmp_path).stdout)
+    expected = diff["divergence"]["step"]
+    coarse = []
+    for t in ("1", "2"):
+        result = twice("run", "--trace-every", "16", "--name", f"coarse{t}", "--", sys.executable, "late_reduction.py",
+                       cwd=tmp_path, env=envs[t])
+        assert result.returncode == 0
+        coarse.append(next(r for r in runs(tmp_path) if r.name.endswith(f"-coarse{t}")))
+    found = twice("bisect", *coarse, "--json", cwd=tmp_path)
+    report = json.loads(found.stdout)
+    assert found.returncode == 1 and report["step"] == expected
+    low, high = report["interval"]
+    assert report["replays"] <= math.ceil(math.log2(high - low)) + 2

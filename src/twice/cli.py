@@ -656,3 +656,33 @@ def report(paths, runs_dir, output):
 
     resolved = [Path(p) if (Path(p) / SWEEP_FILE).is_file() else find_run(p, runs_dir) for p in paths]
     _out(f"report written to {write_report(resolved, output)}")
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def bisect(a, b, runs_dir, as_json):
+    """The first diverging step of runs recorded with a coarse trace (--trace-every K), by replays.
+
+    Each replay re-runs both runs up to a middle step (from a checkpoint before it when there is
+    one) and fingerprints only that step: ceil(log2(K)) replays instead of tracing every step.
+    Exit 0 when the runs do not diverge, 1 otherwise.
+
+    \b
+    Examples:
+      twice bisect runs/<a> runs/<b>
+    """
+    from .locate import bisect_divergence
+    from .store import find_run
+
+    result = bisect_divergence(find_run(a, runs_dir), find_run(b, runs_dir))
+    if as_json:
+        _out(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    elif result.step is None:
+        _out("runs do not diverge")
+    else:
+        low, high = result.interval
+        _out(f"first divergence at step {result.step} (between recorded steps {low} and {high}; {result.replays} replays)")
+    sys.exit(0 if result.step is None else 1)

@@ -106,6 +106,9 @@ class Recorder:
         self.on_stop: list = []  # called when stop_after is reached, before the process exits
         self.probe_params = os.environ.get("TWICE_RESUME_PROBE") == "1"
         self.record_ops: set[int] = set(record_ops or ())
+        # TWICE_TRACE_STEPS: record only these steps (bisection replays fingerprint one step each)
+        only = os.environ.get("TWICE_TRACE_STEPS")
+        self.only_steps: set[int] | None = {int(x) for x in only.split(",") if x} if only else None
         # step -> op index whose outputs are saved (TWICE_DUMP_OP="STEP:INDEX", set by twice locate)
         self.dump_ops: dict[int, int] = {}
         dump = os.environ.get("TWICE_DUMP_OP")
@@ -210,6 +213,8 @@ class Recorder:
 
     # -- pieces -----------------------------------------------------------------------------------
     def _tracing_this_step(self) -> bool:
+        if self.only_steps is not None:
+            return self.step_index in self.only_steps
         return self.step_index % self.trace_every == 0
 
     def _named(self, optimizer) -> list[tuple[str, Any]]:

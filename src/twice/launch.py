@@ -32,7 +32,7 @@ ENV_CHECKPOINT_DIR = "TWICE_CHECKPOINT_DIR"
 ENV_RESUME_FROM = "TWICE_RESUME_FROM"
 # Variables that describe one run and must not leak from an outer `twice run` into a new one.
 _PER_RUN = (ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, "TWICE_RESUME_PROBE", "TWICE_STOP_AFTER", "TWICE_RECORD_OPS",
-            "TWICE_DUMP_OP", "TWICE_NUMERICS")
+            "TWICE_DUMP_OP", "TWICE_NUMERICS", "TWICE_TRACE_STEPS")
 # The documented default: two plain `twice run`s of a script compare equal.
 DEFAULT_SEED = 0
 BOOT_DIR = Path(__file__).resolve().parent / "_boot"

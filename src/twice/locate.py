@@ -115,6 +115,63 @@ def _where(op: dict) -> str:
     return " ".join(parts)
 
 
+@dataclass
+class Bisection:
+    """The first diverging step found by replays, and how many replays (each re-runs A and B) it took."""
+
+    step: int | None
+    replays: int
+    interval: tuple[int, int] | None = None
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "replays": self.replays, "interval": list(self.interval) if self.interval else None}
+
+
+def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
+    """Re-run `run_dir` up to `step` (from its latest checkpoint before it, when it has one) recording only that step."""
+    from . import checkpoint as checkpoints
+    from .trace import read_trace
+
+    command, options = rerun_options(Path(run_dir), name=f"bisect-{label}-{step}", steps=step + 1, quiet=quiet)
+    options.env = {**options.env, "TWICE_TRACE_STEPS": str(step)}
+    earlier = [p for p in checkpoints.list_checkpoints(Path(run_dir) / "checkpoints") if int(p.name.split("-")[1]) <= step]
+    if earlier:
+        options.resume_from = earlier[-1]
+    _, new_dir = run_command(command, options)
+    record = next((r for r in read_trace(new_dir / "trace.jsonl") if r.step == step), None)
+    if record is None:
+        raise UsageError(f"replaying {run_dir} did not reach step {step}", f"see {new_dir}/stderr.log")
+    return record
+
+
+def bisect_divergence(a: Path, b: Path, quiet: bool = True) -> Bisection:
+    """First diverging step of runs whose traces are coarse (--trace-every K), in ceil(log2(K)) replays.
+
+    Between the last recorded step where both runs agree and the first where they differ, each
+    replay re-runs both up to the middle step, fingerprints only that step, and halves the interval.
+    """
+    from .divergence import first_divergence
+    from .trace import read_trace
+
+    comparison = compare_runs(a, b)
+    if comparison.divergence is None:
+        return Bisection(None, 0)
+    high = comparison.divergence.step
+    agreed = [r.step for r in read_trace(Path(a) / "trace.jsonl") if r.step < high]
+    low = max(agreed) if agreed else -1
+    interval, replays = (low, high), 0
+    while high - low > 1:
+        middle = (low + high) // 2
+        record_a = _replay_fingerprint(a, middle, "a", quiet)
+        record_b = _replay_fingerprint(b, middle, "b", quiet)
+        replays += 1
+        if first_divergence([record_a], [record_b]) is None:
+            low = middle
+        else:
+            high = middle
+    return Bisection(high, replays, interval)
+
+
 def locate_runs(a: Path, b: Path, quiet: bool = True) -> Location:
     """Find the first diverging step of runs A and B, then the first operation in it that differs."""
     comparison = compare_runs(a, b)
