@@ -67,6 +67,7 @@ def _on_torch(torch) -> None:
             _state["determinism"] = report.to_json()
         torch.manual_seed(seed)
     _state["torch"] = capture.torch_facts(torch)
+    _watch_process_group(torch)
     if os.environ.get(ENV_TRACE, "1") == "1":
         rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
         stream = f"rank{rank}" if rank is not None and world not in (None, "1") else None
@@ -111,6 +112,33 @@ def _local_sources() -> list[str]:
     return sorted(sources)
 
 
+def _watch_process_group(torch) -> None:
+    """Remember the backend and world size when the program sets up torch.distributed (gone by exit)."""
+    dist = torch.distributed
+    if not dist.is_available():
+        return
+    original = dist.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _state["process_group"] = {"backend": str(dist.get_backend()), "world_size": dist.get_world_size(),
+                                   "rank": dist.get_rank()}
+        return result
+
+    dist.init_process_group = init_process_group
+
+
+def _distributed_facts() -> dict | None:
+    rank = os.environ.get("RANK")
+    if rank is None and "process_group" not in _state:
+        return None
+    facts = {"rank": int(rank) if rank is not None else None, "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+             "local_rank": os.environ.get("LOCAL_RANK"), "nodes": os.environ.get("GROUP_WORLD_SIZE")}
+    if "process_group" in _state:
+        facts.update(_state["process_group"])
+    return facts
+
+
 def _at_exit() -> None:
     if os.getpid() != _state.get("pid"):
         return  # a forked child inherited this handler
@@ -126,6 +154,7 @@ def _at_exit() -> None:
         "determinism": _state.get("determinism"), "torch": _state.get("torch"),
         "steps": recorder.step_index if recorder is not None else None,
         "stopped_after": recorder.stop_after if recorder is not None and recorder.stopped else None,
+        "distributed": _distributed_facts(),
     }
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -160,6 +189,12 @@ def boot() -> None:
     _state.update(run_dir=run_dir, pid=os.getpid(), started=time.time(), cwd=os.getcwd())
     if os.environ.get(ENV_OBSERVE) != "1":
         seed = int(os.environ.get(ENV_SEED, "0"))
+        rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
+        if rank is not None and world != "1":
+            # torchrun workers: each rank its own documented seed, derive_seed(seed, "rank", r).
+            from .seeds import derive_seed
+
+            seed = derive_seed(seed, "rank", int(rank))
         _state.update(seed=seed, mode=os.environ.get(ENV_DETERMINISM, "strict"))
         import random
 

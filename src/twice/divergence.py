@@ -128,6 +128,10 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
     by_group: dict[str, list[Difference]] = {}
     for diff in diffs:
         by_group.setdefault(diff.group, []).append(diff)
+    world = next((d for d in diffs if d.key == "distributed.world_size"), None)
+    if world is not None:
+        return (f"the runs used world sizes {world.a} and {world.b}: gradients are reduced in another order, "
+                "so bits differ unless training is world-size invariant")
     if "seeds" in by_group:
         d = by_group["seeds"][0]
         def seed(value):

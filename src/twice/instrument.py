@@ -117,6 +117,9 @@ class Recorder:
             self.dump_ops[step] = index
         self._ops = None  # the OpRecorder of the step being recorded, if any
         self._health = None
+        # Replica consistency under torch.distributed: every N steps (TWICE_REPLICA_EVERY), stop or warn.
+        self.replica_every = max(1, int(os.environ.get("TWICE_REPLICA_EVERY", "20")))
+        self.replica_mode = os.environ.get("TWICE_REPLICA_MODE", "stop")
         self._norm_history: list[float] = []
         self._opt_index: dict[int, int] = {}
 
@@ -187,6 +190,46 @@ class Recorder:
             round_.rng = rng_digests()
         if self._round_size is not None and len(round_.optimizers) >= self._round_size:
             self._finish_round()
+
+    def _check_replicas(self, round_: _Round) -> None:
+        """Data-parallel ranks must hold identical parameters after each step: compare digests across ranks."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2 or not round_.params:
+            return
+        if self.step_index % self.replica_every:
+            return
+        import torch
+
+        mine = (digest_pairs(round_.params), dict(round_.params))
+        # The 128-bit digest as two int64 words: a tensor all-gather, far cheaper than pickled objects.
+        value = int(mine[0], 16)
+        words = [(value >> 64) & (2**64 - 1), value & (2**64 - 1)]
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        local = torch.tensor([w - 2**64 if w >= 2**63 else w for w in words], dtype=torch.int64, device=device)
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, local)
+        gathered = [tuple(p.tolist()) for p in parts]
+        if len(set(gathered)) == 1:
+            return
+        # Desync: name the first rank that differs from rank 0, and its first differing tensor.
+        tables = [None] * dist.get_world_size()
+        dist.all_gather_object(tables, mine[1])
+        bad_rank = next(r for r, d in enumerate(gathered) if d != gathered[0])
+        tensor = next((name for name in tables[0] if tables[bad_rank].get(name) != tables[0][name]), None)
+        since = "" if self.replica_every == 1 else f" (the check at step {self.step_index - self.replica_every} agreed)"
+        message = (f"replicas out of sync at step {self.step_index}: rank {bad_rank} holds different parameters "
+                   f"from rank 0, first in {tensor}{since}")
+        from .files import write_json_atomic
+
+        if dist.get_rank() == 0:
+            write_json_atomic(self.run_dir / "replicas.json", {"step": self.step_index, "rank": bad_rank, "tensor": tensor,
+                                                                "message": message})
+        if self.replica_mode == "stop":
+            raise RuntimeError(f"twice: {message}")
+        import warnings
+
+        warnings.warn(f"twice: {message}", RuntimeWarning, stacklevel=2)
 
     def record_explicit(self, *, loss: Any = None, batch: Any = None, params: list[tuple[str, Any]] | None = None) -> None:
         """One step from a hand-written loop: the given loss, batch and named parameters (with .grad)."""
@@ -260,6 +303,8 @@ class Recorder:
             return
         if self._tracing_this_step():
             self._write_round()
+            with self._paused():
+                self._check_replicas(self._round)
         self._round = _Round()
         self._advance()
 

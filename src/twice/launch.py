@@ -129,6 +129,11 @@ def child_environment(options: RunOptions, run_dir: Path) -> dict[str, str]:
     env.setdefault("PYTHONHASHSEED", "0")
     if options.determinism != "off":
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    if options.determinism == "strict":
+        # NCCL picks its reduction algorithm and protocol by message size and topology; pinned, the
+        # order of floating-point additions in an all-reduce is fixed. (No effect without NCCL.)
+        env.setdefault("NCCL_ALGO", "Ring")
+        env.setdefault("NCCL_PROTO", "Simple")
     return env
 
 
@@ -175,7 +180,12 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
             except OSError:
                 sources[key] = None
     identity["code"]["sources"] = dict(sorted(sources.items()))
-    main = next((p for p in procs if p.get("torch")), None)
+    ranks = [p["distributed"] for p in procs if p.get("distributed") and p["distributed"].get("rank") is not None]
+    if ranks:
+        identity["distributed"] = {"world_size": max(r["world_size"] for r in ranks),
+                                   "backend": next((r.get("backend") for r in ranks if r.get("backend")), None),
+                                   "ranks_recorded": sorted(r["rank"] for r in ranks)}
+    main = next((p for p in procs if p.get("torch") and p.get("steps")), None) or next((p for p in procs if p.get("torch")), None)
     if main is not None:
         identity["torch"] = main["torch"]
         runtime = main.get("torch_runtime") or {}
