@@ -28,6 +28,7 @@ __all__ = ["Recorder", "install", "active_recorder", "uninstall"]
 # else every AUTO_PARAMS_INTERVAL steps: names for a difference where it costs little space.
 AUTO_PARAMS_TENSORS = 64
 AUTO_PARAMS_INTERVAL = 100
+PARAM_CHECK_EVERY = 10
 
 
 @dataclass
@@ -282,7 +283,9 @@ class Recorder:
         named = self._named(optimizer)
         self._round.params.extend((name, digest(param)) for name, param in named)
         # One fused norm over the parameters: inf or NaN iff some parameter is (cheap health check).
-        norms = _norms([param for _, param in named])
+        # Every PARAM_CHECK_EVERY steps: between checks, a non-finite update shows in the learning
+        # rate (checked every step) or in the next step's loss and gradients.
+        norms = _norms([param for _, param in named]) if self.step_index % PARAM_CHECK_EVERY == 0 else []
         if norms:
             total = math.sqrt(sum(float(n) ** 2 for n in norms))
             self._round.param_norm = total if self._round.param_norm is None else math.hypot(self._round.param_norm, total)
@@ -430,6 +433,9 @@ class Recorder:
                                   f"over 1000x the recent median {sorted(history)[len(history) // 2]:.3g}"))
                 history.append(total)
                 del history[:-50]
+        if any(not math.isfinite(float.fromhex(lr)) for lr in round_.lr if not lr.startswith("nan")) or \
+                any(lr.startswith("nan") for lr in round_.lr):
+            log.add(Event("bad_scalar", step, f"learning rate non-finite at step {step}: {', '.join(round_.lr)}"))
         if round_.param_norm is not None and not math.isfinite(round_.param_norm):
             log.add(Event("non_finite", step, f"parameters non-finite after the update at step {step}"))
 

@@ -176,8 +176,10 @@ class NumericsWatch(OpContext):
         name = str(func.name())
         base = name.split(".")[0]
         before = None
-        if base.endswith("_") and not base.startswith("aten::_foreach") and args and isinstance(args[0], torch.Tensor) \
-                and args[0].dtype.is_floating_point:
+        # Not in the optimizer phase: its in-place updates of parameters and moments are many and
+        # large, and a fault there is explained by its scalars (learning rate) and gradients.
+        if self.phase != "optimizer" and base.endswith("_") and not base.startswith("aten::_foreach") and args \
+                and isinstance(args[0], torch.Tensor) and args[0].dtype.is_floating_point:
             # An in-place op overwrites its first input: keep a copy to say what it was if this op goes bad.
             before = args[0].detach().clone()
         out = func(*args, **kwargs)
