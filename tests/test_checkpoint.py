@@ -1,5 +1,3 @@
-import json
-import os
 import pickle
 import random
 
@@ -7,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 
-import twice
 from twice import checkpoint
 from twice.checkpoint import CheckpointError
 from twice.seeding import capture_rng

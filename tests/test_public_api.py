@@ -12,7 +12,7 @@ LAYERS = [
     {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports", "opdiff", "stats"},         # pure core
     {"seeding", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files"},                          # process state
     {"capture", "store", "hazards", "compare", "checkpoint", "metrics"},                    # I/O
-    {"bootstrap", "launch", "run", "verify", "locate", "sweep", "report"},                                  # orchestration
+    {"bootstrap", "launch", "run", "verify", "locate", "sweep", "report", "testing"},                                  # orchestration
     {"cli", "__main__"},                                                         # command line
 ]
 

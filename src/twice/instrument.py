@@ -383,7 +383,6 @@ class Recorder:
             raise SystemExit(0)
 
     def _write_round(self) -> None:
-        import torch
 
         round_ = self._round
         losses = [float_bits(float(x)) for x in round_.losses]

@@ -268,7 +268,7 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
     env = child_environment(options, run_dir)
 
     manifest = start_manifest(run_dir, list(command), script, cwd, options, env, runs_dir)
-    identity, context = manifest["identity"], manifest["context"]
+    context = manifest["context"]
     context["executable"] = argv
 
     stdout_log = open(run_dir / "stdout.log", "wb")

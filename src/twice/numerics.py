@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 

@@ -13,7 +13,7 @@ from .compare import Comparison, compare_runs
 from .divergence import FIELD_MEANING
 from .errors import UsageError
 from .store import MANIFEST, effective_status, read_json
-from .trace import COMPARED_FIELDS, read_trace, trace_files
+from .trace import COMPARED_FIELDS, read_trace
 
 __all__ = ["build_report", "write_report"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import re
 import string
-import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -113,6 +112,12 @@ class SweepOutcome:
     def exit_code(self) -> int:
         return 130 if self.interrupted else (1 if self.failed else 0)
 
+    def record(self, trial: Trial, code: int) -> None:
+        if code == 0:
+            self.completed += 1
+        else:
+            self.failed.append(f"{trial.arm_label} seed {trial.seed} (exit {code})")
+
 
 def _ray_trial(command: list[str], options: dict) -> int:
     """One trial inside a Ray worker: a full `twice run` (the sweep folder must be on a shared filesystem)."""
@@ -141,11 +146,7 @@ def _run_on_ray(trials: list[Trial], submit_options, command: list[str], address
                 pending[remote.remote(trial.command(command), submit_options(trial))] = trial
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
             for ref in ready:
-                trial, code = pending.pop(ref), ray.get(ref)
-                if code == 0:
-                    outcome.completed += 1
-                else:
-                    outcome.failed.append(f"{trial.arm_label} seed {trial.seed} (exit {code})")
+                outcome.record(pending.pop(ref), ray.get(ref))
             report()
     except KeyboardInterrupt:
         outcome.interrupted = True
@@ -220,11 +221,7 @@ def run_sweep(folder: Path, grid: dict[str, list[str]], seeds: int, command: lis
                 pending.add(pool.submit(one, queue.pop(0)))
             finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in finished:
-                trial, code = future.result()
-                if code == 0:
-                    outcome.completed += 1
-                else:
-                    outcome.failed.append(f"{trial.arm_label} seed {trial.seed} (exit {code})")
+                outcome.record(*future.result())
             report()
     except KeyboardInterrupt:
         # The terminal's Ctrl-C reached the running trials too; completed trials stay as they are.

@@ -1,0 +1,116 @@
+"""Reproducibility assertions for a user's own test suite, and a pytest plugin.
+
+    from twice.testing import assert_reproducible, assert_matches_golden
+
+    def test_training_is_reproducible():
+        assert_reproducible(train, steps=20)            # train() trains with torch.optim
+
+    def test_training_matches_the_golden_trace(twice_update_golden):
+        assert_matches_golden(train, "tests/golden/train.jsonl", steps=20, update=twice_update_golden)
+
+`pytest --twice-update-golden` rewrites golden traces instead of comparing with them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable
+
+from .determinism import deterministic
+from .divergence import FIELD_MEANING, first_divergence
+from .trace import read_trace
+
+__all__ = ["assert_reproducible", "assert_matches_golden", "record_trace"]
+
+
+def record_trace(train_fn: Callable[[], object], steps: int | None = None, seed: int = 0) -> list:
+    """Run `train_fn` seeded and deterministic (warn mode), recording its step trace; stop after `steps`."""
+    from . import instrument
+
+    folder = Path(tempfile.mkdtemp(prefix="twice-test-"))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PYTHONHASHSEED cannot be fixed from inside a test process
+            report = deterministic(seed=seed, mode="warn")
+        recorder = instrument.install(instrument.Recorder(folder, stop_after=steps, params_every=1))
+        try:
+            train_fn()
+        except SystemExit:
+            if not recorder.stopped:
+                raise  # the training function's own exit, not our step limit
+        finally:
+            instrument.uninstall()
+            report.restore()
+        return read_trace(folder / "trace.jsonl")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _describe(a, b) -> str | None:
+    found = first_divergence(a, b)
+    if found is not None:
+        tensors = found.tensors.get(found.first)
+        return (f"first divergence at step {found.step}: {FIELD_MEANING[found.first]}"
+                + (f" ({', '.join(tensors[:4])})" if tensors else "") + f"; fields differing: {', '.join(found.fields)}")
+    if len(a) != len(b):
+        return f"the traces agree on their common steps but have {len(a)} and {len(b)} steps"
+    return None
+
+
+def assert_reproducible(train_fn: Callable[[], object], steps: int | None = None, seed: int = 0) -> None:
+    """Run `train_fn` twice with the same seed; fail with the first divergence unless every step is bit-identical."""
+    first, second = record_trace(train_fn, steps, seed), record_trace(train_fn, steps, seed)
+    if not first:
+        raise AssertionError("no training step was recorded: does train_fn step a torch.optim optimizer?")
+    problem = _describe(first, second)
+    if problem:
+        raise AssertionError(f"training is not reproducible: {problem}")
+
+
+def assert_matches_golden(train_fn: Callable[[], object], golden: str | Path, steps: int | None = None, seed: int = 0,
+                          update: bool = False) -> None:
+    """Compare `train_fn`'s trace with a golden trace kept in the repository (`update=True` rewrites it)."""
+    from .files import write_bytes_atomic
+
+    golden = Path(golden)
+    records = record_trace(train_fn, steps, seed)
+    if update or not golden.exists():
+        import json
+
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({k: v for k, v in r.to_json().items() if k != "time"}, sort_keys=True) for r in records]
+        write_bytes_atomic(golden, ("\n".join(lines) + "\n").encode())
+        if not update:
+            raise AssertionError(f"no golden trace at {golden}: wrote one from this run; commit it and run again")
+        return
+    problem = _describe(read_trace(golden), records)
+    if problem:
+        raise AssertionError(f"trace differs from the golden trace {golden}: {problem} "
+                             "(if the change is intended: pytest --twice-update-golden)")
+
+
+# -- pytest plugin (registered through the pytest11 entry point) ------------------------------------
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--twice-update-golden", action="store_true", default=False,
+                     help="twice: rewrite golden traces instead of comparing with them")
+
+
+def _fixture():
+    import pytest
+
+    @pytest.fixture
+    def twice_update_golden(request) -> bool:
+        """True when pytest runs with --twice-update-golden."""
+        return bool(request.config.getoption("--twice-update-golden"))
+
+    return twice_update_golden
+
+
+try:  # the fixture exists only where pytest does; twice itself does not need pytest
+    twice_update_golden = _fixture()
+except ImportError:  # pragma: no cover
+    pass
