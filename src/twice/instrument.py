@@ -46,6 +46,8 @@ class _Round:
     rng: dict[str, str] = field(default_factory=dict)
     params_before: str | None = None
     param_norm: float | None = None
+    grad_norms: list[float] = field(default_factory=list)
+    params_digest: str | None = None
 
 
 def _param_names(optimizer) -> dict[int, str]:
@@ -202,7 +204,7 @@ class Recorder:
             return
         import torch
 
-        mine = (digest_pairs(round_.params), dict(round_.params))
+        mine = (round_.params_digest, dict(round_.params))  # computed for the step record
         # The 128-bit digest as two int64 words: a tensor all-gather, far cheaper than pickled objects.
         value = int(mine[0], 16)
         words = [(value >> 64) & (2**64 - 1), value & (2**64 - 1)]
@@ -386,15 +388,18 @@ class Recorder:
 
         round_ = self._round
         losses = [float_bits(float(x)) for x in round_.losses]
+        round_.params_digest = digest_pairs(round_.params) if round_.params else None
+        # One device-to-host read of each gradient norm, shared by the record and the health checks.
+        norms = round_.grad_norms = [float(n) for n in round_.grad_squares]
         per_tensor = self._per_tensor_due(len(round_.params))
         record = StepRecord(
             step=self.step_index,
             loss=None if not losses else losses[0] if len(losses) == 1 else losses,
             batch=round_.batch.hexdigest() if round_.batch is not None else None,
             grads=digest_pairs(round_.grads) if round_.grads else None,
-            grad_norm=float_bits(math.sqrt(sum(float(n) ** 2 for n in round_.grad_squares))) if round_.grad_squares else None,
+            grad_norm=float_bits(math.sqrt(sum(n * n for n in norms))) if norms else None,
             lr=round_.lr,
-            params=digest_pairs(round_.params) if round_.params else None,
+            params=round_.params_digest,
             rng=round_.rng,
             params_before=round_.params_before,
             param_digests=dict(round_.params) if per_tensor and round_.params else None,
@@ -416,7 +421,7 @@ class Recorder:
             log.add(Event("non_finite", step, f"loss is {losses[0]} at step {step}"))
         elif losses and all(x == 0.0 for x in losses):
             log.add(Event("loss_zero", step, f"loss exactly 0 at step {step}"))
-        norms = [float(n) for n in round_.grad_squares]
+        norms = round_.grad_norms
         if norms:
             total = math.sqrt(sum(n * n for n in norms))
             if not math.isfinite(total):
@@ -427,9 +432,10 @@ class Recorder:
                     log.add(Event("zero_grad", step, f"gradients exactly zero: {', '.join(zero[:6])}" + (" ..." if len(zero) > 6 else ""),
                                   details={"parameters": zero}), key=("zero_grad", tuple(zero)))
                 history = self._norm_history
-                if len(history) >= 10 and total > 1e3 * sorted(history)[len(history) // 2]:
+                median = sorted(history)[len(history) // 2] if len(history) >= 10 else None
+                if median is not None and total > 1e3 * median:
                     log.add(Event("grad_explosion", step, f"gradient norm {total:.3g} at step {step}, "
-                                  f"over 1000x the recent median {sorted(history)[len(history) // 2]:.3g}"))
+                                  f"over 1000x the recent median {median:.3g}"))
                 history.append(total)
                 del history[:-50]
         if any(not math.isfinite(float.fromhex(lr)) for lr in round_.lr if not lr.startswith("nan")) or \
