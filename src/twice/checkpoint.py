@@ -34,6 +34,7 @@ from .files import fsync_dir as _fsync_dir
 __all__ = ["save", "load", "verify", "latest", "list_checkpoints", "CheckpointError", "RNG_ENTRY"]
 
 FORMAT = "twice-checkpoint/1"
+RANKS_FORMAT = "twice-checkpoint-ranks/1"
 INDEX = "checkpoint.json"
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
@@ -219,24 +220,39 @@ def _save_tensors(path: Path, tensors: dict) -> str:
     return hasher.hexdigest()
 
 
-def save(directory: str | Path, *, keep_last: int | None = None, **entries: Any) -> Path:
+def save(directory: str | Path, *, keep_last: int | None = None, collective: bool = False, **entries: Any) -> Path:
     """Write `entries` (models, optimizers, schedulers, GradScalers, generators, plain values) to `directory`.
 
     The checkpoint appears complete or not at all. With `keep_last=N`, older `step-*` siblings
     beyond the newest N are removed afterwards.
 
+    With `collective=True` under torch.distributed (world size > 1), every rank must call it: each
+    writes its own part (`rank-00000/`, ... each a complete checkpoint of that rank's entries), and
+    rank 0 writes the index that makes the whole complete only after every part is in.
+
     >>> twice.checkpoint.save("ckpt/step-00000100", model=model, optimizer=opt, extra={"epoch": 3})  # doctest: +SKIP
     """
-    import torch
-
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
+    group = _process_group() if collective else None
+    if group is not None:
+        _save_ranks(directory, group, entries)
+    else:
+        _sweep_stale_temporaries(directory.parent)
+        _save_one(directory, entries)
+    if keep_last is not None and (group is None or group.get_rank() == 0):
+        _retain(directory.parent, keep_last)
+    return directory
+
+
+def _save_one(directory: Path, entries: dict) -> None:
+    import torch
+
     tensors: dict[str, torch.Tensor] = {}
     kinds, encoded = {}, {}
     for name, obj in entries.items():
         kinds[name] = _kind(obj)
         encoded[name] = _encode(_state_of(obj, kinds[name]), tensors, name)
-    _sweep_stale_temporaries(directory.parent)
     # The writer's pid in the name lets a later save remove what a killed writer left behind.
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.{os.getpid()}.", suffix=".tmp", dir=directory.parent))
     try:
@@ -248,22 +264,93 @@ def save(directory: str | Path, *, keep_last: int | None = None, **entries: Any)
                  "files": {name: {"size": (tmp / name).stat().st_size, "digest": digests[name]} for name in FILES}}
         _write_file(tmp / INDEX, json.dumps(index, sort_keys=True, indent=2).encode("utf-8"))
         _fsync_dir(tmp)
-        if directory.exists():
-            # Replace an old checkpoint of the same name: move it aside first, so that a crash
-            # leaves one of the two complete and "latest" never sees a half-written folder.
-            trash = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old", dir=directory.parent))
-            os.replace(directory, trash / "old")
-            os.replace(tmp, directory)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, directory)
-        _fsync_dir(directory.parent)
+        _move_into_place(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if keep_last is not None:
-        _retain(directory.parent, keep_last)
-    return directory
+
+
+def _move_into_place(tmp: Path, directory: Path) -> None:
+    if directory.exists():
+        # Replace an old checkpoint of the same name: move it aside first, so that a crash
+        # leaves one of the two complete and "latest" never sees a half-written folder.
+        trash = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old", dir=directory.parent))
+        os.replace(directory, trash / "old")
+        os.replace(tmp, directory)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, directory)
+    _fsync_dir(directory.parent)
+
+
+# -- checkpoints of multi-process runs: one part per rank, complete when rank 0 has indexed them all --
+
+def _process_group():
+    """torch.distributed when a process group of more than one process is up, else None."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist
+    return None
+
+
+def _part(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+def _agree(dist, failure: str | None, what: str) -> None:
+    """Every rank learns whether any rank failed `what`; all raise together rather than hang in a barrier."""
+    failures: list = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, failure)
+    bad = [(r, f) for r, f in enumerate(failures) if f]
+    if bad:
+        rank, message = bad[0]
+        raise CheckpointError(f"{what} failed on rank {rank}: {message}",
+                              "the previous checkpoint is intact; fix the cause (disk space, permissions) and save again")
+
+
+def _save_ranks(directory: Path, dist, entries: dict) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    staging = directory.parent / f".{directory.name}.ranks.tmp"
+    failure = None
+    if rank == 0:
+        try:
+            _sweep_stale_temporaries(directory.parent)
+            shutil.rmtree(staging, ignore_errors=True)  # what an interrupted save of this step left
+            staging.mkdir()
+        except OSError as exc:
+            failure = str(exc)
+    _agree(dist, failure, "preparing the checkpoint")
+    try:
+        _save_one(staging / _part(rank), entries)
+    except (OSError, CheckpointError) as exc:
+        failure = str(exc)
+    _agree(dist, failure, "writing the rank's part")
+    if rank == 0:
+        try:
+            parts = {}
+            for r in range(world):
+                verify(staging / _part(r))
+                parts[_part(r)] = _digest_file(staging / _part(r) / INDEX)
+            index = {"format": RANKS_FORMAT, "world_size": world, "parts": parts}
+            _write_file(staging / INDEX, json.dumps(index, sort_keys=True, indent=2).encode("utf-8"))
+            _fsync_dir(staging)
+            _move_into_place(staging, directory)
+        except (OSError, CheckpointError) as exc:
+            failure = str(exc)
+    # No rank goes on (and perhaps resumes from `latest`) before the checkpoint is in place.
+    _agree(dist, failure, "completing the checkpoint")
+
+
+def _current_rank() -> tuple[int, int]:
+    group = _process_group()
+    if group is not None:
+        return group.get_rank(), group.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _sweep_stale_temporaries(parent: Path) -> None:
@@ -304,6 +391,8 @@ def verify(directory: str | Path) -> dict:
         index = json.loads(index_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{index_path} is damaged: {exc}", hint_restore) from exc
+    if isinstance(index, dict) and index.get("format") == RANKS_FORMAT:
+        return _verify_ranks(directory, index, hint_restore)
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise CheckpointError(f"{directory} has an unknown format {index.get('format') if isinstance(index, dict) else None!r}",
                               f"this twice reads {FORMAT}")
@@ -324,17 +413,50 @@ def verify(directory: str | Path) -> dict:
     return index
 
 
-def load(directory: str | Path, *, strict: bool = True, **targets: Any) -> dict[str, Any]:
+def _verify_ranks(directory: Path, index: dict, hint_restore: str) -> dict:
+    parts = index.get("parts", {})
+    if len(parts) != index.get("world_size"):
+        raise CheckpointError(f"{directory} indexes {len(parts)} rank parts for world size {index.get('world_size')}", hint_restore)
+    foreign = sorted(p.name for p in directory.iterdir() if p.name not in set(parts) | {INDEX})
+    if foreign:
+        raise CheckpointError(f"{directory} holds files twice did not write: {', '.join(foreign)}",
+                              "twice never loads them (a pickle can run code); remove them or use a clean copy")
+    for name, digest in sorted(parts.items()):
+        verify(directory / name)
+        if _digest_file(directory / name / INDEX) != digest:
+            raise CheckpointError(f"rank part {directory / name} is not the one this checkpoint was completed with", hint_restore)
+    return index
+
+
+def load(directory: str | Path, *, strict: bool = True, rank: int | None = None, world_size_change: bool = False,
+         **targets: Any) -> dict[str, Any]:
     """Verify `directory`, restore each entry into the object passed under its name, and return all entries.
 
     Entries without a target come back as plain values (tensors, numbers, dicts). In strict mode
     an entry in the checkpoint that is not asked for, or a target the checkpoint lacks, is an error
     naming it; `strict=False` restores what matches.
+
+    A multi-rank checkpoint restores this process's rank's part (or `rank`'s). Resuming it at
+    another world size is refused unless `world_size_change=True`; then rank r takes part r (rank 0's
+    where there is none), with a warning that the result cannot be bitwise equal to the original.
     """
     from safetensors.torch import load_file
 
     directory = Path(directory)
     index = verify(directory)
+    if index["format"] == RANKS_FORMAT:
+        here, world = _current_rank()
+        rank = here if rank is None else rank
+        saved = index["world_size"]
+        if world != saved and not world_size_change:
+            raise CheckpointError(f"checkpoint {directory.name} was written by {saved} processes; this run has {world}",
+                                  f"resume with the same world size ({saved}) for a bitwise continuation, or pass "
+                                  "world_size_change=True (twice.Run(resume_world_size_change=True)) to accept a non-bitwise one")
+        if world != saved:
+            warnings.warn(f"twice: resuming a {saved}-process checkpoint in {world} processes: data order, RNG streams "
+                          "and reduction order change, so the run cannot match the original bit for bit", RuntimeWarning, stacklevel=2)
+        part = _part(rank) if _part(rank) in index["parts"] else _part(0)
+        return load(directory / part, strict=strict, **targets)
     kinds: dict[str, str] = index["entries"]
     missing = sorted(set(targets) - set(kinds))
     if missing:

@@ -399,7 +399,10 @@ def checkpoint_verify(path):
     from .checkpoint import verify as verify_checkpoint
 
     index = verify_checkpoint(path)
-    _out(f"checkpoint {path}: valid ({', '.join(sorted(index['entries']))})")
+    if "parts" in index:
+        _out(f"checkpoint {path}: valid, {index['world_size']} rank parts")
+    else:
+        _out(f"checkpoint {path}: valid ({', '.join(sorted(index['entries']))})")
 
 
 @checkpoint_group.command(name="ls")

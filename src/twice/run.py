@@ -39,7 +39,8 @@ class Run:
 
     def __init__(self, *, config: dict | None = None, seed: int = 0, runs_dir: str | Path = "runs",
                  name: str | None = None, determinism: str = "strict", trace_every: int = 1,
-                 params_every: int | None = None, keep_last: int | None = 3):
+                 params_every: int | None = None, keep_last: int | None = 3,
+                 resume_world_size_change: bool = False):
         self.config = dict(config or {})
         self.seed = seed
         self.runs_dir = Path(runs_dir)
@@ -56,6 +57,7 @@ class Run:
         self.keep_last = keep_last
         self.epoch = 0
         self._resumed_from: Path | None = None
+        self.resume_world_size_change = resume_world_size_change
 
     @property
     def under_launcher(self) -> bool:
@@ -124,7 +126,11 @@ class Run:
         return Path(self.dir) / "checkpoints"
 
     def checkpoint(self, **extras: Any) -> Path:
-        """Save every tracked object, every RNG, the counters and `extras` as checkpoints/step-<n>."""
+        """Save every tracked object, every RNG, the counters and `extras` as checkpoints/step-<n>.
+
+        Under torch.distributed every rank must call it (as with any collective): each rank saves
+        its own RNG states, data position and tracked objects, and the checkpoint counts as complete
+        only when every rank's part is in."""
         from . import checkpoint as checkpoints
         from .seeding import capture_rng
 
@@ -132,7 +138,7 @@ class Run:
             raise RuntimeError("Run.checkpoint() called outside `with twice.Run(...)`")
         counters = {"step": self.step_index, "epoch": self.epoch}
         return checkpoints.save(checkpoints.step_dir(self.checkpoints_dir, self.step_index), keep_last=self.keep_last,
-                                **self._tracked, __extras__=extras, __counters__=counters, __rng__=capture_rng())
+                                collective=True, **self._tracked, __extras__=extras, __counters__=counters, __rng__=capture_rng())
 
     def resume(self, path: str | Path | None = None, *, strict: bool = True) -> dict | None:
         """Restore the latest valid checkpoint (or `path`); returns its extras, or None when there is none.
@@ -150,7 +156,7 @@ class Run:
         path = Path(path)
         if not (path / checkpoints.INDEX).exists() and checkpoints.list_checkpoints(path):
             path = checkpoints.latest(path) or path  # a checkpoints folder: take its newest valid one
-        restored = checkpoints.load(path, strict=strict, **self._tracked)
+        restored = checkpoints.load(path, strict=strict, world_size_change=self.resume_world_size_change, **self._tracked)
         counters = restored["__counters__"]
         self.epoch = counters["epoch"]
         if self._recorder is not None:

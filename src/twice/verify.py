@@ -95,11 +95,12 @@ def verify_resume(command: list[str], options: RunOptions, at: int | None = None
     from dataclasses import replace
 
     from . import checkpoint as checkpoints
-    from .divergence import FIELD_MEANING, first_divergence
-    from .trace import read_trace
+    from .trace import read_trace, trace_files
 
     code, straight = run_command(command, replace(options, name="straight"))
-    full = read_trace(straight / "trace.jsonl")
+    streams = trace_files(straight)
+    main = streams.get("main") or streams.get("rank0") or next(iter(streams.values()), straight / "trace.jsonl")
+    full = read_trace(main) if main.exists() else []
     if code != 0 or len(full) < 2:
         raise UsageError(f"the straight run {'failed (exit ' + str(code) + ')' if code else 'recorded fewer than 2 steps'}",
                          f"fix the command first; see {straight}/stderr.log")
@@ -112,7 +113,26 @@ def verify_resume(command: list[str], options: RunOptions, at: int | None = None
     env = {**options.env, ENV_CHECKPOINT_DIR: str(saved.resolve()), "TWICE_RESUME_PROBE": "1"}
     code, resumed = run_command(command, replace(options, name=f"resumed-from-{at}", env=env, resume_from=resume_from))
     runs = {"straight": str(straight), "interrupted": str(interrupted), "resumed": str(resumed)}
-    after = read_trace(resumed / "trace.jsonl")
+    # Multi-process runs: every rank's trace must continue exactly; report the rank that parts first.
+    checks = []
+    for stream, path in streams.items():
+        after_path = resumed / path.name
+        check = _check_resumed(read_trace(path), read_trace(after_path) if after_path.exists() else [], at, runs)
+        if len(streams) > 1 and not check.identical:
+            check.verdict = f"{stream}: {check.verdict}"
+        checks.append(check)
+    failed = [c for c in checks if not c.identical]
+    if not failed:
+        if len(checks) > 1:
+            checks[0].verdict += f" on every one of the {len(checks)} ranks"
+        return checks[0]
+    return min(failed, key=lambda c: (c.divergence or {}).get("step", float("inf")))
+
+
+def _check_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck:
+    """Compare one stream's resumed steps with the same steps of the straight run."""
+    from .divergence import FIELD_MEANING, first_divergence
+
     # A script resuming by itself restarts twice's step count at 0: align it with the straight run.
     offset = at if after and after[0].step == 0 else 0
     for record in after:

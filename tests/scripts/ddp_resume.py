@@ -1,0 +1,31 @@
+# DDP training (gloo, CPU) that checkpoints and resumes through twice.Run, each rank reading its
+# shard through twice's resumable loader; dropout and input noise draw from each rank's own RNG,
+# so a bitwise resume needs every rank's RNG state and data position back.
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import TensorDataset
+
+import twice
+from twice.data import ResumableLoader
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Dropout(0.2),
+                                                    torch.nn.Linear(16, 1)))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+data = TensorDataset(torch.randn(64, 8, generator=torch.Generator().manual_seed(0)))
+loader = ResumableLoader(data, batch_size=4, shuffle=True, seed=0, rank=rank, world_size=world)
+with twice.Run() as run:
+    run.track(model=model, optimizer=opt, loader=loader)
+    run.resume()
+    while run.step_index < 10:
+        for (x,) in loader:
+            x = x + 0.01 * torch.randn_like(x)
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            if run.step_index == 10:
+                break
+dist.destroy_process_group()
