@@ -2,10 +2,15 @@
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
+
+from twice.parallel import InvariantDataParallel, tree_nodes
 
 from conftest import clean_env, runs, script, twice
 
@@ -52,3 +57,76 @@ def test_diff_explains_a_world_size_difference(tmp_path):
     two_run, one_run = [next(r for r in runs(tmp_path) if r.name.endswith(n)) for n in ("-two", "-one")]
     diff = json.loads(twice("diff", two_run, one_run, "--json", cwd=tmp_path).stdout)
     assert not diff["identical"] and "world sizes 2 and 1" in diff["explanation"]
+
+
+def test_a_two_process_run_resumes_bit_exactly_and_refuses_another_world_size(tmp_path):
+    script("ddp_resume.py", tmp_path)
+    result = twice("verify-resume", "--at", "3", "--json", "--", TORCHRUN, "--nproc_per_node", "2", "ddp_resume.py",
+                   cwd=tmp_path)
+    outcome = json.loads(result.stdout)
+    assert result.returncode == 0 and outcome["identical"], outcome
+    assert "on every one of the 2 ranks" in outcome["verdict"]
+    interrupted = Path(outcome["runs"]["interrupted"])
+    saved = interrupted / "checkpoints" / "step-00000003"
+    assert sorted(p.name for p in saved.iterdir()) == ["checkpoint.json", "rank-00000", "rank-00001"]
+    assert twice("checkpoint", "verify", saved, cwd=tmp_path).returncode == 0
+
+    other = twice("run", "--name", "one", "--resume", interrupted, "--", TORCHRUN, "--nproc_per_node", "1",
+                  "ddp_resume.py", cwd=tmp_path)
+    assert other.returncode != 0
+    assert "checkpoint step-00000003 was written by 2 processes; this run has 1" in other.stderr
+
+    # A rank's part that is damaged or missing makes the whole checkpoint invalid, naming the part.
+    (saved / "rank-00001" / "state.json").write_text("{}")
+    damaged = twice("checkpoint", "verify", saved, cwd=tmp_path)
+    assert damaged.returncode == 2 and "rank-00001/state.json" in damaged.stderr
+
+
+def _final_params(tmp, n, mode):
+    """Start `n` ranks directly (as torchrun would, without its agent process) and read rank 0's parameters."""
+    import socket
+
+    out = tmp / f"{mode}{n}.safetensors"
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    ranks = [subprocess.Popen([sys.executable, "invariant_train.py", mode, str(out)], cwd=tmp, stderr=subprocess.PIPE, text=True,
+                              env=clean_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                            RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n)))
+             for r in range(n)]
+    for rank in ranks:
+        _, err = rank.communicate(timeout=300)
+        assert rank.returncode == 0, err[-3000:]
+    return load_file(out)
+
+
+def test_invariant_mode_trains_identical_parameters_on_1_2_and_4_processes_where_ddp_does_not(tmp_path):
+    script("invariant_train.py", tmp_path)
+    one, two, four = (_final_params(tmp_path, n, "invariant") for n in (1, 2, 4))
+    assert one.keys() == two.keys() == four.keys()
+    for name in one:
+        assert torch.equal(one[name], two[name]) and torch.equal(one[name], four[name]), name
+    # Plain DDP on the same model and data: the all-reduce adds the ranks' gradients in another
+    # order than one process does, and after six Adam steps the low bits differ.
+    ddp_one, ddp_two = _final_params(tmp_path, 1, "ddp"), _final_params(tmp_path, 2, "ddp")
+    assert not all(torch.equal(ddp_one[k], ddp_two[k]) for k in ddp_one)
+
+
+@pytest.mark.parametrize("leaves,world", [(8, 1), (8, 2), (8, 4), (8, 8), (6, 3), (12, 3), (10, 5)])
+def test_the_micro_batch_tree_is_covered_exactly_by_each_ranks_subtrees(leaves, world):
+    share = leaves // world
+    for rank in range(world):
+        nodes = tree_nodes(0, leaves, (rank * share, (rank + 1) * share))
+        covered = [i for lo, hi in nodes for i in range(lo, hi)]
+        assert covered == list(range(rank * share, (rank + 1) * share))
+
+
+def test_invariant_mode_refuses_batches_and_world_sizes_it_cannot_split_evenly():
+    net = torch.nn.Linear(4, 1)
+    with pytest.raises(ValueError, match="micro_batches must be at least 1"):
+        InvariantDataParallel(net, micro_batches=0)
+    model = InvariantDataParallel(net, micro_batches=4)
+    with pytest.raises(ValueError, match="a global batch of 6 samples does not split into 4 equal micro-batches"):
+        model.backward(torch.randn(6, 4), lambda m, x: m(x).mean())
+    loss = model.backward(torch.randn(8, 4), lambda m, x: m(x).pow(2).mean())
+    assert loss.shape == () and net.weight.grad is not None and model.state_dict()["steps"] == 1

@@ -10,7 +10,7 @@ PACKAGE = Path(twice.__file__).parent
 # Layers, lowest first: a module may import only from its own layer or lower ones.
 LAYERS = [
     {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports", "opdiff", "stats"},         # pure core
-    {"seeding", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files"},                          # process state
+    {"seeding", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files", "parallel"},                          # process state
     {"capture", "store", "hazards", "compare", "checkpoint", "metrics"},                    # I/O
     {"bootstrap", "launch", "run", "verify", "locate", "sweep", "report", "testing"},                                  # orchestration
     {"cli", "__main__"},                                                         # command line
@@ -21,7 +21,7 @@ def test_exported_names_are_exactly_the_documented_ones():
     assert set(twice.__all__) == {
         "seed_everything", "deterministic", "DeterminismReport", "derive_seed", "digest", "Run", "TwiceError",
         "DeterminismError", "StepRecord", "read_trace", "first_divergence", "compare_runs", "checkpoint_dir",
-        "checkpoint", "data", "numerics", "stream", "log_metric", "__version__",
+        "checkpoint", "data", "numerics", "parallel", "stream", "log_metric", "__version__",
     }
     for name in twice.__all__:
         assert getattr(twice, name) is not None

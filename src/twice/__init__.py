@@ -30,7 +30,7 @@ _EXPORTS = {
 }
 
 # Submodules that are part of the public surface: twice.checkpoint.save(...), twice.data.loader(...).
-_SUBMODULES = ("checkpoint", "data", "numerics")
+_SUBMODULES = ("checkpoint", "data", "numerics", "parallel")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["__version__"]
 
