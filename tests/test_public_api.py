@@ -13,6 +13,7 @@ LAYERS = [
     {"seeding", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files", "parallel"},                          # process state
     {"capture", "store", "hazards", "compare", "checkpoint", "metrics"},                    # I/O
     {"bootstrap", "launch", "run", "verify", "locate", "sweep", "report", "testing"},                                  # orchestration
+    {"integrations"},                                                            # optional extras (a package)
     {"cli", "__main__"},                                                         # command line
 ]
 
@@ -36,21 +37,26 @@ def test_importing_twice_loads_neither_torch_nor_numpy():
 
 
 def _imports(path: Path) -> set[str]:
+    """twice's modules that `path` imports (relative imports in the package, `twice.x` in subpackages)."""
     tree = ast.parse(path.read_text())
     found = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and path.parent == PACKAGE:
             if node.module:
                 found.add(node.module.split(".")[0])
             else:
                 found.update(alias.name for alias in node.names)
-    return found
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("twice."):
+            found.add(node.module.split(".")[1])
+    return found - {"integrations"} if path.parent.name == "integrations" else found
 
 
 def test_imports_point_one_way():
     layer_of = {name: i for i, layer in enumerate(LAYERS) for name in layer}
-    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    assert modules <= set(layer_of), f"place new modules in a layer: {modules - set(layer_of)}"
-    for module in modules:
-        for imported in _imports(PACKAGE / f"{module}.py"):
-            assert layer_of[imported] <= layer_of[module], f"{module} (layer {layer_of[module]}) imports {imported}"
+    files = {p.stem: [p] for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    files["integrations"] = sorted((PACKAGE / "integrations").glob("*.py"))
+    assert set(files) <= set(layer_of), f"place new modules in a layer: {set(files) - set(layer_of)}"
+    for module, paths in files.items():
+        for path in paths:
+            for imported in _imports(path):
+                assert layer_of[imported] <= layer_of[module], f"{path.name} (layer {layer_of[module]}) imports {imported}"

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import clean_env
-from twice.testing import assert_matches_golden, assert_reproducible
+import twice
+from twice.testing import assert_bitwise_resume, assert_matches_golden, assert_reproducible
 
 
 def make_train(noise=False, lr=0.1):
@@ -32,6 +33,34 @@ def test_a_seeded_training_function_is_reproducible():
 def test_run_dependent_noise_fails_with_the_first_divergence():
     with pytest.raises(AssertionError, match="training is not reproducible: first divergence at step 0: "):
         assert_reproducible(make_train(noise=True), steps=6)
+
+
+def make_resumable(track_optimizer=True):
+    def train():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        with twice.Run() as run:
+            run.track(model=model, **({"optimizer": opt} if track_optimizer else {}))
+            run.resume()
+            for step in range(run.step_index, 10):
+                opt.zero_grad()
+                model(torch.randn(16, 4)).pow(2).mean().backward()
+                opt.step()
+    return train
+
+
+def test_a_training_function_that_checkpoints_everything_resumes_bit_for_bit():
+    assert_bitwise_resume(make_resumable(), steps=8, at=3)
+
+
+def test_a_checkpoint_without_the_optimizer_fails_naming_what_was_lost():
+    with pytest.raises(AssertionError, match="resume differs: first divergence at step 3 .*the optimizer's state was not restored"):
+        assert_bitwise_resume(make_resumable(track_optimizer=False), steps=8, at=3)
+
+
+def test_a_training_function_that_never_checkpoints_is_told_how_to():
+    with pytest.raises(AssertionError, match="no checkpoint was written when the run stopped after step 3"):
+        assert_bitwise_resume(make_train(), steps=8, at=3)
 
 
 def test_golden_trace_is_written_then_matched_then_a_change_is_caught(tmp_path):

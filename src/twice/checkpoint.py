@@ -500,3 +500,18 @@ def latest(parent: str | Path) -> Path | None:
 
 def step_dir(parent: str | Path, step: int) -> Path:
     return Path(parent) / f"step-{step:08d}"
+
+
+def encode_state(value: Any) -> dict:
+    """`value` (RNG states, nested numbers, arrays, tensors) as plain dicts, lists, numbers and tensors.
+
+    For state that travels inside another framework's checkpoint (Lightning, the Hugging Face
+    Trainer): it survives torch.load(weights_only=True), which refuses NumPy arrays and tuples of
+    arbitrary objects."""
+    tensors: dict = {}
+    return {"state": _encode(value, tensors, "state"), "tensors": tensors}
+
+
+def decode_state(encoded: dict) -> Any:
+    """The value `encode_state` was given."""
+    return _decode(encoded["state"], encoded["tensors"])

@@ -94,9 +94,11 @@ def _runs_dir_option(function):
               help="Stop the command after N training steps (twice.Run checkpoints on the way out).")
 @click.option("--resume", "resume_from", type=click.Path(path_type=Path), default=None,
               help="A checkpoint, checkpoints folder or run whose latest checkpoint twice.Run.resume() starts from.")
+@click.option("--mlflow", "mlflow_uri", metavar="URI", default=None,
+              help="Log to this MLflow tracking store while the command runs (needs twice[mlflow]).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, numerics, record_ops, max_steps, resume_from,
-        command):
+        mlflow_uri, command):
     """Run COMMAND seeded, deterministic and recorded in runs/<id>/.
 
     The exit code is the command's own.
@@ -106,10 +108,16 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, n
       twice run -- python train.py --lr 0.1
       twice run train.py --lr 0.1              (shorthand for a Python script)
       twice run --observe -- bash train.sh     (record only, change nothing)
+      twice run --mlflow sqlite:///mlflow.db -- python train.py
     """
     from .launch import DEFAULT_SEED, RunOptions, run_command
     from .errors import UsageError
 
+    live = None
+    if mlflow_uri is not None:
+        from .integrations.mlflow import LiveExport
+
+        live = LiveExport(mlflow_uri)
     if observe and seed is not None:
         raise UsageError("--observe records the run as it is and cannot also seed it", "drop --seed or --observe")
     if resume_from is not None:
@@ -120,7 +128,7 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, n
     options = RunOptions(seed=DEFAULT_SEED if seed is None else seed, name=name, runs_dir=runs_dir,
                          determinism=determinism, observe=observe, trace_every=trace_every, params_every=params_every,
                          resume_from=resume_from, stop_after=max_steps, record_ops=_steps_option(record_ops),
-                         numerics=numerics)
+                         numerics=numerics, live=live)
     code, run_dir = run_command(list(command), options)
     from .store import read_json
 
@@ -380,6 +388,43 @@ def verify_resume_command(at, seed, runs_dir, determinism, as_json, command):
         for role, path in result.runs.items():
             _out(f"  {role}: {path}")
     sys.exit(result.exit_code)
+
+
+@main.group(name="export")
+def export_group():
+    """Put recorded runs into other tools (MLflow)."""
+
+
+@export_group.command(name="mlflow")
+@click.argument("run_refs", metavar="RUN...", nargs=-1, required=True)
+@_runs_dir_option
+@click.option("--tracking-uri", default=None, help="The MLflow tracking store  [default: $MLFLOW_TRACKING_URI, else ./mlruns].")
+@click.option("--experiment", default="twice", show_default=True, help="The MLflow experiment to export into.")
+@click.option("--no-checkpoints", is_flag=True, help="Leave the checkpoints/ folder out of the artifacts.")
+def export_mlflow(run_refs, runs_dir, tracking_uri, experiment, no_checkpoints):
+    """Export each RUN to MLflow: hyperparameters and identity as params, the trace as metrics,
+    the run folder as artifacts. A run exported before is not exported twice.
+
+    \b
+    Examples:
+      twice export mlflow runs/<id> --tracking-uri sqlite:///mlflow.db
+      twice export mlflow runs/* --experiment lr-study
+    """
+    from .errors import UsageError
+    from .integrations.mlflow import export_run
+    from .store import find_run
+
+    for ref in run_refs:
+        run_dir = find_run(ref, runs_dir)
+        try:
+            run_id, created = export_run(run_dir, tracking_uri=tracking_uri, experiment=experiment,
+                                         checkpoints=not no_checkpoints)
+        except Exception as exc:  # MLflow's own errors: a store it cannot open or write
+            if isinstance(exc, TwiceError) or type(exc).__module__.split(".")[0] != "mlflow":
+                raise
+            raise UsageError(f"MLflow refused the export of {run_dir.name}: {exc}",
+                             "check --tracking-uri (for example sqlite:///mlflow.db or a http:// server)") from exc
+        _out(f"{run_dir.name} -> mlflow run {run_id}" + ("" if created else " (exported before)"))
 
 
 @main.group(name="checkpoint")

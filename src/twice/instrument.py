@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .digests import Digester, digest, digest_pairs, float_bits
-from .seeding import rng_digests
+from .seeding import capture_rng, rng_digests
 from .trace import StepRecord, TraceWriter
 
 __all__ = ["Recorder", "install", "active_recorder", "uninstall"]
@@ -102,11 +102,11 @@ class Recorder:
         self._writer = TraceWriter(self.run_dir / (f"trace.{stream}.jsonl" if stream else "trace.jsonl"))
         self._round = _Round()
         self._pending_losses: list[Any] = []
-        self._pending_batch: Digester | None = None
-        self._pending_batch_count = 0
+        self._pending_batches: list[Digester] = []  # one digester per batch read since the last step
         self._round_size: int | None = None
         self._names: dict[int, list[tuple[str, Any]]] = {}
         self.on_stop: list = []  # called when stop_after is reached, before the process exits
+        self.rng_at_stop: dict | None = None
         self.probe_params = os.environ.get("TWICE_RESUME_PROBE") == "1"
         self.record_ops: set[int] = set(record_ops or ())
         # TWICE_TRACE_STEPS: record only these steps (bisection replays fingerprint one step each)
@@ -132,11 +132,10 @@ class Recorder:
         self.set_phase("forward")
         if self.explicit or not self._tracing_this_step():
             return
-        if self._pending_batch is None:
-            self._pending_batch = Digester(strict=False)
+        digester = Digester(strict=False)
         with self._paused():
-            self._pending_batch.update(batch)
-        self._pending_batch_count += 1
+            digester.update(batch)
+        self._pending_batches.append(digester)
 
     def on_backward(self, tensors: Any) -> None:
         import torch
@@ -295,13 +294,13 @@ class Recorder:
     def _move_pending(self, round_: _Round) -> None:
         round_.losses.extend(self._pending_losses)
         self._pending_losses = []
-        if self._pending_batch is not None:
+        for digester in self._pending_batches:
             if round_.batch is None:
-                round_.batch = self._pending_batch
+                round_.batch = digester
             else:
-                round_.batch.update(self._pending_batch.hexdigest())
-            round_.batch_count += self._pending_batch_count
-        self._pending_batch, self._pending_batch_count = None, 0
+                round_.batch.update(digester.hexdigest())
+        round_.batch_count += len(self._pending_batches)
+        self._pending_batches = []
 
     def _finish_round(self) -> None:
         if not self._round.optimizers:
@@ -359,11 +358,17 @@ class Recorder:
         for mode in self._modes():
             mode.phase = phase
 
-    def resume_at(self, step: int) -> None:
-        """Continue numbering at `step` (after a checkpoint restore); the open round is dropped."""
+    def resume_at(self, step: int, *, keep_batches: int | None = 0) -> None:
+        """Continue numbering at `step` (after a checkpoint restore); the open round is dropped.
+
+        `keep_batches` keeps that many of the batches read last: a framework that fetches the
+        resumed step's batches before it restores state (Lightning, the Hugging Face Trainer) has
+        read them already, after any it skipped to reach the resumed position. None keeps them all."""
         self.step_index = step
         self._round = _Round()
-        self._pending_losses, self._pending_batch, self._pending_batch_count = [], None, 0
+        self._pending_losses = []
+        if keep_batches is not None:
+            self._pending_batches = self._pending_batches[-keep_batches:] if keep_batches > 0 else []
 
     def _advance(self) -> None:
         self.stop_ops()
@@ -373,7 +378,10 @@ class Recorder:
             self.stopped = True
             self._writer.close()
             # Leave at the next event (the next batch, backward or step), not inside this step:
-            # the loop finishes its bookkeeping first (scheduler.step(), its own checkpoint).
+            # the loop finishes its bookkeeping first (scheduler.step(), its own checkpoint). The
+            # RNGs are taken now, as the step ends: before the next event the loop may already
+            # have drawn from them (input noise, dropout, a new epoch's DataLoader iterator).
+            self.rng_at_stop = capture_rng()
             self._exit_pending = True
 
     def _exit_if_stopping(self) -> None:
@@ -467,7 +475,7 @@ class Recorder:
         self.pid = os.getpid()
         self.stream = f"{self.stream + '.' if self.stream else ''}fork{index}"
         self._writer = TraceWriter(self.run_dir / f"trace.{self.stream}.jsonl")
-        self._round, self._pending_losses, self._pending_batch = _Round(), [], None
+        self._round, self._pending_losses, self._pending_batches = _Round(), [], []
         self._fork_count = 0
         self.step_index = 0
 

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from . import bootstrap
 from .capture import gather_context_facts, gather_identity_facts, git_state, numeric_env
@@ -73,6 +73,9 @@ class RunOptions:
     """Steps whose every operation is recorded into ops/ (e.g. "3,10-12")."""
     resume_from: Path | None = None
     """A checkpoint (or checkpoints folder) that twice.Run.resume() in the command starts from."""
+    live: Any = None
+    """Something told of the run as it goes: live.start(run_dir) once the command started,
+    live.finish(run_dir) after its manifest is final (twice run --mlflow)."""
 
 
 def resolve_command(command: list[str]) -> tuple[list[str], Path | None]:
@@ -276,6 +279,8 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
     interrupted = False
     returncode = None
     try:
+        if options.live is not None:
+            options.live.start(run_dir)  # before the command starts: a tracking store that fails stops nothing
         try:
             child = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
@@ -309,6 +314,8 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
         stdout_log.close()
         stderr_log.close()
         finish_manifest(run_dir, manifest, returncode, interrupted)
+        if options.live is not None and getattr(options.live, "run_id", None) is not None:
+            options.live.finish(run_dir)
     if returncode is None:
         returncode = 130 if interrupted else 1
     return (128 - returncode if returncode < 0 else returncode), run_dir

@@ -131,14 +131,18 @@ class Run:
         Under torch.distributed every rank must call it (as with any collective): each rank saves
         its own RNG states, data position and tracked objects, and the checkpoint counts as complete
         only when every rank's part is in."""
-        from . import checkpoint as checkpoints
         from .seeding import capture_rng
 
         if self.dir is None:
             raise RuntimeError("Run.checkpoint() called outside `with twice.Run(...)`")
+        return self._save(extras, capture_rng())
+
+    def _save(self, extras: dict, rng: dict) -> Path:
+        from . import checkpoint as checkpoints
+
         counters = {"step": self.step_index, "epoch": self.epoch}
         return checkpoints.save(checkpoints.step_dir(self.checkpoints_dir, self.step_index), keep_last=self.keep_last,
-                                collective=True, **self._tracked, __extras__=extras, __counters__=counters, __rng__=capture_rng())
+                                collective=True, **self._tracked, __extras__=extras, __counters__=counters, __rng__=rng)
 
     def resume(self, path: str | Path | None = None, *, strict: bool = True) -> dict | None:
         """Restore the latest valid checkpoint (or `path`); returns its extras, or None when there is none.
@@ -168,7 +172,11 @@ class Run:
 
     def _checkpoint_at_stop(self) -> None:
         if self._tracked:
-            self.checkpoint()
+            # The RNGs as the last step ended (see Recorder.rng_at_stop), the rest as it is now.
+            from .seeding import capture_rng
+
+            stopped_rng = self._recorder.rng_at_stop if self._recorder is not None else None
+            self._save({}, stopped_rng if stopped_rng is not None else capture_rng())
 
     def __exit__(self, exc_type, exc, tb) -> None:
         from .launch import finish_manifest

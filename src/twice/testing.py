@@ -1,9 +1,12 @@
 """Reproducibility assertions for a user's own test suite, and a pytest plugin.
 
-    from twice.testing import assert_reproducible, assert_matches_golden
+    from twice.testing import assert_bitwise_resume, assert_matches_golden, assert_reproducible
 
     def test_training_is_reproducible():
         assert_reproducible(train, steps=20)            # train() trains with torch.optim
+
+    def test_training_resumes_bit_for_bit():
+        assert_bitwise_resume(train, steps=20, at=7)    # train() checkpoints and resumes with twice.Run
 
     def test_training_matches_the_golden_trace(twice_update_golden):
         assert_matches_golden(train, "tests/golden/train.jsonl", steps=20, update=twice_update_golden)
@@ -13,38 +16,62 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .determinism import deterministic
 from .divergence import FIELD_MEANING, first_divergence
 from .trace import read_trace
 
-__all__ = ["assert_reproducible", "assert_matches_golden", "record_trace"]
+__all__ = ["assert_reproducible", "assert_matches_golden", "assert_bitwise_resume", "record_trace"]
+
+
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _record_into(folder: Path, train_fn: Callable[[], object], steps: int | None, seed: int, **env: str) -> list:
+    """Run `train_fn` as if under `twice run` with its run folder `folder`: seeded, deterministic
+    (warn mode), recorded, stopped after `steps`; a twice.Run inside joins this recording."""
+    from . import bootstrap, instrument
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PYTHONHASHSEED cannot be fixed from inside a test process
+        report = deterministic(seed=seed, mode="warn")
+    recorder = instrument.install(instrument.Recorder(folder, stop_after=steps, params_every=1))
+    try:
+        with _environ(**{bootstrap.ENV_RUN_DIR: str(folder)}, **env):
+            train_fn()
+    except SystemExit:
+        if not recorder.stopped:
+            raise  # the training function's own exit, not our step limit
+    finally:
+        instrument.uninstall()
+        report.restore()
+    return read_trace(folder / "trace.jsonl")
 
 
 def record_trace(train_fn: Callable[[], object], steps: int | None = None, seed: int = 0) -> list:
     """Run `train_fn` seeded and deterministic (warn mode), recording its step trace; stop after `steps`."""
-    from . import instrument
-
     folder = Path(tempfile.mkdtemp(prefix="twice-test-"))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # PYTHONHASHSEED cannot be fixed from inside a test process
-            report = deterministic(seed=seed, mode="warn")
-        recorder = instrument.install(instrument.Recorder(folder, stop_after=steps, params_every=1))
-        try:
-            train_fn()
-        except SystemExit:
-            if not recorder.stopped:
-                raise  # the training function's own exit, not our step limit
-        finally:
-            instrument.uninstall()
-            report.restore()
-        return read_trace(folder / "trace.jsonl")
+        return _record_into(folder, train_fn, steps, seed)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -90,6 +117,41 @@ def assert_matches_golden(train_fn: Callable[[], object], golden: str | Path, st
     if problem:
         raise AssertionError(f"trace differs from the golden trace {golden}: {problem} "
                              "(if the change is intended: pytest --twice-update-golden)")
+
+
+def assert_bitwise_resume(train_fn: Callable[[], object], steps: int, at: int, seed: int = 0) -> None:
+    """Train `steps` steps straight; again, interrupted after step `at`; then resumed from that
+    interruption's checkpoint. Fail, naming what the checkpoint lost, unless the resumed steps and
+    the final parameters are bit-identical to the straight run's.
+
+    `train_fn` checkpoints and resumes the way it does under `twice run`: through a `twice.Run`
+    (`run.track(...)`, `run.resume()`: the interrupted run checkpoints as it stops), or with its
+    own checkpoints in `twice.checkpoint_dir()`.
+    """
+    from . import checkpoint as checkpoints
+    from .launch import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM
+    from .verify import compare_resumed
+
+    if not 1 <= at < steps:
+        raise ValueError(f"at={at} must be a step between 1 and steps-1={steps - 1}")
+    folder = Path(tempfile.mkdtemp(prefix="twice-test-"))
+    try:
+        straight = _record_into(folder / "straight", train_fn, steps, seed)
+        if len(straight) < steps:
+            raise AssertionError(f"train_fn recorded {len(straight)} steps, fewer than steps={steps}")
+        _record_into(folder / "interrupted", train_fn, at, seed)
+        saved = folder / "interrupted" / "checkpoints"
+        found = checkpoints.latest(saved)
+        if found is None:
+            raise AssertionError(f"no checkpoint was written when the run stopped after step {at}: train_fn must "
+                                 "checkpoint through twice.Run (run.track(...)) or into twice.checkpoint_dir()")
+        resumed = _record_into(folder / "resumed", train_fn, steps, seed,
+                               **{ENV_RESUME_FROM: str(found), ENV_CHECKPOINT_DIR: str(saved)})
+        check = compare_resumed(straight, resumed, at, {})
+        if not check.identical:
+            raise AssertionError(f"{check.verdict}: {check.cause}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- pytest plugin (registered through the pytest11 entry point) ------------------------------------

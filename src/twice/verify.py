@@ -117,7 +117,7 @@ def verify_resume(command: list[str], options: RunOptions, at: int | None = None
     checks = []
     for stream, path in streams.items():
         after_path = resumed / path.name
-        check = _check_resumed(read_trace(path), read_trace(after_path) if after_path.exists() else [], at, runs)
+        check = compare_resumed(read_trace(path), read_trace(after_path) if after_path.exists() else [], at, runs)
         if len(streams) > 1 and not check.identical:
             check.verdict = f"{stream}: {check.verdict}"
         checks.append(check)
@@ -129,8 +129,8 @@ def verify_resume(command: list[str], options: RunOptions, at: int | None = None
     return min(failed, key=lambda c: (c.divergence or {}).get("step", float("inf")))
 
 
-def _check_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck:
-    """Compare one stream's resumed steps with the same steps of the straight run."""
+def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck:
+    """Compare one stream's resumed steps (from step `at` on) with the same steps of the straight run."""
     from .divergence import FIELD_MEANING, first_divergence
 
     # A script resuming by itself restarts twice's step count at 0: align it with the straight run.

@@ -1,0 +1,93 @@
+"""PyTorch Lightning: `Trainer(callbacks=[Twice()])` records the run and makes its checkpoints resume bit for bit.
+
+Lightning checkpoints hold the model, optimizers, schedulers, loop counters and the state of
+dataloaders that have one, but no RNG state: a resumed run draws other dropout masks and random
+augmentations than the uninterrupted one. This callback adds every RNG (Python, NumPy, torch, the
+accelerator's) to the checkpoint, and puts it back just before the first resumed batch, after
+Lightning has rebuilt its dataloader iterators (which may draw random numbers themselves).
+
+For the data position, give the Trainer a dataloader with state, such as `twice.data.loader(...)`:
+Lightning saves and restores its position itself. A plain DataLoader restarts its epoch on resume.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from twice.integrations import require
+
+pl = require("lightning", "pytorch_lightning", "lightning.pytorch")
+
+__all__ = ["Twice"]
+
+FORMAT = "twice-lightning/1"
+
+
+class Twice(pl.Callback):
+    """Record the fit as a twice run (manifest, step trace) and keep every RNG in Lightning's checkpoints.
+
+    Under `twice run` the callback joins the launcher's run; on its own it creates a run folder
+    under `runs_dir` and applies `determinism` (seeding every RNG with `seed`) when fitting starts.
+    Seed before building the model (`twice.seed_everything(seed)`) for the initial weights too.
+    """
+
+    def __init__(self, *, seed: int = 0, runs_dir: str | Path = "runs", name: str | None = None,
+                 determinism: str = "warn", trace_every: int = 1, config: dict | None = None):
+        self.seed, self.runs_dir, self.name = seed, runs_dir, name
+        self.determinism, self.trace_every, self.config = determinism, trace_every, config
+        self.run: Any = None
+        self._pending: dict | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "twice"
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.run.dir if self.run is not None else None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        from twice.run import Run
+
+        if stage != "fit" or self.run is not None:
+            return
+        config = self.config if self.config is not None else dict(getattr(pl_module, "hparams", {}) or {})
+        self.run = Run(config=config, seed=self.seed, runs_dir=self.runs_dir, name=self.name,
+                       determinism=self.determinism, trace_every=self.trace_every, keep_last=None)
+        self.run.__enter__()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit" and self.run is not None:
+            run, self.run = self.run, None
+            run.__exit__(None, None, None)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if self.run is not None:
+            run, self.run = self.run, None
+            run.__exit__(type(exception), exception, exception.__traceback__)
+
+    def state_dict(self) -> dict:
+        from twice.checkpoint import encode_state
+        from twice.seeding import capture_rng
+
+        return {"format": FORMAT, "rng": encode_state(capture_rng())}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        from twice.checkpoint import decode_state
+
+        if state_dict.get("format") == FORMAT:
+            self._pending = decode_state(state_dict["rng"])
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._pending is None:
+            return
+        from twice import instrument
+        from twice.seeding import restore_rng
+
+        recorder = instrument.active_recorder()
+        if recorder is not None:
+            # The trace continues at the resumed step's number, with the batch Lightning already fetched.
+            recorder.resume_at(trainer.global_step, keep_batches=None)
+        restore_rng(self._pending)
+        self._pending = None

@@ -1,0 +1,250 @@
+"""MLflow: a twice run in an MLflow tracking store, after the fact or while it runs.
+
+- params: the run's hyperparameters (config.json) as they are, and its identity (seed,
+  determinism, code, hardware, environment) flattened under `twice.`
+- tags: the twice run's name and status, the git commit (MLflow's own tag for it), the trace's
+  final parameter digest, so that runs with the same bits can be found
+- metrics: per step from the trace (loss, gradient norm, learning rate; per rank for multi-process
+  runs), and whatever the script logged with `twice.log_metric`
+- artifacts: the run folder (manifest, trace, logs, config; checkpoints too unless left out)
+
+`twice export mlflow RUN` does it once for a finished run; `twice run --mlflow URI -- ...` logs
+the trace's metrics every few seconds while the command runs, and the rest when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+from twice.integrations import require
+
+mlflow = require("mlflow", "mlflow")
+
+__all__ = ["export_run", "LiveExport"]
+
+RUN_TAG = "twice.run"
+MAX_VALUE = 6000  # MLflow's limit on a parameter's value
+_SKIPPED_IDENTITY = ("packages", "env")  # hundreds of entries: they travel in manifest.json as an artifact
+
+
+def _client(tracking_uri: str | None):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _flatten(value: Any, prefix: str, out: dict) -> None:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _flatten(inner, f"{prefix}.{key}" if prefix else str(key), out)
+        return
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    out[prefix] = text[:MAX_VALUE]
+
+
+def _params(run_dir: Path, manifest: dict) -> dict[str, str]:
+    out: dict[str, str] = {}
+    config = run_dir / "config.json"
+    if config.is_file():
+        _flatten(json.loads(config.read_text(encoding="utf-8")), "", out)
+    identity = {k: v for k, v in manifest["identity"].items() if k not in _SKIPPED_IDENTITY}
+    packages = manifest["identity"].get("packages", {})
+    identity["packages"] = {name: packages[name] for name in ("torch", "numpy", "twice") if name in packages}
+    _flatten(identity, "twice", out)
+    return out
+
+
+def _tags(run_dir: Path, manifest: dict) -> dict[str, str]:
+    context = manifest.get("context", {})
+    tags = {RUN_TAG: run_dir.name, "mlflow.runName": run_dir.name, "twice.status": str(context.get("status")),
+            "twice.run_dir": str(run_dir.resolve())}
+    git = (manifest["identity"].get("code") or {}).get("git") or {}
+    if git.get("commit"):
+        tags["mlflow.source.git.commit"] = git["commit"]
+    return tags
+
+
+def _as_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        value = value[-1] if value else None
+        if value is None:
+            return None
+    text = str(value)
+    if text in ("nan", "inf", "-inf"):
+        return float(text)
+    try:
+        return float.fromhex(text)
+    except ValueError:
+        return None
+
+
+def _step_metrics(record: Any, suffix: str, timestamp: int) -> list:
+    from mlflow.entities import Metric
+
+    values = {"loss": _as_float(record.loss), "grad_norm": _as_float(record.grad_norm)}
+    for group, lr in enumerate(record.lr or []):
+        values["lr" if group == 0 else f"lr.{group}"] = _as_float(lr)
+    return [Metric(key + suffix, value, timestamp, record.step) for key, value in values.items()
+            if value is not None and not math.isnan(value)]
+
+
+class _TraceTail:
+    """Reads the complete lines that trace files gained since the last call."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.offsets: dict[str, int] = {}
+
+    def new_metrics(self, timestamp: int) -> list:
+        from twice.trace import StepRecord, trace_files
+
+        metrics = []
+        for stream, path in trace_files(self.run_dir).items():
+            suffix = "" if stream in ("main", "rank0") else f"/{stream}"
+            with open(path, "rb") as handle:
+                handle.seek(self.offsets.get(stream, 0))
+                data = handle.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            self.offsets[stream] = self.offsets.get(stream, 0) + len(complete)
+            for line in complete.splitlines():
+                try:
+                    record = StepRecord.from_json(json.loads(line))
+                except (ValueError, TypeError, KeyError):
+                    continue
+                metrics.extend(_step_metrics(record, suffix, timestamp))
+        return metrics
+
+
+def _logged_metrics(run_dir: Path, timestamp: int) -> list:
+    from mlflow.entities import Metric
+
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for index, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        record = json.loads(line)
+        step = record.get("step")
+        out.append(Metric(record["name"], float(record["value"]), int(record.get("time", 0) * 1000) or timestamp,
+                          index if step is None else int(step)))
+    return out
+
+
+def _log(client: Any, run_id: str, *, params: dict | None = None, metrics: list | None = None,
+         tags: dict | None = None) -> None:
+    from mlflow.entities import Param, RunTag
+
+    params_list = [Param(k, v) for k, v in (params or {}).items()]
+    tags_list = [RunTag(k, v) for k, v in (tags or {}).items()]
+    metrics = metrics or []
+    for i in range(0, len(params_list), 100):
+        client.log_batch(run_id, params=params_list[i:i + 100])
+    for i in range(0, len(tags_list), 100):
+        client.log_batch(run_id, tags=tags_list[i:i + 100])
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[i:i + 1000])
+
+
+def _experiment(client: Any, name: str) -> str:
+    found = client.get_experiment_by_name(name)
+    return found.experiment_id if found is not None else client.create_experiment(name)
+
+
+def existing_export(client: Any, experiment_id: str, run_dir: Path) -> str | None:
+    """The MLflow run id this twice run was exported to already, if any."""
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_dir.name}'", max_results=1)
+    return found[0].info.run_id if found else None
+
+
+def _finish(client: Any, run_id: str, run_dir: Path, manifest: dict, checkpoints: bool) -> None:
+    status = manifest.get("context", {}).get("status")
+    client.set_tag(run_id, "twice.status", str(status))
+    for item in sorted(run_dir.iterdir()):
+        if item.name == "checkpoints" and not checkpoints:
+            continue
+        if item.is_dir():
+            client.log_artifacts(run_id, str(item), artifact_path=item.name)
+        else:
+            client.log_artifact(run_id, str(item))
+    client.set_terminated(run_id, "FINISHED" if status in ("completed", "stopped") else "FAILED")
+
+
+def export_run(run_dir: str | Path, *, tracking_uri: str | None = None, experiment: str = "twice",
+               checkpoints: bool = True) -> tuple[str, bool]:
+    """Put a finished twice run into MLflow; returns (the MLflow run id, whether it was created now).
+
+    A run exported before is found by its tag and not exported twice."""
+    import time
+
+    from twice.store import MANIFEST, read_json
+
+    run_dir = Path(run_dir)
+    manifest = read_json(run_dir / MANIFEST)
+    client = _client(tracking_uri)
+    experiment_id = _experiment(client, experiment)
+    found = existing_export(client, experiment_id, run_dir)
+    if found is not None:
+        return found, False
+    started = int(float(manifest.get("context", {}).get("started", time.time())) * 1000)
+    run_id = client.create_run(experiment_id, start_time=started, tags=_tags(run_dir, manifest)).info.run_id
+    metrics = _TraceTail(run_dir).new_metrics(started) + _logged_metrics(run_dir, started)
+    _log(client, run_id, params=_params(run_dir, manifest), metrics=metrics)
+    _finish(client, run_id, run_dir, manifest, checkpoints)
+    return run_id, True
+
+
+class LiveExport:
+    """Logs a run to MLflow while it runs: `twice run --mlflow URI` starts it with the command."""
+
+    def __init__(self, tracking_uri: str | None, experiment: str = "twice", every: float = 5.0):
+        self.tracking_uri, self.experiment, self.every = tracking_uri, experiment, every
+        self.client: Any = None
+        self.run_id: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._tail: _TraceTail | None = None
+
+    def start(self, run_dir: Path) -> None:
+        import time
+
+        from twice.store import MANIFEST, read_json
+
+        manifest = read_json(run_dir / MANIFEST)
+        self.client = _client(self.tracking_uri)
+        experiment_id = _experiment(self.client, self.experiment)
+        self.run_id = self.client.create_run(experiment_id, start_time=int(time.time() * 1000),
+                                             tags=_tags(run_dir, manifest)).info.run_id
+        # Identity facts the training process adds later (torch's) come with the final params.
+        _log(self.client, self.run_id, params=_params(run_dir, manifest))
+        self._tail = _TraceTail(run_dir)
+        self._thread = threading.Thread(target=self._follow, daemon=True, name="twice-mlflow")
+        self._thread.start()
+
+    def _follow(self) -> None:
+        import time
+
+        while not self._stop.wait(self.every):
+            _log(self.client, self.run_id, metrics=self._tail.new_metrics(int(time.time() * 1000)))
+
+    def finish(self, run_dir: Path) -> None:
+        import time
+
+        from twice.store import MANIFEST, read_json
+
+        if self.run_id is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        manifest = read_json(run_dir / MANIFEST)
+        logged = self.client.get_run(self.run_id).data.params
+        params = {k: v for k, v in _params(run_dir, manifest).items() if k not in logged}
+        now = int(time.time() * 1000)
+        _log(self.client, self.run_id, params=params, metrics=self._tail.new_metrics(now) + _logged_metrics(run_dir, now))
+        _finish(self.client, self.run_id, run_dir, manifest, checkpoints=True)
