@@ -25,8 +25,11 @@ browser:
 	  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
 	  || echo "note: chromium not installed; the browser test will be skipped"; }
 
+# Test processes: the cores there are, at most 4 (each end-to-end test starts processes of its own).
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+
 test: setup browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(JOBS)
 
 bench: setup
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from .seeds import derive_seed
+from .seeds import derive_seed, seed_deriver
 
 __all__ = ["loader", "ResumableLoader"]
 
@@ -62,13 +62,17 @@ class _SeededSamples(Dataset):
 
     def __init__(self, dataset: Dataset, seed: int):
         self.dataset, self.seed = dataset, seed
+        self._derivers: dict[int, Any] = {}  # epoch -> derive(index), = derive_seed(seed, "sample", epoch, index)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def _fetch(self, key: tuple[int, int], numpy: Any) -> Any:
         epoch, index = key
-        sample_seed = derive_seed(self.seed, "sample", epoch, index)
+        derive = self._derivers.get(epoch)
+        if derive is None:
+            derive = self._derivers[epoch] = seed_deriver(self.seed, "sample", epoch)
+        sample_seed = derive(index)
         random.seed(sample_seed)
         # default_generator.manual_seed: torch.manual_seed also visits every accelerator (~100x slower).
         torch.default_generator.manual_seed(sample_seed)

@@ -38,3 +38,22 @@ def derive_seed(root: int, *names: int | str | bytes) -> int:
     for name in names:
         digest.update(_encode(name))
     return int.from_bytes(digest.digest(), "little") & SEED_MAX
+
+
+def seed_deriver(root: int, *prefix: int | str | bytes):
+    """A function f(*names) equal to derive_seed(root, *prefix, *names), for many seeds under one prefix.
+
+    The hash state after the prefix is computed once and copied per call (the loader derives a
+    seed per sample: ~0.5 us instead of ~2 us)."""
+    base = hashlib.blake2b(person=b"twice.seed.v1", digest_size=8)
+    base.update(_encode(root))
+    for name in prefix:
+        base.update(_encode(name))
+
+    def derive(*names: int | str | bytes) -> int:
+        digest = base.copy()
+        for name in names:
+            digest.update(_encode(name))
+        return int.from_bytes(digest.digest(), "little") & SEED_MAX
+
+    return derive
