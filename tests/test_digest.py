@@ -109,3 +109,14 @@ def test_cuda_digest_is_computed_on_the_device_and_matches_the_device_algorithm_
     tensor = sample(dtype)
     assert device_fold(tensor.cuda()) == device_fold(tensor)
     assert twice.digest(tensor.cuda()) == twice.digest(tensor.cuda().clone())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_fast_tensor_digest_gives_exactly_digests_value(dtype):
+    from twice.digests import digest_tensor
+
+    for tensor in (sample(dtype), sample(dtype).t(), sample(dtype)[:0], sample(dtype)[1, 2], sample(dtype).reshape(-1)[::2]):
+        assert digest_tensor(tensor) == twice.digest(tensor)
+    changed = sample(dtype).clone()
+    changed.view(-1)[4] = changed.view(-1)[14]  # a different value in every dtype here
+    assert digest_tensor(changed) != digest_tensor(sample(dtype))

@@ -69,3 +69,25 @@ def test_context_manager_restores_settings_and_rng_even_when_the_body_raises():
     assert torch.are_deterministic_algorithms_enabled() is False
     assert torch.backends.cudnn.benchmark is True
     assert random.random() == expected_next.random()
+
+
+def test_the_python_rng_digest_follows_every_draw_even_a_whole_state_regeneration():
+    from twice.seeding import _python_state_bytes
+
+    assert _python_state_bytes() is not None  # the in-place read works on this CPython
+    random.seed(3)
+    seeded = rng_digests()["python"]
+    state = random.getstate()
+    random.random()
+    assert rng_digests()["python"] != seeded
+    random.setstate(state)
+    assert rng_digests()["python"] == seeded
+    for _ in range(624):  # the position wraps to where it was: the words must tell
+        random.getrandbits(32)
+    assert rng_digests()["python"] != seeded
+    random.setstate(state)
+    random.gauss(0, 1)  # leaves a cached second normal: part of the state
+    after_gauss = rng_digests()["python"]
+    random.setstate(state)
+    random.getrandbits(32), random.getrandbits(32), random.getrandbits(32), random.getrandbits(32)
+    assert rng_digests()["python"] != after_gauss

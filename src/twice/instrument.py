@@ -14,11 +14,12 @@ import math
 import os
 import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .digests import Digester, digest, digest_pairs, float_bits
+from .digests import Digester, digest, digest_pairs, digest_tensor, float_bits
 from .seeding import capture_rng, rng_digests
 from .trace import StepRecord, TraceWriter
 
@@ -48,6 +49,9 @@ class _Round:
     param_norm: float | None = None
     grad_norms: list[float] = field(default_factory=list)
     params_digest: str | None = None
+
+
+_PARAM_NAMES: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
 
 
 def _param_names(optimizer) -> dict[int, str]:
@@ -268,7 +272,13 @@ class Recorder:
         cached = self._names.get(key)
         if cached is None or len(cached) != count:  # add_param_group() invalidates the cache
             index = self._opt_index.setdefault(key, len(self._opt_index))
-            names = _param_names(optimizer)
+            names = _PARAM_NAMES.get(optimizer)
+            if names is None or len(names) < count:
+                names = _param_names(optimizer)  # a scan of live objects: once per optimizer and process
+                try:
+                    _PARAM_NAMES[optimizer] = names
+                except TypeError:
+                    pass  # an optimizer-like object that takes no weak references
             self._names[key] = [
                 (names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param)
                 for g, group in enumerate(optimizer.param_groups) for p, param in enumerate(group["params"])
@@ -277,12 +287,12 @@ class Recorder:
 
     def _take_grads(self, optimizer) -> None:
         grads = [(name, param.grad) for name, param in self._named(optimizer) if param.grad is not None]
-        self._round.grads.extend((name, digest(grad)) for name, grad in grads)
+        self._round.grads.extend((name, digest_tensor(grad)) for name, grad in grads)
         self._round.grad_squares.extend(_norms([grad for _, grad in grads]))
 
     def _take_params(self, optimizer) -> None:
         named = self._named(optimizer)
-        self._round.params.extend((name, digest(param)) for name, param in named)
+        self._round.params.extend((name, digest_tensor(param)) for name, param in named)
         # One fused norm over the parameters: inf or NaN iff some parameter is (cheap health check).
         # Every PARAM_CHECK_EVERY steps: between checks, a non-finite update shows in the learning
         # rate (checked every step) or in the next step's loss and gradients.
