@@ -9,6 +9,7 @@ recorded steps pay for this; other steps run without the mode.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .digests import digest
+from .digests import digest, digest_tensor
 
 __all__ = ["OpContext", "OpRecorder", "read_oplog", "user_line"]
 
@@ -28,13 +29,18 @@ _TWICE_DIR = os.path.dirname(os.path.abspath(__file__))
 _STDLIB_DIR = os.path.dirname(os.__file__)
 
 
+@functools.lru_cache(maxsize=4096)
+def _relative(filename: str) -> str:
+    return os.path.relpath(filename)  # a stat of the working directory each time: cached per file
+
+
 def user_line() -> str | None:
     """`file:line` of the innermost frame outside torch, twice and the standard library."""
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not (filename.startswith((_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR)) or filename.startswith("<")):
-            return f"{os.path.relpath(filename)}:{frame.f_lineno}"
+            return f"{_relative(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
 
@@ -52,7 +58,7 @@ def _line_from_traceback(stack: str | None) -> str | None:
             filename = line.split('"')[1]
             if not filename.startswith((_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR)) and not filename.startswith("<"):
                 number = line.split("line ")[1].split(",")[0]
-                user = f"{os.path.relpath(filename)}:{number}"
+                user = f"{_relative(filename)}:{number}"
     return user
 
 
@@ -188,7 +194,7 @@ class OpRecorder(OpContext):
         version = tensor._version
         if known is not None and known[1] == version and known[0] is tensor:
             return known[2]
-        value = digest(tensor)
+        value = digest_tensor(tensor)
         self._digests[id(tensor)] = (tensor, version, value)
         return value
 

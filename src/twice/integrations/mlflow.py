@@ -199,6 +199,12 @@ def export_run(run_dir: str | Path, *, tracking_uri: str | None = None, experime
     return run_id, True
 
 
+def _warn(message: str) -> None:
+    import sys
+
+    print(f"twice: warning: {message}", file=sys.stderr, flush=True)
+
+
 class LiveExport:
     """Logs a run to MLflow while it runs: `twice run --mlflow URI` starts it with the command."""
 
@@ -230,9 +236,20 @@ class LiveExport:
         import time
 
         while not self._stop.wait(self.every):
-            _log(self.client, self.run_id, metrics=self._tail.new_metrics(int(time.time() * 1000)))
+            try:
+                _log(self.client, self.run_id, metrics=self._tail.new_metrics(int(time.time() * 1000)))
+            except Exception as exc:  # a store that went away must not touch the training run
+                _warn(f"logging to MLflow failed ({exc}); the rest is logged when the command ends")
+                return
 
     def finish(self, run_dir: Path) -> None:
+        try:
+            self._finish(run_dir)
+        except Exception as exc:  # the run itself is complete and recorded: say so, do not fail it
+            _warn(f"logging to MLflow failed ({exc}); the run is recorded in {run_dir}: "
+                  f"`twice export mlflow {run_dir}` puts it there later")
+
+    def _finish(self, run_dir: Path) -> None:
         import time
 
         from twice.store import MANIFEST, read_json
