@@ -129,6 +129,7 @@ class Recorder:
         self.replica_mode = os.environ.get("TWICE_REPLICA_MODE", "stop")
         self._norm_history: list[float] = []
         self._opt_index: dict[int, int] = {}
+        self._replica_pending: tuple | None = None  # the replica check in flight
 
     # -- events -----------------------------------------------------------------------------------
     def on_batch(self, batch: Any) -> None:
@@ -198,38 +199,52 @@ class Recorder:
             self._finish_round()
 
     def _check_replicas(self, round_: _Round) -> None:
-        """Data-parallel ranks must hold identical parameters after each step: compare digests across ranks."""
+        """Data-parallel ranks must hold identical parameters after each step: compare digests across ranks.
+
+        The all-gather of each check is asynchronous and its result is read at the next step's
+        check, so the collective's latency overlaps training instead of adding to it."""
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2 or not round_.params:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
-        if self.step_index % self.replica_every:
+        self._resolve_replicas()
+        if not round_.params or self.step_index % self.replica_every:
             return
         import torch
 
-        mine = (round_.params_digest, dict(round_.params))  # computed for the step record
         # The 128-bit digest as two int64 words: a tensor all-gather, far cheaper than pickled objects.
-        value = int(mine[0], 16)
+        value = int(round_.params_digest, 16)
         words = [(value >> 64) & (2**64 - 1), value & (2**64 - 1)]
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
         local = torch.tensor([w - 2**64 if w >= 2**63 else w for w in words], dtype=torch.int64, device=device)
         parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, local)
+        work = dist.all_gather(parts, local, async_op=True)
+        self._replica_pending = (work, parts, self.step_index, dict(round_.params))
+
+    def _resolve_replicas(self) -> None:
+        """Read the result of the check in flight, if any; on a desync stop (or warn) naming step, rank and tensor."""
+        pending, self._replica_pending = self._replica_pending, None
+        if pending is None:
+            return
+        import torch.distributed as dist
+
+        work, parts, step, table = pending
+        work.wait()
         gathered = [tuple(p.tolist()) for p in parts]
         if len(set(gathered)) == 1:
             return
         # Desync: name the first rank that differs from rank 0, and its first differing tensor.
         tables = [None] * dist.get_world_size()
-        dist.all_gather_object(tables, mine[1])
+        dist.all_gather_object(tables, table)
         bad_rank = next(r for r, d in enumerate(gathered) if d != gathered[0])
         tensor = next((name for name in tables[0] if tables[bad_rank].get(name) != tables[0][name]), None)
-        since = "" if self.replica_every == 1 else f" (the check at step {self.step_index - self.replica_every} agreed)"
-        message = (f"replicas out of sync at step {self.step_index}: rank {bad_rank} holds different parameters "
+        since = "" if self.replica_every == 1 else f" (the check at step {step - self.replica_every} agreed)"
+        message = (f"replicas out of sync at step {step}: rank {bad_rank} holds different parameters "
                    f"from rank 0, first in {tensor}{since}")
         from .files import write_json_atomic
 
         if dist.get_rank() == 0:
-            write_json_atomic(self.run_dir / "replicas.json", {"step": self.step_index, "rank": bad_rank, "tensor": tensor,
+            write_json_atomic(self.run_dir / "replicas.json", {"step": step, "rank": bad_rank, "tensor": tensor,
                                                                 "message": message})
         if self.replica_mode == "stop":
             raise RuntimeError(f"twice: {message}")
@@ -478,6 +493,15 @@ class Recorder:
                 self._write_round()
             self._round = _Round()
         self._writer.close()
+        if self._replica_pending is not None:
+            import torch.distributed as dist
+
+            try:
+                if dist.is_initialized():
+                    self._resolve_replicas()  # the last check, unless the process group is gone already
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr, flush=True)
+            self._replica_pending = None
 
     def _after_fork_in_child(self, index: int) -> None:
         # A forked process (Hogwild worker, DataLoader worker) records into a stream of its own,

@@ -42,4 +42,5 @@ else:
         opt.step()
 if rank == 0:
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, out)
+dist.barrier()  # no rank tears gloo down while another still talks to it
 dist.destroy_process_group()
