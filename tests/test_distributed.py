@@ -130,3 +130,29 @@ def test_invariant_mode_refuses_batches_and_world_sizes_it_cannot_split_evenly()
         model.backward(torch.randn(6, 4), lambda m, x: m(x).mean())
     loss = model.backward(torch.randn(8, 4), lambda m, x: m(x).pow(2).mean())
     assert loss.shape == () and net.weight.grad is not None and model.state_dict()["steps"] == 1
+
+
+def test_two_node_torchrun_with_a_rendezvous_endpoint_records_every_rank(tmp_path):
+    """Two torchrun agents on this machine stand in for two nodes: each node's `twice run` records its ranks."""
+    import socket
+
+    script("ddp_train.py", tmp_path)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    nodes = [subprocess.Popen([sys.executable, "-m", "twice", "run", "--name", f"node{n}", "--", TORCHRUN, "--nnodes", "2",
+                               "--nproc_per_node", "1", "--node_rank", str(n), "--rdzv_backend", "c10d",
+                               "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "twice-test", "ddp_train.py"],
+                              cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in range(2)]
+    for node in nodes:
+        _, err = node.communicate(timeout=300)
+        assert node.returncode == 0, err[-3000:]
+    ranks = []
+    for run in runs(tmp_path):
+        distributed = json.loads((run / "manifest.json").read_text())["identity"]["distributed"]
+        assert distributed["world_size"] == 2 and distributed["backend"] == "gloo"
+        ranks += distributed["ranks_recorded"]
+        for rank in distributed["ranks_recorded"]:
+            assert len((run / f"trace.rank{rank}.jsonl").read_text().splitlines()) == 12
+    assert sorted(ranks) == [0, 1]
