@@ -101,11 +101,11 @@ class OpContext(TorchDispatchMode):
             torch.nn.modules.module.register_module_forward_pre_hook(self._enter_module),
             torch.nn.modules.module.register_module_forward_hook(self._leave_module),
         ]
-        self._anomaly = torch.is_anomaly_enabled()
-        if forward_lines:
-            # Anomaly mode stores each autograd node's forward traceback: the line a backward op came
-            # from. It costs a traceback per node, so the numerics watch goes without it.
-            torch.autograd.set_detect_anomaly(True, check_nan=False)
+        # Forward ops whose autograd nodes still have to be labelled with their source line: a
+        # dispatch mode runs below autograd, so an output gets its grad_fn only after the op
+        # returns; the label is put on at the next op (the line a backward op came from). Anomaly
+        # mode would store a whole traceback per node instead, ~10x the cost.
+        self._unlabelled: list[tuple[list, str]] = []
 
     def _enter_module(self, module, args):
         name = self._names.get(id(module))
@@ -136,15 +136,31 @@ class OpContext(TorchDispatchMode):
     def close(self) -> None:
         for hook in self._hooks:
             hook.remove()
-        if self.forward_lines:
-            torch.autograd.set_detect_anomaly(self._anomaly)
+        self._label_nodes()
+
+    def remember_line(self, outputs: list, line: str | None) -> None:
+        """Label the autograd nodes that will be created for `outputs` with `line` (see __init__)."""
+        if self.forward_lines and line is not None and outputs:
+            self._unlabelled.append((outputs, line))
+
+    def _label_nodes(self) -> None:
+        pending, self._unlabelled = self._unlabelled, []
+        for outputs, line in pending:
+            for tensor in outputs:
+                node = tensor.grad_fn
+                if node is not None and "twice_line" not in node.metadata:
+                    node.metadata["twice_line"] = line
 
     def where(self) -> dict:
         """Phase, module, line (and autograd node) of the op being dispatched now."""
+        if self._unlabelled:
+            self._label_nodes()
         node = torch._C._current_autograd_node()
         if node is not None:
             metadata = node.metadata
-            line = _line_from_traceback(metadata.get("traceback_")) if self.forward_lines else None
+            line = None
+            if self.forward_lines:
+                line = metadata.get("twice_line") or _line_from_traceback(metadata.get("traceback_"))
             return {"phase": "backward", "module": metadata.get("twice_module"), "node": node.name(),
                     "line": line or user_line()}
         return {"phase": self.phase, "module": self._module_stack[-1] if self._module_stack else None,
@@ -182,6 +198,8 @@ class OpRecorder(OpContext):
                   "out": [self._digest(t) for t in outputs],
                   "shapes": [list(t.shape) for t in outputs], "dtypes": [str(t.dtype).removeprefix("torch.") for t in outputs]}
         record.update(self.where())
+        if record["phase"] != "backward":
+            self.remember_line(outputs, record["line"])
         self.records.append(record)
         if index == self.dump_index:
             # Asked for by `twice locate` once it knows which op differs: its outputs and inputs.
