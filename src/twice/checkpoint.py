@@ -302,15 +302,17 @@ def _part(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
-def _agree(dist, failure: str | None, what: str) -> None:
-    """Every rank learns whether any rank failed `what`; all raise together rather than hang in a barrier."""
-    failures: list = [None] * dist.get_world_size()
-    dist.all_gather_object(failures, failure)
-    bad = [(r, f) for r, f in enumerate(failures) if f]
+def _agree(dist, failure: str | None, what: str, value: Any = None) -> list:
+    """Every rank learns whether any rank failed `what` (all raise together rather than hang in a
+    barrier); otherwise every rank's `value`, by rank."""
+    results: list = [None] * dist.get_world_size()
+    dist.all_gather_object(results, (failure, value))
+    bad = [(r, f) for r, (f, _) in enumerate(results) if f]
     if bad:
         rank, message = bad[0]
         raise CheckpointError(f"{what} failed on rank {rank}: {message}",
                               "the previous checkpoint is intact; fix the cause (disk space, permissions) and save again")
+    return [v for _, v in results]
 
 
 def _save_ranks(directory: Path, dist, entries: dict) -> None:
@@ -325,17 +327,17 @@ def _save_ranks(directory: Path, dist, entries: dict) -> None:
         except OSError as exc:
             failure = str(exc)
     _agree(dist, failure, "preparing the checkpoint")
+    mine = None
     try:
         _save_one(staging / _part(rank), entries)
+        # Each part's own index already holds the digest of every file in it, taken as it was written.
+        mine = _digest_file(staging / _part(rank) / INDEX)
     except (OSError, CheckpointError) as exc:
         failure = str(exc)
-    _agree(dist, failure, "writing the rank's part")
+    indexes = _agree(dist, failure, "writing the rank's part", mine)
     if rank == 0:
         try:
-            parts = {}
-            for r in range(world):
-                verify(staging / _part(r))
-                parts[_part(r)] = _digest_file(staging / _part(r) / INDEX)
+            parts = {_part(r): digest for r, digest in enumerate(indexes)}
             index = {"format": RANKS_FORMAT, "world_size": world, "parts": parts}
             _write_file(staging / INDEX, json.dumps(index, sort_keys=True, indent=2).encode("utf-8"))
             _fsync_dir(staging)

@@ -314,7 +314,7 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
         stdout_log.close()
         stderr_log.close()
         finish_manifest(run_dir, manifest, returncode, interrupted)
-        if options.live is not None and getattr(options.live, "run_id", None) is not None:
+        if options.live is not None:
             options.live.finish(run_dir)
     if returncode is None:
         returncode = 130 if interrupted else 1

@@ -123,8 +123,10 @@ class InvariantDataParallel:
                                    group=process_group)
         share = micro_batches // self.world_size
         self.owned = (self.rank * share, (self.rank + 1) * share)
-        self._nodes = tree_nodes(0, micro_batches, self.owned)
-        self._slots = max(len(tree_nodes(0, micro_batches, (r * share, (r + 1) * share))) for r in range(self.world_size))
+        # The subtrees each rank adds by itself; the all-gather carries as many slots as the most any rank has.
+        self._rank_nodes = [tree_nodes(0, micro_batches, (r * share, (r + 1) * share)) for r in range(self.world_size)]
+        self._nodes = self._rank_nodes[self.rank]
+        self._slots = max(len(nodes) for nodes in self._rank_nodes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -180,11 +182,7 @@ class InvariantDataParallel:
                 slots[i] = s
             gathered = [torch.empty_like(slots) for _ in range(self.world_size)]
             dist.all_gather(gathered, slots, group=self.group)
-            share = self.micro_batches // self.world_size
-            known = {}
-            for r, block in enumerate(gathered):
-                for i, node in enumerate(tree_nodes(0, self.micro_batches, (r * share, (r + 1) * share))):
-                    known[node] = block[i]
+            known = {node: block[i] for block, nodes in zip(gathered, self._rank_nodes) for i, node in enumerate(nodes)}
             total = _tree_sum(0, self.micro_batches, lambda lo, hi: known.get((lo, hi)))
         else:
             total = sums[0]  # one process owns the whole tree

@@ -98,9 +98,8 @@ def verify_resume(command: list[str], options: RunOptions, at: int | None = None
     from .trace import read_trace, trace_files
 
     code, straight = run_command(command, replace(options, name="straight"))
-    streams = trace_files(straight)
-    main = streams.get("main") or streams.get("rank0") or next(iter(streams.values()), straight / "trace.jsonl")
-    full = read_trace(main) if main.exists() else []
+    streams = {stream: read_trace(path) for stream, path in trace_files(straight).items()}
+    full = next((streams[s] for s in ("main", "rank0") if s in streams), next(iter(streams.values()), []))
     if code != 0 or len(full) < 2:
         raise UsageError(f"the straight run {'failed (exit ' + str(code) + ')' if code else 'recorded fewer than 2 steps'}",
                          f"fix the command first; see {straight}/stderr.log")
@@ -115,9 +114,10 @@ def verify_resume(command: list[str], options: RunOptions, at: int | None = None
     runs = {"straight": str(straight), "interrupted": str(interrupted), "resumed": str(resumed)}
     # Multi-process runs: every rank's trace must continue exactly; report the rank that parts first.
     checks = []
-    for stream, path in streams.items():
-        after_path = resumed / path.name
-        check = compare_resumed(read_trace(path), read_trace(after_path) if after_path.exists() else [], at, runs)
+    resumed_streams = trace_files(resumed)
+    for stream, records in streams.items():
+        after = read_trace(resumed_streams[stream]) if stream in resumed_streams else []
+        check = compare_resumed(records, after, at, runs)
         if len(streams) > 1 and not check.identical:
             check.verdict = f"{stream}: {check.verdict}"
         checks.append(check)

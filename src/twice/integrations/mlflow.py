@@ -244,12 +244,12 @@ class LiveExport:
 
     def finish(self, run_dir: Path) -> None:
         try:
-            self._finish(run_dir)
+            self._close(run_dir)
         except Exception as exc:  # the run itself is complete and recorded: say so, do not fail it
             _warn(f"logging to MLflow failed ({exc}); the run is recorded in {run_dir}: "
                   f"`twice export mlflow {run_dir}` puts it there later")
 
-    def _finish(self, run_dir: Path) -> None:
+    def _close(self, run_dir: Path) -> None:
         import time
 
         from twice.store import MANIFEST, read_json
