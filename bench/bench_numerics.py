@@ -6,12 +6,12 @@ without it. Median CPU time of alternating rounds.
 """
 
 import statistics
-import tempfile
 import time
 
 import torch
 from torch import nn
 
+from _common import run_folder
 from twice import instrument, numerics
 
 STEPS = 200
@@ -53,7 +53,7 @@ def main():
     torch.set_num_threads(1)
     loop()
     times = {"plain": [], "full": [], "watch-only": [], "trace": [], "trace+cheap": []}
-    with tempfile.TemporaryDirectory() as tmp:
+    with run_folder() as tmp:
         for round_ in range(8):
             times["plain"].append(loop())
             times["full"].append(loop("full", tmp=f"{tmp}/f{round_}"))

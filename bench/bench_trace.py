@@ -9,13 +9,13 @@ step (memory bandwidth), so it shrinks as compute per parameter grows, and with 
 """
 
 import statistics
-import tempfile
 import time
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from _common import run_folder
 from twice import instrument
 
 STEPS = 100
@@ -61,7 +61,7 @@ def main():
         model, optimizer, data = setup(build, batch)
         loop(model, optimizer, data, batch)  # warm-up
         plain, traced = [], []
-        with tempfile.TemporaryDirectory() as tmp:
+        with run_folder() as tmp:
             start = time.process_time()
             instrument.Recorder(f"{tmp}/names", trace_every=every)._named(optimizer)
             naming = time.process_time() - start

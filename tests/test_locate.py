@@ -90,6 +90,49 @@ def test_op_comparison_tells_operation_input_and_sequence_apart():
     assert first_op_difference(base, list(base)).kind == "identical"
 
 
+def test_op_log_digests_transposed_arguments_exactly_without_copying_them():
+    from twice.digests import digest_tensor
+    from twice.oplog import OpRecorder
+
+    def log(weight):
+        recorder = OpRecorder(0)
+        with recorder:
+            torch.mm(torch.ones(2, 3), weight.t())
+        recorder.close()
+        return next(r for r in recorder.records if r["op"] == "aten::mm")
+
+    w = torch.arange(12.0).reshape(4, 3)
+    nudged = w.clone()
+    nudged[3, 2] = torch.nextafter(nudged[3, 2], torch.tensor(100.0))
+    same, again, other = log(w), log(w.clone()), log(nudged)
+    assert same["in"] == again["in"] and same["out"] == again["out"]
+    assert same["in"][0] == other["in"][0] and same["in"][1] != other["in"][1]
+    assert same["in"][0] == digest_tensor(torch.ones(2, 3))  # contiguous arguments: the trace's digest
+
+
+def test_recording_ops_leaves_the_step_trace_unchanged(tmp_path):
+    from twice import instrument
+    from twice.trace import read_trace
+
+    def train(folder, record_ops):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        instrument.install(instrument.Recorder(folder, record_ops=record_ops))
+        try:
+            for _ in range(4):
+                optimizer.zero_grad()
+                model(torch.randn(5, 6)).pow(2).mean().backward()
+                optimizer.step()
+        finally:
+            instrument.uninstall()
+        return [{k: v for k, v in vars(r).items() if k != "time"} for r in read_trace(folder / "trace.jsonl")]
+
+    plain, recorded = train(tmp_path / "plain", set()), train(tmp_path / "ops", {1, 2})
+    assert len(plain) == 4 and plain == recorded
+    assert sorted(p.name for p in (tmp_path / "ops" / "ops").iterdir()) == ["step-1.jsonl", "step-2.jsonl"]
+
+
 def test_value_gap_measures_abs_and_ulps():
     x = torch.tensor([1.0, 2.0, 3.0])
     y = x.clone()

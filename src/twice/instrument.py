@@ -300,20 +300,27 @@ class Recorder:
             ]
         return self._names[key]
 
+    def _digest_fn(self):
+        """Digest one tensor; in a step being op-recorded, through the op log's cache: the gradients
+        and updated parameters are outputs it has just digested (same value: both use digest_tensor)."""
+        return self._ops.digest if self._ops is not None else digest_tensor
+
     def _take_grads(self, optimizer) -> None:
         grads = [(name, param.grad) for name, param in self._named(optimizer) if param.grad is not None]
-        self._round.grads.extend((name, digest_tensor(grad)) for name, grad in grads)
+        digest_one = self._digest_fn()
+        self._round.grads.extend((name, digest_one(grad)) for name, grad in grads)
         self._round.grad_squares.extend(_norms([grad for _, grad in grads]))
 
     def _take_params(self, optimizer) -> None:
         named = self._named(optimizer)
-        self._round.params.extend((name, digest_tensor(param)) for name, param in named)
+        digest_one = self._digest_fn()
+        self._round.params.extend((name, digest_one(param)) for name, param in named)
         # One fused norm over the parameters: inf or NaN iff some parameter is (cheap health check).
         # Every PARAM_CHECK_EVERY steps: between checks, a non-finite update shows in the learning
         # rate (checked every step) or in the next step's loss and gradients.
         norms = _norms([param for _, param in named]) if self.step_index % PARAM_CHECK_EVERY == 0 else []
         if norms:
-            total = math.sqrt(sum(float(n) ** 2 for n in norms))
+            total = math.sqrt(sum(n * n for n in _floats(norms)))
             self._round.param_norm = total if self._round.param_norm is None else math.hypot(self._round.param_norm, total)
 
     def _move_pending(self, round_: _Round) -> None:
@@ -423,7 +430,7 @@ class Recorder:
         losses = [float_bits(float(x)) for x in round_.losses]
         round_.params_digest = digest_pairs(round_.params) if round_.params else None
         # One device-to-host read of each gradient norm, shared by the record and the health checks.
-        norms = round_.grad_norms = [float(n) for n in round_.grad_squares]
+        norms = round_.grad_norms = _floats(round_.grad_squares)
         per_tensor = self._per_tensor_due(len(round_.params))
         record = StepRecord(
             step=self.step_index,
@@ -529,8 +536,19 @@ def _norms(grads: list) -> list:
         return []
     foreach_norm = getattr(torch, "_foreach_norm", None)
     if foreach_norm is not None and len({(g.device, g.dtype) for g in grads}) == 1:
-        return list(foreach_norm([g.detach() for g in grads]))
+        with torch.no_grad():  # rather than a detach() per tensor: one op each under an op log
+            return list(foreach_norm(grads))
     return [_norm(g) for g in grads]
+
+
+def _floats(values: list) -> list[float]:
+    """Python floats of 0-d tensors (and numbers): one device-to-host read where they share a device."""
+    import torch
+
+    if len(values) > 1 and all(isinstance(v, torch.Tensor) for v in values) and \
+            len({(v.device, v.dtype) for v in values}) == 1:
+        return torch.stack(values).tolist()
+    return [float(v) for v in values]
 
 
 def _has_closure(args, kwargs) -> bool:

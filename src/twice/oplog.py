@@ -14,13 +14,14 @@ import gc
 import json
 import os
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .digests import digest, digest_tensor
+from .digests import digest_tensor
 
 __all__ = ["OpContext", "OpRecorder", "read_oplog", "user_line"]
 
@@ -34,13 +35,21 @@ def _relative(filename: str) -> str:
     return os.path.relpath(filename)  # a stat of the working directory each time: cached per file
 
 
+_INTERNAL: dict[Any, bool] = {}  # code object -> whether it lies in torch, twice or the standard library
+
+
 def user_line() -> str | None:
     """`file:line` of the innermost frame outside torch, twice and the standard library."""
     frame = sys._getframe(1)
+    internal = _INTERNAL
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not (filename.startswith((_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR)) or filename.startswith("<")):
-            return f"{_relative(filename)}:{frame.f_lineno}"
+        code = frame.f_code
+        inside = internal.get(code)
+        if inside is None:
+            filename = code.co_filename
+            inside = internal[code] = filename.startswith((_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR, "<"))
+        if not inside:
+            return f"{_relative(code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
 
@@ -60,6 +69,18 @@ def _line_from_traceback(stack: str | None) -> str | None:
                 number = line.split("line ")[1].split(",")[0]
                 user = f"{_relative(filename)}:{number}"
     return user
+
+
+def _compiled_anything() -> bool:
+    """Whether torch.compile has compiled a frame in this process (torch._dynamo counts them)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return False
+    try:
+        return bool(counters["frames"].get("total", 0))
+    except Exception:  # a torch whose counters look different: keep the safe wrapper
+        return True
 
 
 def _module_names() -> dict[int, str]:
@@ -106,6 +127,13 @@ class OpContext(TorchDispatchMode):
         # returns; the label is put on at the next op (the line a backward op came from). Anomaly
         # mode would store a whole traceback per node instead, ~10x the cost.
         self._unlabelled: list[tuple[list, str]] = []
+        if not _compiled_anything():
+            # TorchDispatchMode wraps __torch_dispatch__ so that torch.compile never traces into
+            # it, at ~5 us per op. Nothing has been compiled in this process, so there is no
+            # compiler to keep out: call the method directly (an instance attribute wins the lookup).
+            raw = getattr(type(self).__torch_dispatch__, "__wrapped__", None)
+            if raw is not None:
+                self.__torch_dispatch__ = types.MethodType(raw, self)
 
     def _enter_module(self, module, args):
         name = self._names.get(id(module))
@@ -168,7 +196,10 @@ class OpContext(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.paused or func.is_view or func in _SKIPPED or func.namespace == "profiler":
+        skip = _SKIP.get(func)
+        if skip is None:
+            skip = _SKIP[func] = func.is_view or func in _SKIPPED or func.namespace == "profiler"
+        if skip or self.paused:
             return func(*args, **kwargs)
         return self.on_op(func, args, kwargs)
 
@@ -190,13 +221,14 @@ class OpRecorder(OpContext):
         self._digests: dict[int, tuple[torch.Tensor, int, str]] = {}
 
     def on_op(self, func, args, kwargs):
-        inputs = [self._digest(t) for t in _tensors((args, kwargs))]
+        op_digest = self.op_digest
+        inputs = [op_digest(t) for t in (_tensors(args) + _tensors(kwargs) if kwargs else _tensors(args))]
         out = func(*args, **kwargs)
         outputs = _tensors(out)
         index = len(self.records)
-        record = {"i": index, "op": str(func.name()), "phase": self.phase, "in": inputs,
-                  "out": [self._digest(t) for t in outputs],
-                  "shapes": [list(t.shape) for t in outputs], "dtypes": [str(t.dtype).removeprefix("torch.") for t in outputs]}
+        record = {"i": index, "op": func.name(), "phase": self.phase, "in": inputs,
+                  "out": [op_digest(t) for t in outputs],
+                  "shapes": [list(t.shape) for t in outputs], "dtypes": [_dtype_name(t.dtype) for t in outputs]}
         record.update(self.where())
         if record["phase"] != "backward":
             self.remember_line(outputs, record["line"])
@@ -207,7 +239,8 @@ class OpRecorder(OpContext):
                 self.values[f"{index}.{j}"] = tensor.detach().to("cpu", copy=True).contiguous()
         return out
 
-    def _digest(self, tensor: torch.Tensor) -> str:
+    def digest(self, tensor: torch.Tensor) -> str:
+        """`digest_tensor(tensor)`, hashed once per tensor version within the step."""
         known = self._digests.get(id(tensor))
         version = tensor._version
         if known is not None and known[1] == version and known[0] is tensor:
@@ -216,25 +249,84 @@ class OpRecorder(OpContext):
         self._digests[id(tensor)] = (tensor, version, value)
         return value
 
-    def write(self, folder: Path) -> Path:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"step-{self.step}.jsonl"
-        with open(path, "w", encoding="utf-8") as handle:
-            for record in self.records:
-                handle.write(json.dumps(record, sort_keys=True) + "\n")
-        if self.values:
-            from safetensors.torch import save_file
+    def op_digest(self, tensor: torch.Tensor) -> str:
+        """The digest of an op's argument in the log: `digest` for a contiguous tensor; for a
+        transposed or permuted one (weight.t() into addmm), its memory in storage order framed
+        with its strides, instead of a row-major copy (the copy cost more than the hashing).
+        Both runs of a comparison log alike, so equal digests still mean equal arguments."""
+        if tensor.is_contiguous() or not tensor.is_cpu or tensor.layout is not torch.strided:
+            return self.digest(tensor)
+        key = ~id(tensor)  # a slot of its own: the same tensor's `digest` value differs
+        known = self._digests.get(key)
+        version = tensor._version
+        if known is not None and known[1] == version and known[0] is tensor:
+            return known[2]
+        value = _permuted_digest(tensor)
+        if value is None:
+            return self.digest(tensor)
+        self._digests[key] = (tensor, version, value)
+        return value
 
-            save_file(self.values, str(folder / f"step-{self.step}-op-{self.dump_index}.safetensors"))
+    def write(self, folder: Path) -> Path:
+        """Write the op log (and any saved op values) into `folder`; returns the log's path."""
+        records, values, self.records, self.values = self.records, self.values, [], {}
         self._digests.clear()
-        return path
+        return _write_log(Path(folder), self.step, self.dump_index, records, values)
+
+
+def _permuted_digest(tensor: torch.Tensor) -> str | None:
+    """Digest of a dense tensor whose dimensions are stored in another order, or None for any other layout."""
+    import ctypes
+
+    import xxhash
+
+    shape, strides = tensor.shape, tensor.stride()
+    expected = 1
+    for dim in sorted(range(len(shape)), key=lambda d: strides[d]):
+        if shape[dim] != 1 and strides[dim] != expected:
+            return None  # gaps or overlaps: not a permutation of a dense block
+        expected *= shape[dim]
+    nbytes = tensor.numel() * tensor.element_size()
+    hasher = xxhash.xxh3_128(f"permuted|{tensor.dtype}|{tuple(shape)}|{strides}|{nbytes}".encode())
+    if nbytes:
+        hasher.update((ctypes.c_char * nbytes).from_address(tensor.data_ptr()))
+    return hasher.hexdigest()
+
+
+def _write_log(folder: Path, step: int, dump_index: int | None, records: list[dict], values: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step-{step}.jsonl"
+    encode = _ENCODER.encode
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.writelines(encode(record) + "\n" for record in records)
+    if values:
+        from safetensors.torch import save_file
+
+        save_file(values, str(folder / f"step-{step}-op-{dump_index}.safetensors"))
+    return path
 
 
 _NAMES: dict[int, str] = {}
+# One encoder for every record (json.dumps with options builds one per call); the key order is the
+# order on_op builds each record in, the same in every run, so it needs no sorting.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 _SKIPPED = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
+_SKIP: dict[Any, bool] = {}  # op -> not recorded (views, detach, profiler markers), decided once per op
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
+    tensor_type = torch.Tensor
+    if type(value) is tuple and all(type(item) is not list and type(item) is not tuple and type(item) is not dict
+                                    for item in value):
+        return [item for item in value if isinstance(item, tensor_type)]  # the usual flat case, in one pass
     out: list[torch.Tensor] = []
     stack = [value]
     while stack:
