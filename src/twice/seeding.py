@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .digests import digest
+from .digests import digest, digest_bytes, digest_tensor
 
 __all__ = ["seed_everything", "RngSource", "RNG_SOURCES", "capture_rng", "restore_rng", "rng_digests"]
 
@@ -40,10 +40,17 @@ def _numpy_seed(seed: int) -> None:
     np.random.seed(seed if seed < 2**32 else [seed & 0xFFFFFFFF, seed >> 32])
 
 
+_cuda_present: list[bool] = []  # torch.cuda.is_available(), asked once: ~10 us a call, and the step trace asks every step
+
+
 def _cuda_ready() -> bool:
     torch = _torch()
+    if torch is None:
+        return False
+    if not _cuda_present:
+        _cuda_present.append(bool(torch.cuda.is_available()))
     # Reading CUDA RNG state would initialise CUDA; only do it when the program already has.
-    return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+    return _cuda_present[0] and torch.cuda.is_initialized()
 
 
 def _accelerator_seed(seed: int) -> None:
@@ -192,14 +199,17 @@ def rng_digests() -> dict[str, str]:
         if source.name == "numpy":
             fast = _numpy_state_bytes()
             if fast is not None:
-                out["numpy"] = digest(fast)
+                out["numpy"] = digest_bytes(fast)
                 continue
         if source.name == "python":
             fast = _python_state_bytes()
             if fast is not None:
-                out["python"] = digest(fast)
+                out["python"] = digest_bytes(fast)
                 continue
         state = source.get_state()
+        if source.name == "torch":
+            out["torch"] = digest_tensor(state)
+            continue
         if source.name == "python":
             # 625 Python ints: packing them is ~50x faster than digesting them one by one.
             version, words, gauss = state

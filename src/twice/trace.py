@@ -49,6 +49,10 @@ class StepRecord:
         return cls(**known)
 
 
+# One encoder for all records: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 class TraceWriter:
     """Appends records to a JSONL file, flushing each so that a killed process loses at most one line."""
 
@@ -62,7 +66,7 @@ class TraceWriter:
         if self._handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._handle = open(self.path, "a", encoding="utf-8")
-        self._handle.write(json.dumps(record.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
+        self._handle.write(_ENCODER.encode(record.to_json()) + "\n")
         self._handle.flush()  # in the OS from here on: survives the process being killed
         if record.time is not None and record.time - self._last_sync >= self._fsync_every:
             os.fsync(self._handle.fileno())  # and on disk now and then: survives the machine
