@@ -70,7 +70,50 @@ def test_mid_epoch_resume_continues_exactly_without_fetching_skipped_samples():
     resumed_here = twice.data.loader(in_process, batch_size=4, shuffle=True, seed=11)
     resumed_here.load_state_dict(state)
     next(iter(resumed_here))
-    assert len(in_process.fetched) == 4  # constant time: the 12 samples before were never fetched
+    # Constant time: the 12 samples before were never fetched (the batch is fetched twice while the
+    # loader learns which RNGs the dataset draws from).
+    assert len(set(in_process.fetched)) == 4 and len(in_process.fetched) == 8
+
+
+class Sometimes(Dataset):
+    """Draws from Python's random for a few samples only, from torch's for all, from NumPy's never."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        extra = random.random() if i % 13 == 5 else 0.0
+        return torch.tensor([float(i), extra]) + torch.rand(2)
+
+
+@pytest.mark.parametrize("dataset", [Augmented, Sometimes, lambda: torch.utils.data.TensorDataset(torch.arange(30.0))],
+                         ids=["every-rng", "some-samples", "no-rng"])
+def test_seeding_only_the_rngs_a_dataset_draws_from_gives_the_batches_of_seeding_all(dataset):
+    def batches(workers, every):
+        data = twice.data.loader(dataset(), batch_size=4, shuffle=True, seed=5, num_workers=workers, seed_every_rng=every)
+        return [b for _ in range(2) for b in data]
+
+    reference = batches(0, True)
+    for workers in (0, 2):
+        lazy = batches(workers, False)
+        assert len(lazy) == len(reference)
+        assert all(torch.equal(torch.as_tensor(a[0] if isinstance(a, list) else a), torch.as_tensor(b[0] if isinstance(b, list) else b))
+                   for a, b in zip(reference, lazy)), workers
+
+
+def test_the_loader_learns_which_rngs_the_dataset_draws_from():
+    data = twice.data.loader(Sometimes(), batch_size=4, shuffle=False, seed=5)
+    iterator = iter(data)
+    next(iterator)
+    assert data._samples.used == {"torch"}  # samples 0-3 draw only from torch
+    for _ in iterator:
+        pass
+    assert data._samples.used == {"torch", "python"}  # sample 5 drew from random; NumPy never seeded
+    torch.manual_seed(1)
+    expected = torch.rand(1)
+    torch.manual_seed(1)
+    list(twice.data.loader(Sometimes(), batch_size=4, shuffle=True, seed=5))
+    assert torch.equal(torch.rand(1), expected)  # learning (a batch fetched again) left the loop's RNG alone
 
 
 def test_sharding_by_rank_covers_the_data_like_distributed_sampler():

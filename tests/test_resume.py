@@ -54,11 +54,11 @@ def test_resume_from_a_missing_place_is_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_fault_injection_kill_9_during_checkpoint_writes_never_leaves_a_bad_latest_checkpoint(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPTS / "fault_harness.py"), str(tmp_path / "ckpt"), "60"],
+    result = subprocess.run([sys.executable, str(SCRIPTS / "fault_harness.py"), str(tmp_path / "ckpt"), "55"],
                             capture_output=True, text=True, env=clean_env(), timeout=600)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
-    assert report["trials"] == 60 and report["killed_mid_run"] >= 50
+    assert report["killed_mid_run"] == 55 and report["trials"] >= 55
     assert report["failures"] == []
-    assert report["valid"] == report["matched"] == 60
+    assert report["valid"] == report["matched"] == report["trials"]
     assert len(report["leftover_temporaries"]) <= 1  # a killed writer's temporary is swept by the next save

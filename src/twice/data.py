@@ -17,9 +17,12 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from .seeds import derive_seed, seed_deriver
+from .seeding import mt_states, numpy_words_setter, python_words_setter, rng_changed, rng_restore, rng_snapshot, splitmix
+from .seeds import derive_seed
 
 __all__ = ["loader", "ResumableLoader"]
+
+_PYTHON_STREAM, _NUMPY_STREAM = 0x7079, 0x6E70  # keep the Python and NumPy states of a sample apart
 
 
 class _EpochSampler(Sampler):
@@ -58,43 +61,87 @@ class _EpochSampler(Sampler):
 
 
 class _SeededSamples(Dataset):
-    """Fetches dataset[index] with every global RNG seeded from (seed, epoch, index)."""
+    """Fetches dataset[index] with every global RNG it draws from seeded from (seed, epoch, index).
 
-    def __init__(self, dataset: Dataset, seed: int):
+    Seeding three RNGs costs ~6 us a sample, more than many datasets spend on the sample. So an
+    RNG is seeded only once this process has seen the dataset draw from it: every batch is fetched
+    with the RNGs known to be used seeded, and the others' states are compared before and after.
+    When one has moved (the dataset drew from it), it joins the seeded ones and the batch is fetched
+    again, from the same RNG states as the first time. The samples are then those every RNG seeded
+    would give: an RNG a sample never draws from cannot change it. Each RNG costs a batch fetched
+    twice, once per process, at most. A sample that draws from an RNG and then puts its state back
+    (torch.random.fork_rng around unseeded draws) is not seen drawing; `seed_every_rng=True` on
+    the loader seeds all three for every sample instead."""
+
+    RNGS = ("python", "numpy", "torch")
+
+    def __init__(self, dataset: Dataset, seed: int, seed_every_rng: bool = False):
         self.dataset, self.seed = dataset, seed
-        self._derivers: dict[int, Any] = {}  # epoch -> derive(index), = derive_seed(seed, "sample", epoch, index)
+        self._epoch_keys: dict[int, int] = {}  # epoch -> derive_seed(seed, "sample", epoch)
+        self.used: set[str] = set(self.RNGS) if seed_every_rng else set()  # in this process
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def _fetch(self, key: tuple[int, int], numpy: Any) -> Any:
-        epoch, index = key
-        derive = self._derivers.get(epoch)
-        if derive is None:
-            derive = self._derivers[epoch] = seed_deriver(self.seed, "sample", epoch)
-        sample_seed = derive(index)
-        random.seed(sample_seed)
-        # default_generator.manual_seed: torch.manual_seed also visits every accelerator (~100x slower).
-        torch.default_generator.manual_seed(sample_seed)
-        if numpy is not None:
-            numpy.random.seed(sample_seed & 0xFFFFFFFF)
-        return self.dataset[index]
+    def _fetch(self, keys: list[tuple[int, int]], used: frozenset) -> list[Any]:
+        dataset = self.dataset
+        if not used:
+            return [dataset[index] for _, index in keys]
+        import numpy as np
+
+        # Seeds for the whole batch in a few vectorised steps: sample i of epoch e gets
+        # splitmix(derive_seed(seed, "sample", e), i), and Python's and NumPy's MT19937 states are
+        # filled from it directly (seeding them through random.seed costs ~4 us a sample).
+        epoch_keys = [self._epoch_key(epoch) for epoch, _ in keys]
+        same_epoch = len(set(epoch_keys)) == 1
+        indices = np.asarray([index for _, index in keys], dtype=np.uint64)
+        if same_epoch:
+            seeds = splitmix(epoch_keys[0], indices).tolist()
+        else:
+            seeds = [int(splitmix(key, indices[i:i + 1])[0]) for i, key in enumerate(epoch_keys)]
+        put_python = put_numpy = python_rows = numpy_rows = None
+        if "python" in used:
+            put_python = python_words_setter()
+            python_rows = mt_states(seeds, _PYTHON_STREAM) if put_python is not None else None
+        if "numpy" in used:
+            put_numpy = numpy_words_setter()
+            numpy_rows = mt_states(seeds, _NUMPY_STREAM) if put_numpy is not None else None
+        seed_torch = "torch" in used
+        generator = torch.default_generator
+        samples = []
+        for row, ((_, index), sample_seed) in enumerate(zip(keys, seeds)):
+            if "python" in used:
+                put_python(python_rows[row]) if put_python is not None else random.seed(sample_seed)
+            if "numpy" in used:
+                put_numpy(numpy_rows[row]) if put_numpy is not None else np.random.seed(sample_seed & 0xFFFFFFFF)
+            if seed_torch:
+                # default_generator.manual_seed: torch.manual_seed also visits every accelerator (~100x slower).
+                generator.manual_seed(sample_seed)
+            samples.append(dataset[index])
+        return samples
+
+    def _epoch_key(self, epoch: int) -> int:
+        key = self._epoch_keys.get(epoch)
+        if key is None:
+            key = self._epoch_keys[epoch] = derive_seed(self.seed, "sample", epoch)
+        return key
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
-        """A whole batch (DataLoader calls this when it exists): global RNG states saved once per batch."""
-        numpy = sys.modules.get("numpy")
-        if get_worker_info() is not None:
-            return [self._fetch(key, numpy) for key in keys]
-        # In the main process the training loop shares these RNGs: give them back untouched,
-        # so that num_workers=0 trains exactly like num_workers=4.
-        saved = (random.getstate(), torch.get_rng_state(), numpy.random.get_state() if numpy else None)
-        try:
-            return [self._fetch(key, numpy) for key in keys]
-        finally:
-            random.setstate(saved[0])
-            torch.set_rng_state(saved[1])
-            if numpy is not None:
-                numpy.random.set_state(saved[2])
+        """A whole batch (DataLoader calls this when it exists)."""
+        before = rng_snapshot()
+        used = frozenset(self.used)
+        samples = self._fetch(keys, used)
+        if len(used) < len(self.RNGS):
+            drawn = rng_changed(before, rng_snapshot()) - used
+            if drawn:
+                self.used |= drawn
+                rng_restore(before)
+                samples = self._fetch(keys, frozenset(self.used))
+        if get_worker_info() is None and self.used:
+            # In the main process the training loop shares these RNGs: give back those seeded
+            # (the others were not drawn from), so that num_workers=0 trains exactly like num_workers=4.
+            rng_restore(before, only=self.used)
+        return samples
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         return self.__getitems__([key])[0]
@@ -108,7 +155,8 @@ class ResumableLoader:
     """
 
     def __init__(self, dataset: Dataset, *, batch_size: int = 1, shuffle: bool = False, seed: int | None = None,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False, **dataloader_kwargs: Any):
+                 rank: int = 0, world_size: int = 1, drop_last: bool = False, seed_every_rng: bool = False,
+                 **dataloader_kwargs: Any):
         if seed is None:
             seed = _default_seed()
         if not 0 <= rank < world_size:
@@ -118,6 +166,9 @@ class ResumableLoader:
                 raise ValueError(f"twice.data.loader sets {forbidden} itself; remove it")
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
         self.sampler = _EpochSampler(len(dataset), shuffle, seed, rank, world_size, drop_last)
+        # One for the loader's life: what it learns about the RNGs the dataset draws from (in the
+        # main process; each worker learns again in its own copy) is kept across epochs.
+        self._samples = _SeededSamples(dataset, seed, seed_every_rng)
         self._kwargs = dataloader_kwargs
         self._drop_last_batch = drop_last
         self.batches_served = 0
@@ -138,7 +189,7 @@ class ResumableLoader:
         # A generator of our own: DataLoader otherwise draws its workers' base seed from the global
         # torch RNG each epoch, so a resumed run (one iterator fewer) would drift from the original.
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "workers", self.sampler.epoch))
-        inner = DataLoader(_SeededSamples(self.dataset, self.seed), batch_size=self.batch_size, sampler=self.sampler,
+        inner = DataLoader(self._samples, batch_size=self.batch_size, sampler=self.sampler,
                            drop_last=self._drop_last_batch, generator=generator, **self._kwargs)
         for batch in inner:
             self.batches_served += 1
@@ -166,12 +217,15 @@ def _default_seed() -> int:
 
 
 def loader(dataset: Dataset, *, batch_size: int = 1, shuffle: bool = False, seed: int | None = None, rank: int = 0,
-           world_size: int = 1, drop_last: bool = False, **dataloader_kwargs: Any) -> ResumableLoader:
+           world_size: int = 1, drop_last: bool = False, seed_every_rng: bool = False,
+           **dataloader_kwargs: Any) -> ResumableLoader:
     """A deterministic, resumable DataLoader (see ResumableLoader); other keywords go to torch's DataLoader.
 
     The seed defaults to derive_seed(root, "data"), root being `twice run`'s seed (0 outside it).
+    Only the RNGs the dataset is seen drawing from are seeded per sample (see _SeededSamples);
+    `seed_every_rng=True` seeds Python's, NumPy's and torch's for every sample regardless.
 
     >>> data = twice.data.loader(dataset, batch_size=64, shuffle=True, num_workers=4)   # doctest: +SKIP
     """
     return ResumableLoader(dataset, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank,
-                           world_size=world_size, drop_last=drop_last, **dataloader_kwargs)
+                           world_size=world_size, drop_last=drop_last, seed_every_rng=seed_every_rng, **dataloader_kwargs)

@@ -16,7 +16,7 @@ from twice import checkpoint
 
 STEPS = 40
 folder = Path(sys.argv[1])
-trials = int(sys.argv[2])
+kills = int(sys.argv[2])  # trials go on until this many trainers were killed mid-run (a fast one may finish first)
 
 
 def build():
@@ -51,7 +51,9 @@ rng = random.Random(1234)
 report = {"trials": 0, "killed_mid_run": 0, "valid": 0, "matched": 0, "skipped_damaged": 0, "failures": []}
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    for trial in range(trials):
+    trial = -1
+    while report["killed_mid_run"] < kills and report["trials"] < 3 * kills:
+        trial += 1
         pid = os.fork()
         if pid == 0:  # a trainer restarting from the latest checkpoint, as a preempted job does
             model, opt, start = resume_from(checkpoint.latest(folder))
