@@ -128,3 +128,15 @@ def test_resuming_with_other_loader_settings_is_refused():
     other = twice.data.loader(Augmented(), batch_size=5, seed=1)
     with pytest.raises(ValueError, match="batch_size"):
         other.load_state_dict(loader.state_dict())
+
+
+def test_where_the_rng_layouts_are_not_confirmed_the_loader_seeds_through_the_libraries(monkeypatch):
+    from twice import seeding
+
+    fast = stream(0, epochs=1)
+    monkeypatch.setattr(seeding, "_python_state_offset", [None])
+    monkeypatch.setattr(seeding, "_numpy_gauss_offset", [None])
+    assert seeding.python_state_writer() is None and seeding.numpy_state_writer() is None
+    slow = stream(0, epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(slow, stream(2, epochs=1)))  # still the same for any worker count
+    assert not torch.equal(torch.cat(fast), torch.cat(slow))  # random.seed / np.random.seed give other states

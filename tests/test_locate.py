@@ -110,6 +110,24 @@ def test_op_log_digests_transposed_arguments_exactly_without_copying_them():
     assert same["in"][0] == digest_tensor(torch.ones(2, 3))  # contiguous arguments: the trace's digest
 
 
+def test_op_records_are_written_as_json_that_reads_back_equal():
+    from twice.oplog import _encode_record
+
+    records = [
+        {"i": 0, "op": "aten::mm", "phase": "forward", "in": [], "out": ["ab12"], "shapes": [[]], "dtypes": ["float32"],
+         "module": None, "line": None},
+        {"i": 1, "op": "aten::mm", "phase": "backward", "in": ["a", "b"], "out": [], "shapes": [], "dtypes": [],
+         "module": 'odd"name\\here', "line": "dir/ü.py:3", "node": "MmBackward0"},
+        {"i": 2, "op": "aten::cat", "phase": "user", "in": ["c"], "out": ["d", "e"], "shapes": [[2, 3], [4]],
+         "dtypes": ["int64", "bool"], "module": "M", "line": "a.py:1\n"},
+        {"i": 3, "op": "aten::add", "phase": "forward", "in": [], "out": [], "shapes": [], "dtypes": [], "module": "M",
+         "line": "a.py:2", "extra": [1]},  # another shape of record: json's encoder
+    ]
+    for record in records:
+        line = _encode_record(record)
+        assert "\n" not in line and json.loads(line) == record
+
+
 def test_recording_ops_leaves_the_step_trace_unchanged(tmp_path):
     from twice import instrument
     from twice.trace import read_trace

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from .seeding import mt_states, numpy_words_setter, python_words_setter, rng_changed, rng_restore, rng_snapshot, splitmix
+from .seeding import mt_states, numpy_state_writer, python_state_writer, rng_changed, rng_restore, rng_snapshot, splitmix
 from .seeds import derive_seed
 
 __all__ = ["loader", "ResumableLoader"]
@@ -99,21 +99,29 @@ class _SeededSamples(Dataset):
             seeds = splitmix(epoch_keys[0], indices).tolist()
         else:
             seeds = [int(splitmix(key, indices[i:i + 1])[0]) for i, key in enumerate(epoch_keys)]
-        put_python = put_numpy = python_rows = numpy_rows = None
-        if "python" in used:
-            put_python = python_words_setter()
-            python_rows = mt_states(seeds, _PYTHON_STREAM) if put_python is not None else None
-        if "numpy" in used:
-            put_numpy = numpy_words_setter()
-            numpy_rows = mt_states(seeds, _NUMPY_STREAM) if put_numpy is not None else None
+        put_python = python_state_writer() if "python" in used else None
+        put_numpy = numpy_state_writer() if "numpy" in used else None
+        # One block of states per RNG for the batch; each sample's row is copied in by address.
+        python_rows = mt_states(seeds, _PYTHON_STREAM, position_first=True) if put_python is not None else None
+        numpy_rows = mt_states(seeds, _NUMPY_STREAM, position_first=False) if put_numpy is not None else None
+        python_at = python_rows.ctypes.data if python_rows is not None else 0
+        numpy_at = numpy_rows.ctypes.data if numpy_rows is not None else 0
+        python_step = python_rows.strides[0] if python_rows is not None else 0
+        numpy_step = numpy_rows.strides[0] if numpy_rows is not None else 0
+        seed_python = "python" in used and put_python is None  # layout unknown: seed through random.seed
+        seed_numpy = "numpy" in used and put_numpy is None
         seed_torch = "torch" in used
         generator = torch.default_generator
         samples = []
         for row, ((_, index), sample_seed) in enumerate(zip(keys, seeds)):
-            if "python" in used:
-                put_python(python_rows[row]) if put_python is not None else random.seed(sample_seed)
-            if "numpy" in used:
-                put_numpy(numpy_rows[row]) if put_numpy is not None else np.random.seed(sample_seed & 0xFFFFFFFF)
+            if put_python is not None:
+                put_python(python_at + row * python_step)
+            elif seed_python:
+                random.seed(sample_seed)
+            if put_numpy is not None:
+                put_numpy(numpy_at + row * numpy_step)
+            elif seed_numpy:
+                np.random.seed(sample_seed & 0xFFFFFFFF)
             if seed_torch:
                 # default_generator.manual_seed: torch.manual_seed also visits every accelerator (~100x slower).
                 generator.manual_seed(sample_seed)

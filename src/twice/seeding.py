@@ -287,45 +287,83 @@ def splitmix(base: int, counters):
     return z ^ (z >> np.uint64(31))
 
 
-def mt_states(seeds: list[int], stream: int):
-    """An MT19937 state (624 words) per seed, all at once: filling the state from SplitMix64 costs
-    a fraction of MT's own seeding (random.seed: ~4 us a call). Row i depends only on seeds[i] and `stream`."""
+_COUNTERS = None  # 1..312, made on first use (NumPy is not imported for this module's sake)
+
+
+def mt_states(seeds: list[int], stream: int, *, position_first: bool):
+    """An MT19937 state per seed, all at once, as rows of 625 uint32: the 624 words filled from
+    SplitMix64 (a fraction of what MT's own seeding costs: random.seed ~4 us a call) and the
+    position 624 (the next draw regenerates the block, as after seeding) before or after them,
+    the layouts of CPython's `random` and NumPy's MT19937. Row i depends only on seeds[i] and `stream`.
+    The array returned is reused by the next call with as many seeds and the same layout."""
+    global _COUNTERS
     np = _numpy()
+    if _COUNTERS is None:
+        _COUNTERS = np.arange(1, 313, dtype=np.uint64)
     keys = splitmix(stream, np.asarray(seeds, dtype=np.uint64))
-    words = splitmix(0, np.arange(1, 313, dtype=np.uint64)[None, :] + keys[:, None])
-    return words.view(np.uint32)  # (len(seeds), 624); all-zero has probability 2**-19968
+    rows = len(seeds)
+    words, shifted, out = _scratch(("words", rows), (rows, 312), np.uint64), _scratch(("shifted", rows), (rows, 312), np.uint64), \
+        _scratch(("out", rows, position_first), (rows, 625), np.uint32)
+    # SplitMix64 of (key + j) for j = 1..312, in place, in buffers kept from call to call: fresh
+    # 160 kB arrays cost more in page faults than the arithmetic.
+    np.add(_COUNTERS[None, :], keys[:, None], out=words)
+    words *= np.uint64(_GOLDEN)
+    for shift, factor in ((30, _MIX1), (27, _MIX2), (31, None)):
+        np.right_shift(words, np.uint64(shift), out=shifted)
+        words ^= shifted
+        if factor is not None:
+            words *= np.uint64(factor)
+    if position_first:
+        out[:, 0], out[:, 1:] = 624, words.view(np.uint32)
+    else:
+        out[:, :624], out[:, 624] = words.view(np.uint32), 624
+    return out
 
 
-def python_words_setter():
-    """A function putting a 624-word row into Python's global `random` in place, or None where
-    the layout was not confirmed (then random.seed is the way)."""
+_buffers: dict = {}
+
+
+def _scratch(key, shape, dtype):
+    buffer = _buffers.get(key)
+    if buffer is None:
+        if len(_buffers) > 32:
+            _buffers.clear()  # batch sizes vary (a last, shorter batch): keep a few
+        buffer = _buffers[key] = _numpy().empty(shape, dtype=dtype)
+    return buffer
+
+
+def python_state_writer():
+    """A function copying a row of `mt_states(..., position_first=True)` (given by its address)
+    into Python's global `random` in place, or None where the layout was not confirmed (then
+    random.seed is the way)."""
     if not _python_state_offset:
         _python_state_bytes()
     offset = _python_state_offset[0]
     if offset is None:
         return None
-    position = struct.pack("<i", 624)  # the next draw regenerates the whole block, as after seeding
+    memmove, inst = ctypes.memmove, random._inst
+    target = id(inst) + offset
 
-    def put(row) -> None:
-        inst = random._inst
-        ctypes.memmove(id(inst) + offset, position + row.tobytes(), 4 + 624 * 4)
+    def put(address: int) -> None:
+        memmove(target, address, 4 + 624 * 4)
         inst.gauss_next = None
 
     return put
 
 
-def numpy_words_setter():
-    """The same for NumPy's legacy global RandomState (key, position and the cached Gaussian), or None."""
+def numpy_state_writer():
+    """The same for NumPy's legacy global RandomState, rows `position_first=False` (its key, position
+    and cached Gaussian), or None."""
     np = sys.modules.get("numpy")
     if np is None or _numpy_state_bytes() is None or _numpy_gauss_address() is None:
         return None
     generator = np.random.mtrand._rand._bit_generator
     state_at, gauss_at = _numpy_state_address[id(generator)], _numpy_gauss_address()
-    tail, no_gauss = struct.pack("<i", 624), bytes(16)
+    memmove, no_gauss = ctypes.memmove, bytes(16)
 
-    def put(row) -> None:
-        ctypes.memmove(state_at, row.tobytes() + tail, 624 * 4 + 4)
-        ctypes.memmove(gauss_at, no_gauss, 16)
+    def put(address: int) -> None:
+        memmove(state_at, address, 624 * 4 + 4)
+        memmove(gauss_at, no_gauss, 16)
 
     return put
 
