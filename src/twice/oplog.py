@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -215,10 +216,12 @@ class OpRecorder(OpContext):
         self.records: list[dict] = []
         self.values: dict[str, torch.Tensor] = {}
         self.dump_index = dump_index
-        # id -> (tensor, version, digest): a tensor digested once is not hashed again while its
-        # version counter (bumped by every in-place write) is unchanged. Holding the tensor keeps
-        # its id from being reused within the step.
-        self._digests: dict[int, tuple[torch.Tensor, int, str]] = {}
+        # id -> (weak reference, version, digest): a tensor digested once is not hashed again while
+        # its version counter (bumped by every in-place write) is unchanged. The weak reference
+        # tells a live tensor from a later one given the same id, without keeping every
+        # intermediate of the step alive (holding them made each op's output land in fresh,
+        # page-faulting memory instead of memory the allocator had just freed).
+        self._digests: dict[int, tuple[Any, int, str]] = {}
 
     def on_op(self, func, args, kwargs):
         op_digest = self.op_digest
@@ -243,10 +246,10 @@ class OpRecorder(OpContext):
         """`digest_tensor(tensor)`, hashed once per tensor version within the step."""
         known = self._digests.get(id(tensor))
         version = tensor._version
-        if known is not None and known[1] == version and known[0] is tensor:
+        if known is not None and known[1] == version and known[0]() is tensor:
             return known[2]
         value = digest_tensor(tensor)
-        self._digests[id(tensor)] = (tensor, version, value)
+        self._digests[id(tensor)] = (_weak(tensor), version, value)
         return value
 
     def op_digest(self, tensor: torch.Tensor) -> str:
@@ -259,12 +262,12 @@ class OpRecorder(OpContext):
         key = ~id(tensor)  # a slot of its own: the same tensor's `digest` value differs
         known = self._digests.get(key)
         version = tensor._version
-        if known is not None and known[1] == version and known[0] is tensor:
+        if known is not None and known[1] == version and known[0]() is tensor:
             return known[2]
         value = _permuted_digest(tensor)
         if value is None:
             return self.digest(tensor)
-        self._digests[key] = (tensor, version, value)
+        self._digests[key] = (_weak(tensor), version, value)
         return value
 
     def write(self, folder: Path) -> Path:
@@ -272,6 +275,13 @@ class OpRecorder(OpContext):
         records, values, self.records, self.values = self.records, self.values, [], {}
         self._digests.clear()
         return _write_log(Path(folder), self.step, self.dump_index, records, values)
+
+
+def _weak(tensor: torch.Tensor):
+    try:
+        return weakref.ref(tensor)
+    except TypeError:  # a tensor-like that takes no weak references: hold it for the step
+        return lambda: tensor
 
 
 def _permuted_digest(tensor: torch.Tensor) -> str | None:
