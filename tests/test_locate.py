@@ -110,6 +110,45 @@ def test_op_log_digests_transposed_arguments_exactly_without_copying_them():
     assert same["in"][0] == digest_tensor(torch.ones(2, 3))  # contiguous arguments: the trace's digest
 
 
+class HandSGD(torch.optim.Optimizer):
+    """An optimizer written in user code: its ops have lines of their own."""
+
+    def __init__(self, params):
+        super().__init__(params, {"lr": 0.1})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.mul_(0.5)  # HAND-SGD-DECAY
+                p.sub_(p.grad)  # HAND-SGD-UPDATE
+
+
+@pytest.mark.parametrize("optimizer_class", [torch.optim.Adam, HandSGD], ids=["torch.optim", "user code"])
+def test_optimizer_ops_carry_the_line_they_come_from(tmp_path, optimizer_class):
+    from pathlib import Path
+
+    from twice import instrument
+    from twice.oplog import read_oplog
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = optimizer_class(model.parameters())
+    instrument.install(instrument.Recorder(tmp_path, record_ops={1}))
+    try:
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            optimizer.step()  # STEP-CALL
+    finally:
+        instrument.uninstall()
+    source = Path(__file__).read_text().splitlines()
+    lines = {source[int(op["line"].rsplit(":", 1)[1]) - 1].split("# ")[-1]
+             for op in read_oplog(tmp_path / "ops" / "step-1.jsonl") if op["phase"] == "optimizer"}
+    expected = {"STEP-CALL"} if optimizer_class is torch.optim.Adam else {"HAND-SGD-DECAY", "HAND-SGD-UPDATE"}
+    assert lines == expected
+
+
 def test_op_records_are_written_as_json_that_reads_back_equal():
     from twice.oplog import _encode_record
 

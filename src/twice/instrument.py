@@ -166,6 +166,9 @@ class Recorder:
             with self._paused():
                 self._round.params_before = digest_pairs([(n, digest(p)) for n, p in self._named(optimizer)])
         self.set_phase("optimizer")
+        shared = type(optimizer).__module__.startswith("torch.")  # a user's own optimizer has lines of its own
+        for mode in self._modes():
+            mode.step_line_shared = shared
         if self._tracing_this_step() and not _has_closure(args, kwargs):
             # Before the update: some optimizers (maximize=True) change the gradients in place.
             with self._paused():
@@ -389,6 +392,8 @@ class Recorder:
     def set_phase(self, phase: str) -> None:
         for mode in self._modes():
             mode.phase = phase
+            if hasattr(mode, "_step_line"):
+                mode._step_line = None  # a new phase (or a new optimizer step) finds its line again
 
     def resume_at(self, step: int, *, keep_batches: int | None = 0) -> None:
         """Continue numbering at `step` (after a checkpoint restore); the open round is dropped.

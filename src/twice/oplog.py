@@ -116,6 +116,8 @@ class OpContext(TorchDispatchMode):
         self.step = step
         self.forward_lines = forward_lines
         self.phase = "forward"
+        self._step_line: str | None = None  # the user's line calling optimizer.step(), while in it
+        self.step_line_shared = False  # set while a torch.optim optimizer steps (its ops have no lines of their own)
         self.paused = False
         self._module_stack: list[str] = []
         self._names = _NAMES  # shared across steps: the gc walk is only repeated for unknown modules
@@ -192,7 +194,15 @@ class OpContext(TorchDispatchMode):
                 line = metadata.get("twice_line") or _line_from_traceback(metadata.get("traceback_"))
             return {"phase": "backward", "module": metadata.get("twice_module"), "node": node.name(),
                     "line": line or user_line()}
-        return {"phase": self.phase, "module": self._module_stack[-1] if self._module_stack else None,
+        phase = self.phase
+        if phase == "optimizer" and self.step_line_shared:
+            # Every op of torch.optim's step() comes from the one line that called it: found once.
+            line = self._step_line
+            if line is None:
+                line = self._step_line = user_line()
+            return {"phase": phase, "module": self._module_stack[-1] if self._module_stack else None, "line": line}
+        self._step_line = None
+        return {"phase": phase, "module": self._module_stack[-1] if self._module_stack else None,
                 "line": user_line()}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -303,8 +313,13 @@ def _permuted_digest(tensor: torch.Tensor) -> str | None:
     return hasher.hexdigest()
 
 
+_MADE: set[str] = set()  # folders already created by this process (a mkdir call costs ~50 us here)
+
+
 def _write_log(folder: Path, step: int, dump_index: int | None, records: list[dict], values: dict) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+    if str(folder) not in _MADE or not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        _MADE.add(str(folder))
     path = folder / f"step-{step}.jsonl"
     encode = _encode_record
     with open(path, "w", encoding="utf-8") as handle:
