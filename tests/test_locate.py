@@ -149,6 +149,25 @@ def test_optimizer_ops_carry_the_line_they_come_from(tmp_path, optimizer_class):
     assert lines == expected
 
 
+def test_the_compiler_guard_is_skipped_only_for_one_step_modes_while_nothing_is_compiled():
+    import subprocess
+
+    # A fresh process: whether anything was compiled is process-wide.
+    code = """
+import torch
+from twice.oplog import OpContext, OpRecorder
+print("__torch_dispatch__" in vars(OpRecorder(0)), "__torch_dispatch__" in vars(OpContext(0)))
+torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
+recorder = OpRecorder(1)
+with recorder:
+    torch.ones(2).mul(3)
+print("__torch_dispatch__" in vars(recorder), [r["op"] for r in recorder.records])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["True False", "False ['aten::ones', 'aten::mul.Tensor']"]
+
+
 def test_op_records_are_written_as_json_that_reads_back_equal():
     from twice.oplog import _encode_record
 

@@ -111,7 +111,7 @@ class OpContext(TorchDispatchMode):
     user: between backward and the optimizer step, optimizer).
     """
 
-    def __init__(self, step: int, forward_lines: bool = True):
+    def __init__(self, step: int, forward_lines: bool = True, short_lived: bool = False):
         super().__init__()
         self.step = step
         self.forward_lines = forward_lines
@@ -130,10 +130,12 @@ class OpContext(TorchDispatchMode):
         # returns; the label is put on at the next op (the line a backward op came from). Anomaly
         # mode would store a whole traceback per node instead, ~10x the cost.
         self._unlabelled: list[tuple[list, str]] = []
-        if not _compiled_anything():
+        if short_lived and not _compiled_anything():
             # TorchDispatchMode wraps __torch_dispatch__ so that torch.compile never traces into
             # it, at ~5 us per op. Nothing has been compiled in this process, so there is no
             # compiler to keep out: call the method directly (an instance attribute wins the lookup).
+            # Only for a mode that lives one step (the op log): one that watches a whole run (the
+            # numerics watch) keeps the guard, since the program may compile something later.
             raw = getattr(type(self).__torch_dispatch__, "__wrapped__", None)
             if raw is not None:
                 self.__torch_dispatch__ = types.MethodType(raw, self)
@@ -222,7 +224,7 @@ class OpRecorder(OpContext):
     """Records every operation of one step (see the module docstring)."""
 
     def __init__(self, step: int, dump_index: int | None = None):
-        super().__init__(step)
+        super().__init__(step, short_lived=True)
         self.records: list[dict] = []
         self.values: dict[str, torch.Tensor] = {}
         self.dump_index = dump_index
