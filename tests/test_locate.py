@@ -62,9 +62,12 @@ def test_record_ops_writes_the_op_log_of_chosen_steps_only(tmp_path):
     script("data_arg.py", tmp_path)
     result = twice("run", "--record-ops", "1", "--", sys.executable, "data_arg.py", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    ops = runs(tmp_path)[0] / "ops"
-    assert sorted(p.name for p in ops.iterdir()) == ["step-1.jsonl"]
-    records = [json.loads(line) for line in (ops / "step-1.jsonl").read_text().splitlines()]
+    from twice.oplog import recorded_steps, step_ops
+
+    run_dir = runs(tmp_path)[0]
+    assert sorted(p.name for p in (run_dir / "ops").iterdir()) == ["ops.jsonl"]
+    assert recorded_steps(run_dir) == [1] and step_ops(run_dir, 0) is None
+    records = step_ops(run_dir, 1)
     phases = {r["phase"] for r in records}
     assert {"forward", "backward", "optimizer"} <= phases
     addmm = next(r for r in records if r["op"] == "aten::addmm")
@@ -129,7 +132,7 @@ def test_optimizer_ops_carry_the_line_they_come_from(tmp_path, optimizer_class):
     from pathlib import Path
 
     from twice import instrument
-    from twice.oplog import read_oplog
+    from twice.oplog import step_ops
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
@@ -144,7 +147,7 @@ def test_optimizer_ops_carry_the_line_they_come_from(tmp_path, optimizer_class):
         instrument.uninstall()
     source = Path(__file__).read_text().splitlines()
     lines = {source[int(op["line"].rsplit(":", 1)[1]) - 1].split("# ")[-1]
-             for op in read_oplog(tmp_path / "ops" / "step-1.jsonl") if op["phase"] == "optimizer"}
+             for op in step_ops(tmp_path, 1) if op["phase"] == "optimizer"}
     expected = {"STEP-CALL"} if optimizer_class is torch.optim.Adam else {"HAND-SGD-DECAY", "HAND-SGD-UPDATE"}
     assert lines == expected
 
@@ -206,7 +209,29 @@ def test_recording_ops_leaves_the_step_trace_unchanged(tmp_path):
 
     plain, recorded = train(tmp_path / "plain", set()), train(tmp_path / "ops", {1, 2})
     assert len(plain) == 4 and plain == recorded
-    assert sorted(p.name for p in (tmp_path / "ops" / "ops").iterdir()) == ["step-1.jsonl", "step-2.jsonl"]
+    from twice.oplog import recorded_steps
+
+    assert recorded_steps(tmp_path / "ops") == [1, 2]
+
+
+def test_an_op_log_cut_short_by_a_kill_reads_as_not_recorded(tmp_path):
+    from twice.oplog import OpLog, step_ops
+
+    log = OpLog(tmp_path)
+    record = {"i": 0, "op": "aten::mul.Tensor", "phase": "forward", "in": ["a"], "out": ["b"], "shapes": [[2]],
+              "dtypes": ["float32"], "module": None, "line": "x.py:1"}
+    log.append(3, [record, dict(record, i=1)])
+    log.append(4, [record, dict(record, i=1)])
+    log.close()
+    assert step_ops(tmp_path, 3) == [record, dict(record, i=1)] and step_ops(tmp_path, 5) is None
+    text = log.path.read_text()
+    for cut in (len(text) - 1, len(text) - 20, text.rindex('{"step":4') + 30):
+        log.path.write_text(text[:cut])
+        assert step_ops(tmp_path, 4) is None and step_ops(tmp_path, 3) == [record, dict(record, i=1)], cut
+    legacy = tmp_path / "old"
+    (legacy / "ops").mkdir(parents=True)
+    (legacy / "ops" / "step-2.jsonl").write_text(json.dumps(record) + "\n")
+    assert step_ops(legacy, 2) == [record]  # op logs of earlier versions still read
 
 
 def test_value_gap_measures_abs_and_ulps():

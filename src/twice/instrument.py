@@ -123,6 +123,7 @@ class Recorder:
             step, index = map(int, dump.split(":"))
             self.dump_ops[step] = index
         self._ops = None  # the OpRecorder of the step being recorded, if any
+        self._op_log = None  # where recorded steps go: ops/ops[.<stream>].jsonl, opened on first use
         self._health = None
         # Replica consistency under torch.distributed: every N steps (TWICE_REPLICA_EVERY), stop or warn.
         self.replica_every = max(1, int(os.environ.get("TWICE_REPLICA_EVERY", "20")))
@@ -360,7 +361,11 @@ class Recorder:
             ops, self._ops = self._ops, None
             ops.__exit__(None, None, None)
             ops.close()
-            ops.write(self.run_dir / "ops")
+            if self._op_log is None:
+                from .oplog import OpLog
+
+                self._op_log = OpLog(self.run_dir, self.stream)
+            ops.write(self._op_log)
 
     def _modes(self) -> list:
         """The dispatch modes watching the user's ops: the op log of this step, the numerics watch."""
@@ -500,6 +505,8 @@ class Recorder:
         if os.getpid() != self.pid:
             return
         self.stop_ops()
+        if self._op_log is not None:
+            self._op_log.close()
         if not self.explicit and self._round.optimizers and not self.stopped:
             if self._tracing_this_step():
                 self._write_round()
@@ -521,6 +528,7 @@ class Recorder:
         self.pid = os.getpid()
         self.stream = f"{self.stream + '.' if self.stream else ''}fork{index}"
         self._writer = TraceWriter(self.run_dir / f"trace.{self.stream}.jsonl")
+        self._op_log = None  # the parent's handle is the parent's: this process logs to its own stream
         self._round, self._pending_losses, self._pending_batches = _Round(), [], []
         self._fork_count = 0
         self.step_index = 0

@@ -10,7 +10,7 @@ from .compare import compare_runs
 from .errors import UsageError
 from .launch import RunOptions, run_command
 from .opdiff import OpFinding, differing_ops, first_op_difference, value_gap
-from .oplog import read_oplog
+from .oplog import step_ops
 from .verify import rerun_options
 
 __all__ = ["Location", "locate_runs", "audit_command", "AuditReport", "CUDA_NONDETERMINISTIC"]
@@ -75,18 +75,19 @@ class Location:
                                                                 "b": _describe(self.finding.b)}}
 
 
-def _op_log(run_dir: Path, step: int, label: str, quiet: bool) -> Path:
-    """The run's op log of `step`, recording it by re-running the run up to that step if needed."""
-    path = Path(run_dir) / "ops" / f"step-{step}.jsonl"
-    if path.is_file():
-        return path
+def _op_log(run_dir: Path, step: int, label: str, quiet: bool) -> tuple[list[dict], str]:
+    """The run's op records of `step` and where they are, recording them by re-running the run up
+    to that step if its op log does not hold it."""
+    records = step_ops(Path(run_dir), step)
+    if records is not None:
+        return records, f"{Path(run_dir) / 'ops'} (step {step})"
     command, options = rerun_options(Path(run_dir), name=f"locate-{label}-{Path(run_dir).name[:26]}", steps=step + 1,
                                      quiet=quiet, record_ops=str(step))
     _, new_dir = run_command(command, options)
-    path = new_dir / "ops" / f"step-{step}.jsonl"
-    if not path.is_file():
+    records = step_ops(new_dir, step)
+    if records is None:
         raise UsageError(f"re-running {run_dir} did not reach step {step}", f"see {new_dir}/stderr.log")
-    return path
+    return records, f"{new_dir / 'ops'} (step {step})"
 
 
 def _dumped_output(run_dir: Path, step: int, index: int, output: int, label: str, quiet: bool):
@@ -187,9 +188,9 @@ def locate_runs(a: Path, b: Path, quiet: bool = True) -> Location:
         return Location(f"step {step}: the first difference is the input batch (data), not an operation: "
                         "the runs fed different batches into the step", step,
                         OpFinding("input", None))
-    log_a, log_b = _op_log(a, step, "a", quiet), _op_log(b, step, "b", quiet)
-    finding = first_op_difference(read_oplog(log_a), read_oplog(log_b))
-    logs = (str(log_a), str(log_b))
+    (ops_a, log_a), (ops_b, log_b) = _op_log(a, step, "a", quiet), _op_log(b, step, "b", quiet)
+    finding = first_op_difference(ops_a, ops_b)
+    logs = (log_a, log_b)
     if finding.kind == "identical":
         return Location(f"step {step} differs in the trace, but every recorded operation agrees in the re-runs: "
                         "the difference did not reproduce (or arises outside torch operations)", step, None, logs=logs)
@@ -249,10 +250,9 @@ def audit_command(command: list[str], options: RunOptions, steps: int = 2) -> Au
         dirs.append(run_dir)
     differing, hazards = [], {}
     for step in range(steps):
-        paths = [d / "ops" / f"step-{step}.jsonl" for d in dirs]
-        if not all(p.is_file() for p in paths):
+        log_a, log_b = step_ops(dirs[0], step), step_ops(dirs[1], step)
+        if log_a is None or log_b is None:
             continue
-        log_a, log_b = read_oplog(paths[0]), read_oplog(paths[1])
         for finding in differing_ops(log_a, log_b):
             finding.a["step"] = step
             differing.append(finding)
