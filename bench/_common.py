@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -14,3 +15,26 @@ def run_folder() -> tempfile.TemporaryDirectory:
     base = Path(os.environ.get("BENCH_DIR") or ROOT / "runs")
     base.mkdir(parents=True, exist_ok=True)
     return tempfile.TemporaryDirectory(dir=base, prefix=".bench-")
+
+
+def small_mlp(steps: int):
+    """The small CPU model of the op-log and numerics benches: an MLP, Adam, `steps` batches of 64."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return model, optimizer, torch.randn(steps, 64, 128), torch.randint(0, 10, (steps, 64))
+
+
+def train_steps(model, optimizer, data, target, steps: int) -> float:
+    """CPU seconds for `steps` training steps of a cross-entropy classifier."""
+    from torch import nn
+
+    start = time.process_time()
+    for step in range(steps):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(data[step]), target[step]).backward()
+        optimizer.step()
+    return time.process_time() - start

@@ -6,22 +6,17 @@ without it. Median CPU time of alternating rounds.
 """
 
 import statistics
-import time
 
 import torch
-from torch import nn
 
-from _common import run_folder
+from _common import run_folder, small_mlp, train_steps
 from twice import instrument, numerics
 
 STEPS = 200
 
 
 def loop(mode=None, health=True, tmp=None):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    data, target = torch.randn(STEPS, 64, 128), torch.randint(0, 10, (STEPS, 64))
+    model, optimizer, data, target = small_mlp(STEPS)
     recorder = None
     if mode is not None:
         recorder = instrument.install(instrument.Recorder(tmp))
@@ -35,12 +30,7 @@ def loop(mode=None, health=True, tmp=None):
     try:
         if watch:
             watch.start()
-        start = time.process_time()
-        for step in range(STEPS):
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(data[step]), target[step]).backward()
-            optimizer.step()
-        return time.process_time() - start
+        return train_steps(model, optimizer, data, target, STEPS)
     finally:
         if watch:
             watch.stop()

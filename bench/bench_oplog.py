@@ -13,12 +13,10 @@ of live objects, once per process and model) is measured apart.
 
 import contextlib
 import statistics
-import time
 
 import torch
-from torch import nn
 
-from _common import run_folder
+from _common import run_folder, small_mlp, train_steps
 from twice import instrument
 
 STEPS = 20
@@ -26,26 +24,15 @@ ROUNDS = 25
 
 
 def build():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    data = torch.randn(STEPS, 64, 128)
-    target = torch.randint(0, 10, (STEPS, 64))
-    return model, optimizer, data, target
+    return small_mlp(STEPS)
 
 
 def loop(setup, recorder=None, steps=STEPS, context=contextlib.nullcontext):
-    model, optimizer, data, target = setup
     if recorder is not None:
         instrument.install(recorder)
     try:
         with context():
-            start = time.process_time()
-            for step in range(steps):
-                optimizer.zero_grad()
-                nn.functional.cross_entropy(model(data[step]), target[step]).backward()
-                optimizer.step()
-            return time.process_time() - start
+            return train_steps(*setup, steps)
     finally:
         if recorder is not None:
             instrument.uninstall()
