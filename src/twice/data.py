@@ -89,42 +89,15 @@ class _SeededSamples(Dataset):
             return [dataset[index] for _, index in keys]
         import numpy as np
 
-        # Seeds for the whole batch in a few vectorised steps: sample i of epoch e gets
-        # splitmix(derive_seed(seed, "sample", e), i), and Python's and NumPy's MT19937 states are
-        # filled from it directly (seeding them through random.seed costs ~4 us a sample).
-        epoch_keys = [self._epoch_key(epoch) for epoch, _ in keys]
-        same_epoch = len(set(epoch_keys)) == 1
-        indices = np.asarray([index for _, index in keys], dtype=np.uint64)
-        if same_epoch:
-            seeds = splitmix(epoch_keys[0], indices).tolist()
-        else:
-            seeds = [int(splitmix(key, indices[i:i + 1])[0]) for i, key in enumerate(epoch_keys)]
-        put_python = python_state_writer() if "python" in used else None
-        put_numpy = numpy_state_writer() if "numpy" in used else None
-        # One block of states per RNG for the batch; each sample's row is copied in by address.
-        python_rows = mt_states(seeds, _PYTHON_STREAM, position_first=True) if put_python is not None else None
-        numpy_rows = mt_states(seeds, _NUMPY_STREAM, position_first=False) if put_numpy is not None else None
-        python_at = python_rows.ctypes.data if python_rows is not None else 0
-        numpy_at = numpy_rows.ctypes.data if numpy_rows is not None else 0
-        python_step = python_rows.strides[0] if python_rows is not None else 0
-        numpy_step = numpy_rows.strides[0] if numpy_rows is not None else 0
-        seed_python = "python" in used and put_python is None  # layout unknown: seed through random.seed
-        seed_numpy = "numpy" in used and put_numpy is None
-        seed_torch = "torch" in used
-        generator = torch.default_generator
+        # Seeds for the whole batch at once: sample i of epoch e gets SplitMix64 of i under
+        # derive_seed(seed, "sample", e).
+        epoch_keys = np.asarray([self._epoch_key(epoch) for epoch, _ in keys], dtype=np.uint64)
+        seeds = splitmix(epoch_keys, np.asarray([index for _, index in keys], dtype=np.uint64)).tolist()
+        seeders = [_seeder(name, seeds) for name in self.RNGS if name in used]
         samples = []
         for row, ((_, index), sample_seed) in enumerate(zip(keys, seeds)):
-            if put_python is not None:
-                put_python(python_at + row * python_step)
-            elif seed_python:
-                random.seed(sample_seed)
-            if put_numpy is not None:
-                put_numpy(numpy_at + row * numpy_step)
-            elif seed_numpy:
-                np.random.seed(sample_seed & 0xFFFFFFFF)
-            if seed_torch:
-                # default_generator.manual_seed: torch.manual_seed also visits every accelerator (~100x slower).
-                generator.manual_seed(sample_seed)
+            for seed_one in seeders:
+                seed_one(row, sample_seed)
             samples.append(dataset[index])
         return samples
 
@@ -215,6 +188,30 @@ class ResumableLoader:
                                  f"vs {state[key]}); resume with the same loader settings")
         self.sampler.epoch = state["epoch"]
         self.batches_served = state["batches_served"]
+
+
+def _seeder(name: str, seeds: list[int]):
+    """seed_one(row, seed), putting one global RNG in the state for sample `row` of a batch.
+
+    Python's and NumPy's MT19937 states are built for the whole batch and copied in by address
+    (seeding through random.seed costs ~4 us a sample); where their memory layout was not confirmed
+    they are seeded through random.seed / np.random.seed."""
+    if name == "torch":
+        generator = torch.default_generator
+        # default_generator.manual_seed: torch.manual_seed also visits every accelerator (~100x slower).
+        return lambda row, seed: generator.manual_seed(seed)
+    if name == "python":
+        put, stream, position_first = python_state_writer(), _PYTHON_STREAM, True
+        if put is None:
+            return lambda row, seed: random.seed(seed)
+    else:
+        put, stream, position_first = numpy_state_writer(), _NUMPY_STREAM, False
+        if put is None:
+            numpy = sys.modules["numpy"]
+            return lambda row, seed: numpy.random.seed(seed & 0xFFFFFFFF)
+    rows = mt_states(seeds, stream, position_first=position_first)
+    start, step = rows.ctypes.data, rows.strides[0]
+    return lambda row, seed, rows=rows: put(start + row * step)  # rows: the block stays alive
 
 
 def _default_seed() -> int:

@@ -232,29 +232,28 @@ def rng_snapshot() -> tuple:
     if np is not None:
         fast, gauss_at = _numpy_state_bytes(), _numpy_gauss_address()
         numpy = (fast, ctypes.string_at(gauss_at, 16)) if fast is not None and gauss_at is not None else np.random.get_state()
-    state = torch_module().default_generator.get_state()
+    state = _torch().default_generator.get_state()
     return python, numpy, (state, ctypes.string_at(state.data_ptr(), state.numel()))
 
 
 def rng_restore(snapshot: tuple, only: set[str] | frozenset | None = None) -> None:
     """Put back the states taken by `rng_snapshot` (of the RNGs named in `only`, if given)."""
     python, numpy, (torch_state, _) = snapshot
-    if only is not None and "python" not in only:
-        pass
-    elif isinstance(python, tuple) and len(python) == 2 and isinstance(python[0], bytes):
-        ctypes.memmove(id(random._inst) + _python_state_offset[0], python[0], 4 + 624 * 4)
-        random._inst.gauss_next = python[1]
-    else:
-        random.setstate(python)
+    if only is None or "python" in only:
+        if _in_place(python):
+            ctypes.memmove(id(random._inst) + _python_state_offset[0], python[0], 4 + 624 * 4)
+            random._inst.gauss_next = python[1]
+        else:
+            random.setstate(python)
     if numpy is not None and (only is None or "numpy" in only):
-        if isinstance(numpy, tuple) and len(numpy) == 2 and isinstance(numpy[0], bytes):
+        if _in_place(numpy):
             generator = _numpy().random.mtrand._rand._bit_generator
             ctypes.memmove(_numpy_state_address[id(generator)], numpy[0], 624 * 4 + 4)
             ctypes.memmove(_numpy_gauss_address(), numpy[1], 16)
         else:
             _numpy().random.set_state(numpy)
     if only is None or "torch" in only:
-        torch_module().default_generator.set_state(torch_state)
+        _torch().default_generator.set_state(torch_state)
 
 
 def rng_changed(before: tuple, after: tuple) -> set[str]:
@@ -269,8 +268,13 @@ def rng_changed(before: tuple, after: tuple) -> set[str]:
     return changed
 
 
+def _in_place(state) -> bool:
+    """Whether a snapshot entry was read in place (bytes, extra) rather than through getstate()/get_state()."""
+    return isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], bytes)
+
+
 def _same_numpy(a, b) -> bool:
-    if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], bytes):
+    if _in_place(a):
         return a == b
     return a[0] == b[0] and (a[1] == b[1]).all() and tuple(a[2:]) == tuple(b[2:])
 
@@ -278,13 +282,20 @@ def _same_numpy(a, b) -> bool:
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
-def splitmix(base: int, counters):
-    """SplitMix64 outputs for `counters` (a NumPy uint64 array) from a 64-bit `base`: bijective in the counter."""
+def splitmix(base, counters, out=None):
+    """SplitMix64 outputs for `counters` (a NumPy uint64 array) from `base` (a 64-bit integer, or
+    an array of them broadcast against `counters`): bijective in the counter. `out` receives them
+    (a buffer reused from call to call saves allocating, and page-faulting, a large one)."""
     np = _numpy()
-    z = np.uint64(base & 0xFFFFFFFFFFFFFFFF) + counters * np.uint64(_GOLDEN)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
-    return z ^ (z >> np.uint64(31))
+    z = np.multiply(counters, np.uint64(_GOLDEN), out=out)  # the standard form: base + counter * golden
+    z += np.asarray(base, dtype=np.uint64)
+    shifted = np.empty_like(z) if out is None else _scratch(("shifted", z.shape), z.shape, np.uint64)
+    for shift, factor in ((30, _MIX1), (27, _MIX2), (31, None)):
+        np.right_shift(z, np.uint64(shift), out=shifted)
+        z ^= shifted
+        if factor is not None:
+            z *= np.uint64(factor)
+    return z
 
 
 _COUNTERS = None  # 1..312, made on first use (NumPy is not imported for this module's sake)
@@ -302,17 +313,9 @@ def mt_states(seeds: list[int], stream: int, *, position_first: bool):
         _COUNTERS = np.arange(1, 313, dtype=np.uint64)
     keys = splitmix(stream, np.asarray(seeds, dtype=np.uint64))
     rows = len(seeds)
-    words, shifted, out = _scratch(("words", rows), (rows, 312), np.uint64), _scratch(("shifted", rows), (rows, 312), np.uint64), \
-        _scratch(("out", rows, position_first), (rows, 625), np.uint32)
-    # SplitMix64 of (key + j) for j = 1..312, in place, in buffers kept from call to call: fresh
-    # 160 kB arrays cost more in page faults than the arithmetic.
-    np.add(_COUNTERS[None, :], keys[:, None], out=words)
-    words *= np.uint64(_GOLDEN)
-    for shift, factor in ((30, _MIX1), (27, _MIX2), (31, None)):
-        np.right_shift(words, np.uint64(shift), out=shifted)
-        words ^= shifted
-        if factor is not None:
-            words *= np.uint64(factor)
+    # SplitMix64 under each key, counters 1..312.
+    words = splitmix(keys[:, None], _COUNTERS[None, :], out=_scratch(("words", rows), (rows, 312), np.uint64))
+    out = _scratch(("out", rows, position_first), (rows, 625), np.uint32)
     if position_first:
         out[:, 0], out[:, 1:] = 624, words.view(np.uint32)
     else:
@@ -366,12 +369,6 @@ def numpy_state_writer():
         memmove(gauss_at, no_gauss, 16)
 
     return put
-
-
-def torch_module():
-    import torch
-
-    return torch
 
 
 def rng_digests() -> dict[str, str]:
