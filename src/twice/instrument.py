@@ -166,10 +166,8 @@ class Recorder:
             self.probe_params = False
             with self._paused():
                 self._round.params_before = digest_pairs([(n, digest(p)) for n, p in self._named(optimizer)])
-        self.set_phase("optimizer")
-        shared = type(optimizer).__module__.startswith("torch.")  # a user's own optimizer has lines of its own
-        for mode in self._modes():
-            mode.step_line_shared = shared
+        # A torch.optim step's ops all come from the line calling step(); a user's own optimizer's have lines of their own.
+        self.set_phase("optimizer", step_line_shared=type(optimizer).__module__.startswith("torch."))
         if self._tracing_this_step() and not _has_closure(args, kwargs):
             # Before the update: some optimizers (maximize=True) change the gradients in place.
             with self._paused():
@@ -394,11 +392,9 @@ class Recorder:
 
         return paused()
 
-    def set_phase(self, phase: str) -> None:
+    def set_phase(self, phase: str, step_line_shared: bool = False) -> None:
         for mode in self._modes():
-            mode.phase = phase
-            if hasattr(mode, "_step_line"):
-                mode._step_line = None  # a new phase (or a new optimizer step) finds its line again
+            mode.set_phase(phase, step_line_shared)
 
     def resume_at(self, step: int, *, keep_batches: int | None = 0) -> None:
         """Continue numbering at `step` (after a checkpoint restore); the open round is dropped.

@@ -117,7 +117,7 @@ class OpContext(TorchDispatchMode):
         self.forward_lines = forward_lines
         self.phase = "forward"
         self._step_line: str | None = None  # the user's line calling optimizer.step(), while in it
-        self.step_line_shared = False  # set while a torch.optim optimizer steps (its ops have no lines of their own)
+        self.step_line_shared = False  # while a torch.optim optimizer steps: its ops share the line calling step()
         self.paused = False
         self._module_stack: list[str] = []
         self._names = _NAMES  # shared across steps: the gc walk is only repeated for unknown modules
@@ -139,6 +139,10 @@ class OpContext(TorchDispatchMode):
             raw = getattr(type(self).__torch_dispatch__, "__wrapped__", None)
             if raw is not None:
                 self.__torch_dispatch__ = types.MethodType(raw, self)
+
+    def set_phase(self, phase: str, step_line_shared: bool = False) -> None:
+        """Enter a phase; a new phase (or a new optimizer step) finds its user line again."""
+        self.phase, self.step_line_shared, self._step_line = phase, step_line_shared, None
 
     def _enter_module(self, module, args):
         name = self._names.get(id(module))
@@ -302,7 +306,7 @@ class OpLog:
     killed process) reads as not recorded."""
 
     def __init__(self, run_dir: Path, stream: str | None = None):
-        self.path = Path(run_dir) / "ops" / (f"ops.{stream}.jsonl" if stream else "ops.jsonl")
+        self.path = _log_path(run_dir, stream)
         self._handle = None
 
     def append(self, step: int, records: list[dict]) -> None:
@@ -320,11 +324,14 @@ class OpLog:
             self._handle = None
 
 
+def _log_path(run_dir: Path, stream: str | None) -> Path:
+    return Path(run_dir) / "ops" / (f"ops.{stream}.jsonl" if stream else "ops.jsonl")
+
+
 def step_ops(run_dir: Path, step: int, stream: str | None = None) -> list[dict] | None:
     """The op records of `step` in a run's op log, or None when that step was not recorded."""
-    folder = Path(run_dir) / "ops"
-    path = folder / (f"ops.{stream}.jsonl" if stream else "ops.jsonl")
-    legacy = folder / f"step-{step}.jsonl"  # op logs written before the per-process file
+    path = _log_path(run_dir, stream)
+    legacy = path.parent / f"step-{step}.jsonl"  # op logs written before the per-process file
     if not path.is_file():
         return read_oplog(legacy) if stream is None and legacy.is_file() else None
     found, lines = None, path.read_text(encoding="utf-8").split("\n")
@@ -347,7 +354,7 @@ def step_ops(run_dir: Path, step: int, stream: str | None = None) -> list[dict] 
 
 def recorded_steps(run_dir: Path, stream: str | None = None) -> list[int]:
     """The steps a run's op log holds."""
-    path = Path(run_dir) / "ops" / (f"ops.{stream}.jsonl" if stream else "ops.jsonl")
+    path = _log_path(run_dir, stream)
     if not path.is_file():
         return []
     return sorted({json.loads(line)["step"] for line in path.read_text(encoding="utf-8").splitlines()
@@ -419,6 +426,8 @@ def _dtype_name(dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return name
+
+
 _SKIPPED = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
 _SKIP: dict[Any, bool] = {}  # op -> not recorded (views, detach, profiler markers), decided once per op
 
