@@ -101,13 +101,8 @@ class Digester:
 
     def _update_tensor(self, tensor) -> None:
         torch = _torch()
-        if tensor.is_cpu and tensor.layout is torch.strided and not tensor.dtype.is_complex and tensor.is_contiguous():
-            # The common case (a batch from a DataLoader), framed exactly as below with less work.
-            nbytes = tensor.numel() * tensor.element_size()
-            self._hash.update(_framed_header(tensor))
-            self._hash.update(nbytes.to_bytes(8, "little"))
-            if nbytes:
-                self._hash.update((ctypes.c_char * nbytes).from_address(tensor.data_ptr()))
+        if _plain_cpu(tensor):
+            _feed_plain(self._hash, tensor)  # the common case (a batch from a DataLoader), framed as below
             return
         if tensor.layout != torch.strided:
             raise TypeError(f"cannot digest a {tensor.layout} tensor; convert it with .to_dense() first")
@@ -245,15 +240,25 @@ def digest_tensor(tensor: Any) -> str:
     """`digest(tensor)` for one tensor, with the per-call work kept small: the step trace digests
     every parameter and gradient of every step, and for small models the Python around the hash
     costs more than the hashing. Same value as `digest(tensor)` (a test holds them together)."""
-    if not tensor.is_cpu or tensor.layout is not _torch().strided or tensor.dtype.is_complex or not tensor.is_contiguous():
+    if not _plain_cpu(tensor):
         return digest(tensor)
-    framed = _framed_header(tensor)
+    hasher = xxhash.xxh3_128()
+    _feed_plain(hasher, tensor)
+    return hasher.hexdigest()
+
+
+def _plain_cpu(tensor) -> bool:
+    """A dense, contiguous, real CPU tensor: its memory is already its bytes in logical order."""
+    return tensor.is_cpu and tensor.layout is _torch().strided and not tensor.dtype.is_complex and tensor.is_contiguous()
+
+
+def _feed_plain(hasher, tensor) -> None:
+    """Frame a `_plain_cpu` tensor into `hasher` as `Digester` frames any CPU tensor, straight from its memory."""
     nbytes = tensor.numel() * tensor.element_size()
-    hasher = xxhash.xxh3_128(framed)
+    hasher.update(_framed_header(tensor))
     hasher.update(nbytes.to_bytes(8, "little"))
     if nbytes:
         hasher.update((ctypes.c_char * nbytes).from_address(tensor.data_ptr()))
-    return hasher.hexdigest()
 
 
 def digest_pairs(pairs: list[tuple[str, str]]) -> str:
