@@ -91,3 +91,53 @@ def test_the_python_rng_digest_follows_every_draw_even_a_whole_state_regeneratio
     random.setstate(state)
     random.getrandbits(32), random.getrandbits(32), random.getrandbits(32), random.getrandbits(32)
     assert rng_digests()["python"] != after_gauss
+
+
+def _splitmix_reference(state: int, counter: int) -> int:
+    """SplitMix64 output `counter` of the sequence starting at `state`, in plain Python integers."""
+    z = (state + counter * 0x9E3779B97F4A7C15) & (2**64 - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    return z ^ (z >> 31)
+
+
+def _reference_words(seed: int, stream: int) -> list[int]:
+    words = []
+    for counter in range(stream * 312 + 1, stream * 312 + 313):
+        value = _splitmix_reference(seed, counter)
+        words += [value & 0xFFFFFFFF, value >> 32]
+    return words
+
+
+def test_per_sample_mt_states_are_splitmix64_words_that_python_and_numpy_read_as_written():
+    from twice import seeding
+
+    seeds, stream = [3, 2**63 + 11, 12345], 0x55
+    assert seeding.splitmix(7, np.arange(4, dtype=np.uint64)).tolist() == [_splitmix_reference(7, c) for c in range(4)]
+    python_rows = seeding.mt_states(seeds, stream, position_first=True)
+    numpy_rows = seeding.mt_states(seeds, stream, position_first=False)
+    put_python, put_numpy = seeding.python_state_writer(), seeding.numpy_state_writer()
+    assert None not in (put_python, put_numpy)  # the layouts of this CPython and NumPy are confirmed
+    for row, seed in enumerate(seeds):
+        words = _reference_words(seed, stream)
+        put_python(python_rows.ctypes.data + row * python_rows.strides[0])
+        assert random.getstate() == (3, tuple(words) + (0,), None)  # position 0: the next draws read these words
+        put_numpy(numpy_rows.ctypes.data + row * numpy_rows.strides[0])
+        name, key, position, has_gauss, _ = np.random.get_state()
+        assert key.tolist() == words and position == 0 and has_gauss == 0
+
+
+def test_per_sample_states_draw_like_independent_uniform_numbers():
+    from twice import seeding
+
+    seeds = seeding.splitmix(99, np.arange(2000, dtype=np.uint64)).tolist()
+    rows = seeding.mt_states(seeds, 0x7079, position_first=True)
+    put = seeding.python_state_writer()
+    draws = []
+    for row in range(len(seeds)):
+        put(rows.ctypes.data + row * rows.strides[0])
+        draws.append((random.random(), random.random()))
+    draws = np.asarray(draws)
+    assert len(set(draws[:, 0].tolist())) == len(seeds)  # no two samples share a stream
+    assert abs(draws.mean() - 0.5) < 0.02 and abs(draws.var() - 1 / 12) < 0.01
+    assert abs(np.corrcoef(draws.T)[0, 1]) < 0.08  # a sample's first and second draws unrelated

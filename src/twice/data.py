@@ -9,6 +9,7 @@ a resumed loader skips straight to it without fetching the batches before it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
@@ -52,9 +53,7 @@ class _EpochSampler(Sampler):
         return indices[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch, start = self.epoch, self.start
-        for index in self.order(epoch)[start:]:
-            yield epoch, index
+        return zip(itertools.repeat(self.epoch), self.order(self.epoch)[self.start:])
 
     def __len__(self) -> int:
         return len(self.order(self.epoch)) - self.start
@@ -90,8 +89,12 @@ class _SeededSamples(Dataset):
         import numpy as np
 
         # Seeds for the whole batch at once: sample i of epoch e gets SplitMix64 of i under
-        # derive_seed(seed, "sample", e).
-        epoch_keys = np.asarray([self._epoch_key(epoch) for epoch, _ in keys], dtype=np.uint64)
+        # derive_seed(seed, "sample", e). A batch comes from one epoch (the sampler yields one).
+        epochs = {epoch for epoch, _ in keys}
+        if len(epochs) == 1:
+            epoch_keys = self._epoch_key(epochs.pop())
+        else:
+            epoch_keys = np.asarray([self._epoch_key(epoch) for epoch, _ in keys], dtype=np.uint64)
         seeds = splitmix(epoch_keys, np.asarray([index for _, index in keys], dtype=np.uint64)).tolist()
         seeders = [_seeder(name, seeds) for name in self.RNGS if name in used]
         samples = []
@@ -194,11 +197,13 @@ def _seeder(name: str, seeds: list[int]):
     """seed_one(row, seed), putting one global RNG in the state for sample `row` of a batch.
 
     Python's and NumPy's MT19937 states are built for the whole batch and copied in by address
-    (seeding through random.seed costs ~4 us a sample); where their memory layout was not confirmed
-    they are seeded through random.seed / np.random.seed."""
+    (seeding through random.seed costs ~4 us a sample, and the first draw after it regenerates the
+    block); where their memory layout was not confirmed they are seeded through random.seed /
+    np.random.seed. torch's is seeded with manual_seed (in C, ~1 us)."""
     if name == "torch":
         generator = torch.default_generator
         # default_generator.manual_seed: torch.manual_seed also visits every accelerator (~100x slower).
+        # (A state built in NumPy and set with set_state costs as much, measured in the loader.)
         return lambda row, seed: generator.manual_seed(seed)
     if name == "python":
         put, stream, position_first = python_state_writer(), _PYTHON_STREAM, True

@@ -224,16 +224,42 @@ def _numpy_gauss_address() -> int | None:
 
 def rng_snapshot() -> tuple:
     """The global Python, NumPy and torch CPU RNG states, read in place where the layout was checked
-    (a few microseconds, against ~60 us through getstate()/get_state()), for `rng_restore`."""
-    np = sys.modules.get("numpy")
-    python = _python_state_bytes()
-    python = (python, random._inst.gauss_next) if python is not None else random.getstate()
-    numpy = None
-    if np is not None:
-        fast, gauss_at = _numpy_state_bytes(), _numpy_gauss_address()
-        numpy = (fast, ctypes.string_at(gauss_at, 16)) if fast is not None and gauss_at is not None else np.random.get_state()
-    state = _torch().default_generator.get_state()
-    return python, numpy, (state, ctypes.string_at(state.data_ptr(), state.numel()))
+    (~1.5 us, against ~60 us through getstate()/get_state()), for `rng_restore` and `rng_changed`."""
+    key = (id(random._inst), id(sys.modules.get("numpy")))
+    read = _snapshot_readers.get(key)
+    if read is None:
+        _snapshot_readers.clear()
+        read = _snapshot_readers[key] = _snapshot_reader()
+    return read()
+
+
+_snapshot_readers: dict = {}  # (id of random's generator, id of numpy) -> rng_snapshot's reader for them
+
+
+def _snapshot_reader() -> Callable[[], tuple]:
+    """rng_snapshot's work for the RNG objects of the moment: the in-place states are read through
+    ctypes arrays made once (bytes() of one costs a third of ctypes.string_at)."""
+    np, inst = _numpy(), random._inst
+    python_view = numpy_views = None
+    if _python_state_bytes() is not None:
+        python_view = (ctypes.c_char * (4 + 624 * 4)).from_address(id(inst) + _python_state_offset[0])
+    if np is not None and _numpy_state_bytes() is not None and _numpy_gauss_address() is not None:
+        generator = np.random.mtrand._rand._bit_generator
+        numpy_views = ((ctypes.c_char * (624 * 4 + 4)).from_address(_numpy_state_address[id(generator)]),
+                       (ctypes.c_char * 16).from_address(_numpy_gauss_address()))
+    get_state, string_at = _torch().default_generator.get_state, ctypes.string_at
+    size = get_state().numel()
+
+    def read() -> tuple:
+        python = (bytes(python_view), inst.gauss_next) if python_view is not None else random.getstate()
+        if numpy_views is not None:
+            numpy = (bytes(numpy_views[0]), bytes(numpy_views[1]))
+        else:
+            numpy = None if np is None else np.random.get_state()
+        state = get_state()
+        return python, numpy, (state, string_at(state.data_ptr(), size))
+
+    return read
 
 
 def rng_restore(snapshot: tuple, only: set[str] | frozenset | None = None) -> None:
@@ -289,7 +315,13 @@ def splitmix(base, counters, out=None):
     np = _numpy()
     z = np.multiply(counters, np.uint64(_GOLDEN), out=out)  # the standard form: base + counter * golden
     z += np.asarray(base, dtype=np.uint64)
-    shifted = np.empty_like(z) if out is None else _scratch(("shifted", z.shape), z.shape, np.uint64)
+    return _splitmix_finish(z, out is not None)
+
+
+def _splitmix_finish(z, reuse: bool):
+    """SplitMix64's output function, in place on `z` (base + counter * golden)."""
+    np = _numpy()
+    shifted = _scratch(("shifted", z.shape), z.shape, np.uint64) if reuse else np.empty_like(z)
     for shift, factor in ((30, _MIX1), (27, _MIX2), (31, None)):
         np.right_shift(z, np.uint64(shift), out=shifted)
         z ^= shifted
@@ -298,28 +330,37 @@ def splitmix(base, counters, out=None):
     return z
 
 
-_COUNTERS = None  # 1..312, made on first use (NumPy is not imported for this module's sake)
+_WEYL: dict = {}  # stream -> its 312 counters times golden, made on first use
+
+
+def _state_words(seeds: list[int], stream: int):
+    """312 outputs (624 uint32 words) of the SplitMix64 sequence each seed starts, at counters
+    stream*312+1 .. stream*312+312: the streams of one seed are disjoint stretches of its sequence.
+    Rows are independent. A scratch array, reused by the next call with as many seeds."""
+    np = _numpy()
+    weyl = _WEYL.get(stream)
+    if weyl is None:
+        weyl = _WEYL[stream] = np.arange(stream * 312 + 1, stream * 312 + 313, dtype=np.uint64) * np.uint64(_GOLDEN)
+    z = np.add(np.asarray(seeds, dtype=np.uint64)[:, None], weyl[None, :], out=_scratch(("words", len(seeds)), (len(seeds), 312), np.uint64))
+    return _splitmix_finish(z, True)
 
 
 def mt_states(seeds: list[int], stream: int, *, position_first: bool):
     """An MT19937 state per seed, all at once, as rows of 625 uint32: the 624 words filled from
-    SplitMix64 (a fraction of what MT's own seeding costs: random.seed ~4 us a call) and the
-    position 624 (the next draw regenerates the block, as after seeding) before or after them,
-    the layouts of CPython's `random` and NumPy's MT19937. Row i depends only on seeds[i] and `stream`.
-    The array returned is reused by the next call with as many seeds and the same layout."""
-    global _COUNTERS
+    SplitMix64 and the position 0 before or after them (the layouts of CPython's `random` and
+    NumPy's MT19937). Position 0 means the next draws read the words themselves (tempered), and
+    the block is regenerated only after 624 of them: seeding through random.seed costs ~4 us, and
+    the first draw after it regenerates the whole block (~1 us) before it can return anything.
+    Row i depends only on seeds[i] and `stream`. The array returned is reused by the next call
+    with as many seeds and the same layout."""
     np = _numpy()
-    if _COUNTERS is None:
-        _COUNTERS = np.arange(1, 313, dtype=np.uint64)
-    keys = splitmix(stream, np.asarray(seeds, dtype=np.uint64))
     rows = len(seeds)
-    # SplitMix64 under each key, counters 1..312.
-    words = splitmix(keys[:, None], _COUNTERS[None, :], out=_scratch(("words", rows), (rows, 312), np.uint64))
+    words = _state_words(seeds, stream).view(np.uint32)
     out = _scratch(("out", rows, position_first), (rows, 625), np.uint32)
     if position_first:
-        out[:, 0], out[:, 1:] = 624, words.view(np.uint32)
+        out[:, 0], out[:, 1:] = 0, words
     else:
-        out[:, :624], out[:, 624] = words.view(np.uint32), 624
+        out[:, :624], out[:, 624] = words, 0
     return out
 
 
