@@ -122,3 +122,22 @@ def test_no_false_alarms_on_a_healthy_run_of_hundreds_of_steps(recorder):
     recorder.finish()
     assert watch.report is None and watch.log.events == []
     assert recorder._health is None or recorder._health.events == []
+
+
+@pytest.mark.parametrize("lr", [float("inf"), float("nan")])
+def test_the_cheap_mode_flags_a_non_finite_learning_rate_and_a_gradient_explosion(recorder, lr):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(16, 4)
+    for step in range(14):
+        opt.zero_grad()
+        scale = 1e6 if step == 12 else 1.0  # one step's gradients a million times the others'
+        (scale * model(x).pow(2).mean()).backward()
+        if step == 13:
+            opt.param_groups[0]["lr"] = lr
+        opt.step()
+    recorder.finish()
+    events = {(e.kind, e.step) for e in recorder._health.events}
+    assert ("grad_explosion", 12) in events and ("bad_scalar", 13) in events
+    assert not any(kind in ("grad_explosion", "bad_scalar") and step < 12 for kind, step in events)

@@ -433,7 +433,8 @@ class Recorder:
     def _write_round(self) -> None:
 
         round_ = self._round
-        losses = [float_bits(float(x)) for x in round_.losses]
+        loss_values = _floats(round_.losses)
+        losses = [float_bits(x) for x in loss_values]
         round_.params_digest = digest_pairs(round_.params) if round_.params else None
         # One device-to-host read of each gradient norm, shared by the record and the health checks.
         norms = round_.grad_norms = _floats(round_.grad_squares)
@@ -453,16 +454,17 @@ class Recorder:
             time=round(time.perf_counter() - self._t0, 6),
         )
         self._writer.write(record)
-        self._check_health(record, round_)
+        self._check_health(record, round_, loss_values)
 
-    def _check_health(self, record: StepRecord, round_: _Round) -> None:
+    def _check_health(self, record: StepRecord, round_: _Round, losses: list[float]) -> None:
         """The cheap always-on numerics mode: loss, gradients and parameters, once per step."""
-        from .numerics import Event, HealthLog
-
         if self._health is None:
+            from .numerics import HealthLog
+
             self._health = HealthLog(self.run_dir)
+        from .numerics import Event
+
         log, step = self._health, record.step
-        losses = [float(x) for x in round_.losses]
         if any(not math.isfinite(x) for x in losses):
             log.add(Event("non_finite", step, f"loss is {losses[0]} at step {step}"))
         elif losses and all(x == 0.0 for x in losses):
@@ -478,14 +480,14 @@ class Recorder:
                     log.add(Event("zero_grad", step, f"gradients exactly zero: {', '.join(zero[:6])}" + (" ..." if len(zero) > 6 else ""),
                                   details={"parameters": zero}), key=("zero_grad", tuple(zero)))
                 history = self._norm_history
-                median = sorted(history)[len(history) // 2] if len(history) >= 10 else None
+                # The median only when the norm is over 1000x the smallest recent one (it is then at least as large).
+                median = sorted(history)[len(history) // 2] if len(history) >= 10 and total > 1e3 * min(history) else None
                 if median is not None and total > 1e3 * median:
                     log.add(Event("grad_explosion", step, f"gradient norm {total:.3g} at step {step}, "
                                   f"over 1000x the recent median {median:.3g}"))
                 history.append(total)
                 del history[:-50]
-        if any(not math.isfinite(float.fromhex(lr)) for lr in round_.lr if not lr.startswith("nan")) or \
-                any(lr.startswith("nan") for lr in round_.lr):
+        if any(lr in ("inf", "-inf") or lr.startswith("nan") for lr in round_.lr):  # float_bits' spellings
             log.add(Event("bad_scalar", step, f"learning rate non-finite at step {step}: {', '.join(round_.lr)}"))
         if round_.param_norm is not None and not math.isfinite(round_.param_norm):
             log.add(Event("non_finite", step, f"parameters non-finite after the update at step {step}"))
