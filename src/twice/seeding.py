@@ -333,21 +333,9 @@ def _splitmix_finish(z, reuse: bool):
 _WEYL: dict = {}  # stream -> its 312 counters times golden, made on first use
 
 
-def _state_words(seeds: list[int], stream: int):
-    """312 outputs (624 uint32 words) of the SplitMix64 sequence each seed starts, at counters
-    stream*312+1 .. stream*312+312: the streams of one seed are disjoint stretches of its sequence.
-    Rows are independent. A scratch array, reused by the next call with as many seeds."""
-    np = _numpy()
-    weyl = _WEYL.get(stream)
-    if weyl is None:
-        weyl = _WEYL[stream] = np.arange(stream * 312 + 1, stream * 312 + 313, dtype=np.uint64) * np.uint64(_GOLDEN)
-    z = np.add(np.asarray(seeds, dtype=np.uint64)[:, None], weyl[None, :], out=_scratch(("words", len(seeds)), (len(seeds), 312), np.uint64))
-    return _splitmix_finish(z, True)
-
-
 def mt_states(seeds: list[int], stream: int, *, position_first: bool):
     """An MT19937 state per seed, all at once, as rows of 625 uint32: the 624 words filled from
-    SplitMix64 and the position 0 before or after them (the layouts of CPython's `random` and
+    SplitMix64 (312 outputs) and the position 0 before or after them (the layouts of CPython's `random` and
     NumPy's MT19937). Position 0 means the next draws read the words themselves (tempered), and
     the block is regenerated only after 624 of them: seeding through random.seed costs ~4 us, and
     the first draw after it regenerates the whole block (~1 us) before it can return anything.
@@ -355,7 +343,13 @@ def mt_states(seeds: list[int], stream: int, *, position_first: bool):
     with as many seeds and the same layout."""
     np = _numpy()
     rows = len(seeds)
-    words = _state_words(seeds, stream).view(np.uint32)
+    # Each seed starts a SplitMix64 sequence; a stream takes its outputs stream*312+1 .. stream*312+312,
+    # so the streams of one seed are disjoint stretches of one sequence.
+    weyl = _WEYL.get(stream)
+    if weyl is None:
+        weyl = _WEYL[stream] = np.arange(stream * 312 + 1, stream * 312 + 313, dtype=np.uint64) * np.uint64(_GOLDEN)
+    words = np.add(np.asarray(seeds, dtype=np.uint64)[:, None], weyl[None, :], out=_scratch(("words", rows), (rows, 312), np.uint64))
+    words = _splitmix_finish(words, True).view(np.uint32)
     out = _scratch(("out", rows, position_first), (rows, 625), np.uint32)
     if position_first:
         out[:, 0], out[:, 1:] = 0, words
