@@ -141,3 +141,32 @@ def test_per_sample_states_draw_like_independent_uniform_numbers():
     assert len(set(draws[:, 0].tolist())) == len(seeds)  # no two samples share a stream
     assert abs(draws.mean() - 0.5) < 0.02 and abs(draws.var() - 1 / 12) < 0.01
     assert abs(np.corrcoef(draws.T)[0, 1]) < 0.08  # a sample's first and second draws unrelated
+
+
+def test_an_rng_state_that_is_a_view_at_an_offset_restores_that_state():
+    # torch's set_state reads from the start of the storage: a row of stacked states would restore
+    # row 0's state, or crash the process. Run where a crash cannot take the test session with it.
+    code = """
+import torch
+from twice.seeding import capture_rng, restore_rng
+import twice.checkpoint
+torch.manual_seed(0)
+first = torch.get_rng_state()
+torch.manual_seed(1)
+state = capture_rng()
+expected = torch.rand(3)
+state["torch"] = torch.stack([first, state["torch"]])[1]
+restore_rng(state)
+assert torch.equal(torch.rand(3), expected), "restore_rng"
+generator = torch.Generator().manual_seed(1)
+stacked = torch.stack([first, generator.get_state()])
+expected = torch.rand(3, generator=generator)
+twice.checkpoint._restore(generator, "torch_generator", stacked[1], "g")
+assert torch.equal(torch.rand(3, generator=generator), expected), "checkpoint"
+print("ok")
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

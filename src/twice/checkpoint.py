@@ -138,7 +138,9 @@ def _state_of(obj: Any, kind: str) -> Any:
 
 def _restore(obj: Any, kind: str, state: Any, name: str) -> Any:
     if kind == "torch_generator":
-        obj.set_state(state)
+        from .seeding import own_storage
+
+        obj.set_state(own_storage(state))
     elif kind == "numpy_generator":
         obj.bit_generator.state = state
     elif kind == "stateful":

@@ -70,6 +70,13 @@ def _accelerator_available() -> bool:
     )
 
 
+def own_storage(state):
+    """An RNG state tensor that starts its own storage. torch's Generator.set_state reads from the
+    start of the storage, not of the tensor: given a view at an offset (one row of stacked states,
+    a slice of a loaded buffer) it restores another state or crashes the process (torch 2.13)."""
+    return state if state.storage_offset() == 0 and state.is_contiguous() else state.clone()
+
+
 RNG_SOURCES: tuple[RngSource, ...] = (
     RngSource(
         "python",
@@ -91,14 +98,14 @@ RNG_SOURCES: tuple[RngSource, ...] = (
         # torch.manual_seed also queues the seed for every CUDA device, without initialising CUDA.
         seed=lambda s: _torch().manual_seed(s),
         get_state=lambda: _torch().get_rng_state(),
-        set_state=lambda state: _torch().set_rng_state(state),
+        set_state=lambda state: _torch().set_rng_state(own_storage(state)),
     ),
     RngSource(
         "cuda",
         available=_cuda_ready,
         seed=lambda s: _torch().cuda.manual_seed_all(s),
         get_state=lambda: _torch().cuda.get_rng_state_all(),
-        set_state=lambda state: _torch().cuda.set_rng_state_all(state),
+        set_state=lambda state: _torch().cuda.set_rng_state_all([own_storage(one) for one in state]),
     ),
     RngSource(
         "accelerator",
