@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from .seeding import mt_states, numpy_state_writer, python_state_writer, rng_changed, rng_restore, rng_snapshot, splitmix
+from .seeding import mt_states, numpy_state_writer, python_state_writer, rng_moved, rng_restore, rng_snapshot, splitmix
 from .seeds import derive_seed
 
 __all__ = ["loader", "ResumableLoader"]
@@ -77,7 +77,7 @@ class _SeededSamples(Dataset):
     def __init__(self, dataset: Dataset, seed: int, seed_every_rng: bool = False):
         self.dataset, self.seed = dataset, seed
         self._epoch_keys: dict[int, int] = {}  # epoch -> derive_seed(seed, "sample", epoch)
-        self.used: set[str] = set(self.RNGS) if seed_every_rng else set()  # in this process
+        self.used = frozenset(self.RNGS if seed_every_rng else ())  # in this process
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -113,14 +113,14 @@ class _SeededSamples(Dataset):
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
         """A whole batch (DataLoader calls this when it exists)."""
         before = rng_snapshot()
-        used = frozenset(self.used)
+        used = self.used
         samples = self._fetch(keys, used)
         if len(used) < len(self.RNGS):
-            drawn = rng_changed(before, rng_snapshot()) - used
+            drawn = rng_moved(before) - used
             if drawn:
-                self.used |= drawn
+                self.used = used | drawn
                 rng_restore(before)
-                samples = self._fetch(keys, frozenset(self.used))
+                samples = self._fetch(keys, self.used)
         if get_worker_info() is None and self.used:
             # In the main process the training loop shares these RNGs: give back those seeded
             # (the others were not drawn from), so that num_workers=0 trains exactly like num_workers=4.
