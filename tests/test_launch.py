@@ -252,3 +252,22 @@ def test_forked_children_draw_the_same_python_random_numbers_in_every_run(tmp_pa
         "        print(i, random.random(), flush=True)\n        os._exit(0)\n    os.waitpid(pid, 0)\n")
     outputs = [twice("run", "forks.py", cwd=tmp_path).stdout for _ in range(2)]
     assert outputs[0] == outputs[1] and len(set(outputs[0].split())) == 4
+
+
+def test_the_run_records_what_tracing_cost_and_says_so_when_it_is_large(tmp_path):
+    from twice.cli import trace_cost_note
+
+    path = script("tiny_train.py", tmp_path)
+    result = twice("run", "--", sys.executable, path, "w.pt", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    context = manifest(runs(tmp_path)[0])["context"]
+    cost = context["trace_cost"]
+    assert 0 < cost["hooks_s"] < cost["wall_s"] and cost["share"] == round(cost["hooks_s"] / cost["wall_s"], 4)
+    # The line twice run prints, at a threshold under and over this run's share (the share itself
+    # depends on the machine; what is tested is that the recorded figures reach the user).
+    note = trace_cost_note(context, 1, threshold=0.0)
+    assert note.startswith(f"twice: tracing took {100 * cost['share']:.0f}% of the run's time")
+    assert "--trace-every 10 would trace one step in 10" in note
+    assert "--trace-every 50" in trace_cost_note(context, 5, threshold=0.0)
+    assert trace_cost_note(context, 1, threshold=cost["share"] + 0.01) is None
+    assert ("tracing took" in result.stderr) == (cost["share"] >= 0.05)

@@ -153,6 +153,7 @@ def _at_exit() -> None:
         "ended": time.time(), "sources": _local_sources(), "seed": _state.get("seed"),
         "determinism": _state.get("determinism"), "torch": _state.get("torch"),
         "steps": recorder.step_index if recorder is not None else None,
+        "trace_cost_s": round(recorder.cost, 6) if recorder is not None else None,
         "stopped_after": recorder.stop_after if recorder is not None and recorder.stopped else None,
         "distributed": _distributed_facts(),
     }

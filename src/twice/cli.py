@@ -132,9 +132,25 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, n
     code, run_dir = run_command(list(command), options)
     from .store import read_json
 
-    status = read_json(run_dir / "manifest.json")["context"]["status"]
-    _err(f"twice: run {run_dir} {status} (exit {code})")
+    context = read_json(run_dir / "manifest.json")["context"]
+    _err(f"twice: run {run_dir} {context['status']} (exit {code})")
+    note = trace_cost_note(context, trace_every)
+    if note:
+        _err(note)
     sys.exit(code)
+
+
+TRACE_COST_NOTE = 0.05  # `twice run` says what tracing cost when it is at least this share of the run
+
+
+def trace_cost_note(context: dict, trace_every: int, threshold: float = TRACE_COST_NOTE) -> str | None:
+    """The line `twice run` prints when the trace hooks took `threshold` or more of the run's time."""
+    cost = context.get("trace_cost")
+    if not cost or cost["share"] < threshold:
+        return None
+    every = max(trace_every, 1) * 10
+    return (f"twice: tracing took {100 * cost['share']:.0f}% of the run's time ({cost['hooks_s']:.1f} s in twice's hooks "
+            f"over {cost['wall_s']:.1f} s); --trace-every {every} would trace one step in {every}")
 
 
 def _steps_option(value: str | None) -> str | None:

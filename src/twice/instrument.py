@@ -9,6 +9,7 @@ backward) belongs to that step. Loops without torch.optim call `Recorder.record_
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import os
@@ -86,6 +87,20 @@ def _param_names(optimizer) -> dict[int, str]:
     return names
 
 
+def _costed(method):
+    """Adds the time spent in an event handler to the recorder's `cost` (what tracing costs the run)."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.cost += time.perf_counter() - start
+
+    return timed
+
+
 class Recorder:
     """Turns hook events into StepRecords written to `trace[.<stream>].jsonl` in the run folder."""
 
@@ -103,6 +118,7 @@ class Recorder:
         self.pid = os.getpid()
         self._fork_count = 0
         self._t0 = time.perf_counter()
+        self.cost = 0.0  # seconds spent in the event handlers below
         self._writer = TraceWriter(self.run_dir / (f"trace.{stream}.jsonl" if stream else "trace.jsonl"))
         self._round = _Round()
         self._pending_losses: list[Any] = []
@@ -133,6 +149,7 @@ class Recorder:
         self._replica_pending: tuple | None = None  # the replica check in flight
 
     # -- events -----------------------------------------------------------------------------------
+    @_costed
     def on_batch(self, batch: Any) -> None:
         self._exit_if_stopping()
         self.set_phase("forward")
@@ -143,6 +160,7 @@ class Recorder:
             digester.update(batch)
         self._pending_batches.append(digester)
 
+    @_costed
     def on_backward(self, tensors: Any) -> None:
         import torch
 
@@ -152,6 +170,7 @@ class Recorder:
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             self._pending_losses.append(tensors.detach())
 
+    @_costed
     def pre_step(self, optimizer, args, kwargs) -> None:
         self._exit_if_stopping()
         if self.explicit:
@@ -173,6 +192,7 @@ class Recorder:
             with self._paused():
                 self._take_grads(optimizer)
 
+    @_costed
     def post_step(self, optimizer, args, kwargs) -> None:
         self.set_phase("forward")
         if self.explicit:
@@ -254,6 +274,7 @@ class Recorder:
 
         warnings.warn(f"twice: {message}", RuntimeWarning, stacklevel=2)
 
+    @_costed
     def record_explicit(self, *, loss: Any = None, batch: Any = None, params: list[tuple[str, Any]] | None = None) -> None:
         """One step from a hand-written loop: the given loss, batch and named parameters (with .grad)."""
         import torch

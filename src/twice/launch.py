@@ -202,7 +202,15 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
             if problems:
                 identity["determinism"]["problems"] = problems
     return {"processes": len(procs), "steps": main.get("steps") if main else None,
-            "stopped_after": main.get("stopped_after") if main else None}
+            "stopped_after": main.get("stopped_after") if main else None, "trace_cost": _trace_cost(main)}
+
+
+def _trace_cost(proc: dict | None) -> dict | None:
+    """Time the training process spent in twice's trace hooks, against its whole life."""
+    if not proc or proc.get("trace_cost_s") is None or not proc.get("ended") or not proc.get("started"):
+        return None
+    wall = max(proc["ended"] - proc["started"], 1e-9)
+    return {"hooks_s": proc["trace_cost_s"], "wall_s": round(wall, 3), "share": round(proc["trace_cost_s"] / wall, 4)}
 
 
 def start_manifest(run_dir: Path, argv: list[str], script: Path | None, cwd: Path, options: RunOptions,
