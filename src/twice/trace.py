@@ -1,4 +1,4 @@
-"""The step trace: one JSON record per training step, appended and flushed as the run goes.
+"""The step trace: one JSON record per training step, appended with one write() call as each step ends.
 
 A record holds exact evidence only: digests, and floats as `float.hex` text, so that two traces
 compare bit for bit. Reading tolerates a last line cut short by a killed process.
