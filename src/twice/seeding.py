@@ -358,10 +358,10 @@ _WEYL: dict = {}  # stream -> its 312 counters times golden, made on first use
 
 def mt_states(seeds: list[int], stream: int, *, position_first: bool):
     """An MT19937 state per seed, all at once, as rows of 625 uint32: the 624 words filled from
-    SplitMix64 (312 outputs) and the position 0 before or after them (the layouts of CPython's `random` and
-    NumPy's MT19937). Position 0 means the next draws read the words themselves (tempered), and
-    the block is regenerated only after 624 of them: seeding through random.seed costs ~4 us, and
-    the first draw after it regenerates the whole block (~1 us) before it can return anything.
+    SplitMix64 (312 outputs) and the position 0 before or after them (the layouts of CPython's
+    `random` and NumPy's MT19937). Position 0 means the next draws read the words themselves
+    (tempered), and the block is regenerated only after 624 of them: seeding through random.seed
+    costs ~4 us, and the first draw after it regenerates the whole block (~1 us) first.
     Row i depends only on seeds[i] and `stream`. The array returned is reused by the next call
     with as many seeds and the same layout."""
     np = _numpy()
