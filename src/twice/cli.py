@@ -140,13 +140,17 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, n
     sys.exit(code)
 
 
-TRACE_COST_NOTE = 0.05  # `twice run` says what tracing cost when it is at least this share of the run
+# `twice run` says what tracing cost when it is at least this share of the run and this many seconds
+# (a short run's fraction of a second is not worth a line).
+TRACE_COST_NOTE, TRACE_COST_NOTE_SECONDS = 0.05, 1.0
 
 
-def trace_cost_note(context: dict, trace_every: int, threshold: float = TRACE_COST_NOTE) -> str | None:
-    """The line `twice run` prints when the trace hooks took `threshold` or more of the run's time."""
+def trace_cost_note(context: dict, trace_every: int, threshold: float = TRACE_COST_NOTE,
+                    min_seconds: float = TRACE_COST_NOTE_SECONDS) -> str | None:
+    """The line `twice run` prints when the trace hooks took `threshold` or more of the run's time
+    and at least `min_seconds`."""
     cost = context.get("trace_cost")
-    if not cost or cost["share"] < threshold:
+    if not cost or cost["share"] < threshold or cost["hooks_s"] < min_seconds:
         return None
     every = max(trace_every, 1) * 10
     return (f"twice: tracing took {100 * cost['share']:.0f}% of the run's time ({cost['hooks_s']:.1f} s in twice's hooks "
