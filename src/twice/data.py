@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from .seeding import mt_states, numpy_state_writer, python_state_writer, rng_moved, rng_restore, rng_snapshot, splitmix
+from .seeding import mt_states, numpy_state_writer, python_state_writer, rng_changed, rng_restore, rng_snapshot, splitmix
 from .seeds import derive_seed
 
 __all__ = ["loader", "ResumableLoader"]
@@ -116,7 +116,7 @@ class _SeededSamples(Dataset):
         used = self.used
         samples = self._fetch(keys, used)
         if len(used) < len(self.RNGS):
-            drawn = rng_moved(before) - used
+            drawn = rng_changed(before, rng_snapshot()) - used
             if drawn:
                 self.used = used | drawn
                 rng_restore(before)

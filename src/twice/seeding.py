@@ -231,31 +231,21 @@ def _numpy_gauss_address() -> int | None:
 
 def rng_snapshot() -> tuple:
     """The global Python, NumPy and torch CPU RNG states, read in place where the layout was checked
-    (~1.5 us, against ~60 us through getstate()/get_state()), for `rng_restore` and `rng_moved`."""
-    return _snapshot_reader()[0]()
-
-
-def rng_moved(before: tuple) -> set[str]:
-    """Which of "python", "numpy", "torch" have changed since `before` (an `rng_snapshot`),
-    compared in place rather than through a second snapshot."""
-    return _snapshot_reader()[1](before)
-
-
-_snapshot_readers: dict = {}  # (id of random's generator, id of numpy) -> (read, moved) for them
-
-
-def _snapshot_reader() -> tuple[Callable[[], tuple], Callable[[tuple], set[str]]]:
+    (~1.9 us, against ~60 us through getstate()/get_state()), for `rng_restore` and `rng_changed`."""
     key = (id(random._inst), id(sys.modules.get("numpy")))
-    found = _snapshot_readers.get(key)
-    if found is None:
+    read = _snapshot_readers.get(key)
+    if read is None:
         _snapshot_readers.clear()
-        found = _snapshot_readers[key] = _make_snapshot_reader()
-    return found
+        read = _snapshot_readers[key] = _snapshot_reader()
+    return read()
 
 
-def _make_snapshot_reader() -> tuple[Callable[[], tuple], Callable[[tuple], set[str]]]:
-    """rng_snapshot's and rng_moved's work for the RNG objects of the moment: the in-place states
-    are read through ctypes arrays made once (bytes() of one costs a third of ctypes.string_at)."""
+_snapshot_readers: dict = {}  # (id of random's generator, id of numpy) -> rng_snapshot's reader for them
+
+
+def _snapshot_reader() -> Callable[[], tuple]:
+    """rng_snapshot's work for the RNG objects of the moment: the in-place states are read through
+    ctypes arrays made once (bytes() of one costs a third of ctypes.string_at)."""
     np, inst = _numpy(), random._inst
     python_view = numpy_views = None
     if _python_state_bytes() is not None:
@@ -276,25 +266,7 @@ def _make_snapshot_reader() -> tuple[Callable[[], tuple], Callable[[tuple], set[
         state = get_state()
         return python, numpy, (state, string_at(state.data_ptr(), size))
 
-    def moved(before: tuple) -> set[str]:
-        python, numpy, (_, torch_bytes) = before
-        changed = set()
-        if python_view is not None:
-            if bytes(python_view) != python[0] or inst.gauss_next != python[1]:
-                changed.add("python")
-        elif random.getstate() != python:
-            changed.add("python")
-        if numpy_views is not None:
-            if bytes(numpy_views[0]) != numpy[0] or bytes(numpy_views[1]) != numpy[1]:
-                changed.add("numpy")
-        elif np is not None and not _same_numpy(numpy, np.random.get_state()):
-            changed.add("numpy")
-        state = get_state()
-        if string_at(state.data_ptr(), size) != torch_bytes:
-            changed.add("torch")
-        return changed
-
-    return read, moved
+    return read
 
 
 def rng_restore(snapshot: tuple, only: set[str] | frozenset | None = None) -> None:
@@ -315,6 +287,18 @@ def rng_restore(snapshot: tuple, only: set[str] | frozenset | None = None) -> No
             _numpy().random.set_state(numpy)
     if only is None or "torch" in only:
         _torch().default_generator.set_state(torch_state)
+
+
+def rng_changed(before: tuple, after: tuple) -> set[str]:
+    """Which of "python", "numpy", "torch" differ between two snapshots."""
+    changed = set()
+    if before[0] != after[0]:
+        changed.add("python")
+    if before[1] is not None and not _same_numpy(before[1], after[1]):
+        changed.add("numpy")
+    if before[2][1] != after[2][1]:
+        changed.add("torch")
+    return changed
 
 
 def _in_place(state) -> bool:
