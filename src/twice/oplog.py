@@ -260,12 +260,17 @@ class OpRecorder(OpContext):
 
     def digest(self, tensor: torch.Tensor) -> str:
         """`digest_tensor(tensor)`, hashed once per tensor version within the step."""
-        known = self._digests.get(id(tensor))
+        return self._cached(id(tensor), tensor, digest_tensor)
+
+    def _cached(self, key: int, tensor: torch.Tensor, compute) -> str | None:
+        """compute(tensor), remembered under `key` while the tensor lives at its current version."""
+        known = self._digests.get(key)
         version = tensor._version
         if known is not None and known[1] == version and known[0]() is tensor:
             return known[2]
-        value = digest_tensor(tensor)
-        self._digests[id(tensor)] = (_weak(tensor), version, value)
+        value = compute(tensor)
+        if value is not None:
+            self._digests[key] = (_weak(tensor), version, value)
         return value
 
     def op_digest(self, tensor: torch.Tensor) -> str:
@@ -275,16 +280,9 @@ class OpRecorder(OpContext):
         Both runs of a comparison log alike, so equal digests still mean equal arguments."""
         if tensor.is_contiguous() or not tensor.is_cpu or tensor.layout is not torch.strided:
             return self.digest(tensor)
-        key = ~id(tensor)  # a slot of its own: the same tensor's `digest` value differs
-        known = self._digests.get(key)
-        version = tensor._version
-        if known is not None and known[1] == version and known[0]() is tensor:
-            return known[2]
-        value = _permuted_digest(tensor)
-        if value is None:
-            return self.digest(tensor)
-        self._digests[key] = (_weak(tensor), version, value)
-        return value
+        # A slot of its own (~id): the same tensor's `digest` value differs.
+        value = self._cached(~id(tensor), tensor, _permuted_digest)
+        return value if value is not None else self.digest(tensor)
 
     def write(self, log: "OpLog") -> None:
         """Append this step's records to `log` (and save any op values asked for beside it)."""
