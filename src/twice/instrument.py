@@ -49,6 +49,7 @@ class _Round:
     params_before: str | None = None
     param_norm: float | None = None
     grad_norms: list[float] = field(default_factory=list)
+    grad_total: float | None = None  # the L2 norm of all gradients, from grad_norms
     params_digest: str | None = None
 
 
@@ -459,13 +460,14 @@ class Recorder:
         round_.params_digest = digest_pairs(round_.params) if round_.params else None
         # One device-to-host read of each gradient norm, shared by the record and the health checks.
         norms = round_.grad_norms = _floats(round_.grad_squares)
+        round_.grad_total = math.sqrt(sum(n * n for n in norms)) if norms else None
         per_tensor = self._per_tensor_due(len(round_.params))
         record = StepRecord(
             step=self.step_index,
             loss=None if not losses else losses[0] if len(losses) == 1 else losses,
             batch=round_.batch.hexdigest() if round_.batch is not None else None,
             grads=digest_pairs(round_.grads) if round_.grads else None,
-            grad_norm=float_bits(math.sqrt(sum(n * n for n in norms))) if norms else None,
+            grad_norm=float_bits(round_.grad_total) if norms else None,
             lr=round_.lr,
             params=round_.params_digest,
             rng=round_.rng,
@@ -479,20 +481,17 @@ class Recorder:
 
     def _check_health(self, record: StepRecord, round_: _Round, losses: list[float]) -> None:
         """The cheap always-on numerics mode: loss, gradients and parameters, once per step."""
+        from .numerics import Event, HealthLog
+
         if self._health is None:
-            from .numerics import HealthLog
-
             self._health = HealthLog(self.run_dir)
-        from .numerics import Event
-
         log, step = self._health, record.step
         if any(not math.isfinite(x) for x in losses):
             log.add(Event("non_finite", step, f"loss is {losses[0]} at step {step}"))
         elif losses and all(x == 0.0 for x in losses):
             log.add(Event("loss_zero", step, f"loss exactly 0 at step {step}"))
-        norms = round_.grad_norms
+        norms, total = round_.grad_norms, round_.grad_total
         if norms:
-            total = math.sqrt(sum(n * n for n in norms))
             if not math.isfinite(total):
                 log.add(Event("non_finite", step, f"gradients non-finite at step {step}"))
             else:
