@@ -10,7 +10,7 @@ from .compare import compare_runs
 from .errors import UsageError
 from .launch import RunOptions, run_command
 from .opdiff import OpFinding, differing_ops, first_op_difference, value_gap
-from .oplog import step_ops
+from .oplog import step_ops, steps_ops
 from .verify import rerun_options
 
 __all__ = ["Location", "locate_runs", "audit_command", "AuditReport", "CUDA_NONDETERMINISTIC"]
@@ -249,8 +249,9 @@ def audit_command(command: list[str], options: RunOptions, steps: int = 2) -> Au
         code, run_dir = run_command(command, replace(options, name=label, stop_after=steps, record_ops=record))
         dirs.append(run_dir)
     differing, hazards = [], {}
+    logs_a, logs_b = (steps_ops(run_dir, range(steps)) for run_dir in dirs)  # each log read once
     for step in range(steps):
-        log_a, log_b = step_ops(dirs[0], step), step_ops(dirs[1], step)
+        log_a, log_b = logs_a[step], logs_b[step]
         if log_a is None or log_b is None:
             continue
         for finding in differing_ops(log_a, log_b):

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .digests import digest_tensor
 
-__all__ = ["OpContext", "OpLog", "OpRecorder", "read_oplog", "recorded_steps", "step_ops", "user_line"]
+__all__ = ["OpContext", "OpLog", "OpRecorder", "read_oplog", "recorded_steps", "step_ops", "steps_ops", "user_line"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _TWICE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -328,11 +328,22 @@ def _log_path(run_dir: Path, stream: str | None) -> Path:
 
 def step_ops(run_dir: Path, step: int, stream: str | None = None) -> list[dict] | None:
     """The op records of `step` in a run's op log, or None when that step was not recorded."""
+    return steps_ops(run_dir, [step], stream)[step]
+
+
+def steps_ops(run_dir: Path, steps, stream: str | None = None) -> dict[int, list[dict] | None]:
+    """The op records of each of `steps` (None for a step not recorded), from one read of the log."""
+    wanted = set(steps)
+    found: dict[int, list[dict] | None] = dict.fromkeys(wanted)
     path = _log_path(run_dir, stream)
-    legacy = path.parent / f"step-{step}.jsonl"  # op logs written before the per-process file
     if not path.is_file():
-        return read_oplog(legacy) if stream is None and legacy.is_file() else None
-    found, lines = None, path.read_text(encoding="utf-8").split("\n")
+        if stream is None:  # op logs written before the per-process file: ops/step-N.jsonl
+            for step in wanted:
+                legacy = path.parent / f"step-{step}.jsonl"
+                if legacy.is_file():
+                    found[step] = read_oplog(legacy)
+        return found
+    lines = path.read_text(encoding="utf-8").split("\n")
     position = 0
     while position < len(lines):
         line = lines[position]
@@ -343,10 +354,10 @@ def step_ops(run_dir: Path, step: int, stream: str | None = None) -> list[dict] 
         count = header["ops"]
         block = lines[position:position + count]
         position += count
-        if header["step"] == step:
+        if header["step"] in wanted:
             # Complete only if every line arrived, the last one with its newline.
             complete = len(block) == count and position < len(lines)
-            found = [json.loads(record) for record in block] if complete else None
+            found[header["step"]] = [json.loads(record) for record in block] if complete else None
     return found
 
 
