@@ -130,14 +130,87 @@ def test_resuming_with_other_loader_settings_is_refused():
         other.load_state_dict(loader.state_dict())
 
 
-def test_where_the_rng_layouts_are_not_confirmed_the_loader_seeds_through_the_libraries(monkeypatch):
-    from twice import seeding
+def _unconfirmed_layouts(monkeypatch):
+    """Make this process's RNG layouts unconfirmed: every state goes through the libraries' own API."""
+    from twice import sample_rng, seeding
 
-    fast = stream(0, epochs=1)
     monkeypatch.setattr(seeding, "_python_state_offset", [None])
     monkeypatch.setattr(seeding, "_numpy_gauss_offset", [None])
+    monkeypatch.setattr(seeding, "_torch_layout", [None])
     monkeypatch.setattr(seeding, "_snapshot_readers", {})  # readers made before were for the in-place layouts
-    assert seeding.python_state_writer() is None and seeding.numpy_state_writer() is None
+    monkeypatch.setattr(sample_rng, "_seeders", {})
+
+
+def test_where_the_rng_layouts_are_not_confirmed_the_loader_sets_the_same_states_through_the_libraries(monkeypatch):
+    from twice import sample_rng
+
+    fast = stream(0, epochs=1)
+    assert all(sample_rng.seeder(name).in_place for name in ("python", "numpy", "torch"))  # confirmed on this build
+    _unconfirmed_layouts(monkeypatch)
+    assert not any(sample_rng.seeder(name).in_place for name in ("python", "numpy", "torch"))
     slow = stream(0, epochs=1)
-    assert all(torch.equal(a, b) for a, b in zip(slow, stream(2, epochs=1)))  # still the same for any worker count
-    assert not torch.equal(torch.cat(fast), torch.cat(slow))  # random.seed / np.random.seed give other states
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow))  # the same numbers: a state is the seed's words
+    assert all(torch.equal(a, b) for a, b in zip(slow, stream(2, epochs=1)))
+
+
+class Greedy(Dataset):
+    """Samples drawing from none to more than a whole MT19937 block of words from each RNG: 630 words
+    regenerate the block and leave the position at 6, where a sample that drew 6 words would be."""
+
+    DRAWS = {1: 3, 2: 17, 3: 40, 5: 315, 6: 630, 9: 100}  # index -> words drawn (sample 6: past a block)
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        n = self.DRAWS.get(i, 0)
+        python = [random.getrandbits(32) for _ in range(n)]
+        numpy = np.random.randint(0, 2**32, n, dtype=np.uint64).tolist()
+        values = [float(sum(python) % 9973), float(sum(numpy) % 9973)]
+        return torch.cat([torch.tensor(values, dtype=torch.float64), torch.rand(n, dtype=torch.float64).sum().reshape(1)])
+
+
+def test_samples_reading_past_the_fresh_words_get_the_numbers_of_complete_states(monkeypatch):
+    def batches(workers):
+        data = twice.data.loader(Greedy(), batch_size=3, shuffle=True, seed=4, num_workers=workers)
+        return [b for _ in range(2) for b in data], data
+
+    fast, data = batches(0)
+    # The process started with a few fresh words per sample and made more as samples read past them;
+    # sample 6 regenerated a block, so every word is made fresh now.
+    assert data._samples.words == {"python": 624, "numpy": 624, "torch": 624}
+    assert all(torch.equal(a, b) for a, b in zip(fast, batches(2)[0]))
+    _unconfirmed_layouts(monkeypatch)
+    complete = batches(0)[0]  # through the API: every state complete from the first sample
+    assert all(torch.equal(a, b) for a, b in zip(fast, complete))
+
+
+class TorchGreedy(Dataset):
+    """Greedy's draws from torch's RNG alone (the loader's inlined path): 630 words regenerate the block."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return torch.rand(Greedy.DRAWS.get(i, 0), dtype=torch.float64).sum().reshape(1) + torch.randn(1, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("draws", [{1: 3, 2: 40}, Greedy.DRAWS], ids=["within-a-block", "past-a-block"])
+def test_samples_reading_past_the_fresh_words_of_torch_alone_get_the_numbers_of_complete_states(monkeypatch, draws):
+    monkeypatch.setattr(Greedy, "DRAWS", draws)
+
+    def batches(workers):
+        data = twice.data.loader(TorchGreedy(), batch_size=3, shuffle=True, seed=4, num_workers=workers)
+        return [b for _ in range(2) for b in data], data
+
+    fast, data = batches(0)
+    assert data._samples.used == {"torch"} and data._samples.words == {"torch": 624 if 6 in draws else 128}  # 40 doubles: 80+ words
+    assert all(torch.equal(a, b) for a, b in zip(fast, batches(2)[0]))
+    _unconfirmed_layouts(monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(fast, batches(0)[0]))
+
+
+def test_a_few_fresh_words_suffice_for_samples_that_draw_a_few_numbers():
+    data = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=3)
+    list(data)
+    assert set(data._samples.words.values()) <= {16}  # each sample drew 1-2 words per RNG: no batch fetched again

@@ -10,7 +10,7 @@ PACKAGE = Path(twice.__file__).parent
 # Layers, lowest first: a module may import only from its own layer or lower ones.
 LAYERS = [
     {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports", "opdiff", "stats"},         # pure core
-    {"seeding", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files", "parallel"},                          # process state
+    {"seeding", "sample_rng", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files", "parallel"},                          # process state
     {"capture", "store", "hazards", "compare", "checkpoint", "metrics"},                    # I/O
     {"bootstrap", "launch", "run", "verify", "locate", "sweep", "report", "testing"},                                  # orchestration
     {"integrations"},                                                            # optional extras (a package)

@@ -1,4 +1,6 @@
+import ctypes
 import random
+import struct
 
 import numpy as np
 import pytest
@@ -101,46 +103,79 @@ def _splitmix_reference(state: int, counter: int) -> int:
     return z ^ (z >> 31)
 
 
-def _reference_words(seed: int, stream: int) -> list[int]:
+def _reference_state(key: int, index: int, name: str) -> tuple[int, list[int]]:
+    """A sample's seed and its RNG's 624 words, by the definition in sample_rng, in plain Python."""
+    from twice.sample_rng import OFFSETS, SAMPLE_COUNTERS
+
+    first = index * SAMPLE_COUNTERS
     words = []
-    for counter in range(stream * 312 + 1, stream * 312 + 313):
-        value = _splitmix_reference(seed, counter)
+    for counter in range(first + OFFSETS[name], first + OFFSETS[name] + 312):
+        value = _splitmix_reference(key, counter)
         words += [value & 0xFFFFFFFF, value >> 32]
-    return words
+    return _splitmix_reference(key, first), words
 
 
-def test_per_sample_mt_states_are_splitmix64_words_that_python_and_numpy_read_as_written():
+def test_per_sample_states_are_splitmix64_words_that_each_rng_reads_as_written():
+    from twice import sample_rng, seeding
+
+    key, indices = 2**63 + 11, np.asarray([3, 0, 12345], dtype=np.uint64)
+    assert seeding.splitmix(7, np.arange(4, dtype=np.uint64)).tolist() == [_splitmix_reference(7, c) for c in range(4)]
+    seeders = {name: sample_rng.seeder(name) for name in ("python", "numpy", "torch")}
+    assert all(one.in_place for one in seeders.values())  # the layouts of this CPython, NumPy and torch are confirmed
+    for one in seeders.values():
+        one.prepare(key, indices, 624)
+    for row, index in enumerate(indices.tolist()):
+        seed, words = _reference_state(key, index, "python")
+        seeders["python"].put(row)
+        assert random.getstate() == (3, tuple(words) + (0,), None)  # position 0: the next draws read these words
+        seed, words = _reference_state(key, index, "numpy")
+        seeders["numpy"].put(row)
+        name, state, position, has_gauss, _ = np.random.get_state()
+        assert state.tolist() == words and position == 0 and has_gauss == 0
+        seed, words = _reference_state(key, index, "torch")
+        seeders["torch"].put(row)
+        assert torch.get_rng_state().numpy().tobytes() == seeding.torch_state_bytes(seed, words)
+        assert torch.initial_seed() == seed
+
+
+def test_a_torch_generator_state_written_in_place_draws_like_the_same_state_set_officially():
     from twice import seeding
 
-    seeds, stream = [3, 2**63 + 11, 12345], 0x55
-    assert seeding.splitmix(7, np.arange(4, dtype=np.uint64)).tolist() == [_splitmix_reference(7, c) for c in range(4)]
-    python_rows = seeding.mt_states(seeds, stream, position_first=True)
-    numpy_rows = seeding.mt_states(seeds, stream, position_first=False)
-    put_python, put_numpy = seeding.python_state_writer(), seeding.numpy_state_writer()
-    assert None not in (put_python, put_numpy)  # the layouts of this CPython and NumPy are confirmed
-    for row, seed in enumerate(seeds):
-        words = _reference_words(seed, stream)
-        put_python(python_rows.ctypes.data + row * python_rows.strides[0])
-        assert random.getstate() == (3, tuple(words) + (0,), None)  # position 0: the next draws read these words
-        put_numpy(numpy_rows.ctypes.data + row * numpy_rows.strides[0])
-        name, key, position, has_gauss, _ = np.random.get_state()
-        assert key.tolist() == words and position == 0 and has_gauss == 0
+    layout, address = seeding.torch_layout(), seeding.torch_state_address()
+    assert layout is not None and address is not None
+    words = np.random.default_rng(5).integers(0, 2**32, 624, dtype=np.uint64).tolist()
+    official = seeding.torch_state_bytes(99, words, left=300, next_=324)
+    cached = bytearray(official)  # a state holding cached normals (float and double): the write must clear them
+    struct.pack_into("<dddi", cached, 5016, 0.25, 7.5, 7.5, 1)
+    struct.pack_into("<f?", cached, 5048, 7.5, True)
+    torch.set_rng_state(torch.frombuffer(cached, dtype=torch.uint8))
+    image = bytearray(layout.template)
+    struct.pack_into("<QiB3xI", image, 0, 99, 300, 1, 324)
+    struct.pack_into("<624I", image, layout.words, *words)
+    ctypes.memmove(address, bytes(image), layout.size)
+    drawn = (torch.randn(()), torch.randn((), dtype=torch.float64), torch.rand(1000), torch.randint(0, 2**40, (7,)))
+    torch.set_rng_state(torch.frombuffer(bytearray(official), dtype=torch.uint8))
+    assert all(torch.equal(a, b) for a, b in zip(drawn, (torch.randn(()), torch.randn((), dtype=torch.float64),
+                                                    torch.rand(1000), torch.randint(0, 2**40, (7,)))))
 
 
 def test_per_sample_states_draw_like_independent_uniform_numbers():
-    from twice import seeding
+    from twice import sample_rng
 
-    seeds = seeding.splitmix(99, np.arange(2000, dtype=np.uint64)).tolist()
-    rows = seeding.mt_states(seeds, 0x7079, position_first=True)
-    put = seeding.python_state_writer()
-    draws = []
-    for row in range(len(seeds)):
-        put(rows.ctypes.data + row * rows.strides[0])
-        draws.append((random.random(), random.random()))
-    draws = np.asarray(draws)
-    assert len(set(draws[:, 0].tolist())) == len(seeds)  # no two samples share a stream
-    assert abs(draws.mean() - 0.5) < 0.02 and abs(draws.var() - 1 / 12) < 0.01
-    assert abs(np.corrcoef(draws.T)[0, 1]) < 0.08  # a sample's first and second draws unrelated
+    indices = np.arange(2000, dtype=np.uint64)
+    for name, draw in (("python", random.random), ("torch", lambda: torch.rand(()).item())):
+        one = sample_rng.seeder(name)
+        one.prepare(99, indices, 16)
+        draws = []
+        for row in range(len(indices)):
+            one.put(row)
+            draws.append((draw(), draw()))
+            assert one.fits(16)
+        draws = np.asarray(draws)
+        assert len(set(draws[:, 0].tolist())) == len(indices), name  # no two samples share a stream
+        assert abs(draws.mean() - 0.5) < 0.02 and abs(draws.var() - 1 / 12) < 0.01, name
+        assert abs(np.corrcoef(draws.T)[0, 1]) < 0.08, name  # a sample's first and second draws unrelated
+        assert abs(np.corrcoef(draws[:-1, 0], draws[1:, 0])[0, 1]) < 0.08, name  # neighbouring samples unrelated
 
 
 def test_an_rng_state_that_is_a_view_at_an_offset_restores_that_state():

@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
-import sys
 from typing import Any, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from .seeding import mt_states, numpy_state_writer, python_state_writer, rng_changed, rng_restore, rng_snapshot, splitmix
+from .sample_rng import START_WORDS, seeder
+from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot
 from .seeds import derive_seed
 
 __all__ = ["loader", "ResumableLoader"]
-
-_PYTHON_STREAM, _NUMPY_STREAM = 0x7079, 0x6E70  # keep the Python and NumPy states of a sample apart
-
 
 class _EpochSampler(Sampler):
     """Yields (epoch, index) pairs: this rank's share of the epoch's order, from a given position on."""
@@ -62,9 +58,12 @@ class _EpochSampler(Sampler):
 class _SeededSamples(Dataset):
     """Fetches dataset[index] with every global RNG it draws from seeded from (seed, epoch, index).
 
-    Seeding three RNGs costs ~6 us a sample, more than many datasets spend on the sample. So an
-    RNG is seeded only once this process has seen the dataset draw from it: every batch is fetched
-    with the RNGs known to be used seeded, and the others' states are compared before and after.
+    A sample's state for each RNG comes from sample_rng (position 0 of a state made from (epoch
+    key, index), copied in place; the batch is fetched again with more fresh words when a sample
+    reads past them). Even so, putting three RNGs in place and checking them costs more than many
+    datasets spend on a sample. So an RNG is seeded only once this process has seen the dataset
+    draw from it: every batch is fetched with the RNGs known to be used seeded, and the others'
+    states are compared before and after.
     When one has moved (the dataset drew from it), it joins the seeded ones and the batch is fetched
     again, from the same RNG states as the first time. The samples are then those every RNG seeded
     would give: an RNG a sample never draws from cannot change it. Each RNG costs a batch fetched
@@ -78,31 +77,71 @@ class _SeededSamples(Dataset):
         self.dataset, self.seed = dataset, seed
         self._epoch_keys: dict[int, int] = {}  # epoch -> derive_seed(seed, "sample", epoch)
         self.used = frozenset(self.RNGS if seed_every_rng else ())  # in this process
+        self.words: dict[str, int] = {}  # RNG -> fresh words made per sample (START_WORDS until more were read)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def _fetch(self, keys: list[tuple[int, int]], used: frozenset) -> list[Any]:
+    def _fetch(self, keys: list[tuple[int, int]], used: frozenset) -> tuple[list[Any], dict[str, int]]:
+        """The samples, each fetched with the RNGs in `used` in its own state; and, per RNG, how
+        many fresh words some sample needed beyond those made (empty when every sample fitted)."""
         dataset = self.dataset
         if not used:
-            return [dataset[index] for _, index in keys]
+            return [dataset[index] for _, index in keys], {}
         import numpy as np
 
-        # Seeds for the whole batch at once: sample i of epoch e gets SplitMix64 of i under
-        # derive_seed(seed, "sample", e). A batch comes from one epoch (the sampler yields one).
-        epochs = {epoch for epoch, _ in keys}
-        if len(epochs) == 1:
-            epoch_keys = self._epoch_key(epochs.pop())
+        # A batch from the loader's sampler comes from one epoch: one key for all its samples.
+        epoch = keys[0][0]
+        if all(e == epoch for e, _ in keys):
+            key = self._epoch_key(epoch)
         else:
-            epoch_keys = np.asarray([self._epoch_key(epoch) for epoch, _ in keys], dtype=np.uint64)
-        seeds = splitmix(epoch_keys, np.asarray([index for _, index in keys], dtype=np.uint64)).tolist()
-        seeders = [_seeder(name, seeds) for name in self.RNGS if name in used]
-        samples = []
-        for row, ((_, index), sample_seed) in enumerate(zip(keys, seeds)):
-            for seed_one in seeders:
-                seed_one(row, sample_seed)
-            samples.append(dataset[index])
-        return samples
+            key = np.asarray([self._epoch_key(e) for e, _ in keys], dtype=np.uint64)
+        indices = np.array([index for _, index in keys], dtype=np.uint64)
+        seeders = [seeder(name) for name in self.RNGS if name in used]
+        if len(seeders) == 1 and seeders[0].counters is not None:  # the usual case, torch's RNG in place: inlined
+            words = self.words.get("torch", START_WORDS)
+            seeders[0].prepare(key, indices, words)
+            return self._fetch_torch(seeders[0], keys, words)
+        checked, writes, calls = [], [], []
+        for one in seeders:
+            words = self.words.get(one.name, START_WORDS)
+            one.prepare(key, indices, words)
+            if not one.in_place:
+                calls.append(one.put)
+                continue
+            writes.append((one.target, one.rows))
+            writes.extend((view, [data] * len(keys)) for view, data in one.extra)
+            if one.reset is not None:
+                calls.append(one.reset)
+            if words < MT_WORDS:
+                checked.append((one, words))
+        samples: list[Any] = []
+        append, over = samples.append, {}
+        for row, (_, index) in enumerate(keys):
+            for target, rows in writes:
+                target[:] = rows[row]
+            for call in calls:
+                call(row)
+            append(dataset[index])
+            for one, words in checked:
+                if not one.fits(words):
+                    over[one.name] = max(over.get(one.name, 0), _needed(one, words))
+        return samples, over
+
+    def _fetch_torch(self, one, keys: list[tuple[int, int]], words: int) -> tuple[list[Any], dict[str, int]]:
+        """`_fetch` with torch's RNG alone, in place: Seeder.put and fits written out (per sample,
+        two memcpys and two integer reads, no Python call of ours)."""
+        dataset, target, (normals, cleared), (left, position) = self.dataset, one.target, one.extra[0], one.counters
+        samples: list[Any] = []
+        append, needed = samples.append, 0
+        for image, (_, index) in zip(one.rows, keys):
+            target[:] = image
+            normals[:] = cleared
+            append(dataset[index])
+            read = position.value
+            if (read > words or left.value + read != MT_WORDS) and words < MT_WORDS:  # read past the fresh words, or regenerated
+                needed = max(needed, read if read > words else MT_WORDS)
+        return samples, ({one.name: needed} if needed else {})
 
     def _epoch_key(self, epoch: int) -> int:
         key = self._epoch_keys.get(epoch)
@@ -113,14 +152,19 @@ class _SeededSamples(Dataset):
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
         """A whole batch (DataLoader calls this when it exists)."""
         before = rng_snapshot()
-        used = self.used
-        samples = self._fetch(keys, used)
-        if len(used) < len(self.RNGS):
-            drawn = rng_changed(before, rng_snapshot()) - used
-            if drawn:
-                self.used = used | drawn
-                rng_restore(before)
-                samples = self._fetch(keys, self.used)
+        while True:
+            used = self.used
+            samples, over = self._fetch(keys, used)
+            drawn = rng_changed(before, rng_snapshot()) - used if len(used) < len(self.RNGS) else set()
+            if not drawn and not over:
+                break
+            # Seen drawing from an RNG not seeded yet, or reading beyond its fresh words: fetch
+            # the batch again, from the same states, with that RNG seeded or more words made.
+            self.used = used | drawn
+            for name, needed in over.items():
+                words = self.words.get(name, START_WORDS)
+                self.words[name] = min(MT_WORDS, max(2 * words, 1 << (needed - 1).bit_length()))
+            rng_restore(before)
         if get_worker_info() is None and self.used:
             # In the main process the training loop shares these RNGs: give back those seeded
             # (the others were not drawn from), so that num_workers=0 trains exactly like num_workers=4.
@@ -193,30 +237,10 @@ class ResumableLoader:
         self.batches_served = state["batches_served"]
 
 
-def _seeder(name: str, seeds: list[int]):
-    """seed_one(row, seed), putting one global RNG in the state for sample `row` of a batch.
-
-    Python's and NumPy's MT19937 states are built for the whole batch and copied in by address
-    (seeding through random.seed costs ~4 us a sample, and the first draw after it regenerates the
-    block); where their memory layout was not confirmed they are seeded through random.seed /
-    np.random.seed. torch's is seeded with manual_seed (in C, ~1 us)."""
-    if name == "torch":
-        generator = torch.default_generator
-        # default_generator.manual_seed: torch.manual_seed also visits every accelerator (~100x slower).
-        # (A state built in NumPy and set with set_state costs as much, measured in the loader.)
-        return lambda row, seed: generator.manual_seed(seed)
-    if name == "python":
-        put, stream, position_first = python_state_writer(), _PYTHON_STREAM, True
-        if put is None:
-            return lambda row, seed: random.seed(seed)
-    else:
-        put, stream, position_first = numpy_state_writer(), _NUMPY_STREAM, False
-        if put is None:
-            numpy = sys.modules["numpy"]
-            return lambda row, seed: numpy.random.seed(seed & 0xFFFFFFFF)
-    rows = mt_states(seeds, stream, position_first=position_first)
-    start, step = rows.ctypes.data, rows.strides[0]
-    return lambda row, seed, rows=rows: put(start + row * step)  # rows: the block stays alive
+def _needed(one, words: int) -> int:
+    """Fresh words a sample that did not fit needed: its position, or all of them if it regenerated the block."""
+    position = one.position()
+    return position if position > words else MT_WORDS
 
 
 def _default_seed() -> int:

@@ -229,10 +229,179 @@ def _numpy_gauss_address() -> int | None:
     return None if offset is None else id(np.random.mtrand._rand) + offset
 
 
+MT_WORDS = 624  # an MT19937 state's 32-bit words
+_TORCH_STATE_SIZE = 5056  # torch's CPU get_state(): {i64 seed; i32 left, seeded; u64 next; u64 words[624]; normal caches}
+
+
+@dataclass(frozen=True)
+class TorchLayout:
+    """Where a CPU torch.Generator keeps its state in memory, relative to `region` (the address of
+    its seed field): the region runs from the seed over the position, the 624 words and the two
+    cached normals, so that one memmove puts a whole state in place."""
+
+    size: int         # bytes of the region
+    left: int         # int32: draws left before the words are regenerated
+    next: int         # uint32: index of the next word read
+    words: int        # uint32[624]
+    template: bytes   # the region of a state at position 0 (left 624, next 0) with no cached normal
+
+
+_torch_layout: list = []  # [TorchLayout] once checked, [None] where the layout is not the one read here
+
+
+def _generator_impl(generator) -> int | None:
+    """The address of a torch.Generator's C++ GeneratorImpl, or None if it cannot be read safely.
+
+    A Python torch.Generator is {PyObject_HEAD; at::Generator cdata} and at::Generator is one
+    intrusive pointer to the GeneratorImpl. Before anything reads there, the memory is offered to
+    the kernel (a write into a pipe): an unreadable address is an error, not a crash."""
+    import os
+
+    address = ctypes.c_void_p.from_address(id(generator) + 2 * ctypes.sizeof(ctypes.c_void_p)).value
+    if not address:
+        return None
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, (ctypes.c_char * 3072).from_address(address))
+        return address
+    except OSError:
+        return None
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _mt_init(seed: int) -> list[int]:
+    """MT19937's init_genrand: the words torch's manual_seed gives a generator."""
+    words = [seed & 0xFFFFFFFF]
+    for j in range(1, MT_WORDS):
+        words.append((1812433253 * (words[-1] ^ (words[-1] >> 30)) + j) & 0xFFFFFFFF)
+    return words
+
+
+def torch_state_bytes(seed: int, words, *, left: int = MT_WORDS, next_: int = 0) -> bytes:
+    """The get_state() bytes of a CPU generator holding `words` (624 uint32) at a position, no cached normal."""
+    out = bytearray(_TORCH_STATE_SIZE)
+    struct.pack_into("<qiiQ", out, 0, seed - 2**64 if seed >= 2**63 else seed, left, 1, next_)
+    struct.pack_into(f"<{MT_WORDS}Q", out, 24, *words)
+    return bytes(out)
+
+
+def torch_layout() -> TorchLayout | None:
+    """Find, once per process, where torch's CPU generator keeps its state, and check it.
+
+    On a private generator: manual_seed with a known seed puts known words in memory, found by
+    search (with seed, position and flag beside them); the two cached normals are found by
+    planting values through the official set_state; then states written into that memory are
+    read back through get_state() and drawn from, against the same states set officially. Any
+    mismatch leaves the layout unconfirmed (None), and callers use get_state/set_state."""
+    if _torch_layout:
+        return _torch_layout[0]
+    layout = None
+    torch = _torch()
+    try:
+        if torch is not None and sys.implementation.name == "cpython" and sys.byteorder == "little":
+            layout = _find_torch_layout(torch)
+    except Exception:  # any other build: the official API
+        layout = None
+    _torch_layout.append(layout)
+    return layout
+
+
+def _find_torch_layout(torch) -> TorchLayout | None:
+    probe = torch.Generator()
+    seed = 0x5EED_2545_F491_4F6D
+    probe.manual_seed(seed)
+    impl = _generator_impl(probe)
+    if impl is None:
+        return None
+    memory = ctypes.string_at(impl, 3072)
+    words = struct.pack(f"<{MT_WORDS}I", *_mt_init(seed))
+    at = memory.find(words)
+    if at < 20 or memory.count(words) != 1:
+        return None
+    start = at - 20  # {u64 seed; i32 left; bool seeded (3 bytes padding); u32 next} before the words
+    if struct.unpack_from("<QiB3xI", memory, start) != (seed, 1, 1, 0):
+        return None
+    end = at + 4 * MT_WORDS
+    # The cached normals (std::optional<float>, std::optional<double>) follow: plant values, find them.
+    state = bytearray(probe.get_state().numpy().tobytes())
+    flags = {}
+    for float_value, double_value in ((0.8125, -3.5 - 2.0 ** -37), (-1.25, 0.40625 + 2.0 ** -40)):
+        # The cached double is normal_y (torch 2.x) or normal_rho * sin(2 pi normal_x) (older): the
+        # value either way, with normal_x = 1/4.
+        struct.pack_into("<dddi", state, 5016, 0.25, double_value, double_value, 1)
+        struct.pack_into("<f?", state, 5048, float_value, True)
+        probe.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+        memory = ctypes.string_at(impl, 3072)
+        found_float = {i for i in range(end, end + 64, 4) if memory[i:i + 5] == struct.pack("<f", float_value) + b"\x01"}
+        found_double = {i for i in range(end, end + 64, 4) if memory[i:i + 9] == struct.pack("<d", double_value) + b"\x01"}
+        flags.setdefault("float", found_float).intersection_update(found_float)
+        flags.setdefault("double", found_double).intersection_update(found_double)
+    if len(flags["float"]) != 1 or len(flags["double"]) != 1:
+        return None
+    float_at, double_at = flags["float"].pop(), flags["double"].pop()
+    size = max(float_at + 5, double_at + 9) - start
+    size += -size % 8
+    probe.set_state(torch.frombuffer(bytearray(torch_state_bytes(seed, range(MT_WORDS))), dtype=torch.uint8))
+    region = bytearray(ctypes.string_at(impl + start, size))
+    if region[float_at - start + 4] or region[double_at - start + 8]:
+        return None  # set_state with no cached normal left a flag set: not the flags
+    layout = TorchLayout(size=size, left=8, next=16, words=20, template=bytes(region))
+    # Check: states written in place read back, and draw, as the same states set officially.
+    import numpy as np
+
+    other = torch.Generator()
+    for trial in range(2):
+        values = np.random.default_rng(trial).integers(0, 2**32, MT_WORDS, dtype=np.uint64).tolist()
+        image = bytearray(layout.template)
+        struct.pack_into("<Q", image, 0, seed + trial)
+        struct.pack_into(f"<{MT_WORDS}I", image, layout.words, *values)
+        ctypes.memmove(impl + start, bytes(image), size)
+        official = torch_state_bytes(seed + trial, values)
+        if probe.get_state().numpy().tobytes() != official:
+            return None
+        other.set_state(torch.frombuffer(bytearray(official), dtype=torch.uint8))
+        for draw in (lambda g: torch.rand(700, generator=g), lambda g: torch.randn(5, generator=g),
+                     lambda g: torch.randint(0, 10**9, (9,), generator=g)):
+            if not torch.equal(draw(probe), draw(other)):
+                return None
+    return layout
+
+
+def torch_state_address() -> int | None:
+    """The address of the default CPU generator's state region (see TorchLayout), or None."""
+    layout = torch_layout()
+    if layout is None:
+        return None
+    torch = _torch()
+    generator = torch.default_generator
+    key = id(generator)
+    address = _torch_state_address.get(key)
+    if address is None:
+        impl = _generator_impl(generator)
+        if impl is None:
+            return None
+        # The same class as the probe: find its state the same way, by its own words.
+        state = generator.get_state().numpy().tobytes()
+        seed, left, _, next_ = struct.unpack_from("<qiiQ", state, 0)
+        words = struct.pack(f"<{MT_WORDS}I", *struct.unpack_from(f"<{MT_WORDS}Q", state, 24))
+        memory = ctypes.string_at(impl, 3072)
+        at = memory.find(words)
+        if at < 20 or struct.unpack_from("<qi", memory, at - 20) != (seed, left):
+            return None
+        address = _torch_state_address[key] = impl + at - 20
+    return address
+
+
+_torch_state_address: dict[int, int] = {}
+
+
 def rng_snapshot() -> tuple:
     """The global Python, NumPy and torch CPU RNG states, read in place where the layout was checked
-    (~1.9 us, against ~60 us through getstate()/get_state()), for `rng_restore` and `rng_changed`."""
-    key = (id(random._inst), id(sys.modules.get("numpy")))
+    (~1 us, against ~60 us through getstate()/get_state()), for `rng_restore` and `rng_changed`."""
+    torch = _torch()
+    key = (id(random._inst), id(sys.modules.get("numpy")), id(torch.default_generator) if torch is not None else None)
     read = _snapshot_readers.get(key)
     if read is None:
         _snapshot_readers.clear()
@@ -256,6 +425,8 @@ def _snapshot_reader() -> Callable[[], tuple]:
                        (ctypes.c_char * 16).from_address(_numpy_gauss_address()))
     get_state, string_at = _torch().default_generator.get_state, ctypes.string_at
     size = get_state().numel()
+    torch_at = torch_state_address()
+    torch_view = None if torch_at is None else (ctypes.c_char * torch_layout().size).from_address(torch_at)
 
     def read() -> tuple:
         python = (bytes(python_view), inst.gauss_next) if python_view is not None else random.getstate()
@@ -263,6 +434,8 @@ def _snapshot_reader() -> Callable[[], tuple]:
             numpy = (bytes(numpy_views[0]), bytes(numpy_views[1]))
         else:
             numpy = None if np is None else np.random.get_state()
+        if torch_view is not None:
+            return python, numpy, (None, bytes(torch_view))  # its state region, in place
         state = get_state()
         return python, numpy, (state, string_at(state.data_ptr(), size))
 
@@ -286,7 +459,10 @@ def rng_restore(snapshot: tuple, only: set[str] | frozenset | None = None) -> No
         else:
             _numpy().random.set_state(numpy)
     if only is None or "torch" in only:
-        _torch().default_generator.set_state(torch_state)
+        if torch_state is None:
+            ctypes.memmove(torch_state_address(), snapshot[2][1], len(snapshot[2][1]))
+        else:
+            _torch().default_generator.set_state(torch_state)
 
 
 def rng_changed(before: tuple, after: tuple) -> set[str]:
@@ -322,10 +498,10 @@ def splitmix(base, counters, out=None):
     np = _numpy()
     z = np.multiply(counters, np.uint64(_GOLDEN), out=out)  # the standard form: base + counter * golden
     z += np.asarray(base, dtype=np.uint64)
-    return _splitmix_finish(z, out is not None)
+    return splitmix_finish(z, out is not None)
 
 
-def _splitmix_finish(z, reuse: bool):
+def splitmix_finish(z, reuse: bool = False):
     """SplitMix64's output function, in place on `z` (base + counter * golden)."""
     np = _numpy()
     shifted = _scratch(("shifted", z.shape), z.shape, np.uint64) if reuse else np.empty_like(z)
@@ -335,34 +511,6 @@ def _splitmix_finish(z, reuse: bool):
         if factor is not None:
             z *= np.uint64(factor)
     return z
-
-
-_WEYL: dict = {}  # stream -> its 312 counters times golden, made on first use
-
-
-def mt_states(seeds: list[int], stream: int, *, position_first: bool):
-    """An MT19937 state per seed, all at once, as rows of 625 uint32: the 624 words filled from
-    SplitMix64 (312 outputs) and the position 0 before or after them (the layouts of CPython's
-    `random` and NumPy's MT19937). Position 0 means the next draws read the words themselves
-    (tempered), and the block is regenerated only after 624 of them: seeding through random.seed
-    costs ~4 us, and the first draw after it regenerates the whole block (~1 us) first.
-    Row i depends only on seeds[i] and `stream`. The array returned is reused by the next call
-    with as many seeds and the same layout."""
-    np = _numpy()
-    rows = len(seeds)
-    # Each seed starts a SplitMix64 sequence; a stream takes its outputs stream*312+1 .. stream*312+312,
-    # so the streams of one seed are disjoint stretches of one sequence.
-    weyl = _WEYL.get(stream)
-    if weyl is None:
-        weyl = _WEYL[stream] = np.arange(stream * 312 + 1, stream * 312 + 313, dtype=np.uint64) * np.uint64(_GOLDEN)
-    words = np.add(np.asarray(seeds, dtype=np.uint64)[:, None], weyl[None, :], out=_scratch(("words", rows), (rows, 312), np.uint64))
-    words = _splitmix_finish(words, True).view(np.uint32)
-    out = _scratch(("out", rows, position_first), (rows, 625), np.uint32)
-    if position_first:
-        out[:, 0], out[:, 1:] = 0, words
-    else:
-        out[:, :624], out[:, 624] = words, 0
-    return out
 
 
 _buffers: dict = {}
@@ -375,42 +523,6 @@ def _scratch(key, shape, dtype):
             _buffers.clear()  # batch sizes vary (a last, shorter batch): keep a few
         buffer = _buffers[key] = _numpy().empty(shape, dtype=dtype)
     return buffer
-
-
-def python_state_writer():
-    """A function copying a row of `mt_states(..., position_first=True)` (given by its address)
-    into Python's global `random` in place, or None where the layout was not confirmed (then
-    random.seed is the way)."""
-    if not _python_state_offset:
-        _python_state_bytes()
-    offset = _python_state_offset[0]
-    if offset is None:
-        return None
-    memmove, inst = ctypes.memmove, random._inst
-    target = id(inst) + offset
-
-    def put(address: int) -> None:
-        memmove(target, address, 4 + 624 * 4)
-        inst.gauss_next = None
-
-    return put
-
-
-def numpy_state_writer():
-    """The same for NumPy's legacy global RandomState, rows `position_first=False` (its key, position
-    and cached Gaussian), or None."""
-    np = sys.modules.get("numpy")
-    if np is None or _numpy_state_bytes() is None or _numpy_gauss_address() is None:
-        return None
-    generator = np.random.mtrand._rand._bit_generator
-    state_at, gauss_at = _numpy_state_address[id(generator)], _numpy_gauss_address()
-    memmove, no_gauss = ctypes.memmove, bytes(16)
-
-    def put(address: int) -> None:
-        memmove(state_at, address, 624 * 4 + 4)
-        memmove(gauss_at, no_gauss, 16)
-
-    return put
 
 
 def rng_digests() -> dict[str, str]:
