@@ -210,6 +210,31 @@ def test_samples_reading_past_the_fresh_words_of_torch_alone_get_the_numbers_of_
     assert all(torch.equal(a, b) for a, b in zip(fast, batches(0)[0]))
 
 
+class ForksRng(Dataset):
+    """Reads and restores torch's RNG state inside a sample, as torch.random.fork_rng does."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        with torch.random.fork_rng():  # get_rng_state() of the sample's state, set_rng_state() of it after
+            torch.rand(3)
+        return torch.rand(2) + torch.initial_seed() % 1000
+
+
+def test_a_sample_can_read_and_set_back_the_state_it_was_given():
+    # The states written in place must be ones torch's own set_rng_state accepts (left 624, next 0).
+    from twice import sample_rng
+
+    assert sample_rng.seeder("torch").in_place
+    def batches(workers):
+        return list(twice.data.loader(ForksRng(), batch_size=4, shuffle=True, seed=2, num_workers=workers))
+
+    batches, again = batches(0), batches(2)
+    assert len(batches) == 2 and all(torch.equal(a, b) for a, b in zip(batches, again))
+    assert len({float(b[0, 0]) for b in batches} | {float(b[1, 0]) for b in batches}) == 4  # per-sample seeds differ
+
+
 def test_a_few_fresh_words_suffice_for_samples_that_draw_a_few_numbers():
     data = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=3)
     list(data)
