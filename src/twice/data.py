@@ -98,7 +98,7 @@ class _SeededSamples(Dataset):
             key = np.asarray([self._epoch_key(e) for e, _ in keys], dtype=np.uint64)
         indices = np.array([index for _, index in keys], dtype=np.uint64)
         seeders = [seeder(name) for name in self.RNGS if name in used]
-        if len(seeders) == 1 and seeders[0].counters is not None:  # the usual case, torch's RNG in place: inlined
+        if len(seeders) == 1 and seeders[0].position_views is not None:  # the usual case, torch's RNG in place: inlined
             words = self.words.get("torch", START_WORDS)
             seeders[0].prepare(key, indices, words)
             return self._fetch_torch(seeders[0], keys, words)
@@ -131,7 +131,7 @@ class _SeededSamples(Dataset):
     def _fetch_torch(self, one, keys: list[tuple[int, int]], words: int) -> tuple[list[Any], dict[str, int]]:
         """`_fetch` with torch's RNG alone, in place: Seeder.put and fits written out (per sample,
         two memcpys and two integer reads, no Python call of ours)."""
-        dataset, target, (normals, cleared), (left, position) = self.dataset, one.target, one.extra[0], one.counters
+        dataset, target, (normals, cleared), (left, position) = self.dataset, one.target, one.extra[0], one.position_views
         samples: list[Any] = []
         append, needed = samples.append, 0
         for image, (_, index) in zip(one.rows, keys):

@@ -30,7 +30,7 @@ import sys
 from typing import Callable
 
 from . import seeding
-from .seeding import MT_WORDS, splitmix_finish, torch_state_bytes
+from .seeding import MT_WORDS, scratch, splitmix_finish, torch_state_bytes
 
 __all__ = ["Seeder", "seeder", "START_WORDS", "SAMPLE_COUNTERS", "OFFSETS"]
 
@@ -52,7 +52,7 @@ class Seeder:
     def __init__(self, name: str, template: bytes, words_at: int, seed_at: int | None, target: int | None = None,
                  fits: Callable[[int], bool] | None = None, position: Callable[[], int] | None = None,
                  extra: tuple = (), reset: Callable[[int], None] | None = None, head_only: bool = False,
-                 counters: tuple | None = None):
+                 position_views: tuple | None = None):
         np = sys.modules["numpy"]
         self.name = name
         self.template = np.frombuffer(template, dtype=np.uint8)
@@ -64,12 +64,13 @@ class Seeder:
         self.extra = extra  # (memoryview, bytes) also written per sample: cached normals
         self.reset = reset  # called per sample with the row: Python's cached Gaussian
         self.fits = fits or (lambda words: True)
-        self.counters = counters  # torch in place: its (left, next) as ctypes integers, read by the loader's loop
+        self.position_views = position_views  # torch in place: its (left, next) as ctypes integers, read by the loader's loop
         self.position = position or (lambda: 0)
         # counters (times the golden ratio, wrapping) of this RNG's pairs, and of the seed first if it has one
         offsets = ([0] if seed_at is not None else []) + list(range(OFFSETS[name], OFFSETS[name] + _PAIRS))
         self._counters = np.asarray(offsets, dtype=np.uint64) * np.uint64(_GOLDEN)
         self._keyed = (None, None)  # (key, counters + key) of the last batch
+        self._step = np.uint64(_SAMPLE_STEP)
         self._images = None
         self._fresh = 0  # words of each image made fresh by the last prepare()
         self.target = None  # the memoryview a row is copied into (in place), sized like the rows
@@ -95,13 +96,16 @@ class Seeder:
         if 2 * pairs < self._fresh:  # fewer fresh words than last time: the rest back to the template
             images[:, start + 8 * pairs:start + 4 * self._fresh] = self.template[start + 8 * pairs:start + 4 * self._fresh]
         columns = pairs + seeded
+        firsts = np.multiply(indices, self._step, out=_scratch(("firsts", rows)))
+        values = _scratch(("values", rows, columns), (rows, columns))  # reused: numpy's per-call cost dominates here
         if isinstance(key, int):
             if self._keyed[0] != key:
                 self._keyed = (key, self._counters + np.uint64(key))
-            values = np.add((indices * np.uint64(_SAMPLE_STEP))[:, None], self._keyed[1][None, :columns])
+            np.add(firsts[:, None], self._keyed[1][None, :columns], out=values)
         else:
-            values = np.add((indices * np.uint64(_SAMPLE_STEP) + key)[:, None], self._counters[None, :columns])
-        values = splitmix_finish(values)
+            firsts += key
+            np.add(firsts[:, None], self._counters[None, :columns], out=values)
+        values = splitmix_finish(values, True)
         if seeded:
             images[:, self.seed_at:self.seed_at + 8] = values[:, :1].view(np.uint8)
         images[:, start:start + 8 * pairs] = values[:, seeded:].view(np.uint8)
@@ -140,6 +144,10 @@ class Seeder:
             seed = int(self._images[row, self.seed_at:self.seed_at + 8].view(sys.modules["numpy"].uint64)[0])
             state = torch.frombuffer(bytearray(torch_state_bytes(seed, words)), dtype=torch.uint8)
             torch.default_generator.set_state(state)
+
+
+def _scratch(key: tuple, shape: tuple | None = None):
+    return scratch(("sample_rng",) + key, shape or key[1:], sys.modules["numpy"].uint64)
 
 
 _seeders: dict = {}  # (name, ids of the RNG objects) -> Seeder
@@ -205,4 +213,4 @@ def _make(name: str) -> Seeder:
         return position <= words and left.value + position == MT_WORDS
 
     return Seeder(name, layout.template, layout.words, 0, target, fits, lambda: next_.value,
-                  extra=((normals, layout.template[words_end:]),), head_only=True, counters=(left, next_))
+                  extra=((normals, layout.template[words_end:]),), head_only=True, position_views=(left, next_))

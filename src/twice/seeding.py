@@ -504,7 +504,7 @@ def splitmix(base, counters, out=None):
 def splitmix_finish(z, reuse: bool = False):
     """SplitMix64's output function, in place on `z` (base + counter * golden)."""
     np = _numpy()
-    shifted = _scratch(("shifted", z.shape), z.shape, np.uint64) if reuse else np.empty_like(z)
+    shifted = scratch(("shifted", z.shape), z.shape, np.uint64) if reuse else np.empty_like(z)
     for shift, factor in ((30, _MIX1), (27, _MIX2), (31, None)):
         np.right_shift(z, np.uint64(shift), out=shifted)
         z ^= shifted
@@ -516,7 +516,8 @@ def splitmix_finish(z, reuse: bool = False):
 _buffers: dict = {}
 
 
-def _scratch(key, shape, dtype):
+def scratch(key, shape, dtype):
+    """A NumPy buffer kept for reuse under `key` (a few kept: batch sizes vary)."""
     buffer = _buffers.get(key)
     if buffer is None:
         if len(_buffers) > 32:
