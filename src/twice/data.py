@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from .sample_rng import START_WORDS, seeder
+from .sample_rng import prepare as prepare_states
 from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot
 from .seeds import derive_seed
 
@@ -98,50 +99,57 @@ class _SeededSamples(Dataset):
             key = np.asarray([self._epoch_key(e) for e, _ in keys], dtype=np.uint64)
         indices = np.array([index for _, index in keys], dtype=np.uint64)
         seeders = [seeder(name) for name in self.RNGS if name in used]
-        if len(seeders) == 1 and seeders[0].position_views is not None:  # the usual case, torch's RNG in place: inlined
-            words = self.words.get("torch", START_WORDS)
-            seeders[0].prepare(key, indices, words)
-            return self._fetch_torch(seeders[0], keys, words)
-        checked, writes, calls = [], [], []
-        for one in seeders:
-            words = self.words.get(one.name, START_WORDS)
-            one.prepare(key, indices, words)
+        counts = [(one, self.words.get(one.name, START_WORDS)) for one in seeders]
+        prepare_states(counts, key, indices)  # the RNGs' states for the batch in one computation
+        writes, constant, calls, checks = [], [], [], []
+        for one, words in counts:
             if not one.in_place:
                 calls.append(one.put)
                 continue
             writes.append((one.target, one.rows))
-            writes.extend((view, [data] * len(keys)) for view, data in one.extra)
+            constant.extend(one.extra)
             if one.reset is not None:
                 calls.append(one.reset)
             if words < MT_WORDS:
-                checked.append((one, words))
+                checks.append(one.check + (words, one))
+        if len(writes) == 1 and len(constant) == 1 and not calls:  # the usual case, torch's RNG alone: inlined
+            return self._fetch_one(keys, writes[0], constant[0], checks[0] if checks else None)
         samples: list[Any] = []
         append, over = samples.append, {}
         for row, (_, index) in enumerate(keys):
             for target, rows in writes:
                 target[:] = rows[row]
+            for view, data in constant:
+                view[:] = data
             for call in calls:
                 call(row)
             append(dataset[index])
-            for one, words in checked:
-                if not one.fits(words):
+            # Seeder.fits written out: read past the fresh words, or regenerated the block (new last words)
+            for position, tail, expected, words, one in checks:
+                if position.value > words or tail.value != expected:
                     over[one.name] = max(over.get(one.name, 0), _needed(one, words))
         return samples, over
 
-    def _fetch_torch(self, one, keys: list[tuple[int, int]], words: int) -> tuple[list[Any], dict[str, int]]:
-        """`_fetch` with torch's RNG alone, in place: Seeder.put and fits written out (per sample,
-        two memcpys and two integer reads, no Python call of ours)."""
-        dataset, target, (normals, cleared), (left, position) = self.dataset, one.target, one.extra[0], one.position_views
+    def _fetch_one(self, keys: list[tuple[int, int]], write: tuple, constant: tuple, check: tuple | None):
+        """`_fetch` for one RNG in place with one constant write (torch's): per sample two memcpys
+        and, while not all words are fresh, two integer reads; no Python call of ours."""
+        dataset, (target, rows), (view, data) = self.dataset, write, constant
         samples: list[Any] = []
-        append, needed = samples.append, 0
-        for image, (_, index) in zip(one.rows, keys):
+        append, over = samples.append, {}
+        if check is None:
+            for image, (_, index) in zip(rows, keys):
+                target[:] = image
+                view[:] = data
+                append(dataset[index])
+            return samples, over
+        position, tail, expected, words, one = check
+        for image, (_, index) in zip(rows, keys):
             target[:] = image
-            normals[:] = cleared
+            view[:] = data
             append(dataset[index])
-            read = position.value
-            if (read > words or left.value + read != MT_WORDS) and words < MT_WORDS:  # read past the fresh words, or regenerated
-                needed = max(needed, read if read > words else MT_WORDS)
-        return samples, ({one.name: needed} if needed else {})
+            if position.value > words or tail.value != expected:
+                over[one.name] = max(over.get(one.name, 0), _needed(one, words))
+        return samples, over
 
     def _epoch_key(self, epoch: int) -> int:
         key = self._epoch_keys.get(epoch)

@@ -50,31 +50,45 @@ class Seeder:
     `reset(row)` call: the loader's loop does those itself, saving a Python call per sample."""
 
     def __init__(self, name: str, template: bytes, words_at: int, seed_at: int | None, target: int | None = None,
-                 fits: Callable[[int], bool] | None = None, position: Callable[[], int] | None = None,
-                 extra: tuple = (), reset: Callable[[int], None] | None = None, head_only: bool = False,
-                 position_views: tuple | None = None):
+                 position_at: int | None = None, extra: tuple = (), reset: Callable[[int], None] | None = None):
         np = sys.modules["numpy"]
         self.name = name
         self.template = np.frombuffer(template, dtype=np.uint8)
         self.words_at, self.seed_at = words_at, seed_at
         self._memory = None if target is None else memoryview((ctypes.c_char * len(template)).from_address(target)).cast("B")
-        # head_only: only the bytes up to the last fresh word are written (torch: a sample that fits
-        # never read the words after them, so they need not be fresh or known)
-        self._head_only = head_only
-        self.extra = extra  # (memoryview, bytes) also written per sample: cached normals
+        # Per sample only the bytes up to the last fresh word are written: a sample that fits never
+        # read the words after them, so they need not be fresh, or even known.
+        self.extra = extra  # (memoryview, bytes) also written per sample: position, cached normals
         self.reset = reset  # called per sample with the row: Python's cached Gaussian
-        self.fits = fits or (lambda words: True)
-        self.position_views = position_views  # torch in place: its (left, next) as ctypes integers, read by the loader's loop
-        self.position = position or (lambda: 0)
+        self.check = None  # in place: (position, last two words, their template value), as ctypes integers
+        self._batch_extra: tuple = ()  # (memoryview, bytes) written once a batch while words are not all fresh
+        if target is not None:
+            tail_at = words_at + 4 * (MT_WORDS - 2)
+            tail = ctypes.c_uint64.from_address(target + tail_at)
+            self.check = (ctypes.c_uint32.from_address(target + position_at), tail,
+                          struct.unpack_from("<Q", template, tail_at)[0])
+            # The template's last two words go back in place before each batch: regenerating the
+            # block changes them all, which is how `fits` tells a sample that read 630 words from one that read 6.
+            self._batch_extra = ((memoryview((ctypes.c_char * 8).from_address(target + tail_at)).cast("B"),
+                                  template[tail_at:tail_at + 8]),)
         # counters (times the golden ratio, wrapping) of this RNG's pairs, and of the seed first if it has one
         offsets = ([0] if seed_at is not None else []) + list(range(OFFSETS[name], OFFSETS[name] + _PAIRS))
         self._counters = np.asarray(offsets, dtype=np.uint64) * np.uint64(_GOLDEN)
-        self._keyed = (None, None)  # (key, counters + key) of the last batch
         self._step = np.uint64(_SAMPLE_STEP)
         self._images = None
         self._fresh = 0  # words of each image made fresh by the last prepare()
         self.target = None  # the memoryview a row is copied into (in place), sized like the rows
         self.rows: list = []  # per row of the last prepare(): its image as a memoryview
+
+    def fits(self, words: int) -> bool:
+        """After a sample: did it read only the first `words` words (and regenerate no block)?"""
+        if self.check is None or words >= MT_WORDS:
+            return True
+        position, tail, expected = self.check
+        return position.value <= words and tail.value == expected
+
+    def position(self) -> int:
+        return 0 if self.check is None else self.check[0].value
 
     @property
     def in_place(self) -> bool:
@@ -83,35 +97,35 @@ class Seeder:
     def prepare(self, key, indices, words: int) -> None:
         """Make the images of a batch's samples (`indices`: a NumPy uint64 array; `key`: the epoch's
         key, or an array of one per sample), each with its first `words` words fresh (all where the
-        layout is not confirmed); `rows` holds them until the next call."""
-        np = sys.modules["numpy"]
+        layout is not confirmed); `rows` holds them until the next call. See also `prepare`, which
+        makes several RNGs' images with one computation."""
+        prepare([(self, words)], key, indices)
+
+    def _columns(self, words: int):
+        """The counters (times golden) this RNG needs for `words` fresh words: its seed's, then its pairs'."""
         words = MT_WORDS if not self.in_place else min(MT_WORDS, words)
-        pairs = (words + 1) // 2
-        rows = len(indices)
+        return self._counters[:(words + 1) // 2 + (self.seed_at is not None)]
+
+    def _fill(self, values, rows: int) -> None:
+        """Write the finished SplitMix64 `values` of `_columns` into the images and make the row views."""
+        np = sys.modules["numpy"]
         images = self._images
         if images is None or images.shape[0] != rows:
             images = self._images = np.tile(self.template, (rows, 1))
             self._fresh = -1
         start, seeded = self.words_at, self.seed_at is not None
+        pairs = values.shape[1] - seeded
         if 2 * pairs < self._fresh:  # fewer fresh words than last time: the rest back to the template
             images[:, start + 8 * pairs:start + 4 * self._fresh] = self.template[start + 8 * pairs:start + 4 * self._fresh]
-        columns = pairs + seeded
-        firsts = np.multiply(indices, self._step, out=_scratch(("firsts", rows)))
-        values = _scratch(("values", rows, columns), (rows, columns))  # reused: numpy's per-call cost dominates here
-        if isinstance(key, int):
-            if self._keyed[0] != key:
-                self._keyed = (key, self._counters + np.uint64(key))
-            np.add(firsts[:, None], self._keyed[1][None, :columns], out=values)
-        else:
-            firsts += key
-            np.add(firsts[:, None], self._counters[None, :columns], out=values)
-        values = splitmix_finish(values, True)
         if seeded:
             images[:, self.seed_at:self.seed_at + 8] = values[:, :1].view(np.uint8)
         images[:, start:start + 8 * pairs] = values[:, seeded:].view(np.uint8)
         fresh = min(MT_WORDS, 2 * pairs)
+        if self.in_place and fresh < MT_WORDS:
+            for view, data in self._batch_extra:
+                view[:] = data
         if self.in_place and (fresh != self._fresh or not self.rows):
-            size = start + 4 * fresh if self._head_only else images.shape[1]
+            size = start + 4 * fresh
             flat, stride = memoryview(images.reshape(-1)), images.shape[1]
             self.rows = [flat[row * stride:row * stride + size] for row in range(rows)]
             self.target = self._memory[:size]
@@ -146,6 +160,39 @@ class Seeder:
             torch.default_generator.set_state(state)
 
 
+def prepare(seeders: list[tuple[Seeder, int]], key, indices) -> None:
+    """Make the images of a batch for several (Seeder, fresh words) at once: numpy's per-call cost,
+    not the arithmetic, is what a batch of 64 pays for, so their SplitMix64 values are one array."""
+    np = sys.modules["numpy"]
+    rows = len(indices)
+    parts = [one._columns(words) for one, words in seeders]
+    shape = tuple(len(part) for part in parts)
+    which = tuple((one.name, width) for (one, _), width in zip(seeders, shape))
+    combined = _combined.get(which)
+    if combined is None:
+        _combined.clear()
+        combined = _combined[which] = (np.concatenate(parts), {})
+    firsts = np.multiply(indices, seeders[0][0]._step, out=_scratch(("firsts", rows)))
+    values = _scratch(("values", rows, sum(shape)), (rows, sum(shape)))  # reused: numpy's per-call cost dominates
+    if isinstance(key, int):
+        keyed = combined[1].get(key)
+        if keyed is None:
+            combined[1].clear()
+            keyed = combined[1][key] = combined[0] + np.uint64(key)
+        np.add(firsts[:, None], keyed[None, :], out=values)
+    else:
+        firsts += key
+        np.add(firsts[:, None], combined[0][None, :], out=values)
+    values = splitmix_finish(values, True)
+    column = 0
+    for (one, _), width in zip(seeders, shape):
+        one._fill(values[:, column:column + width], rows)
+        column += width
+
+
+_combined: dict = {}  # ((RNG, columns), ...) -> (their counters, {key: counters + key})
+
+
 def _scratch(key: tuple, shape: tuple | None = None):
     return scratch(("sample_rng",) + key, shape or key[1:], sys.modules["numpy"].uint64)
 
@@ -163,13 +210,6 @@ def seeder(name: str) -> Seeder:
     return found
 
 
-def _tail_check(address: int, template: bytes, tail_at: int):
-    """A check that the last two words still hold the template's: regenerating the block changes them all."""
-    tail = ctypes.c_uint64.from_address(address + tail_at)
-    expected = struct.unpack_from("<Q", template, tail_at)[0]
-    return tail, expected
-
-
 def _make(name: str) -> Seeder:
     template_words = struct.pack(f"<{MT_WORDS}I", *seeding._mt_init(5489))  # any valid state: MT's default
     if name == "python":
@@ -177,40 +217,27 @@ def _make(name: str) -> Seeder:
         if seeding._python_state_bytes() is None:
             return Seeder(name, template, 4, None)
         inst = random._inst
-        target = id(inst) + seeding._python_state_offset[0]
-        index = ctypes.c_int.from_address(target)
-        tail, expected = _tail_check(target, template, 4 + 4 * (MT_WORDS - 2))
 
         def reset(row: int) -> None:
             inst.gauss_next = None
 
-        return Seeder(name, template, 4, None, target, lambda words: index.value <= words and tail.value == expected,
-                      lambda: index.value, reset=reset)
+        return Seeder(name, template, 4, None, id(inst) + seeding._python_state_offset[0], 0, reset=reset)
     if name == "numpy":
         template = template_words + struct.pack("<i", 0)  # NumPy's {uint32_t key[624]; int pos}
         if seeding._numpy_state_bytes() is None or seeding._numpy_gauss_address() is None:
             return Seeder(name, template, 0, None)
         generator = sys.modules["numpy"].random.mtrand._rand._bit_generator
         target, gauss_at = seeding._numpy_state_address[id(generator)], seeding._numpy_gauss_address()
-        pos = ctypes.c_int.from_address(target + 4 * MT_WORDS)
-        tail, expected = _tail_check(target, template, 4 * (MT_WORDS - 2))
         gauss = memoryview((ctypes.c_char * 16).from_address(gauss_at)).cast("B")
-        return Seeder(name, template, 0, None, target, lambda words: pos.value <= words and tail.value == expected,
-                      lambda: pos.value, extra=((gauss, bytes(16)),))
+        position = memoryview((ctypes.c_char * 4).from_address(target + 4 * MT_WORDS)).cast("B")  # after the words
+        return Seeder(name, template, 0, None, target, 4 * MT_WORDS, extra=((position, bytes(4)), (gauss, bytes(16))))
     layout, target = seeding.torch_layout(), seeding.torch_state_address()
     if layout is None or target is None:
         # The image layout of get_state() bytes is not used by the API path: only words and seed are read.
         template = bytes(8) + struct.pack("<iiI", MT_WORDS, 1, 0) + template_words
         return Seeder(name, template, 20, 0)
-    left = ctypes.c_int32.from_address(target + layout.left)
-    next_ = ctypes.c_uint32.from_address(target + layout.next)
     words_end = layout.words + 4 * MT_WORDS  # after the words: the cached normals, cleared per sample
     normals = memoryview((ctypes.c_char * (layout.size - words_end)).from_address(target + words_end)).cast("B")
-
-    def fits(words: int) -> bool:
-        # From position 0 (left 624, next 0) without regenerating, left + next stays 624.
-        position = next_.value
-        return position <= words and left.value + position == MT_WORDS
-
-    return Seeder(name, layout.template, layout.words, 0, target, fits, lambda: next_.value,
-                  extra=((normals, layout.template[words_end:]),), head_only=True, position_views=(left, next_))
+    # The position read is `next` (the index of the next word); its `left` is written with it per sample.
+    return Seeder(name, layout.template, layout.words, 0, target, layout.next,
+                  extra=((normals, layout.template[words_end:]),))
