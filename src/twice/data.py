@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from typing import Any, Iterator
 
 import torch
@@ -22,6 +23,8 @@ from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot
 from .seeds import derive_seed
 
 __all__ = ["loader", "ResumableLoader"]
+
+_second = operator.itemgetter(1)
 
 class _EpochSampler(Sampler):
     """Yields (epoch, index) pairs: this rank's share of the epoch's order, from a given position on."""
@@ -91,13 +94,13 @@ class _SeededSamples(Dataset):
             return [dataset[index] for _, index in keys], {}
         import numpy as np
 
-        # A batch from the loader's sampler comes from one epoch: one key for all its samples.
-        epoch = keys[0][0]
-        if all(e == epoch for e, _ in keys):
-            key = self._epoch_key(epoch)
+        # A batch from the loader's sampler comes from one epoch (the sampler yields one per pass, so
+        # its first and last keys tell): one key for all its samples.
+        if keys[0][0] == keys[-1][0]:
+            key = self._epoch_key(keys[0][0])
         else:
             key = np.asarray([self._epoch_key(e) for e, _ in keys], dtype=np.uint64)
-        indices = np.array([index for _, index in keys], dtype=np.uint64)
+        indices = np.fromiter(map(_second, keys), np.uint64, len(keys))
         seeders = [seeder(name) for name in self.RNGS if name in used]
         counts = [(one, self.words.get(one.name, START_WORDS)) for one in seeders]
         prepare_states(counts, key, indices)  # the RNGs' states for the batch in one computation
