@@ -30,7 +30,7 @@ import sys
 from typing import Callable
 
 from . import seeding
-from .seeding import MT_WORDS, scratch, splitmix_finish, torch_state_bytes
+from .seeding import MT_WORDS, splitmix_finish, torch_state_bytes
 
 __all__ = ["Seeder", "seeder", "START_WORDS", "SAMPLE_COUNTERS", "OFFSETS"]
 
@@ -40,6 +40,7 @@ _PAIRS = MT_WORDS // 2  # SplitMix64 outputs per state: each gives two 32-bit wo
 OFFSETS = {"python": 1, "numpy": 1 + _PAIRS, "torch": 1 + 2 * _PAIRS}  # an RNG's first counter in a sample's block
 _GOLDEN = 0x9E3779B97F4A7C15
 _SAMPLE_STEP = SAMPLE_COUNTERS * _GOLDEN % 2**64  # from one sample's first counter to the next's, times golden
+_STEP = None  # the same as a NumPy uint64 (set when the first Seeder is made: NumPy is loaded by then)
 
 
 class Seeder:
@@ -51,7 +52,9 @@ class Seeder:
 
     def __init__(self, name: str, template: bytes, words_at: int, seed_at: int | None, target: int | None = None,
                  position_at: int | None = None, extra: tuple = (), reset: Callable[[int], None] | None = None):
+        global _STEP
         np = sys.modules["numpy"]
+        _STEP = np.uint64(_SAMPLE_STEP)
         self.name = name
         self.template = np.frombuffer(template, dtype=np.uint8)
         self.words_at, self.seed_at = words_at, seed_at
@@ -74,7 +77,6 @@ class Seeder:
         # counters (times the golden ratio, wrapping) of this RNG's pairs, and of the seed first if it has one
         offsets = ([0] if seed_at is not None else []) + list(range(OFFSETS[name], OFFSETS[name] + _PAIRS))
         self._counters = np.asarray(offsets, dtype=np.uint64) * np.uint64(_GOLDEN)
-        self._step = np.uint64(_SAMPLE_STEP)
         self._images = None
         self._fresh = 0  # words of each image made fresh by the last prepare()
         self.target = None  # the memoryview a row is copied into (in place), sized like the rows
@@ -165,36 +167,38 @@ def prepare(seeders: list[tuple[Seeder, int]], key, indices) -> None:
     not the arithmetic, is what a batch of 64 pays for, so their SplitMix64 values are one array."""
     np = sys.modules["numpy"]
     rows = len(indices)
-    parts = [one._columns(words) for one, words in seeders]
-    shape = tuple(len(part) for part in parts)
-    which = tuple((one.name, width) for (one, _), width in zip(seeders, shape))
-    combined = _combined.get(which)
-    if combined is None:
-        _combined.clear()
-        combined = _combined[which] = (np.concatenate(parts), {})
-    firsts = np.multiply(indices, seeders[0][0]._step, out=_scratch(("firsts", rows)))
-    values = _scratch(("values", rows, sum(shape)), (rows, sum(shape)))  # reused: numpy's per-call cost dominates
+    which = (tuple(seeders), rows)
+    plan = _plans.get(which)
+    if plan is None:
+        if len(_plans) > 8:
+            _plans.clear()  # batch sizes or fresh words changed: keep a few
+        parts = [one._columns(words) for one, words in seeders]
+        counters = np.concatenate(parts)
+        # counters, each RNG's column span, buffers reused from batch to batch, {key: counters + key}
+        plan = _plans[which] = (counters, [(len(p), one) for p, (one, _) in zip(parts, seeders)],
+                                np.empty(rows, np.uint64), np.empty((rows, len(counters)), np.uint64), {})
+    counters, spans, firsts, values, keyed = plan
+    np.multiply(indices, _STEP, out=firsts)
     if isinstance(key, int):
-        keyed = combined[1].get(key)
-        if keyed is None:
-            combined[1].clear()
-            keyed = combined[1][key] = combined[0] + np.uint64(key)
-        np.add(firsts[:, None], keyed[None, :], out=values)
+        shifted = keyed.get(key)
+        if shifted is None:
+            keyed.clear()
+            shifted = keyed[key] = counters + np.uint64(key)
+        np.add(firsts[:, None], shifted[None, :], out=values)
     else:
         firsts += key
-        np.add(firsts[:, None], combined[0][None, :], out=values)
-    values = splitmix_finish(values, True)
+        np.add(firsts[:, None], counters[None, :], out=values)
+    splitmix_finish(values, True)
+    if len(spans) == 1:
+        spans[0][1]._fill(values, rows)
+        return
     column = 0
-    for (one, _), width in zip(seeders, shape):
+    for width, one in spans:
         one._fill(values[:, column:column + width], rows)
         column += width
 
 
-_combined: dict = {}  # ((RNG, columns), ...) -> (their counters, {key: counters + key})
-
-
-def _scratch(key: tuple, shape: tuple | None = None):
-    return scratch(("sample_rng",) + key, shape or key[1:], sys.modules["numpy"].uint64)
+_plans: dict = {}  # ((Seeder, words) pairs, rows) -> what prepare() reuses for them
 
 
 _seeders: dict = {}  # (name, ids of the RNG objects) -> Seeder
