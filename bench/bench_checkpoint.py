@@ -128,11 +128,34 @@ class EveryRng(CheapAugment):
         return crop.flip(-1) if torch.rand(()) < 0.5 else crop.clone()
 
 
+class CifarStyle(Dataset):
+    """The usual CIFAR training transform, written in torch: uint8 HWC image, pad 4 (reflect), random
+    32x32 crop, random flip, to float CHW, normalise. A realistic cheap sample, for scale."""
+
+    MEAN, STD = torch.tensor([0.49, 0.48, 0.45]).view(3, 1, 1), torch.tensor([0.25, 0.24, 0.26]).view(3, 1, 1)
+
+    def __init__(self):
+        self.images = torch.randint(0, 256, (64, 32, 32, 3), dtype=torch.uint8)
+
+    def __len__(self):
+        return 20000
+
+    def __getitem__(self, i):
+        image = self.images[i % 64].permute(2, 0, 1).float().div_(255)
+        image = torch.nn.functional.pad(image[None], (4, 4, 4, 4), mode="reflect")[0]
+        top, left = torch.randint(0, 9, (2,)).tolist()
+        image = image[:, top:top + 32, left:left + 32]
+        if torch.rand(()) < 0.5:
+            image = image.flip(-1)
+        return (image - self.MEAN) / self.STD
+
+
 def main():
     torch.set_num_threads(2)
     bench_loader(Trivial(), "trivial dataset (no RNG)")
     bench_loader(CheapAugment(), "cheap crop+flip dataset (torch's RNG)")
     bench_loader(EveryRng(), "cheap crop+flip drawing from all three RNGs")
+    bench_loader(CifarStyle(), "CIFAR-style transform (pad, crop, flip, normalise; torch's RNG)")
     if sys.argv[1:] == ["loader"]:
         return
     folder = Path(tempfile.mkdtemp(dir=os.environ.get("BENCH_DIR")))
