@@ -159,6 +159,14 @@ def test_a_torch_generator_state_written_in_place_draws_like_the_same_state_set_
                                                     torch.rand(1000), torch.randint(0, 2**40, (7,)))))
 
 
+def test_memory_is_offered_to_the_kernel_before_it_is_read_in_place():
+    from twice import seeding
+
+    buffer = ctypes.create_string_buffer(3072)
+    assert seeding.readable(ctypes.addressof(buffer), 3072)
+    assert not seeding.readable(16, 3072)  # the first page is never mapped: an error, not a crash
+
+
 def test_per_sample_states_draw_like_independent_uniform_numbers():
     from twice import sample_rng
 

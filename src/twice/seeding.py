@@ -255,17 +255,20 @@ def _generator_impl(generator) -> int | None:
     A Python torch.Generator is {PyObject_HEAD; at::Generator cdata} and at::Generator is one
     intrusive pointer to the GeneratorImpl. Before anything reads there, the memory is offered to
     the kernel (a write into a pipe): an unreadable address is an error, not a crash."""
+    address = ctypes.c_void_p.from_address(id(generator) + 2 * ctypes.sizeof(ctypes.c_void_p)).value
+    return address if address and readable(address, 3072) else None
+
+
+def readable(address: int, size: int) -> bool:
+    """Whether `size` bytes at `address` can be read, asked of the kernel (a write of them into a
+    pipe fails with EFAULT where they cannot) rather than found out by a crash."""
     import os
 
-    address = ctypes.c_void_p.from_address(id(generator) + 2 * ctypes.sizeof(ctypes.c_void_p)).value
-    if not address:
-        return None
     read_end, write_end = os.pipe()
     try:
-        os.write(write_end, (ctypes.c_char * 3072).from_address(address))
-        return address
+        return os.write(write_end, (ctypes.c_char * size).from_address(address)) == size
     except OSError:
-        return None
+        return False
     finally:
         os.close(read_end)
         os.close(write_end)
