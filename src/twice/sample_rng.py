@@ -10,12 +10,13 @@ generator; see seeding.py), the state is an image of that memory, built in NumPy
 batch and copied in with one memcpy per sample.
 
 Most samples draw a handful of numbers, and making 624 fresh words costs more than a cheap sample
-(~0.6 us against a 5% budget of ~0.5 us). So only the first `words` words of each image are fresh;
-after the sample, `fits(words)` reads the RNG's position: if the sample read only fresh words (and
-regenerated no block), it drew exactly what the complete state gives it. Otherwise the caller
-fetches the batch again with more words, up to all 624, where the state is complete and any number
-of draws is exact. A sample's numbers therefore depend on (key, index) alone, never on how many
-words a process happened to make fresh.
+(~0.6 us against a 5% budget of ~0.5 us). So only the first `words` words of each image are fresh,
+and only they (with the position) are written per sample. After the sample, `fits(words)` reads the
+RNG's position and its last two words (put back to the template's before each batch; regenerating
+the block changes them): if the sample read only fresh words and regenerated no block, it drew
+exactly what the complete state gives it. Otherwise the caller fetches the batch again with more
+words, up to all 624, where the state is complete and any number of draws is exact. A sample's
+numbers therefore depend on (key, index) alone, never on how many words a process made fresh.
 
 Where a layout was not confirmed, the same states are set through the library's own API (slower,
 the same numbers).

@@ -235,9 +235,9 @@ _TORCH_STATE_SIZE = 5056  # torch's CPU get_state(): {i64 seed; i32 left, seeded
 
 @dataclass(frozen=True)
 class TorchLayout:
-    """Where a CPU torch.Generator keeps its state in memory, relative to `region` (the address of
-    its seed field): the region runs from the seed over the position, the 624 words and the two
-    cached normals, so that one memmove puts a whole state in place."""
+    """Where a CPU torch.Generator keeps its state in memory, as offsets from its seed field (whose
+    address torch_state_address() gives for the default generator): the region runs from the seed
+    over the position, the 624 words and the two cached normals, so one memcpy puts a whole state in place."""
 
     size: int         # bytes of the region
     left: int         # int32: draws left before the words are regenerated
