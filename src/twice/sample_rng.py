@@ -79,7 +79,6 @@ class Seeder:
         offsets = ([0] if seed_at is not None else []) + list(range(OFFSETS[name], OFFSETS[name] + _PAIRS))
         self._counters = np.asarray(offsets, dtype=np.uint64) * np.uint64(_GOLDEN)
         self._images = None
-        self._fresh = 0  # words of each image made fresh by the last prepare()
         self.target = None  # the memoryview a row is copied into (in place), sized like the rows
         self.rows: list = []  # per row of the last prepare(): its image as a memoryview
 
@@ -110,29 +109,28 @@ class Seeder:
         return self._counters[:(words + 1) // 2 + (self.seed_at is not None)]
 
     def _fill(self, values, rows: int) -> None:
-        """Write the finished SplitMix64 `values` of `_columns` into the images and make the row views."""
+        """Write the finished SplitMix64 `values` of `_columns` into the images and make the row views.
+
+        The images hold only what is written per sample (up to the last fresh word): 64 rows of a
+        few dozen bytes stay in cache, where whole 2.5 kB states would not."""
         np = sys.modules["numpy"]
-        images = self._images
-        if images is None or images.shape[0] != rows:
-            images = self._images = np.tile(self.template, (rows, 1))
-            self._fresh = -1
         start, seeded = self.words_at, self.seed_at is not None
         pairs = values.shape[1] - seeded
-        if 2 * pairs < self._fresh:  # fewer fresh words than last time: the rest back to the template
-            images[:, start + 8 * pairs:start + 4 * self._fresh] = self.template[start + 8 * pairs:start + 4 * self._fresh]
+        fresh = min(MT_WORDS, 2 * pairs)
+        width = start + 4 * fresh
+        images = self._images
+        if images is None or images.shape != (rows, width):
+            images = self._images = np.tile(self.template[:width], (rows, 1))
+            if self.in_place:
+                flat = memoryview(images.reshape(-1))
+                self.rows = [flat[row * width:(row + 1) * width] for row in range(rows)]
+                self.target = self._memory[:width]
         if seeded:
             images[:, self.seed_at:self.seed_at + 8] = values[:, :1].view(np.uint8)
-        images[:, start:start + 8 * pairs] = values[:, seeded:].view(np.uint8)
-        fresh = min(MT_WORDS, 2 * pairs)
+        images[:, start:start + 8 * pairs] = values[:, seeded:].view(np.uint8)[:, :4 * fresh]
         if self.in_place and fresh < MT_WORDS:
             for view, data in self._batch_extra:
                 view[:] = data
-        if self.in_place and (fresh != self._fresh or not self.rows):
-            size = start + 4 * fresh
-            flat, stride = memoryview(images.reshape(-1)), images.shape[1]
-            self.rows = [flat[row * stride:row * stride + size] for row in range(rows)]
-            self.target = self._memory[:size]
-        self._fresh = fresh
 
     def put(self, row: int) -> None:
         """Put the RNG in the state of a row of the last prepare()."""
