@@ -110,7 +110,7 @@ def bench_loader(dataset, label):
 
     plain(), ours()
     p, o = [], []
-    for round_ in range(15):  # alternating order: this VM's speed drifts
+    for round_ in range(25):  # alternating order: this VM's speed drifts
         for kind in (("plain", "ours") if round_ % 2 == 0 else ("ours", "plain")):
             (p if kind == "plain" else o).append(timed(plain if kind == "plain" else ours))
     ratio = statistics.median(b / a for a, b in zip(p, o))

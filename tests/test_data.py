@@ -235,6 +235,17 @@ def test_a_sample_can_read_and_set_back_the_state_it_was_given():
     assert len({float(b[0, 0]) for b in batches} | {float(b[1, 0]) for b in batches}) == 4  # per-sample seeds differ
 
 
+def test_an_epoch_of_values_made_at_once_gives_the_samples_made_batch_by_batch(monkeypatch):
+    from twice import sample_rng
+
+    at_once = stream(0, epochs=2)  # 30 samples: the epoch's values are made at its first batch
+    assert sample_rng._tables
+    monkeypatch.setattr(sample_rng, "TABLE_VALUES", 0)
+    monkeypatch.setattr(sample_rng, "_tables", {})
+    assert all(torch.equal(a, b) for a, b in zip(at_once, stream(0, epochs=2)))
+    assert not sample_rng._tables  # batch by batch this time
+
+
 def test_a_few_fresh_words_suffice_for_samples_that_draw_a_few_numbers():
     data = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=3)
     list(data)

@@ -103,7 +103,7 @@ class _SeededSamples(Dataset):
         indices = np.fromiter(map(_second, keys), np.uint64, len(keys))
         seeders = [seeder(name) for name in self.RNGS if name in used]
         counts = [(one, self.words.get(one.name, START_WORDS)) for one in seeders]
-        prepare_states(counts, key, indices)  # the RNGs' states for the batch in one computation
+        prepare_states(counts, key, indices, len(dataset))  # the RNGs' states for the batch in one computation
         writes, constant, calls, checks = [], [], [], []
         for one, words in counts:
             if not one.in_place:

@@ -161,22 +161,49 @@ class Seeder:
             torch.default_generator.set_state(state)
 
 
-def prepare(seeders: list[tuple[Seeder, int]], key, indices) -> None:
+TABLE_VALUES = 1 << 21  # an epoch's values are made at once where they number at most this (16 MB)
+
+
+def prepare(seeders: list[tuple[Seeder, int]], key, indices, size: int | None = None) -> None:
     """Make the images of a batch for several (Seeder, fresh words) at once: numpy's per-call cost,
-    not the arithmetic, is what a batch of 64 pays for, so their SplitMix64 values are one array."""
+    not the arithmetic, is what a batch of 64 pays for, so their SplitMix64 values are one array.
+    Given `size` (the dataset's length), where the values of every sample of the epoch number at
+    most TABLE_VALUES they are made at its first batch (one computation, well under 1 us a sample)
+    and each batch takes its rows from them."""
     np = sys.modules["numpy"]
     rows = len(indices)
-    which = (tuple(seeders), rows)
-    plan = _plans.get(which)
+    which = tuple(seeders)
+    if size is not None and isinstance(key, int) and \
+            size * sum(len(one._columns(words)) for one, words in seeders) <= TABLE_VALUES:
+        table = _tables.get(which)
+        if table is None or table[0] != key:
+            _tables.clear()
+            every = _values(which, key, np.arange(size, dtype=np.uint64), keep=False)
+            table = _tables[which] = (key, every, _spans(seeders), {})
+        taken = table[3].get(rows)
+        if taken is None:
+            taken = table[3][rows] = np.empty((rows, table[1].shape[1]), np.uint64)
+        np.take(table[1], indices.astype(np.intp), axis=0, out=taken)
+        _fill_all(table[2], taken, rows)
+        return
+    _fill_all(_spans(seeders), _values(which, key, indices), rows)
+
+
+def _values(which: tuple, key, indices, keep: bool = True):
+    """The finished SplitMix64 values of a batch's samples for (Seeder, words) pairs `which`; with
+    `keep`, in a buffer reused by the next call with as many samples (numpy's per-call cost, not
+    the arithmetic, is what a batch pays for)."""
+    np = sys.modules["numpy"]
+    rows = len(indices)
+    plan = _plans.get((which, rows)) if keep else None
     if plan is None:
-        if len(_plans) > 8:
-            _plans.clear()  # batch sizes or fresh words changed: keep a few
-        parts = [one._columns(words) for one, words in seeders]
-        counters = np.concatenate(parts)
-        # counters, each RNG's column span, buffers reused from batch to batch, {key: counters + key}
-        plan = _plans[which] = (counters, [(len(p), one) for p, (one, _) in zip(parts, seeders)],
-                                np.empty(rows, np.uint64), np.empty((rows, len(counters)), np.uint64), {})
-    counters, spans, firsts, values, keyed = plan
+        counters = np.concatenate([one._columns(words) for one, words in which])
+        plan = (counters, np.empty(rows, np.uint64), np.empty((rows, len(counters)), np.uint64), {})
+        if keep:
+            if len(_plans) > 8:
+                _plans.clear()  # batch sizes or fresh words changed: keep a few
+            _plans[(which, rows)] = plan
+    counters, firsts, values, keyed = plan
     np.multiply(indices, _STEP, out=firsts)
     if isinstance(key, int):
         shifted = keyed.get(key)
@@ -187,7 +214,14 @@ def prepare(seeders: list[tuple[Seeder, int]], key, indices) -> None:
     else:
         firsts += key
         np.add(firsts[:, None], counters[None, :], out=values)
-    splitmix_finish(values, True)
+    return splitmix_finish(values, keep)
+
+
+def _spans(seeders: list[tuple[Seeder, int]]) -> list[tuple[int, Seeder]]:
+    return [(len(one._columns(words)), one) for one, words in seeders]
+
+
+def _fill_all(spans: list[tuple[int, Seeder]], values, rows: int) -> None:
     if len(spans) == 1:
         spans[0][1]._fill(values, rows)
         return
@@ -197,7 +231,8 @@ def prepare(seeders: list[tuple[Seeder, int]], key, indices) -> None:
         column += width
 
 
-_plans: dict = {}  # ((Seeder, words) pairs, rows) -> what prepare() reuses for them
+_plans: dict = {}  # ((Seeder, words) pairs, rows) -> (counters, buffers, {key: counters + key}) for _values
+_tables: dict = {}  # (Seeder, words) pairs -> (epoch key, every sample's values, column spans, {rows: buffer})
 
 
 _seeders: dict = {}  # (name, ids of the RNG objects) -> Seeder
