@@ -246,6 +246,31 @@ def test_an_epoch_of_values_made_at_once_gives_the_samples_made_batch_by_batch(m
     assert not sample_rng._tables  # batch by batch this time
 
 
+def test_loaders_used_in_turn_keep_their_epoch_tables(monkeypatch):
+    from twice import sample_rng
+
+    made = []
+    values = sample_rng._values
+    monkeypatch.setattr(sample_rng, "_values", lambda *a, keep=True: (made.append(keep), values(*a, keep=keep))[1])
+    monkeypatch.setattr(sample_rng, "_tables", {})
+    first = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=1)
+    second = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=2)
+    pairs = list(zip(first, second))
+    assert len(pairs) == 8 and made.count(False) == 2  # one table per loader's epoch, not one per batch
+    alone = list(twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=2))
+    assert all(torch.equal(b, c) for (_, b), c in zip(pairs, alone))
+
+
+def test_loaders_with_one_seed_over_datasets_of_other_sizes_each_get_their_own_samples():
+    # An epoch's table of values belongs to a dataset size too: a bigger dataset with the same seed
+    # must not be served from a smaller one's table (it once raised IndexError).
+    small = list(twice.data.loader(Augmented(size=8), batch_size=4, shuffle=True, seed=9))
+    big = list(twice.data.loader(Augmented(size=40), batch_size=4, shuffle=True, seed=9))
+    assert len(small) == 2 and len(big) == 10
+    alone = {int(b[k, 0]): b[k] for b in big for k in range(len(b))}
+    assert all(torch.equal(b[k], alone[int(b[k, 0])]) for b in small for k in range(len(b)))  # values of (seed, epoch, index)
+
+
 def test_a_few_fresh_words_suffice_for_samples_that_draw_a_few_numbers():
     data = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=3)
     list(data)

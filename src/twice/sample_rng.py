@@ -161,7 +161,8 @@ class Seeder:
             torch.default_generator.set_state(state)
 
 
-TABLE_VALUES = 1 << 21  # an epoch's values are made at once where they number at most this (16 MB)
+TABLE_VALUES = 1 << 20  # an epoch's values are made at once where they number at most this (8 MB)
+TABLES_KEPT = 4  # epoch tables kept per process, the oldest dropped first
 
 
 def prepare(seeders: list[tuple[Seeder, int]], key, indices, size: int | None = None) -> None:
@@ -175,11 +176,12 @@ def prepare(seeders: list[tuple[Seeder, int]], key, indices, size: int | None = 
     which = tuple(seeders)
     if size is not None and isinstance(key, int) and \
             size * sum(len(one._columns(words)) for one, words in seeders) <= TABLE_VALUES:
-        table = _tables.get(which)
-        if table is None or table[0] != key:
-            _tables.clear()
+        table = _tables.get((which, key, size))
+        if table is None:
+            if len(_tables) >= TABLES_KEPT:  # loaders used in turn (zipped, or train and validation) keep theirs
+                del _tables[next(iter(_tables))]
             every = _values(which, key, np.arange(size, dtype=np.uint64), keep=False)
-            table = _tables[which] = (key, every, _spans(seeders), {})
+            table = _tables[(which, key, size)] = (key, every, _spans(seeders), {})
         taken = table[3].get(rows)
         if taken is None:
             taken = table[3][rows] = np.empty((rows, table[1].shape[1]), np.uint64)
@@ -232,7 +234,7 @@ def _fill_all(spans: list[tuple[int, Seeder]], values, rows: int) -> None:
 
 
 _plans: dict = {}  # ((Seeder, words) pairs, rows) -> (counters, buffers, {key: counters + key}) for _values
-_tables: dict = {}  # (Seeder, words) pairs -> (epoch key, every sample's values, column spans, {rows: buffer})
+_tables: dict = {}  # ((Seeder, words) pairs, epoch key, samples) -> (key, every sample's values, column spans, {rows: buffer})
 
 
 _seeders: dict = {}  # (name, ids of the RNG objects) -> Seeder
