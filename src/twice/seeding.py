@@ -494,20 +494,11 @@ def _same_numpy(a, b) -> bool:
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
-def splitmix(base, counters, out=None):
-    """SplitMix64 outputs for `counters` (a NumPy uint64 array) from `base` (a 64-bit integer, or
-    an array of them broadcast against `counters`): bijective in the counter. `out` receives them
-    (a buffer reused from call to call saves allocating, and page-faulting, a large one)."""
-    np = _numpy()
-    z = np.multiply(counters, np.uint64(_GOLDEN), out=out)  # the standard form: base + counter * golden
-    z += np.asarray(base, dtype=np.uint64)
-    return splitmix_finish(z, out is not None)
-
-
 def splitmix_finish(z, reuse: bool = False):
-    """SplitMix64's output function, in place on `z` (base + counter * golden)."""
+    """SplitMix64's output function, in place on `z` (a NumPy uint64 array of base + counter * golden,
+    wrapping): bijective in the counter. `reuse` keeps its scratch buffer for the next call."""
     np = _numpy()
-    shifted = scratch(("shifted", z.shape), z.shape, np.uint64) if reuse else np.empty_like(z)
+    shifted = _scratch(("shifted", z.shape), z.shape, np.uint64) if reuse else np.empty_like(z)
     for shift, factor in ((30, _MIX1), (27, _MIX2), (31, None)):
         np.right_shift(z, np.uint64(shift), out=shifted)
         z ^= shifted
@@ -519,8 +510,7 @@ def splitmix_finish(z, reuse: bool = False):
 _buffers: dict = {}
 
 
-def scratch(key, shape, dtype):
-    """A NumPy buffer kept for reuse under `key` (a few kept: batch sizes vary)."""
+def _scratch(key, shape, dtype):
     buffer = _buffers.get(key)
     if buffer is None:
         if len(_buffers) > 32:
