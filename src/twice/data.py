@@ -139,18 +139,13 @@ class _SeededSamples(Dataset):
         dataset, (target, rows), (view, data) = self.dataset, write, constant
         samples: list[Any] = []
         append, over = samples.append, {}
-        if check is None:
-            for image, (_, index) in zip(rows, keys):
-                target[:] = image
-                view[:] = data
-                append(dataset[index])
-            return samples, over
-        position, tail, expected, words, one = check
+        checking = check is not None
+        position, tail, expected, words, one = check if checking else (None,) * 5
         for image, (_, index) in zip(rows, keys):
             target[:] = image
             view[:] = data
             append(dataset[index])
-            if position.value > words or tail.value != expected:
+            if checking and (position.value > words or tail.value != expected):
                 over[one.name] = max(over.get(one.name, 0), _needed(one, words))
         return samples, over
 

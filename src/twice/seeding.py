@@ -240,8 +240,7 @@ class TorchLayout:
     over the position, the 624 words and the two cached normals, so one memcpy puts a whole state in place."""
 
     size: int         # bytes of the region
-    left: int         # int32: draws left before the words are regenerated
-    next: int         # uint32: index of the next word read
+    next: int         # uint32: index of the next word read (after i32 left, draws before regenerating)
     words: int        # uint32[624]
     template: bytes   # the region of a state at position 0 (left 624, next 0) with no cached normal
 
@@ -350,7 +349,7 @@ def _find_torch_layout(torch) -> TorchLayout | None:
     region = bytearray(ctypes.string_at(impl + start, size))
     if region[float_at - start + 4] or region[double_at - start + 8]:
         return None  # set_state with no cached normal left a flag set: not the flags
-    layout = TorchLayout(size=size, left=8, next=16, words=20, template=bytes(region))
+    layout = TorchLayout(size=size, next=16, words=20, template=bytes(region))
     # Check: states written in place read back, and draw, as the same states set officially.
     import numpy as np
 
@@ -412,7 +411,7 @@ def rng_snapshot() -> tuple:
     return read()
 
 
-_snapshot_readers: dict = {}  # (id of random's generator, id of numpy) -> rng_snapshot's reader for them
+_snapshot_readers: dict = {}  # ids of random's generator, numpy and torch's default generator -> rng_snapshot's reader
 
 
 def _snapshot_reader() -> Callable[[], tuple]:
