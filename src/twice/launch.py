@@ -209,8 +209,8 @@ def _trace_cost(proc: dict | None) -> dict | None:
     """Time the training process spent in twice's trace hooks, against its whole life."""
     if not proc or proc.get("trace_cost_s") is None or not proc.get("ended") or not proc.get("started"):
         return None
-    wall = max(proc["ended"] - proc["started"], 1e-9)
-    return {"hooks_s": proc["trace_cost_s"], "wall_s": round(wall, 3), "share": round(proc["trace_cost_s"] / wall, 4)}
+    wall = max(round(proc["ended"] - proc["started"], 3), 1e-3)  # the share is of the wall time as recorded
+    return {"hooks_s": proc["trace_cost_s"], "wall_s": wall, "share": round(proc["trace_cost_s"] / wall, 4)}
 
 
 def start_manifest(run_dir: Path, argv: list[str], script: Path | None, cwd: Path, options: RunOptions,
