@@ -275,3 +275,35 @@ def test_a_few_fresh_words_suffice_for_samples_that_draw_a_few_numbers():
     data = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=3)
     list(data)
     assert set(data._samples.words.values()) <= {16}  # each sample drew 1-2 words per RNG: no batch fetched again
+
+
+class Pids(Augmented):
+    """Each sample also says which process fetched it."""
+
+    def __getitem__(self, i):
+        import os
+
+        return super().__getitem__(i), os.getpid()
+
+
+def test_persistent_workers_are_kept_across_epochs_and_a_mid_epoch_resume():
+    """persistent_workers=True keeps the same worker processes from epoch to epoch (DataLoader's
+    promise, which a DataLoader made anew each epoch would break), with the batches of 0 workers."""
+    loader = twice.data.loader(Pids(), batch_size=4, shuffle=True, num_workers=2, seed=11, persistent_workers=True)
+    epochs = [list(loader) for _ in range(3)]
+    pids = [{pid for _, batch_pids in epoch for pid in batch_pids.tolist()} for epoch in epochs]
+    assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2]
+    reference = stream(0, epochs=3)
+    assert all(torch.equal(a, b) for a, b in zip(reference, [samples for epoch in epochs for samples, _ in epoch]))
+    # Stopped mid-epoch and resumed from its state, in the same loader and in a new one.
+    iterator = iter(loader)
+    first = [next(iterator)[0] for _ in range(3)]
+    state = loader.state_dict()
+    rest = [samples for samples, _ in loader]
+    fresh = twice.data.loader(Pids(), batch_size=4, shuffle=True, num_workers=2, seed=11, persistent_workers=True)
+    fresh.load_state_dict(state)
+    again = [samples for samples, _ in fresh]
+    epoch3 = stream(0, epochs=4)[24:]
+    assert len(first + rest) == len(epoch3) == 8
+    assert all(torch.equal(a, b) for a, b in zip(epoch3, first + rest))
+    assert all(torch.equal(a, b) for a, b in zip(epoch3[3:], again))

@@ -206,6 +206,7 @@ class ResumableLoader:
         self._kwargs = dataloader_kwargs
         self._drop_last_batch = drop_last
         self.batches_served = 0
+        self._persistent: DataLoader | None = None  # with persistent_workers: one DataLoader, its workers kept
 
     @property
     def epoch(self) -> int:
@@ -220,15 +221,28 @@ class ResumableLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self.sampler.start = self.batches_served * self.batch_size
-        # A generator of our own: DataLoader otherwise draws its workers' base seed from the global
-        # torch RNG each epoch, so a resumed run (one iterator fewer) would drift from the original.
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, "workers", self.sampler.epoch))
-        inner = DataLoader(self._samples, batch_size=self.batch_size, sampler=self.sampler,
-                           drop_last=self._drop_last_batch, generator=generator, **self._kwargs)
-        for batch in inner:
+        for batch in self._inner():
             self.batches_served += 1
             yield batch
         self.set_epoch(self.sampler.epoch + 1)
+
+    def _inner(self) -> DataLoader:
+        """The DataLoader of this pass: a new one each pass, or with persistent_workers one for the
+        loader's life, whose workers DataLoader keeps; it reads the sampler's epoch and position
+        afresh at each pass either way."""
+        persistent = bool(self._kwargs.get("persistent_workers")) and self._kwargs.get("num_workers", 0) > 0
+        if persistent and self._persistent is not None:
+            return self._persistent
+        # A generator of our own: DataLoader otherwise draws its workers' base seed from the global
+        # torch RNG each epoch, so a resumed run (one iterator fewer) would drift from the original.
+        # (The samples do not depend on it: every RNG they draw from is seeded per sample.)
+        generator = torch.Generator().manual_seed(
+            derive_seed(self.seed, "workers") if persistent else derive_seed(self.seed, "workers", self.sampler.epoch))
+        inner = DataLoader(self._samples, batch_size=self.batch_size, sampler=self.sampler,
+                           drop_last=self._drop_last_batch, generator=generator, **self._kwargs)
+        if persistent:
+            self._persistent = inner
+        return inner
 
     def state_dict(self) -> dict:
         return {"epoch": self.sampler.epoch, "batches_served": self.batches_served, "seed": self.seed,
