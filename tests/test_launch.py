@@ -195,6 +195,28 @@ def test_ctrl_c_marks_the_run_interrupted(tmp_path):
     assert manifest(run)["context"]["status"] == "interrupted"
 
 
+def test_ctrl_c_the_moment_the_command_starts_still_marks_the_run_interrupted(tmp_path):
+    """SIGINT as soon as the manifest names the child: while the launcher is still writing it or
+    starting its output threads (before this was handled, most of these runs were marked failed)."""
+    (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
+    for attempt in range(5):
+        launcher = subprocess.Popen([sys.executable, "-m", "twice", "run", "--name", f"r{attempt}", "sleepy.py"],
+                                    cwd=tmp_path, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        path = tmp_path / "runs"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            found = list(path.glob(f"*r{attempt}*/manifest.json")) if path.exists() else []
+            try:
+                if found and json.loads(found[0].read_text())["context"].get("child_pid"):
+                    break
+            except json.JSONDecodeError:
+                pass
+            time.sleep(0.0005)
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(timeout=60)
+        assert manifest(found[0].parent)["context"]["status"] == "interrupted", attempt
+
+
 @pytest.mark.parametrize("args, message", [
     (["run"], "no command to run"),
     (["run", "--", "missing_script.py"], "script not found: missing_script.py"),

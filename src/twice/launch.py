@@ -293,29 +293,38 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
             child = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
             raise UsageError(f"cannot start {argv[0]}: {exc.strerror}", "check the command") from exc
-        context["child_pid"] = child.pid
-        write_json_atomic(run_dir / MANIFEST, manifest)
-        echo_out = [] if options.quiet else [sys.stdout.buffer]
-        echo_err = [] if options.quiet else [sys.stderr.buffer]
-        threads = [threading.Thread(target=_tee, args=(child.stdout, [stdout_log, *echo_out]), daemon=True),
-                   threading.Thread(target=_tee, args=(child.stderr, [stderr_log, *echo_err]), daemon=True)]
-        for thread in threads:
-            thread.start()
+        # Ctrl-C is caught as a signal from here on, not as KeyboardInterrupt: one arriving while the
+        # manifest is written or the threads start (between two bytecodes) would otherwise escape
+        # the wait below and leave the run marked failed rather than interrupted.
+        def interrupt(signum, frame):
+            nonlocal interrupted
+            interrupted = True  # the terminal sent SIGINT to the child too; pass it on in case it did not
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+
         forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
-        previous = signal.signal(signal.SIGTERM, forward) if threading.current_thread() is threading.main_thread() else None
+        main = threading.current_thread() is threading.main_thread()
+        previous = (signal.signal(signal.SIGINT, interrupt), signal.signal(signal.SIGTERM, forward)) if main else None
+        threads = []
         try:
+            context["child_pid"] = child.pid
+            write_json_atomic(run_dir / MANIFEST, manifest)
+            echo_out = [] if options.quiet else [sys.stdout.buffer]
+            echo_err = [] if options.quiet else [sys.stderr.buffer]
+            threads = [threading.Thread(target=_tee, args=(child.stdout, [stdout_log, *echo_out]), daemon=True),
+                       threading.Thread(target=_tee, args=(child.stderr, [stderr_log, *echo_err]), daemon=True)]
+            for thread in threads:
+                thread.start()
             while True:
                 try:
                     returncode = child.wait()
                     break
-                except KeyboardInterrupt:
-                    # The terminal sent SIGINT to the child too; pass it on in case it did not.
-                    interrupted = True
-                    if child.poll() is None:
-                        child.send_signal(signal.SIGINT)
+                except KeyboardInterrupt:  # where no handler could be installed (off the main thread)
+                    interrupt(signal.SIGINT, None)
         finally:
             if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+                signal.signal(signal.SIGINT, previous[0])
+                signal.signal(signal.SIGTERM, previous[1])
         for thread in threads:
             thread.join()
     finally:
