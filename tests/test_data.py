@@ -307,3 +307,18 @@ def test_persistent_workers_are_kept_across_epochs_and_a_mid_epoch_resume():
     assert len(first + rest) == len(epoch3) == 8
     assert all(torch.equal(a, b) for a, b in zip(epoch3, first + rest))
     assert all(torch.equal(a, b) for a, b in zip(epoch3[3:], again))
+
+
+def test_an_iterable_dataset_is_refused_with_a_hint():
+    from torch.utils.data import IterableDataset
+
+    from twice.errors import UsageError
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    for dataset in (Stream(), iter(range(3))):
+        with pytest.raises(UsageError, match="map-style dataset") as caught:
+            twice.data.loader(dataset, batch_size=2)
+        assert "position" in caught.value.hint

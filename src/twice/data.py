@@ -15,8 +15,9 @@ import operator
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
+from .errors import UsageError
 from .sample_rng import START_WORDS, seeder
 from .sample_rng import prepare as prepare_states
 from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot
@@ -191,6 +192,10 @@ class ResumableLoader:
     def __init__(self, dataset: Dataset, *, batch_size: int = 1, shuffle: bool = False, seed: int | None = None,
                  rank: int = 0, world_size: int = 1, drop_last: bool = False, seed_every_rng: bool = False,
                  **dataloader_kwargs: Any):
+        if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise UsageError(f"twice.data.loader needs a map-style dataset (__len__ and __getitem__), not a {type(dataset).__name__}",
+                             "an iterable dataset's order and position are its own: seed it and save its position "
+                             "yourself, or give the loader a Dataset indexed by sample")
         if seed is None:
             seed = _default_seed()
         if not 0 <= rank < world_size:
