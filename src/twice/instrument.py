@@ -560,15 +560,19 @@ def _norm(grad):
 
 
 def _norms(grads: list) -> list:
-    """L2 norms of many gradients in one fused call where torch offers it."""
+    """L2 norms of many gradients in one fused call where torch offers it (any mix of dtypes and
+    devices: where the fused kernel cannot take them, torch loops over them itself)."""
     import torch
 
     if not grads:
         return []
     foreach_norm = getattr(torch, "_foreach_norm", None)
-    if foreach_norm is not None and len({(g.device, g.dtype) for g in grads}) == 1:
+    if foreach_norm is not None:
         with torch.no_grad():  # rather than a detach() per tensor: one op each under an op log
-            return list(foreach_norm(grads))
+            try:
+                return list(foreach_norm(grads))
+            except (RuntimeError, TypeError):
+                pass
     return [_norm(g) for g in grads]
 
 
