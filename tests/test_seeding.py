@@ -95,6 +95,35 @@ def test_the_python_rng_digest_follows_every_draw_even_a_whole_state_regeneratio
     assert rng_digests()["python"] != after_gauss
 
 
+def test_rng_digests_read_in_place_are_those_of_the_copied_states():
+    """The step trace digests Python's and NumPy's states where they lie: the values must be those
+    of the bytes copied out (what earlier traces hold), through any draws, reseeds and gauss caches."""
+    from twice.digests import digest_bytes
+    from twice.seeding import _numpy_state_bytes, _python_state_bytes
+
+    for draw in (lambda: None, random.random, lambda: random.gauss(0, 1), lambda: np.random.rand(700),
+                 lambda: random.seed(5), lambda: np.random.seed(7)):
+        draw()
+        digests = rng_digests()
+        assert digests["python"] == digest_bytes(_python_state_bytes())
+        assert digests["numpy"] == digest_bytes(_numpy_state_bytes())
+
+
+def test_the_numpy_rng_digest_includes_a_cached_gaussian():
+    """NumPy's legacy RNG keeps the second normal of a pair for the next call: two states with the
+    same words and position but a different cached normal draw different numbers."""
+    np.random.seed(4)
+    np.random.standard_normal()  # one of a pair: the other is cached
+    cached = np.random.get_state()
+    with_gauss = rng_digests()["numpy"]
+    np.random.set_state(cached[:3] + (0, 0.0))  # the same words and position, no cached normal
+    assert rng_digests()["numpy"] != with_gauss
+    np.random.set_state(cached[:3] + (1, cached[4] + 1.0))  # another cached normal
+    assert rng_digests()["numpy"] != with_gauss
+    np.random.set_state(cached)
+    assert rng_digests()["numpy"] == with_gauss
+
+
 def _splitmix_reference(state: int, counter: int) -> int:
     """SplitMix64 output `counter` of the sequence starting at `state`, in plain Python integers."""
     z = (state + counter * 0x9E3779B97F4A7C15) & (2**64 - 1)

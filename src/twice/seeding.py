@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .digests import digest, digest_bytes, digest_tensor
+from .digests import digest, digest_buffers, digest_bytes, digest_tensor
 
 __all__ = ["seed_everything", "RngSource", "RNG_SOURCES", "capture_rng", "restore_rng", "rng_digests"]
 
@@ -518,6 +518,29 @@ def _scratch(key, shape, dtype):
     return buffer
 
 
+_views: dict = {}  # (RNG, id of the object holding its state) -> the state's bytes in place, as a ctypes array
+
+
+def _view(name: str, owner: Any, reader: Callable[[], bytes | None], address: Callable[[], int]):
+    """What `reader()` copies out (Python's or NumPy's MT19937 words and position) as a view of the
+    bytes in place, or None where the reader's layout is not confirmed: digested there, the step
+    trace's RNG digests copy nothing."""
+    key = (name, id(owner))
+    view = _views.get(key)
+    if view is None:
+        state = reader()  # confirms the layout, once
+        if state is None:
+            return None
+        size = 624 * 4 + 4
+        view = (ctypes.c_char * size).from_address(address())
+        if bytes(view) != state[:size]:
+            return None
+        if len(_views) > 16:
+            _views.clear()
+        _views[key] = view
+    return view
+
+
 def rng_digests() -> dict[str, str]:
     """A digest of each available RNG's state: cheap evidence of whether two runs drew the same numbers."""
     out = {}
@@ -525,14 +548,20 @@ def rng_digests() -> dict[str, str]:
         if source.name == "accelerator" or not source.available():
             continue
         if source.name == "numpy":
-            fast = _numpy_state_bytes()
-            if fast is not None:
-                out["numpy"] = digest_bytes(fast)
+            generator = _numpy().random.mtrand._rand._bit_generator
+            view = None if type(generator).__name__ != "MT19937" else \
+                _view("numpy", generator, _numpy_state_bytes, lambda: _numpy_state_address[id(generator)])
+            if view is not None:
+                # with its cached Gaussian where one is held (the test of has_gauss is one int read)
+                gauss_at = _numpy_gauss_address()
+                held = gauss_at is not None and ctypes.c_int.from_address(gauss_at).value
+                out["numpy"] = digest_buffers(view, ctypes.string_at(gauss_at + 8, 8)) if held else digest_buffers(view)
                 continue
         if source.name == "python":
-            fast = _python_state_bytes()
-            if fast is not None:
-                out["python"] = digest_bytes(fast)
+            view = _view("python", random._inst, _python_state_bytes, lambda: id(random._inst) + _python_state_offset[0])
+            if view is not None:
+                gauss = random._inst.gauss_next
+                out["python"] = digest_buffers(view) if gauss is None else digest_buffers(view, struct.pack("<d", gauss))
                 continue
         state = source.get_state()
         if source.name == "torch":
