@@ -322,3 +322,10 @@ def test_an_iterable_dataset_is_refused_with_a_hint():
         with pytest.raises(UsageError, match="map-style dataset") as caught:
             twice.data.loader(dataset, batch_size=2)
         assert "position" in caught.value.hint
+
+
+def test_out_of_order_batches_are_refused():
+    """in_order=False (DataLoader yields batches as workers finish them) would make the stream depend on timing."""
+    with pytest.raises(ValueError, match="in_order=False"):
+        twice.data.loader(Augmented(), batch_size=2, num_workers=2, in_order=False)
+    assert len(list(twice.data.loader(Augmented(), batch_size=2, num_workers=2, in_order=True))) == 15

@@ -203,6 +203,9 @@ class ResumableLoader:
         for forbidden in ("sampler", "batch_sampler", "generator", "worker_init_fn"):
             if dataloader_kwargs.get(forbidden) is not None:
                 raise ValueError(f"twice.data.loader sets {forbidden} itself; remove it")
+        if dataloader_kwargs.get("in_order", True) is False:
+            raise ValueError("in_order=False lets DataLoader hand out batches in the order its workers finish them, "
+                             "which differs from run to run; remove it (twice.data.loader keeps the sampler's order)")
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
         self.sampler = _EpochSampler(len(dataset), shuffle, seed, rank, world_size, drop_last)
         # One for the loader's life: what it learns about the RNGs the dataset draws from (in the
