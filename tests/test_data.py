@@ -329,3 +329,19 @@ def test_out_of_order_batches_are_refused():
     with pytest.raises(ValueError, match="in_order=False"):
         twice.data.loader(Augmented(), batch_size=2, num_workers=2, in_order=False)
     assert len(list(twice.data.loader(Augmented(), batch_size=2, num_workers=2, in_order=True))) == 15
+
+
+def test_unbatched_samples_with_batch_size_none_are_the_batched_ones_and_resume():
+    """batch_size=None (DataLoader's samples one by one, not collated into batches) serves the
+    samples of batch_size=1, and its position counts samples."""
+    batched = [batch[0] for batch in twice.data.loader(Augmented(), batch_size=1, shuffle=True, seed=11)]
+    loader = twice.data.loader(Augmented(), batch_size=None, shuffle=True, seed=11)
+    assert len(loader) == 30
+    single = list(loader)
+    assert len(single) == 30 and all(torch.equal(a, b) for a, b in zip(batched, single))
+    again = twice.data.loader(Augmented(), batch_size=None, shuffle=True, seed=11)
+    iterator = iter(again)
+    head = [next(iterator) for _ in range(7)]
+    resumed = twice.data.loader(Augmented(), batch_size=None, shuffle=True, seed=11)
+    resumed.load_state_dict(again.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(head + list(resumed), single))

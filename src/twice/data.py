@@ -225,14 +225,20 @@ class ResumableLoader:
 
     def __len__(self) -> int:
         samples = len(self.sampler.order(self.sampler.epoch))
-        return samples // self.batch_size if self._drop_last_batch else math.ceil(samples / self.batch_size)
+        per = self._per_item
+        return samples // per if self._drop_last_batch else math.ceil(samples / per)
 
     def __iter__(self) -> Iterator[Any]:
-        self.sampler.start = self.batches_served * self.batch_size
+        self.sampler.start = self.batches_served * self._per_item
         for batch in self._inner():
             self.batches_served += 1
             yield batch
         self.set_epoch(self.sampler.epoch + 1)
+
+    @property
+    def _per_item(self) -> int:
+        """Samples per item served: the batch size, or 1 with batch_size=None (DataLoader's unbatched samples)."""
+        return 1 if self.batch_size is None else self.batch_size
 
     def _inner(self) -> DataLoader:
         """The DataLoader of this pass: a new one each pass, or with persistent_workers one for the
