@@ -345,3 +345,9 @@ def test_unbatched_samples_with_batch_size_none_are_the_batched_ones_and_resume(
     resumed = twice.data.loader(Augmented(), batch_size=None, shuffle=True, seed=11)
     resumed.load_state_dict(again.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(head + list(resumed), single))
+
+
+def test_a_state_that_is_not_a_loaders_is_refused_naming_what_it_lacks():
+    loader = twice.data.loader(Augmented(), batch_size=4)
+    with pytest.raises(ValueError, match="lacks batches_served, seed"):
+        loader.load_state_dict({"epoch": 1})

@@ -263,6 +263,10 @@ class ResumableLoader:
                 "batch_size": self.batch_size, "rank": self.sampler.rank, "world_size": self.sampler.world_size}
 
     def load_state_dict(self, state: dict) -> None:
+        missing = [key for key in ("epoch", "batches_served", "seed", "batch_size", "rank", "world_size") if key not in state]
+        if missing:
+            raise ValueError(f"not a twice.data.loader state: it lacks {', '.join(missing)}; "
+                             "pass what this loader's state_dict() returned")
         for key in ("seed", "batch_size", "world_size", "rank"):
             if state[key] != getattr(self, key, None) and state[key] != getattr(self.sampler, key, None):
                 raise ValueError(f"loader {key} differs from the checkpoint's ({getattr(self, key, getattr(self.sampler, key, None))} "
