@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .divergence import FIELD_MEANING, Divergence, explain, first_divergence, loss_gap
+from .instrument import CAPTURE_ERROR
 from .manifest import Difference, compare_identity
 from .store import MANIFEST, effective_status, read_json
 from .trace import read_trace, trace_files
@@ -123,5 +124,9 @@ def compare_runs(a: Path, b: Path, steps: int | None = None, cache: dict | None 
     else:
         verdict = f"runs are bit-identical: {compared} steps compared"
         identical = True
+    for label, path in (("A", Path(a)), ("B", Path(b))):
+        stopped = read_json(path / CAPTURE_ERROR) if (path / CAPTURE_ERROR).exists() else None
+        if stopped is not None:  # the training went on untraced: its trace is shorter for that reason alone
+            verdict += f"; {label}'s step capture stopped at step {stopped['step']} ({stopped['error']}): its trace ends there"
     return Comparison(a=Path(a), b=Path(b), identical=identical, verdict=verdict, explanation=explanation,
                       differences=diffs, divergence=first, steps=lengths, statuses=statuses, compared_steps=compared)

@@ -23,7 +23,7 @@ __all__ = ["digest", "Digester", "tensor_bytes_view", "device_fold"]
 
 _TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = b"N", b"?", b"i", b"f", b"s", b"b"
 _TAG_SEQ, _TAG_MAP, _TAG_TENSOR, _TAG_ARRAY, _TAG_DATACLASS, _TAG_OPAQUE = b"[", b"{", b"T", b"A", b"D", b"O"
-_TAG_DEVICE_TENSOR = b"G"
+_TAG_DEVICE_TENSOR, _TAG_SPARSE = b"G", b"S"
 
 # Elements per chunk on the device path: bounds the temporary key tensors to a few hundred MB.
 _DEVICE_CHUNK_WORDS = 1 << 24
@@ -105,7 +105,15 @@ class Digester:
             _feed_plain(self._hash, tensor)  # the common case (a batch from a DataLoader), framed as below
             return
         if tensor.layout != torch.strided:
-            raise TypeError(f"cannot digest a {tensor.layout} tensor; convert it with .to_dense() first")
+            parts = _sparse_parts(tensor)
+            if parts is None:
+                raise TypeError(f"cannot digest a {tensor.layout} tensor; convert it with .to_dense() first")
+            # A sparse tensor (an nn.Embedding(sparse=True) gradient) as what it holds: its index and
+            # value tensors as they are, uncoalesced duplicates included, under its layout and shape.
+            self._frame(_TAG_SPARSE, f"{tensor.layout}|{tensor.dtype}|{tuple(tensor.shape)}|{len(parts)}".encode())
+            for part in parts:
+                self._update_tensor(part)
+            return
         device = tensor.device.type
         if device == "meta":
             raise TypeError("cannot digest a meta tensor: it has no data")
@@ -130,6 +138,19 @@ class Digester:
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
+
+
+def _sparse_parts(tensor) -> tuple | None:
+    """The tensors that make up a sparse tensor, in a fixed order, or None for a layout not known here."""
+    torch = _torch()
+    layout = tensor.layout
+    if layout == torch.sparse_coo:
+        return tensor._indices(), tensor._values()
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return tensor.crow_indices(), tensor.col_indices(), tensor.values()
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return tensor.ccol_indices(), tensor.row_indices(), tensor.values()
+    return None
 
 
 def tensor_bytes_view(tensor):

@@ -24,13 +24,14 @@ from .digests import Digester, digest, digest_pairs, digest_tensor, float_bits
 from .seeding import capture_rng, rng_digests
 from .trace import StepRecord, TraceWriter
 
-__all__ = ["Recorder", "install", "active_recorder", "uninstall"]
+__all__ = ["Recorder", "install", "active_recorder", "uninstall", "ReplicaDesync", "CAPTURE_ERROR"]
 
 # Per-tensor digests are written every step for models with at most this many parameter tensors,
 # else every AUTO_PARAMS_INTERVAL steps: names for a difference where it costs little space.
 AUTO_PARAMS_TENSORS = 64
 AUTO_PARAMS_INTERVAL = 100
 PARAM_CHECK_EVERY = 10
+CAPTURE_ERROR = "capture_error.json"  # in the run folder, when an error of twice's own stopped the step capture
 
 
 @dataclass
@@ -53,10 +54,11 @@ class _Round:
     params_digest: str | None = None
 
 
-_PARAM_NAMES: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
+# optimizer -> (parameter id -> name, parameter id -> (id, class name) of its outermost module)
+_PARAM_NAMES: "weakref.WeakKeyDictionary[Any, tuple[dict[int, str], dict[int, tuple[int, str]]]]" = weakref.WeakKeyDictionary()
 
 
-def _param_names(optimizer) -> dict[int, str]:
+def _param_names(optimizer) -> tuple[dict[int, str], dict[int, tuple[int, str]]]:
     """Name each parameter by its path from the outermost module holding it ("encoder.layer3.weight").
 
     One pass over live modules builds a child -> parent map, so naming costs O(modules) rather
@@ -77,15 +79,54 @@ def _param_names(optimizer) -> dict[int, str]:
         for name, param in module._parameters.items():
             if param is not None and id(param) in wanted:
                 owner.setdefault(id(param), (module, name))
-    names = {}
+    names, roots = {}, {}
     for key, (module, name) in owner.items():
         parts, seen = [name], set()
         while id(module) in parent and id(module) not in seen:
             seen.add(id(module))
             module, child_name = parent[id(module)]
             parts.append(child_name)
-        names[key] = ".".join(reversed(parts))
-    return names
+        names[key], roots[key] = ".".join(reversed(parts)), (id(module), type(module).__name__)
+    return names, roots
+
+
+def _distinct(names: dict[int, str], roots: dict[int, tuple[int, str]], order: list[int], taken: set[str]) -> dict[int, str]:
+    """Names from separate outermost modules can coincide (an encoder's and a decoder's "weight",
+    or a GAN's two optimizers' models, `taken` holding the names given to the optimizers named
+    before): those modules' names are then prefixed with their class ("Embedding.weight",
+    "Linear.weight"), numbered in the optimizer's order where classes coincide too ("Linear#2.weight")."""
+    counts: dict[str, int] = dict.fromkeys(taken, 1)
+    for name in names.values():
+        counts[name] = counts.get(name, 0) + 1
+    clashing = {roots[key][0] for key, name in names.items() if counts[name] > 1}
+    if not clashing:
+        return names
+    labels: dict[int, str] = {}
+    per_class: dict[str, int] = {}
+    for key in order:
+        if key not in roots or roots[key][0] not in clashing or roots[key][0] in labels:
+            continue
+        root, cls = roots[key]
+        while True:  # not a prefix already given (to another optimizer's module of this class)
+            per_class[cls] = per_class.get(cls, 0) + 1
+            label = cls if per_class[cls] == 1 else f"{cls}#{per_class[cls]}"
+            if not any(name.startswith(label + ".") for name in taken):
+                break
+        labels[root] = label
+    out = {key: f"{labels[roots[key][0]]}.{name}" if roots[key][0] in labels else name for key, name in names.items()}
+    used = set(taken)
+    for key in order:  # a module could itself be called "Linear": number what still coincides
+        if key in out:
+            name, n = out[key], 1
+            while out[key] in used:
+                n += 1
+                out[key] = f"{name}#{n}"
+            used.add(out[key])
+    return out
+
+
+class ReplicaDesync(RuntimeError):
+    """Data-parallel replicas hold different parameters (raised on purpose, to stop the run)."""
 
 
 def _costed(method):
@@ -100,6 +141,27 @@ def _costed(method):
             self.cost += time.perf_counter() - start
 
     return timed
+
+
+def _guarded(method):
+    """A zero-code event handler that never crashes the training it watches: an error of its own
+    (a tensor it cannot read, a bug) stops the capture, with a warning and `capture_error.json` in
+    the run folder naming the step and the error, and the training goes on; the trace holds the
+    steps before it. What twice raises on purpose (a stop after --max-steps, a replica desync) passes."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if self.capture_error is not None:
+            return None
+        try:
+            return method(self, *args, **kwargs)
+        except ReplicaDesync:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the point: the user's training outlives our capture
+            self._stop_capture(method.__name__, exc)
+            return None
+
+    return guarded
 
 
 class Recorder:
@@ -148,8 +210,10 @@ class Recorder:
         self._norm_history: list[float] = []
         self._opt_index: dict[int, int] = {}
         self._replica_pending: tuple | None = None  # the replica check in flight
+        self.capture_error: dict | None = None  # set when an error of our own stopped the capture
 
     # -- events -----------------------------------------------------------------------------------
+    @_guarded
     @_costed
     def on_batch(self, batch: Any) -> None:
         self._exit_if_stopping()
@@ -161,6 +225,7 @@ class Recorder:
             digester.update(batch)
         self._pending_batches.append(digester)
 
+    @_guarded
     @_costed
     def on_backward(self, tensors: Any) -> None:
         import torch
@@ -171,6 +236,7 @@ class Recorder:
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             self._pending_losses.append(tensors.detach())
 
+    @_guarded
     @_costed
     def pre_step(self, optimizer, args, kwargs) -> None:
         self._exit_if_stopping()
@@ -193,6 +259,7 @@ class Recorder:
             with self._paused():
                 self._take_grads(optimizer)
 
+    @_guarded
     @_costed
     def post_step(self, optimizer, args, kwargs) -> None:
         self.set_phase("forward")
@@ -270,7 +337,7 @@ class Recorder:
             write_json_atomic(self.run_dir / "replicas.json", {"step": step, "rank": bad_rank, "tensor": tensor,
                                                                 "message": message})
         if self.replica_mode == "stop":
-            raise RuntimeError(f"twice: {message}")
+            raise ReplicaDesync(f"twice: {message}")
         import warnings
 
         warnings.warn(f"twice: {message}", RuntimeWarning, stacklevel=2)
@@ -299,6 +366,25 @@ class Recorder:
             self._write_round()
         self._advance()
 
+    def _stop_capture(self, handler: str, exc: Exception) -> None:
+        import traceback
+        import warnings
+
+        from .files import write_json_atomic
+
+        self.capture_error = {"step": self.step_index, "handler": handler, "error": f"{type(exc).__name__}: {exc}",
+                              "traceback": traceback.format_exc()}
+        self._round, self._pending_losses, self._pending_batches = _Round(), [], []  # the step cut short is not written
+        try:
+            self._writer.close()
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.run_dir / CAPTURE_ERROR, self.capture_error)
+        except OSError:
+            pass
+        warnings.warn(f"twice: step capture stopped at step {self.step_index}: {type(exc).__name__}: {exc}; "
+                      f"the training goes on untraced (the trace holds steps 0-{self.step_index - 1}; "
+                      f"details in {self.run_dir / CAPTURE_ERROR})", RuntimeWarning, stacklevel=3)
+
     # -- pieces -----------------------------------------------------------------------------------
     def _tracing_this_step(self) -> bool:
         if self.only_steps is not None:
@@ -311,13 +397,15 @@ class Recorder:
         cached = self._names.get(key)
         if cached is None or len(cached) != count:  # add_param_group() invalidates the cache
             index = self._opt_index.setdefault(key, len(self._opt_index))
-            names = _PARAM_NAMES.get(optimizer)
-            if names is None or len(names) < count:
-                names = _param_names(optimizer)  # a scan of live objects: once per optimizer and process
+            found = _PARAM_NAMES.get(optimizer)
+            if found is None or len(found[0]) < count:
+                found = _param_names(optimizer)  # a scan of live objects: once per optimizer and process
                 try:
-                    _PARAM_NAMES[optimizer] = names
+                    _PARAM_NAMES[optimizer] = found
                 except TypeError:
                     pass  # an optimizer-like object that takes no weak references
+            taken = {name for other, named in self._names.items() if other != key for name, _ in named}
+            names = _distinct(*found, [id(p) for group in optimizer.param_groups for p in group["params"]], taken)
             self._names[key] = [
                 (names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param)
                 for g, group in enumerate(optimizer.param_groups) for p, param in enumerate(group["params"])
@@ -553,10 +641,16 @@ class Recorder:
 
 
 def _norm(grad):
-    """The L2 norm of one gradient (kept as a tensor: no device sync until the record is written)."""
+    """The L2 norm of one gradient (kept as a tensor: no device sync until the record is written);
+    of a sparse one, the norm of its values once duplicates are summed (what the dense tensor has)."""
     import torch
 
-    return torch.linalg.vector_norm(grad.detach())
+    grad = grad.detach()
+    if grad.layout == torch.sparse_coo:
+        grad = grad.coalesce().values()
+    elif grad.layout != torch.strided:
+        grad = grad.values()  # compressed layouts hold no duplicates
+    return torch.linalg.vector_norm(grad)
 
 
 def _norms(grads: list) -> list:

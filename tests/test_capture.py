@@ -1,0 +1,129 @@
+"""Zero-code capture of unusual models: sparse gradients, parameters named alike, and a capture that
+fails without taking the training down with it."""
+
+import json
+import sys
+import warnings
+
+import pytest
+import torch
+
+import twice
+from conftest import runs, twice as twice_cli
+from twice import instrument
+from twice.trace import read_trace
+
+pytestmark = pytest.mark.filterwarnings("ignore:Sparse")
+
+
+def train(tmp_path, build, steps=4, name="run"):
+    """Train `build()`'s (modules, optimizers, loss function) under a recorder; the trace's records."""
+    torch.manual_seed(0)
+    modules, optimizers, loss_of = build()
+    instrument.install(instrument.Recorder(tmp_path / name))
+    try:
+        for step in range(steps):
+            for optimizer in optimizers:
+                optimizer.zero_grad()
+            loss_of(step).backward()
+            for optimizer in optimizers:
+                optimizer.step()
+    finally:
+        instrument.uninstall()
+    return read_trace(tmp_path / name / "trace.jsonl")
+
+
+def sparse_model():
+    embedding, head = torch.nn.Embedding(50, 4, sparse=True), torch.nn.Linear(4, 1)
+    optimizers = [torch.optim.SparseAdam(embedding.parameters(), lr=0.01), torch.optim.SGD(head.parameters(), lr=0.1)]
+    return [embedding, head], optimizers, lambda step: head(embedding(torch.randint(0, 50, (16,)))).pow(2).mean()
+
+
+def test_sparse_gradients_are_traced_exactly(tmp_path):
+    """nn.Embedding(sparse=True) gives sparse gradients: they are digested as their indices and
+    values, the gradient norm counts duplicates summed, and two runs give the same trace."""
+    first, second = train(tmp_path, sparse_model, name="a"), train(tmp_path, sparse_model, name="b")
+    assert [r.step for r in first] == [0, 1, 2, 3]
+    assert [(r.grads, r.params, r.grad_norm) for r in first] == [(r.grads, r.params, r.grad_norm) for r in second]
+    assert set(first[0].grad_digests) == {"weight", "Linear.weight", "Linear.bias"}  # named by the first optimizer, then distinct
+    # The norm is the dense gradient's: compute it from the same step by hand.
+    torch.manual_seed(0)
+    (embedding, head), _, loss_of = sparse_model()
+    loss_of(0).backward()
+    dense = torch.cat([p.grad.to_dense().reshape(-1) for p in (embedding.weight, head.weight, head.bias)])
+    assert abs(float.fromhex(first[0].grad_norm) - float(dense.norm())) < 1e-5 * float(dense.norm())
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc"])
+def test_a_sparse_digest_covers_its_indices_and_values(layout):
+    dense = torch.zeros(4, 5)
+    dense[0, 1], dense[2, 3], dense[3, 0] = 1.5, -2.0, 0.25
+    make = {"coo": lambda t: t.to_sparse(), "csr": lambda t: t.to_sparse_csr(), "csc": lambda t: t.to_sparse_csc()}[layout]
+    sparse = make(dense)
+    assert twice.digest(sparse) == twice.digest(make(dense.clone()))
+    assert twice.digest(sparse) != twice.digest(dense)
+    moved, changed = dense.clone(), dense.clone()
+    moved[2, 3], moved[2, 4] = 0.0, -2.0
+    changed[2, 3] = -2.5
+    assert len({twice.digest(sparse), twice.digest(make(moved)), twice.digest(make(changed))}) == 3
+    if layout == "coo":  # uncoalesced duplicates are what the tensor holds
+        twice_one = torch.sparse_coo_tensor([[0, 0], [1, 1]], [1.0, 0.5], (4, 5))
+        assert twice.digest(twice_one) != twice.digest(twice_one.coalesce())
+
+
+def test_parameters_named_alike_in_separate_modules_get_distinct_names(tmp_path):
+    """Two top-level modules both have a "weight": within one optimizer, and across a GAN's two."""
+    def one_optimizer():
+        a, b, c = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1), torch.nn.Sequential(torch.nn.Linear(3, 3))
+        optimizer = torch.optim.SGD([*a.parameters(), *b.parameters(), *c.parameters()], lr=0.1)
+        return [a, b, c], [optimizer], lambda step: b(a(c(torch.randn(4, 3)))).sum()
+
+    records = train(tmp_path, one_optimizer, name="one")
+    assert list(records[0].param_digests) == sorted(["Linear.weight", "Linear.bias", "Linear#2.weight", "Linear#2.bias",
+                                                     "0.weight", "0.bias"])
+
+    def gan():
+        d, g = torch.nn.Linear(2, 1), torch.nn.Linear(2, 2)
+        optimizers = [torch.optim.SGD(d.parameters(), lr=0.1), torch.optim.SGD(g.parameters(), lr=0.1)]
+        return [d, g], optimizers, lambda step: d(g(torch.randn(4, 2))).mean()
+
+    records = train(tmp_path, gan, name="gan")
+    assert len(records[0].param_digests) == len(records[0].grad_digests) == 4
+    assert set(records[0].param_digests) == {"weight", "bias", "Linear.weight", "Linear.bias"}
+
+
+def test_an_error_in_the_capture_stops_the_capture_not_the_training(tmp_path):
+    """A parameter twice cannot read (here on the meta device, which holds no data) makes the
+    capture stop with a warning and capture_error.json; the loop runs to its end."""
+    def meta_model():
+        model = torch.nn.Linear(3, 1, device="meta")
+        return [model], [torch.optim.SGD(model.parameters(), lr=0.1)], lambda step: model(torch.randn(2, 3, device="meta")).sum()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = train(tmp_path, meta_model, steps=3, name="meta")
+    assert records == []
+    error = json.loads((tmp_path / "meta" / instrument.CAPTURE_ERROR).read_text())
+    assert error["step"] == 0 and error["handler"] == "pre_step" and "meta tensor" in error["error"]
+    assert any("step capture stopped at step 0" in str(w.message) for w in caught)
+
+
+def test_a_run_whose_capture_stopped_says_so_in_diff(tmp_path):
+    (tmp_path / "late_meta.py").write_text(
+        "import sys, torch\n"
+        "model = torch.nn.Linear(3, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(6):\n"
+        "    if step == 3 and sys.argv[1:] == ['meta']:\n"
+        "        model = model.to('meta'); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    device = next(model.parameters()).device\n"
+        "    opt.zero_grad(); model(torch.ones(2, 3, device=device)).sum().backward(); opt.step()\n"
+        "print('trained to the end')\n")
+    whole = twice_cli("run", "--name", "whole", "--", sys.executable, "late_meta.py", cwd=tmp_path)
+    cut = twice_cli("run", "--name", "cut", "--", sys.executable, "late_meta.py", "meta", cwd=tmp_path)
+    assert whole.returncode == 0 and cut.returncode == 0 and "trained to the end" in cut.stdout
+    assert "step capture stopped at step 3" in cut.stderr
+    a, b = runs(tmp_path)
+    assert len(read_trace(b / "trace.jsonl")) == 3
+    shown = twice_cli("diff", str(a), str(b), cwd=tmp_path)
+    assert shown.returncode == 1
+    assert "B's step capture stopped at step 3 (TypeError: cannot digest a meta tensor" in shown.stdout
