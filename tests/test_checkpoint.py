@@ -148,3 +148,33 @@ def test_objects_that_cannot_be_saved_are_refused_with_a_fix(tmp_path):
         checkpoint.save(tmp_path / "c", thing=object())
     assert "state_dict" in refused.value.hint
     assert not (tmp_path / "c").exists() and not list(tmp_path.iterdir())
+
+
+def test_a_save_the_filesystem_refuses_is_an_error_with_a_hint_and_the_old_checkpoint_stays(tmp_path):
+    """A parent that is a file, and a write that fails half-way (the process may write no more
+    than 4 kB to a file: RLIMIT_FSIZE, a real short write): a CheckpointError naming the folder,
+    the previous checkpoint intact and no temporary left behind."""
+    import subprocess
+    import sys
+
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(CheckpointError, match="cannot write checkpoint") as refused:
+        checkpoint.save(tmp_path / "a_file" / "step-1", model=Model())
+    assert "a part of the path is a file" in refused.value.hint and "a_file" in refused.value.message
+    code = (
+        "import resource, signal, sys, torch\n"
+        "from twice import checkpoint\n"
+        "from twice.checkpoint import CheckpointError\n"
+        "checkpoint.save('c', model=torch.nn.Linear(2, 2), extra={'v': 1})\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "try:\n"
+        "    checkpoint.save('c', model=torch.nn.Linear(100, 100), extra={'v': 2})\n"
+        "except CheckpointError as exc:\n"
+        "    print(exc.render())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.stdout.startswith("error: cannot write checkpoint c: File too large"), result.stdout + result.stderr
+    assert "hint: a file is larger than this process may write (ulimit -f)" in result.stdout
+    assert checkpoint.load(tmp_path / "c", model=torch.nn.Linear(2, 2))["extra"] == {"v": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "c"]

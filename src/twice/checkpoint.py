@@ -16,6 +16,7 @@ and infinities are stored as float.hex).
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import re
@@ -235,16 +236,31 @@ def save(directory: str | Path, *, keep_last: int | None = None, collective: boo
     >>> twice.checkpoint.save("ckpt/step-00000100", model=model, optimizer=opt, extra={"epoch": 3})  # doctest: +SKIP
     """
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    group = _process_group() if collective else None
-    if group is not None:
-        _save_ranks(directory, group, entries)
-    else:
-        _sweep_stale_temporaries(directory.parent)
-        _save_one(directory, entries)
-    if keep_last is not None and (group is None or group.get_rank() == 0):
-        _retain(directory.parent, keep_last)
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        group = _process_group() if collective else None
+        if group is not None:
+            _save_ranks(directory, group, entries)
+        else:
+            _sweep_stale_temporaries(directory.parent)
+            _save_one(directory, entries)
+        if keep_last is not None and (group is None or group.get_rank() == 0):
+            _retain(directory.parent, keep_last)
+    except OSError as exc:  # nothing was put in place: the previous checkpoints are as they were
+        raise CheckpointError(f"cannot write checkpoint {directory}: {exc.strerror or exc}"
+                              + (f" ({exc.filename})" if exc.filename else ""), _SAVE_HINTS.get(exc.errno, _SAVE_HINT)) from exc
     return directory
+
+
+_SAVE_HINT = "save into a folder you can write to"
+_SAVE_HINTS = {
+    errno.ENOSPC: "free some space on that disk, or save elsewhere",
+    errno.EDQUOT: "your disk quota is used up: free some space, or save elsewhere",
+    errno.EFBIG: "a file is larger than this process may write (ulimit -f) or the filesystem holds: raise the limit, or save elsewhere",
+    errno.EROFS: "that filesystem is read-only: save elsewhere",
+    errno.EEXIST: "a part of the path is a file, not a folder: choose another path",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path",
+}
 
 
 def _save_one(directory: Path, entries: dict) -> None:
