@@ -132,3 +132,32 @@ def test_digest_values_are_stable_across_versions():
     assert twice.digest(grid.reshape(3, 2).t()) == "96d742316051f32a10c4e46a8254919a"
     assert twice.digest((torch.tensor([1, 2]), 3, "x")) == "eda0bf28eac95edadaafe8bda24b01ff"
     assert twice.digest(b"twice") == digest_bytes(b"twice") == "d5c6321f2d7f6926ba6fdd5517e2e164"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_quantized_tensors_digest_their_integers_with_their_scales():
+    """Two quantized tensors can hold the same integers under different scales: different values."""
+    from twice.digests import digest_tensor
+
+    values = torch.tensor([0.5, 1.0, -1.0])
+    a = torch.quantize_per_tensor(values, 0.1, 0, torch.qint8)
+    b = torch.quantize_per_tensor(values * 2, 0.2, 0, torch.qint8)
+    assert torch.equal(a.int_repr(), b.int_repr())
+    assert twice.digest(a) != twice.digest(b) and digest_tensor(a) == twice.digest(a) != digest_tensor(b)
+    assert twice.digest(a) == twice.digest(torch.quantize_per_tensor(values.clone(), 0.1, 0, torch.qint8))
+    assert twice.digest(a) != twice.digest(torch.quantize_per_tensor(values, 0.1, 1, torch.qint8))  # zero point
+    weights = torch.randn(2, 3)
+    per_channel = torch.quantize_per_channel(weights, torch.tensor([0.1, 0.2]), torch.tensor([0, 1]), 0, torch.quint8)
+    other_scales = torch.quantize_per_channel(weights, torch.tensor([0.1, 0.25]), torch.tensor([0, 1]), 0, torch.quint8)
+    assert twice.digest(per_channel) == twice.digest(per_channel.clone()) != twice.digest(other_scales)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_nested_tensors_digest_their_components_in_order():
+    """Variable-length batches (torch.nested) digest as their components, in order, under their layout."""
+    def nested(*lengths, layout=torch.strided):
+        return torch.nested.nested_tensor([torch.arange(n, dtype=torch.float32) for n in lengths], layout=layout)
+
+    assert twice.digest(nested(2, 3)) == twice.digest(nested(2, 3))
+    assert len({twice.digest(nested(2, 3)), twice.digest(nested(3, 2)), twice.digest(nested(2, 3, layout=torch.jagged)),
+                twice.digest([torch.arange(2.0), torch.arange(3.0)])}) == 4

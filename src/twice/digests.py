@@ -23,7 +23,7 @@ __all__ = ["digest", "Digester", "tensor_bytes_view", "device_fold"]
 
 _TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = b"N", b"?", b"i", b"f", b"s", b"b"
 _TAG_SEQ, _TAG_MAP, _TAG_TENSOR, _TAG_ARRAY, _TAG_DATACLASS, _TAG_OPAQUE = b"[", b"{", b"T", b"A", b"D", b"O"
-_TAG_DEVICE_TENSOR, _TAG_SPARSE = b"G", b"S"
+_TAG_DEVICE_TENSOR, _TAG_SPARSE, _TAG_NESTED, _TAG_QUANTIZED = b"G", b"S", b"J", b"Q"
 
 # Elements per chunk on the device path: bounds the temporary key tensors to a few hundred MB.
 _DEVICE_CHUNK_WORDS = 1 << 24
@@ -101,6 +101,12 @@ class Digester:
 
     def _update_tensor(self, tensor) -> None:
         torch = _torch()
+        if tensor.is_nested:  # variable-length sequences: the layout, then each component in order
+            parts = tensor.unbind()
+            self._frame(_TAG_NESTED, f"{tensor.layout}|{tensor.dtype}|{len(parts)}".encode())
+            for part in parts:
+                self._update_tensor(part)
+            return
         if _plain_cpu(tensor):
             _feed_plain(self._hash, tensor)  # the common case (a batch from a DataLoader), framed as below
             return
@@ -117,6 +123,17 @@ class Digester:
         device = tensor.device.type
         if device == "meta":
             raise TypeError("cannot digest a meta tensor: it has no data")
+        if tensor.is_quantized:  # the integers and what maps them to values: scale(s), zero point(s), axis
+            scheme = tensor.qscheme()
+            if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+                mapping, parts = f"{scheme}|{tensor.q_scale()!r}|{tensor.q_zero_point()}", ()
+            else:
+                mapping = f"{scheme}|{tensor.q_per_channel_axis()}"
+                parts = (tensor.q_per_channel_scales(), tensor.q_per_channel_zero_points())
+            self._frame(_TAG_QUANTIZED, f"{tensor.dtype}|{tuple(tensor.shape)}|{mapping}".encode())
+            for part in (tensor.int_repr(), *parts):
+                self._update_tensor(part)
+            return
         header = f"{tensor.dtype}|{tuple(tensor.shape)}".encode()
         if device == "cpu":
             self._frame(_TAG_TENSOR, header)
@@ -282,7 +299,7 @@ def digest_tensor(tensor: Any) -> str:
     key = (tensor.dtype, tensor.shape)
     head = _plain_heads.get(key)
     if head is None:
-        if key[0].is_complex:
+        if key[0].is_complex or tensor.is_quantized:
             return digest(tensor)
         if len(_plain_heads) > 4096:
             _plain_heads.clear()
@@ -297,7 +314,8 @@ def digest_tensor(tensor: Any) -> str:
 
 def _plain_cpu(tensor) -> bool:
     """A dense, contiguous, real CPU tensor: its memory is already its bytes in logical order."""
-    return tensor.is_cpu and tensor.layout is _torch().strided and not tensor.dtype.is_complex and tensor.is_contiguous()
+    return tensor.is_cpu and tensor.layout is _torch().strided and not tensor.dtype.is_complex and \
+        not tensor.is_quantized and tensor.is_contiguous()
 
 
 def _feed_plain(hasher, tensor) -> None:
