@@ -60,6 +60,8 @@ def _encode(value: Any, tensors: dict, path: str) -> Any:
     if isinstance(value, float):
         return value if value == value and abs(value) != float("inf") else {"__float__": float.hex(value)}
     if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided:
+            return _encode_sparse(value, tensors, path)
         key = f"t{len(tensors)}"
         tensors[key] = value
         return {"__tensor__": key}
@@ -86,6 +88,37 @@ def _encode(value: Any, tensors: dict, path: str) -> Any:
                           "give it a state_dict()/load_state_dict() pair, or store it as plain data")
 
 
+_COMPRESSED = {"sparse_csr": ("crow_indices", "col_indices"), "sparse_csc": ("ccol_indices", "row_indices"),
+               "sparse_bsr": ("crow_indices", "col_indices"), "sparse_bsc": ("ccol_indices", "row_indices")}
+
+
+def _encode_sparse(value: Any, tensors: dict, path: str) -> dict:
+    """A sparse tensor (SGD's momentum buffer for sparse gradients) as its index and value tensors."""
+    import torch
+
+    layout = str(value.layout).removeprefix("torch.")
+    if layout == "sparse_coo":
+        parts = {"indices": value._indices(), "values": value._values(), "coalesced": value.is_coalesced()}
+    elif layout in _COMPRESSED:
+        first, second = _COMPRESSED[layout]
+        parts = {"compressed": getattr(value, first)(), "plain": getattr(value, second)(), "values": value.values()}
+    else:
+        raise CheckpointError(f"cannot save {path}: a {value.layout} tensor", "convert it with .to_dense() first")
+    body = {name: _encode(part.detach() if isinstance(part, torch.Tensor) else part, tensors, f"{path}.{name}")
+            for name, part in parts.items()}
+    return {"__sparse__": {"layout": layout, "size": list(value.shape), **body}}
+
+
+def _decode_sparse(body: dict, tensors: dict) -> Any:
+    import torch
+
+    parts = {name: _decode(part, tensors) for name, part in body.items() if name not in ("layout", "size")}
+    if body["layout"] == "sparse_coo":
+        return torch.sparse_coo_tensor(parts["indices"], parts["values"], body["size"], is_coalesced=parts["coalesced"])
+    return torch.sparse_compressed_tensor(parts["compressed"], parts["plain"], parts["values"], body["size"],
+                                          layout=getattr(torch, body["layout"]))
+
+
 def _decode(value: Any, tensors: dict) -> Any:
     import torch
 
@@ -110,6 +143,8 @@ def _decode(value: Any, tensors: dict) -> Any:
             return np.frombuffer(raw, dtype=np.dtype(body["dtype"])).reshape(body["shape"]).copy()
         if tag == "__dtype__":
             return getattr(torch, body)
+        if tag == "__sparse__":
+            return _decode_sparse(body, tensors)
     return {k: _decode(v, tensors) for k, v in value.items()}
 
 
