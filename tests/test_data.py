@@ -351,3 +351,24 @@ def test_a_state_that_is_not_a_loaders_is_refused_naming_what_it_lacks():
     loader = twice.data.loader(Augmented(), batch_size=4)
     with pytest.raises(ValueError, match="lacks batches_served, seed"):
         loader.load_state_dict({"epoch": 1})
+
+
+def test_a_sample_that_raises_leaves_the_main_process_rngs_untouched():
+    """A loop that skips bad samples (catching the error) must find its RNGs where they were."""
+    class Bad(Augmented):
+        def __getitem__(self, i):
+            sample = super().__getitem__(i)
+            if i == 7:
+                raise ValueError("bad sample")
+            return sample
+
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
+    expected = (torch.rand(1), random.random(), np.random.rand())
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
+    with pytest.raises(ValueError, match="bad sample"):
+        list(twice.data.loader(Bad(10), batch_size=5, seed=1))
+    assert torch.equal(torch.rand(1), expected[0]) and random.random() == expected[1] and np.random.rand() == expected[2]

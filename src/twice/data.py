@@ -161,7 +161,14 @@ class _SeededSamples(Dataset):
         before = rng_snapshot()
         while True:
             used = self.used
-            samples, over = self._fetch(keys, used)
+            try:
+                samples, over = self._fetch(keys, used)
+            except BaseException:
+                # A sample that raised (a loop that skips bad samples catches it): the states
+                # put in for the samples must not stay in the training loop's RNGs.
+                if get_worker_info() is None:
+                    rng_restore(before)
+                raise
             drawn = rng_changed(before, rng_snapshot()) - used if len(used) < len(self.RNGS) else set()
             if not drawn and not over:
                 break
