@@ -372,3 +372,49 @@ def test_a_sample_that_raises_leaves_the_main_process_rngs_untouched():
     with pytest.raises(ValueError, match="bad sample"):
         list(twice.data.loader(Bad(10), batch_size=5, seed=1))
     assert torch.equal(torch.rand(1), expected[0]) and random.random() == expected[1] and np.random.rand() == expected[2]
+
+
+class MixUp:
+    """A collate_fn that draws random numbers (MixUp-style): a weight from each global RNG."""
+
+    def __call__(self, samples):
+        batch = torch.stack(samples)
+        weight = torch.rand(()) * 0.5 + random.random() * 0.25 + float(np.random.rand()) * 0.25
+        return weight * batch + (1 - weight) * batch.flip(0)
+
+
+def test_a_collate_fn_that_draws_random_numbers_gives_the_same_batches_for_any_workers_and_on_resume():
+    """MixUp/CutMix in collate_fn draw outside any sample: seeded per batch once seen drawing, so the
+    batches match for 0, 2 and 4 workers and after a mid-epoch resume, and the loop's RNGs stay put."""
+    def batches(workers, epochs=2):
+        loader = twice.data.loader(Augmented(), batch_size=4, shuffle=True, num_workers=workers, seed=11, collate_fn=MixUp())
+        return [batch for _ in range(epochs) for batch in loader]
+
+    torch.manual_seed(5)
+    expected_next = torch.rand(1)
+    torch.manual_seed(5)
+    reference = batches(0)
+    assert torch.equal(torch.rand(1), expected_next)
+    for workers in (2, 4):
+        other = batches(workers)
+        assert len(other) == len(reference) and all(torch.equal(a, b) for a, b in zip(reference, other)), workers
+    plain = stream(0)
+    assert not any(torch.equal(a, b) for a, b in zip(reference, plain))  # the collate did change the batches
+    loader = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=11, collate_fn=MixUp())
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(3)]
+    resumed = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=11, collate_fn=MixUp())
+    resumed.load_state_dict(loader.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(head + list(resumed), reference))
+
+
+def test_a_collate_fn_drawing_nothing_is_run_once_per_batch():
+    calls = []
+
+    def collate(samples):
+        calls.append(len(samples))
+        return torch.stack(samples)
+
+    batches = list(twice.data.loader(Augmented(), batch_size=4, seed=11, collate_fn=collate))
+    default = list(twice.data.loader(Augmented(), batch_size=4, seed=11))
+    assert calls == [4] * 7 + [2] and all(torch.equal(a, b) for a, b in zip(batches, default))

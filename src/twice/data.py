@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import random
 from typing import Any, Iterator
 
 import torch
@@ -21,6 +22,7 @@ from .errors import UsageError
 from .sample_rng import START_WORDS, seeder
 from .sample_rng import prepare as prepare_states
 from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot
+from .seeding import _numpy_seed as _seed_numpy
 from .seeds import derive_seed
 
 __all__ = ["loader", "ResumableLoader"]
@@ -78,8 +80,10 @@ class _SeededSamples(Dataset):
 
     RNGS = ("python", "numpy", "torch")
 
-    def __init__(self, dataset: Dataset, seed: int, seed_every_rng: bool = False):
+    def __init__(self, dataset: Dataset, seed: int, seed_every_rng: bool = False, collate: Any = None):
         self.dataset, self.seed = dataset, seed
+        self.collate = collate  # the user's collate_fn, run here per batch (see _collate)
+        self.collate_draws = False  # seen drawing from a global RNG: from then on seeded per batch
         self._epoch_keys: dict[int, int] = {}  # epoch -> derive_seed(seed, "sample", epoch)
         self.used = frozenset(self.RNGS if seed_every_rng else ())  # in this process
         self.words: dict[str, int] = {}  # RNG -> fresh words made per sample (START_WORDS until more were read)
@@ -183,7 +187,36 @@ class _SeededSamples(Dataset):
             # In the main process the training loop shares these RNGs: give back those seeded
             # (the others were not drawn from), so that num_workers=0 trains exactly like num_workers=4.
             rng_restore(before, only=self.used)
+        if self.collate is not None:
+            return _Collated(self._collate(keys, samples))
         return samples
+
+    def _collate(self, keys: list[tuple[int, int]], samples: list[Any]) -> Any:
+        """The user's collate_fn on a batch. One that draws random numbers (MixUp, CutMix) would
+        otherwise draw from whatever state the fetching process is in: a worker's, or the training
+        loop's with num_workers=0. So it is watched like the samples: once seen drawing from a
+        global RNG, it runs with Python's, NumPy's and torch's CPU RNG seeded from (seed, the
+        batch's samples), and the first batch it drew in is collated again that way. In the main
+        process the RNGs are given back afterwards."""
+        collate, main = self.collate, get_worker_info() is None
+        before = rng_snapshot()
+        if not self.collate_draws:
+            batch = collate(samples)
+            if not rng_changed(before, rng_snapshot()):
+                return batch
+            self.collate_draws = True
+            rng_restore(before)
+        import numpy as np
+
+        batch_seed = derive_seed(self.seed, "collate", np.asarray(keys, dtype=np.int64).tobytes())
+        random.seed(batch_seed)
+        _seed_numpy(batch_seed)
+        torch.default_generator.manual_seed(batch_seed)  # the CPU generator alone: CUDA's are the loop's
+        try:
+            return collate(samples)
+        finally:
+            if main:
+                rng_restore(before)
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         return self.__getitems__([key])[0]
@@ -217,7 +250,12 @@ class ResumableLoader:
         self.sampler = _EpochSampler(len(dataset), shuffle, seed, rank, world_size, drop_last)
         # One for the loader's life: what it learns about the RNGs the dataset draws from (in the
         # main process; each worker learns again in its own copy) is kept across epochs.
-        self._samples = _SeededSamples(dataset, seed, seed_every_rng)
+        # A collate_fn of the user's runs inside the batch fetch, where it can be seeded (batch_size=None
+        # has no collation of batches: DataLoader applies it to each sample as it is).
+        collate = dataloader_kwargs.pop("collate_fn", None) if batch_size is not None else None
+        self._samples = _SeededSamples(dataset, seed, seed_every_rng, collate)
+        if collate is not None:
+            dataloader_kwargs["collate_fn"] = _collated
         self._kwargs = dataloader_kwargs
         self._drop_last_batch = drop_last
         self.batches_served = 0
@@ -280,6 +318,19 @@ class ResumableLoader:
                                  f"vs {state[key]}); resume with the same loader settings")
         self.sampler.epoch = state["epoch"]
         self.batches_served = state["batches_served"]
+
+
+class _Collated:
+    """A batch collated inside __getitems__ (seeded there), passed through DataLoader's collate step."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any):
+        self.batch = batch
+
+
+def _collated(batch: _Collated) -> Any:
+    return batch.batch
 
 
 def _needed(one, words: int) -> int:
