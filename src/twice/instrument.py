@@ -381,9 +381,10 @@ class Recorder:
             write_json_atomic(self.run_dir / CAPTURE_ERROR, self.capture_error)
         except OSError:
             pass
-        warnings.warn(f"twice: step capture stopped at step {self.step_index}: {type(exc).__name__}: {exc}; "
-                      f"the training goes on untraced (the trace holds steps 0-{self.step_index - 1}; "
-                      f"details in {self.run_dir / CAPTURE_ERROR})", RuntimeWarning, stacklevel=3)
+        # Placed at "twice" rather than at a line of the hook machinery, which would say nothing useful.
+        warnings.warn_explicit(f"twice: step capture stopped at step {self.step_index}: {type(exc).__name__}: {exc}; "
+                               f"the training goes on untraced (the trace holds steps 0-{self.step_index - 1}; "
+                               f"details in {self.run_dir / CAPTURE_ERROR})", RuntimeWarning, "twice", 0, module="twice")
 
     # -- pieces -----------------------------------------------------------------------------------
     def _tracing_this_step(self) -> bool:
