@@ -418,3 +418,12 @@ def test_a_collate_fn_drawing_nothing_is_run_once_per_batch():
     batches = list(twice.data.loader(Augmented(), batch_size=4, seed=11, collate_fn=collate))
     default = list(twice.data.loader(Augmented(), batch_size=4, seed=11))
     assert calls == [4] * 7 + [2] and all(torch.equal(a, b) for a, b in zip(batches, default))
+
+
+def test_resuming_over_a_dataset_of_another_size_is_refused():
+    """The position of a loader over 30 samples says nothing about a dataset of 31: refused, not misapplied."""
+    state = twice.data.loader(Augmented(30), batch_size=4, shuffle=True, seed=11).state_dict()
+    with pytest.raises(ValueError, match="the dataset has 31 samples; the checkpoint's loader had 30"):
+        twice.data.loader(Augmented(31), batch_size=4, shuffle=True, seed=11).load_state_dict(state)
+    older = {key: value for key, value in state.items() if key != "samples"}  # saved before sizes were recorded
+    twice.data.loader(Augmented(30), batch_size=4, shuffle=True, seed=11).load_state_dict(older)

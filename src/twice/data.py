@@ -305,7 +305,8 @@ class ResumableLoader:
 
     def state_dict(self) -> dict:
         return {"epoch": self.sampler.epoch, "batches_served": self.batches_served, "seed": self.seed,
-                "batch_size": self.batch_size, "rank": self.sampler.rank, "world_size": self.sampler.world_size}
+                "batch_size": self.batch_size, "rank": self.sampler.rank, "world_size": self.sampler.world_size,
+                "samples": self.sampler.size}
 
     def load_state_dict(self, state: dict) -> None:
         missing = [key for key in ("epoch", "batches_served", "seed", "batch_size", "rank", "world_size") if key not in state]
@@ -316,6 +317,12 @@ class ResumableLoader:
             if state[key] != getattr(self, key, None) and state[key] != getattr(self.sampler, key, None):
                 raise ValueError(f"loader {key} differs from the checkpoint's ({getattr(self, key, getattr(self.sampler, key, None))} "
                                  f"vs {state[key]}); resume with the same loader settings")
+        # A dataset that grew or shrank since the checkpoint has another order, and the position
+        # would point into it silently. (States saved before "samples" was recorded are taken as they are.)
+        if "samples" in state and state["samples"] != self.sampler.size:
+            raise ValueError(f"the dataset has {self.sampler.size} samples; the checkpoint's loader had {state['samples']}, "
+                             "so its position does not say where to continue; resume with the same dataset, "
+                             "or start the loader afresh (its set_epoch) to train on the new one")
         self.sampler.epoch = state["epoch"]
         self.batches_served = state["batches_served"]
 
