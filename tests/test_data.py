@@ -138,6 +138,7 @@ def _unconfirmed_layouts(monkeypatch):
     monkeypatch.setattr(seeding, "_numpy_gauss_offset", [None])
     monkeypatch.setattr(seeding, "_torch_layout", [None])
     monkeypatch.setattr(seeding, "_snapshot_readers", {})  # readers made before were for the in-place layouts
+    monkeypatch.setattr(seeding, "_views", {})  # and so were the views they read through
     monkeypatch.setattr(sample_rng, "_seeders", {})
 
 

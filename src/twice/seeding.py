@@ -418,13 +418,8 @@ def _snapshot_reader() -> Callable[[], tuple]:
     """rng_snapshot's work for the RNG objects of the moment: the in-place states are read through
     ctypes arrays made once (bytes() of one costs a third of ctypes.string_at)."""
     np, inst = _numpy(), random._inst
-    python_view = numpy_views = None
-    if _python_state_bytes() is not None:
-        python_view = (ctypes.c_char * (4 + 624 * 4)).from_address(id(inst) + _python_state_offset[0])
-    if np is not None and _numpy_state_bytes() is not None and _numpy_gauss_address() is not None:
-        generator = np.random.mtrand._rand._bit_generator
-        numpy_views = ((ctypes.c_char * (624 * 4 + 4)).from_address(_numpy_state_address[id(generator)]),
-                       (ctypes.c_char * 16).from_address(_numpy_gauss_address()))
+    python_view, numpy_view, gauss_view = _state_views()
+    numpy_views = (numpy_view, gauss_view) if numpy_view is not None and gauss_view is not None else None
     get_state, string_at = _torch().default_generator.get_state, ctypes.string_at
     size = get_state().numel()
     torch_at = torch_state_address()
@@ -518,51 +513,47 @@ def _scratch(key, shape, dtype):
     return buffer
 
 
-_views: dict = {}  # (RNG, id of the object holding its state) -> the state's bytes in place, as a ctypes array
+_views: dict = {}  # (ids of random's generator and NumPy's bit generator) -> _state_views()
 
 
-def _view(name: str, owner: Any, reader: Callable[[], bytes | None], address: Callable[[], int]):
-    """What `reader()` copies out (Python's or NumPy's MT19937 words and position) as a view of the
-    bytes in place, or None where the reader's layout is not confirmed: digested there, the step
-    trace's RNG digests copy nothing."""
-    key = (name, id(owner))
-    view = _views.get(key)
-    if view is None:
-        state = reader()  # confirms the layout, once
-        if state is None:
-            return None
-        size = 624 * 4 + 4
-        view = (ctypes.c_char * size).from_address(address())
-        if bytes(view) != state[:size]:
-            return None
+def _state_views() -> tuple:
+    """Python's MT19937 state, NumPy's, and NumPy's cached Gaussian ({int has_gauss; double gauss})
+    as ctypes arrays over their memory, made once per pair of generator objects; each None where
+    its layout is not confirmed. rng_snapshot copies from them, rng_digests hashes them in place."""
+    np = _numpy()
+    generator = getattr(getattr(getattr(getattr(np, "random", None), "mtrand", None), "_rand", None), "_bit_generator", None)
+    key = (id(random._inst), id(generator))
+    views = _views.get(key)
+    if views is None:
+        python_view = numpy_view = gauss_view = None
+        if _python_state_bytes() is not None:
+            python_view = (ctypes.c_char * (4 + 624 * 4)).from_address(id(random._inst) + _python_state_offset[0])
+        if np is not None and _numpy_state_bytes() is not None:
+            numpy_view = (ctypes.c_char * (624 * 4 + 4)).from_address(_numpy_state_address[id(generator)])
+            if _numpy_gauss_address() is not None:
+                gauss_view = (ctypes.c_char * 16).from_address(_numpy_gauss_address())
         if len(_views) > 16:
             _views.clear()
-        _views[key] = view
-    return view
+        views = _views[key] = (python_view, numpy_view, gauss_view)
+    return views
 
 
 def rng_digests() -> dict[str, str]:
     """A digest of each available RNG's state: cheap evidence of whether two runs drew the same numbers."""
     out = {}
+    python_view, numpy_view, gauss_view = _state_views()  # hashed in place where the layouts are confirmed
     for source in RNG_SOURCES:
         if source.name == "accelerator" or not source.available():
             continue
-        if source.name == "numpy":
-            generator = _numpy().random.mtrand._rand._bit_generator
-            view = None if type(generator).__name__ != "MT19937" else \
-                _view("numpy", generator, _numpy_state_bytes, lambda: _numpy_state_address[id(generator)])
-            if view is not None:
-                # with its cached Gaussian where one is held (the test of has_gauss is one int read)
-                gauss_at = _numpy_gauss_address()
-                held = gauss_at is not None and ctypes.c_int.from_address(gauss_at).value
-                out["numpy"] = digest_buffers(view, ctypes.string_at(gauss_at + 8, 8)) if held else digest_buffers(view)
-                continue
-        if source.name == "python":
-            view = _view("python", random._inst, _python_state_bytes, lambda: id(random._inst) + _python_state_offset[0])
-            if view is not None:
-                gauss = random._inst.gauss_next
-                out["python"] = digest_buffers(view) if gauss is None else digest_buffers(view, struct.pack("<d", gauss))
-                continue
+        if source.name == "numpy" and numpy_view is not None:
+            gauss = bytes(gauss_view) if gauss_view is not None else bytes(16)
+            # with its cached Gaussian where one is held (has_gauss, then the double at offset 8)
+            out["numpy"] = digest_buffers(numpy_view, gauss[8:]) if gauss[:4] != bytes(4) else digest_buffers(numpy_view)
+            continue
+        if source.name == "python" and python_view is not None:
+            gauss = random._inst.gauss_next
+            out["python"] = digest_buffers(python_view) if gauss is None else digest_buffers(python_view, struct.pack("<d", gauss))
+            continue
         state = source.get_state()
         if source.name == "torch":
             out["torch"] = digest_tensor(state)
