@@ -88,24 +88,18 @@ def _encode(value: Any, tensors: dict, path: str) -> Any:
                           "give it a state_dict()/load_state_dict() pair, or store it as plain data")
 
 
-_COMPRESSED = {"sparse_csr": ("crow_indices", "col_indices"), "sparse_csc": ("ccol_indices", "row_indices"),
-               "sparse_bsr": ("crow_indices", "col_indices"), "sparse_bsc": ("ccol_indices", "row_indices")}
-
-
 def _encode_sparse(value: Any, tensors: dict, path: str) -> dict:
     """A sparse tensor (SGD's momentum buffer for sparse gradients) as its index and value tensors."""
-    import torch
+    from .digests import sparse_parts
 
-    layout = str(value.layout).removeprefix("torch.")
-    if layout == "sparse_coo":
-        parts = {"indices": value._indices(), "values": value._values(), "coalesced": value.is_coalesced()}
-    elif layout in _COMPRESSED:
-        first, second = _COMPRESSED[layout]
-        parts = {"compressed": getattr(value, first)(), "plain": getattr(value, second)(), "values": value.values()}
-    else:
+    parts = sparse_parts(value)
+    if parts is None:
         raise CheckpointError(f"cannot save {path}: a {value.layout} tensor", "convert it with .to_dense() first")
-    body = {name: _encode(part.detach() if isinstance(part, torch.Tensor) else part, tensors, f"{path}.{name}")
-            for name, part in parts.items()}
+    layout = str(value.layout).removeprefix("torch.")
+    names = ("indices", "values") if layout == "sparse_coo" else ("compressed", "plain", "values")
+    body = {name: _encode(part.detach(), tensors, f"{path}.{name}") for name, part in zip(names, parts)}
+    if layout == "sparse_coo":
+        body["coalesced"] = value.is_coalesced()
     return {"__sparse__": {"layout": layout, "size": list(value.shape), **body}}
 
 

@@ -111,7 +111,7 @@ class Digester:
             _feed_plain(self._hash, tensor)  # the common case (a batch from a DataLoader), framed as below
             return
         if tensor.layout != torch.strided:
-            parts = _sparse_parts(tensor)
+            parts = sparse_parts(tensor)
             if parts is None:
                 raise TypeError(f"cannot digest a {tensor.layout} tensor; convert it with .to_dense() first")
             # A sparse tensor (an nn.Embedding(sparse=True) gradient) as what it holds: its index and
@@ -157,8 +157,9 @@ class Digester:
         return self._hash.hexdigest()
 
 
-def _sparse_parts(tensor) -> tuple | None:
-    """The tensors that make up a sparse tensor, in a fixed order, or None for a layout not known here."""
+def sparse_parts(tensor) -> tuple | None:
+    """The tensors that make up a sparse tensor, in a fixed order, or None for a layout not known here:
+    COO (indices, values); compressed layouts (compressed indices, plain indices, values)."""
     torch = _torch()
     layout = tensor.layout
     if layout == torch.sparse_coo:
