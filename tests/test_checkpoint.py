@@ -150,6 +150,33 @@ def test_objects_that_cannot_be_saved_are_refused_with_a_fix(tmp_path):
     assert not (tmp_path / "c").exists() and not list(tmp_path.iterdir())
 
 
+def _bits(tensor):
+    """The tensor's bytes in logical order: compares dtypes torch.equal has no kernel for."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def test_dtypes_safetensors_cannot_name_round_trip_exactly(tmp_path):
+    """complex128 (a physics model's state), complex32 and float8_e8m0fnu have no safetensors dtype:
+    they are stored as their bytes, and come back with their dtype, shape and every bit."""
+    torch.manual_seed(0)
+    values = {"c128": torch.randn(3, 2, dtype=torch.complex128), "c128_t": torch.randn(3, 4, dtype=torch.complex128).t(),
+              "c128_0d": torch.tensor(1 - 2j, dtype=torch.complex128), "odd": torch.tensor([1, 2, 3], dtype=torch.uint8),
+              "c32": torch.randn(4, dtype=torch.complex64).to(torch.complex32), "empty": torch.empty(0, 2, dtype=torch.complex128)}
+    if hasattr(torch, "float8_e8m0fnu"):
+        values["e8m0"] = torch.tensor([0.5, 1.0, 8.0]).to(torch.float8_e8m0fnu)
+    back = checkpoint.load(checkpoint.save(tmp_path / "c", extra=values))["extra"]
+    for name, value in values.items():
+        assert back[name].dtype == value.dtype and back[name].shape == value.shape, name
+        assert torch.equal(_bits(back[name]), _bits(value)), name
+
+
+def test_a_quantized_tensor_is_refused_naming_where_it_is(tmp_path):
+    quantized = torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8)
+    with pytest.raises(CheckpointError, match=r"cannot save extra\.q: a quantized tensor") as refused:
+        checkpoint.save(tmp_path / "c", extra={"q": quantized})
+    assert "int_repr" in refused.value.hint and not (tmp_path / "c").exists()
+
+
 def test_a_save_the_filesystem_refuses_is_an_error_with_a_hint_and_the_old_checkpoint_stays(tmp_path):
     """A parent that is a file, and a write that fails half-way (the process may write no more
     than 4 kB to a file: RLIMIT_FSIZE, a real short write): a CheckpointError naming the folder,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import functools
 import json
 import os
 import re
@@ -62,9 +63,23 @@ def _encode(value: Any, tensors: dict, path: str) -> Any:
     if isinstance(value, torch.Tensor):
         if value.layout != torch.strided:
             return _encode_sparse(value, tensors, path)
+        if value.is_quantized:
+            raise CheckpointError(f"cannot save {path}: a quantized tensor",
+                                  "save its int_repr(), q_scale() and q_zero_point(), or the float model before quantization")
         key = f"t{len(tensors)}"
-        tensors[key] = value
-        return {"__tensor__": key}
+        if value.dtype in _safetensors_dtypes():
+            tensors[key] = value
+            return {"__tensor__": key}
+        # A dtype safetensors has no name for (complex128, complex32, newer float8 and float4
+        # kinds): its bytes as a uint8 tensor, the dtype and shape beside them in the JSON.
+        name = str(value.dtype).removeprefix("torch.")
+        try:
+            raw = value.detach().reshape(-1).contiguous().view(torch.uint8)
+        except RuntimeError as exc:
+            raise CheckpointError(f"cannot save {path}: its dtype {name} cannot be stored as bytes ({exc})",
+                                  "convert it to a standard dtype first") from exc
+        tensors[key] = raw
+        return {"__bytes_tensor__": {"key": key, "dtype": name, "shape": list(value.shape)}}
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise CheckpointError(f"cannot save {path}: a NumPy array of Python objects", "store plain numeric arrays")
@@ -124,6 +139,12 @@ def _decode(value: Any, tensors: dict) -> Any:
         (tag, body), = value.items()
         if tag == "__tensor__":
             return tensors[body]
+        if tag == "__bytes_tensor__":
+            dtype = getattr(torch, body["dtype"], None)
+            if not isinstance(dtype, torch.dtype):
+                raise CheckpointError(f"a tensor in this checkpoint has dtype {body['dtype']}, unknown to torch {torch.__version__}",
+                                      "load it with the torch version that saved it")
+            return tensors[body["key"]].view(dtype).reshape(body["shape"])
         if tag == "__tuple__":
             return tuple(_decode(v, tensors) for v in body)
         if tag == "__items__":
@@ -202,6 +223,7 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
+@functools.cache
 def _safetensors_dtypes() -> dict:
     from safetensors.torch import _TYPES
 
@@ -220,13 +242,10 @@ def _save_tensors(path: Path, tensors: dict) -> str:
 
     names = _safetensors_dtypes()
     ready = []
-    for key, tensor in tensors.items():
+    for key, tensor in tensors.items():  # every dtype has a name here: _encode stored the others as bytes
         tensor = tensor.detach()
         if tensor.device.type != "cpu":
             tensor = tensor.cpu()
-        if tensor.dtype not in names:
-            raise CheckpointError(f"cannot save tensor {key}: dtype {tensor.dtype} has no safetensors encoding",
-                                  "convert it to a supported dtype first")
         ready.append((key, tensor))
     # Larger elements first keeps every tensor aligned to its element size, as safetensors does.
     ready.sort(key=lambda item: (-item[1].element_size(), item[0]))
