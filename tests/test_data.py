@@ -428,3 +428,70 @@ def test_resuming_over_a_dataset_of_another_size_is_refused():
         twice.data.loader(Augmented(31), batch_size=4, shuffle=True, seed=11).load_state_dict(state)
     older = {key: value for key, value in state.items() if key != "samples"}  # saved before sizes were recorded
     twice.data.loader(Augmented(30), batch_size=4, shuffle=True, seed=11).load_state_dict(older)
+
+
+def weighted(size=30):
+    """Class-imbalance sampling: indices drawn with replacement, by weight (its own generator: None)."""
+    return torch.utils.data.WeightedRandomSampler(torch.linspace(0.1, 1.0, size), 40, replacement=True)
+
+
+def sampled(workers, sampler=None, epochs=2, **kwargs):
+    loader = twice.data.loader(Augmented(), batch_size=4, sampler=sampler or weighted(), num_workers=workers, seed=11, **kwargs)
+    return [batch for _ in range(epochs) for batch in loader]
+
+
+def test_a_users_sampler_is_seeded_per_epoch_the_same_for_any_workers_and_resumes_mid_epoch():
+    torch.manual_seed(1)  # the global state the sampler would otherwise draw from
+    reference = sampled(0)
+    torch.manual_seed(2)
+    assert all(torch.equal(a, b) for a, b in zip(reference, sampled(2)))
+    assert len(reference) == 20 and not torch.equal(torch.cat(reference[:10]), torch.cat(reference[10:]))  # epochs differ
+    loader = twice.data.loader(Augmented(), batch_size=4, sampler=weighted(), seed=11)
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(3)]
+    resumed = twice.data.loader(Augmented(), batch_size=4, sampler=weighted(), seed=11)
+    resumed.load_state_dict(loader.state_dict())
+    tail = list(resumed) + list(resumed)
+    assert all(torch.equal(a, b) for a, b in zip(head + tail, reference)) and len(head + tail) == 20
+
+
+def test_an_index_a_sampler_repeats_gets_augmentations_of_its_own_each_time():
+    """With replacement an index comes up several times an epoch: each time is another sample's
+    worth of randomness, not a copy of the first (a stream per repeat)."""
+    rows = torch.cat(sampled(0, epochs=1)).tolist()
+    draws: dict = {}
+    for row in rows:
+        draws.setdefault(int(row[0]), []).append(tuple(row))  # column 0: the index plus a torch.rand() draw
+    repeated = [d for d in draws.values() if len(d) > 1]
+    assert repeated and all(len(set(d)) == len(d) for d in repeated)
+
+
+def test_a_sampler_drawing_from_the_global_rng_is_seeded_and_leaves_it_untouched():
+    class GlobalShuffle(torch.utils.data.Sampler):
+        def __len__(self):
+            return 30
+
+        def __iter__(self):
+            return iter(torch.randperm(30).tolist())  # no generator attribute: the global RNG
+
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    first = sampled(0, GlobalShuffle(), epochs=1)
+    assert torch.equal(torch.get_rng_state(), before)
+    torch.manual_seed(6)
+    assert all(torch.equal(a, b) for a, b in zip(first, sampled(0, GlobalShuffle(), epochs=1)))
+
+
+def test_a_users_sampler_is_sharded_by_rank():
+    shares = [[int(x) for x in torch.cat(sampled(0, rank=r, world_size=2, epochs=1))[:, 0]] for r in range(2)]
+    whole = [int(i) for i in twice.data.loader(Augmented(), batch_size=4, sampler=weighted(), seed=11).sampler.order(0)]
+    assert sorted(shares[0] + shares[1]) == sorted(whole) and len(shares[0]) == len(shares[1]) == 20
+
+
+def test_a_sampler_of_batches_or_beside_shuffle_is_refused():
+    from twice.errors import UsageError
+
+    with pytest.raises(UsageError, match="yielded \\[0, 1\\], not a sample index"):
+        list(twice.data.loader(Augmented(), sampler=[[0, 1], [2, 3]], seed=1))
+    with pytest.raises(ValueError, match="sampler and shuffle=True"):
+        twice.data.loader(Augmented(), sampler=weighted(), shuffle=True)

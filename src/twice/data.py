@@ -30,36 +30,96 @@ __all__ = ["loader", "ResumableLoader"]
 _second = operator.itemgetter(1)
 
 class _EpochSampler(Sampler):
-    """Yields (epoch, index) pairs: this rank's share of the epoch's order, from a given position on."""
+    """Yields (stream, index) pairs: this rank's share of the epoch's order, from a given position on.
 
-    def __init__(self, size: int, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool):
+    The stream names the per-sample RNG states of the sample (see _SeededSamples): the epoch, or
+    for the k-th repeat of an index within an epoch of a user's sampler (one drawing with
+    replacement) epoch + k * 2**32, so that repeats get augmentations of their own."""
+
+    def __init__(self, size: int, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool,
+                 user: Any = None):
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
+        self.user = user  # a sampler of the user's (WeightedRandomSampler, a subset), drawn once per epoch
+        self._drawn: tuple[int, list[int], list[int]] | None = None  # (epoch, indices, streams) of the last draw
         self.epoch = 0
         self.start = 0  # samples of this rank's share already served
 
     def order(self, epoch: int) -> list[int]:
-        if self.shuffle:
+        if self.user is not None:
+            indices = list(self._draw(epoch)[0])
+        elif self.shuffle:
             generator = torch.Generator().manual_seed(derive_seed(self.seed, "shuffle", epoch))
             indices = torch.randperm(self.size, generator=generator).tolist()
         else:
             indices = list(range(self.size))
-        # Shard like DistributedSampler: pad by wrapping around (or drop the tail) so every rank
-        # gets the same number of samples, then take every world_size-th from this rank's offset.
+        return self._share(indices)
+
+    def _share(self, items: list) -> list:
+        """This rank's share, like DistributedSampler: pad by wrapping around (or drop the tail) so
+        every rank gets the same number of samples, then every world_size-th from this rank's offset."""
+        if self.world_size == 1:
+            return items
         if self.drop_last:
-            per_rank = self.size // self.world_size
-            indices = indices[: per_rank * self.world_size]
+            per_rank = len(items) // self.world_size
+            items = items[: per_rank * self.world_size]
         else:
-            per_rank = math.ceil(self.size / self.world_size)
-            pad = per_rank * self.world_size - len(indices)
-            indices += (indices * math.ceil(pad / max(len(indices), 1)))[:pad]
-        return indices[self.rank :: self.world_size]
+            per_rank = math.ceil(len(items) / self.world_size)
+            pad = per_rank * self.world_size - len(items)
+            items = items + (items * math.ceil(pad / max(len(items), 1)))[:pad]
+        return items[self.rank :: self.world_size]
+
+    def _draw(self, epoch: int) -> tuple[list[int], list[int]]:
+        """The user's sampler's indices for `epoch`, and their streams. Its randomness is made a
+        function of (seed, epoch): its `generator`, if it has one, and the global RNGs (for one that
+        draws from them) are seeded for the draw, and the global RNGs given back after it; one with
+        `set_epoch` (DistributedSampler) is told the epoch."""
+        if self._drawn is not None and self._drawn[0] == epoch:
+            return self._drawn[1], self._drawn[2]
+        sampler, seed = self.user, derive_seed(self.seed, "sampler", epoch)
+        if callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)
+        own = getattr(sampler, "generator", _ABSENT)
+        before = rng_snapshot()
+        random.seed(seed)
+        _seed_numpy(seed)
+        torch.default_generator.manual_seed(seed)
+        try:
+            if own is not _ABSENT:  # RandomSampler, WeightedRandomSampler, SubsetRandomSampler
+                sampler.generator = torch.Generator().manual_seed(seed)
+            drawn = list(sampler)
+        finally:
+            if own is not _ABSENT:
+                sampler.generator = own
+            rng_restore(before)
+        indices, streams, seen = [], [], {}
+        for item in drawn:
+            try:
+                index = operator.index(item.item() if isinstance(item, torch.Tensor) and item.numel() == 1 else item)
+            except TypeError:
+                raise UsageError(f"the sampler given to twice.data.loader yielded {item!r}, not a sample index",
+                                 "pass a sampler of indices (a sampler of batches, for batch_sampler=, is not supported)") from None
+            if not 0 <= index < self.size:
+                raise UsageError(f"the sampler given to twice.data.loader yielded index {index}, outside the dataset's {self.size} samples",
+                                 "give the sampler the dataset the loader reads")
+            repeat = seen.get(index, 0)
+            seen[index] = repeat + 1
+            indices.append(index)
+            streams.append(epoch + (repeat << 32))
+        self._drawn = (epoch, indices, streams)
+        return indices, streams
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        return zip(itertools.repeat(self.epoch), self.order(self.epoch)[self.start:])
+        indices = self.order(self.epoch)[self.start:]
+        if self.user is None:
+            return zip(itertools.repeat(self.epoch), indices)
+        return zip(self._share(list(self._draw(self.epoch)[1]))[self.start:], indices)
 
     def __len__(self) -> int:
         return len(self.order(self.epoch)) - self.start
+
+
+_ABSENT = object()
 
 
 class _SeededSamples(Dataset):
@@ -84,6 +144,7 @@ class _SeededSamples(Dataset):
         self.dataset, self.seed = dataset, seed
         self.collate = collate  # the user's collate_fn, run here per batch (see _collate)
         self.collate_draws = False  # seen drawing from a global RNG: from then on seeded per batch
+        self.mixed_streams = False  # True under a user's sampler: a batch's samples can be of several streams
         self._epoch_keys: dict[int, int] = {}  # epoch -> derive_seed(seed, "sample", epoch)
         self.used = frozenset(self.RNGS if seed_every_rng else ())  # in this process
         self.words: dict[str, int] = {}  # RNG -> fresh words made per sample (START_WORDS until more were read)
@@ -99,9 +160,10 @@ class _SeededSamples(Dataset):
             return [dataset[index] for _, index in keys], {}
         import numpy as np
 
-        # A batch from the loader's sampler comes from one epoch (the sampler yields one per pass, so
-        # its first and last keys tell): one key for all its samples.
-        if keys[0][0] == keys[-1][0]:
+        # A batch from the loader's own sampler comes from one epoch (the sampler yields one per
+        # pass, so its first and last keys tell): one key for all its samples. A user's sampler
+        # can mix streams within a batch (repeats of an index).
+        if keys[0][0] == keys[-1][0] and not self.mixed_streams:
             key = self._epoch_key(keys[0][0])
         else:
             key = np.asarray([self._epoch_key(e) for e, _ in keys], dtype=np.uint64)
@@ -240,20 +302,25 @@ class ResumableLoader:
             seed = _default_seed()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size), not rank={rank}, world_size={world_size}")
-        for forbidden in ("sampler", "batch_sampler", "generator", "worker_init_fn"):
+        for forbidden in ("batch_sampler", "generator", "worker_init_fn"):
             if dataloader_kwargs.get(forbidden) is not None:
                 raise ValueError(f"twice.data.loader sets {forbidden} itself; remove it")
+        user_sampler = dataloader_kwargs.pop("sampler", None)
+        if user_sampler is not None and shuffle:
+            raise ValueError("sampler and shuffle=True both choose the order; remove shuffle (the sampler's order is used, "
+                             "its randomness seeded per epoch)")
         if dataloader_kwargs.get("in_order", True) is False:
             raise ValueError("in_order=False lets DataLoader hand out batches in the order its workers finish them, "
                              "which differs from run to run; remove it (twice.data.loader keeps the sampler's order)")
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.sampler = _EpochSampler(len(dataset), shuffle, seed, rank, world_size, drop_last)
+        self.sampler = _EpochSampler(len(dataset), shuffle, seed, rank, world_size, drop_last, user_sampler)
         # One for the loader's life: what it learns about the RNGs the dataset draws from (in the
         # main process; each worker learns again in its own copy) is kept across epochs.
         # A collate_fn of the user's runs inside the batch fetch, where it can be seeded (batch_size=None
         # has no collation of batches: DataLoader applies it to each sample as it is).
         collate = dataloader_kwargs.pop("collate_fn", None) if batch_size is not None else None
         self._samples = _SeededSamples(dataset, seed, seed_every_rng, collate)
+        self._samples.mixed_streams = user_sampler is not None
         if collate is not None:
             dataloader_kwargs["collate_fn"] = _collated
         self._kwargs = dataloader_kwargs
