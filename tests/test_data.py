@@ -495,3 +495,17 @@ def test_a_sampler_of_batches_or_beside_shuffle_is_refused():
         list(twice.data.loader(Augmented(), sampler=[[0, 1], [2, 3]], seed=1))
     with pytest.raises(ValueError, match="sampler and shuffle=True"):
         twice.data.loader(Augmented(), sampler=weighted(), shuffle=True)
+
+
+def test_resuming_with_a_sampler_that_draws_another_order_is_refused():
+    loader = twice.data.loader(Augmented(), batch_size=4, sampler=weighted(), seed=11)
+    next(iter(loader))
+    state = loader.state_dict()
+    reweighted = torch.utils.data.WeightedRandomSampler(torch.linspace(1.0, 0.1, 30), 40, replacement=True)
+    for other in (twice.data.loader(Augmented(), batch_size=4, sampler=reweighted, seed=11),
+                  twice.data.loader(Augmented(), batch_size=4, seed=11)):
+        with pytest.raises(ValueError, match="drew its order from a sampler"):
+            other.load_state_dict(state)
+    same = twice.data.loader(Augmented(), batch_size=4, sampler=weighted(), seed=11)
+    same.load_state_dict(state)
+    assert same.batches_served == 1

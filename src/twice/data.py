@@ -371,9 +371,20 @@ class ResumableLoader:
         return inner
 
     def state_dict(self) -> dict:
-        return {"epoch": self.sampler.epoch, "batches_served": self.batches_served, "seed": self.seed,
-                "batch_size": self.batch_size, "rank": self.sampler.rank, "world_size": self.sampler.world_size,
-                "samples": self.sampler.size}
+        state = {"epoch": self.sampler.epoch, "batches_served": self.batches_served, "seed": self.seed,
+                 "batch_size": self.batch_size, "rank": self.sampler.rank, "world_size": self.sampler.world_size,
+                 "samples": self.sampler.size}
+        if self.sampler.user is not None:
+            state["sampler_order"] = self._order_digest(self.sampler.epoch)
+        return state
+
+    def _order_digest(self, epoch: int) -> str:
+        """Digest of a user's sampler's order for `epoch`: a resumed loader whose sampler draws
+        another (its weights changed with the data) is refused rather than continued in it."""
+        import numpy as np
+        import xxhash
+
+        return xxhash.xxh3_64_hexdigest(np.asarray(self.sampler._draw(epoch)[0], dtype=np.int64).tobytes())
 
     def load_state_dict(self, state: dict) -> None:
         missing = [key for key in ("epoch", "batches_served", "seed", "batch_size", "rank", "world_size") if key not in state]
@@ -390,6 +401,11 @@ class ResumableLoader:
             raise ValueError(f"the dataset has {self.sampler.size} samples; the checkpoint's loader had {state['samples']}, "
                              "so its position does not say where to continue; resume with the same dataset, "
                              "or start the loader afresh (its set_epoch) to train on the new one")
+        if "sampler_order" in state and (self.sampler.user is None or state["sampler_order"] != self._order_digest(state["epoch"])):
+            raise ValueError("the checkpoint's loader drew its order from a sampler, and this loader's "
+                             f"{'has no sampler' if self.sampler.user is None else 'sampler draws another order for the same epoch'}, "
+                             "so its position does not say where to continue; resume with the same sampler (its weights "
+                             "and length too), or start the loader afresh (its set_epoch)")
         self.sampler.epoch = state["epoch"]
         self.batches_served = state["batches_served"]
 
