@@ -127,3 +127,20 @@ def test_a_run_whose_capture_stopped_says_so_in_diff(tmp_path):
     shown = twice_cli("diff", str(a), str(b), cwd=tmp_path)
     assert shown.returncode == 1
     assert "B's step capture stopped at step 3 (TypeError: cannot digest a meta tensor" in shown.stdout
+
+
+def test_after_the_capture_stopped_a_step_limit_still_ends_the_run(tmp_path):
+    """--max-steps (and so verify --steps and verify-resume) still stops the command where asked
+    when the capture stopped before: the steps go on being counted, untraced."""
+    (tmp_path / "meta20.py").write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(3, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(20):\n"
+        "    if step == 3:\n"
+        "        model = model.to('meta'); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    device = next(model.parameters()).device\n"
+        "    opt.zero_grad(); model(torch.ones(2, 3, device=device)).sum().backward(); opt.step()\n"
+        "    print('finished step', step, flush=True)\n")
+    result = twice_cli("run", "--max-steps", "5", "--", sys.executable, "meta20.py", cwd=tmp_path)
+    assert result.returncode == 0 and "step capture stopped at step 3" in result.stderr
+    assert result.stdout.split("\n")[-2] == "finished step 4"

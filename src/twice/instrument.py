@@ -152,7 +152,7 @@ def _guarded(method):
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
         if self.capture_error is not None:
-            return None
+            return self._count_only(method.__name__, args)
         try:
             return method(self, *args, **kwargs)
         except ReplicaDesync:
@@ -386,6 +386,27 @@ class Recorder:
                                f"the training goes on untraced (the trace holds steps 0-{self.step_index - 1}; "
                                f"details in {self.run_dir / CAPTURE_ERROR})", RuntimeWarning, "twice", 0, module="twice")
 
+    def _count_only(self, event: str, args: tuple) -> None:
+        """After the capture stopped nothing is recorded, but with a step limit (--max-steps, the
+        re-run of `verify --steps`, verify-resume's interrupted run) optimizer rounds are still
+        counted, so that the run still ends where it was asked to rather than training on."""
+        if self.stop_after is None or self.explicit or os.getpid() != self.pid:
+            return
+        self._exit_if_stopping()
+        if event not in ("pre_step", "post_step"):
+            return
+        optimizers = self._round.optimizers
+        if event == "pre_step" and id(args[0]) in optimizers:
+            self._round_size = self._round_size or len(optimizers)
+        elif event == "post_step":
+            optimizers.append(id(args[0]))
+            if self._round_size is None or len(optimizers) < self._round_size:
+                return
+        else:
+            return
+        self._round = _Round()
+        self._advance()
+
     # -- pieces -----------------------------------------------------------------------------------
     def _tracing_this_step(self) -> bool:
         if self.only_steps is not None:
@@ -614,7 +635,7 @@ class Recorder:
         self.stop_ops()
         if self._op_log is not None:
             self._op_log.close()
-        if not self.explicit and self._round.optimizers and not self.stopped:
+        if not self.explicit and self._round.optimizers and not self.stopped and self.capture_error is None:
             if self._tracing_this_step():
                 self._write_round()
             self._round = _Round()
