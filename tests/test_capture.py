@@ -2,6 +2,7 @@
 fails without taking the training down with it."""
 
 import json
+import math
 import sys
 import warnings
 
@@ -144,3 +145,44 @@ def test_after_the_capture_stopped_a_step_limit_still_ends_the_run(tmp_path):
     result = twice_cli("run", "--max-steps", "5", "--", sys.executable, "meta20.py", cwd=tmp_path)
     assert result.returncode == 0 and "step capture stopped at step 3" in result.stderr
     assert result.stdout.split("\n")[-2] == "finished step 4"
+
+
+class Lookahead(torch.optim.Optimizer):
+    """Lookahead (Zhang et al. 2019) as commonly written: a torch optimizer whose step() runs its
+    base optimizer's step() and every k steps pulls slow weights towards the fast ones."""
+
+    def __init__(self, base, k=2, alpha=0.5):
+        self.base, self.k, self.alpha, self.count = base, k, alpha, 0
+        super().__init__(base.param_groups, {})
+        self.slow = [p.detach().clone() for group in self.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.base.step()
+        self.count += 1
+        if self.count % self.k == 0:
+            for slow, fast in zip(self.slow, (p for group in self.param_groups for p in group["params"])):
+                slow.add_(fast - slow, alpha=self.alpha)
+                fast.copy_(slow)
+
+
+def lookahead_model():
+    model = torch.nn.Linear(4, 3)
+    return [model], [Lookahead(torch.optim.SGD(model.parameters(), lr=0.1))], lambda step: model(torch.randn(8, 4)).pow(2).mean()
+
+
+def test_an_optimizer_stepping_inside_another_is_part_of_its_step(tmp_path):
+    """Lookahead's base optimizer steps inside Lookahead's step: one record per step, each gradient
+    once, the norm the gradients' own, and the parameters those after Lookahead's pull."""
+    records = train(tmp_path, lookahead_model, steps=4)
+    assert [r.step for r in records] == [0, 1, 2, 3]
+    torch.manual_seed(0)
+    (model,), (optimizer,), loss_of = lookahead_model()
+    for step, record in enumerate(records):
+        optimizer.zero_grad()
+        loss_of(step).backward()
+        norms = [float(torch.linalg.vector_norm(p.grad)) for p in (model.weight, model.bias)]
+        assert record.grad_norm == math.sqrt(sum(n * n for n in norms)).hex()  # the two, once each
+        assert record.grad_digests == {"weight": twice.digest(model.weight.grad), "bias": twice.digest(model.bias.grad)}
+        optimizer.step()
+        assert record.param_digests == {"weight": twice.digest(model.weight), "bias": twice.digest(model.bias)}

@@ -149,8 +149,12 @@ def _guarded(method):
     the run folder naming the step and the error, and the training goes on; the trace holds the
     steps before it. What twice raises on purpose (a stop after --max-steps, a replica desync) passes."""
 
+    step_event = method.__name__ in ("pre_step", "post_step")
+
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
+        if step_event and not self._outermost(method.__name__, args[0]):
+            return None
         if self.capture_error is not None:
             return self._count_only(method.__name__, args)
         try:
@@ -211,6 +215,7 @@ class Recorder:
         self._opt_index: dict[int, int] = {}
         self._replica_pending: tuple | None = None  # the replica check in flight
         self.capture_error: dict | None = None  # set when an error of our own stopped the capture
+        self._stepping: int | None = None  # id of the optimizer whose step() is running (see _outermost)
 
     # -- events -----------------------------------------------------------------------------------
     @_guarded
@@ -385,6 +390,22 @@ class Recorder:
         warnings.warn_explicit(f"twice: step capture stopped at step {self.step_index}: {type(exc).__name__}: {exc}; "
                                f"the training goes on untraced (the trace holds steps 0-{self.step_index - 1}; "
                                f"details in {self.run_dir / CAPTURE_ERROR})", RuntimeWarning, "twice", 0, module="twice")
+
+    def _outermost(self, event: str, optimizer) -> bool:
+        """Is this step event an outermost optimizer's? An optimizer that steps inside another's
+        step (Lookahead's or SAM's base optimizer, ZeroRedundancyOptimizer's local one) is part
+        of that step: recording it too would count its gradients twice in the norm. (If an outer
+        step raised, its pre event is not closed: its next step starts afresh.)"""
+        key = id(optimizer)
+        if event == "pre_step":
+            if self._stepping is not None and self._stepping != key:
+                return False
+            self._stepping = key
+            return True
+        if self._stepping is not None and self._stepping != key:
+            return False
+        self._stepping = None
+        return True
 
     def _count_only(self, event: str, args: tuple) -> None:
         """After the capture stopped nothing is recorded, but with a step limit (--max-steps, the
