@@ -156,3 +156,14 @@ def test_two_node_torchrun_with_a_rendezvous_endpoint_records_every_rank(tmp_pat
         for rank in distributed["ranks_recorded"]:
             assert len((run / f"trace.rank{rank}.jsonl").read_text().splitlines()) == 12
     assert sorted(ranks) == [0, 1]
+
+
+def test_a_zero_redundancy_optimizer_resumes_bit_exactly_from_each_ranks_shard(tmp_path):
+    """ZeroRedundancyOptimizer's state_dict() needs a consolidation collective; twice saves each
+    rank's shard in that rank's part instead, and restores it with the scheduled learning rate."""
+    script("ddp_resume.py", tmp_path)
+    result = twice("verify-resume", "--at", "5", "--json", "--", TORCHRUN, "--nproc_per_node", "2", "ddp_resume.py", "zero",
+                   cwd=tmp_path)
+    outcome = json.loads(result.stdout)
+    assert result.returncode == 0 and outcome["identical"], outcome
+    assert "on every one of the 2 ranks" in outcome["verdict"]

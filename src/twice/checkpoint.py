@@ -172,9 +172,23 @@ def _kind(obj: Any) -> str:
         return "torch_generator"
     if isinstance(obj, np.random.Generator):
         return "numpy_generator"
+    if _is_zero(obj):
+        return "sharded_optimizer"
     if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
         return "stateful"
     return "value"
+
+
+def _is_zero(obj: Any) -> bool:
+    """torch.distributed.optim.ZeroRedundancyOptimizer: each rank holds the state of its shard only."""
+    return type(obj).__name__ == "ZeroRedundancyOptimizer" and type(obj).__module__.startswith("torch.distributed") \
+        and hasattr(obj, "optim")
+
+
+def _zero_world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _state_of(obj: Any, kind: str) -> Any:
@@ -184,6 +198,10 @@ def _state_of(obj: Any, kind: str) -> Any:
         return obj.bit_generator.state
     if kind == "stateful":
         return obj.state_dict()
+    if kind == "sharded_optimizer":
+        # Its state_dict() needs a consolidation onto one rank first (a collective gathering every
+        # shard); each rank writes its own checkpoint part, so each keeps its own shard's state.
+        return {"world_size": _zero_world(), "shard": obj.optim.state_dict()}
     return obj
 
 
@@ -194,6 +212,23 @@ def _restore(obj: Any, kind: str, state: Any, name: str) -> Any:
         obj.set_state(own_storage(state))
     elif kind == "numpy_generator":
         obj.bit_generator.state = state
+    elif kind == "sharded_optimizer":
+        if not _is_zero(obj):
+            raise CheckpointError(f"entry {name!r} is a ZeroRedundancyOptimizer's shard; it is restored into a {type(obj).__name__}",
+                                  "restore it into the ZeroRedundancyOptimizer it was saved from")
+        if state["world_size"] != _zero_world():
+            raise CheckpointError(f"entry {name!r} holds a ZeroRedundancyOptimizer shard of {state['world_size']} processes; "
+                                  f"this run has {_zero_world()}", "resume with the world size it was saved at: the shards "
+                                  "partition the parameters by rank")
+        try:
+            obj.optim.load_state_dict(state["shard"])
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"entry {name!r} does not fit the object it is restored into: {exc}",
+                                  "restore into the same kind of object, built with the same shapes") from exc
+        # The hyperparameters (a scheduled learning rate) as saved, in the wrapper's groups too,
+        # which step() copies into the shard's before each update.
+        for outer, inner in zip(obj.param_groups, obj.optim.param_groups):
+            outer.update({key: value for key, value in inner.items() if key != "params"})
     elif kind == "stateful":
         try:
             result = obj.load_state_dict(state)
