@@ -509,3 +509,12 @@ def test_resuming_with_a_sampler_that_draws_another_order_is_refused():
     same = twice.data.loader(Augmented(), batch_size=4, sampler=weighted(), seed=11)
     same.load_state_dict(state)
     assert same.batches_served == 1
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_workers_started_by_spawn_or_forkserver_give_the_same_batches(context):
+    """spawn is the default start method on macOS and Windows: the workers get the loader's
+    per-sample seeding by pickle, not by inheriting the parent's memory."""
+    reference = stream(0, epochs=1)
+    other = stream(2, epochs=1, multiprocessing_context=context)
+    assert len(other) == len(reference) and all(torch.equal(a, b) for a, b in zip(reference, other))
