@@ -518,3 +518,26 @@ def test_workers_started_by_spawn_or_forkserver_give_the_same_batches(context):
     reference = stream(0, epochs=1)
     other = stream(2, epochs=1, multiprocessing_context=context)
     assert len(other) == len(reference) and all(torch.equal(a, b) for a, b in zip(reference, other))
+
+
+def test_an_endless_sampler_gives_epochs_of_its_length_and_one_without_a_length_is_refused():
+    from twice.errors import UsageError
+
+    class Endless(torch.utils.data.Sampler):
+        """Like detectron2's TrainingSampler: an endless stream of shuffled indices."""
+
+        def __init__(self, length=None):
+            self.length = length
+
+        def __iter__(self):
+            while True:
+                yield from torch.randperm(30).tolist()
+
+    class Sized(Endless):
+        def __len__(self):
+            return 12
+
+    batches = sampled(0, Sized(), epochs=2)
+    assert len(batches) == 6 and not torch.equal(torch.cat(batches[:3]), torch.cat(batches[3:]))
+    with pytest.raises(UsageError, match="has no length"):
+        list(twice.data.loader(Augmented(), batch_size=4, sampler=Endless(), seed=1))

@@ -77,6 +77,12 @@ class _EpochSampler(Sampler):
         if self._drawn is not None and self._drawn[0] == epoch:
             return self._drawn[1], self._drawn[2]
         sampler, seed = self.user, derive_seed(self.seed, "sampler", epoch)
+        try:
+            count = len(sampler)
+        except TypeError:
+            raise UsageError(f"the {type(sampler).__name__} given to twice.data.loader has no length, so an epoch "
+                             "of it has no end and no position to resume at",
+                             "give the sampler a __len__ (the samples per epoch)") from None
         if callable(getattr(sampler, "set_epoch", None)):
             sampler.set_epoch(epoch)
         own = getattr(sampler, "generator", _ABSENT)
@@ -87,7 +93,7 @@ class _EpochSampler(Sampler):
         try:
             if own is not _ABSENT:  # RandomSampler, WeightedRandomSampler, SubsetRandomSampler
                 sampler.generator = torch.Generator().manual_seed(seed)
-            drawn = list(sampler)
+            drawn = list(itertools.islice(sampler, count))  # an endless sampler gives an epoch of its length
         finally:
             if own is not _ABSENT:
                 sampler.generator = own
