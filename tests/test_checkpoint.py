@@ -69,8 +69,11 @@ def test_loading_is_strict_about_missing_and_unexpected_entries(tmp_path):
     with pytest.raises(CheckpointError, match="has no state for 'scaler'") as missing:
         checkpoint.load(tmp_path / "c", model=Model(), optimizer=opt, scaler=torch.nn.Linear(1, 1))
     assert "hint" not in missing.value.message and missing.value.hint
-    with pytest.raises(CheckpointError, match="has state for 'optimizer' that nothing restores"):
+    with pytest.raises(CheckpointError, match="has state for 'optimizer' that nothing restores") as unexpected:
         checkpoint.load(tmp_path / "c", model=Model())
+    # As a traceback prints it: the message, then the hint (here: how twice.Run users restore it).
+    assert str(unexpected.value) == f"{unexpected.value.message}\nhint: {unexpected.value.hint}"
+    assert "run.track(name=obj) before run.resume()" in unexpected.value.hint
     partial = Model()
     checkpoint.load(tmp_path / "c", strict=False, model=partial)
     assert torch.equal(partial.a.weight, model.a.weight)

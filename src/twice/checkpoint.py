@@ -569,7 +569,8 @@ def load(directory: str | Path, *, strict: bool = True, rank: int | None = None,
     unexpected = sorted(stateful - set(targets))
     if strict and unexpected:
         raise CheckpointError(f"checkpoint {directory.name} has state for {', '.join(map(repr, unexpected))} that nothing restores",
-                              "pass those objects too, or load with strict=False")
+                              "pass those objects too (under twice.Run: run.track(name=obj) before run.resume()), "
+                              "or load with strict=False (run.resume(strict=False))")
     tensors = load_file(str(directory / TENSORS))
     state = _decode(json.loads((directory / STATE).read_text(encoding="utf-8"))["entries"], tensors)
     restored = {}

@@ -24,6 +24,10 @@ class TwiceError(Exception):
         self.message = message
         self.hint = hint
 
+    def __str__(self) -> str:
+        # In a traceback from library use, the hint shows beside the message, as on the command line.
+        return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
+
     def render(self) -> str:
         lines = [f"error: {self.message}"]
         if self.hint:
