@@ -243,3 +243,20 @@ def test_sparse_optimizer_state_round_trips_and_resumes_bit_for_bit(tmp_path):
     assert torch.equal(resumed.weight, straight.weight)
     assert twice.digest(resumed_opt.state[resumed.weight]["momentum_buffer"]) == \
         twice.digest(straight_opt.state[straight.weight]["momentum_buffer"])
+
+
+def test_a_state_saved_through_a_wrapper_and_restored_into_the_bare_module_names_the_wrapper(tmp_path):
+    """torch.compile's `_orig_mod.` and DDP's `module.` prefixes: the usual reason a model's
+    checkpoint does not fit. The hint names the wrapper, both ways round."""
+    model = torch.nn.Linear(3, 2)
+    compiled = torch.compile(model)  # no compilation happens until it is called
+    checkpoint.save(tmp_path / "c", model=compiled)
+    with pytest.raises(CheckpointError, match="does not fit") as bare:
+        checkpoint.load(tmp_path / "c", model=torch.nn.Linear(3, 2))
+    assert "torch.compile wrapper (its keys start with '_orig_mod.')" in bare.value.hint
+    checkpoint.save(tmp_path / "d", model=model)
+    with pytest.raises(CheckpointError, match="does not fit") as wrapped:
+        checkpoint.load(tmp_path / "d", model=torch.nn.ModuleDict({"module": torch.nn.Linear(3, 2)}))
+    assert "restored into a DistributedDataParallel or DataParallel wrapper" in wrapped.value.hint
+    assert torch.equal(checkpoint.load(tmp_path / "c", model=torch.compile(torch.nn.Linear(3, 2)))["model"]._orig_mod.weight,
+                       model.weight)

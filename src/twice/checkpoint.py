@@ -234,11 +234,35 @@ def _restore(obj: Any, kind: str, state: Any, name: str) -> Any:
             result = obj.load_state_dict(state)
         except (RuntimeError, KeyError, ValueError, TypeError) as exc:
             raise CheckpointError(f"entry {name!r} does not fit the object it is restored into: {exc}",
-                                  "restore into the same kind of object, built with the same shapes") from exc
+                                  _fit_hint(obj, state)) from exc
         missing = getattr(result, "missing_keys", None)
         if missing:
             raise CheckpointError(f"entry {name!r} lacks keys {missing}", "pass strict=False to load partially")
     return obj
+
+
+# The key prefixes wrappers add to a module's state_dict, and the wrapper each means.
+_WRAPPER_PREFIXES = {"_orig_mod.": "torch.compile", "module.": "DistributedDataParallel or DataParallel"}
+
+
+def _fit_hint(obj: Any, state: Any) -> str:
+    """How to fix a state that does not fit: where its keys differ from the target's only by a
+    wrapper's prefix (saved from a compiled or DDP-wrapped model, restored into the bare one, or
+    the other way round), say so."""
+    plain = "restore into the same kind of object, built with the same shapes"
+    try:
+        wanted = set(obj.state_dict())
+    except Exception:  # noqa: BLE001 - only for a better hint
+        return plain
+    saved = {key for key in state if isinstance(key, str)} if isinstance(state, dict) else set()
+    for prefix, wrapper in _WRAPPER_PREFIXES.items():
+        if saved and saved == {prefix + key for key in wanted}:
+            return (f"the checkpoint was saved from a {wrapper} wrapper (its keys start with {prefix!r}) and is "
+                    "restored into the bare module: track the wrapped model, as when it was saved")
+        if wanted and wanted == {prefix + key for key in saved}:
+            return (f"the checkpoint was saved from a bare module and is restored into a {wrapper} wrapper "
+                    f"(its keys start with {prefix!r}): track the model as it was when saved")
+    return plain
 
 
 # -- files ----------------------------------------------------------------------------------------
