@@ -77,3 +77,24 @@ def test_fault_injection_kill_9_during_checkpoint_writes_never_leaves_a_bad_late
     assert report["failures"] == []
     assert report["valid"] == report["matched"] == report["trials"]
     assert len(report["leftover_temporaries"]) <= 1  # a killed writer's temporary is swept by the next save
+
+
+def test_verify_resume_at_on_a_recorded_run_uses_it_as_the_uninterrupted_run(tmp_path):
+    """`twice verify RUN --resume-at STEP`: the recorded run is the straight one (not run again);
+    a script that forgets the RNG is named, a resumable one is bit-exact."""
+    script("forgets_rng.py", tmp_path)
+    assert twice("run", "--name", "forgets", "--", sys.executable, "forgets_rng.py", cwd=tmp_path).returncode == 0
+    [recorded] = runs(tmp_path)
+    result = twice("verify", str(recorded), "--resume-at", "5", "--json", cwd=tmp_path)
+    outcome = json.loads(result.stdout)
+    assert result.returncode == 1 and outcome["cause"] == "the RNG state was not restored (torch)"
+    assert outcome["runs"]["straight"] == str(recorded.resolve()) and len(runs(tmp_path)) == 3  # stopped, resumed
+
+    wrong = twice("verify", str(recorded), "--resume-at", "5", "--steps", "3", cwd=tmp_path)
+    assert wrong.returncode == 2 and "error: --steps and --resume-at check different things" in wrong.stderr
+    assert twice("run", "--name", "cut", "--max-steps", "4", "--", sys.executable, "forgets_rng.py", cwd=tmp_path).returncode == 0
+    cut = max(runs(tmp_path), key=lambda p: p.name)  # run folders are named by start time
+    partial = twice("verify", str(cut), "--resume-at", "2", cwd=tmp_path)
+    assert partial.returncode == 2 and "was stopped after 4 steps" in partial.stderr
+    outside = twice("verify", str(recorded), "--resume-at", "40", cwd=tmp_path)
+    assert outside.returncode == 2 and "error: --resume-at 40 is outside the run's 12 steps" in outside.stderr

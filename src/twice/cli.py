@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .errors import EXIT_USAGE, TwiceError
+from .errors import EXIT_USAGE, TwiceError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -111,7 +111,6 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, n
       twice run --mlflow sqlite:///mlflow.db -- python train.py
     """
     from .launch import DEFAULT_SEED, RunOptions, run_command
-    from .errors import UsageError
 
     live = None
     if mlflow_uri is not None:
@@ -160,7 +159,6 @@ def trace_cost_note(context: dict, trace_every: int, threshold: float = TRACE_CO
 def _steps_option(value: str | None) -> str | None:
     import re
 
-    from .errors import UsageError
 
     if value is None:
         return None
@@ -249,20 +247,27 @@ def diff(a, b, runs_dir, steps, as_json, html_out):
 @click.argument("run_ref", metavar="RUN")
 @_runs_dir_option
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Verify only the first N steps (stops the re-run there).")
+@click.option("--resume-at", type=click.IntRange(min=1), default=None, metavar="STEP",
+              help="Instead, run RUN's command interrupted after STEP steps and resumed in a new process, and compare "
+                   "it with RUN (as verify-resume, RUN being the uninterrupted run).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not echo the re-run's output.")
-def verify(run_ref, runs_dir, steps, as_json, quiet):
+def verify(run_ref, runs_dir, steps, resume_at, as_json, quiet):
     """Run RUN's command again with its seed and settings; exit 0 if every step is bit-identical.
 
     \b
     Examples:
       twice verify runs/<id>
       twice verify <id> --steps 100
+      twice verify <id> --resume-at 50
     """
     from .store import find_run
     from .verify import verify_run
 
-    result, new_dir = verify_run(find_run(run_ref, runs_dir), steps=steps, quiet=quiet or as_json)
+    run_dir = find_run(run_ref, runs_dir)
+    if resume_at is not None:
+        _verify_resume_of_run(run_dir, resume_at, steps, as_json)
+    result, new_dir = verify_run(run_dir, steps=steps, quiet=quiet or as_json)
     _err(f"twice: re-run recorded in {new_dir}")
     if not as_json:
         _out(_style("reproducible" if result.identical else "NOT reproducible", fg="green" if result.identical else "red", bold=True))
@@ -323,7 +328,6 @@ def list_command(runs_dir, as_json):
       twice ls
       twice ls experiments/runs --json
     """
-    from .errors import UsageError
     from .store import list_runs
 
     if not runs_dir.is_dir():
@@ -398,7 +402,27 @@ def verify_resume_command(at, seed, runs_dir, determinism, as_json, command):
     from .verify import verify_resume
 
     options = RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True)
-    result = verify_resume(list(command), options, at=at)
+    _print_resume_check(verify_resume(list(command), options, at=at), as_json)
+
+
+def _verify_resume_of_run(run_dir, at: int, steps, as_json: bool) -> None:
+    """`twice verify RUN --resume-at STEP`: verify-resume with RUN as the uninterrupted run."""
+    from .store import MANIFEST, effective_status, read_json
+    from .verify import rerun_options, verify_resume
+
+    if steps is not None:
+        raise UsageError("--steps and --resume-at check different things", "give one of them")
+    manifest = read_json(run_dir / MANIFEST)
+    status, stopped = effective_status(manifest), manifest["context"].get("stopped_after")
+    if status != "completed" or stopped:
+        how = f"was stopped after {stopped} steps" if stopped else f"is {status}"
+        raise UsageError(f"run {run_dir.name} {how}: it is not the whole uninterrupted run to compare a resume with",
+                         "record the run to its end, or use `twice verify-resume -- COMMAND`, which runs it straight first")
+    command, options = rerun_options(run_dir, name=f"resume-{run_dir.name[:26]}", quiet=True)
+    _print_resume_check(verify_resume(command, options, at=at, straight=run_dir.resolve(), at_flag="--resume-at"), as_json)
+
+
+def _print_resume_check(result, as_json: bool) -> None:
     if as_json:
         _out(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:
@@ -430,7 +454,6 @@ def export_mlflow(run_refs, runs_dir, tracking_uri, experiment, no_checkpoints):
       twice export mlflow runs/<id> --tracking-uri sqlite:///mlflow.db
       twice export mlflow runs/* --experiment lr-study
     """
-    from .errors import UsageError
     from .integrations.mlflow import export_run
     from .store import find_run
 

@@ -85,19 +85,25 @@ class ResumeCheck:
                 "runs": self.runs, "divergence": self.divergence}
 
 
-def verify_resume(command: list[str], options: RunOptions, at: int | None = None) -> ResumeCheck:
+def verify_resume(command: list[str], options: RunOptions, at: int | None = None,
+                  straight: Path | None = None, at_flag: str = "--at") -> ResumeCheck:
     """Run `command` straight; again, stopped after `at` steps (default: half); then resumed in a new
     process from where it stopped. Compare the resumed steps and the final state with the straight run.
 
     A script using twice.Run resumes through `run.resume()`; a script that checkpoints by itself
     finds its checkpoints in twice.checkpoint_dir(), which the interrupted and resumed runs share.
+    Given `straight` (a recorded run of `command`, as `twice verify RUN --resume-at`), that run is
+    the uninterrupted one and is not run again.
     """
     from dataclasses import replace
 
     from . import checkpoint as checkpoints
     from .trace import read_trace, trace_files
 
-    code, straight = run_command(command, replace(options, name="straight"))
+    if straight is None:
+        code, straight = run_command(command, replace(options, name="straight"))
+    else:
+        code = read_json(Path(straight) / MANIFEST)["context"].get("exit_code", 0) or 0
     streams = {stream: read_trace(path) for stream, path in trace_files(straight).items()}
     full = next((streams[s] for s in ("main", "rank0") if s in streams), next(iter(streams.values()), []))
     if code != 0 or len(full) < 2:
@@ -105,7 +111,7 @@ def verify_resume(command: list[str], options: RunOptions, at: int | None = None
                          f"fix the command first; see {straight}/stderr.log")
     at = len(full) // 2 if at is None else at
     if not 1 <= at < len(full):
-        raise UsageError(f"--at {at} is outside the run's {len(full)} steps", f"give a step from 1 to {len(full) - 1}")
+        raise UsageError(f"{at_flag} {at} is outside the run's {len(full)} steps", f"give a step from 1 to {len(full) - 1}")
     _, interrupted = run_command(command, replace(options, name=f"stopped-at-{at}", stop_after=at))
     saved = interrupted / "checkpoints"
     resume_from = checkpoints.latest(saved)
