@@ -245,6 +245,7 @@ def test_sparse_optimizer_state_round_trips_and_resumes_bit_for_bit(tmp_path):
         twice.digest(straight_opt.state[straight.weight]["momentum_buffer"])
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's import of torch.jit internals
 def test_a_state_saved_through_a_wrapper_and_restored_into_the_bare_module_names_the_wrapper(tmp_path):
     """torch.compile's `_orig_mod.` and DDP's `module.` prefixes: the usual reason a model's
     checkpoint does not fit. The hint names the wrapper, both ways round."""
