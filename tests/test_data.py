@@ -541,3 +541,70 @@ def test_an_endless_sampler_gives_epochs_of_its_length_and_one_without_a_length_
     assert len(batches) == 6 and not torch.equal(torch.cat(batches[:3]), torch.cat(batches[3:]))
     with pytest.raises(UsageError, match="has no length"):
         list(twice.data.loader(Augmented(), batch_size=4, sampler=Endless(), seed=1))
+
+
+class Sequences(Dataset):
+    """Variable-length samples with a random offset (torch's RNG), as in NLP or speech."""
+
+    lengths = [3 + (i * 7) % 11 for i in range(40)]
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.full((self.lengths[i],), float(i)) + torch.rand(1)
+
+
+class Buckets(torch.utils.data.Sampler):
+    """Length bucketing: batches of 8 similar lengths, the batches shuffled from the global RNG."""
+
+    def __init__(self):
+        self.order = sorted(range(40), key=lambda i: Sequences.lengths[i])
+
+    def __len__(self):
+        return 5
+
+    def __iter__(self):
+        batches = [self.order[i:i + 8] for i in range(0, 40, 8)]
+        return iter([batches[j] for j in torch.randperm(5).tolist()])
+
+
+def padded(batch):
+    width = max(len(x) for x in batch)
+    return torch.stack([torch.nn.functional.pad(x, (0, width - len(x))) for x in batch])
+
+
+def bucketed(workers=0, epochs=2, **kwargs):
+    loader = twice.data.loader(Sequences(), batch_sampler=Buckets(), collate_fn=padded, seed=4, num_workers=workers, **kwargs)
+    return [batch for _ in range(epochs) for batch in loader]
+
+
+def test_a_batch_sampler_bucketing_by_length_gives_the_same_batches_for_any_workers_and_resumes():
+    torch.manual_seed(1)
+    reference = bucketed(0)
+    assert [b.shape[0] for b in reference] == [8] * 10 and len({b.shape[1] for b in reference[:5]}) > 1
+    torch.manual_seed(2)
+    assert all(torch.equal(a, b) for a, b in zip(reference, bucketed(2)))
+    assert [b.shape for b in reference[:5]] != [b.shape for b in reference[5:]]  # each epoch its own batch order
+    loader = twice.data.loader(Sequences(), batch_sampler=Buckets(), collate_fn=padded, seed=4)
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(2)]
+    resumed = twice.data.loader(Sequences(), batch_sampler=Buckets(), collate_fn=padded, seed=4)
+    resumed.load_state_dict(loader.state_dict())
+    assert len(resumed) == 5
+    tail = list(resumed) + list(resumed)
+    assert len(head + tail) == 10 and all(torch.equal(a, b) for a, b in zip(head + tail, reference))
+    # Sharded by whole batches, padded like DistributedSampler: 5 batches give each of 2 ranks 3.
+    shares = [bucketed(epochs=1, rank=rank, world_size=2) for rank in (0, 1)]
+    assert [len(share) for share in shares] == [3, 3]
+    assert all(torch.equal(a, b) for a, b in zip(shares[0] + shares[1][:2], [reference[i] for i in (0, 2, 4, 1, 3)]))
+
+
+def test_a_batch_sampler_beside_batch_size_or_shuffle_or_yielding_indices_is_refused():
+    from twice.errors import UsageError
+
+    for extra in ({"batch_size": 4}, {"shuffle": True}, {"drop_last": True}):
+        with pytest.raises(ValueError, match="batch_sampler chooses the batches"):
+            twice.data.loader(Sequences(), batch_sampler=Buckets(), **extra)
+    with pytest.raises(UsageError, match="batch_sampler given to twice.data.loader yielded 0, not a batch of indices"):
+        list(twice.data.loader(Sequences(), batch_sampler=list(range(40)), seed=1))

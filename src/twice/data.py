@@ -37,13 +37,15 @@ class _EpochSampler(Sampler):
     replacement) epoch + k * 2**32, so that repeats get augmentations of their own."""
 
     def __init__(self, size: int, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool,
-                 user: Any = None):
+                 user: Any = None, user_batches: bool = False):
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.user = user  # a sampler of the user's (WeightedRandomSampler, a subset), drawn once per epoch
-        self._drawn: tuple[int, list[int], list[int]] | None = None  # (epoch, indices, streams) of the last draw
+        self.user_batches = user_batches  # `user` is a batch sampler (bucketing by length): it yields lists of indices
+        # (epoch, indices, streams, batch sizes or None) of the last draw
+        self._drawn: tuple[int, list[int], list[int], list[int] | None] | None = None
         self.epoch = 0
-        self.start = 0  # samples of this rank's share already served
+        self.start = 0  # samples of this rank's share already served (batches, for a batch sampler)
 
     def order(self, epoch: int) -> list[int]:
         if self.user is not None:
@@ -69,13 +71,24 @@ class _EpochSampler(Sampler):
             items = items + (items * math.ceil(pad / max(len(items), 1)))[:pad]
         return items[self.rank :: self.world_size]
 
-    def _draw(self, epoch: int) -> tuple[list[int], list[int]]:
-        """The user's sampler's indices for `epoch`, and their streams. Its randomness is made a
+    def batches(self, epoch: int) -> list[list[tuple[int, int]]]:
+        """A user's batch sampler's batches for `epoch`, as (stream, index) keys: this rank's share
+        of them, whole batches dealt out like samples (padded by wrapping around)."""
+        indices, streams, sizes = self._draw(epoch)
+        keys, out, at = list(zip(streams, indices)), [], 0
+        for size in sizes or ():
+            out.append(keys[at:at + size])
+            at += size
+        return self._share(out)
+
+    def _draw(self, epoch: int) -> tuple[list[int], list[int], list[int] | None]:
+        """The user's sampler's indices for `epoch`, their streams, and for a batch sampler the
+        sizes of its batches (the indices being theirs in a row). Its randomness is made a
         function of (seed, epoch): its `generator`, if it has one, and the global RNGs (for one that
         draws from them) are seeded for the draw, and the global RNGs given back after it; one with
         `set_epoch` (DistributedSampler) is told the epoch."""
         if self._drawn is not None and self._drawn[0] == epoch:
-            return self._drawn[1], self._drawn[2]
+            return self._drawn[1], self._drawn[2], self._drawn[3]
         sampler, seed = self.user, derive_seed(self.seed, "sampler", epoch)
         try:
             count = len(sampler)
@@ -98,22 +111,32 @@ class _EpochSampler(Sampler):
             if own is not _ABSENT:
                 sampler.generator = own
             rng_restore(before)
+        sizes = None
+        if self.user_batches:
+            sizes = []
+            for batch in drawn:
+                if isinstance(batch, (str, bytes)) or not hasattr(batch, "__len__") or isinstance(batch, torch.Tensor) and batch.dim() == 0:
+                    raise UsageError(f"the batch_sampler given to twice.data.loader yielded {batch!r}, not a batch of indices",
+                                     "pass a sampler of single indices as sampler= instead")
+                sizes.append(len(batch))
+            drawn = [item for batch in drawn for item in batch]
+        what = "batch_sampler" if self.user_batches else "sampler"
         indices, streams, seen = [], [], {}
         for item in drawn:
             try:
                 index = operator.index(item.item() if isinstance(item, torch.Tensor) and item.numel() == 1 else item)
             except TypeError:
-                raise UsageError(f"the sampler given to twice.data.loader yielded {item!r}, not a sample index",
-                                 "pass a sampler of indices (a sampler of batches, for batch_sampler=, is not supported)") from None
+                raise UsageError(f"the {what} given to twice.data.loader yielded {item!r}, not a sample index",
+                                 "pass a sampler of indices as sampler=, or one of lists of indices as batch_sampler=") from None
             if not 0 <= index < self.size:
-                raise UsageError(f"the sampler given to twice.data.loader yielded index {index}, outside the dataset's {self.size} samples",
+                raise UsageError(f"the {what} given to twice.data.loader yielded index {index}, outside the dataset's {self.size} samples",
                                  "give the sampler the dataset the loader reads")
             repeat = seen.get(index, 0)
             seen[index] = repeat + 1
             indices.append(index)
             streams.append(epoch + (repeat << 32))
-        self._drawn = (epoch, indices, streams)
-        return indices, streams
+        self._drawn = (epoch, indices, streams, sizes)
+        return indices, streams, sizes
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         indices = self.order(self.epoch)[self.start:]
@@ -123,6 +146,20 @@ class _EpochSampler(Sampler):
 
     def __len__(self) -> int:
         return len(self.order(self.epoch)) - self.start
+
+
+class _BatchKeys(Sampler):
+    """DataLoader's batch_sampler under a user's batch sampler: this rank's batches of the epoch as
+    lists of (stream, index) keys, from the position (in batches) on."""
+
+    def __init__(self, sampler: _EpochSampler):
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        return iter(self.sampler.batches(self.sampler.epoch)[self.sampler.start:])
+
+    def __len__(self) -> int:
+        return len(self.sampler.batches(self.sampler.epoch)) - self.sampler.start
 
 
 _ABSENT = object()
@@ -308,18 +345,25 @@ class ResumableLoader:
             seed = _default_seed()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size), not rank={rank}, world_size={world_size}")
-        for forbidden in ("batch_sampler", "generator", "worker_init_fn"):
+        for forbidden in ("generator", "worker_init_fn"):
             if dataloader_kwargs.get(forbidden) is not None:
                 raise ValueError(f"twice.data.loader sets {forbidden} itself; remove it")
         user_sampler = dataloader_kwargs.pop("sampler", None)
         if user_sampler is not None and shuffle:
             raise ValueError("sampler and shuffle=True both choose the order; remove shuffle (the sampler's order is used, "
                              "its randomness seeded per epoch)")
+        batch_sampler = dataloader_kwargs.pop("batch_sampler", None)
+        if batch_sampler is not None:
+            if user_sampler is not None or shuffle or drop_last or batch_size != 1:
+                raise ValueError("batch_sampler chooses the batches: it excludes sampler, shuffle, drop_last and batch_size "
+                                 "(as in DataLoader); remove those")
+            user_sampler = batch_sampler
         if dataloader_kwargs.get("in_order", True) is False:
             raise ValueError("in_order=False lets DataLoader hand out batches in the order its workers finish them, "
                              "which differs from run to run; remove it (twice.data.loader keeps the sampler's order)")
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.sampler = _EpochSampler(len(dataset), shuffle, seed, rank, world_size, drop_last, user_sampler)
+        self.sampler = _EpochSampler(len(dataset), shuffle, seed, rank, world_size, drop_last, user_sampler,
+                                     user_batches=batch_sampler is not None)
         # One for the loader's life: what it learns about the RNGs the dataset draws from (in the
         # main process; each worker learns again in its own copy) is kept across epochs.
         # A collate_fn of the user's runs inside the batch fetch, where it can be seeded (batch_size=None
@@ -342,6 +386,8 @@ class ResumableLoader:
         self.sampler.epoch, self.sampler.start, self.batches_served = epoch, 0, 0
 
     def __len__(self) -> int:
+        if self.sampler.user_batches:
+            return len(self.sampler.batches(self.sampler.epoch))
         samples = len(self.sampler.order(self.sampler.epoch))
         per = self._per_item
         return samples // per if self._drop_last_batch else math.ceil(samples / per)
@@ -355,8 +401,9 @@ class ResumableLoader:
 
     @property
     def _per_item(self) -> int:
-        """Samples per item served: the batch size, or 1 with batch_size=None (DataLoader's unbatched samples)."""
-        return 1 if self.batch_size is None else self.batch_size
+        """Samples per item served: the batch size, or 1 with batch_size=None (DataLoader's unbatched
+        samples); under a user's batch sampler the position counts batches, so 1."""
+        return 1 if self.batch_size is None or self.sampler.user_batches else self.batch_size
 
     def _inner(self) -> DataLoader:
         """The DataLoader of this pass: a new one each pass, or with persistent_workers one for the
@@ -370,8 +417,11 @@ class ResumableLoader:
         # (The samples do not depend on it: every RNG they draw from is seeded per sample.)
         generator = torch.Generator().manual_seed(
             derive_seed(self.seed, "workers") if persistent else derive_seed(self.seed, "workers", self.sampler.epoch))
-        inner = DataLoader(self._samples, batch_size=self.batch_size, sampler=self.sampler,
-                           drop_last=self._drop_last_batch, generator=generator, **self._kwargs)
+        if self.sampler.user_batches:
+            inner = DataLoader(self._samples, batch_sampler=_BatchKeys(self.sampler), generator=generator, **self._kwargs)
+        else:
+            inner = DataLoader(self._samples, batch_size=self.batch_size, sampler=self.sampler,
+                               drop_last=self._drop_last_batch, generator=generator, **self._kwargs)
         if persistent:
             self._persistent = inner
         return inner
@@ -390,7 +440,11 @@ class ResumableLoader:
         import numpy as np
         import xxhash
 
-        return xxhash.xxh3_64_hexdigest(np.asarray(self.sampler._draw(epoch)[0], dtype=np.int64).tobytes())
+        indices, _, sizes = self.sampler._draw(epoch)
+        hasher = xxhash.xxh3_64(np.asarray(indices, dtype=np.int64).tobytes())
+        if sizes is not None:  # and where a batch sampler's batches begin
+            hasher.update(np.asarray(sizes, dtype=np.int64).tobytes())
+        return hasher.hexdigest()
 
     def load_state_dict(self, state: dict) -> None:
         missing = [key for key in ("epoch", "batches_served", "seed", "batch_size", "rank", "world_size") if key not in state]
