@@ -213,7 +213,18 @@ def test_ctrl_c_the_moment_the_command_starts_still_marks_the_run_interrupted(tm
                 pass
             time.sleep(0.0005)
         launcher.send_signal(signal.SIGINT)
-        launcher.wait(timeout=60)
+        try:
+            launcher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Seen once in a loaded full suite and never alone: leave what the next look needs.
+            context = json.loads(found[0].read_text())["context"] if found else {}
+            child = context.get("child_pid")
+            alive = child is not None and subprocess.run(["kill", "-0", str(child)], capture_output=True).returncode == 0
+            launcher.kill()
+            if alive:
+                os.kill(child, signal.SIGKILL)
+            pytest.fail(f"attempt {attempt}: the launcher did not end within 60 s of SIGINT; manifest found: {bool(found)}, "
+                        f"child {child} still alive: {alive}, status recorded: {context.get('status')}")
         assert manifest(found[0].parent)["context"]["status"] == "interrupted", attempt
 
 
