@@ -220,25 +220,26 @@ def _restore(obj: Any, kind: str, state: Any, name: str) -> Any:
             raise CheckpointError(f"entry {name!r} holds a ZeroRedundancyOptimizer shard of {state['world_size']} processes; "
                                   f"this run has {_zero_world()}", "resume with the world size it was saved at: the shards "
                                   "partition the parameters by rank")
-        try:
-            obj.optim.load_state_dict(state["shard"])
-        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"entry {name!r} does not fit the object it is restored into: {exc}",
-                                  "restore into the same kind of object, built with the same shapes") from exc
+        _load_state(obj.optim, state["shard"], name)
         # The hyperparameters (a scheduled learning rate) as saved, in the wrapper's groups too,
         # which step() copies into the shard's before each update.
         for outer, inner in zip(obj.param_groups, obj.optim.param_groups):
             outer.update({key: value for key, value in inner.items() if key != "params"})
     elif kind == "stateful":
-        try:
-            result = obj.load_state_dict(state)
-        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"entry {name!r} does not fit the object it is restored into: {exc}",
-                                  _fit_hint(obj, state)) from exc
-        missing = getattr(result, "missing_keys", None)
-        if missing:
-            raise CheckpointError(f"entry {name!r} lacks keys {missing}", "pass strict=False to load partially")
+        _load_state(obj, state, name)
     return obj
+
+
+def _load_state(obj: Any, state: Any, name: str) -> None:
+    """`obj.load_state_dict(state)`, its complaints as CheckpointErrors naming the entry."""
+    try:
+        result = obj.load_state_dict(state)
+    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"entry {name!r} does not fit the object it is restored into: {exc}",
+                              _fit_hint(obj, state)) from exc
+    missing = getattr(result, "missing_keys", None)
+    if missing:
+        raise CheckpointError(f"entry {name!r} lacks keys {missing}", "pass strict=False to load partially")
 
 
 # The key prefixes wrappers add to a module's state_dict, and the wrapper each means.

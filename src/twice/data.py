@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-import random
 from typing import Any, Iterator
 
 import torch
@@ -21,8 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_
 from .errors import UsageError
 from .sample_rng import START_WORDS, seeder
 from .sample_rng import prepare as prepare_states
-from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot
-from .seeding import _numpy_seed as _seed_numpy
+from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot, seed_cpu_rngs
 from .seeds import derive_seed
 
 __all__ = ["loader", "ResumableLoader"]
@@ -100,9 +98,7 @@ class _EpochSampler(Sampler):
             sampler.set_epoch(epoch)
         own = getattr(sampler, "generator", _ABSENT)
         before = rng_snapshot()
-        random.seed(seed)
-        _seed_numpy(seed)
-        torch.default_generator.manual_seed(seed)
+        seed_cpu_rngs(seed)
         try:
             if own is not _ABSENT:  # RandomSampler, WeightedRandomSampler, SubsetRandomSampler
                 sampler.generator = torch.Generator().manual_seed(seed)
@@ -142,7 +138,7 @@ class _EpochSampler(Sampler):
         indices = self.order(self.epoch)[self.start:]
         if self.user is None:
             return zip(itertools.repeat(self.epoch), indices)
-        return zip(self._share(list(self._draw(self.epoch)[1]))[self.start:], indices)
+        return zip(self._share(self._draw(self.epoch)[1])[self.start:], indices)
 
     def __len__(self) -> int:
         return len(self.order(self.epoch)) - self.start
@@ -313,10 +309,7 @@ class _SeededSamples(Dataset):
             rng_restore(before)
         import numpy as np
 
-        batch_seed = derive_seed(self.seed, "collate", np.asarray(keys, dtype=np.int64).tobytes())
-        random.seed(batch_seed)
-        _seed_numpy(batch_seed)
-        torch.default_generator.manual_seed(batch_seed)  # the CPU generator alone: CUDA's are the loop's
+        seed_cpu_rngs(derive_seed(self.seed, "collate", np.asarray(keys, dtype=np.int64).tobytes()))
         try:
             return collate(samples)
         finally:

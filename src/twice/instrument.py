@@ -414,8 +414,6 @@ class Recorder:
         if self.stop_after is None or self.explicit or os.getpid() != self.pid:
             return
         self._exit_if_stopping()
-        if event not in ("pre_step", "post_step"):
-            return
         optimizers = self._round.optimizers
         if event == "pre_step" and id(args[0]) in optimizers:
             self._round_size = self._round_size or len(optimizers)

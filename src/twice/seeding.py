@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .digests import digest, digest_buffers, digest_bytes, digest_tensor
+from .digests import digest, digest_buffers, digest_tensor
 
 __all__ = ["seed_everything", "RngSource", "RNG_SOURCES", "capture_rng", "restore_rng", "rng_digests"]
 
@@ -38,6 +38,14 @@ def _numpy_seed(seed: int) -> None:
     # The legacy global RNG takes at most 32-bit integers; a wider seed is passed as two words.
     np = _numpy()
     np.random.seed(seed if seed < 2**32 else [seed & 0xFFFFFFFF, seed >> 32])
+
+
+def seed_cpu_rngs(seed: int) -> None:
+    """Seed Python's `random`, NumPy's global RNG and torch's CPU generator (not CUDA's: those are
+    the training loop's): the state a loader's sampler or collate_fn draws from."""
+    random.seed(seed)
+    _numpy_seed(seed)
+    _torch().default_generator.manual_seed(seed)
 
 
 _cuda_present: list[bool] = []  # torch.cuda.is_available(), asked once: ~10 us a call, and the step trace asks every step
