@@ -186,3 +186,19 @@ def test_an_optimizer_stepping_inside_another_is_part_of_its_step(tmp_path):
         assert record.grad_digests == {"weight": twice.digest(model.weight.grad), "bias": twice.digest(model.bias.grad)}
         optimizer.step()
         assert record.param_digests == {"weight": twice.digest(model.weight), "bias": twice.digest(model.bias)}
+
+
+def test_the_cpu_norms_are_the_fused_kernels_bit_for_bit():
+    """The trace reads each CPU norm with one vector_norm (cheaper on cold caches than the fused
+    call): the values must be the fused kernel's, bit for bit, or a trace recorded by one would
+    differ from the other in its gradient norm."""
+    torch.manual_seed(0)
+    tensors = [torch.randn(n, dtype=dtype) * 7 for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+               for n in (1, 33, 4097, 300_001)]
+    tensors += [torch.randn(64, 130).t(), torch.zeros(5), torch.tensor([float("inf"), 1.0]), torch.randn(0)]
+    fused = [float(n) for n in torch._foreach_norm(tensors)]
+    ours = instrument._norms(tensors)
+    assert [float(x).hex() for x in ours] == [x.hex() for x in fused]
+    parameter = torch.nn.Parameter(torch.randn(10))
+    (norm,) = instrument._norms([parameter])
+    assert isinstance(norm, float) and norm == float(torch.linalg.vector_norm(parameter.detach()))

@@ -9,6 +9,7 @@ backward) belongs to that step. Loops without torch.optim call `Recorder.record_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import math
@@ -32,6 +33,9 @@ AUTO_PARAMS_TENSORS = 64
 AUTO_PARAMS_INTERVAL = 100
 PARAM_CHECK_EVERY = 10
 CAPTURE_ERROR = "capture_error.json"  # in the run folder, when an error of twice's own stopped the step capture
+
+
+_NOT_PAUSED = contextlib.nullcontext()  # what _paused() gives when no dispatch mode watches (reusable)
 
 
 @dataclass
@@ -147,23 +151,31 @@ def _guarded(method):
     """A zero-code event handler that never crashes the training it watches: an error of its own
     (a tensor it cannot read, a bug) stops the capture, with a warning and `capture_error.json` in
     the run folder naming the step and the error, and the training goes on; the trace holds the
-    steps before it. What twice raises on purpose (a stop after --max-steps, a replica desync) passes."""
+    steps before it. What twice raises on purpose (a stop after --max-steps, a replica desync) passes.
+    The time spent in it is added to the recorder's `cost` (one wrapper rather than two nested
+    ones: each call here runs four times a step, on code the step has evicted from the caches)."""
 
     step_event = method.__name__ in ("pre_step", "post_step")
+    name = method.__name__
+    clock = time.perf_counter
 
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
-        if step_event and not self._outermost(method.__name__, args[0]):
-            return None
-        if self.capture_error is not None:
-            return self._count_only(method.__name__, args)
+        start = clock()
         try:
-            return method(self, *args, **kwargs)
-        except ReplicaDesync:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the point: the user's training outlives our capture
-            self._stop_capture(method.__name__, exc)
-            return None
+            if step_event and not self._outermost(name, args[0]):
+                return None
+            if self.capture_error is not None:
+                return self._count_only(name, args)
+            try:
+                return method(self, *args, **kwargs)
+            except ReplicaDesync:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the point: the user's training outlives our capture
+                self._stop_capture(name, exc)
+                return None
+        finally:
+            self.cost += clock() - start
 
     return guarded
 
@@ -219,30 +231,23 @@ class Recorder:
 
     # -- events -----------------------------------------------------------------------------------
     @_guarded
-    @_costed
     def on_batch(self, batch: Any) -> None:
         self._exit_if_stopping()
         self.set_phase("forward")
         if self.explicit or not self._tracing_this_step():
             return
-        digester = Digester(strict=False)
         with self._paused():
-            digester.update(batch)
-        self._pending_batches.append(digester)
+            self._pending_batches.append(Digester(strict=False).update(batch))
 
     @_guarded
-    @_costed
     def on_backward(self, tensors: Any) -> None:
-        import torch
-
         self._exit_if_stopping()
         if self.explicit or not self._tracing_this_step():
             return
-        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+        if isinstance(tensors, _tensor_type[0]) and tensors.numel() == 1:
             self._pending_losses.append(tensors.detach())
 
     @_guarded
-    @_costed
     def pre_step(self, optimizer, args, kwargs) -> None:
         self._exit_if_stopping()
         if self.explicit:
@@ -265,7 +270,6 @@ class Recorder:
                 self._take_grads(optimizer)
 
     @_guarded
-    @_costed
     def post_step(self, optimizer, args, kwargs) -> None:
         self.set_phase("forward")
         if self.explicit:
@@ -298,9 +302,8 @@ class Recorder:
 
         The all-gather of each check is asynchronous and its result is read at the next step's
         check, so the collective's latency overlaps training instead of adding to it."""
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        dist = sys.modules.get("torch.distributed")  # loaded with torch; not re-imported every step
+        if dist is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
         self._resolve_replicas()
         if not round_.params or self.step_index % self.replica_every:
@@ -518,18 +521,17 @@ class Recorder:
 
     def _modes(self) -> list:
         """The dispatch modes watching the user's ops: the op log of this step, the numerics watch."""
-        modes = [self._ops] if self._ops is not None else []
-        numerics = sys.modules.get("twice.numerics")
+        numerics = sys.modules.get(__package__ + ".numerics")
         watch = numerics.active_watch() if numerics is not None else None
-        return modes + ([watch] if watch is not None else [])
+        if self._ops is None:
+            return [watch] if watch is not None else []
+        return [self._ops, watch] if watch is not None else [self._ops]
 
     def _paused(self):
         """Our own tensor work (digests, norms) is not part of the user's step: keep it out of op logs."""
-        import contextlib
-
         modes = self._modes()
         if not modes:
-            return contextlib.nullcontext()
+            return _NOT_PAUSED
 
         @contextlib.contextmanager
         def paused():
@@ -610,11 +612,11 @@ class Recorder:
 
     def _check_health(self, record: StepRecord, round_: _Round, losses: list[float]) -> None:
         """The cheap always-on numerics mode: loss, gradients and parameters, once per step."""
-        from .numerics import Event, HealthLog
-
         if self._health is None:
+            from .numerics import HealthLog
+
             self._health = HealthLog(self.run_dir)
-        log, step = self._health, record.step
+        log, step, Event = self._health, record.step, _event_type()
         if any(not math.isfinite(x) for x in losses):
             log.add(Event("non_finite", step, f"loss is {losses[0]} at step {step}"))
         elif losses and all(x == 0.0 for x in losses):
@@ -624,7 +626,7 @@ class Recorder:
             if not math.isfinite(total):
                 log.add(Event("non_finite", step, f"gradients non-finite at step {step}"))
             else:
-                zero = [name for (name, _), n in zip(round_.grads, norms) if n == 0.0]
+                zero = [name for (name, _), n in zip(round_.grads, norms) if n == 0.0] if 0.0 in norms else None
                 if zero:
                     log.add(Event("zero_grad", step, f"gradients exactly zero: {', '.join(zero[:6])}" + (" ..." if len(zero) > 6 else ""),
                                   details={"parameters": zero}), key=("zero_grad", tuple(zero)))
@@ -681,6 +683,18 @@ class Recorder:
         self.step_index = 0
 
 
+_event_class: list = []
+
+
+def _event_type():
+    """numerics.Event, imported once (an import statement in the per-step health check costs, cold)."""
+    if not _event_class:
+        from .numerics import Event
+
+        _event_class.append(Event)
+    return _event_class[0]
+
+
 def _norm(grad):
     """The L2 norm of one gradient (kept as a tensor: no device sync until the record is written);
     of a sparse one, the norm of its values once duplicates are summed (what the dense tensor has)."""
@@ -695,12 +709,26 @@ def _norm(grad):
 
 
 def _norms(grads: list) -> list:
-    """L2 norms of many gradients in one fused call where torch offers it (any mix of dtypes and
-    devices: where the fused kernel cannot take them, torch loops over them itself)."""
+    """L2 norms of many tensors: on the CPU as Python floats, one `vector_norm` each; on an
+    accelerator as 0-d tensors from one fused call (any mix of dtypes and devices: where the fused
+    kernel cannot take them, torch loops over them itself), read later in one device-to-host copy.
+
+    The CPU path is the step trace's hot spot on small models: it runs once per step on code and
+    data the step has just evicted from the CPU caches, where a torch.no_grad() block, the fused
+    call's own loop and a float() per 0-d tensor cost more than the norms themselves (measured in
+    the training loop: 150 us against 86 us a step for a small CNN). Same values either way:
+    `_foreach_norm` computes each norm with `linalg.vector_norm` (a test holds them together)."""
     import torch
 
     if not grads:
         return []
+    strided = torch.strided
+    if all(g.is_cpu and g.layout is strided for g in grads):
+        vector_norm = torch.linalg.vector_norm
+        if any(g.requires_grad for g in grads):  # parameters (or gradients made with create_graph)
+            with torch.no_grad():
+                return [float(vector_norm(g)) for g in grads]
+        return [float(vector_norm(g)) for g in grads]
     foreach_norm = getattr(torch, "_foreach_norm", None)
     if foreach_norm is not None:
         with torch.no_grad():  # rather than a detach() per tensor: one op each under an op log
@@ -728,6 +756,7 @@ def _has_closure(args, kwargs) -> bool:
 
 _recorder: Recorder | None = None
 _handles: list[Any] = []
+_tensor_type: list[type] = [type("_NoTensor", (), {})]  # [torch.Tensor] once torch is loaded (import statements cost, cold)
 _originals: dict[str, Any] = {}
 
 
@@ -755,6 +784,7 @@ def install(recorder: Recorder) -> Recorder:
     if _recorder is not None:
         uninstall()
     _recorder = recorder
+    _tensor_type[0] = torch.Tensor
     _handles.append(optimizer_module.register_optimizer_step_pre_hook(lambda o, a, k: _recorder and _recorder.pre_step(o, a, k)))
     _handles.append(optimizer_module.register_optimizer_step_post_hook(lambda o, a, k: _recorder and _recorder.post_step(o, a, k)))
 
