@@ -202,3 +202,60 @@ def test_the_cpu_norms_are_the_fused_kernels_bit_for_bit():
     parameter = torch.nn.Parameter(torch.randn(10))
     (norm,) = instrument._norms([parameter])
     assert isinstance(norm, float) and norm == float(torch.linalg.vector_norm(parameter.detach()))
+
+
+def scaled_training(tmp_path, steps, loss_of, name="scaled"):
+    """Train a Linear(4, 1) with SGD through torch.amp.GradScaler under a recorder: (records, scaler, events)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 100, growth_interval=1000)
+    updated = []
+    recorder = instrument.install(instrument.Recorder(tmp_path / name))
+    try:
+        for step in range(steps):
+            optimizer.zero_grad()
+            scaler.scale(loss_of(model, step)).backward()
+            scale = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            updated.append(scaler.get_scale() >= scale)  # the scale backs off exactly when the step was skipped
+        assert recorder.step_index == steps
+    finally:
+        instrument.uninstall()
+    events_file = tmp_path / name / "numerics.jsonl"
+    events = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
+    return read_trace(tmp_path / name / "trace.jsonl"), updated, events
+
+
+def test_a_step_that_gradscaler_skips_is_still_a_step(tmp_path):
+    """GradScaler skips optimizer.step() when the scaled gradients overflow (routine for the first
+    fp16 steps): the iteration is still recorded as its own step, marked skipped, its parameters
+    unchanged, and the overflow it handles is not reported as a numerical fault."""
+    def loss_of(model, step):  # a loss of 1 with gradients of ~1e10: they overflow float32 until the scale is below ~2^94
+        out = model(torch.randn(8, 4) * 1e10).mean()
+        return out - out.detach() + 1.0
+
+    records, updated, events = scaled_training(tmp_path, 12, loss_of)
+    assert [r.step for r in records] == list(range(12))  # one record per iteration, skipped or not
+    skipped = [bool(r.skipped) for r in records]
+    assert skipped == [not u for u in updated] and 3 <= sum(skipped) < 12 and skipped[0]
+    first = skipped.index(False)
+    assert len({r.params for r in records[:first + 1]}) == 2  # unchanged while skipped; changed by the first update
+    assert all(r.loss and r.batch is None for r in records)  # each step has its own loss, none merged into the next
+    assert [e for e in events if e["kind"] in ("non_finite", "skipped_updates")] == []
+    assert torch.amp.GradScaler.step.__name__ == "step" and not hasattr(torch.amp.GradScaler.step, "__wrapped__")
+
+
+def test_a_long_streak_of_skipped_updates_is_a_health_event(tmp_path):
+    """Gradients that are infinite at any scale: GradScaler skips every update and the model stops
+    learning silently. The health log says so once the streak reaches 20 steps, naming them."""
+    def loss_of(model, step):  # sqrt's gradient at 0 is infinite; the loss itself stays finite
+        out = model(torch.ones(2, 4))
+        return out.sum() + (out - out.detach()).sqrt().sum()
+
+    records, updated, events = scaled_training(tmp_path, 24, loss_of)
+    assert all(r.skipped for r in records) and len({r.params for r in records}) == 1 and not any(updated)
+    (event,) = [e for e in events if e["kind"] == "skipped_updates"]
+    assert event["step"] == 19 and "20 consecutive steps (0-19)" in event["summary"]
+    assert not [e for e in events if e["kind"] == "non_finite"]

@@ -32,6 +32,7 @@ __all__ = ["Recorder", "install", "active_recorder", "uninstall", "ReplicaDesync
 AUTO_PARAMS_TENSORS = 64
 AUTO_PARAMS_INTERVAL = 100
 PARAM_CHECK_EVERY = 10
+SKIPPED_STREAK = 20  # consecutive updates skipped by GradScaler before the health log says so
 CAPTURE_ERROR = "capture_error.json"  # in the run folder, when an error of twice's own stopped the step capture
 
 
@@ -56,6 +57,7 @@ class _Round:
     grad_norms: list[float] = field(default_factory=list)
     grad_total: float | None = None  # the L2 norm of all gradients, from grad_norms
     params_digest: str | None = None
+    skipped: bool = False  # an optimizer's update was skipped by GradScaler (inf/NaN gradients)
 
 
 # optimizer -> (parameter id -> name, parameter id -> (id, class name) of its outermost module)
@@ -228,6 +230,9 @@ class Recorder:
         self._replica_pending: tuple | None = None  # the replica check in flight
         self.capture_error: dict | None = None  # set when an error of our own stopped the capture
         self._stepping: int | None = None  # id of the optimizer whose step() is running (see _outermost)
+        self.steps_seen = 0  # outermost optimizer steps ended (GradScaler.step compares it: see on_skipped_step)
+        self._skipping = False
+        self._skipped_streak = 0  # consecutive steps whose update GradScaler skipped
 
     # -- events -----------------------------------------------------------------------------------
     @_guarded
@@ -276,6 +281,7 @@ class Recorder:
             return
         round_ = self._round
         round_.optimizers.append(id(optimizer))
+        round_.skipped = round_.skipped or self._skipping
         if self._round_size is None and self.step_index + 1 in self.record_ops and self._ops is None:
             # The first round's end is only known when an optimizer repeats; with one optimizer
             # (the usual case) it ends here, so start recording the next step now.
@@ -302,6 +308,8 @@ class Recorder:
 
         The all-gather of each check is asynchronous and its result is read at the next step's
         check, so the collective's latency overlaps training instead of adding to it."""
+        if self._replica_pending is None and self.step_index % self.replica_every:
+            return  # neither a check to read nor one due (most steps: before any call into torch.distributed)
         dist = sys.modules.get("torch.distributed")  # loaded with torch; not re-imported every step
         if dist is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
@@ -408,7 +416,21 @@ class Recorder:
         if self._stepping is not None and self._stepping != key:
             return False
         self._stepping = None
+        self.steps_seen += 1
         return True
+
+    def on_skipped_step(self, optimizer) -> None:
+        """GradScaler.step() found inf/NaN gradients and skipped `optimizer.step()`: the iteration
+        still ran (a batch, a loss, gradients), so it is still a step, recorded with `skipped`, its
+        parameters unchanged. Without this, a skipped iteration's batch and loss would be merged
+        into the next step's record and the step count (--max-steps, resume) would drift from the
+        loop's iterations: in fp16 training the first few steps are routinely skipped."""
+        self._skipping = True
+        try:
+            self.pre_step(optimizer, (optimizer,), {})
+            self.post_step(optimizer, (optimizer,), {})
+        finally:
+            self._skipping = False
 
     def _count_only(self, event: str, args: tuple) -> None:
         """After the capture stopped nothing is recorded, but with a step limit (--max-steps, the
@@ -603,6 +625,7 @@ class Recorder:
             params=round_.params_digest,
             rng=round_.rng,
             params_before=round_.params_before,
+            skipped=True if round_.skipped else None,
             param_digests=dict(round_.params) if per_tensor and round_.params else None,
             grad_digests=dict(round_.grads) if per_tensor and round_.grads else None,
             time=round(time.perf_counter() - self._t0, 6),
@@ -622,6 +645,17 @@ class Recorder:
         elif losses and all(x == 0.0 for x in losses):
             log.add(Event("loss_zero", step, f"loss exactly 0 at step {step}"))
         norms, total = round_.grad_norms, round_.grad_total
+        if round_.skipped:
+            # GradScaler's own answer to inf/NaN gradients (routine for the first fp16 steps) is not
+            # a fault; a long streak of them is: the parameters have stopped changing.
+            self._skipped_streak += 1
+            if self._skipped_streak == SKIPPED_STREAK:
+                log.add(Event("skipped_updates", step, f"GradScaler skipped the update at {SKIPPED_STREAK} "
+                              f"consecutive steps ({step - SKIPPED_STREAK + 1}-{step}): the gradients are inf/NaN "
+                              "at every loss scale tried, and the parameters have not changed since"))
+            norms = []
+        else:
+            self._skipped_streak = 0
         if norms:
             if not math.isfinite(total):
                 log.add(Event("non_finite", step, f"gradients non-finite at step {step}"))
@@ -756,6 +790,7 @@ def _has_closure(args, kwargs) -> bool:
 
 _recorder: Recorder | None = None
 _handles: list[Any] = []
+_scaler_depth = [0]  # GradScaler.step calls in progress (see install)
 _tensor_type: list[type] = [type("_NoTensor", (), {})]  # [torch.Tensor] once torch is loaded (import statements cost, cold)
 _originals: dict[str, Any] = {}
 
@@ -811,6 +846,27 @@ def install(recorder: Recorder) -> Recorder:
 
     torch.autograd.backward = backward
     dataloader._BaseDataLoaderIter.__next__ = next_batch
+    scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_class is not None:
+        original_scaler_step = scaler_class.step
+        _originals.update(scaler_step=(scaler_class, original_scaler_step))
+
+        @functools.wraps(original_scaler_step)
+        def scaler_step(self, optimizer, *args, **kwargs):
+            recorder = _recorder
+            if recorder is None or _scaler_depth[0]:
+                return original_scaler_step(self, optimizer, *args, **kwargs)
+            seen = recorder.steps_seen
+            _scaler_depth[0] += 1  # a subclass's step() calling this one is one step
+            try:
+                result = original_scaler_step(self, optimizer, *args, **kwargs)
+            finally:
+                _scaler_depth[0] -= 1
+            if recorder is _recorder and recorder.steps_seen == seen:
+                recorder.on_skipped_step(optimizer)
+            return result
+
+        scaler_class.step = scaler_step
     recorder.start_ops_if_chosen()
     if not _originals.get("fork_hook"):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
@@ -833,3 +889,6 @@ def uninstall() -> None:
     if "backward" in _originals:
         torch.autograd.backward = _originals.pop("backward")
         dataloader._BaseDataLoaderIter.__next__ = _originals.pop("next")
+    if "scaler_step" in _originals:
+        scaler_class, original = _originals.pop("scaler_step")
+        scaler_class.step = original

@@ -37,6 +37,8 @@ FIXES = {
     "loss_zero": "the loss is exactly zero: the model fits exactly, or the loss saturated; gradients vanish",
     "grad_explosion": "the gradient norm jumped by orders of magnitude: clip gradients, lower the learning rate",
     "non_finite": "the first non-finite value: fix its cause listed before it",
+    "skipped_updates": "GradScaler skips every update: the gradients are inf/NaN even at a small loss scale; find "
+                       "the first non-finite value with `twice run --numerics`",
     "bad_scalar": "a scalar argument (learning rate, scale, epsilon) is itself infinite or NaN: check the configuration",
 }
 
@@ -114,7 +116,7 @@ class HealthLog:
 
 
 _CAUSAL_ORDER = {"saturation": 0, "exp_overflow": 1, "loss_zero": 2, "zero_grad": 3, "grad_explosion": 4,
-                 "div_by_zero": 5, "log_of_zero": 5, "bad_scalar": 5}
+                 "div_by_zero": 5, "log_of_zero": 5, "bad_scalar": 5, "skipped_updates": 6}
 
 
 def describe(tensor: torch.Tensor) -> dict:

@@ -36,6 +36,7 @@ class StepRecord:
     param_digests: dict[str, str] | None = None  # per tensor, at the --params-every interval
     grad_digests: dict[str, str] | None = None
     params_before: str | None = None  # parameters before the first step after a resume
+    skipped: bool | None = None   # True: GradScaler skipped the update (inf/NaN gradients), parameters unchanged
     time: float | None = None     # seconds since the recorder started: context, never compared
 
     def to_json(self) -> dict:
