@@ -259,3 +259,41 @@ def test_a_long_streak_of_skipped_updates_is_a_health_event(tmp_path):
     (event,) = [e for e in events if e["kind"] == "skipped_updates"]
     assert event["step"] == 19 and "20 consecutive steps (0-19)" in event["summary"]
     assert not [e for e in events if e["kind"] == "non_finite"]
+
+
+def test_a_compiled_optimizer_step_runs_twice_hooks_eagerly(tmp_path):
+    """torch.compile(opt.step) makes Dynamo trace the global optimizer-step hooks: without care
+    it traces into twice's digests and norms, breaking the user's graph at each of them and
+    compiling twice's own functions as frames of their own (recompiled per tensor, until the
+    recompile limit). twice's hooks run eagerly instead, outside Dynamo, and record the same steps."""
+    import torch._dynamo
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from twice import digests
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @torch.compile(backend="eager")
+    def step():
+        optimizer.step()
+
+    instrument.install(instrument.Recorder(tmp_path / "run"))
+    try:
+        digests_by_hand = []
+        for _ in range(4):
+            optimizer.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            grads = {"weight": twice.digest(model.weight.grad), "bias": twice.digest(model.bias.grad)}
+            step()
+            digests_by_hand.append((grads, {"weight": twice.digest(model.weight), "bias": twice.digest(model.bias)}))
+    finally:
+        instrument.uninstall()
+    records = read_trace(tmp_path / "run" / "trace.jsonl")
+    assert not (tmp_path / "run" / instrument.CAPTURE_ERROR).exists()
+    assert [(r.grad_digests, r.param_digests) for r in records] == digests_by_hand
+    for function in (digests.digest_tensor, instrument._norms, instrument.Recorder._take_params):
+        assert _debug_get_cache_entry_list(function.__code__) == [], function.__name__  # never compiled by Dynamo
+    torch._dynamo.reset()
