@@ -24,6 +24,11 @@ __all__ = ["digest", "Digester", "tensor_bytes_view", "device_fold"]
 _TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = b"N", b"?", b"i", b"f", b"s", b"b"
 _TAG_SEQ, _TAG_MAP, _TAG_TENSOR, _TAG_ARRAY, _TAG_DATACLASS, _TAG_OPAQUE = b"[", b"{", b"T", b"A", b"D", b"O"
 _TAG_DEVICE_TENSOR, _TAG_SPARSE, _TAG_NESTED, _TAG_QUANTIZED = b"G", b"S", b"J", b"Q"
+_TAG_OBJECT = b"R"
+
+# Types a lenient Digester (the step trace's batch digests) could only identify by name, in the
+# order first met: the step trace warns about each once, since a difference in them goes unseen.
+OPAQUE_TYPES: list[str] = []
 
 # Elements per chunk on the device path: bounds the temporary key tensors to a few hundred MB.
 _DEVICE_CHUNK_WORDS = 1 << 24
@@ -95,9 +100,33 @@ class Digester:
                 "and dataclasses of those"
             )
         else:
-            # Capture must never crash a training loop; an unknown object is identified by type only.
-            self._frame(_TAG_OPAQUE, f"{type(value).__module__}.{type(value).__qualname__}".encode())
+            self._update_object(value)
         return self
+
+    def _update_object(self, value: Any) -> None:
+        """Lenient mode (batches in the step trace) only: an object of a plain class (a user's
+        `Batch` holding tensors as attributes) as its class and its attributes, in name order;
+        anything else, and an object met again inside itself, by its type alone, noted in
+        OPAQUE_TYPES. Capture must never crash a training loop."""
+        name = f"{type(value).__module__}.{type(value).__qualname__}"
+        active = self.__dict__.setdefault("_active", set())
+        if id(value) in active:  # a reference back to an object being digested
+            self._frame(_TAG_OPAQUE, b"cycle:" + name.encode())
+            return
+        fields = _attributes(value)
+        if fields is None:
+            if name not in OPAQUE_TYPES:
+                OPAQUE_TYPES.append(name)
+            self._frame(_TAG_OPAQUE, name.encode())
+            return
+        active.add(id(value))
+        try:
+            self._frame(_TAG_OBJECT, f"{name}:{len(fields)}".encode())
+            for key, item in fields:
+                self.update(key)
+                self.update(item)
+        finally:
+            active.discard(id(value))
 
     def _update_tensor(self, tensor) -> None:
         torch = _torch()
@@ -155,6 +184,25 @@ class Digester:
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
+
+
+def _attributes(value: Any) -> list[tuple[str, Any]] | None:
+    """The instance attributes of an object of a plain Python class (its __dict__ and __slots__),
+    sorted by name; None for what has none to read (C types, functions, classes, modules)."""
+    import types
+
+    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                          types.MethodType, types.CodeType)):
+        return None
+    fields = dict(vars(value)) if isinstance(getattr(value, "__dict__", None), dict) else {}
+    for cls in type(value).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
+                fields.setdefault(slot, getattr(value, slot))
+    if not fields and not hasattr(value, "__dict__") and not any("__slots__" in c.__dict__ for c in type(value).__mro__[:-1]):
+        return None
+    return sorted(fields.items(), key=lambda item: str(item[0]))
 
 
 def sparse_parts(tensor) -> tuple | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .digests import Digester, digest, digest_pairs, digest_tensor, float_bits
+from .digests import OPAQUE_TYPES, Digester, digest, digest_pairs, digest_tensor, float_bits
 from .seeding import capture_rng, rng_digests
 from .trace import StepRecord, TraceWriter
 
@@ -233,6 +233,7 @@ class Recorder:
         self.steps_seen = 0  # outermost optimizer steps ended (GradScaler.step compares it: see on_skipped_step)
         self._skipping = False
         self._skipped_streak = 0  # consecutive steps whose update GradScaler skipped
+        self._opaque_warned = len(OPAQUE_TYPES)  # types in batches already warned about (by an earlier recorder too)
 
     # -- events -----------------------------------------------------------------------------------
     @_guarded
@@ -243,6 +244,17 @@ class Recorder:
             return
         with self._paused():
             self._pending_batches.append(Digester(strict=False).update(batch))
+        if len(OPAQUE_TYPES) > self._opaque_warned:
+            self._warn_opaque()
+
+    def _warn_opaque(self) -> None:
+        import warnings
+
+        names, self._opaque_warned = OPAQUE_TYPES[self._opaque_warned:], len(OPAQUE_TYPES)
+        warnings.warn_explicit(f"twice: the batches hold {', '.join(names)}, which twice cannot read: the batch digest "
+                               "covers its type only, so a difference in its contents goes unseen in the trace; yield "
+                               "tensors, arrays, numbers, strings, or lists, dicts, dataclasses or plain objects of those",
+                               RuntimeWarning, "twice", 0, module="twice")
 
     @_guarded
     def on_backward(self, tensors: Any) -> None:
@@ -372,6 +384,8 @@ class Recorder:
             if batch is not None:
                 round_.batch = Digester(strict=False).update(batch)
                 round_.batch_count = 1
+                if len(OPAQUE_TYPES) > self._opaque_warned:
+                    self._warn_opaque()
             for name, param in params or []:
                 if param.grad is not None:
                     round_.grads.append((name, digest(param.grad)))
