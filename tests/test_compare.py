@@ -182,3 +182,21 @@ def test_lbfgs_closure_steps_are_traced_with_their_gradients(tmp_path):
     assert twice("run", "lbfgs.py", cwd=tmp_path).returncode == 0
     records = read_trace(runs(tmp_path)[0] / "trace.jsonl")
     assert len(records) == 3 and all(r.grads and r.params and r.loss for r in records)
+
+
+def test_diff_says_when_gradscaler_skipped_the_diverging_step_in_one_run_only(tmp_path):
+    """Two runs with different initial loss scales: in one, GradScaler skips the first updates
+    (overflow), in the other it does not. diff names the argument and says where the skip was."""
+    path = script("scaled_train.py", tmp_path)
+    for scale in ("100", "60"):
+        result = twice("run", "--", sys.executable, path, scale, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    a, b = runs(tmp_path)
+    assert [r.skipped for r in read_trace(a / "trace.jsonl")][:2] == [True, True]
+    assert not any(r.skipped for r in read_trace(b / "trace.jsonl"))
+    result = twice("diff", a, b, cwd=tmp_path)
+    assert result.returncode == 1
+    first_line = result.stdout.splitlines()[0]
+    assert first_line.startswith("runs differ: first divergence at step 0")
+    assert first_line.endswith("; GradScaler skipped the update at step 0 in A only (its scaled gradients were inf/NaN)")
+    assert "the command lines differ (100 vs 60)" in result.stdout

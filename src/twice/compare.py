@@ -79,6 +79,7 @@ def compare_runs(a: Path, b: Path, steps: int | None = None, cache: dict | None 
              if not d.key.startswith(_IGNORED)]
     traces_a, traces_b = trace_files(a), trace_files(b)
     divergences: list[Divergence] = []
+    skipped: dict[str, tuple[set[int], set[int]]] = {}  # per diverging stream: the steps whose update GradScaler skipped
     lengths: dict[str, tuple[int, int]] = {}
     compared = 0
     for stream in sorted(set(traces_a) | set(traces_b)):
@@ -88,6 +89,7 @@ def compare_runs(a: Path, b: Path, steps: int | None = None, cache: dict | None 
         found = first_divergence(records_a, records_b, stream)
         if found is not None:
             divergences.append(found)
+            skipped[stream] = ({r.step for r in records_a if r.skipped}, {r.step for r in records_b if r.skipped})
         compared += len({r.step for r in records_a} & {r.step for r in records_b})
     first = min(divergences, key=lambda d: (d.step, d.stream != "main", d.stream)) if divergences else None
     statuses = (effective_status(manifest_a), effective_status(manifest_b))
@@ -111,6 +113,10 @@ def compare_runs(a: Path, b: Path, steps: int | None = None, cache: dict | None 
             gap = loss_gap(first.loss_a, first.loss_b)
             if gap.get("abs") is not None:
                 verdict += f"; loss differs by {gap['abs']:.3g}" + (f" ({gap['ulps']} ulps)" if gap.get("ulps") is not None else "")
+        in_a, in_b = (first.step in steps_ for steps_ in skipped[first.stream])
+        if in_a != in_b:
+            verdict += (f"; GradScaler skipped the update at step {first.step} in {'A' if in_a else 'B'} only "
+                        "(its scaled gradients were inf/NaN)")
         identical = False
     elif compared == 0:
         verdict = "nothing to compare: no step was recorded in both runs"
