@@ -204,14 +204,14 @@ def test_the_cpu_norms_are_the_fused_kernels_bit_for_bit():
     assert isinstance(norm, float) and norm == float(torch.linalg.vector_norm(parameter.detach()))
 
 
-def scaled_training(tmp_path, steps, loss_of, name="scaled"):
+def scaled_training(tmp_path, steps, loss_of, name="scaled", trace_every=1):
     """Train a Linear(4, 1) with SGD through torch.amp.GradScaler under a recorder: (records, scaler, events)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 100, growth_interval=1000)
     updated = []
-    recorder = instrument.install(instrument.Recorder(tmp_path / name))
+    recorder = instrument.install(instrument.Recorder(tmp_path / name, trace_every=trace_every))
     try:
         for step in range(steps):
             optimizer.zero_grad()
@@ -257,8 +257,12 @@ def test_a_long_streak_of_skipped_updates_is_a_health_event(tmp_path):
     records, updated, events = scaled_training(tmp_path, 24, loss_of)
     assert all(r.skipped for r in records) and len({r.params for r in records}) == 1 and not any(updated)
     (event,) = [e for e in events if e["kind"] == "skipped_updates"]
-    assert event["step"] == 19 and "20 consecutive steps (0-19)" in event["summary"]
+    assert event["step"] == 19 and "20 consecutive recorded steps (0-19)" in event["summary"]
     assert not [e for e in events if e["kind"] == "non_finite"]
+    # Recording one step in 3, the streak is of recorded steps, and the event names where it began.
+    _, _, events = scaled_training(tmp_path, 60, loss_of, name="every3", trace_every=3)
+    (event,) = [e for e in events if e["kind"] == "skipped_updates"]
+    assert event["step"] == 57 and "(0-57)" in event["summary"]
 
 
 def test_a_compiled_optimizer_step_runs_twice_hooks_eagerly(tmp_path):

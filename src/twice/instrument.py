@@ -232,7 +232,8 @@ class Recorder:
         self._stepping: int | None = None  # id of the optimizer whose step() is running (see _outermost)
         self.steps_seen = 0  # outermost optimizer steps ended (GradScaler.step compares it: see on_skipped_step)
         self._skipping = False
-        self._skipped_streak = 0  # consecutive steps whose update GradScaler skipped
+        self._skipped_streak = 0  # consecutive recorded steps whose update GradScaler skipped
+        self._skipped_since = 0  # the first of them
         self._opaque_warned = len(OPAQUE_TYPES)  # types in batches already warned about (by an earlier recorder too)
 
     # -- events -----------------------------------------------------------------------------------
@@ -662,10 +663,12 @@ class Recorder:
         if round_.skipped:
             # GradScaler's own answer to inf/NaN gradients (routine for the first fp16 steps) is not
             # a fault; a long streak of them is: the parameters have stopped changing.
-            self._skipped_streak += 1
+            if not self._skipped_streak:
+                self._skipped_since = step
+            self._skipped_streak += 1  # of recorded steps (one in N under --trace-every N)
             if self._skipped_streak == SKIPPED_STREAK:
                 log.add(Event("skipped_updates", step, f"GradScaler skipped the update at {SKIPPED_STREAK} "
-                              f"consecutive steps ({step - SKIPPED_STREAK + 1}-{step}): the gradients are inf/NaN "
+                              f"consecutive recorded steps ({self._skipped_since}-{step}): the gradients are inf/NaN "
                               "at every loss scale tried, and the parameters have not changed since"))
             norms = []
         else:
