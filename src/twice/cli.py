@@ -159,7 +159,6 @@ def trace_cost_note(context: dict, trace_every: int, threshold: float = TRACE_CO
 def _steps_option(value: str | None) -> str | None:
     import re
 
-
     if value is None:
         return None
     if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", value):
@@ -266,7 +265,7 @@ def verify(run_ref, runs_dir, steps, resume_at, as_json, quiet):
 
     run_dir = find_run(run_ref, runs_dir)
     if resume_at is not None:
-        _verify_resume_of_run(run_dir, resume_at, steps, as_json)
+        return _verify_resume_of_run(run_dir, resume_at, steps, as_json)  # exits with the check's code
     result, new_dir = verify_run(run_dir, steps=steps, quiet=quiet or as_json)
     _err(f"twice: re-run recorded in {new_dir}")
     if not as_json:

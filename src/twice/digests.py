@@ -14,6 +14,7 @@ import dataclasses
 import math
 import struct
 import sys
+import types
 from typing import Any
 
 import numpy as np
@@ -189,20 +190,25 @@ class Digester:
 def _attributes(value: Any) -> list[tuple[str, Any]] | None:
     """The instance attributes of an object of a plain Python class (its __dict__ and __slots__),
     sorted by name; None for what has none to read (C types, functions, classes, modules)."""
-    import types
-
-    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-                          types.MethodType, types.CodeType)):
+    if isinstance(value, _NOT_OBJECTS):
         return None
-    fields = dict(vars(value)) if isinstance(getattr(value, "__dict__", None), dict) else {}
-    for cls in type(value).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
+    namespace = getattr(value, "__dict__", None)
+    fields = dict(namespace) if isinstance(namespace, dict) else {}
+    slotted = False
+    for cls in type(value).__mro__[:-1]:  # not object's
+        slots = cls.__dict__.get("__slots__")
+        if slots is None:
+            continue
+        slotted = True
         for slot in (slots,) if isinstance(slots, str) else slots:
             if slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
                 fields.setdefault(slot, getattr(value, slot))
-    if not fields and not hasattr(value, "__dict__") and not any("__slots__" in c.__dict__ for c in type(value).__mro__[:-1]):
+    if not isinstance(namespace, dict) and not slotted:
         return None
     return sorted(fields.items(), key=lambda item: str(item[0]))
+
+
+_NOT_OBJECTS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType)
 
 
 def sparse_parts(tensor) -> tuple | None:

@@ -32,7 +32,7 @@ __all__ = ["Recorder", "install", "active_recorder", "uninstall", "ReplicaDesync
 AUTO_PARAMS_TENSORS = 64
 AUTO_PARAMS_INTERVAL = 100
 PARAM_CHECK_EVERY = 10
-SKIPPED_STREAK = 20  # consecutive updates skipped by GradScaler before the health log says so
+SKIPPED_STREAK = 20  # consecutive recorded steps whose update GradScaler skipped, before the health log says so
 CAPTURE_ERROR = "capture_error.json"  # in the run folder, when an error of twice's own stopped the step capture
 
 
@@ -651,10 +651,10 @@ class Recorder:
     def _check_health(self, record: StepRecord, round_: _Round, losses: list[float]) -> None:
         """The cheap always-on numerics mode: loss, gradients and parameters, once per step."""
         if self._health is None:
-            from .numerics import HealthLog
+            from .numerics import Event, HealthLog
 
-            self._health = HealthLog(self.run_dir)
-        log, step, Event = self._health, record.step, _event_type()
+            self._health, self._event = HealthLog(self.run_dir), Event  # imported once, not every step
+        log, step, Event = self._health, record.step, self._event
         if any(not math.isfinite(x) for x in losses):
             log.add(Event("non_finite", step, f"loss is {losses[0]} at step {step}"))
         elif losses and all(x == 0.0 for x in losses):
@@ -732,18 +732,6 @@ class Recorder:
         self._round, self._pending_losses, self._pending_batches = _Round(), [], []
         self._fork_count = 0
         self.step_index = 0
-
-
-_event_class: list = []
-
-
-def _event_type():
-    """numerics.Event, imported once (an import statement in the per-step health check costs, cold)."""
-    if not _event_class:
-        from .numerics import Event
-
-        _event_class.append(Event)
-    return _event_class[0]
 
 
 def _norm(grad):
