@@ -22,6 +22,12 @@ class Augmented(Dataset):
         return torch.tensor([float(i), random.random(), float(np.random.rand())]) + torch.rand(3)
 
 
+@pytest.fixture
+def python_loop(monkeypatch):
+    """The loader's Python loop, as where twice._fetchloop was not built (epoch tables are its own)."""
+    monkeypatch.setattr(twice.data, "_fetchloop", None)
+
+
 def stream(workers, epochs=2, **kwargs):
     loader = twice.data.loader(Augmented(), batch_size=4, shuffle=True, num_workers=workers, seed=11, **kwargs)
     return [batch for _ in range(epochs) for batch in loader]
@@ -236,7 +242,50 @@ def test_a_sample_can_read_and_set_back_the_state_it_was_given():
     assert len({float(b[0, 0]) for b in batches} | {float(b[1, 0]) for b in batches}) == 4  # per-sample seeds differ
 
 
-def test_an_epoch_of_values_made_at_once_gives_the_samples_made_batch_by_batch(monkeypatch):
+class Normals(Dataset):
+    """Normals from every RNG, one a sample: each RNG keeps the second of the pair it made for the
+    next draw (Python's gauss_next, NumPy's cached Gaussian, torch's cached normal); the next
+    sample must not be given it."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return torch.tensor([random.gauss(0, 1), float(np.random.standard_normal())], dtype=torch.float64) + \
+            torch.randn(1, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("make", [Augmented, Greedy, TorchGreedy, Normals, "sampler"])
+def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, make):
+    # The loop in C (twice._fetchloop) makes each sample's states itself: the same numbers as the
+    # Python loop's NumPy-made states, with the same fresh words learnt, for every way a sample draws.
+    assert twice.data._fetchloop is not None  # built at install (setup.py); else only the Python loop is tested
+    calls = []
+    compiled = twice.data._fetchloop
+
+    class Counting:
+        def fetch(self, *args):
+            calls.append(len(args[1]))
+            return compiled.fetch(*args)
+
+    def batches():
+        sampler = weighted() if make == "sampler" else None  # a user's sampler: a stream per repeat of an index
+        dataset = Augmented() if make == "sampler" else make()
+        data = twice.data.loader(dataset, batch_size=3, shuffle=sampler is None, sampler=sampler, seed=5)
+        return [b for _ in range(2) for b in data], data._samples.words, data._samples.used
+
+    torch.manual_seed(0)
+    monkeypatch.setattr(twice.data, "_fetchloop", Counting())
+    fast = batches()
+    assert calls  # the compiled loop did fetch them
+    torch.manual_seed(0)
+    monkeypatch.setattr(twice.data, "_fetchloop", None)
+    slow = batches()
+    assert fast[1:] == slow[1:] and len(fast[0]) == len(slow[0]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(fast[0], slow[0]))
+
+
+def test_an_epoch_of_values_made_at_once_gives_the_samples_made_batch_by_batch(monkeypatch, python_loop):
     from twice import sample_rng
 
     at_once = stream(0, epochs=2)  # 30 samples: the epoch's values are made at its first batch
@@ -247,7 +296,7 @@ def test_an_epoch_of_values_made_at_once_gives_the_samples_made_batch_by_batch(m
     assert not sample_rng._tables  # batch by batch this time
 
 
-def test_loaders_used_in_turn_keep_their_epoch_tables(monkeypatch):
+def test_loaders_used_in_turn_keep_their_epoch_tables(monkeypatch, python_loop):
     from twice import sample_rng
 
     made = []

@@ -10,7 +10,8 @@ PACKAGE = Path(twice.__file__).parent
 # Layers, lowest first: a module may import only from its own layer or lower ones.
 LAYERS = [
     {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports", "opdiff", "stats"},         # pure core
-    {"seeding", "sample_rng", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files", "parallel"},                          # process state
+    {"seeding", "sample_rng", "_fetchloop", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files",
+     "parallel"},                                                                # process state (_fetchloop: C)
     {"capture", "store", "hazards", "compare", "checkpoint", "metrics"},                    # I/O
     {"bootstrap", "launch", "run", "verify", "locate", "sweep", "report", "testing"},                                  # orchestration
     {"integrations"},                                                            # optional extras (a package)

@@ -9,6 +9,7 @@ a resumed loader skips straight to it without fetching the batches before it.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import operator
@@ -18,6 +19,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from .errors import UsageError
+
+try:  # the per-sample loop in C, where it was built at install (see setup.py); else the Python loop
+    from . import _fetchloop
+except ImportError:
+    _fetchloop = None
 from .sample_rng import START_WORDS, seeder
 from .sample_rng import prepare as prepare_states
 from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot, seed_cpu_rngs
@@ -206,9 +212,11 @@ class _SeededSamples(Dataset):
             key = self._epoch_key(keys[0][0])
         else:
             key = np.asarray([self._epoch_key(e) for e, _ in keys], dtype=np.uint64)
-        indices = np.fromiter(map(_second, keys), np.uint64, len(keys))
         seeders = [seeder(name) for name in self.RNGS if name in used]
         counts = [(one, self.words.get(one.name, START_WORDS)) for one in seeders]
+        if _fetchloop is not None and all(one.in_place for one in seeders):
+            return self._fetch_compiled(keys, key, counts)
+        indices = np.fromiter(map(_second, keys), np.uint64, len(keys))
         prepare_states(counts, key, indices, len(dataset))  # the RNGs' states for the batch in one computation
         writes, constant, calls, checks = [], [], [], []
         for one, words in counts:
@@ -238,6 +246,17 @@ class _SeededSamples(Dataset):
                 if position.value > words or tail.value != expected:
                     over[one.name] = max(over.get(one.name, 0), _needed(one, words))
         return samples, over
+
+    def _fetch_compiled(self, keys: list[tuple[int, int]], key: Any, counts: list[tuple[Any, int]]):
+        """`_fetch` in C (twice._fetchloop): each sample's states made and put in place, the
+        sample fetched and checked, with no interpreter step per RNG and sample (with three RNGs,
+        that was most of what seeding cost a cheap sample). The same states as `prepare` makes."""
+        specs = tuple(one.compiled_spec(words) for one, words in counts)
+        cleared = tuple(pair for one, _ in counts for pair in one.cleared)
+        stream_keys = key if isinstance(key, int) else key.tolist()
+        samples, needed = _fetchloop.fetch(self.dataset, keys if type(keys) is list else list(keys), stream_keys,
+                                           specs, cleared)
+        return samples, {one.name: count for (one, _), count in zip(counts, needed) if count}
 
     def _fetch_one(self, keys: list[tuple[int, int]], write: tuple, constant: tuple, check: tuple | None):
         """`_fetch` for one RNG in place with one constant write (torch's): per sample two memcpys

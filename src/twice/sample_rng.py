@@ -48,24 +48,36 @@ class Seeder:
     """Puts one global RNG in each sample's state: `prepare(key, indices, words)` once a batch, then
     per sample `put(row)` before it and `fits(words)` after it (False: it read beyond the fresh words).
 
-    In place, put(row) is `target[:] = rows[row]` plus `(view, data)` writes in `extra` and a
-    `reset(row)` call: the loader's loop does those itself, saving a Python call per sample."""
+    In place, put(row) is `target[:] = rows[row]` plus `(view, data)` writes in `extra` and the
+    attributes in `cleared` set to None: the loader's loop does those itself, saving a Python call
+    per sample."""
 
     def __init__(self, name: str, template: bytes, words_at: int, seed_at: int | None, target: int | None = None,
-                 position_at: int | None = None, extra: tuple = (), reset: Callable[[int], None] | None = None):
+                 position_at: int | None = None, extra: tuple = (), cleared: tuple = ()):
         global _STEP
         np = sys.modules["numpy"]
         _STEP = np.uint64(_SAMPLE_STEP)
         self.name = name
         self.template = np.frombuffer(template, dtype=np.uint8)
         self.words_at, self.seed_at = words_at, seed_at
+        self.address = target  # of the RNG's memory, where the layout was confirmed (the images are copied there)
         self._memory = None if target is None else memoryview((ctypes.c_char * len(template)).from_address(target)).cast("B")
         # Per sample only the bytes up to the last fresh word are written: a sample that fits never
         # read the words after them, so they need not be fresh, or even known.
-        self.extra = extra  # (memoryview, bytes) also written per sample: position, cached normals
-        self.reset = reset  # called per sample with the row: Python's cached Gaussian
+        # (address, bytes) also written per sample: position, cached normals; and as (memoryview, bytes)
+        self.extra_at = extra
+        self.extra = tuple((memoryview((ctypes.c_char * len(data)).from_address(at)).cast("B"), data) for at, data in extra)
+        self.cleared = cleared  # (object, attribute) pairs set to None per sample: Python's cached Gaussian
+        self.reset: Callable[[int], None] | None = None  # the same as a call with the row (the Python loop's)
+        if cleared:
+            def reset(row: int) -> None:
+                for owner, attribute in cleared:
+                    setattr(owner, attribute, None)
+
+            self.reset = reset
         self.check = None  # in place: (position, last two words, their template value), as ctypes integers
         self._batch_extra: tuple = ()  # (memoryview, bytes) written once a batch while words are not all fresh
+        self._batch_extra_at: tuple = ()  # the same as (address, bytes)
         if target is not None:
             tail_at = words_at + 4 * (MT_WORDS - 2)
             tail = ctypes.c_uint64.from_address(target + tail_at)
@@ -73,12 +85,14 @@ class Seeder:
                           struct.unpack_from("<Q", template, tail_at)[0])
             # The template's last two words go back in place before each batch: regenerating the
             # block changes them all, which is how `fits` tells a sample that read 630 words from one that read 6.
-            self._batch_extra = ((memoryview((ctypes.c_char * 8).from_address(target + tail_at)).cast("B"),
-                                  template[tail_at:tail_at + 8]),)
+            self._batch_extra_at = ((target + tail_at, bytes(template[tail_at:tail_at + 8])),)
+            self._batch_extra = tuple((memoryview((ctypes.c_char * 8).from_address(at)).cast("B"), data)
+                                      for at, data in self._batch_extra_at)
         # counters (times the golden ratio, wrapping) of this RNG's pairs, and of the seed first if it has one
         offsets = ([0] if seed_at is not None else []) + list(range(OFFSETS[name], OFFSETS[name] + _PAIRS))
         self._counters = np.asarray(offsets, dtype=np.uint64) * np.uint64(_GOLDEN)
         self._images = None
+        self._specs: dict[int, tuple] = {}  # fresh words -> compiled_spec()
         self.target = None  # the memoryview a row is copied into (in place), sized like the rows
         self.rows: list = []  # per row of the last prepare(): its image as a memoryview
 
@@ -131,6 +145,24 @@ class Seeder:
         if self.in_place and fresh < MT_WORDS:
             for view, data in self._batch_extra:
                 view[:] = data
+
+    def compiled_spec(self, words: int) -> tuple:
+        """What twice._fetchloop needs to make and put this RNG's per-sample states itself, with
+        `words` fresh words (in place only): the same bytes `_fill` and `put` write, and the check."""
+        spec = self._specs.get(words)
+        if spec is None:
+            columns = self._columns(words)
+            seeded = self.seed_at is not None
+            fresh = min(MT_WORDS, 2 * (len(columns) - seeded))
+            check = None
+            if words < MT_WORDS:  # as _SeededSamples._fetch checks
+                position, tail, expected = self.check
+                check = (ctypes.addressof(position), ctypes.addressof(tail), expected, words)
+            batch = self._batch_extra_at if fresh < MT_WORDS else ()  # as _fill writes them
+            spec = self._specs[words] = (self.address, bytes(self.template[:self.words_at]),
+                                         self.seed_at if seeded else -1, self.words_at, columns.tobytes(), 4 * fresh,
+                                         self.extra_at, batch, check)
+        return spec
 
     def put(self, row: int) -> None:
         """Put the RNG in the state of a row of the last prepare()."""
@@ -257,27 +289,22 @@ def _make(name: str) -> Seeder:
         if seeding._python_state_bytes() is None:
             return Seeder(name, template, 4, None)
         inst = random._inst
-
-        def reset(row: int) -> None:
-            inst.gauss_next = None
-
-        return Seeder(name, template, 4, None, id(inst) + seeding._python_state_offset[0], 0, reset=reset)
+        return Seeder(name, template, 4, None, id(inst) + seeding._python_state_offset[0], 0,
+                      cleared=((inst, "gauss_next"),))
     if name == "numpy":
         template = template_words + struct.pack("<i", 0)  # NumPy's {uint32_t key[624]; int pos}
         if seeding._numpy_state_bytes() is None or seeding._numpy_gauss_address() is None:
             return Seeder(name, template, 0, None)
         generator = sys.modules["numpy"].random.mtrand._rand._bit_generator
         target, gauss_at = seeding._numpy_state_address[id(generator)], seeding._numpy_gauss_address()
-        gauss = memoryview((ctypes.c_char * 16).from_address(gauss_at)).cast("B")
-        position = memoryview((ctypes.c_char * 4).from_address(target + 4 * MT_WORDS)).cast("B")  # after the words
-        return Seeder(name, template, 0, None, target, 4 * MT_WORDS, extra=((position, bytes(4)), (gauss, bytes(16))))
+        # the position (after the words) and the cached Gaussian
+        return Seeder(name, template, 0, None, target, 4 * MT_WORDS, extra=((target + 4 * MT_WORDS, bytes(4)), (gauss_at, bytes(16))))
     layout, target = seeding.torch_layout(), seeding.torch_state_address()
     if layout is None or target is None:
         # The image layout of get_state() bytes is not used by the API path: only words and seed are read.
         template = bytes(8) + struct.pack("<iiI", MT_WORDS, 1, 0) + template_words
         return Seeder(name, template, 20, 0)
     words_end = layout.words + 4 * MT_WORDS  # after the words: the cached normals, cleared per sample
-    normals = memoryview((ctypes.c_char * (layout.size - words_end)).from_address(target + words_end)).cast("B")
     # The position read is `next` (the index of the next word); its `left` is written with it per sample.
     return Seeder(name, layout.template, layout.words, 0, target, layout.next,
-                  extra=((normals, layout.template[words_end:]),))
+                  extra=((target + words_end, bytes(layout.template[words_end:])),))
