@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py src/twice/_fetchloop.c Makefile
+$(VENV)/.installed: pyproject.toml setup.py src/twice/_native.c $(wildcard vendor/xxhash/*) Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"

@@ -1,8 +1,25 @@
-"""The one compiled part: twice.data's per-sample fetch loop (src/twice/_fetchloop.c).
+"""The one compiled part, twice._native (src/twice/_native.c): the data loader's per-sample fetch
+loop and the step trace's many-buffer digests, with xxHash vendored (vendor/xxhash, BSD 2-Clause).
 
-Optional: where no C compiler is found the install goes on without it, and twice.data uses its
-Python loop instead (the same samples, at a higher cost per sample). Everything else is in pyproject.toml."""
+Optional: where no C compiler is found the install goes on without it, and twice uses its Python
+code instead (the same results bit for bit, at a higher cost). Everything else is in pyproject.toml."""
+
+import platform
+import sys
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("twice._fetchloop", ["src/twice/_fetchloop.c"], optional=True)])
+sources, macros, flags = ["src/twice/_native.c", "vendor/xxhash/xxhash.c"], [], []
+if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86"):
+    # xxHash's own run-time choice of SSE2, AVX2 or AVX-512 (baseline flags only, so the build
+    # runs on any x86 CPU), as the xxhash package builds it.
+    sources.append("vendor/xxhash/xxh_x86dispatch.c")
+    macros.append(("TWICE_XXH_DISPATCH", "1"))
+if sys.platform != "win32":
+    # No fused multiply-add: the norms must have the bits of the NumPy code path on every CPU.
+    # Hidden symbols: xxHash's names must not bind to another library's copy.
+    flags += ["-ffp-contract=off", "-fvisibility=hidden"]
+
+setup(ext_modules=[Extension("twice._native", sources, include_dirs=["vendor/xxhash"], define_macros=macros,
+                             extra_compile_args=flags, depends=["vendor/xxhash/xxhash.h", "vendor/xxhash/xxh_x86dispatch.h"],
+                             optional=True)])

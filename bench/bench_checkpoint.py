@@ -101,20 +101,20 @@ class CheapAugment(Dataset):
 
 def bench_loader(dataset, label):
     """twice.data.loader against a plain DataLoader over the same dataset, with its per-sample loop
-    in C (twice._fetchloop, built at install) and in Python (where it was not built), alternating."""
-    compiled = twice.data._fetchloop
+    in C (twice._native, built at install) and in Python (where it was not built), alternating."""
+    compiled = twice.data._native
 
     def plain():
         for _ in DataLoader(dataset, batch_size=64, shuffle=True):
             pass
 
     def ours(loop):
-        twice.data._fetchloop = loop
+        twice.data._native = loop
         try:
             for _ in twice.data.loader(dataset, batch_size=64, shuffle=True, seed=0):
                 pass
         finally:
-            twice.data._fetchloop = compiled
+            twice.data._native = compiled
 
     kinds = {"plain": plain, "C loop": lambda: ours(compiled), "Python loop": lambda: ours(None)}
     if compiled is None:
@@ -131,7 +131,7 @@ def bench_loader(dataset, label):
                       for kind in kinds if kind != "plain")
     print(f"loader, {label} (20k samples, batch 64, main process): plain DataLoader "
           f"{20000 / statistics.median(times['plain']):,.0f} samples/s; twice.data.loader: {costs} (target <= 5%)"
-          + ("" if compiled is not None else " [twice._fetchloop not built: Python loop only]"))
+          + ("" if compiled is not None else " [twice._native not built: Python loop only]"))
 
 
 class EveryRng(CheapAugment):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import twice
+from twice.digests import lanes_norm
 from conftest import runs, twice as twice_cli
 from twice import instrument
 from twice.trace import read_trace
@@ -181,17 +182,17 @@ def test_an_optimizer_stepping_inside_another_is_part_of_its_step(tmp_path):
     for step, record in enumerate(records):
         optimizer.zero_grad()
         loss_of(step).backward()
-        norms = [float(torch.linalg.vector_norm(p.grad)) for p in (model.weight, model.bias)]
+        norms = [lanes_norm(p.grad) for p in (model.weight, model.bias)]
         assert record.grad_norm == math.sqrt(sum(n * n for n in norms)).hex()  # the two, once each
         assert record.grad_digests == {"weight": twice.digest(model.weight.grad), "bias": twice.digest(model.bias.grad)}
         optimizer.step()
         assert record.param_digests == {"weight": twice.digest(model.weight), "bias": twice.digest(model.bias)}
 
 
-def test_the_cpu_norms_are_the_fused_kernels_bit_for_bit():
-    """The trace reads each CPU norm with one vector_norm (cheaper on cold caches than the fused
-    call): the values must be the fused kernel's, bit for bit, or a trace recorded by one would
-    differ from the other in its gradient norm."""
+def test_the_torch_norms_on_the_cpu_are_the_fused_kernels_bit_for_bit():
+    """For CPU tensors other than float32/float64 (bfloat16, float16 gradients) the trace reads
+    each norm with one vector_norm (cheaper on cold caches than the fused call): the values must be
+    the fused kernel's, bit for bit, or a trace recorded by one would differ from the other."""
     torch.manual_seed(0)
     tensors = [torch.randn(n, dtype=dtype) * 7 for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
                for n in (1, 33, 4097, 300_001)]
@@ -341,3 +342,50 @@ def test_batches_of_a_plain_class_are_digested_by_their_contents(tmp_path):
     assert len(records) == 3 and len({r.batch for r in records}) == 3 and len(set(seen)) == 3
     opaque = [str(w.message) for w in caught if "cannot read" in str(w.message)]
     assert len(opaque) == 1 and "re.Pattern" in opaque[0]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["compiled", "python"])
+def test_digests_and_norms_of_many_tensors_are_the_same_bits_compiled_or_not(monkeypatch, native):
+    """The step trace digests gradients and parameters and takes float32/float64 norms through
+    twice._native in one pass; without it (no compiler at install), through xxhash and NumPy. The
+    digests are digest()'s and the norms twice's own (32 running sums in double), the same bits
+    either way, so traces recorded on installs with and without the C module compare."""
+    from twice import digests
+
+    assert digests._native is not None  # built at install (setup.py): else the compiled path goes untested
+    torch.manual_seed(1)
+    tensors = [torch.randn(n, dtype=dtype) * 7 for dtype in (torch.float32, torch.float64) for n in (1, 31, 32, 33, 8193, 300_001)]
+    tensors += [torch.randn(64, 130).t(), torch.randn(3, 5)[1], torch.zeros(5), torch.tensor([-0.0, 0.0]), torch.randn(0),
+                torch.tensor([float("inf"), 1.0]), torch.tensor([float("nan")]), torch.randn(9).to(torch.bfloat16),
+                torch.arange(12, dtype=torch.int64).reshape(3, 4), torch.nn.Parameter(torch.randn(4, 4))]
+    expected_digests = [twice.digest(t) for t in tensors]
+    compiled = digests.digest_many(tensors, norms=True)
+    if not native:
+        monkeypatch.setattr(digests, "_native", None)
+    found, norms = digests.digest_many(tensors, norms=True)
+    assert found == expected_digests
+    assert [None if n is None else n.hex() for n in norms] == [None if n is None else n.hex() for n in compiled[1]]
+    for tensor, norm in zip(tensors, norms):
+        if tensor.dtype in (torch.float32, torch.float64):  # a norm (not a reproducibility claim: a sanity check)
+            reference = float(torch.linalg.vector_norm(tensor.detach().double()))
+            assert norm == reference or math.isclose(norm, reference, rel_tol=1e-12) or math.isnan(norm) and math.isnan(reference)
+        else:
+            assert norm is None  # torch's, taken by the caller
+    zeros, signed_zeros = norms[12 + 2], norms[12 + 3]
+    assert zeros == 0.0 and signed_zeros == 0.0  # exactly zero: the zero-gradient check's test
+
+
+def test_rng_digests_are_the_same_compiled_or_not(monkeypatch):
+    import random
+
+    import numpy as np
+
+    from twice import digests, seeding
+
+    random.gauss(0, 1)  # both with a cached Gaussian, which the digests cover
+    np.random.standard_normal()
+    compiled = seeding.rng_digests()
+    monkeypatch.setattr(digests, "_native", None)
+    assert seeding.rng_digests() == compiled
+    random.random()
+    assert seeding.rng_digests()["python"] != compiled["python"]

@@ -9,9 +9,11 @@ PACKAGE = Path(twice.__file__).parent
 
 # Layers, lowest first: a module may import only from its own layer or lower ones.
 LAYERS = [
-    {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports", "opdiff", "stats"},         # pure core
-    {"seeding", "sample_rng", "_fetchloop", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files",
-     "parallel"},                                                                # process state (_fetchloop: C)
+    # pure core (and _native, the C module: it imports nothing of twice's; its loader loop writes
+    # RNG memory only at the addresses data.py hands it)
+    {"errors", "seeds", "digests", "manifest", "trace", "divergence", "imports", "opdiff", "stats", "_native"},
+    {"seeding", "sample_rng", "determinism", "instrument", "data", "oplog", "numerics", "streams", "files",
+     "parallel"},                                                                # process state
     {"capture", "store", "hazards", "compare", "checkpoint", "metrics"},                    # I/O
     {"bootstrap", "launch", "run", "verify", "locate", "sweep", "report", "testing"},                                  # orchestration
     {"integrations"},                                                            # optional extras (a package)

@@ -21,9 +21,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_
 from .errors import UsageError
 
 try:  # the per-sample loop in C, where it was built at install (see setup.py); else the Python loop
-    from . import _fetchloop
+    from . import _native
 except ImportError:
-    _fetchloop = None
+    _native = None
 from .sample_rng import START_WORDS, seeder
 from .sample_rng import prepare as prepare_states
 from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot, seed_cpu_rngs
@@ -214,7 +214,7 @@ class _SeededSamples(Dataset):
             key = np.asarray([self._epoch_key(e) for e, _ in keys], dtype=np.uint64)
         seeders = [seeder(name) for name in self.RNGS if name in used]
         counts = [(one, self.words.get(one.name, START_WORDS)) for one in seeders]
-        if _fetchloop is not None and all(one.in_place for one in seeders):
+        if _native is not None and all(one.in_place for one in seeders):
             return self._fetch_compiled(keys, key, counts)
         indices = np.fromiter(map(_second, keys), np.uint64, len(keys))
         prepare_states(counts, key, indices, len(dataset))  # the RNGs' states for the batch in one computation
@@ -248,13 +248,13 @@ class _SeededSamples(Dataset):
         return samples, over
 
     def _fetch_compiled(self, keys: list[tuple[int, int]], key: Any, counts: list[tuple[Any, int]]):
-        """`_fetch` in C (twice._fetchloop): each sample's states made and put in place, the
+        """`_fetch` in C (twice._native): each sample's states made and put in place, the
         sample fetched and checked, with no interpreter step per RNG and sample (with three RNGs,
         that was most of what seeding cost a cheap sample). The same states as `prepare` makes."""
         specs = tuple(one.compiled_spec(words) for one, words in counts)
         cleared = tuple(pair for one, _ in counts for pair in one.cleared)
         stream_keys = key if isinstance(key, int) else key.tolist()
-        samples, needed = _fetchloop.fetch(self.dataset, keys if type(keys) is list else list(keys), stream_keys,
+        samples, needed = _native.fetch(self.dataset, keys if type(keys) is list else list(keys), stream_keys,
                                            specs, cleared)
         return samples, {one.name: count for (one, _), count in zip(counts, needed) if count}
 

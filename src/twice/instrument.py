@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .digests import OPAQUE_TYPES, Digester, digest, digest_pairs, digest_tensor, float_bits
+from .digests import OPAQUE_TYPES, Digester, digest, digest_many, digest_pairs, float_bits, lanes_norm
 from .seeding import capture_rng, rng_digests
 from .trace import StepRecord, TraceWriter
 
@@ -387,11 +387,12 @@ class Recorder:
                 round_.batch_count = 1
                 if len(OPAQUE_TYPES) > self._opaque_warned:
                     self._warn_opaque()
-            for name, param in params or []:
-                if param.grad is not None:
-                    round_.grads.append((name, digest(param.grad)))
-                    round_.grad_squares.append(_norm(param.grad))
-                round_.params.append((name, digest(param)))
+            named = list(params or [])
+            with_grads = [(name, param.grad) for name, param in named if param.grad is not None]
+            digests, norms = self._digests([grad for _, grad in with_grads], True)
+            round_.grads.extend((name, value) for (name, _), value in zip(with_grads, digests))
+            round_.grad_squares.extend(norms)
+            round_.params.extend((name, value) for (name, _), value in zip(named, self._digests([p for _, p in named], False)[0]))
             round_.rng = rng_digests()
             self._round = round_
             self._write_round()
@@ -493,25 +494,37 @@ class Recorder:
             ]
         return self._names[key]
 
-    def _digest_fn(self):
-        """Digest one tensor; in a step being op-recorded, through the op log's cache: the gradients
-        and updated parameters are outputs it has just digested (same value: both use digest_tensor)."""
-        return self._ops.digest if self._ops is not None else digest_tensor
-
     def _take_grads(self, optimizer) -> None:
-        grads = [(name, param.grad) for name, param in self._named(optimizer) if param.grad is not None]
-        digest_one = self._digest_fn()
-        self._round.grads.extend((name, digest_one(grad)) for name, grad in grads)
-        self._round.grad_squares.extend(_norms([grad for _, grad in grads]))
+        names, grads = [], []
+        for name, param in self._named(optimizer):
+            if param.grad is not None:
+                names.append(name)
+                grads.append(param.grad)
+        digests, norms = self._digests(grads, True)
+        self._round.grads.extend(zip(names, digests))
+        self._round.grad_squares.extend(norms)
+
+    def _digests(self, tensors: list, norms: bool) -> tuple[list[str], list]:
+        """Digests of tensors and, with `norms`, their L2 norms (floats on the CPU, 0-d tensors on an
+        accelerator): on the CPU through digests.digest_many, one pass over each tensor's bytes."""
+        if self._ops is None:
+            digests, found = digest_many(tensors, norms)
+        else:  # an op-recorded step: through the op log's cache (the same values: both use digest_tensor)
+            digests, found = [self._ops.digest(t) for t in tensors], [lanes_norm(t) for t in tensors] if norms else None
+        if not norms:
+            return digests, []
+        missing = [i for i, norm in enumerate(found) if norm is None]  # not float32/64 on the CPU: torch's
+        for i, norm in zip(missing, _norms([tensors[i] for i in missing])):
+            found[i] = norm
+        return digests, found
 
     def _take_params(self, optimizer) -> None:
         named = self._named(optimizer)
-        digest_one = self._digest_fn()
-        self._round.params.extend((name, digest_one(param)) for name, param in named)
-        # One fused norm over the parameters: inf or NaN iff some parameter is (cheap health check).
-        # Every PARAM_CHECK_EVERY steps: between checks, a non-finite update shows in the learning
-        # rate (checked every step) or in the next step's loss and gradients.
-        norms = _norms([param for _, param in named]) if self.step_index % PARAM_CHECK_EVERY == 0 else []
+        # Their norms too, every PARAM_CHECK_EVERY steps: inf or NaN iff some parameter is (cheap
+        # health check). Between checks, a non-finite update shows in the learning rate (checked
+        # every step) or in the next step's loss and gradients.
+        digests, norms = self._digests([param for _, param in named], self.step_index % PARAM_CHECK_EVERY == 0)
+        self._round.params.extend((name, value) for (name, _), value in zip(named, digests))
         if norms:
             total = math.sqrt(sum(n * n for n in _floats(norms)))
             self._round.param_norm = total if self._round.param_norm is None else math.hypot(self._round.param_norm, total)

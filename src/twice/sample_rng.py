@@ -147,7 +147,7 @@ class Seeder:
                 view[:] = data
 
     def compiled_spec(self, words: int) -> tuple:
-        """What twice._fetchloop needs to make and put this RNG's per-sample states itself, with
+        """What twice._native needs to make and put this RNG's per-sample states itself, with
         `words` fresh words (in place only): the same bytes `_fill` and `put` write, and the check."""
         spec = self._specs.get(words)
         if spec is None:
