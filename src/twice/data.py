@@ -9,7 +9,6 @@ a resumed loader skips straight to it without fetching the batches before it.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import math
 import operator
