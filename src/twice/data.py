@@ -18,15 +18,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from .errors import UsageError
+from .sample_rng import START_WORDS, seeder
+from .sample_rng import prepare as prepare_states
+from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot, seed_cpu_rngs
+from .seeds import derive_seed
 
 try:  # the per-sample loop in C, where it was built at install (see setup.py); else the Python loop
     from . import _native
 except ImportError:
     _native = None
-from .sample_rng import START_WORDS, seeder
-from .sample_rng import prepare as prepare_states
-from .seeding import MT_WORDS, rng_changed, rng_restore, rng_snapshot, seed_cpu_rngs
-from .seeds import derive_seed
 
 __all__ = ["loader", "ResumableLoader"]
 
