@@ -354,15 +354,27 @@ def digest_tensor(tensor: Any) -> str:
     costs more than the hashing, the more so right after a step has evicted it from the caches.
     So for a plain CPU tensor it is three hash calls (the cached head of its frame, its bytes in
     place, the digest). Same value as `digest(tensor)` (a test holds them together)."""
+    head = _plain_head(tensor)
+    if head is None:
+        return digest(tensor)
+    hasher = xxhash.xxh3_128(head[0])
+    if head[1] is not None:
+        hasher.update(head[1].from_address(tensor.data_ptr()))
+    return hasher.hexdigest()
+
+
+def _plain_head(tensor: Any) -> tuple | None:
+    """The cached frame head of a dense, contiguous, real CPU tensor (made on first meeting its
+    dtype and shape), as `_plain_heads` holds it; None for any other tensor (digest() frames those)."""
     if not _strided:
         _strided.append(_torch().strided)
     if not (tensor.is_cpu and tensor.is_contiguous() and tensor.layout is _strided[0]):
-        return digest(tensor)
+        return None
     key = (tensor.dtype, tensor.shape)
     head = _plain_heads.get(key)
     if head is None:
         if key[0].is_complex or tensor.is_quantized:
-            return digest(tensor)
+            return None
         if len(_plain_heads) > 4096:
             _plain_heads.clear()
         nbytes = tensor.numel() * tensor.element_size()
@@ -370,10 +382,7 @@ def digest_tensor(tensor: Any) -> str:
         kind = 1 if key[0] == torch.float32 else 2 if key[0] == torch.float64 else 0  # norms in twice._native
         head = _plain_heads[key] = (_framed_header(tensor) + nbytes.to_bytes(8, "little"),
                                     ctypes.c_char * nbytes if nbytes else None, nbytes, kind)
-    hasher = xxhash.xxh3_128(head[0])
-    if head[1] is not None:
-        hasher.update(head[1].from_address(tensor.data_ptr()))
-    return hasher.hexdigest()
+    return head
 
 
 def digest_many(tensors: list, norms: bool = False) -> tuple[list[str], list[float | None] | None]:
@@ -388,16 +397,12 @@ def digest_many(tensors: list, norms: bool = False) -> tuple[list[str], list[flo
     own (`lanes_norm`), the same bits whether _native was built or not."""
     if _native is None:
         return [digest_tensor(t) for t in tensors], [lanes_norm(t) for t in tensors] if norms else None
-    if not _strided:
-        _strided.append(_torch().strided)
     items, where, digests = [], [], [None] * len(tensors)
     out: list[float | None] | None = [None] * len(tensors) if norms else None
-    strided = _strided[0]
     for i, tensor in enumerate(tensors):
-        head = _plain_heads.get((tensor.dtype, tensor.shape)) if tensor.is_cpu and tensor.layout is strided and \
-            tensor.is_contiguous() else None
-        if head is None:  # not plain, or not met yet (digest_tensor caches its head)
-            digests[i] = digest_tensor(tensor)
+        head = _plain_head(tensor)
+        if head is None:  # not plain: digest() frames it
+            digests[i] = digest(tensor)
             if norms:
                 out[i] = lanes_norm(tensor)
             continue
@@ -424,14 +429,10 @@ def buffers_item(main: Any, tail: bytes | None = None) -> tuple:
 
 
 def tensor_item(tensor: Any) -> tuple | None:
-    """For `hash_items`: what `digest_tensor(tensor)` digests, for a plain CPU tensor (else None)."""
-    if not (tensor.is_cpu and tensor.is_contiguous()):
-        return None
-    head = _plain_heads.get((tensor.dtype, tensor.shape))
-    if head is None:
-        digest_tensor(tensor)  # makes the head, where the tensor is plain
-        head = _plain_heads.get((tensor.dtype, tensor.shape))
-    return None if head is None or tensor.layout is not _strided[0] else (head[0], tensor.data_ptr(), head[2], 0, None)
+    """For `hash_items`: what `digest_tensor(tensor)` digests, for a plain CPU tensor (else None).
+    The item holds the tensor's address, not the tensor: keep the tensor alive until it is hashed."""
+    head = _plain_head(tensor)
+    return None if head is None else (head[0], tensor.data_ptr(), head[2], 0, None)
 
 
 def lanes_norm(tensor: Any) -> float | None:

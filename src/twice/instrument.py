@@ -392,7 +392,8 @@ class Recorder:
             digests, norms = self._digests([grad for _, grad in with_grads], True)
             round_.grads.extend((name, value) for (name, _), value in zip(with_grads, digests))
             round_.grad_squares.extend(norms)
-            round_.params.extend((name, value) for (name, _), value in zip(named, self._digests([p for _, p in named], False)[0]))
+            param_digests, _ = self._digests([param for _, param in named], False)
+            round_.params.extend((name, value) for (name, _), value in zip(named, param_digests))
             round_.rng = rng_digests()
             self._round = round_
             self._write_round()

@@ -559,41 +559,33 @@ def _state_views() -> tuple:
     return views
 
 
-def _fast_rng_digests(python_view, numpy_view, gauss_view) -> dict[str, str] | None:
-    """rng_digests' Python, NumPy and torch CPU digests through twice._native in one call: the
-    same values as the loop below computes through xxhash, one hash call each."""
-    if _digests._native is None or python_view is None or numpy_view is None or gauss_view is None:
-        return None
-    gauss = random._inst.gauss_next
-    cached = bytes(gauss_view)  # NumPy's cached Gaussian: {int has_gauss; double gauss}
-    state = _torch().default_generator.get_state()
-    torch_item = _digests.tensor_item(state)
-    if torch_item is None:
-        return None
-    items = [_digests.buffers_item(python_view, None if gauss is None else struct.pack("<d", gauss)),
-             _digests.buffers_item(numpy_view, cached[8:] if cached[:4] != bytes(4) else None), torch_item]
-    python, numpy, torch = _digests.hash_items(items)
-    return {"python": python, "numpy": numpy, "torch": torch}
-
-
 def rng_digests() -> dict[str, str]:
     """A digest of each available RNG's state: cheap evidence of whether two runs drew the same numbers."""
+    python_view, numpy_view, gauss_view = _state_views()
+    # Python's and NumPy's states hashed where they lie (layouts confirmed), each with the normal
+    # it keeps cached for its next call, where it holds one.
+    in_place: dict[str, tuple] = {}
+    if python_view is not None:
+        gauss = random._inst.gauss_next
+        in_place["python"] = (python_view,) if gauss is None else (python_view, struct.pack("<d", gauss))
+    if numpy_view is not None:
+        cached = bytes(gauss_view) if gauss_view is not None else bytes(16)  # {int has_gauss; double gauss}
+        in_place["numpy"] = (numpy_view, cached[8:]) if cached[:4] != bytes(4) else (numpy_view,)
     out = {}
-    python_view, numpy_view, gauss_view = _state_views()  # hashed in place where the layouts are confirmed
-    fast = _fast_rng_digests(python_view, numpy_view, gauss_view)  # the step trace's every step: one C call
-    if fast is not None:
-        out.update(fast)
+    if _digests._native is not None and in_place:
+        # The step trace's every step: these and torch's CPU state in one call to the C module
+        # (the same values as digest_buffers and digest_tensor give).
+        names, items = list(in_place), [_digests.buffers_item(*parts) for parts in in_place.values()]
+        state = _torch().default_generator.get_state()  # held until hashed: the item holds its address only
+        torch_item = _digests.tensor_item(state)
+        if torch_item is not None:
+            names.append("torch")
+            items.append(torch_item)
+        out.update(zip(names, _digests.hash_items(items)))
+    else:
+        out.update((name, digest_buffers(*parts)) for name, parts in in_place.items())
     for source in RNG_SOURCES:
         if source.name == "accelerator" or source.name in out or not source.available():
-            continue
-        if source.name == "numpy" and numpy_view is not None:
-            gauss = bytes(gauss_view) if gauss_view is not None else bytes(16)
-            # with its cached Gaussian where one is held (has_gauss, then the double at offset 8)
-            out["numpy"] = digest_buffers(numpy_view, gauss[8:]) if gauss[:4] != bytes(4) else digest_buffers(numpy_view)
-            continue
-        if source.name == "python" and python_view is not None:
-            gauss = random._inst.gauss_next
-            out["python"] = digest_buffers(python_view) if gauss is None else digest_buffers(python_view, struct.pack("<d", gauss))
             continue
         state = source.get_state()
         if source.name == "torch":
