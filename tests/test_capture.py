@@ -3,6 +3,7 @@ fails without taking the training down with it."""
 
 import json
 import math
+import struct
 import sys
 import warnings
 
@@ -358,13 +359,22 @@ def test_digests_and_norms_of_many_tensors_are_the_same_bits_compiled_or_not(mon
     tensors += [torch.randn(64, 130).t(), torch.randn(3, 5)[1], torch.zeros(5), torch.tensor([-0.0, 0.0]), torch.randn(0),
                 torch.tensor([float("inf"), 1.0]), torch.tensor([float("nan")]), torch.randn(9).to(torch.bfloat16),
                 torch.arange(12, dtype=torch.int64).reshape(3, 4), torch.nn.Parameter(torch.randn(4, 4))]
+    # NaNs of several payloads in one running sum (elements 0, 32, 64): the norm's bits, payload
+    # included (the trace writes them), must not depend on how the sums were computed
+    payloads = torch.tensor([0x7FC00001, 0x7FC00123, 0x7FC54321], dtype=torch.int32).view(torch.float32)
+    for order in ((0, 1, 2), (2, 0, 1)):
+        nans = torch.ones(200, dtype=torch.float32)
+        nans[[0, 32, 64]] = payloads[list(order)]
+        tensors.append(nans)
+    tensors.append(-torch.ones(100, dtype=torch.float32).index_fill_(0, torch.tensor([5]), float("nan")))
     expected_digests = [twice.digest(t) for t in tensors]
     compiled = digests.digest_many(tensors, norms=True)
     if not native:
         monkeypatch.setattr(digests, "_native", None)
     found, norms = digests.digest_many(tensors, norms=True)
     assert found == expected_digests
-    assert [None if n is None else n.hex() for n in norms] == [None if n is None else n.hex() for n in compiled[1]]
+    bits = lambda values: [None if n is None else struct.pack("<d", n).hex() for n in values]  # noqa: E731
+    assert bits(norms) == bits(compiled[1])
     for tensor, norm in zip(tensors, norms):
         if tensor.dtype in (torch.float32, torch.float64):  # a norm (not a reproducibility claim: a sanity check)
             reference = float(torch.linalg.vector_norm(tensor.detach().double()))

@@ -123,6 +123,26 @@ def test_the_fast_tensor_digest_gives_exactly_digests_value(dtype):
     assert digest_tensor(changed) != digest_tensor(sample(dtype))
 
 
+def test_the_batch_fast_path_gives_exactly_the_digesters_value():
+    """The step trace frames the usual batch itself (see batch_digester): every batch, the usual
+    ones and those it hands to the Digester, must digest as the Digester alone digests it."""
+    from twice.digests import Digester, batch_digester
+
+    images, labels = torch.randn(4, 3, 5, 5), torch.arange(4)
+    batches = [
+        (images, labels), [images, labels], images, (images,), (images, labels.to(torch.float64), labels[:0]),
+        (images.transpose(1, 2), labels), (images, 3), (images, labels.to(torch.complex64)), (),
+        {"x": images, "y": labels}, [(images, labels)], (torch.nn.Parameter(images), labels),
+        (images.to(torch.bfloat16), labels.to(torch.bool)), torch.tensor(2.5), "not a tensor",
+    ]
+    for batch in batches:
+        assert batch_digester(batch).hexdigest() == Digester(strict=False).update(batch).hexdigest(), batch
+    # and the streams go on alike: the step trace feeds a second batch's digest into the first's
+    for batch in batches[:3]:
+        assert batch_digester(batch).update("next").hexdigest() == Digester(strict=False).update(batch).update("next").hexdigest()
+    assert batch_digester((images, labels)).hexdigest() != batch_digester((images, labels + 1)).hexdigest()
+
+
 def test_digest_values_are_stable_across_versions():
     """Traces recorded by an earlier twice must compare with new ones: these values are fixed."""
     from twice.digests import digest_bytes

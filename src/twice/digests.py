@@ -474,6 +474,39 @@ def _plain_cpu(tensor) -> bool:
         not tensor.is_quantized and tensor.is_contiguous()
 
 
+def batch_digester(batch: Any) -> Digester:
+    """`Digester(strict=False).update(batch)`, the same digest: the step trace's digest of each batch
+    read. The usual batch, a tuple or list of plain CPU tensors (or one such tensor), is framed
+    here in a few calls rather than through `update`'s dispatch per value, which costs more than
+    hashing a small batch's bytes on code the training step has just evicted from the caches."""
+    digester = Digester(strict=False)
+    torch = sys.modules.get("torch")
+    kind = type(batch)
+    if torch is None:
+        return digester.update(batch)
+    tensor_type = torch.Tensor
+    if kind is tuple or kind is list:
+        parts = batch
+        if not 0 < len(parts) <= 16 or any(type(part) is not tensor_type for part in parts):
+            return digester.update(batch)
+    elif kind is tensor_type:
+        parts = None
+    else:
+        return digester.update(batch)
+    heads = [_plain_head(part) for part in (parts if parts is not None else (batch,))]
+    if None in heads:
+        return digester.update(batch)
+    update = digester._hash.update
+    if parts is not None:
+        count = f"{kind.__name__}:{len(parts)}".encode()
+        update(_TAG_SEQ + len(count).to_bytes(8, "little") + count)
+    for part, (head, array, _, _) in zip(parts if parts is not None else (batch,), heads):
+        update(head)
+        if array is not None:
+            update(array.from_address(part.data_ptr()))
+    return digester
+
+
 def _feed_plain(hasher, tensor) -> None:
     """Frame a `_plain_cpu` tensor into `hasher` as `Digester` frames any CPU tensor, straight from its memory."""
     nbytes = tensor.numel() * tensor.element_size()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .digests import OPAQUE_TYPES, Digester, digest, digest_many, digest_pairs, float_bits, lanes_norm
+from .digests import OPAQUE_TYPES, Digester, batch_digester, digest, digest_many, digest_pairs, float_bits, lanes_norm
 from .seeding import capture_rng, rng_digests
 from .trace import StepRecord, TraceWriter
 
@@ -244,7 +244,7 @@ class Recorder:
         if self.explicit or not self._tracing_this_step():
             return
         with self._paused():
-            self._pending_batches.append(Digester(strict=False).update(batch))
+            self._pending_batches.append(batch_digester(batch))
         if len(OPAQUE_TYPES) > self._opaque_warned:
             self._warn_opaque()
 
@@ -572,8 +572,7 @@ class Recorder:
 
     def _modes(self) -> list:
         """The dispatch modes watching the user's ops: the op log of this step, the numerics watch."""
-        numerics = sys.modules.get(__package__ + ".numerics")
-        watch = numerics.active_watch() if numerics is not None else None
+        watch = _numerics_watch()
         if self._ops is None:
             return [watch] if watch is not None else []
         return [self._ops, watch] if watch is not None else [self._ops]
@@ -597,6 +596,11 @@ class Recorder:
         return paused()
 
     def set_phase(self, phase: str, step_line_shared: bool = False) -> None:
+        if self._ops is None:  # five times a step, mostly with no mode watching: no list built
+            watch = _numerics_watch()
+            if watch is not None:
+                watch.set_phase(phase, step_line_shared)
+            return
         for mode in self._modes():
             mode.set_phase(phase, step_line_shared)
 
@@ -746,6 +750,20 @@ class Recorder:
         self._round, self._pending_losses, self._pending_batches = _Round(), [], []
         self._fork_count = 0
         self.step_index = 0
+
+
+_NUMERICS = __package__ + ".numerics"
+_numerics_module: list[Any] = []  # twice.numerics, once something has loaded it
+
+
+def _numerics_watch():
+    """The numerics watch in force, if any (without importing twice.numerics, which nothing may use)."""
+    if not _numerics_module:
+        module = sys.modules.get(_NUMERICS)
+        if module is None:
+            return None
+        _numerics_module.append(module)
+    return _numerics_module[0].active_watch()
 
 
 def _norm(grad):
