@@ -1,4 +1,5 @@
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -134,7 +135,12 @@ def test_the_batch_fast_path_gives_exactly_the_digesters_value():
         (images.transpose(1, 2), labels), (images, 3), (images, labels.to(torch.complex64)), (),
         {"x": images, "y": labels}, [(images, labels)], (torch.nn.Parameter(images), labels),
         (images.to(torch.bfloat16), labels.to(torch.bool)), torch.tensor(2.5), "not a tensor",
+        (images.to_sparse(), labels),
     ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+    batches += [(nested, labels), nested]
     for batch in batches:
         assert batch_digester(batch).hexdigest() == Digester(strict=False).update(batch).hexdigest(), batch
     # and the streams go on alike: the step trace feeds a second batch's digest into the first's

@@ -487,9 +487,9 @@ def batch_digester(batch: Any) -> Digester:
     tensor_type = torch.Tensor
     if kind is tuple or kind is list:
         parts = batch
-        if not 0 < len(parts) <= 16 or any(type(part) is not tensor_type for part in parts):
-            return digester.update(batch)
-    elif kind is tensor_type:
+        if not 0 < len(parts) <= 16 or any(type(part) is not tensor_type or part.is_nested for part in parts):
+            return digester.update(batch)  # (a nested tensor has no shape to read)
+    elif kind is tensor_type and not batch.is_nested:
         parts = None
     else:
         return digester.update(batch)
