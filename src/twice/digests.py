@@ -482,25 +482,21 @@ def batch_digester(batch: Any) -> Digester:
     digester = Digester(strict=False)
     torch = sys.modules.get("torch")
     kind = type(batch)
-    if torch is None:
+    sequence = kind is tuple or kind is list
+    if torch is None or not (sequence and 0 < len(batch) <= 16 or kind is torch.Tensor):
         return digester.update(batch)
-    tensor_type = torch.Tensor
-    if kind is tuple or kind is list:
-        parts = batch
-        if not 0 < len(parts) <= 16 or any(type(part) is not tensor_type or part.is_nested for part in parts):
-            return digester.update(batch)  # (a nested tensor has no shape to read)
-    elif kind is tensor_type and not batch.is_nested:
-        parts = None
-    else:
+    parts = batch if sequence else (batch,)
+    # (a nested tensor has no shape to read: the Digester frames it)
+    if any(type(part) is not torch.Tensor or part.is_nested for part in parts):
         return digester.update(batch)
-    heads = [_plain_head(part) for part in (parts if parts is not None else (batch,))]
+    heads = [_plain_head(part) for part in parts]
     if None in heads:
         return digester.update(batch)
     update = digester._hash.update
-    if parts is not None:
+    if sequence:
         count = f"{kind.__name__}:{len(parts)}".encode()
         update(_TAG_SEQ + len(count).to_bytes(8, "little") + count)
-    for part, (head, array, _, _) in zip(parts if parts is not None else (batch,), heads):
+    for part, (head, array, _, _) in zip(parts, heads):
         update(head)
         if array is not None:
             update(array.from_address(part.data_ptr()))
