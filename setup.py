@@ -16,7 +16,8 @@ if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86"):
     sources.append("vendor/xxhash/xxh_x86dispatch.c")
     macros.append(("TWICE_XXH_DISPATCH", "1"))
 if sys.platform != "win32":
-    # No fused multiply-add: the norms must have the bits of the NumPy code path on every CPU.
+    # No fused multiply-add where the source does not ask for one (contraction): the norms must have
+    # the bits of the NumPy code path on every CPU (_native.c's explicit one is exact: see there).
     # Hidden symbols: xxHash's names must not bind to another library's copy.
     flags += ["-ffp-contract=off", "-fvisibility=hidden"]
 

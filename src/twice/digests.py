@@ -67,6 +67,8 @@ class Digester:
         tensor_type = torch_module.Tensor if torch_module is not None else _NoTensor
         if isinstance(value, tensor_type):  # first: batches are mostly tensors
             self._update_tensor(value)
+        elif type(value) is tuple or type(value) is list:  # next: batches are mostly tuples of them
+            self._update_sequence(value)
         elif value is None:
             self._frame(_TAG_NONE, b"")
         elif isinstance(value, bool):
@@ -89,10 +91,8 @@ class Digester:
             for key in keys:
                 self.update(key)
                 self.update(value[key])
-        elif isinstance(value, (list, tuple)):
-            self._frame(_TAG_SEQ, type(value).__name__.encode() + b":" + str(len(value)).encode())
-            for item in value:
-                self.update(item)
+        elif isinstance(value, (list, tuple)):  # subclasses: after the mapping test, which a subclass may pass
+            self._update_sequence(value)
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = dataclasses.fields(value)
             self._frame(_TAG_DATACLASS, type(value).__qualname__.encode() + b":" + str(len(fields)).encode())
@@ -108,6 +108,11 @@ class Digester:
         else:
             self._update_object(value)
         return self
+
+    def _update_sequence(self, value: list | tuple) -> None:
+        self._frame(_TAG_SEQ, type(value).__name__.encode() + b":" + str(len(value)).encode())
+        for item in value:
+            self.update(item)
 
     def _update_object(self, value: Any) -> None:
         """Lenient mode (batches in the step trace) only: an object of a plain class (a user's
@@ -142,8 +147,9 @@ class Digester:
             for part in parts:
                 self._update_tensor(part)
             return
-        if _plain_cpu(tensor):
-            _feed_plain(self._hash, tensor)  # the common case (a batch from a DataLoader), framed as below
+        head = _plain_head(tensor)
+        if head is not None:  # the common case (a batch from a DataLoader), framed as below
+            _feed_head(self._hash.update, tensor, head)
             return
         if tensor.layout != torch.strided:
             parts = sparse_parts(tensor)
@@ -357,10 +363,17 @@ def digest_tensor(tensor: Any) -> str:
     head = _plain_head(tensor)
     if head is None:
         return digest(tensor)
-    hasher = xxhash.xxh3_128(head[0])
-    if head[1] is not None:
-        hasher.update(head[1].from_address(tensor.data_ptr()))
+    hasher = xxhash.xxh3_128()
+    _feed_head(hasher.update, tensor, head)
     return hasher.hexdigest()
+
+
+def _feed_head(update, tensor: Any, head: tuple) -> None:
+    """Frame a plain CPU tensor as `Digester` frames any CPU tensor: its cached frame head (see
+    `_plain_head`), then its bytes where they lie."""
+    update(head[0])
+    if head[1] is not None:
+        update(head[1].from_address(tensor.data_ptr()))
 
 
 def _plain_head(tensor: Any) -> tuple | None:
@@ -368,7 +381,7 @@ def _plain_head(tensor: Any) -> tuple | None:
     dtype and shape), as `_plain_heads` holds it; None for any other tensor (digest() frames those)."""
     if not _strided:
         _strided.append(_torch().strided)
-    if not (tensor.is_cpu and tensor.is_contiguous() and tensor.layout is _strided[0]):
+    if not (tensor.is_cpu and tensor.layout is _strided[0] and tensor.is_contiguous()):  # (a compressed layout has no is_contiguous)
         return None
     key = (tensor.dtype, tensor.shape)
     head = _plain_heads.get(key)
@@ -466,50 +479,6 @@ def lanes_norm(tensor: Any) -> float | None:
 
 
 _LANES = 32  # lanes_norm's running sums (as LANES in _native.c)
-
-
-def _plain_cpu(tensor) -> bool:
-    """A dense, contiguous, real CPU tensor: its memory is already its bytes in logical order."""
-    return tensor.is_cpu and tensor.layout is _torch().strided and not tensor.dtype.is_complex and \
-        not tensor.is_quantized and tensor.is_contiguous()
-
-
-def batch_digester(batch: Any) -> Digester:
-    """`Digester(strict=False).update(batch)`, the same digest: the step trace's digest of each batch
-    read. The usual batch, a tuple or list of plain CPU tensors (or one such tensor), is framed
-    here in a few calls rather than through `update`'s dispatch per value, which costs more than
-    hashing a small batch's bytes on code the training step has just evicted from the caches."""
-    digester = Digester(strict=False)
-    torch = sys.modules.get("torch")
-    kind = type(batch)
-    sequence = kind is tuple or kind is list
-    if torch is None or not (sequence and 0 < len(batch) <= 16 or kind is torch.Tensor):
-        return digester.update(batch)
-    parts = batch if sequence else (batch,)
-    # (a nested tensor has no shape to read: the Digester frames it)
-    if any(type(part) is not torch.Tensor or part.is_nested for part in parts):
-        return digester.update(batch)
-    heads = [_plain_head(part) for part in parts]
-    if None in heads:
-        return digester.update(batch)
-    update = digester._hash.update
-    if sequence:
-        count = f"{kind.__name__}:{len(parts)}".encode()
-        update(_TAG_SEQ + len(count).to_bytes(8, "little") + count)
-    for part, (head, array, _, _) in zip(parts, heads):
-        update(head)
-        if array is not None:
-            update(array.from_address(part.data_ptr()))
-    return digester
-
-
-def _feed_plain(hasher, tensor) -> None:
-    """Frame a `_plain_cpu` tensor into `hasher` as `Digester` frames any CPU tensor, straight from its memory."""
-    nbytes = tensor.numel() * tensor.element_size()
-    hasher.update(_framed_header(tensor))
-    hasher.update(nbytes.to_bytes(8, "little"))
-    if nbytes:
-        hasher.update((ctypes.c_char * nbytes).from_address(tensor.data_ptr()))
 
 
 def digest_pairs(pairs: list[tuple[str, str]]) -> str:

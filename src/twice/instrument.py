@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .digests import OPAQUE_TYPES, Digester, batch_digester, digest, digest_many, digest_pairs, float_bits, lanes_norm
+from .digests import OPAQUE_TYPES, Digester, digest, digest_many, digest_pairs, float_bits, lanes_norm
 from .seeding import capture_rng, rng_digests
 from .trace import StepRecord, TraceWriter
 
@@ -244,7 +244,7 @@ class Recorder:
         if self.explicit or not self._tracing_this_step():
             return
         with self._paused():
-            self._pending_batches.append(batch_digester(batch))
+            self._pending_batches.append(Digester(strict=False).update(batch))
         if len(OPAQUE_TYPES) > self._opaque_warned:
             self._warn_opaque()
 
