@@ -16,6 +16,7 @@ so the same cost is a larger share.
 """
 
 import statistics
+import sys
 import time
 
 import torch
@@ -68,7 +69,10 @@ def main():
     print(f"zero-code tracing overhead, CPU time, median over {ROUNDS} alternating pairs of {STEPS}-step blocks, 1 thread "
           f"(the last case: torch's default {THREADS}, where wall time is the figure: CPU time adds up the threads)")
     print("(steady state: one model trained on in every block; naming the parameters, once per optimizer, is reported apart)")
+    only = [word.lower() for word in sys.argv[1:]]  # e.g. `bench_trace.py cnn`: the cases naming each word
     for label, build, batch, every, threads in CASES:
+        if not all(word in label.lower() for word in only):
+            continue
         torch.set_num_threads(threads)
         model, optimizer, data = setup(build, batch)
         loop(model, optimizer, data, batch)  # warm-up

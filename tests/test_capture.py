@@ -305,6 +305,37 @@ def test_a_compiled_optimizer_step_runs_twice_hooks_eagerly(tmp_path):
     torch._dynamo.reset()
 
 
+_WRAPPED_PROBE = """
+import sys, torch
+from twice import instrument
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.Adam(model.parameters())  # imports torch._dynamo, as any optimizer does
+assert "torch._dynamo" in sys.modules
+if sys.argv[1] == "compiled-before":
+    step = torch.compile(optimizer.step, backend="eager")
+instrument.install(instrument.Recorder(sys.argv[2]))
+print(instrument._Calls.compiled)
+if sys.argv[1] == "compiled-after":
+    step = torch.compile(optimizer.step, backend="eager")
+    print(instrument._Calls.compiled)
+instrument.uninstall()
+"""
+
+
+@pytest.mark.parametrize("case, expected", [("eager", "False"), ("compiled-before", "True"),
+                                            ("compiled-after", "False\nTrue")])
+def test_the_handlers_are_wrapped_for_dynamo_only_once_the_program_compiles(tmp_path, case, expected):
+    """torch imports Dynamo for itself (building an optimizer does), so that is no sign of a
+    compiling program: an eager one keeps plain handlers (the wrapper is a fifth of the tracing
+    cost on a small CNN); torch.compile called before twice installs, or after, wraps them."""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", _WRAPPED_PROBE, case, str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
+
+
 class Batch:
     """A user's batch class: tensors as attributes, as research code often collates them."""
 

@@ -887,7 +887,8 @@ class _Calls:
     optimizer step, a backward call or a batch read in the user's compiled code, runs twice's
     handlers eagerly, as a graph break, instead of tracing into the digests and norms (which
     broke the user's graph at each of them and compiled twice's own functions, once per tensor,
-    up to the recompile limit). Not wrapped before: the wrapper costs ~0.5 us a call in eager."""
+    up to the recompile limit). Not wrapped before: the wrapper costs ~0.5 us a call warm, and
+    some 30 us a call in a training loop, cold (see _compiling_already)."""
 
     pre_step = staticmethod(_pre_step)
     post_step = staticmethod(_post_step)
@@ -924,6 +925,23 @@ def _compile_safe() -> None:
         _register_step_hooks()
 
 
+def _compiling_already() -> bool:
+    """Has the program set up a compilation (torch.compile) before twice installed? Not merely
+    imported Dynamo: torch imports it for its own use (the first optimizer built does), and the
+    wrapper _compile_safe puts around each handler costs about a fifth of what tracing a small
+    CNN's step costs (set_eval_frame four times, cold, five calls a step). Each compilation context
+    Dynamo builds records its backend in eval_frame.cached_backends; its own disable contexts
+    record None. A torch without that record: assume it may. (A program that compiled, then
+    called torch._dynamo.reset(), then installed, goes unwrapped: reset forgets its backends.)"""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:
+        return False
+    backends = getattr(eval_frame, "cached_backends", None)
+    if not isinstance(backends, dict):
+        return True
+    return any(backend is not None for backend in list(backends.values()))
+
+
 def install(recorder: Recorder) -> Recorder:
     """Route optimizer steps, backward calls and DataLoader batches of this process to `recorder`."""
     global _recorder
@@ -934,7 +952,7 @@ def install(recorder: Recorder) -> Recorder:
         uninstall()
     _recorder = recorder
     _tensor_type[0] = torch.Tensor
-    if "torch._dynamo" in sys.modules:  # the program may compile already
+    if _compiling_already():
         _compile_safe()
     _register_step_hooks()
 
