@@ -423,10 +423,21 @@ def test_rng_digests_are_the_same_compiled_or_not(monkeypatch):
 
     from twice import digests, seeding
 
+    random.seed(1)  # no cached Gaussian in either
+    np.random.seed(1)
+    plain = seeding.rng_digests()
+    assert seeding.rng_digests() == plain  # the second call, through the items kept from the first
     random.gauss(0, 1)  # both with a cached Gaussian, which the digests cover
     np.random.standard_normal()
     compiled = seeding.rng_digests()
+    assert compiled["python"] != plain["python"] and compiled["numpy"] != plain["numpy"]
+    torch.rand(3)
+    moved = seeding.rng_digests()
+    assert moved["torch"] != compiled["torch"] and {k: moved[k] for k in ("python", "numpy")} == \
+        {k: compiled[k] for k in ("python", "numpy")}
+    torch_before = torch.get_rng_state()
     monkeypatch.setattr(digests, "_native", None)
-    assert seeding.rng_digests() == compiled
+    assert seeding.rng_digests() == moved
     random.random()
-    assert seeding.rng_digests()["python"] != compiled["python"]
+    assert seeding.rng_digests()["python"] != moved["python"]
+    assert twice.digest(torch_before) == moved["torch"]

@@ -140,7 +140,6 @@ class Digester:
             active.discard(id(value))
 
     def _update_tensor(self, tensor) -> None:
-        torch = _torch()
         if tensor.is_nested:  # variable-length sequences: the layout, then each component in order
             parts = tensor.unbind()
             self._frame(_TAG_NESTED, f"{tensor.layout}|{tensor.dtype}|{len(parts)}".encode())
@@ -151,6 +150,7 @@ class Digester:
         if head is not None:  # the common case (a batch from a DataLoader), framed as below
             _feed_head(self._hash.update, tensor, head)
             return
+        torch = _torch()
         if tensor.layout != torch.strided:
             parts = sparse_parts(tensor)
             if parts is None:
