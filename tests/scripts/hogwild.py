@@ -4,6 +4,9 @@ import torch.multiprocessing as mp
 
 
 def train(model, rank):
+    # One thread per worker, as Hogwild runs them: a forked child must not enter the OpenMP pool
+    # its parent started (with Intel's MKL the first matrix product then waits on it forever).
+    torch.set_num_threads(1)
     torch.manual_seed(rank)
     data = torch.randn(200, 64)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
