@@ -483,7 +483,7 @@ _LANES = 32  # lanes_norm's running sums (as LANES in _native.c)
 
 def digest_pairs(pairs: list[tuple[str, str]]) -> str:
     """Digest of (name, digest) pairs: the combined fingerprint of many tensors, in one hash call."""
-    return xxhash.xxh3_128_hexdigest("\n".join(f"{name}\t{value}" for name, value in pairs).encode("utf-8"))
+    return xxhash.xxh3_128_hexdigest("\n".join(map("\t".join, pairs)).encode("utf-8"))  # (name, digest): str pairs
 
 
 def float_bits(value: float) -> str:

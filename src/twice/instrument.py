@@ -13,6 +13,7 @@ import contextlib
 import functools
 import gc
 import math
+import operator
 import os
 import sys
 import time
@@ -476,7 +477,8 @@ class Recorder:
 
     def _named(self, optimizer) -> list[tuple[str, Any]]:
         key = id(optimizer)
-        count = sum(len(group["params"]) for group in optimizer.param_groups)
+        groups = optimizer.param_groups
+        count = len(groups[0]["params"]) if len(groups) == 1 else sum(len(group["params"]) for group in groups)
         cached = self._names.get(key)
         if cached is None or len(cached) != count:  # add_param_group() invalidates the cache
             index = self._opt_index.setdefault(key, len(self._opt_index))
@@ -524,10 +526,12 @@ class Recorder:
         # Their norms too, every PARAM_CHECK_EVERY steps: inf or NaN iff some parameter is (cheap
         # health check). Between checks, a non-finite update shows in the learning rate (checked
         # every step) or in the next step's loss and gradients.
-        digests, norms = self._digests([param for _, param in named], self.step_index % PARAM_CHECK_EVERY == 0)
-        self._round.params.extend((name, value) for (name, _), value in zip(named, digests))
+        # (map and zip over itemgetters: no generator to resume per tensor, on cold caches)
+        digests, norms = self._digests(list(map(_second, named)), self.step_index % PARAM_CHECK_EVERY == 0)
+        self._round.params.extend(zip(map(_first, named), digests))
         if norms:
-            total = math.sqrt(sum(n * n for n in _floats(norms)))
+            norms = _floats(norms)
+            total = math.sqrt(sum(map(operator.mul, norms, norms)))
             self._round.param_norm = total if self._round.param_norm is None else math.hypot(self._round.param_norm, total)
 
     def _move_pending(self, round_: _Round) -> None:
@@ -579,6 +583,8 @@ class Recorder:
 
     def _paused(self):
         """Our own tensor work (digests, norms) is not part of the user's step: keep it out of op logs."""
+        if self._ops is None and _numerics_module and _numerics_module[0]._active is None:
+            return _NOT_PAUSED  # four times a step, mostly with nothing watching: no calls
         modes = self._modes()
         if not modes:
             return _NOT_PAUSED
@@ -646,7 +652,7 @@ class Recorder:
         round_.params_digest = digest_pairs(round_.params) if round_.params else None
         # One device-to-host read of each gradient norm, shared by the record and the health checks.
         norms = round_.grad_norms = _floats(round_.grad_squares)
-        round_.grad_total = math.sqrt(sum(n * n for n in norms)) if norms else None
+        round_.grad_total = math.sqrt(sum(map(operator.mul, norms, norms))) if norms else None  # the squares in order
         per_tensor = self._per_tensor_due(len(round_.params))
         record = StepRecord(
             step=self.step_index,
@@ -673,7 +679,7 @@ class Recorder:
 
             self._health, self._event = HealthLog(self.run_dir), Event  # imported once, not every step
         log, step, Event = self._health, record.step, self._event
-        if any(not math.isfinite(x) for x in losses):
+        if not all(map(math.isfinite, losses)):
             log.add(Event("non_finite", step, f"loss is {losses[0]} at step {step}"))
         elif losses and all(x == 0.0 for x in losses):
             log.add(Event("loss_zero", step, f"loss exactly 0 at step {step}"))
@@ -707,7 +713,7 @@ class Recorder:
                                   f"over 1000x the recent median {median:.3g}"))
                 history.append(total)
                 del history[:-50]
-        if any(lr in ("inf", "-inf") or lr.startswith("nan") for lr in round_.lr):  # float_bits' spellings
+        if "n" in "".join(round_.lr):  # float_bits' "inf", "-inf", "nan:..." (a finite value's hex has no n)
             log.add(Event("bad_scalar", step, f"learning rate non-finite at step {step}: {', '.join(round_.lr)}"))
         if round_.param_norm is not None and not math.isfinite(round_.param_norm):
             log.add(Event("non_finite", step, f"parameters non-finite after the update at step {step}"))
@@ -764,6 +770,9 @@ def _numerics_watch():
             return None
         _numerics_module.append(module)
     return _numerics_module[0]._active  # (what its active_watch() returns: a call fewer, five times a step)
+
+
+_first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def _norm(grad):

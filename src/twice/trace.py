@@ -40,15 +40,18 @@ class StepRecord:
     time: float | None = None     # seconds since the recorder started: context, never compared
 
     def to_json(self) -> dict:
-        # Shallow on purpose: asdict() deep-copies every field and cost more than the digests.
-        values = ((name, getattr(self, name)) for name in self.__dataclass_fields__)
-        return {k: v for k, v in values if v is not None and v != {} and v != []}
+        # Shallow on purpose: asdict() deep-copies every field and cost more than the digests. One
+        # comprehension over the names, not a generator feeding it: once a step, on cold caches.
+        return {name: value for name in _FIELD_NAMES
+                if (value := getattr(self, name)) is not None and value != {} and value != []}
 
     @classmethod
     def from_json(cls, data: dict) -> "StepRecord":
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
 
+
+_FIELD_NAMES = tuple(StepRecord.__dataclass_fields__)
 
 # One encoder for all records: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
