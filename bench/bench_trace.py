@@ -1,18 +1,20 @@
 """Overhead of zero-code step tracing on small CPU training loops, measured side by side.
 
 For each model the same loop runs with and without the recorder installed, in short alternating
-blocks in one process, so that both see the same machine state; the median of the per-pair ratios
-of CPU time is reported (this VM's speed drifts by 10-30% over seconds, so long rounds compare
-unlike with unlike; wall time, which the issue names, is printed beside it: the loop is
-single-threaded, so the two differ only by the time the VM's host takes the core away). Beside it, the
-share of the traced loop's wall time spent inside twice's handlers (what a run records as trace_cost):
-a steadier figure, which leaves out what the handlers cost the user's own code (they evict its data
-from the CPU caches, so the overhead is larger). Target (issue 3): at most 3%
-at default settings. The cost is a fixed part per step (0.3-0.5 ms here, most of it cache misses:
-the step has evicted twice's code and data) and reading every gradient and parameter byte once per
-step (memory bandwidth), so its share shrinks as the step grows, and with --trace-every N. The last
-case runs the CNN at torch's default thread count, as a user's loop would: its steps are shorter,
-so the same cost is a larger share.
+blocks in one process (100 pairs of 20-step blocks), so that both sides of a pair see the same
+machine state: this VM's speed drifts by 10-30% over seconds. Each block's first step is left
+untimed (in a traced block it also opens a new recorder's trace: once per run, not per step). The
+median of the per-pair ratios of CPU time is reported, with the pairs' quartiles (wall time, which
+the issue names, is printed beside it: the loop is single-threaded, so the two differ only by the
+time the VM's host takes the core away). Beside it, the share of the traced loop's wall time spent
+inside twice's handlers (what a run records as trace_cost): a steadier figure, which leaves out
+what the handlers cost the user's own code (they evict its data from the CPU caches). Target
+(issue 3): at most 3% at default settings. The cost is a fixed part per step (0.4-0.5 ms here,
+most of it cache misses: the step has evicted twice's code and data) and reading every gradient
+and parameter byte once per step (memory bandwidth), so its share shrinks as the step grows, and
+with --trace-every N. The last case runs the CNN at torch's default thread count, as a user's loop
+would: its steps are shorter, so the same cost is a larger share. `bench_trace.py cnn` runs the
+cases whose names hold every word given.
 """
 
 import statistics
