@@ -267,6 +267,13 @@ def test_env_reports_hazards_as_text_and_json(tmp_path):
     data = json.loads(twice("env", "--json", cwd=tmp_path).stdout)
     assert {h["name"] for h in data["hazards"]} >= {"PYTHONHASHSEED", "deterministic algorithms"}
     assert data["facts"]["torch"]["version"].startswith("2.")
+    import torch
+
+    if torch.backends.mkl.is_available():  # MKL's code path follows the CPU model unless pinned
+        assert "MKL_CBWR" in {h["name"] for h in data["hazards"]}
+        pinned = json.loads(twice("env", "--json", cwd=tmp_path, env=clean_env(MKL_CBWR="COMPATIBLE")).stdout)
+        assert "MKL_CBWR" not in {h["name"] for h in pinned["hazards"]}
+        assert pinned["facts"]["env"]["MKL_CBWR"] == "COMPATIBLE"
 
 
 def test_ls_and_show_list_runs(tmp_path):

@@ -42,6 +42,14 @@ def machine_hazards() -> tuple[list[Hazard], dict]:
         hazards.append(Hazard("threads", f"torch uses {threads} intra-op threads, chosen from this machine's cores: "
                               "CPU reductions round differently on a machine with another core count",
                               "set OMP_NUM_THREADS (or torch.set_num_threads) to the same value everywhere"))
+    if "MKL_CBWR" not in os.environ and torch.backends.mkl.is_available():
+        # Seen here: the VM's host went from AMD to Intel and a seeded script's NaN moved from step
+        # 80 to 91 (91 still with ATen's kernels held to AVX2); on the Intel host alone it is 91, 92
+        # or 75 as MKL_CBWR is unset, AVX2 or COMPATIBLE (tests/scripts/gradnorm.py).
+        hazards.append(Hazard("MKL_CBWR", "unset: torch's BLAS (Intel MKL) picks its code path by CPU model, so "
+                              "matrix products round differently on another CPU generation or vendor",
+                              "set MKL_CBWR=COMPATIBLE (or a branch every machine has, such as AVX2) everywhere, "
+                              "at some cost in speed; twice records it with the run"))
     if torch.cuda.is_available():
         if torch.backends.cudnn.allow_tf32:
             hazards.append(Hazard("cudnn.allow_tf32", "on by default: convolutions round inputs to TF32 on Ampere and later",
