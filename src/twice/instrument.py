@@ -240,7 +240,8 @@ class Recorder:
     # -- events -----------------------------------------------------------------------------------
     @_guarded
     def on_batch(self, batch: Any) -> None:
-        self._exit_if_stopping()
+        if self._exit_pending:  # (a check before the call: three events a step, traced or not)
+            self._exit_if_stopping()
         self.set_phase("forward")
         if self.explicit or not self._tracing_this_step():
             return
@@ -260,7 +261,8 @@ class Recorder:
 
     @_guarded
     def on_backward(self, tensors: Any) -> None:
-        self._exit_if_stopping()
+        if self._exit_pending:
+            self._exit_if_stopping()
         if self.explicit or not self._tracing_this_step():
             return
         if isinstance(tensors, _tensor_type[0]) and tensors.numel() == 1:
@@ -268,7 +270,8 @@ class Recorder:
 
     @_guarded
     def pre_step(self, optimizer, args, kwargs) -> None:
-        self._exit_if_stopping()
+        if self._exit_pending:
+            self._exit_if_stopping()
         if self.explicit:
             return
         if id(optimizer) in self._round.optimizers:
@@ -602,8 +605,8 @@ class Recorder:
         return paused()
 
     def set_phase(self, phase: str, step_line_shared: bool = False) -> None:
-        if self._ops is None:  # five times a step, mostly with no mode watching: no list built
-            watch = _numerics_watch()
+        if self._ops is None:  # five times a step, mostly with no mode watching: no list built, no call
+            watch = _numerics_module[0]._active if _numerics_module else _numerics_watch()
             if watch is not None:
                 watch.set_phase(phase, step_line_shared)
             return
