@@ -3,6 +3,7 @@ fails without taking the training down with it."""
 
 import json
 import math
+import random
 import struct
 import sys
 import warnings
@@ -441,3 +442,28 @@ def test_rng_digests_are_the_same_compiled_or_not(monkeypatch):
     random.random()
     assert seeding.rng_digests()["python"] != moved["python"]
     assert twice.digest(torch_before) == moved["torch"]
+
+
+@pytest.mark.parametrize("missing", [0, 1, 2], ids=["python", "numpy", "both"])
+def test_an_rng_state_not_read_in_place_is_still_digested_the_same(monkeypatch, missing):
+    """Where a generator's layout is not confirmed (another interpreter, another NumPy), its state
+    comes through getstate()/get_state(): the compiled path must still digest it, with the values
+    of the path without twice._native."""
+    import numpy as np
+
+    from twice import digests, seeding
+
+    random.gauss(0, 1)
+    np.random.standard_normal()
+    views = list(seeding._state_views())
+    if missing in (0, 2):
+        views[0] = None
+    if missing in (1, 2):
+        views[1] = views[2] = None
+    views = tuple(views)
+    monkeypatch.setattr(seeding, "_state_views", lambda: views)
+    assert digests._native is not None
+    compiled = seeding.rng_digests()
+    assert set(compiled) >= {"python", "numpy", "torch"}
+    monkeypatch.setattr(digests, "_native", None)
+    assert seeding.rng_digests() == compiled

@@ -563,11 +563,11 @@ _rng_plans: dict = {}  # id of a _state_views() tuple -> (it, the hash items rng
 
 
 def _rng_plan(views: tuple) -> tuple | None:
-    """What rng_digests hashes, fixed for one pair of generator objects: the items of Python's and
-    NumPy's states (hashed where they lie, without their cached Gaussians), their names, the
-    frame head of torch's CPU state, and the other sources to ask. None without twice._native.
-    Built once: the step trace asks every step, on code and data the step has evicted from the
-    caches, where each Python call costs ten times its warm cost."""
+    """What rng_digests hashes, fixed for one pair of generator objects: the names and hash items
+    of the states read in place (Python's and NumPy's, without their cached Gaussians) and the
+    sources other than torch's CPU generator left to ask. None without twice._native. Built once:
+    the step trace asks every step, on code and data the step has evicted from the caches, where
+    each Python call costs ten times its warm cost."""
     if _digests._native is None:
         return None
     entry = _rng_plans.get(id(views))
@@ -575,13 +575,11 @@ def _rng_plan(views: tuple) -> tuple | None:
         return entry[1]
     python_view, numpy_view, _ = views
     named = [(name, view) for name, view in (("python", python_view), ("numpy", numpy_view)) if view is not None]
-    torch = _torch()
-    state = torch.default_generator.get_state() if torch is not None else None
-    head = _digests._plain_head(state) if state is not None else None
-    others = tuple(source for source in RNG_SOURCES if source.name not in ("python", "numpy", "torch", "accelerator"))
+    covered = {name for name, _ in named} | {"torch", "accelerator"}
     if len(_rng_plans) > 16:
         _rng_plans.clear()
-    plan = ([name for name, _ in named], [_digests.buffers_item(view) for _, view in named], head, others)
+    plan = ([name for name, _ in named], [_digests.buffers_item(view) for _, view in named],
+            tuple(source for source in RNG_SOURCES if source.name not in covered))
     _rng_plans[id(views)] = (views, plan)
     return plan
 
@@ -591,37 +589,34 @@ def rng_digests() -> dict[str, str]:
     views = _state_views()
     python_view, numpy_view, gauss_view = views
     plan = _rng_plan(views)
-    if plan is not None and (plan[0] or plan[2] is not None):
-        # The step trace's every step: one call to the C module, the items made once (the same
-        # values as digest_buffers and digest_tensor give).
-        names, items, head, others = plan
-        names, items = list(names), list(items)
-        gauss = random._inst.gauss_next if python_view is not None else None
-        if gauss is not None:
-            items[0] = _digests.buffers_item(python_view, struct.pack("<d", gauss))
-        if gauss_view is not None and gauss_view[:4] != b"\0\0\0\0":  # NumPy holds a Gaussian: {int has_gauss; double gauss}
-            items[-1] = _digests.buffers_item(numpy_view, bytes(gauss_view)[8:])
-        state = odd = None
-        if head is not None:
-            state = _torch().default_generator.get_state()  # held until hashed: the item holds its address only
-            item = (head[0], state.data_ptr(), head[2], 0, None) if state.numel() == head[2] else _digests.tensor_item(state)
-            if item is not None:
-                items.append(item)
-                names.append("torch")
-            else:
-                odd = state
-        out = dict(zip(names, _digests.hash_items(items)))
-        if odd is not None:
-            out["torch"] = digest_tensor(odd)
-        for source in others:
-            if source.available():
-                out[source.name] = digest(source.get_state())
-        return out
-    return _rng_digests_slow(python_view, numpy_view, gauss_view)
+    if plan is None:
+        return _rng_digests_slow(python_view, numpy_view, gauss_view)
+    # The step trace's every step: one call to the C module, the in-place items made once (the
+    # same values as digest_buffers and digest_tensor give).
+    names, items, others = plan
+    names, items = list(names), list(items)
+    gauss = random._inst.gauss_next if python_view is not None else None
+    if gauss is not None:  # Python's state is the plan's first item where it is read in place
+        items[0] = _digests.buffers_item(python_view, struct.pack("<d", gauss))
+    if gauss_view is not None and gauss_view[:4] != b"\0\0\0\0":  # NumPy holds a Gaussian: {int has_gauss; double gauss}
+        items[-1] = _digests.buffers_item(numpy_view, bytes(gauss_view)[8:])
+    torch = _torch()
+    state = torch.default_generator.get_state() if torch is not None else None  # held until hashed
+    item = _digests.tensor_item(state) if state is not None else None  # (the item holds its address only)
+    if item is not None:
+        names.append("torch")
+        items.append(item)
+    out = dict(zip(names, _digests.hash_items(items)))
+    if state is not None and item is None:
+        out["torch"] = digest_tensor(state)
+    for source in others:
+        if source.available():
+            out[source.name] = _source_digest(source)
+    return out
 
 
 def _rng_digests_slow(python_view, numpy_view, gauss_view) -> dict[str, str]:
-    """rng_digests without twice._native (or with no state readable in place): the same values."""
+    """rng_digests without twice._native: the same values."""
     in_place: dict[str, tuple] = {}
     if python_view is not None:
         gauss = random._inst.gauss_next
@@ -631,15 +626,18 @@ def _rng_digests_slow(python_view, numpy_view, gauss_view) -> dict[str, str]:
         in_place["numpy"] = (numpy_view, cached[8:]) if cached[:4] != bytes(4) else (numpy_view,)
     out = {name: digest_buffers(*parts) for name, parts in in_place.items()}
     for source in RNG_SOURCES:
-        if source.name == "accelerator" or source.name in out or not source.available():
-            continue
-        state = source.get_state()
-        if source.name == "torch":
-            out["torch"] = digest_tensor(state)
-            continue
-        if source.name == "python":
-            # 625 Python ints: packing them is ~50x faster than digesting them one by one.
-            version, words, gauss = state
-            state = (version, struct.pack(f"<{len(words)}Q", *words), gauss)
-        out[source.name] = digest(state)
+        if source.name != "accelerator" and source.name not in out and source.available():
+            out[source.name] = _source_digest(source)
     return out
+
+
+def _source_digest(source: RngSource) -> str:
+    """One RNG's digest from its state as get_state() gives it (the states not read in place)."""
+    state = source.get_state()
+    if source.name == "torch":
+        return digest_tensor(state)
+    if source.name == "python":
+        # 625 Python ints: packing them is ~50x faster than digesting them one by one.
+        version, words, gauss = state
+        state = (version, struct.pack(f"<{len(words)}Q", *words), gauss)
+    return digest(state)
