@@ -586,8 +586,6 @@ class Recorder:
 
     def _paused(self):
         """Our own tensor work (digests, norms) is not part of the user's step: keep it out of op logs."""
-        if self._ops is None and _numerics_module and _numerics_module[0]._active is None:
-            return _NOT_PAUSED  # four times a step, mostly with nothing watching: no calls
         modes = self._modes()
         if not modes:
             return _NOT_PAUSED
@@ -605,8 +603,8 @@ class Recorder:
         return paused()
 
     def set_phase(self, phase: str, step_line_shared: bool = False) -> None:
-        if self._ops is None:  # five times a step, mostly with no mode watching: no list built, no call
-            watch = _numerics_module[0]._active if _numerics_module else _numerics_watch()
+        if self._ops is None:  # five times a step, mostly with no mode watching: no list built
+            watch = _numerics_watch()
             if watch is not None:
                 watch.set_phase(phase, step_line_shared)
             return
