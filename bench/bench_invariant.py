@@ -18,7 +18,7 @@ from pathlib import Path
 SCRIPT = r'''
 import sys, time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from twice.parallel import InvariantDataParallel
+from twice.data.parallel import InvariantDataParallel
 mode = sys.argv[1]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -8,9 +8,9 @@ without it. Median CPU time of alternating rounds.
 import statistics
 
 import torch
-
 from _common import run_folder, small_mlp, train_steps
-from twice import instrument, numerics
+
+from twice.record import hooks, numerics
 
 STEPS = 200
 
@@ -19,13 +19,13 @@ def loop(mode=None, health=True, tmp=None):
     model, optimizer, data, target = small_mlp(STEPS)
     recorder = None
     if mode is not None:
-        recorder = instrument.install(instrument.Recorder(tmp))
+        recorder = hooks.install(hooks.Recorder(tmp))
         if not health:
             recorder._check_health = lambda record, round_: None
-            instrument.PARAM_CHECK_EVERY = 10**9  # and no parameter norms
+            recorder.PARAM_CHECK_EVERY = 10**9  # and no parameter norms
     watch = numerics.watch(mode="warn") if mode in ("full", "watch-only") else None
     if mode == "watch-only":
-        instrument.uninstall()  # the watch without the step trace
+        hooks.uninstall()  # the watch without the step trace
         recorder = None
     try:
         if watch:
@@ -35,8 +35,8 @@ def loop(mode=None, health=True, tmp=None):
         if watch:
             watch.stop()
         if recorder is not None:
-            instrument.uninstall()
-        instrument.PARAM_CHECK_EVERY = 10
+            hooks.uninstall()
+        recorder.PARAM_CHECK_EVERY = 10
 
 
 def main():

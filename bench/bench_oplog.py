@@ -15,9 +15,9 @@ import contextlib
 import statistics
 
 import torch
-
 from _common import run_folder, small_mlp, train_steps
-from twice import instrument
+
+from twice.record import hooks
 
 STEPS = 20
 ROUNDS = 25
@@ -29,13 +29,13 @@ def build():
 
 def loop(setup, recorder=None, steps=STEPS, context=contextlib.nullcontext):
     if recorder is not None:
-        instrument.install(recorder)
+        hooks.install(recorder)
     try:
         with context():
             return train_steps(*setup, steps)
     finally:
         if recorder is not None:
-            instrument.uninstall()
+            hooks.uninstall()
 
 
 def torch_debug_mode():
@@ -61,7 +61,7 @@ def main():
     debug = torch_debug_mode()
     times = {"plain": [], "twice": [], "torch": []}
     with run_folder() as tmp:
-        naming = loop(setup, instrument.Recorder(f"{tmp}/names", record_ops={0, 1}), steps=1)
+        naming = loop(setup, hooks.Recorder(f"{tmp}/names", record_ops={0, 1}), steps=1)
         variants = ["plain", "twice"] + (["torch"] if debug else [])
         for round_ in range(ROUNDS):
             shift = round_ % len(variants)
@@ -69,7 +69,7 @@ def main():
                 if kind == "plain":
                     times[kind].append(loop(setup))
                 elif kind == "twice":
-                    times[kind].append(loop(setup, instrument.Recorder(f"{tmp}/{round_}", record_ops=set(range(STEPS + 1)))))
+                    times[kind].append(loop(setup, hooks.Recorder(f"{tmp}/{round_}", record_ops=set(range(STEPS + 1)))))
                 else:
                     times[kind].append(loop(setup, context=debug))
     p = statistics.median(times["plain"]) / STEPS

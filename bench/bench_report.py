@@ -10,9 +10,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from twice.files import write_json_atomic
-from twice.report import write_report
-from twice.trace import StepRecord, TraceWriter
+from twice.app.report import write_report
+from twice.core.records import StepRecord
+from twice.store.files import write_json_atomic
+from twice.store.traces import TraceWriter
 
 RUNS, STEPS = 20, 10_000
 

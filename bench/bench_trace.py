@@ -22,11 +22,11 @@ import sys
 import time
 
 import torch
+from _common import run_folder
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from _common import run_folder
-from twice import instrument
+from twice.record import hooks
 
 STEPS = 20  # per block: short blocks, many of them, so that both sides of a pair see the same machine
 TIMED = STEPS - 1
@@ -62,7 +62,7 @@ def loop(model, optimizer, data, batch):
     in a traced block that step also opens the trace and names the parameters for the new
     recorder, once-per-run costs that 20-step blocks would otherwise charge five times over."""
     start = wall = cost = 0.0
-    recorder = instrument.active_recorder()
+    recorder = hooks.active_recorder()
     for i, (x, y) in enumerate(DataLoader(data, batch_size=batch, shuffle=True)):
         if i == 1:
             start, wall, cost = time.process_time(), time.perf_counter(), recorder.cost if recorder else 0.0
@@ -87,7 +87,7 @@ def main():
         plain, traced, hooks = [], [], []
         with run_folder() as tmp:
             start = time.process_time()
-            instrument.Recorder(f"{tmp}/names", trace_every=every)._named(optimizer)
+            hooks.Recorder(f"{tmp}/names", trace_every=every)._named(optimizer)
             naming = time.process_time() - start
             for round_ in range(ROUNDS):
                 order = ("plain", "traced") if round_ % 2 == 0 else ("traced", "plain")
@@ -95,11 +95,11 @@ def main():
                     if kind == "plain":
                         plain.append(loop(model, optimizer, data, batch))
                         continue
-                    instrument.install(instrument.Recorder(f"{tmp}/{round_}", trace_every=every))
+                    hooks.install(hooks.Recorder(f"{tmp}/{round_}", trace_every=every))
                     try:
                         traced.append(loop(model, optimizer, data, batch))
                     finally:
-                        instrument.uninstall()
+                        hooks.uninstall()
                     hooks.append(traced[-1][2] / traced[-1][1])  # wall time inside twice's handlers
         ratio = statistics.median(t[0] / p[0] for p, t in zip(plain, traced))
         wall = statistics.median(t[1] / p[1] for p, t in zip(plain, traced))

@@ -79,7 +79,7 @@ def check_late_cublas(device):
 
 
 def check_digests(device):
-    from twice.digests import device_fold
+    from twice.core.digests import device_fold
 
     dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
               torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.complex64]
@@ -121,7 +121,7 @@ def _transformerish():
 
 
 def _step_time(build, device, deterministic, trace, steps=30, batch=64):
-    from twice import instrument
+    from twice.record import hooks
 
     torch.backends.cudnn.benchmark = not deterministic
     torch.backends.cudnn.deterministic = deterministic
@@ -134,7 +134,7 @@ def _step_time(build, device, deterministic, trace, steps=30, batch=64):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x = torch.randn(batch, *shape, device=device)
     y = torch.randint(0, classes, (batch,), device=device)
-    recorder = instrument.install(instrument.Recorder(tempfile.mkdtemp())) if trace else None
+    recorder = hooks.install(hooks.Recorder(tempfile.mkdtemp())) if trace else None
     try:
         for step in range(steps + 5):
             if step == 5:
@@ -149,7 +149,7 @@ def _step_time(build, device, deterministic, trace, steps=30, batch=64):
         return (time.perf_counter() - start) / steps
     finally:
         if recorder is not None:
-            instrument.uninstall()
+            hooks.uninstall()
         torch.use_deterministic_algorithms(False)
 
 

@@ -10,12 +10,15 @@ import warnings
 
 import pytest
 import torch
+from conftest import runs
+from conftest import twice as twice_cli
 
 import twice
-from twice.digests import lanes_norm
-from conftest import runs, twice as twice_cli
-from twice import instrument
-from twice.trace import read_trace
+from twice.core.digests import lanes_norm
+from twice.record import hooks
+from twice.record import norms
+from twice.store import layout
+from twice.store.traces import read_trace
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse")
 
@@ -24,7 +27,7 @@ def train(tmp_path, build, steps=4, name="run"):
     """Train `build()`'s (modules, optimizers, loss function) under a recorder; the trace's records."""
     torch.manual_seed(0)
     modules, optimizers, loss_of = build()
-    instrument.install(instrument.Recorder(tmp_path / name))
+    hooks.install(hooks.Recorder(tmp_path / name))
     try:
         for step in range(steps):
             for optimizer in optimizers:
@@ -33,7 +36,7 @@ def train(tmp_path, build, steps=4, name="run"):
             for optimizer in optimizers:
                 optimizer.step()
     finally:
-        instrument.uninstall()
+        hooks.uninstall()
     return read_trace(tmp_path / name / "trace.jsonl")
 
 
@@ -107,7 +110,7 @@ def test_an_error_in_the_capture_stops_the_capture_not_the_training(tmp_path):
         warnings.simplefilter("always")
         records = train(tmp_path, meta_model, steps=3, name="meta")
     assert records == []
-    error = json.loads((tmp_path / "meta" / instrument.CAPTURE_ERROR).read_text())
+    error = json.loads((tmp_path / "meta" / layout.CAPTURE_ERROR).read_text())
     assert error["step"] == 0 and error["handler"] == "pre_step" and "meta tensor" in error["error"]
     assert any("step capture stopped at step 0" in str(w.message) for w in caught)
 
@@ -200,10 +203,10 @@ def test_the_torch_norms_on_the_cpu_are_the_fused_kernels_bit_for_bit():
                for n in (1, 33, 4097, 300_001)]
     tensors += [torch.randn(64, 130).t(), torch.zeros(5), torch.tensor([float("inf"), 1.0]), torch.randn(0)]
     fused = [float(n) for n in torch._foreach_norm(tensors)]
-    ours = instrument._norms(tensors)
+    ours = norms.norms(tensors)
     assert [float(x).hex() for x in ours] == [x.hex() for x in fused]
     parameter = torch.nn.Parameter(torch.randn(10))
-    (norm,) = instrument._norms([parameter])
+    (norm,) = norms.norms([parameter])
     assert isinstance(norm, float) and norm == float(torch.linalg.vector_norm(parameter.detach()))
 
 
@@ -214,7 +217,7 @@ def scaled_training(tmp_path, steps, loss_of, name="scaled", trace_every=1):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 100, growth_interval=1000)
     updated = []
-    recorder = instrument.install(instrument.Recorder(tmp_path / name, trace_every=trace_every))
+    recorder = hooks.install(hooks.Recorder(tmp_path / name, trace_every=trace_every))
     try:
         for step in range(steps):
             optimizer.zero_grad()
@@ -225,7 +228,7 @@ def scaled_training(tmp_path, steps, loss_of, name="scaled", trace_every=1):
             updated.append(scaler.get_scale() >= scale)  # the scale backs off exactly when the step was skipped
         assert recorder.step_index == steps
     finally:
-        instrument.uninstall()
+        hooks.uninstall()
     events_file = tmp_path / name / "numerics.jsonl"
     events = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
     return read_trace(tmp_path / name / "trace.jsonl"), updated, events
@@ -276,7 +279,7 @@ def test_a_compiled_optimizer_step_runs_twice_hooks_eagerly(tmp_path):
     import torch._dynamo
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    from twice import digests
+    from twice.core import digests
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -287,7 +290,7 @@ def test_a_compiled_optimizer_step_runs_twice_hooks_eagerly(tmp_path):
     def step():
         optimizer.step()
 
-    instrument.install(instrument.Recorder(tmp_path / "run"))
+    hooks.install(hooks.Recorder(tmp_path / "run"))
     try:
         digests_by_hand = []
         for _ in range(4):
@@ -297,29 +300,29 @@ def test_a_compiled_optimizer_step_runs_twice_hooks_eagerly(tmp_path):
             step()
             digests_by_hand.append((grads, {"weight": twice.digest(model.weight), "bias": twice.digest(model.bias)}))
     finally:
-        instrument.uninstall()
+        hooks.uninstall()
     records = read_trace(tmp_path / "run" / "trace.jsonl")
-    assert not (tmp_path / "run" / instrument.CAPTURE_ERROR).exists()
+    assert not (tmp_path / "run" / layout.CAPTURE_ERROR).exists()
     assert [(r.grad_digests, r.param_digests) for r in records] == digests_by_hand
-    for function in (digests.digest_tensor, instrument._norms, instrument.Recorder._take_params):
+    for function in (digests.digest_tensor, norms.norms, hooks.Recorder._take_params):
         assert _debug_get_cache_entry_list(function.__code__) == [], function.__name__  # never compiled by Dynamo
     torch._dynamo.reset()
 
 
 _WRAPPED_PROBE = """
 import sys, torch
-from twice import instrument
+from twice.record import hooks
 model = torch.nn.Linear(4, 2)
 optimizer = torch.optim.Adam(model.parameters())  # imports torch._dynamo, as any optimizer does
 assert "torch._dynamo" in sys.modules
 if sys.argv[1] == "compiled-before":
     step = torch.compile(optimizer.step, backend="eager")
-instrument.install(instrument.Recorder(sys.argv[2]))
-print(instrument._Calls.compiled)
+hooks.install(hooks.Recorder(sys.argv[2]))
+print(hooks._Calls.compiled)
 if sys.argv[1] == "compiled-after":
     step = torch.compile(optimizer.step, backend="eager")
-    print(instrument._Calls.compiled)
-instrument.uninstall()
+    print(hooks._Calls.compiled)
+hooks.uninstall()
 """
 
 
@@ -359,7 +362,7 @@ def test_batches_of_a_plain_class_are_digested_by_their_contents(tmp_path):
     def collate(items):
         return Batch(torch.stack([x for x, _ in items]), torch.stack([y for _, y in items]), re.compile("opaque"))
 
-    instrument.install(instrument.Recorder(tmp_path / "run"))
+    hooks.install(hooks.Recorder(tmp_path / "run"))
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -370,7 +373,7 @@ def test_batches_of_a_plain_class_are_digested_by_their_contents(tmp_path):
                 torch.nn.functional.mse_loss(model(batch.x), batch.y).backward()
                 optimizer.step()
     finally:
-        instrument.uninstall()
+        hooks.uninstall()
     records = read_trace(tmp_path / "run" / "trace.jsonl")
     assert len(records) == 3 and len({r.batch for r in records}) == 3 and len(set(seen)) == 3
     opaque = [str(w.message) for w in caught if "cannot read" in str(w.message)]
@@ -383,7 +386,7 @@ def test_digests_and_norms_of_many_tensors_are_the_same_bits_compiled_or_not(mon
     twice._native in one pass; without it (no compiler at install), through xxhash and NumPy. The
     digests are digest()'s and the norms twice's own (32 running sums in double), the same bits
     either way, so traces recorded on installs with and without the C module compare."""
-    from twice import digests
+    from twice.core import digests
 
     assert digests._native is not None  # built at install (setup.py): else the compiled path goes untested
     torch.manual_seed(1)
@@ -422,7 +425,8 @@ def test_rng_digests_are_the_same_compiled_or_not(monkeypatch):
 
     import numpy as np
 
-    from twice import digests, seeding
+    from twice.core import digests
+    from twice.rng import seeding
 
     random.seed(1)  # no cached Gaussian in either
     np.random.seed(1)
@@ -451,7 +455,8 @@ def test_an_rng_state_not_read_in_place_is_still_digested_the_same(monkeypatch, 
     of the path without twice._native."""
     import numpy as np
 
-    from twice import digests, seeding
+    from twice.core import digests
+    from twice.rng import seeding
 
     random.gauss(0, 1)
     np.random.standard_normal()

@@ -4,12 +4,11 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import twice as twice_cli
 
 from twice import checkpoint
 from twice.checkpoint import CheckpointError
-from twice.seeding import capture_rng
-
-from conftest import twice as twice_cli
+from twice.rng.seeding import capture_rng
 
 
 class Model(torch.nn.Module):
@@ -59,7 +58,7 @@ def test_save_and_load_restore_model_optimizer_scheduler_generators_rng_and_extr
     assert got["epoch"] == 3 and got["huge"] == 2**70 and got["ratio"] == 1 / 3 and got["tags"] == ("a", 1)
     assert got["ids"] == {1: "x"} and got["best"] != got["best"]
     random.random()
-    from twice.seeding import restore_rng
+    from twice.rng.seeding import restore_rng
     restore_rng(out["rng"])
 
 

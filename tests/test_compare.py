@@ -8,9 +8,9 @@ import sys
 import time
 
 import torch
-
 from conftest import clean_env, runs, script, twice
-from twice.trace import read_trace
+
+from twice.store.traces import read_trace
 
 
 def diff_json(tmp, a, b, *extra):

@@ -25,7 +25,7 @@ class Augmented(Dataset):
 @pytest.fixture
 def python_loop(monkeypatch):
     """The loader's Python loop, as where twice._native was not built (epoch tables are its own)."""
-    monkeypatch.setattr(twice.data, "_native", None)
+    monkeypatch.setattr(twice.data.loading, "_native", None)
 
 
 def stream(workers, epochs=2, **kwargs):
@@ -138,7 +138,8 @@ def test_resuming_with_other_loader_settings_is_refused():
 
 def _unconfirmed_layouts(monkeypatch):
     """Make this process's RNG layouts unconfirmed: every state goes through the libraries' own API."""
-    from twice import sample_rng, seeding
+    from twice.rng import sample as sample_rng
+    from twice.rng import seeding
 
     monkeypatch.setattr(seeding, "_python_state_offset", [None])
     monkeypatch.setattr(seeding, "_numpy_gauss_offset", [None])
@@ -149,7 +150,7 @@ def _unconfirmed_layouts(monkeypatch):
 
 
 def test_where_the_rng_layouts_are_not_confirmed_the_loader_sets_the_same_states_through_the_libraries(monkeypatch):
-    from twice import sample_rng
+    from twice.rng import sample as sample_rng
 
     fast = stream(0, epochs=1)
     assert all(sample_rng.seeder(name).in_place for name in ("python", "numpy", "torch"))  # confirmed on this build
@@ -231,7 +232,7 @@ class ForksRng(Dataset):
 
 def test_a_sample_can_read_and_set_back_the_state_it_was_given():
     # The states written in place must be ones torch's own set_rng_state accepts (left 624, next 0).
-    from twice import sample_rng
+    from twice.rng import sample as sample_rng
 
     assert sample_rng.seeder("torch").in_place
     def batches(workers):
@@ -259,9 +260,9 @@ class Normals(Dataset):
 def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, make):
     # The loop in C (twice._native) makes each sample's states itself: the same numbers as the
     # Python loop's NumPy-made states, with the same fresh words learnt, for every way a sample draws.
-    assert twice.data._native is not None  # built at install (setup.py); else only the Python loop is tested
+    assert twice.data.loading._native is not None  # built at install (setup.py); else only the Python loop is tested
     calls = []
-    compiled = twice.data._native
+    compiled = twice.data.loading._native
 
     class Counting:
         def fetch(self, *args):
@@ -275,18 +276,18 @@ def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, mak
         return [b for _ in range(2) for b in data], data._samples.words, data._samples.used
 
     torch.manual_seed(0)
-    monkeypatch.setattr(twice.data, "_native", Counting())
+    monkeypatch.setattr(twice.data.loading, "_native", Counting())
     fast = batches()
     assert calls  # the compiled loop did fetch them
     torch.manual_seed(0)
-    monkeypatch.setattr(twice.data, "_native", None)
+    monkeypatch.setattr(twice.data.loading, "_native", None)
     slow = batches()
     assert fast[1:] == slow[1:] and len(fast[0]) == len(slow[0]) > 0
     assert all(torch.equal(a, b) for a, b in zip(fast[0], slow[0]))
 
 
 def test_an_epoch_of_values_made_at_once_gives_the_samples_made_batch_by_batch(monkeypatch, python_loop):
-    from twice import sample_rng
+    from twice.rng import sample as sample_rng
 
     at_once = stream(0, epochs=2)  # 30 samples: the epoch's values are made at its first batch
     assert sample_rng._tables
@@ -297,7 +298,7 @@ def test_an_epoch_of_values_made_at_once_gives_the_samples_made_batch_by_batch(m
 
 
 def test_loaders_used_in_turn_keep_their_epoch_tables(monkeypatch, python_loop):
-    from twice import sample_rng
+    from twice.rng import sample as sample_rng
 
     made = []
     values = sample_rng._values
@@ -362,7 +363,7 @@ def test_persistent_workers_are_kept_across_epochs_and_a_mid_epoch_resume():
 def test_an_iterable_dataset_is_refused_with_a_hint():
     from torch.utils.data import IterableDataset
 
-    from twice.errors import UsageError
+    from twice.core.errors import UsageError
 
     class Stream(IterableDataset):
         def __iter__(self):
@@ -538,7 +539,7 @@ def test_a_users_sampler_is_sharded_by_rank():
 
 
 def test_a_sampler_of_batches_or_beside_shuffle_is_refused():
-    from twice.errors import UsageError
+    from twice.core.errors import UsageError
 
     with pytest.raises(UsageError, match="yielded \\[0, 1\\], not a sample index"):
         list(twice.data.loader(Augmented(), sampler=[[0, 1], [2, 3]], seed=1))
@@ -570,7 +571,7 @@ def test_workers_started_by_spawn_or_forkserver_give_the_same_batches(context):
 
 
 def test_an_endless_sampler_gives_epochs_of_its_length_and_one_without_a_length_is_refused():
-    from twice.errors import UsageError
+    from twice.core.errors import UsageError
 
     class Endless(torch.utils.data.Sampler):
         """Like detectron2's TrainingSampler: an endless stream of shuffled indices."""
@@ -650,7 +651,7 @@ def test_a_batch_sampler_bucketing_by_length_gives_the_same_batches_for_any_work
 
 
 def test_a_batch_sampler_beside_batch_size_or_shuffle_or_yielding_indices_is_refused():
-    from twice.errors import UsageError
+    from twice.core.errors import UsageError
 
     for extra in ({"batch_size": 4}, {"shuffle": True}, {"drop_last": True}):
         with pytest.raises(ValueError, match="batch_sampler chooses the batches"):

@@ -5,12 +5,11 @@ import warnings
 
 import pytest
 import torch
+from conftest import clean_env
 
 import twice
-from twice.determinism import CUBLAS_WORKSPACE, hash_seed_in_effect
-from twice.errors import DeterminismError
-
-from conftest import clean_env
+from twice.core.errors import DeterminismError
+from twice.runtime.determinism import CUBLAS_WORKSPACE, hash_seed_in_effect
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -24,9 +23,9 @@ def test_strict_mode_refuses_when_pythonhashseed_was_not_fixed_at_start():
 
 
 def test_setting_pythonhashseed_after_start_is_not_mistaken_for_fixed():
-    code = "import os; os.environ['PYTHONHASHSEED'] = '7'\nfrom twice.determinism import hash_seed_in_effect\nprint(hash_seed_in_effect())"
+    code = "import os; os.environ['PYTHONHASHSEED'] = '7'\nfrom twice.runtime.determinism import hash_seed_in_effect\nprint(hash_seed_in_effect())"
     assert run_python(code).stdout.strip() == "None"
-    assert run_python("from twice.determinism import hash_seed_in_effect\nprint(hash_seed_in_effect())",
+    assert run_python("from twice.runtime.determinism import hash_seed_in_effect\nprint(hash_seed_in_effect())",
                       PYTHONHASHSEED="7").stdout.strip() == "7"
 
 

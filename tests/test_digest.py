@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import twice
-from twice.digests import device_fold
+from twice.core.digests import device_fold
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
           torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.complex64, torch.complex128]
@@ -116,7 +116,7 @@ def test_cuda_digest_is_computed_on_the_device_and_matches_the_device_algorithm_
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_fast_tensor_digest_gives_exactly_digests_value(dtype):
-    from twice.digests import digest_tensor
+    from twice.core.digests import digest_tensor
 
     for tensor in (sample(dtype), sample(dtype).t(), sample(dtype)[:0], sample(dtype)[1, 2], sample(dtype).reshape(-1)[::2]):
         assert digest_tensor(tensor) == twice.digest(tensor)
@@ -129,7 +129,7 @@ def test_the_fast_tensor_digest_gives_exactly_digests_value(dtype):
 def test_the_fast_digests_hand_compressed_layouts_to_digest():
     """digest_tensor and digest_many (the step trace's) read a tensor's layout before asking whether
     it is contiguous, which a compressed layout cannot answer."""
-    from twice.digests import digest_many, digest_tensor
+    from twice.core.digests import digest_many, digest_tensor
 
     dense = torch.arange(12.0).reshape(3, 4)
     for tensor in (dense.to_sparse_csr(), dense.to_sparse_csc(), dense.to_sparse()):
@@ -143,7 +143,7 @@ def test_batch_digests_are_stable_across_versions():
     tuples and lists of plain tensors (the usual batch, framed from a cached head), a lone tensor,
     a view, a tuple subclass with keys() (a mapping, as it always was), a namedtuple, nested and
     sparse tensors, a mixture."""
-    from twice.digests import Digester
+    from twice.core.digests import Digester
 
     grid = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
     labels = torch.tensor([3, 1])
@@ -177,7 +177,7 @@ def test_batch_digests_are_stable_across_versions():
 
 def test_digest_values_are_stable_across_versions():
     """Traces recorded by an earlier twice must compare with new ones: these values are fixed."""
-    from twice.digests import digest_bytes
+    from twice.core.digests import digest_bytes
 
     grid = torch.arange(6, dtype=torch.float32)
     assert twice.digest(grid.reshape(2, 3)) == "84668e35caac6220218ec0250bd22504"
@@ -189,7 +189,7 @@ def test_digest_values_are_stable_across_versions():
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_quantized_tensors_digest_their_integers_with_their_scales():
     """Two quantized tensors can hold the same integers under different scales: different values."""
-    from twice.digests import digest_tensor
+    from twice.core.digests import digest_tensor
 
     values = torch.tensor([0.5, 1.0, -1.0])
     a = torch.quantize_per_tensor(values, 0.1, 0, torch.qint8)

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import clean_env, runs, script, twice
 from safetensors.torch import load_file
 
 from twice.parallel import InvariantDataParallel, tree_nodes
-
-from conftest import clean_env, runs, script, twice
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 pytestmark = pytest.mark.skipif(not Path(TORCHRUN).exists() and shutil.which("torchrun") is None,

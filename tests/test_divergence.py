@@ -1,9 +1,9 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from twice.divergence import explain, first_divergence, loss_gap
-from twice.manifest import Difference, compare_identity
-from twice.trace import StepRecord
+from twice.core.divergence import explain, first_divergence, loss_gap
+from twice.core.manifest import Difference, compare_identity
+from twice.core.records import StepRecord
 
 
 def trace(n):

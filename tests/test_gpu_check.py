@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import clean_env
 
 SCRIPT = Path(__file__).parents[1] / "bench" / "gpu_check.py"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import SCRIPTS, clean_env, runs, script, twice
+
 from twice import first_divergence, read_trace
 
 

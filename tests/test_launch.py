@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import clean_env, runs, script, twice
 
 
@@ -138,7 +137,7 @@ def test_manifest_has_identity_and_context_written_sorted(tmp_path):
 def test_run_ids_sort_by_time_and_stay_unique_when_many_start_at_once(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from twice.store import new_run_dir
+    from twice.store.runs import new_run_dir
 
     with ThreadPoolExecutor(8) as pool:
         made = list(pool.map(lambda _: new_run_dir(tmp_path / "runs"), range(64)))

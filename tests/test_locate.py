@@ -5,9 +5,9 @@ import sys
 
 import pytest
 import torch
-
 from conftest import clean_env, runs, script, twice
-from twice.opdiff import first_op_difference, value_gap
+
+from twice.core.opdiff import first_op_difference, value_gap
 
 
 def run_named(tmp, name, *args, env=None):
@@ -62,7 +62,7 @@ def test_record_ops_writes_the_op_log_of_chosen_steps_only(tmp_path):
     script("data_arg.py", tmp_path)
     result = twice("run", "--record-ops", "1", "--", sys.executable, "data_arg.py", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    from twice.oplog import recorded_steps, step_ops
+    from twice.record.oplog import recorded_steps, step_ops
 
     run_dir = runs(tmp_path)[0]
     assert sorted(p.name for p in (run_dir / "ops").iterdir()) == ["ops.jsonl"]
@@ -94,8 +94,8 @@ def test_op_comparison_tells_operation_input_and_sequence_apart():
 
 
 def test_op_log_digests_transposed_arguments_exactly_without_copying_them():
-    from twice.digests import digest_tensor
-    from twice.oplog import OpRecorder
+    from twice.core.digests import digest_tensor
+    from twice.record.oplog import OpRecorder
 
     def log(weight):
         recorder = OpRecorder(0)
@@ -131,20 +131,20 @@ class HandSGD(torch.optim.Optimizer):
 def test_optimizer_ops_carry_the_line_they_come_from(tmp_path, optimizer_class):
     from pathlib import Path
 
-    from twice import instrument
-    from twice.oplog import step_ops
+    from twice.record import hooks
+    from twice.record.oplog import step_ops
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     optimizer = optimizer_class(model.parameters())
-    instrument.install(instrument.Recorder(tmp_path, record_ops={1}))
+    hooks.install(hooks.Recorder(tmp_path, record_ops={1}))
     try:
         for _ in range(2):
             optimizer.zero_grad()
             model(torch.randn(4, 3)).sum().backward()
             optimizer.step()  # STEP-CALL
     finally:
-        instrument.uninstall()
+        hooks.uninstall()
     source = Path(__file__).read_text().splitlines()
     lines = {source[int(op["line"].rsplit(":", 1)[1]) - 1].split("# ")[-1]
              for op in step_ops(tmp_path, 1) if op["phase"] == "optimizer"}
@@ -158,7 +158,7 @@ def test_the_compiler_guard_is_skipped_only_for_one_step_modes_while_nothing_is_
     # A fresh process: whether anything was compiled is process-wide.
     code = """
 import torch
-from twice.oplog import OpContext, OpRecorder
+from twice.record.oplog import OpContext, OpRecorder
 print("__torch_dispatch__" in vars(OpRecorder(0)), "__torch_dispatch__" in vars(OpContext(0)))
 torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
 recorder = OpRecorder(1)
@@ -172,7 +172,7 @@ print("__torch_dispatch__" in vars(recorder), [r["op"] for r in recorder.records
 
 
 def test_op_records_are_written_as_json_that_reads_back_equal():
-    from twice.oplog import _encode_record
+    from twice.record.oplog import _encode_record
 
     records = [
         {"i": 0, "op": "aten::mm", "phase": "forward", "in": [], "out": ["ab12"], "shapes": [[]], "dtypes": ["float32"],
@@ -190,32 +190,32 @@ def test_op_records_are_written_as_json_that_reads_back_equal():
 
 
 def test_recording_ops_leaves_the_step_trace_unchanged(tmp_path):
-    from twice import instrument
-    from twice.trace import read_trace
+    from twice.record import hooks
+    from twice.store.traces import read_trace
 
     def train(folder, record_ops):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        instrument.install(instrument.Recorder(folder, record_ops=record_ops))
+        hooks.install(hooks.Recorder(folder, record_ops=record_ops))
         try:
             for _ in range(4):
                 optimizer.zero_grad()
                 model(torch.randn(5, 6)).pow(2).mean().backward()
                 optimizer.step()
         finally:
-            instrument.uninstall()
+            hooks.uninstall()
         return [{k: v for k, v in vars(r).items() if k != "time"} for r in read_trace(folder / "trace.jsonl")]
 
     plain, recorded = train(tmp_path / "plain", set()), train(tmp_path / "ops", {1, 2})
     assert len(plain) == 4 and plain == recorded
-    from twice.oplog import recorded_steps
+    from twice.record.oplog import recorded_steps
 
     assert recorded_steps(tmp_path / "ops") == [1, 2]
 
 
 def test_an_op_log_cut_short_by_a_kill_reads_as_not_recorded(tmp_path):
-    from twice.oplog import OpLog, step_ops
+    from twice.record.oplog import OpLog, step_ops
 
     log = OpLog(tmp_path)
     record = {"i": 0, "op": "aten::mul.Tensor", "phase": "forward", "in": ["a"], "out": ["b"], "shapes": [[2]],

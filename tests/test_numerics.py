@@ -7,10 +7,10 @@ import sys
 
 import pytest
 import torch
-
 from conftest import clean_env, runs, script, twice
-from twice import instrument, numerics
-from twice.trace import read_trace
+
+from twice.record import hooks, numerics
+from twice.store.traces import read_trace
 
 
 def test_gradient_normalisation_nan_is_traced_to_the_scripts_line_with_saturation_and_zero_gradients(tmp_path):
@@ -56,9 +56,9 @@ def test_the_cheap_mode_records_the_bad_step_without_being_asked(tmp_path):
 
 @pytest.fixture
 def recorder(tmp_path):
-    rec = instrument.install(instrument.Recorder(tmp_path))
+    rec = hooks.install(hooks.Recorder(tmp_path))
     yield rec
-    instrument.uninstall()
+    hooks.uninstall()
 
 
 def catch(function):
@@ -127,7 +127,7 @@ def test_no_false_alarms_on_a_healthy_run_of_hundreds_of_steps(recorder):
             opt.step()
     recorder.finish()
     assert watch.report is None and watch.log.events == []
-    assert recorder._health is None or recorder._health.events == []
+    assert recorder._health is None or recorder._health.log.events == []
 
 
 @pytest.mark.parametrize("lr", [float("inf"), float("nan")])
@@ -144,6 +144,6 @@ def test_the_cheap_mode_flags_a_non_finite_learning_rate_and_a_gradient_explosio
             opt.param_groups[0]["lr"] = lr
         opt.step()
     recorder.finish()
-    events = {(e.kind, e.step) for e in recorder._health.events}
+    events = {(e.kind, e.step) for e in recorder._health.log.events}
     assert ("grad_explosion", 12) in events and ("bad_scalar", 13) in events
     assert not any(kind in ("grad_explosion", "bad_scalar") and step < 12 for kind, step in events)

@@ -7,7 +7,6 @@ import sys
 from html.parser import HTMLParser
 
 import pytest
-
 from conftest import clean_env, runs, script, twice
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

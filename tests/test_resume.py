@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import SCRIPTS, clean_env, runs, script, twice
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import twice
-from twice.seeding import capture_rng, restore_rng, rng_digests
+from twice.rng.seeding import capture_rng, restore_rng, rng_digests
 
 
 def draws():
@@ -74,7 +74,7 @@ def test_context_manager_restores_settings_and_rng_even_when_the_body_raises():
 
 
 def test_the_python_rng_digest_follows_every_draw_even_a_whole_state_regeneration():
-    from twice.seeding import _python_state_bytes
+    from twice.rng.seeding import _python_state_bytes
 
     assert _python_state_bytes() is not None  # the in-place read works on this CPython
     random.seed(3)
@@ -98,8 +98,8 @@ def test_the_python_rng_digest_follows_every_draw_even_a_whole_state_regeneratio
 def test_rng_digests_read_in_place_are_those_of_the_copied_states():
     """The step trace digests Python's and NumPy's states where they lie: the values must be those
     of the bytes copied out (what earlier traces hold), through any draws, reseeds and gauss caches."""
-    from twice.digests import digest_bytes
-    from twice.seeding import _numpy_state_bytes, _python_state_bytes
+    from twice.core.digests import digest_bytes
+    from twice.rng.seeding import _numpy_state_bytes, _python_state_bytes
 
     for draw in (lambda: None, random.random, lambda: random.gauss(0, 1), lambda: np.random.rand(700),
                  lambda: random.seed(5), lambda: np.random.seed(7)):
@@ -134,7 +134,7 @@ def _splitmix_reference(state: int, counter: int) -> int:
 
 def _reference_state(key: int, index: int, name: str) -> tuple[int, list[int]]:
     """A sample's seed and its RNG's 624 words, by the definition in sample_rng, in plain Python."""
-    from twice.sample_rng import OFFSETS, SAMPLE_COUNTERS
+    from twice.rng.sample import OFFSETS, SAMPLE_COUNTERS
 
     first = index * SAMPLE_COUNTERS
     words = []
@@ -145,7 +145,8 @@ def _reference_state(key: int, index: int, name: str) -> tuple[int, list[int]]:
 
 
 def test_per_sample_states_are_splitmix64_words_that_each_rng_reads_as_written():
-    from twice import sample_rng, seeding
+    from twice.rng import sample as sample_rng
+    from twice.rng import seeding
 
     key, indices = 2**63 + 11, np.asarray([3, 0, 12345], dtype=np.uint64)
     z = np.arange(4, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(7)
@@ -169,7 +170,7 @@ def test_per_sample_states_are_splitmix64_words_that_each_rng_reads_as_written()
 
 
 def test_a_torch_generator_state_written_in_place_draws_like_the_same_state_set_officially():
-    from twice import seeding
+    from twice.rng import seeding
 
     layout, address = seeding.torch_layout(), seeding.torch_state_address()
     assert layout is not None and address is not None
@@ -190,7 +191,7 @@ def test_a_torch_generator_state_written_in_place_draws_like_the_same_state_set_
 
 
 def test_memory_is_offered_to_the_kernel_before_it_is_read_in_place():
-    from twice import seeding
+    from twice.rng import seeding
 
     buffer = ctypes.create_string_buffer(3072)
     assert seeding.readable(ctypes.addressof(buffer), 3072)
@@ -198,7 +199,7 @@ def test_memory_is_offered_to_the_kernel_before_it_is_read_in_place():
 
 
 def test_per_sample_states_draw_like_independent_uniform_numbers():
-    from twice import sample_rng
+    from twice.rng import sample as sample_rng
 
     indices = np.arange(2000, dtype=np.uint64)
     for name, draw in (("python", random.random), ("torch", lambda: torch.rand(()).item())):
@@ -221,7 +222,7 @@ def test_an_rng_state_that_is_a_view_at_an_offset_restores_that_state():
     # row 0's state, or crash the process. Run where a crash cannot take the test session with it.
     code = """
 import torch
-from twice.seeding import capture_rng, restore_rng
+from twice.rng.seeding import capture_rng, restore_rng
 import twice.checkpoint
 torch.manual_seed(0)
 first = torch.get_rng_state()
@@ -234,7 +235,7 @@ assert torch.equal(torch.rand(3), expected), "restore_rng"
 generator = torch.Generator().manual_seed(1)
 stacked = torch.stack([first, generator.get_state()])
 expected = torch.rand(3, generator=generator)
-twice.checkpoint._restore(generator, "torch_generator", stacked[1], "g")
+twice.checkpoint.format._restore(generator, "torch_generator", stacked[1], "g")
 assert torch.equal(torch.rand(3, generator=generator), expected), "checkpoint"
 print("ok")
 """

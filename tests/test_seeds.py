@@ -3,11 +3,11 @@ import sys
 
 import pytest
 
-from twice.seeds import derive_seed
+from twice.core.seeds import derive_seed
 
 
 def test_derive_seed_is_the_same_in_two_separate_processes():
-    code = "from twice.seeds import derive_seed; print(derive_seed(7, 'data', 3), derive_seed(2**40, 'init'))"
+    code = "from twice.core.seeds import derive_seed; print(derive_seed(7, 'data', 3), derive_seed(2**40, 'init'))"
     outputs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)}
     assert len(outputs) == 1
@@ -34,7 +34,7 @@ def test_derive_seed_rejects_parts_that_have_no_stable_encoding(bad):
 
 
 def test_a_seed_deriver_gives_exactly_derive_seeds_values():
-    from twice.seeds import seed_deriver
+    from twice.core.seeds import seed_deriver
 
     derive = seed_deriver(11, "sample", 3)
     for index in (0, 1, 255, 2**40):

@@ -8,11 +8,12 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import script
+from conftest import twice as twice_cli
 from scipy import stats as scipy_stats
 
 import twice
-from conftest import script, twice as twice_cli
-from twice.stats import compare_pair, seeds_for_power, summarize_arm
+from twice.core.stats import compare_pair, seeds_for_power, summarize_arm
 
 
 def train(lr, evaluate):

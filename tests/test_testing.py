@@ -6,10 +6,14 @@ import time
 
 import pytest
 import torch
-
 from conftest import clean_env
+
 import twice
-from twice.testing import assert_bitwise_resume, assert_matches_golden, assert_reproducible
+from twice.app.testing import (
+    assert_bitwise_resume,
+    assert_matches_golden,
+    assert_reproducible,
+)
 
 
 def make_train(noise=False, lr=0.1):

@@ -1,7 +1,8 @@
 import pytest
 
-from twice.errors import CorruptRecord
-from twice.trace import StepRecord, TraceWriter, read_trace, trace_files
+from twice.core.errors import CorruptRecord
+from twice.core.records import StepRecord
+from twice.store.traces import TraceWriter, read_trace, trace_files
 
 
 def write(path, n):
@@ -56,7 +57,7 @@ def test_a_trace_line_is_the_same_bytes_through_orjson_or_json(monkeypatch):
     and the same record read back for names beyond ASCII (UTF-8 against \\u escapes)."""
     import json
 
-    from twice import trace
+    from twice.core import records as trace
 
     assert trace.orjson is not None  # a dependency: else the fast path goes untested here
     fast = {name: trace.record_line(_full_record(name)) for name in ("layer3.weight", "couche_é.poids")}

@@ -12,21 +12,21 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "seed_everything": "seeding",
-    "deterministic": "determinism",
-    "DeterminismReport": "determinism",
-    "derive_seed": "seeds",
-    "digest": "digests",
-    "Run": "run",
-    "TwiceError": "errors",
-    "DeterminismError": "errors",
-    "StepRecord": "trace",
-    "read_trace": "trace",
-    "first_divergence": "divergence",
-    "compare_runs": "compare",
-    "checkpoint_dir": "run",
-    "stream": "streams",
-    "log_metric": "metrics",
+    "seed_everything": "rng.seeding",
+    "deterministic": "runtime.determinism",
+    "DeterminismReport": "runtime.determinism",
+    "derive_seed": "core.seeds",
+    "digest": "core.digests",
+    "Run": "app.run",
+    "TwiceError": "core.errors",
+    "DeterminismError": "core.errors",
+    "StepRecord": "core.records",
+    "read_trace": "store.traces",
+    "first_divergence": "core.divergence",
+    "compare_runs": "app.compare",
+    "checkpoint_dir": "app.run",
+    "stream": "rng.streams",
+    "log_metric": "store.metrics",
 }
 
 # Submodules that are part of the public surface: twice.checkpoint.save(...), twice.data.loader(...).
@@ -50,14 +50,15 @@ def __dir__():
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .determinism import DeterminismReport, deterministic
-    from .digests import digest
-    from .compare import compare_runs
-    from .divergence import first_divergence
-    from .errors import DeterminismError, TwiceError
-    from .metrics import log_metric
-    from .run import Run, checkpoint_dir
-    from .streams import stream
-    from .seeding import seed_everything
-    from .seeds import derive_seed
-    from .trace import StepRecord, read_trace
+    from twice.app.compare import compare_runs  # noqa: F401
+    from twice.app.run import Run, checkpoint_dir  # noqa: F401
+    from twice.core.digests import digest  # noqa: F401
+    from twice.core.divergence import first_divergence  # noqa: F401
+    from twice.core.errors import DeterminismError, TwiceError  # noqa: F401
+    from twice.core.records import StepRecord  # noqa: F401
+    from twice.core.seeds import derive_seed  # noqa: F401
+    from twice.rng.seeding import seed_everything  # noqa: F401
+    from twice.rng.streams import stream  # noqa: F401
+    from twice.runtime.determinism import DeterminismReport, deterministic  # noqa: F401
+    from twice.store.metrics import log_metric  # noqa: F401
+    from twice.store.traces import read_trace  # noqa: F401

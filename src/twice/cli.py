@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .errors import EXIT_USAGE, TwiceError, UsageError
+from twice.core.errors import EXIT_USAGE, TwiceError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -110,7 +110,7 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, n
       twice run --observe -- bash train.sh     (record only, change nothing)
       twice run --mlflow sqlite:///mlflow.db -- python train.py
     """
-    from .launch import DEFAULT_SEED, RunOptions, run_command
+    from twice.app.launch import DEFAULT_SEED, RunOptions, run_command
 
     live = None
     if mlflow_uri is not None:
@@ -129,7 +129,7 @@ def run(seed, name, runs_dir, determinism, observe, trace_every, params_every, n
                          resume_from=resume_from, stop_after=max_steps, record_ops=_steps_option(record_ops),
                          numerics=numerics, live=live)
     code, run_dir = run_command(list(command), options)
-    from .store import read_json
+    from twice.store.runs import read_json
 
     context = read_json(run_dir / "manifest.json")["context"]
     _err(f"twice: run {run_dir} {context['status']} (exit {code})")
@@ -191,7 +191,7 @@ def _print_comparison(result, as_json: bool) -> None:
             _out(f"    {diff.key}: {diff.a} -> {diff.b}")
     divergence = result.divergence
     if divergence is not None:
-        from .divergence import FIELD_MEANING, loss_gap
+        from twice.core.divergence import FIELD_MEANING, loss_gap
 
         where = "" if divergence.stream == "main" else f", stream {divergence.stream}"
         _out(f"\nfirst divergence: step {divergence.step}{where}, in causal order:")
@@ -229,13 +229,13 @@ def diff(a, b, runs_dir, steps, as_json, html_out):
       twice diff runs/<a> runs/<b>
       twice diff <id-a> <id-b> --json
     """
-    from .compare import compare_runs
-    from .store import find_run
+    from twice.app.compare import compare_runs
+    from twice.store.runs import find_run
 
     result = compare_runs(find_run(a, runs_dir), find_run(b, runs_dir), steps=steps)
     _print_comparison(result, as_json)
     if html_out is not None:
-        from .report import write_report
+        from twice.app.report import write_report
 
         write_report([result.a, result.b], html_out)
         _err(f"twice: report written to {html_out}")
@@ -260,8 +260,8 @@ def verify(run_ref, runs_dir, steps, resume_at, as_json, quiet):
       twice verify <id> --steps 100
       twice verify <id> --resume-at 50
     """
-    from .store import find_run
-    from .verify import verify_run
+    from twice.app.verify import verify_run
+    from twice.store.runs import find_run
 
     run_dir = find_run(run_ref, runs_dir)
     if resume_at is not None:
@@ -284,7 +284,7 @@ def env(as_json):
       twice env
       twice env --json
     """
-    from .hazards import machine_hazards
+    from twice.runtime.hazards import machine_hazards
 
     hazards, facts = machine_hazards()
     if as_json:
@@ -307,7 +307,7 @@ def env(as_json):
 
 
 def _summary(run_dir: Path) -> dict:
-    from .store import effective_status, read_json
+    from twice.store.runs import effective_status, read_json
 
     manifest = read_json(run_dir / "manifest.json")
     context, identity = manifest["context"], manifest["identity"]
@@ -327,7 +327,7 @@ def list_command(runs_dir, as_json):
       twice ls
       twice ls experiments/runs --json
     """
-    from .store import list_runs
+    from twice.store.runs import list_runs
 
     if not runs_dir.is_dir():
         raise UsageError(f"no runs folder {runs_dir}", "start a run with `twice run`, or pass the folder that holds runs")
@@ -353,7 +353,7 @@ def show(run_ref, runs_dir, as_json):
       twice show runs/<id>
       twice show <id-prefix> --json
     """
-    from .store import effective_status, find_run, read_json
+    from twice.store.runs import effective_status, find_run, read_json
 
     run_dir = find_run(run_ref, runs_dir)
     manifest = read_json(run_dir / "manifest.json")
@@ -397,8 +397,8 @@ def verify_resume_command(at, seed, runs_dir, determinism, as_json, command):
       twice verify-resume -- python train.py
       twice verify-resume --at 100 -- python train.py --epochs 2
     """
-    from .launch import RunOptions
-    from .verify import verify_resume
+    from twice.app.launch import RunOptions
+    from twice.app.verify import verify_resume
 
     options = RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True)
     _print_resume_check(verify_resume(list(command), options, at=at), as_json)
@@ -406,8 +406,8 @@ def verify_resume_command(at, seed, runs_dir, determinism, as_json, command):
 
 def _verify_resume_of_run(run_dir, at: int, steps, as_json: bool) -> None:
     """`twice verify RUN --resume-at STEP`: verify-resume with RUN as the uninterrupted run."""
-    from .store import MANIFEST, effective_status, read_json
-    from .verify import rerun_options, verify_resume
+    from twice.app.verify import rerun_options, verify_resume
+    from twice.store.runs import MANIFEST, effective_status, read_json
 
     if steps is not None:
         raise UsageError("--steps and --resume-at check different things", "give one of them")
@@ -453,8 +453,9 @@ def export_mlflow(run_refs, runs_dir, tracking_uri, experiment, no_checkpoints):
       twice export mlflow runs/<id> --tracking-uri sqlite:///mlflow.db
       twice export mlflow runs/* --experiment lr-study
     """
+    from twice.store.runs import find_run
+
     from .integrations.mlflow import export_run
-    from .store import find_run
 
     for ref in run_refs:
         run_dir = find_run(ref, runs_dir)
@@ -483,7 +484,7 @@ def checkpoint_verify(path):
     Examples:
       twice checkpoint verify runs/<id>/checkpoints/step-00000400
     """
-    from .checkpoint import verify as verify_checkpoint
+    from twice.checkpoint import verify as verify_checkpoint
 
     index = verify_checkpoint(path)
     if "parts" in index:
@@ -502,9 +503,9 @@ def checkpoint_ls(run_ref, runs_dir):
     Examples:
       twice checkpoint ls runs/<id>
     """
-    from .checkpoint import CheckpointError, list_checkpoints
-    from .checkpoint import verify as verify_checkpoint
-    from .store import find_run
+    from twice.checkpoint import CheckpointError, list_checkpoints
+    from twice.checkpoint import verify as verify_checkpoint
+    from twice.store.runs import find_run
 
     run_dir = find_run(run_ref, runs_dir)
     for path in list_checkpoints(run_dir / "checkpoints"):
@@ -532,12 +533,12 @@ def locate(a, b, runs_dir, as_json, verbose):
       twice locate runs/<a> runs/<b>
       twice locate <id-a> <id-b> --json
     """
-    from .locate import locate_runs
-    from .store import find_run
+    from twice.app.locate import locate_runs
+    from twice.store.runs import find_run
 
     run_a, run_b = find_run(a, runs_dir), find_run(b, runs_dir)
     result = locate_runs(run_a, run_b, quiet=not verbose)
-    from .files import write_json_atomic
+    from twice.store.files import write_json_atomic
 
     write_json_atomic(run_a / f"locate-{run_b.name}.json", result.to_json())  # shown by `twice report`
     if as_json:
@@ -566,8 +567,8 @@ def audit(steps, seed, runs_dir, determinism, as_json, command):
       twice audit -- python train.py
       twice audit --steps 3 -- python train.py --lr 0.1
     """
-    from .launch import RunOptions
-    from .locate import audit_command
+    from twice.app.launch import RunOptions
+    from twice.app.locate import audit_command
 
     report = audit_command(list(command), RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True), steps=steps)
     if as_json:
@@ -606,8 +607,8 @@ def nan(run_ref, runs_dir, as_json):
       twice nan runs/<id>
       twice nan <id> --json
     """
-    from .numerics import read_report
-    from .store import find_run
+    from twice.store.faults import read_numerics as read_report
+    from twice.store.runs import find_run
 
     report, events = read_report(find_run(run_ref, runs_dir))
     faults = [e for e in events if e["kind"] == "non_finite"]
@@ -660,8 +661,8 @@ def sweep(vary, seeds, jobs, metric, executor, ray_address, name, runs_dir, dete
     """
     import re
 
-    from .launch import RunOptions
-    from .sweep import parse_vary, plan_trials, run_sweep
+    from twice.app.launch import RunOptions
+    from twice.app.sweep import parse_vary, plan_trials, run_sweep
 
     grid = parse_vary(list(vary))
     plan_trials(grid, seeds, list(command))  # validate before creating anything
@@ -702,14 +703,14 @@ def stats(folder, metric, as_json, html_out):
     """
     from itertools import combinations
 
-    from .stats import compare_pair, summarize_arm
-    from .sweep import sweep_results
+    from twice.app.sweep import sweep_results
+    from twice.core.stats import compare_pair, summarize_arm
 
     spec, values = sweep_results(folder, metric)
     arms = [summarize_arm(arm, per_seed) for arm, per_seed in values.items()]
     pairs = [compare_pair(a, b) for a, b in combinations(arms, 2)]
     if html_out is not None:
-        from .report import write_report
+        from twice.app.report import write_report
 
         write_report([folder], html_out)
         _err(f"twice: report written to {html_out}")
@@ -740,9 +741,9 @@ def report(paths, runs_dir, output):
       twice report runs/<a> runs/<b> -o report.html
       twice report runs/sweep-lr -o sweep.html
     """
-    from .report import write_report
-    from .store import find_run
-    from .sweep import SWEEP_FILE
+    from twice.app.report import write_report
+    from twice.app.sweep import SWEEP_FILE
+    from twice.store.runs import find_run
 
     resolved = [Path(p) if (Path(p) / SWEEP_FILE).is_file() else find_run(p, runs_dir) for p in paths]
     _out(f"report written to {write_report(resolved, output)}")
@@ -764,8 +765,8 @@ def bisect(a, b, runs_dir, as_json):
     Examples:
       twice bisect runs/<a> runs/<b>
     """
-    from .locate import bisect_divergence
-    from .store import find_run
+    from twice.app.locate import bisect_divergence
+    from twice.store.runs import find_run
 
     result = bisect_divergence(find_run(a, runs_dir), find_run(b, runs_dir))
     if as_json:

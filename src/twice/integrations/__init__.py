@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from twice.errors import TwiceError
+from twice.core.errors import TwiceError
 
 __all__ = ["MissingExtra", "require"]
 

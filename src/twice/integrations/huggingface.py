@@ -51,7 +51,7 @@ class TwiceCallback(transformers.TrainerCallback):
         return self.run.dir if self.run is not None else None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        from twice.run import Run
+        from twice.app.run import Run
 
         if self.run is None:
             self.run = Run(config=_config_of(args), seed=self.seed, runs_dir=self.runs_dir, name=self.name,
@@ -63,9 +63,9 @@ class TwiceCallback(transformers.TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._resume_step is None:
             return
-        from twice import instrument
+        from twice.record import hooks
 
-        recorder = instrument.active_recorder()
+        recorder = hooks.active_recorder()
         if recorder is not None:
             # The Trainer has fetched this step's batches already, after those it skipped to get there.
             recorder.resume_at(self._resume_step, keep_batches=args.gradient_accumulation_steps)

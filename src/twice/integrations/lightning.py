@@ -48,7 +48,7 @@ class Twice(pl.Callback):
         return self.run.dir if self.run is not None else None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        from twice.run import Run
+        from twice.app.run import Run
 
         if stage != "fit" or self.run is not None:
             return
@@ -69,7 +69,7 @@ class Twice(pl.Callback):
 
     def state_dict(self) -> dict:
         from twice.checkpoint import encode_state
-        from twice.seeding import capture_rng
+        from twice.rng.seeding import capture_rng
 
         return {"format": FORMAT, "rng": encode_state(capture_rng())}
 
@@ -82,10 +82,10 @@ class Twice(pl.Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._pending is None:
             return
-        from twice import instrument
-        from twice.seeding import restore_rng
+        from twice.record import hooks
+        from twice.rng.seeding import restore_rng
 
-        recorder = instrument.active_recorder()
+        recorder = hooks.active_recorder()
         if recorder is not None:
             # The trace continues at the resumed step's number, with the batch Lightning already fetched.
             recorder.resume_at(trainer.global_step, keep_batches=None)

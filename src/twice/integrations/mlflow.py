@@ -102,7 +102,8 @@ class _TraceTail:
         self.offsets: dict[str, int] = {}
 
     def new_metrics(self, timestamp: int) -> list:
-        from twice.trace import StepRecord, trace_files
+        from twice.core.records import StepRecord
+        from twice.store.traces import trace_files
 
         metrics = []
         for stream, path in trace_files(self.run_dir).items():
@@ -182,7 +183,7 @@ def export_run(run_dir: str | Path, *, tracking_uri: str | None = None, experime
     A run exported before is found by its tag and not exported twice."""
     import time
 
-    from twice.store import MANIFEST, read_json
+    from twice.store.runs import MANIFEST, read_json
 
     run_dir = Path(run_dir)
     manifest = read_json(run_dir / MANIFEST)
@@ -219,7 +220,7 @@ class LiveExport:
     def start(self, run_dir: Path) -> None:
         import time
 
-        from twice.store import MANIFEST, read_json
+        from twice.store.runs import MANIFEST, read_json
 
         manifest = read_json(run_dir / MANIFEST)
         self.client = _client(self.tracking_uri)
@@ -252,7 +253,7 @@ class LiveExport:
     def _close(self, run_dir: Path) -> None:
         import time
 
-        from twice.store import MANIFEST, read_json
+        from twice.store.runs import MANIFEST, read_json
 
         if self.run_id is None:
             return

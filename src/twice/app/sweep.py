@@ -1,0 +1,254 @@
+"""`twice sweep`: a grid of settings times seeds, each trial a full recorded run, paired by seed."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import string
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from twice.app.launch import RunOptions, run_command
+from twice.core.errors import UsageError
+from twice.store.runs import effective_status, read_json, write_json_atomic
+
+__all__ = ["parse_vary", "Trial", "plan_trials", "run_sweep", "sweep_results", "SWEEP_FILE"]
+
+SWEEP_FILE = "sweep.json"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_vary(specs: list[str]) -> dict[str, list[str]]:
+    """`["lr=0.1,0.01", "wd=0,1e-4"]` -> {"lr": ["0.1", "0.01"], "wd": ["0", "1e-4"]}."""
+    grid: dict[str, list[str]] = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        parts = [v.strip() for v in values.split(",")]
+        if not sep or not _NAME.match(name) or not values or any(not v for v in parts):
+            raise UsageError(f"--vary {spec!r} is not NAME=VALUE[,VALUE...]", "e.g. --vary lr=0.1,0.01")
+        if name in grid or name == "seed":
+            raise UsageError(f"--vary {name} given twice or reserved", "vary each name once; {seed} is set by --seeds")
+        if len(set(parts)) != len(parts):
+            raise UsageError(f"--vary {name} repeats a value", "list each value once")
+        grid[name] = parts
+    if not grid:
+        raise UsageError("nothing to vary", "add --vary NAME=VALUE[,VALUE...]")
+    return grid
+
+
+def _placeholders(command: list[str]) -> set[str]:
+    found = set()
+    for part in command:
+        for _, field_name, _, _ in string.Formatter().parse(part):
+            if field_name:
+                found.add(field_name)
+    return found
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One run of the sweep: an arm (a point of the grid) and a seed."""
+
+    arm: tuple[tuple[str, str], ...]
+    seed: int
+
+    @property
+    def arm_label(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.arm)
+
+    @property
+    def name(self) -> str:
+        safe = re.sub(r"[^A-Za-z0-9_.=-]", "_", "_".join(f"{k}={v}" for k, v in self.arm))
+        return f"{safe}-seed{self.seed}"
+
+    def command(self, template: list[str]) -> list[str]:
+        values = {**dict(self.arm), "seed": str(self.seed)}
+        return [part.format(**values) for part in template]
+
+
+def plan_trials(grid: dict[str, list[str]], seeds: int, command: list[str]) -> list[Trial]:
+    if seeds < 1:
+        raise UsageError(f"--seeds must be at least 1, not {seeds}", "give the number of seeds per arm")
+    if not command:
+        raise UsageError("no command to run", "put the command after --, with {name} where each varied value goes")
+    used = _placeholders(command)
+    missing = [name for name in grid if name not in used]
+    if missing:
+        raise UsageError(f"the command has no placeholder for {', '.join('{' + m + '}' for m in missing)}",
+                         f"put {' '.join('{' + m + '}' for m in missing)} where the value goes, e.g. --lr {{{missing[0]}}}")
+    unknown = sorted(used - set(grid) - {"seed"})
+    if unknown:
+        raise UsageError(f"the command uses {', '.join('{' + u + '}' for u in unknown)}, which nothing varies",
+                         "add --vary for it, or escape literal braces as {{ }}")
+    arms = [tuple(zip(grid, values)) for values in itertools.product(*grid.values())]
+    # Seed-major order: with few jobs, every arm gets its first seeds early (a paired design).
+    return [Trial(arm, seed) for seed in range(seeds) for arm in arms]
+
+
+def _completed(trials_dir: Path) -> dict[str, Path]:
+    done: dict[str, Path] = {}
+    if not trials_dir.is_dir():
+        return done
+    for run_dir in sorted(trials_dir.iterdir()):
+        manifest = run_dir / "manifest.json"
+        if manifest.is_file() and effective_status(read_json(manifest)) == "completed":
+            name = run_dir.name.split("-", 4)[-1]  # drop the time-and-random id prefix
+            done[name] = run_dir
+    return done
+
+
+@dataclass
+class SweepOutcome:
+    folder: Path
+    completed: int
+    failed: list[str] = field(default_factory=list)
+    skipped: int = 0
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 130 if self.interrupted else (1 if self.failed else 0)
+
+    def record(self, trial: Trial, code: int) -> None:
+        if code == 0:
+            self.completed += 1
+        else:
+            self.failed.append(f"{trial.arm_label} seed {trial.seed} (exit {code})")
+
+
+def _ray_trial(command: list[str], options: dict) -> int:
+    """One trial inside a Ray worker: a full `twice run` (the sweep folder must be on a shared filesystem)."""
+    from twice.app.launch import RunOptions, run_command
+
+    options = {**options, "runs_dir": Path(options["runs_dir"]), "cwd": Path(options["cwd"])}
+    code, _ = run_command(command, RunOptions(**options))
+    return code
+
+
+def _run_on_ray(trials: list[Trial], submit_options, command: list[str], address: str | None, jobs: int,
+                outcome: "SweepOutcome", report) -> None:
+    try:
+        import ray
+    except ImportError as exc:  # the `ray` extra
+        raise UsageError("--executor ray needs Ray", "pip install 'twice[ray]'") from exc
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    remote = ray.remote(num_cpus=1)(_ray_trial)
+    pending: dict = {}
+    queue = list(trials)
+    try:
+        while queue or pending:
+            while queue and len(pending) < jobs:
+                trial = queue.pop(0)
+                pending[remote.remote(trial.command(command), submit_options(trial))] = trial
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            for ref in ready:
+                outcome.record(pending.pop(ref), ray.get(ref))
+            report()
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        for ref in pending:
+            ray.cancel(ref, force=True)
+
+
+def run_sweep(folder: Path, grid: dict[str, list[str]], seeds: int, command: list[str], *, jobs: int = 1,
+              options: RunOptions | None = None, metric: str = "final_loss", progress=None,
+              executor: str = "local", ray_address: str | None = None) -> SweepOutcome:
+    """Run every trial not completed yet into `folder`/trials; re-running retries failures and skips successes."""
+    trials = plan_trials(grid, seeds, command)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = {"grid": grid, "seeds": seeds, "command": command, "metric": metric}
+    if (folder / SWEEP_FILE).is_file():
+        recorded = read_json(folder / SWEEP_FILE)
+        if {k: recorded.get(k) for k in ("grid", "seeds", "command")} != {k: spec[k] for k in ("grid", "seeds", "command")}:
+            raise UsageError(f"{folder} holds a different sweep", "use another --name, or the same --vary/--seeds/command")
+    write_json_atomic(folder / SWEEP_FILE, spec)
+    trials_dir = folder / "trials"
+    done = _completed(trials_dir)
+    todo = [t for t in trials if t.name not in done]
+    outcome = SweepOutcome(folder, completed=len(trials) - len(todo), skipped=len(trials) - len(todo))
+    base = options or RunOptions()
+    state = {"running": 0, "durations": []}
+    lock = threading.Lock()
+
+    def one(trial: Trial) -> tuple[Trial, int]:
+        from dataclasses import replace
+
+        with lock:
+            state["running"] += 1
+        start = time.time()
+        try:
+            code, _ = run_command(trial.command(command), replace(base, seed=trial.seed, name=trial.name,
+                                                                  runs_dir=trials_dir.resolve(), quiet=True))
+        finally:
+            with lock:
+                state["running"] -= 1
+                state["durations"].append(time.time() - start)
+        return trial, code
+
+    def report():
+        if progress is not None:
+            durations = state["durations"]
+            remaining = len(trials) - outcome.completed - len(outcome.failed)
+            eta = (sum(durations) / len(durations)) * remaining / max(jobs, 1) if durations else None
+            progress(done=outcome.completed, total=len(trials), running=state["running"], failed=len(outcome.failed), eta=eta)
+
+    if executor == "ray":
+        import os
+        from dataclasses import asdict, replace
+
+        def submit_options(trial: Trial) -> dict:
+            chosen = replace(base, seed=trial.seed, name=trial.name, runs_dir=trials_dir.resolve(), quiet=True,
+                             cwd=Path(base.cwd or os.getcwd()).resolve())
+            return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(chosen).items()}
+
+        report()
+        _run_on_ray(todo, submit_options, command, ray_address, max(1, jobs), outcome, report)
+        return outcome
+    if executor != "local":
+        raise UsageError(f"unknown executor {executor!r}", "use local or ray")
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    pending: set[Future] = set()
+    queue = list(todo)
+    try:
+        report()
+        while queue or pending:
+            while queue and len(pending) < jobs:
+                pending.add(pool.submit(one, queue.pop(0)))
+            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for future in finished:
+                outcome.record(*future.result())
+            report()
+    except KeyboardInterrupt:
+        # The terminal's Ctrl-C reached the running trials too; completed trials stay as they are.
+        outcome.interrupted = True
+        for future in pending:
+            future.cancel()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return outcome
+
+
+def sweep_results(folder: Path, metric: str | None = None) -> tuple[dict, dict[str, dict[int, float]]]:
+    """(the sweep spec, {arm label: {seed: metric value}}) from completed trials."""
+    from twice.store.metrics import read_metric, require_metric
+
+    folder = Path(folder)
+    if not (folder / SWEEP_FILE).is_file():
+        raise UsageError(f"{folder} is not a sweep folder (it has no {SWEEP_FILE})", "pass the folder `twice sweep` printed")
+    spec = read_json(folder / SWEEP_FILE)
+    metric = metric or spec.get("metric", "final_loss")
+    trials = plan_trials(spec["grid"], spec["seeds"], spec["command"])
+    done = _completed(folder / "trials")
+    require_metric(list(done.values()), metric)
+    values: dict[str, dict[int, float]] = {}
+    for trial in trials:
+        if trial.name in done:
+            value = read_metric(done[trial.name], metric)
+            if value is not None:
+                values.setdefault(trial.arm_label, {})[trial.seed] = value
+    return {**spec, "metric": metric}, values

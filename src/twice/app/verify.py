@@ -1,0 +1,167 @@
+"""`twice verify`: run a recorded command again with its recorded seed and settings, and compare."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from twice.app.compare import Comparison, compare_runs
+from twice.app.launch import RunOptions, run_command
+from twice.core.errors import UsageError
+from twice.core.protocol import ChildSettings
+from twice.runtime.capture import numeric_env
+from twice.store.runs import MANIFEST, read_json
+
+__all__ = ["verify_run", "verify_resume", "ResumeCheck"]
+
+
+def rerun_options(run_dir: Path, *, name: str, steps: int | None = None, quiet: bool = False,
+                  record_ops: str | None = None) -> tuple[list[str], RunOptions]:
+    """The command and options that re-execute a recorded run as it was recorded."""
+    import os
+
+    manifest = read_json(Path(run_dir) / MANIFEST)
+    identity, context = manifest["identity"], manifest["context"]
+    recorded_env = identity.get("env", {})
+    # The re-run gets the recorded numerics-relevant variables and none that the original lacked.
+    unset = tuple(k for k in numeric_env(dict(os.environ)) if k not in recorded_env)
+    options = RunOptions(
+        seed=identity.get("seed") if identity.get("seed") is not None else 0,
+        name=name[:100],
+        runs_dir=Path(run_dir).parent.resolve(),
+        determinism=identity.get("determinism", {}).get("mode", "strict") if not identity.get("observe") else "strict",
+        observe=bool(identity.get("observe")),
+        trace_every=context.get("trace_every") or 1,
+        params_every=context.get("params_every"),
+        stop_after=steps,
+        env=dict(recorded_env),
+        unset_env=unset,
+        cwd=Path(context.get("cwd", ".")),
+        quiet=quiet,
+        record_ops=record_ops,
+    )
+    if not options.cwd.is_dir():
+        raise UsageError(f"the run's folder {options.cwd} no longer exists", "re-run on the machine and checkout it was recorded in")
+    return list(identity["argv"]), options
+
+
+def verify_run(run_dir: Path, steps: int | None = None, quiet: bool = False) -> tuple[Comparison, Path]:
+    """Re-execute the run in `run_dir` into a new run beside it; compare the first `steps` steps (or all)."""
+    run_dir = Path(run_dir)
+    if steps is not None and steps < 1:
+        raise UsageError(f"--steps must be at least 1, not {steps}", "give the number of steps to verify")
+    command, options = rerun_options(run_dir, name=f"verify-{run_dir.name[:26]}", steps=steps, quiet=quiet)
+    _, new_dir = run_command(command, options)
+    return compare_runs(run_dir, new_dir, steps=steps), new_dir
+
+
+_MISSING_STATE = {
+    "batch": "the data position or the sampler's RNG was not restored: the first resumed batch differs",
+    "rng": "the RNG state was not restored",
+    "loss": "the forward pass differs after resuming: RNG state (dropout) or model buffers were not restored",
+    "grads": "the backward pass differs after resuming: state used by backward was not restored",
+    "grad_norm": "the gradients differ after resuming",
+    "lr": "the learning-rate scheduler's state was not restored",
+    "params": "the optimizer's state was not restored (moments, step counts)",
+}
+
+
+@dataclass
+class ResumeCheck:
+    """The outcome of `verify_resume`: straight run A, interrupted run B, resumed run C."""
+
+    identical: bool
+    verdict: str
+    cause: str
+    at: int
+    runs: dict[str, str]
+    divergence: dict | None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.identical else 1
+
+    def to_json(self) -> dict:
+        return {"identical": self.identical, "verdict": self.verdict, "cause": self.cause, "at": self.at,
+                "runs": self.runs, "divergence": self.divergence}
+
+
+def verify_resume(command: list[str], options: RunOptions, at: int | None = None,
+                  straight: Path | None = None, at_flag: str = "--at") -> ResumeCheck:
+    """Run `command` straight; again, stopped after `at` steps (default: half); then resumed in a new
+    process from where it stopped. Compare the resumed steps and the final state with the straight run.
+
+    A script using twice.Run resumes through `run.resume()`; a script that checkpoints by itself
+    finds its checkpoints in twice.checkpoint_dir(), which the interrupted and resumed runs share.
+    Given `straight` (a recorded run of `command`, as `twice verify RUN --resume-at`), that run is
+    the uninterrupted one and is not run again.
+    """
+    from dataclasses import replace
+
+    import twice.checkpoint as checkpoints
+    from twice.store.traces import read_trace, trace_files
+
+    if straight is None:
+        code, straight = run_command(command, replace(options, name="straight"))
+    else:
+        code = read_json(Path(straight) / MANIFEST)["context"].get("exit_code", 0) or 0
+    streams = {stream: read_trace(path) for stream, path in trace_files(straight).items()}
+    full = next((streams[s] for s in ("main", "rank0") if s in streams), next(iter(streams.values()), []))
+    if code != 0 or len(full) < 2:
+        raise UsageError(f"the straight run {'failed (exit ' + str(code) + ')' if code else 'recorded fewer than 2 steps'}",
+                         f"fix the command first; see {straight}/stderr.log")
+    at = len(full) // 2 if at is None else at
+    if not 1 <= at < len(full):
+        raise UsageError(f"{at_flag} {at} is outside the run's {len(full)} steps", f"give a step from 1 to {len(full) - 1}")
+    _, interrupted = run_command(command, replace(options, name=f"stopped-at-{at}", stop_after=at))
+    saved = interrupted / "checkpoints"
+    resume_from = checkpoints.latest(saved)
+    env = {**options.env, **ChildSettings(checkpoint_dir=str(saved.resolve())).to_env(), **ChildSettings(resume_probe=True).to_env()}
+    code, resumed = run_command(command, replace(options, name=f"resumed-from-{at}", env=env, resume_from=resume_from))
+    runs = {"straight": str(straight), "interrupted": str(interrupted), "resumed": str(resumed)}
+    # Multi-process runs: every rank's trace must continue exactly; report the rank that parts first.
+    checks = []
+    resumed_streams = trace_files(resumed)
+    for stream, records in streams.items():
+        after = read_trace(resumed_streams[stream]) if stream in resumed_streams else []
+        check = compare_resumed(records, after, at, runs)
+        if len(streams) > 1 and not check.identical:
+            check.verdict = f"{stream}: {check.verdict}"
+        checks.append(check)
+    failed = [c for c in checks if not c.identical]
+    if not failed:
+        if len(checks) > 1:
+            checks[0].verdict += f" on every one of the {len(checks)} ranks"
+        return checks[0]
+    return min(failed, key=lambda c: (c.divergence or {}).get("step", float("inf")))
+
+
+def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck:
+    """Compare one stream's resumed steps (from step `at` on) with the same steps of the straight run."""
+    from twice.core.divergence import FIELD_MEANING, first_divergence
+
+    # A script resuming by itself restarts twice's step count at 0: align it with the straight run.
+    offset = at if after and after[0].step == 0 else 0
+    for record in after:
+        record.step += offset
+    tail = [r for r in full if r.step >= at]
+    found = first_divergence(tail, after)
+    before = next((r for r in full if r.step == at - 1), None)
+    if after and before is not None and after[0].params_before is not None and after[0].params_before != before.params:
+        cause = f"the model's parameters were not restored: they differ from the straight run's after step {at - 1}"
+        divergence = {"step": at, "fields": ["params_before"]}
+        return ResumeCheck(False, f"resume differs: first divergence at step {at}, the first resumed step", cause, at, runs, divergence)
+    if found is None and len(after) == len(tail) and after:
+        verdict = f"resume is bit-exact: steps {at}-{tail[-1].step} and the final parameters match the uninterrupted run"
+        return ResumeCheck(True, verdict, "", at, runs, None)
+    if found is None:
+        verdict = f"resume differs: the resumed run recorded {len(after)} steps where the straight run has {len(tail)} after step {at}"
+        return ResumeCheck(False, verdict, "the resumed run did not continue where the interrupted one stopped", at, runs, None)
+    cause = _MISSING_STATE[found.first]
+    if found.first == "rng" and found.rng_sources:
+        cause += f" ({', '.join(found.rng_sources)})"
+    if found.step > at:
+        cause = f"state that matters only later was not restored; at step {found.step}: {cause}"
+    first = " (the first resumed step)" if found.step == at else ""
+    verdict = f"resume differs: first divergence at step {found.step}{first} ({FIELD_MEANING[found.first]})"
+    return ResumeCheck(False, verdict, cause, at, runs, found.to_json())

@@ -1,0 +1,21 @@
+"""Complete, verified, pickle-free checkpoints: `twice.checkpoint.save(dir, **state)` and `load`.
+
+    twice.checkpoint.save("ckpt/step-100", model=model, optimizer=optimizer)
+    twice.checkpoint.load("ckpt/step-100", model=model, optimizer=optimizer)
+"""
+
+from twice.checkpoint.format import (
+    RNG_ENTRY,
+    CheckpointError,
+    decode_state,
+    encode_state,
+    latest,
+    list_checkpoints,
+    load,
+    save,
+    step_dir,
+    verify,
+)
+
+__all__ = ["save", "load", "verify", "latest", "list_checkpoints", "step_dir", "CheckpointError", "RNG_ENTRY",
+           "encode_state", "decode_state"]

@@ -1,0 +1,493 @@
+"""Exact digests of tensors, state dicts and nested batches: equal digests mean equal bits.
+
+A digest covers the dtype, the shape and every byte of the data in logical (row-major) order, so
+a view, a non-contiguous tensor and its contiguous copy agree, while 0.0 and -0.0, two NaN
+payloads, or float32 and int32 with the same bytes do not. CPU data is hashed with xxh3-128.
+Tensors on an accelerator are folded on the device into a few 64-bit words (an NH-style universal
+hash over 32-bit word pairs with position-derived keys) and only those words leave the device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import math
+import struct
+import sys
+import types
+from typing import Any
+
+import numpy as np
+import xxhash
+
+try:  # the compiled part (see setup.py); where it was not built, the same values come from Python
+    from twice import _native
+except ImportError:
+    _native = None
+
+__all__ = ["digest", "Digester", "tensor_bytes_view", "device_fold"]
+
+_TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = b"N", b"?", b"i", b"f", b"s", b"b"
+_TAG_SEQ, _TAG_MAP, _TAG_TENSOR, _TAG_ARRAY, _TAG_DATACLASS, _TAG_OPAQUE = b"[", b"{", b"T", b"A", b"D", b"O"
+_TAG_DEVICE_TENSOR, _TAG_SPARSE, _TAG_NESTED, _TAG_QUANTIZED = b"G", b"S", b"J", b"Q"
+_TAG_OBJECT = b"R"
+
+# Types a lenient Digester (the step trace's batch digests) could only identify by name, in the
+# order first met: the step trace warns about each once, since a difference in them goes unseen.
+OPAQUE_TYPES: list[str] = []
+
+# Elements per chunk on the device path: bounds the temporary key tensors to a few hundred MB.
+_DEVICE_CHUNK_WORDS = 1 << 24
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class _NoTensor:  # stands in for torch.Tensor when torch is not imported: nothing is an instance
+    pass
+
+
+class Digester:
+    """Incremental digest over a sequence of values (see `digest`)."""
+
+    def __init__(self, strict: bool = True):
+        self._hash = xxhash.xxh3_128()
+        self._strict = strict
+
+    def _frame(self, tag: bytes, payload: bytes) -> None:
+        self._hash.update(tag + len(payload).to_bytes(8, "little") + payload)
+
+    def update(self, value: Any) -> "Digester":
+        """Feed one value (tensor, array, number, string, or a nesting of those)."""
+        # A value cannot be a tensor unless torch is loaded; not importing it keeps the launcher fast.
+        torch_module = sys.modules.get("torch")
+        tensor_type = torch_module.Tensor if torch_module is not None else _NoTensor
+        if isinstance(value, tensor_type):  # first: batches are mostly tensors
+            self._update_tensor(value)
+        elif type(value) is tuple or type(value) is list:  # next: batches are mostly tuples of them
+            self._update_sequence(value)
+        elif value is None:
+            self._frame(_TAG_NONE, b"")
+        elif isinstance(value, bool):
+            self._frame(_TAG_BOOL, b"1" if value else b"0")
+        elif isinstance(value, int):
+            self._frame(_TAG_INT, str(value).encode())
+        elif isinstance(value, float):
+            self._frame(_TAG_FLOAT, struct.pack("<d", value))
+        elif isinstance(value, str):
+            self._frame(_TAG_STR, value.encode("utf-8", "surrogatepass"))
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            self._frame(_TAG_BYTES, bytes(value))
+        elif isinstance(value, np.ndarray):
+            self._update_array(value)
+        elif isinstance(value, np.generic):
+            self._update_array(np.asarray(value))
+        elif isinstance(value, dict) or (hasattr(value, "keys") and hasattr(value, "__getitem__")):
+            keys = list(value.keys())
+            self._frame(_TAG_MAP, str(len(keys)).encode())
+            for key in keys:
+                self.update(key)
+                self.update(value[key])
+        elif isinstance(value, (list, tuple)):  # subclasses: after the mapping test, which a subclass may pass
+            self._update_sequence(value)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = dataclasses.fields(value)
+            self._frame(_TAG_DATACLASS, type(value).__qualname__.encode() + b":" + str(len(fields)).encode())
+            for field in fields:
+                self.update(field.name)
+                self.update(getattr(value, field.name))
+        elif self._strict:
+            raise TypeError(
+                f"cannot digest a {type(value).__module__}.{type(value).__qualname__}; "
+                "digest takes tensors, arrays, numbers, strings, bytes, and lists, tuples, dicts "
+                "and dataclasses of those"
+            )
+        else:
+            self._update_object(value)
+        return self
+
+    def _update_sequence(self, value: list | tuple) -> None:
+        self._frame(_TAG_SEQ, type(value).__name__.encode() + b":" + str(len(value)).encode())
+        for item in value:
+            self.update(item)
+
+    def _update_object(self, value: Any) -> None:
+        """Lenient mode (batches in the step trace) only: an object of a plain class (a user's
+        `Batch` holding tensors as attributes) as its class and its attributes, in name order;
+        anything else, and an object met again inside itself, by its type alone, noted in
+        OPAQUE_TYPES. Capture must never crash a training loop."""
+        name = f"{type(value).__module__}.{type(value).__qualname__}"
+        active = self.__dict__.setdefault("_active", set())
+        if id(value) in active:  # a reference back to an object being digested
+            self._frame(_TAG_OPAQUE, b"cycle:" + name.encode())
+            return
+        fields = _attributes(value)
+        if fields is None:
+            if name not in OPAQUE_TYPES:
+                OPAQUE_TYPES.append(name)
+            self._frame(_TAG_OPAQUE, name.encode())
+            return
+        active.add(id(value))
+        try:
+            self._frame(_TAG_OBJECT, f"{name}:{len(fields)}".encode())
+            for key, item in fields:
+                self.update(key)
+                self.update(item)
+        finally:
+            active.discard(id(value))
+
+    def _update_tensor(self, tensor) -> None:
+        if tensor.is_nested:  # variable-length sequences: the layout, then each component in order
+            parts = tensor.unbind()
+            self._frame(_TAG_NESTED, f"{tensor.layout}|{tensor.dtype}|{len(parts)}".encode())
+            for part in parts:
+                self._update_tensor(part)
+            return
+        head = _plain_head(tensor)
+        if head is not None:  # the common case (a batch from a DataLoader), framed as below
+            _feed_head(self._hash.update, tensor, head)
+            return
+        torch = _torch()
+        if tensor.layout != torch.strided:
+            parts = sparse_parts(tensor)
+            if parts is None:
+                raise TypeError(f"cannot digest a {tensor.layout} tensor; convert it with .to_dense() first")
+            # A sparse tensor (an nn.Embedding(sparse=True) gradient) as what it holds: its index and
+            # value tensors as they are, uncoalesced duplicates included, under its layout and shape.
+            self._frame(_TAG_SPARSE, f"{tensor.layout}|{tensor.dtype}|{tuple(tensor.shape)}|{len(parts)}".encode())
+            for part in parts:
+                self._update_tensor(part)
+            return
+        device = tensor.device.type
+        if device == "meta":
+            raise TypeError("cannot digest a meta tensor: it has no data")
+        if tensor.is_quantized:  # the integers and what maps them to values: scale(s), zero point(s), axis
+            scheme = tensor.qscheme()
+            if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+                mapping, parts = f"{scheme}|{tensor.q_scale()!r}|{tensor.q_zero_point()}", ()
+            else:
+                mapping = f"{scheme}|{tensor.q_per_channel_axis()}"
+                parts = (tensor.q_per_channel_scales(), tensor.q_per_channel_zero_points())
+            self._frame(_TAG_QUANTIZED, f"{tensor.dtype}|{tuple(tensor.shape)}|{mapping}".encode())
+            for part in (tensor.int_repr(), *parts):
+                self._update_tensor(part)
+            return
+        header = f"{tensor.dtype}|{tuple(tensor.shape)}".encode()
+        if device == "cpu":
+            self._frame(_TAG_TENSOR, header)
+            data = tensor_bytes_view(tensor)
+            self._hash.update(len(data).to_bytes(8, "little"))
+            self._hash.update(data.buffer if isinstance(data, _Pinned) else data)
+        else:
+            words = device_fold(tensor)
+            self._frame(_TAG_DEVICE_TENSOR, header + b"|" + words)
+
+    def _update_array(self, array: np.ndarray) -> None:
+        if array.dtype.hasobject:
+            raise TypeError("cannot digest a NumPy array of Python objects")
+        array = np.ascontiguousarray(array)
+        self._frame(_TAG_ARRAY, f"{array.dtype.str}|{array.shape}".encode())
+        data = memoryview(array).cast("B") if array.size else b""
+        self._hash.update(len(data).to_bytes(8, "little"))
+        self._hash.update(data)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def _attributes(value: Any) -> list[tuple[str, Any]] | None:
+    """The instance attributes of an object of a plain Python class (its __dict__ and __slots__),
+    sorted by name; None for what has none to read (C types, functions, classes, modules)."""
+    if isinstance(value, _NOT_OBJECTS):
+        return None
+    namespace = getattr(value, "__dict__", None)
+    fields = dict(namespace) if isinstance(namespace, dict) else {}
+    slotted = False
+    for cls in type(value).__mro__[:-1]:  # not object's
+        slots = cls.__dict__.get("__slots__")
+        if slots is None:
+            continue
+        slotted = True
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
+                fields.setdefault(slot, getattr(value, slot))
+    if not isinstance(namespace, dict) and not slotted:
+        return None
+    return sorted(fields.items(), key=lambda item: str(item[0]))
+
+
+_NOT_OBJECTS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType)
+
+
+def sparse_parts(tensor) -> tuple | None:
+    """The tensors that make up a sparse tensor, in a fixed order, or None for a layout not known here:
+    COO (indices, values); compressed layouts (compressed indices, plain indices, values)."""
+    torch = _torch()
+    layout = tensor.layout
+    if layout == torch.sparse_coo:
+        return tensor._indices(), tensor._values()
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return tensor.crow_indices(), tensor.col_indices(), tensor.values()
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return tensor.ccol_indices(), tensor.row_indices(), tensor.values()
+    return None
+
+
+def tensor_bytes_view(tensor):
+    """The tensor's bytes in logical order (a zero-copy buffer when it is already contiguous)."""
+    if tensor.dtype.is_complex:
+        tensor = tensor.resolve_conj().resolve_neg()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return memoryview(b"")
+    # A ctypes array over the tensor's memory: ~20x cheaper per tensor than reshape/view/numpy,
+    # which matters when a step digests dozens of small tensors. _Pinned keeps `tensor` alive.
+    return _Pinned(tensor, (ctypes.c_char * nbytes).from_address(tensor.data_ptr()))
+
+
+class _Pinned:
+    """A buffer that keeps the tensor it points into alive for as long as the buffer is used."""
+
+    __slots__ = ("tensor", "buffer")
+
+    def __init__(self, tensor, buffer):
+        self.tensor, self.buffer = tensor, buffer
+
+    def __buffer__(self, flags):  # Python 3.12+
+        return memoryview(self.buffer)
+
+    def __len__(self):
+        return len(self.buffer)
+
+
+def _mix64(x):
+    """splitmix64 finaliser on an int64 tensor (wrapping arithmetic, logical shifts emulated)."""
+    def shr(v, n):
+        return (v >> n) & ((1 << (64 - n)) - 1)
+
+    x = x ^ shr(x, 30)
+    x = x * -4658895280553007687  # 0xbf58476d1ce4e5b9 as a signed 64-bit integer
+    x = x ^ shr(x, 27)
+    x = x * -7723592293110705685  # 0x94d049bb133111eb
+    return x ^ shr(x, 31)
+
+
+def device_fold(tensor) -> bytes:
+    """Fold a tensor's bytes into 32 bytes on its own device (integer sums: order-independent, exact).
+
+    Works on any device, the CPU included, so that the device algorithm can be checked here.
+    """
+    torch = _torch()
+    tensor = tensor.detach()
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    raw = tensor.contiguous().reshape(-1).view(torch.uint8)
+    nbytes = raw.numel()
+    pad = (-nbytes) % 8
+    if pad:
+        raw = torch.cat([raw, torch.zeros(pad, dtype=torch.uint8, device=raw.device)])
+    words = raw.view(torch.int64)
+    low_mask = (1 << 32) - 1
+    sums = torch.zeros(4, dtype=torch.int64, device=raw.device)
+    for start in range(0, words.numel(), _DEVICE_CHUNK_WORDS):
+        chunk = words[start : start + _DEVICE_CHUNK_WORDS]
+        index = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=raw.device)
+        low, high = chunk & low_mask, (chunk >> 32) & low_mask
+        for lane in range(2):
+            key = _mix64(index * 2 + lane * (1 << 40) + 0x5EED)
+            k_low, k_high = key & low_mask, (key >> 32) & low_mask
+            # NH: (a + k1 mod 2^32) * (b + k2 mod 2^32), summed mod 2^64; two lanes with other keys.
+            products = ((low + k_low) & low_mask) * ((high + k_high) & low_mask)
+            sums[lane] += products.sum()
+            sums[2 + lane] += (chunk ^ key).sum()
+    return struct.pack("<q", nbytes) + sums.cpu().numpy().astype("<i8").tobytes()
+
+
+def digest(value: Any, *, strict: bool = True) -> str:
+    """Return the exact digest (32 hex characters) of a tensor, array, state dict or nested batch.
+
+    >>> import torch
+    >>> digest(torch.zeros(3)) == digest(torch.zeros(3))
+    True
+    >>> digest(torch.zeros(3)) == digest(torch.zeros(3, dtype=torch.float64))
+    False
+    """
+    return Digester(strict=strict).update(value).hexdigest()
+
+
+_headers: dict = {}  # (dtype, shape) -> framed header bytes
+
+
+def _framed_header(tensor) -> bytes:
+    """The framed dtype-and-shape header that `Digester` writes before a CPU tensor's bytes."""
+    key = (tensor.dtype, tensor.shape)
+    framed = _headers.get(key)
+    if framed is None:
+        header = f"{tensor.dtype}|{tuple(tensor.shape)}".encode()
+        framed = _headers[key] = _TAG_TENSOR + len(header).to_bytes(8, "little") + header
+    return framed
+
+
+def digest_bytes(data: bytes) -> str:
+    """`digest(data)` for a bytes object, in one hash call."""
+    return xxhash.xxh3_128_hexdigest(_TAG_BYTES + len(data).to_bytes(8, "little") + data)
+
+
+def digest_buffers(*buffers) -> str:
+    """`digest_bytes(b"".join(buffers))`, hashed where the buffers lie (ctypes arrays, bytes)."""
+    hasher = xxhash.xxh3_128(_TAG_BYTES + sum(map(len, buffers)).to_bytes(8, "little"))
+    for buffer in buffers:
+        hasher.update(buffer)
+    return hasher.hexdigest()
+
+
+# (dtype, shape) -> (framed header and byte count, ctypes array type of the bytes, byte count,
+# norm kind for twice._native: 1 float32, 2 float64, 0 none)
+_plain_heads: dict = {}
+_strided: list = []  # [torch.strided], once torch is loaded
+
+
+def digest_tensor(tensor: Any) -> str:
+    """`digest(tensor)` for one tensor, with the per-call work kept small: the step trace digests
+    every parameter and gradient of every step, and for small models the Python around the hash
+    costs more than the hashing, the more so right after a step has evicted it from the caches.
+    So for a plain CPU tensor it is three hash calls (the cached head of its frame, its bytes in
+    place, the digest). Same value as `digest(tensor)` (a test holds them together)."""
+    head = _plain_head(tensor)
+    if head is None:
+        return digest(tensor)
+    hasher = xxhash.xxh3_128()
+    _feed_head(hasher.update, tensor, head)
+    return hasher.hexdigest()
+
+
+def _feed_head(update, tensor: Any, head: tuple) -> None:
+    """Frame a plain CPU tensor as `Digester` frames any CPU tensor: its cached frame head (see
+    `_plain_head`), then its bytes where they lie."""
+    update(head[0])
+    if head[1] is not None:
+        update(head[1].from_address(tensor.data_ptr()))
+
+
+def _plain_head(tensor: Any) -> tuple | None:
+    """The cached frame head of a dense, contiguous, real CPU tensor (made on first meeting its
+    dtype and shape), as `_plain_heads` holds it; None for any other tensor (digest() frames those)."""
+    if not _strided:
+        _strided.append(_torch().strided)
+    if not (tensor.is_cpu and tensor.layout is _strided[0] and tensor.is_contiguous()):  # (a compressed layout has no is_contiguous)
+        return None
+    key = (tensor.dtype, tensor.shape)
+    head = _plain_heads.get(key)
+    if head is None:
+        if key[0].is_complex or tensor.is_quantized:
+            return None
+        if len(_plain_heads) > 4096:
+            _plain_heads.clear()
+        nbytes = tensor.numel() * tensor.element_size()
+        torch = _torch()
+        kind = 1 if key[0] == torch.float32 else 2 if key[0] == torch.float64 else 0  # norms in twice._native
+        head = _plain_heads[key] = (_framed_header(tensor) + nbytes.to_bytes(8, "little"),
+                                    ctypes.c_char * nbytes if nbytes else None, nbytes, kind)
+    return head
+
+
+def digest_many(tensors: list, norms: bool = False) -> tuple[list[str], list[float | None] | None]:
+    """`digest_tensor` of each tensor and, with `norms`, the L2 norm of each float32 or float64 CPU
+    tensor (None for the others: the caller takes torch's), in one pass over each tensor's bytes.
+
+    The step trace's hot path: it digests every gradient and parameter and takes the gradients'
+    norms after every step, where the Python and the torch calls around the hashing cost more
+    than the hashing (ten times their warm cost, on code the step has just evicted from the
+    caches). So plain CPU tensors go to twice._native in one call, which hashes each in 32 kB
+    pieces and sums the squares of each piece while it is in the L1 cache. The norm is twice's
+    own (`lanes_norm`), the same bits whether _native was built or not."""
+    if _native is None:
+        return [digest_tensor(t) for t in tensors], [lanes_norm(t) for t in tensors] if norms else None
+    items, where, digests = [], [], [None] * len(tensors)
+    out: list[float | None] | None = [None] * len(tensors) if norms else None
+    for i, tensor in enumerate(tensors):
+        head = _plain_head(tensor)
+        if head is None:  # not plain: digest() frames it
+            digests[i] = digest(tensor)
+            if norms:
+                out[i] = lanes_norm(tensor)
+            continue
+        items.append((head[0], tensor.data_ptr(), head[2], head[3] if norms else 0, None))
+        where.append(i)
+    if items:
+        hashed, normed = _native.hash(items)
+        for i, value, norm in zip(where, hashed, normed):
+            digests[i] = value
+            if norms:
+                out[i] = norm
+    return digests, out
+
+
+def hash_items(items: list) -> list[str] | None:
+    """Digests of `buffers_item`s and `tensor_item`s in one call to twice._native; None where it was not built."""
+    return None if _native is None else _native.hash(items)[0]
+
+
+def buffers_item(main: Any, tail: bytes | None = None) -> tuple:
+    """For `hash_items`: what `digest_buffers(main, tail)` digests, `main` a ctypes array (hashed where it lies)."""
+    size = len(main)
+    return (_TAG_BYTES + (size + len(tail or b"")).to_bytes(8, "little"), ctypes.addressof(main), size, 0, tail)
+
+
+def tensor_item(tensor: Any) -> tuple | None:
+    """For `hash_items`: what `digest_tensor(tensor)` digests, for a plain CPU tensor (else None).
+    The item holds the tensor's address, not the tensor: keep the tensor alive until it is hashed."""
+    head = _plain_head(tensor)
+    return None if head is None else (head[0], tensor.data_ptr(), head[2], 0, None)
+
+
+def lanes_norm(tensor: Any) -> float | None:
+    """The L2 norm of a float32 or float64 CPU tensor as the step trace records it: the squares in
+    double, in row-major order, summed into 32 running sums (element i into sum i mod 32), the
+    sums added pairwise, the square root taken. A definition of twice's own, so that the compiled
+    code (twice._native) and NumPy give the same bits; None for other tensors."""
+    torch = _torch()
+    if not (tensor.is_cpu and tensor.layout is torch.strided and tensor.dtype in (torch.float32, torch.float64)):
+        return None
+    tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    if _native is not None:
+        width = tensor.element_size()
+        return _native.hash([(b"", tensor.data_ptr(), tensor.numel() * width, 1 if width == 4 else 2, None)])[1][0]
+    values = tensor.numpy().reshape(-1).astype(np.float64)
+    full = len(values) - len(values) % _LANES
+    # Along axis 0 NumPy adds row after row (its pairwise summation is for the contiguous axis):
+    # each lane's running sum in element order, as in C. A test holds the two together.
+    sums = np.zeros(_LANES) if not full else np.add.reduce(np.square(values[:full]).reshape(-1, _LANES), axis=0)
+    sums = [float(x) for x in sums]
+    for i in range(full, len(values)):
+        value = float(values[i])
+        sums[i % _LANES] += value * value
+    width = _LANES // 2
+    while width:  # added pairwise: 32 sums, 16, ..., 1
+        sums = [sums[2 * k] + sums[2 * k + 1] for k in range(width)]
+        width //= 2
+    return math.sqrt(sums[0])
+
+
+_LANES = 32  # lanes_norm's running sums (as LANES in _native.c)
+
+
+def digest_pairs(pairs: list[tuple[str, str]]) -> str:
+    """Digest of (name, digest) pairs: the combined fingerprint of many tensors, in one hash call."""
+    return xxhash.xxh3_128_hexdigest("\n".join(map("\t".join, pairs)).encode("utf-8"))  # (name, digest): str pairs
+
+
+def float_bits(value: float) -> str:
+    """A float as exact text (`float.hex`), with nan/inf spelled out."""
+    if math.isnan(value):
+        return "nan:" + struct.pack("<d", value).hex()
+    return float.hex(value)

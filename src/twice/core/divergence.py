@@ -1,0 +1,195 @@
+"""Where two step traces part, and the most likely reason why (pure: records in, findings out)."""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from twice.core.manifest import Difference
+from twice.core.records import COMPARED_FIELDS, StepRecord
+
+__all__ = ["Divergence", "first_divergence", "explain", "loss_gap", "FIELD_MEANING"]
+
+FIELD_MEANING = {
+    "batch": "data (batch)",
+    "rng": "RNG state",
+    "loss": "loss (forward)",
+    "grads": "gradients (backward)",
+    "grad_norm": "gradient norm (backward)",
+    "lr": "learning rate (schedule)",
+    "params": "parameters (update)",
+}
+
+
+@dataclass
+class Divergence:
+    """The first step at which two traces differ, and what differed there, first cause first."""
+
+    stream: str
+    step: int
+    fields: list[str]
+    tensors: dict[str, list[str]] = field(default_factory=dict)
+    rng_sources: list[str] = field(default_factory=list)
+    loss_a: Any = None
+    loss_b: Any = None
+    identical_before: int = 0
+
+    @property
+    def first(self) -> str:
+        return self.fields[0]
+
+    def to_json(self) -> dict:
+        data = {"stream": self.stream, "step": self.step, "fields": self.fields, "first": self.first,
+                "tensors": self.tensors, "rng_sources": self.rng_sources, "identical_steps_before": self.identical_before}
+        if "loss" in self.fields:
+            data.update(loss_a=self.loss_a, loss_b=self.loss_b, **loss_gap(self.loss_a, self.loss_b))
+        return data
+
+
+def _as_floats(value: Any) -> list[float]:
+    if value is None:
+        return []
+    values = value if isinstance(value, list) else [value]
+    out = []
+    for item in values:
+        text = str(item)
+        out.append(float("nan") if text.startswith("nan") else float.fromhex(text))
+    return out
+
+
+def _ordered_bits32(value: float) -> int | None:
+    try:
+        packed = struct.pack("<f", value)
+    except OverflowError:
+        return None
+    if struct.unpack("<f", packed)[0] != value:
+        return None
+    bits = struct.unpack("<i", packed)[0]
+    return bits if bits >= 0 else -(bits & 0x7FFFFFFF)
+
+
+def loss_gap(a: Any, b: Any) -> dict[str, Any]:
+    """Absolute difference of the first losses, and their distance in float32 ulps where both are float32."""
+    fa, fb = _as_floats(a), _as_floats(b)
+    if not fa or not fb:
+        return {}
+    x, y = fa[0], fb[0]
+    if math.isnan(x) or math.isnan(y):
+        return {"abs": None, "ulps": None}
+    bx, by = _ordered_bits32(x), _ordered_bits32(y)
+    return {"abs": abs(x - y), "ulps": abs(bx - by) if bx is not None and by is not None else None}
+
+
+def _differing(a: dict | None, b: dict | None) -> list[str]:
+    if not a or not b:
+        return []
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def first_divergence(a: list[StepRecord], b: list[StepRecord], stream: str = "main") -> Divergence | None:
+    """The first step recorded in both traces whose compared fields differ, or None.
+
+    Steps recorded in only one trace (a shorter run, another --trace-every) are not compared.
+    """
+    by_step_b = {record.step: record for record in b}
+    same = 0
+    for record_a in a:
+        record_b = by_step_b.get(record_a.step)
+        if record_b is None:
+            continue
+        fields = [name for name in COMPARED_FIELDS if getattr(record_a, name) != getattr(record_b, name)]
+        if not fields:
+            same += 1
+            continue
+        tensors = {}
+        for name, attr in (("params", "param_digests"), ("grads", "grad_digests")):
+            differing = _differing(getattr(record_a, attr), getattr(record_b, attr))
+            if differing:
+                tensors[name] = differing
+        return Divergence(stream=stream, step=record_a.step, fields=fields, tensors=tensors,
+                          rng_sources=_differing(record_a.rng, record_b.rng),
+                          loss_a=record_a.loss, loss_b=record_b.loss, identical_before=same)
+    return None
+
+
+def _argv_change(diff: Difference) -> str:
+    a, b = diff.a if isinstance(diff.a, list) else [], diff.b if isinstance(diff.b, list) else []
+    only_a = [x for x in a if x not in b]
+    only_b = [x for x in b if x not in a]
+    if only_a or only_b:
+        return f"the command lines differ ({' '.join(only_a) or 'nothing'} vs {' '.join(only_b) or 'nothing'})"
+    return "the command lines differ"
+
+
+def _identity_reason(diffs: list[Difference]) -> str | None:
+    """One clause naming the identity difference most likely to change results."""
+    by_group: dict[str, list[Difference]] = {}
+    for diff in diffs:
+        by_group.setdefault(diff.group, []).append(diff)
+    world = next((d for d in diffs if d.key == "distributed.world_size"), None)
+    if world is not None:
+        return (f"the runs used world sizes {world.a} and {world.b}: gradients are reduced in another order, "
+                "so bits differ unless training is world-size invariant")
+    if "seeds" in by_group:
+        d = by_group["seeds"][0]
+        def seed(value):
+            return "no seed (--observe)" if value is None else value
+        return f"the runs used different seeds ({seed(d.a)} and {seed(d.b)})"
+    if "arguments" in by_group:
+        return _argv_change(by_group["arguments"][0])
+    if "code" in by_group:
+        keys = sorted({d.key.split(".", 2)[-1] if d.key.startswith("code.sources.") else d.key for d in by_group["code"]})
+        return f"the code differs ({', '.join(keys[:3])})"
+    if "threads" in by_group:
+        d = next((d for d in by_group["threads"] if d.key == "threads.intra_op_threads"), by_group["threads"][0])
+        return f"the runs used {d.a} and {d.b} torch threads" if d.key == "threads.intra_op_threads" else f"{d.key} differs ({d.a} vs {d.b})"
+    if "packages" in by_group:
+        d = by_group["packages"][0]
+        return f"package versions differ ({d.key}: {d.a} vs {d.b})"
+    if "hardware" in by_group:
+        d = by_group["hardware"][0]
+        return f"the hardware differs ({d.key}: {d.a} vs {d.b})"
+    if "determinism" in by_group:
+        d = by_group["determinism"][0]
+        return f"determinism settings differ ({d.key}: {d.a} vs {d.b})"
+    if "environment" in by_group:
+        d = by_group["environment"][0]
+        return f"environment variable {d.key.removeprefix('env.')} differs ({d.a} vs {d.b})"
+    return None
+
+
+_STAGE = {
+    "batch": "the batches differ",
+    "rng": "batches identical but the RNG state differs: the runs drew different random numbers",
+    "loss": "batches and parameters identical, loss differs: the forward computation differs",
+    "grads": "loss identical, gradients differ: the backward computation differs",
+    "grad_norm": "gradients identical, their norm differs: the norm computation differs",
+    "lr": "the learning rate differs: the schedule differs",
+    "params": "gradients identical, parameters differ: the update differs",
+}
+
+
+def explain(diffs: list[Difference], divergence: Divergence | None, observed: bool = False) -> str:
+    """One sentence: what differed first and the most likely cause, combining manifest and trace."""
+    reason = _identity_reason(diffs)
+    if divergence is None:
+        return f"traces agree on every common step; {reason}" if reason else "traces agree on every common step"
+    stage = _STAGE[divergence.first]
+    if divergence.first == "loss" and divergence.step == 0:
+        stage = "batches identical, loss differs: the initial weights or the forward computation differ"
+    if divergence.first == "params" and reason is None:
+        stage = ("batches and gradients identical, parameters differ: something other than this step's update "
+                 "changed them (another process writing shared parameters without a lock, or a race)")
+    sentence = f"{stage} at step {divergence.step}"
+    names = divergence.tensors.get(divergence.first, [])
+    if names:
+        sentence += f" ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+    if reason:
+        return f"{sentence}; {reason}"
+    if observed and divergence.first in ("batch", "rng", "loss"):
+        return (f"{sentence}; the runs were recorded with --observe, so RNGs the script does not seed itself "
+                "start differently (run without --observe to seed every RNG)")
+    return (f"{sentence}; same code, seeds and settings: nondeterminism inside the run, not seeding "
+            f"({'a nondeterministic data pipeline' if divergence.first == 'batch' else 'a nondeterministic kernel, a race or unsynchronised shared state'})")

@@ -1,0 +1,127 @@
+"""The launcher <-> child contract: every TWICE_* variable `twice run` sets for the command it starts.
+
+The launcher builds a `ChildSettings` and writes it with `to_env()`; each process of the command
+(the bootstrap, twice.Run, the data loader, twice.log_metric) reads it back with `from_env()`.
+Nothing else in twice spells a TWICE_* name. Pure: both directions work on plain mappings.
+
+    >>> env = ChildSettings(run_dir="/runs/a", seed=3, trace_every=2).to_env()
+    >>> ChildSettings.from_env(env).seed
+    3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from twice.core.errors import UsageError
+
+__all__ = ["ChildSettings", "parse_steps", "PER_RUN", "PREFIX"]
+
+PREFIX = "TWICE_"
+
+
+@dataclass(frozen=True)
+class ChildSettings:
+    """What one recorded command's processes are told; each field is one TWICE_* variable."""
+
+    run_dir: str | None = field(default=None, metadata={"env": "TWICE_RUN_DIR"})
+    """The run folder the processes record into (none: not under `twice run`)."""
+    seed: int | None = field(default=None, metadata={"env": "TWICE_SEED"})
+    """The root seed of every RNG (none under --observe)."""
+    determinism: str | None = field(default=None, metadata={"env": "TWICE_DETERMINISM"})
+    """strict, warn or off: the deterministic mode the bootstrap switches on (none: strict)."""
+    observe: bool = field(default=False, metadata={"env": "TWICE_OBSERVE"})
+    """Record only: no seeding, no deterministic mode."""
+    trace: bool = field(default=True, metadata={"env": "TWICE_TRACE"})
+    """Install the step recorder (off for `twice audit`'s own passes)."""
+    trace_every: int = field(default=1, metadata={"env": "TWICE_TRACE_EVERY"})
+    """Record every N-th step."""
+    params_every: int | None = field(default=None, metadata={"env": "TWICE_PARAMS_EVERY"})
+    """Per-tensor digests every N steps (none: automatic)."""
+    stop_after: int | None = field(default=None, metadata={"env": "TWICE_STOP_AFTER"})
+    """End the command after this many steps."""
+    record_ops: str | None = field(default=None, metadata={"env": "TWICE_RECORD_OPS"})
+    """Steps whose every operation is logged ("3,10-12")."""
+    numerics: str | None = field(default=None, metadata={"env": "TWICE_NUMERICS"})
+    """The full numerics watch: "stop" or "warn"."""
+    checkpoint_dir: str | None = field(default=None, metadata={"env": "TWICE_CHECKPOINT_DIR"})
+    """Where twice.checkpoint_dir() points: the run's checkpoints/ by default."""
+    resume_from: str | None = field(default=None, metadata={"env": "TWICE_RESUME_FROM"})
+    """The checkpoint twice.Run.resume() starts from."""
+    resume_probe: bool = field(default=False, metadata={"env": "TWICE_RESUME_PROBE"})
+    """Record the parameters as loaded before the first resumed step (verify-resume)."""
+    trace_steps: str | None = field(default=None, metadata={"env": "TWICE_TRACE_STEPS"})
+    """Record only these steps ("4,7"): bisection's replays fingerprint one step each."""
+    dump_op: str | None = field(default=None, metadata={"env": "TWICE_DUMP_OP"})
+    """"STEP:INDEX": save that op's outputs (twice locate)."""
+    replica_every: int = field(default=20, metadata={"env": "TWICE_REPLICA_EVERY", "user": True})
+    """Compare data-parallel replicas' parameters every N steps (the user may set it)."""
+    replica_mode: str = field(default="stop", metadata={"env": "TWICE_REPLICA_MODE", "user": True})
+    """On a replica desync: "stop" or "warn" (the user may set it)."""
+
+    def to_env(self) -> dict[str, str]:
+        """The variables to set: each field that differs from its default."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == f.default:
+                continue
+            out[f.metadata["env"]] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return out
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "ChildSettings":
+        """Read the settings back; a malformed value is a UsageError naming the variable."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            raw = environ.get(f.metadata["env"])
+            if raw is None or raw == "" or (raw == "auto" and f.name == "params_every"):
+                continue
+            kind = f.type if isinstance(f.type, str) else str(f.type)
+            try:
+                if kind.startswith("bool"):
+                    values[f.name] = raw == "1"
+                elif kind.startswith("int"):
+                    values[f.name] = int(raw)
+                else:
+                    values[f.name] = raw
+            except ValueError:
+                raise UsageError(f"{f.metadata['env']}={raw!r} is not an integer",
+                                 f"unset {f.metadata['env']}, or set it to a whole number") from None
+        return cls(**values)
+
+    @classmethod
+    def variables(cls, *, launcher_only: bool = False) -> tuple[str, ...]:
+        """Every variable of the contract (with launcher_only, those the user may not set)."""
+        return tuple(f.metadata["env"] for f in dataclasses.fields(cls)
+                     if not (launcher_only and f.metadata.get("user")))
+
+    @property
+    def only_steps(self) -> set[int] | None:
+        return parse_steps(self.trace_steps) if self.trace_steps else None
+
+    @property
+    def dump_ops(self) -> dict[int, int]:
+        if not self.dump_op:
+            return {}
+        step, _, index = self.dump_op.partition(":")
+        return {int(step): int(index)}
+
+
+# Variables that describe one run and must not leak from an outer `twice run` into a new one.
+PER_RUN = ("TWICE_CHECKPOINT_DIR", "TWICE_RESUME_FROM", "TWICE_RESUME_PROBE", "TWICE_STOP_AFTER",
+           "TWICE_RECORD_OPS", "TWICE_DUMP_OP", "TWICE_NUMERICS", "TWICE_TRACE_STEPS")
+
+
+def parse_steps(value: str) -> set[int]:
+    """Step numbers from "3,10-12" (the --record-ops form)."""
+    steps: set[int] = set()
+    for part in filter(None, value.split(",")):
+        if "-" in part:
+            first, last = part.split("-")
+            steps.update(range(int(first), int(last) + 1))
+        else:
+            steps.add(int(part))
+    return steps

@@ -1,0 +1,79 @@
+"""The step record: the exact fingerprint of one training step, and its line in a trace.
+
+A record holds exact evidence only: digests, and floats as `float.hex` text, so that two traces
+compare bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+__all__ = ["StepRecord", "COMPARED_FIELDS", "record_line", "iter_values"]
+
+# The fields two runs are compared on, in causal order within a step: what came in (data, RNG),
+# the forward pass (loss), the backward pass (gradients), the update (parameters).
+COMPARED_FIELDS = ("batch", "rng", "loss", "grads", "grad_norm", "lr", "params")
+
+
+@dataclass
+class StepRecord:
+    """The exact fingerprint of one training step."""
+
+    step: int
+    loss: Any = None              # float.hex of the loss, or a list when backward ran several times
+    batch: str | None = None      # digest of the batches the step consumed
+    grads: str | None = None      # digest of all gradients the optimizers used
+    grad_norm: str | None = None  # float.hex of the total L2 gradient norm
+    lr: list[str] = field(default_factory=list)
+    params: str | None = None     # digest of all parameters after the update
+    rng: dict[str, str] = field(default_factory=dict)
+    param_digests: dict[str, str] | None = None  # per tensor, at the --params-every interval
+    grad_digests: dict[str, str] | None = None
+    params_before: str | None = None  # parameters before the first step after a resume
+    skipped: bool | None = None   # True: GradScaler skipped the update (inf/NaN gradients), parameters unchanged
+    time: float | None = None     # seconds since the recorder started: context, never compared
+
+    def to_json(self) -> dict:
+        # Shallow on purpose: asdict() deep-copies every field and cost more than the digests. One
+        # comprehension over the names, not a generator feeding it: once a step, on cold caches.
+        return {name: value for name in _FIELD_NAMES
+                if (value := getattr(self, name)) is not None and value != {} and value != []}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StepRecord":
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+_FIELD_NAMES = tuple(StepRecord.__dataclass_fields__)
+
+# One encoder for all records: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+try:  # a record's line through orjson: ~13x faster than the json module's, which cost ~8% of tracing a small CNN
+    import orjson
+
+    _ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
+except ImportError:  # a platform without its wheel: the json module, the same records
+    orjson = None
+
+
+def record_line(record: StepRecord) -> bytes:
+    """One record as its trace line: compact JSON, keys sorted, newline-terminated UTF-8. The same
+    bytes through orjson or json for ASCII text; names beyond ASCII are written as UTF-8 by
+    orjson and as \\u escapes by json, which read back the same."""
+    data = record.to_json()
+    if orjson is not None:
+        try:
+            return orjson.dumps(data, option=_ORJSON_OPTIONS)
+        except TypeError:  # what orjson refuses and json takes (an int beyond 64 bits, a non-str key)
+            pass
+    return (_ENCODER.encode(data) + "\n").encode("utf-8")
+
+
+
+def iter_values(record: StepRecord) -> Iterator[tuple[str, Any]]:
+    for name in COMPARED_FIELDS:
+        yield name, getattr(record, name)

@@ -1,0 +1,1 @@
+"""Recording a training run as it happens: step hooks, the recorder, op logs and numerical health."""

@@ -1,0 +1,80 @@
+"""Parameter names: each parameter named by its path from the outermost module that holds it."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+__all__ = ["param_names", "distinct_names", "PARAM_NAMES"]
+
+# optimizer -> (parameter id -> name, parameter id -> (id, class name) of its outermost module)
+PARAM_NAMES: "weakref.WeakKeyDictionary[Any, tuple[dict[int, str], dict[int, tuple[int, str]]]]" = weakref.WeakKeyDictionary()
+
+
+def param_names(optimizer) -> tuple[dict[int, str], dict[int, tuple[int, str]]]:
+    """Name each parameter by its path from the outermost module holding it ("encoder.layer3.weight").
+
+    One pass over live modules builds a child -> parent map, so naming costs O(modules) rather
+    than calling named_parameters() on every submodule.
+    """
+    import torch
+
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    module_type = torch.nn.Module
+    # type() rather than isinstance(): isinstance can trigger lazy module attributes' warnings.
+    modules = [obj for obj in gc.get_objects() if issubclass(type(obj), module_type)]
+    parent: dict[int, tuple[Any, str]] = {}
+    owner: dict[int, tuple[Any, str]] = {}
+    for module in modules:
+        for name, child in module._modules.items():
+            if child is not None:
+                parent.setdefault(id(child), (module, name))
+        for name, param in module._parameters.items():
+            if param is not None and id(param) in wanted:
+                owner.setdefault(id(param), (module, name))
+    names, roots = {}, {}
+    for key, (module, name) in owner.items():
+        parts, seen = [name], set()
+        while id(module) in parent and id(module) not in seen:
+            seen.add(id(module))
+            module, child_name = parent[id(module)]
+            parts.append(child_name)
+        names[key], roots[key] = ".".join(reversed(parts)), (id(module), type(module).__name__)
+    return names, roots
+
+
+def distinct_names(names: dict[int, str], roots: dict[int, tuple[int, str]], order: list[int], taken: set[str]) -> dict[int, str]:
+    """Names from separate outermost modules can coincide (an encoder's and a decoder's "weight",
+    or a GAN's two optimizers' models, `taken` holding the names given to the optimizers named
+    before): those modules' names are then prefixed with their class ("Embedding.weight",
+    "Linear.weight"), numbered in the optimizer's order where classes coincide too ("Linear#2.weight")."""
+    counts: dict[str, int] = dict.fromkeys(taken, 1)
+    for name in names.values():
+        counts[name] = counts.get(name, 0) + 1
+    clashing = {roots[key][0] for key, name in names.items() if counts[name] > 1}
+    if not clashing:
+        return names
+    labels: dict[int, str] = {}
+    per_class: dict[str, int] = {}
+    for key in order:
+        if key not in roots or roots[key][0] not in clashing or roots[key][0] in labels:
+            continue
+        root, cls = roots[key]
+        while True:  # not a prefix already given (to another optimizer's module of this class)
+            per_class[cls] = per_class.get(cls, 0) + 1
+            label = cls if per_class[cls] == 1 else f"{cls}#{per_class[cls]}"
+            if not any(name.startswith(label + ".") for name in taken):
+                break
+        labels[root] = label
+    out = {key: f"{labels[roots[key][0]]}.{name}" if roots[key][0] in labels else name for key, name in names.items()}
+    used = set(taken)
+    for key in order:  # a module could itself be called "Linear": number what still coincides
+        if key in out:
+            name, n = out[key], 1
+            while out[key] in used:
+                n += 1
+                out[key] = f"{name}#{n}"
+            used.add(out[key])
+    return out
+

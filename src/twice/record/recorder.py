@@ -1,0 +1,630 @@
+"""The recorder: turns a process's step events into StepRecords in its trace.
+
+A "step" is one round of optimizer updates: with one optimizer, one `step()` call; with several
+(a GAN's discriminator and generator) the round ends when an optimizer that already stepped in it
+steps again. Everything consumed in between (batches from DataLoader iterators, losses passed to
+backward) belongs to that step. Loops without torch.optim call `Recorder.record_explicit` through
+`twice.Run.step`, which then replaces the hooks for that process. The events come from
+record/hooks.py; where a round ends is core/steps.py's RoundClock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import operator
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twice.core.digests import (
+    OPAQUE_TYPES,
+    Digester,
+    digest,
+    digest_many,
+    digest_pairs,
+    float_bits,
+    lanes_norm,
+)
+from twice.core.protocol import ChildSettings, parse_steps
+from twice.core.records import StepRecord
+from twice.core.steps import RoundClock
+from twice.record.health import StepHealth
+from twice.record.names import PARAM_NAMES, distinct_names, param_names
+from twice.record.norms import floats
+from twice.record.norms import norms as tensor_norms
+from twice.record.replicas import ReplicaCheck, ReplicaDesync
+from twice.rng.seeding import capture_rng, rng_digests
+from twice.store.files import write_json_atomic
+from twice.store.layout import RunFolder
+from twice.store.traces import TraceWriter
+
+__all__ = ["Recorder", "ReplicaDesync"]
+
+# Per-tensor digests are written every step for models with at most this many parameter tensors,
+# else every AUTO_PARAMS_INTERVAL steps: names for a difference where it costs little space.
+AUTO_PARAMS_TENSORS = 64
+AUTO_PARAMS_INTERVAL = 100
+PARAM_CHECK_EVERY = 10
+
+
+_NOT_PAUSED = contextlib.nullcontext()  # what _paused() gives when no dispatch mode watches (reusable)
+
+
+@dataclass
+class _Round:
+    """What the optimizers of the current step have contributed so far."""
+
+    grads: list[tuple[str, str]] = field(default_factory=list)
+    params: list[tuple[str, str]] = field(default_factory=list)
+    grad_squares: list[Any] = field(default_factory=list)
+    lr: list[str] = field(default_factory=list)
+    losses: list[Any] = field(default_factory=list)
+    batch: Digester | None = None
+    batch_count: int = 0
+    rng: dict[str, str] = field(default_factory=dict)
+    params_before: str | None = None
+    param_norm: float | None = None
+    grad_norms: list[float] = field(default_factory=list)
+    grad_total: float | None = None  # the L2 norm of all gradients, from grad_norms
+    params_digest: str | None = None
+    skipped: bool = False  # an optimizer's update was skipped by GradScaler (inf/NaN gradients)
+
+
+
+def _costed(method):
+    """Adds the time spent in an event handler to the recorder's `cost` (what tracing costs the run)."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.cost += time.perf_counter() - start
+
+    return timed
+
+
+def _guarded(method):
+    """A zero-code event handler that never crashes the training it watches: an error of its own
+    (a tensor it cannot read, a bug) stops the capture, with a warning and `capture_error.json` in
+    the run folder naming the step and the error, and the training goes on; the trace holds the
+    steps before it. What twice raises on purpose (a stop after --max-steps, a replica desync) passes.
+    The time spent in it is added to the recorder's `cost` (one wrapper rather than two nested
+    ones: each call here runs four times a step, on code the step has evicted from the caches)."""
+
+    step_event = method.__name__ in ("pre_step", "post_step")
+    name = method.__name__
+    clock = time.perf_counter
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        start = clock()
+        try:
+            if step_event and not self._outermost(name, args[0]):
+                return None
+            if self.capture_error is not None:
+                return self._count_only(name, args)
+            try:
+                return method(self, *args, **kwargs)
+            except ReplicaDesync:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the point: the user's training outlives our capture
+                self._stop_capture(name, exc)
+                return None
+        finally:
+            self.cost += clock() - start
+
+    return guarded
+
+
+class Recorder:
+    """Turns hook events into StepRecords written to `trace[.<stream>].jsonl` in the run folder."""
+
+    def __init__(self, run_dir: Path, *, trace_every: int = 1, params_every: int | None = None,
+                 stop_after: int | None = None, stream: str | None = None, record_ops: Any = None,
+                 probe_params: bool = False, only_steps: set[int] | None = None,
+                 dump_ops: dict[int, int] | None = None, replica_every: int = 20, replica_mode: str = "stop"):
+        """Record into `run_dir`'s trace of `stream`. The keywords are the launcher's settings
+        (core/protocol.py's ChildSettings): probe_params records the parameters as loaded before
+        the first step after a resume; only_steps records only those steps (bisection's replays);
+        dump_ops saves the outputs of op INDEX of STEP ({STEP: INDEX}, for twice locate)."""
+        self.run_dir = Path(run_dir)
+        self.trace_every = max(1, int(trace_every))
+        self.params_every = params_every
+        self.stop_after = stop_after
+        self.stream = stream
+        self.step_index = 0
+        self.explicit = False
+        self.stopped = False
+        self._exit_pending = False
+        self.pid = os.getpid()
+        self.fork_count = 0
+        self._t0 = time.perf_counter()
+        self.cost = 0.0  # seconds spent in the event handlers below
+        self._writer = TraceWriter(RunFolder(self.run_dir).trace(stream))
+        self._round = _Round()
+        self._clock = RoundClock()
+        self._pending_losses: list[Any] = []
+        self._pending_batches: list[Digester] = []  # one digester per batch read since the last step
+        self._names: dict[int, list[tuple[str, Any]]] = {}
+        self.on_stop: list = []  # called when stop_after is reached, before the process exits
+        self.rng_at_stop: dict | None = None
+        self.probe_params = probe_params
+        self.record_ops: set[int] = set(record_ops or ())
+        self.only_steps: set[int] | None = only_steps
+        self.dump_ops: dict[int, int] = dict(dump_ops or {})
+        self._ops = None  # the OpRecorder of the step being recorded, if any
+        self._op_log = None  # where recorded steps go: ops/ops[.<stream>].jsonl, opened on first use
+        self._health: StepHealth | None = None  # made at the first recorded step
+        self._replicas = ReplicaCheck(self.run_dir, replica_every, replica_mode)
+        self._opt_index: dict[int, int] = {}
+        self.capture_error: dict | None = None  # set when an error of our own stopped the capture
+        self._stepping: int | None = None  # id of the optimizer whose step() is running (see _outermost)
+        self.steps_seen = 0  # outermost optimizer steps ended (GradScaler.step compares it: see on_skipped_step)
+        self._skipping = False
+        self._opaque_warned = len(OPAQUE_TYPES)  # types in batches already warned about (by an earlier recorder too)
+
+    @classmethod
+    def from_settings(cls, run_dir: Path, settings: ChildSettings, stream: str | None = None,
+                      **overrides: Any) -> "Recorder":
+        """A recorder configured by the launcher's settings (`overrides` win)."""
+        kwargs = dict(trace_every=settings.trace_every, params_every=settings.params_every,
+                      stop_after=settings.stop_after, stream=stream,
+                      record_ops=parse_steps(settings.record_ops or ""), probe_params=settings.resume_probe,
+                      only_steps=settings.only_steps, dump_ops=settings.dump_ops,
+                      replica_every=settings.replica_every, replica_mode=settings.replica_mode)
+        kwargs.update(overrides)
+        return cls(run_dir, **kwargs)
+
+    # -- events -----------------------------------------------------------------------------------
+    @_guarded
+    def on_batch(self, batch: Any) -> None:
+        if self._exit_pending:  # (a check before the call: three events a step, traced or not)
+            self._exit_if_stopping()
+        self.set_phase("forward")
+        if self.explicit or not self._tracing_this_step():
+            return
+        with self._paused():
+            self._pending_batches.append(Digester(strict=False).update(batch))
+        if len(OPAQUE_TYPES) > self._opaque_warned:
+            self._warn_opaque()
+
+    def _warn_opaque(self) -> None:
+        import warnings
+
+        names, self._opaque_warned = OPAQUE_TYPES[self._opaque_warned:], len(OPAQUE_TYPES)
+        warnings.warn_explicit(f"twice: the batches hold {', '.join(names)}, which twice cannot read: the batch digest "
+                               "covers its type only, so a difference in its contents goes unseen in the trace; yield "
+                               "tensors, arrays, numbers, strings, or lists, dicts, dataclasses or plain objects of those",
+                               RuntimeWarning, "twice", 0, module="twice")
+
+    @_guarded
+    def on_backward(self, tensors: Any) -> None:
+        if self._exit_pending:
+            self._exit_if_stopping()
+        if self.explicit or not self._tracing_this_step():
+            return
+        if isinstance(tensors, tensor_type[0]) and tensors.numel() == 1:
+            self._pending_losses.append(tensors.detach())
+
+    @_guarded
+    def pre_step(self, optimizer, args, kwargs) -> None:
+        if self._exit_pending:
+            self._exit_if_stopping()
+        if self.explicit:
+            return
+        if self._clock.closes(id(optimizer)):
+            self._finish_round()
+        if self.probe_params and not self._clock.members:
+            # The first step after a resume: record the parameters as loaded, to tell a model that
+            # was not restored from an optimizer or RNG that was not.
+            self.probe_params = False
+            with self._paused():
+                self._round.params_before = digest_pairs([(n, digest(p)) for n, p in self._named(optimizer)])
+        # A torch.optim step's ops all come from the line calling step(); a user's own optimizer's have lines of their own.
+        self.set_phase("optimizer", step_line_shared=type(optimizer).__module__.startswith("torch."))
+        if self._tracing_this_step() and not _has_closure(args, kwargs):
+            # Before the update: some optimizers (maximize=True) change the gradients in place.
+            with self._paused():
+                self._take_grads(optimizer)
+
+    @_guarded
+    def post_step(self, optimizer, args, kwargs) -> None:
+        self.set_phase("forward")
+        if self.explicit:
+            return
+        round_ = self._round
+        complete = self._clock.add(id(optimizer))
+        round_.skipped = round_.skipped or self._skipping
+        if self._clock.size is None and self.step_index + 1 in self.record_ops and self._ops is None:
+            # The first round's end is only known when an optimizer repeats; with one optimizer
+            # (the usual case) it ends here, so start recording the next step now.
+            from twice.record.oplog import OpRecorder
+
+            self._ops = OpRecorder(self.step_index + 1, dump_index=self.dump_ops.get(self.step_index + 1))
+            self._ops.__enter__()
+        with self._paused():
+            self._post_step_record(optimizer, args, kwargs, round_, complete)
+
+    def _post_step_record(self, optimizer, args, kwargs, round_, complete: bool) -> None:
+        if self._tracing_this_step():
+            if _has_closure(args, kwargs):
+                self._take_grads(optimizer)  # a closure (LBFGS) computes the gradients inside step()
+            self._take_params(optimizer)
+            round_.lr.extend(float_bits(float(group["lr"])) for group in optimizer.param_groups if "lr" in group)
+            self._move_pending(round_)
+            round_.rng = rng_digests()
+        if complete:
+            self._finish_round()
+
+    @_costed
+    def record_explicit(self, *, loss: Any = None, batch: Any = None, params: list[tuple[str, Any]] | None = None) -> None:
+        """One step from a hand-written loop: the given loss, batch and named parameters (with .grad)."""
+        import torch
+
+        self._exit_if_stopping()
+        self.explicit = True
+        if self._tracing_this_step():
+            round_ = _Round()
+            if loss is not None:
+                round_.losses.append(loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
+            if batch is not None:
+                round_.batch = Digester(strict=False).update(batch)
+                round_.batch_count = 1
+                if len(OPAQUE_TYPES) > self._opaque_warned:
+                    self._warn_opaque()
+            named = list(params or [])
+            with_grads = [(name, param.grad) for name, param in named if param.grad is not None]
+            digests, norms = self._digests([grad for _, grad in with_grads], True)
+            round_.grads.extend((name, value) for (name, _), value in zip(with_grads, digests))
+            round_.grad_squares.extend(norms)
+            param_digests, _ = self._digests([param for _, param in named], False)
+            round_.params.extend((name, value) for (name, _), value in zip(named, param_digests))
+            round_.rng = rng_digests()
+            self._round = round_
+            self._write_round()
+        self._advance()
+
+    def _stop_capture(self, handler: str, exc: Exception) -> None:
+        import traceback
+        import warnings
+
+        self.capture_error = {"step": self.step_index, "handler": handler, "error": f"{type(exc).__name__}: {exc}",
+                              "traceback": traceback.format_exc()}
+        self._round, self._pending_losses, self._pending_batches = _Round(), [], []  # the step cut short is not written
+        self._clock.reset()
+        try:
+            self._writer.close()
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(RunFolder(self.run_dir).capture_error, self.capture_error)
+        except OSError:
+            pass
+        # Placed at "twice" rather than at a line of the hook machinery, which would say nothing useful.
+        warnings.warn_explicit(f"twice: step capture stopped at step {self.step_index}: {type(exc).__name__}: {exc}; "
+                               f"the training goes on untraced (the trace holds steps 0-{self.step_index - 1}; "
+                               f"details in {RunFolder(self.run_dir).capture_error})", RuntimeWarning, "twice", 0, module="twice")
+
+    def _outermost(self, event: str, optimizer) -> bool:
+        """Is this step event an outermost optimizer's? An optimizer that steps inside another's
+        step (Lookahead's or SAM's base optimizer, ZeroRedundancyOptimizer's local one) is part
+        of that step: recording it too would count its gradients twice in the norm. (If an outer
+        step raised, its pre event is not closed: its next step starts afresh.)"""
+        key = id(optimizer)
+        if event == "pre_step":
+            if self._stepping is not None and self._stepping != key:
+                return False
+            self._stepping = key
+            return True
+        if self._stepping is not None and self._stepping != key:
+            return False
+        self._stepping = None
+        self.steps_seen += 1
+        return True
+
+    def on_skipped_step(self, optimizer) -> None:
+        """GradScaler.step() found inf/NaN gradients and skipped `optimizer.step()`: the iteration
+        still ran (a batch, a loss, gradients), so it is still a step, recorded with `skipped`, its
+        parameters unchanged. Without this, a skipped iteration's batch and loss would be merged
+        into the next step's record and the step count (--max-steps, resume) would drift from the
+        loop's iterations: in fp16 training the first few steps are routinely skipped."""
+        self._skipping = True
+        try:
+            self.pre_step(optimizer, (optimizer,), {})
+            self.post_step(optimizer, (optimizer,), {})
+        finally:
+            self._skipping = False
+
+    def _count_only(self, event: str, args: tuple) -> None:
+        """After the capture stopped nothing is recorded, but with a step limit (--max-steps, the
+        re-run of `verify --steps`, verify-resume's interrupted run) optimizer rounds are still
+        counted, so that the run still ends where it was asked to rather than training on."""
+        if self.stop_after is None or self.explicit or os.getpid() != self.pid:
+            return
+        self._exit_if_stopping()
+        if event == "pre_step":
+            ended = self._clock.closes(id(args[0]))
+        elif event == "post_step":
+            ended = self._clock.add(id(args[0]))
+        else:
+            return
+        if ended:
+            self._clock.reset()
+            self._round = _Round()
+            self._advance()
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def _tracing_this_step(self) -> bool:
+        if self.only_steps is not None:
+            return self.step_index in self.only_steps
+        return self.step_index % self.trace_every == 0
+
+    def _named(self, optimizer) -> list[tuple[str, Any]]:
+        key = id(optimizer)
+        groups = optimizer.param_groups
+        count = len(groups[0]["params"]) if len(groups) == 1 else sum(len(group["params"]) for group in groups)
+        cached = self._names.get(key)
+        if cached is None or len(cached) != count:  # add_param_group() invalidates the cache
+            index = self._opt_index.setdefault(key, len(self._opt_index))
+            found = PARAM_NAMES.get(optimizer)
+            if found is None or len(found[0]) < count:
+                found = param_names(optimizer)  # a scan of live objects: once per optimizer and process
+                try:
+                    PARAM_NAMES[optimizer] = found
+                except TypeError:
+                    pass  # an optimizer-like object that takes no weak references
+            taken = {name for other, named in self._names.items() if other != key for name, _ in named}
+            names = distinct_names(*found, [id(p) for group in optimizer.param_groups for p in group["params"]], taken)
+            self._names[key] = [
+                (names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param)
+                for g, group in enumerate(optimizer.param_groups) for p, param in enumerate(group["params"])
+            ]
+        return self._names[key]
+
+    def _take_grads(self, optimizer) -> None:
+        names, grads = [], []
+        for name, param in self._named(optimizer):
+            if param.grad is not None:
+                names.append(name)
+                grads.append(param.grad)
+        digests, norms = self._digests(grads, True)
+        self._round.grads.extend(zip(names, digests))
+        self._round.grad_squares.extend(norms)
+
+    def _digests(self, tensors: list, norms: bool) -> tuple[list[str], list]:
+        """Digests of tensors and, with `norms`, their L2 norms (floats on the CPU, 0-d tensors on an
+        accelerator): on the CPU through digests.digest_many, one pass over each tensor's bytes."""
+        if self._ops is None:
+            digests, found = digest_many(tensors, norms)
+        else:  # an op-recorded step: through the op log's cache (the same values: both use digest_tensor)
+            digests, found = [self._ops.digest(t) for t in tensors], [lanes_norm(t) for t in tensors] if norms else None
+        if not norms:
+            return digests, []
+        missing = [i for i, norm in enumerate(found) if norm is None]  # not float32/64 on the CPU: torch's
+        for i, norm in zip(missing, tensor_norms([tensors[i] for i in missing])):
+            found[i] = norm
+        return digests, found
+
+    def _take_params(self, optimizer) -> None:
+        named = self._named(optimizer)
+        # Their norms too, every PARAM_CHECK_EVERY steps: inf or NaN iff some parameter is (cheap
+        # health check). Between checks, a non-finite update shows in the learning rate (checked
+        # every step) or in the next step's loss and gradients.
+        # (map and zip over itemgetters: no generator to resume per tensor, on cold caches)
+        digests, found = self._digests(list(map(_second, named)), self.step_index % PARAM_CHECK_EVERY == 0)
+        self._round.params.extend(zip(map(_first, named), digests))
+        if found:
+            found = floats(found)
+            total = math.sqrt(sum(map(operator.mul, found, found)))
+            self._round.param_norm = total if self._round.param_norm is None else math.hypot(self._round.param_norm, total)
+
+    def _move_pending(self, round_: _Round) -> None:
+        round_.losses.extend(self._pending_losses)
+        self._pending_losses = []
+        for digester in self._pending_batches:
+            if round_.batch is None:
+                round_.batch = digester
+            else:
+                round_.batch.update(digester.hexdigest())
+        round_.batch_count += len(self._pending_batches)
+        self._pending_batches = []
+
+    def _finish_round(self) -> None:
+        if not self._clock.members:
+            return
+        if self._tracing_this_step():
+            self._write_round()
+            with self._paused():
+                round_ = self._round
+                self._replicas.after_step(self.step_index, round_.params_digest, round_.params)
+        self._clock.reset()
+        self._round = _Round()
+        self._advance()
+
+    # -- op-level recording of chosen steps ------------------------------------------------------
+    def start_ops_if_chosen(self) -> None:
+        if self.step_index in self.record_ops and self._ops is None and os.getpid() == self.pid:
+            from twice.record.oplog import OpRecorder
+
+            self._ops = OpRecorder(self.step_index, dump_index=self.dump_ops.get(self.step_index))
+            self._ops.__enter__()
+
+    def stop_ops(self) -> None:
+        if self._ops is not None and self._ops.step <= self.step_index:
+            ops, self._ops = self._ops, None
+            ops.__exit__(None, None, None)
+            ops.close()
+            if self._op_log is None:
+                from twice.record.oplog import OpLog
+
+                self._op_log = OpLog(self.run_dir, self.stream)
+            ops.write(self._op_log)
+
+    def _modes(self) -> list:
+        """The dispatch modes watching the user's ops: the op log of this step, the numerics watch."""
+        watch = _numerics_watch()
+        if self._ops is None:
+            return [watch] if watch is not None else []
+        return [self._ops, watch] if watch is not None else [self._ops]
+
+    def _paused(self):
+        """Our own tensor work (digests, norms) is not part of the user's step: keep it out of op logs."""
+        modes = self._modes()
+        if not modes:
+            return _NOT_PAUSED
+
+        @contextlib.contextmanager
+        def paused():
+            for mode in modes:
+                mode.paused = True
+            try:
+                yield
+            finally:
+                for mode in modes:
+                    mode.paused = False
+
+        return paused()
+
+    def set_phase(self, phase: str, step_line_shared: bool = False) -> None:
+        if self._ops is None:  # five times a step, mostly with no mode watching: no list built
+            watch = _numerics_watch()
+            if watch is not None:
+                watch.set_phase(phase, step_line_shared)
+            return
+        for mode in self._modes():
+            mode.set_phase(phase, step_line_shared)
+
+    def resume_at(self, step: int, *, keep_batches: int | None = 0) -> None:
+        """Continue numbering at `step` (after a checkpoint restore); the open round is dropped.
+
+        `keep_batches` keeps that many of the batches read last: a framework that fetches the
+        resumed step's batches before it restores state (Lightning, the Hugging Face Trainer) has
+        read them already, after any it skipped to reach the resumed position. None keeps them all."""
+        self.step_index = step
+        self._round = _Round()
+        self._clock.reset()
+        self._pending_losses = []
+        if keep_batches is not None:
+            self._pending_batches = self._pending_batches[-keep_batches:] if keep_batches > 0 else []
+
+    def _advance(self) -> None:
+        self.stop_ops()
+        self.step_index += 1
+        self.start_ops_if_chosen()
+        if self.stop_after is not None and self.step_index >= self.stop_after and not self.stopped:
+            self.stopped = True
+            self._writer.close()
+            # Leave at the next event (the next batch, backward or step), not inside this step:
+            # the loop finishes its bookkeeping first (scheduler.step(), its own checkpoint). The
+            # RNGs are taken now, as the step ends: before the next event the loop may already
+            # have drawn from them (input noise, dropout, a new epoch's DataLoader iterator).
+            self.rng_at_stop = capture_rng()
+            self._exit_pending = True
+
+    def _exit_if_stopping(self) -> None:
+        if self._exit_pending and os.getpid() == self.pid:
+            self._exit_pending = False
+            for callback in self.on_stop:
+                callback()  # twice.Run checkpoints here: between two steps
+            # Through normal interpreter exit, so that atexit handlers record the process.
+            raise SystemExit(0)
+
+    def _write_round(self) -> None:
+
+        round_ = self._round
+        loss_values = floats(round_.losses)
+        losses = [float_bits(x) for x in loss_values]
+        round_.params_digest = digest_pairs(round_.params) if round_.params else None
+        # One device-to-host read of each gradient norm, shared by the record and the health checks.
+        norms = round_.grad_norms = floats(round_.grad_squares)
+        round_.grad_total = math.sqrt(sum(map(operator.mul, norms, norms))) if norms else None  # the squares in order
+        per_tensor = self._per_tensor_due(len(round_.params))
+        record = StepRecord(
+            step=self.step_index,
+            loss=None if not losses else losses[0] if len(losses) == 1 else losses,
+            batch=round_.batch.hexdigest() if round_.batch is not None else None,
+            grads=digest_pairs(round_.grads) if round_.grads else None,
+            grad_norm=float_bits(round_.grad_total) if norms else None,
+            lr=round_.lr,
+            params=round_.params_digest,
+            rng=round_.rng,
+            params_before=round_.params_before,
+            skipped=True if round_.skipped else None,
+            param_digests=dict(round_.params) if per_tensor and round_.params else None,
+            grad_digests=dict(round_.grads) if per_tensor and round_.grads else None,
+            time=round(time.perf_counter() - self._t0, 6),
+        )
+        self._writer.write(record)
+        self._check_health(record, round_, loss_values)
+
+    def _check_health(self, record: StepRecord, round_: _Round, losses: list[float]) -> None:
+        """The cheap always-on numerics mode: loss, gradients and parameters, once per step."""
+        if self._health is None:
+            self._health = StepHealth(self.run_dir)
+        self._health.check(record.step, losses, list(map(_first, round_.grads)), round_.grad_norms,
+                           round_.grad_total, round_.skipped, round_.lr, round_.param_norm)
+
+    def _per_tensor_due(self, tensors: int) -> bool:
+        every = self.params_every
+        if every is None:
+            every = 1 if tensors <= AUTO_PARAMS_TENSORS else AUTO_PARAMS_INTERVAL
+        return every > 0 and self.step_index % every == 0
+
+    def finish(self) -> None:
+        """Write the step still open (the last one) and close the trace."""
+        if os.getpid() != self.pid:
+            return
+        self.stop_ops()
+        if self._op_log is not None:
+            self._op_log.close()
+        if not self.explicit and self._clock.members and not self.stopped and self.capture_error is None:
+            if self._tracing_this_step():
+                self._write_round()
+            self._round = _Round()
+            self._clock.reset()
+        self._writer.close()
+        self._replicas.finish()
+
+    def after_fork_in_child(self, index: int) -> None:
+        # A forked process (Hogwild worker, DataLoader worker) records into a stream of its own,
+        # named by fork order so that two runs name their processes alike.
+        self.pid = os.getpid()
+        self.stream = f"{self.stream + '.' if self.stream else ''}fork{index}"
+        self._writer = TraceWriter(RunFolder(self.run_dir).trace(self.stream))
+        self._op_log = None  # the parent's handle is the parent's: this process logs to its own stream
+        self._round, self._pending_losses, self._pending_batches = _Round(), [], []
+        self._clock = RoundClock()
+        self._replicas = ReplicaCheck(self.run_dir, self._replicas.every, self._replicas.mode)
+        self.fork_count = 0
+        self.step_index = 0
+
+
+_NUMERICS = "twice.record.numerics"
+_numerics_module: list[Any] = []  # twice.numerics, once something has loaded it
+
+
+def _numerics_watch():
+    """The numerics watch in force, if any (without importing twice.numerics, which nothing may use)."""
+    if not _numerics_module:
+        module = sys.modules.get(_NUMERICS)
+        if module is None:
+            return None
+        _numerics_module.append(module)
+    return _numerics_module[0]._active  # (what its active_watch() returns: a call fewer, five times a step)
+
+
+_first, _second = operator.itemgetter(0), operator.itemgetter(1)
+
+
+# [torch.Tensor] once hooks.install ran (a list read is cheaper than an import statement, cold)
+tensor_type: list[type] = [type("_NoTensor", (), {})]
+
+
+def _has_closure(args, kwargs) -> bool:
+    # Step hooks receive the bound call's arguments: args[0] is the optimizer itself.
+    return (len(args) > 1 and callable(args[1])) or (bool(kwargs) and callable(kwargs.get("closure")))

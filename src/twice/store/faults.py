@@ -1,0 +1,68 @@
+"""The faults a run recorded: the NaN/Inf report, the numerical events before it, a capture error.
+
+Read without torch: `twice diff`, `show` and `nan` judge these files on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from twice.core.errors import CorruptRecord
+from twice.store.layout import RunFolder
+
+__all__ = ["read_numerics", "first_fault"]
+
+
+def _load(path: Path, line: int | None = None):
+    where = f"{path}" + (f" line {line}" if line else "")
+    try:
+        return path.read_text(encoding="utf-8") if line is None else None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"cannot read {where}: {exc}", "the run folder is damaged; re-record the run") from exc
+
+
+def _json(text: str, where: str, kind: type):
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptRecord(f"{where} is not valid JSON: {exc}", "the run folder is damaged; re-record the run") from exc
+    if not isinstance(value, kind):
+        raise CorruptRecord(f"{where} holds a {type(value).__name__}, not a JSON {kind.__name__}",
+                            "the run folder is damaged; re-record the run")
+    return value
+
+
+def read_numerics(run_dir: Path) -> tuple[dict | None, list[dict]]:
+    """(the NaN/Inf report or None, every numerical event) of a run."""
+    folder = RunFolder(run_dir)
+    report = None
+    if folder.numerics_report.is_file():
+        report = _json(_load(folder.numerics_report), str(folder.numerics_report), dict)
+        fault = report.get("fault")
+        if not isinstance(fault, dict) or not isinstance(fault.get("step"), int) or isinstance(fault["step"], bool):
+            raise CorruptRecord(f"{folder.numerics_report} has no valid 'fault' (with an integer 'step')",
+                                "the run folder is damaged; re-record the run")
+    events = []
+    if folder.numerics_events.is_file():
+        for number, line in enumerate(_load(folder.numerics_events).splitlines(), start=1):
+            if not line:
+                continue
+            event = _json(line, f"{folder.numerics_events} line {number}", dict)
+            if not isinstance(event.get("kind"), str) or not isinstance(event.get("step"), int) \
+                    or not isinstance(event.get("summary"), str):
+                raise CorruptRecord(f"{folder.numerics_events} line {number} is not an event (kind, step, summary)",
+                                    "the run folder is damaged; re-record the run")
+            events.append(event)
+    return report, events
+
+
+def first_fault(run_dir: Path) -> dict | None:
+    """The run's first non-finite value, as {"step", "summary"}, or None."""
+    report, events = read_numerics(run_dir)
+    if report is not None:
+        fault = report["fault"]
+        return {"step": fault["step"],
+                "summary": f"{fault.get('value')} from {fault.get('op')} at {fault.get('line') or '?'}"}
+    bad = next((e for e in events if e["kind"] == "non_finite"), None)
+    return None if bad is None else {"step": bad["step"], "summary": bad["summary"]}

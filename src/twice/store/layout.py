@@ -1,0 +1,72 @@
+"""The run folder's layout: one property per file, the only place where its file names are spelled.
+
+    runs/<id>/
+      manifest.json          identity (compared) and context (never compared)
+      config.json            hyperparameters the script gave twice.Run(config=...)
+      trace.jsonl            one record per step (trace.<stream>.jsonl per rank or forked process)
+      stdout.log stderr.log  the command's output
+      code.patch             uncommitted changes to the script's repository
+      metrics.jsonl          twice.log_metric series; metrics.json: final values
+      numerics.jsonl         numerical warnings; numerics.json: the NaN/Inf report
+      capture_error.json     when an error of twice's own stopped the step capture
+      replicas.json          when data-parallel replicas fell out of sync
+      checkpoints/step-<n>/  see twice.checkpoint
+      ops/ops[.<stream>].jsonl  op-level logs of chosen steps, and dumped op outputs
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["RunFolder", "MANIFEST", "CAPTURE_ERROR"]
+
+MANIFEST = "manifest.json"
+CAPTURE_ERROR = "capture_error.json"
+
+
+class RunFolder:
+    """Paths of the files in one run folder (nothing is read or written here)."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    manifest = property(lambda self: self.path / MANIFEST)
+    config = property(lambda self: self.path / "config.json")
+    stdout = property(lambda self: self.path / "stdout.log")
+    stderr = property(lambda self: self.path / "stderr.log")
+    code_patch = property(lambda self: self.path / "code.patch")
+    metrics = property(lambda self: self.path / "metrics.jsonl")
+    final_metrics = property(lambda self: self.path / "metrics.json")
+    numerics_events = property(lambda self: self.path / "numerics.jsonl")
+    numerics_report = property(lambda self: self.path / "numerics.json")
+    capture_error = property(lambda self: self.path / CAPTURE_ERROR)
+    replicas = property(lambda self: self.path / "replicas.json")
+    checkpoints = property(lambda self: self.path / "checkpoints")
+    ops = property(lambda self: self.path / "ops")
+
+    def trace(self, stream: str | None = None) -> Path:
+        """The trace of one stream: the main process's, or a rank's or forked process's."""
+        return self.path / (f"trace.{stream}.jsonl" if stream and stream != "main" else "trace.jsonl")
+
+    def traces(self) -> dict[str, Path]:
+        """The traces present, by stream: "main" for trace.jsonl, else the tag of trace.<tag>.jsonl."""
+        out = {}
+        for path in sorted(self.path.glob("trace*.jsonl")):
+            parts = path.name.split(".")
+            out["main" if len(parts) == 2 else ".".join(parts[1:-1])] = path
+        return out
+
+    def op_log(self, stream: str | None = None) -> Path:
+        return self.ops / (f"ops.{stream}.jsonl" if stream else "ops.jsonl")
+
+    def dumped_output(self, step: int, index: int) -> Path:
+        """The outputs of op `index` of `step`, saved by `twice locate`'s re-run."""
+        return self.ops / f"step-{step}-op-{index}.safetensors"

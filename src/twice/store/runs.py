@@ -1,0 +1,135 @@
+"""The run folder on disk: atomic JSON, time-sorted unique ids, listing, and liveness of running runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from twice.core.errors import CorruptRecord, RunNotFound, UsageError
+from twice.store.files import dumps, fsync_dir, write_bytes_atomic, write_json_atomic  # noqa: F401 (re-exported)
+
+__all__ = ["write_json_atomic", "read_json", "new_run_dir", "find_run", "list_runs", "effective_status",
+           "process_start_time", "MANIFEST"]
+
+from twice.store.layout import MANIFEST  # noqa: E402 (re-exported: the name every reader uses)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptRecord(f"cannot read {path}: {exc}", "the file is damaged; re-record the run") from exc
+
+
+def new_run_id(name: str | None = None, now: float | None = None) -> str:
+    """`20261202-141503-123-3fa9c2[-name]`: sorts by start time; the random part keeps it unique."""
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"-{int(now * 1000) % 1000:03d}"
+    run_id = f"{stamp}-{secrets.token_hex(3)}"
+    return f"{run_id}-{name}" if name else run_id
+
+
+def _check_name(name: str) -> None:
+    if not name or any(c in name for c in "/\\\0") or name.startswith(".") or len(name) > 100:
+        raise UsageError(f"invalid run name {name!r}", "use letters, digits, '-', '_' or '.', not starting with '.'")
+
+
+def new_run_dir(runs_dir: Path, name: str | None = None) -> Path:
+    """Create and return a fresh run folder under `runs_dir` (exclusive mkdir, so never shared)."""
+    if name is not None:
+        _check_name(name)
+    runs_dir = Path(runs_dir)
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create runs folder {runs_dir}: {exc.strerror}",
+                         "pass a writable folder with --runs-dir") from exc
+    if not os.access(runs_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"runs folder {runs_dir} is not writable", "pass a writable folder with --runs-dir")
+    for _ in range(100):
+        path = runs_dir / new_run_id(name)
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise UsageError(f"could not create a unique run folder in {runs_dir}")
+
+
+def is_run(path: Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def find_run(ref: str | Path, runs_dir: Path | None = None) -> Path:
+    """Resolve a run given as a path, an id, or a unique id prefix under `runs_dir`."""
+    path = Path(ref)
+    if is_run(path):
+        return path
+    base = Path(runs_dir) if runs_dir is not None else Path("runs")
+    if base.is_dir():
+        candidate = base / str(ref)
+        if is_run(candidate):
+            return candidate
+        matches = sorted(p for p in base.iterdir() if p.name.startswith(str(ref)) and is_run(p))
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise RunNotFound(f"run {str(ref)!r} is ambiguous: {len(matches)} runs start with it",
+                              "give more of the id, or the run's path")
+    if path.is_dir():
+        raise RunNotFound(f"{path} is not a run folder (it has no {MANIFEST})", "pass a folder made by `twice run`")
+    raise RunNotFound(f"no run {str(ref)!r}", "list runs with `twice ls`, or pass the run's path")
+
+
+def list_runs(runs_dir: Path) -> Iterator[Path]:
+    """Run folders directly under `runs_dir`, oldest first."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        return iter(())
+    return iter(sorted(p for p in runs_dir.iterdir() if is_run(p)))
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot), to tell a live process from a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces; fields after the last ')' are safe to split.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _alive(pid: int, start_time: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if start_time is not None:
+        now = process_start_time(pid)
+        if now is not None and now != start_time:
+            return False
+    return True
+
+
+def effective_status(manifest: dict) -> str:
+    """The recorded status, except that a run still marked running whose launcher died is `crashed`."""
+    context = manifest.get("context", {})
+    status = context.get("status", "unknown")
+    if status != "running":
+        return status
+    launcher = context.get("launcher", {})
+    if launcher.get("host") != socket.gethostname():
+        return status  # cannot check a process on another machine
+    pid = launcher.get("pid")
+    if isinstance(pid, int) and not _alive(pid, launcher.get("start_time")):
+        return "crashed"
+    return status

@@ -1,0 +1,82 @@
+"""Trace files: appending step records as steps end, and reading them back validated.
+
+A trace is `trace.jsonl` (or `trace.<stream>.jsonl`, one per process) in the run folder, one record
+per line, each written with one write() call. Reading tolerates a last line cut short by a killed
+process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from twice.core.errors import CorruptRecord
+from twice.core.records import StepRecord, record_line
+
+__all__ = ["TraceWriter", "read_trace", "trace_files"]
+
+
+class TraceWriter:
+    """Appends records to a JSONL file, one write() call each, so that a killed process loses at most one line."""
+
+    def __init__(self, path: Path, fsync_every: float = 5.0):
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._fsync_every = fsync_every
+        self._last_sync = 0.0
+
+    def write(self, record: StepRecord) -> None:
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # Straight to the OS (no buffered file object to flush): survives the process being killed.
+        data = record_line(record)
+        while data:  # a regular file takes it whole, short of a full disk
+            data = data[os.write(self._fd, data):]
+        if record.time is not None and record.time - self._last_sync >= self._fsync_every:
+            os.fsync(self._fd)  # and on disk now and then: survives the machine
+            self._last_sync = record.time
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.fsync(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+
+def read_trace(path: Path) -> list[StepRecord]:
+    """Read a trace; a last line without its newline (a kill mid-write) is dropped, any other damage is an error."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"cannot read trace {path}: {exc}", "the trace is damaged; re-record the run") from exc
+    lines = text.split("\n")
+    if lines and lines[-1] != "":
+        lines = lines[:-1]  # cut short by a kill: the record was never complete
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line:
+            continue
+        try:
+            records.append(StepRecord.from_json(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise CorruptRecord(f"trace {path} line {number} is not a step record: {exc}",
+                                "the trace is damaged; re-record the run") from exc
+    return records
+
+
+def trace_files(run_dir: Path) -> dict[str, Path]:
+    """The traces of a run by stream: "main" for trace.jsonl, else the tag of trace.<tag>.jsonl."""
+    out = {}
+    for path in sorted(Path(run_dir).glob("trace*.jsonl")):
+        parts = path.name.split(".")
+        out["main" if len(parts) == 2 else ".".join(parts[1:-1])] = path
+    return out
+
+

@@ -1,0 +1,175 @@
+"""The house's rules, checked on the source: layered folders, imports pointing down, no cycles, a pure core.
+
+Every import form is scanned (`import twice.x`, `from twice.x import y`, `from twice import x`,
+relative imports), at module level and inside functions, in every file of the package, `_boot/`
+included. docs/ARCHITECTURE.md explains the layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import twice
+
+PACKAGE = Path(twice.__file__).parent
+
+# Folders, lowest first: a module may import from its own folder or a lower one, never a higher one.
+LAYERS = ["core", "rng", "store", "checkpoint", "record", "data", "runtime", "app", "integrations"]
+# Files directly in twice/: the compiled module sits below everything; the command line, the public
+# facades (twice.testing, twice.numerics, twice.parallel) and `python -m twice` above everything.
+TOP_LEVEL = {"_native": -1, "cli": len(LAYERS), "__main__": len(LAYERS), "testing": len(LAYERS),
+             "numerics": len(LAYERS), "parallel": len(LAYERS), "__init__": len(LAYERS)}
+MAX_LINES = 400
+# Whole concepts that are longer than MAX_LINES, each with the reason it stays one module.
+LONG_MODULES: dict[str, str] = {}
+FILE_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink", "rmdir",
+              "iterdir", "glob", "rglob", "replace", "rename", "fsync", "makedirs", "remove", "listdir", "scandir"}
+IMPURE_MODULES = {"subprocess", "shutil", "tempfile", "socket", "pathlib", "torch", "numpy"}
+
+
+def _modules() -> dict[str, Path]:
+    """Every Python file of the package by dotted name ("twice.core.digests")."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The package module a dotted name refers to (a name imported from a module resolves to the module)."""
+    while name and name not in MODULES and name != "twice._native":
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path, *, top_level_only: bool = False) -> set[str]:
+    """The twice modules `module` imports, by every import form."""
+    is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    found: set[str] = set()
+    for node in nodes:
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            targets = [f"{prefix}.{alias.name}" for alias in node.names] + [prefix]
+        for target in targets:
+            if target == "twice" or not target.startswith("twice."):
+                continue
+            resolved = _resolve(target)
+            if resolved and resolved != module:
+                found.add(resolved)
+    # "from twice.x import y" also names twice.x; keep the most specific module per statement
+    return {m for m in found if not any(other.startswith(m + ".") for other in found)} | (
+        {m for m in found if m == "twice._native"})
+
+
+def _layer(module: str) -> int:
+    name = module.split(".")[1]
+    return LAYERS.index(name) if name in LAYERS else TOP_LEVEL[name]
+
+
+def test_every_module_has_a_place():
+    for module in MODULES:
+        parts = module.split(".")
+        if len(parts) == 1:
+            continue
+        assert parts[1] in LAYERS or (len(parts) == 2 and parts[1] in TOP_LEVEL), \
+            f"{module}: put it in one of the layers {LAYERS}, or list it in TOP_LEVEL"
+
+
+def test_the_scanner_sees_every_import_form(tmp_path):
+    source = ("import twice.core.digests\nfrom twice.store import traces\nfrom twice import _native\n"
+              "def f():\n    from ..core import seeds\n    from .records import StepRecord\n")
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    found = _imports("twice.core.probe", path)
+    assert {"twice.core.digests", "twice.store.traces", "twice._native", "twice.core.records"} <= found
+    assert _imports("twice.store.probe", path) >= {"twice.core.seeds"}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.count(".") >= 1))
+def test_imports_point_down(module):
+    for imported in _imports(module, MODULES[module]):
+        assert _layer(imported) <= _layer(module), \
+            f"{module} (layer {_layer(module)}) imports {imported} (layer {_layer(imported)}): imports point down"
+
+
+def test_no_import_cycles_anywhere():
+    graph = {module: _imports(module, path) for module, path in MODULES.items()}
+    # Packages' __init__ re-export their modules: an edge into a package is an edge into what it re-exports.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == "twice":
+                continue
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state and module != "twice":
+            visit(module)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("twice.core")))
+def test_core_is_pure(module):
+    tree = ast.parse(MODULES[module].read_text())
+    for node in tree.body:  # module level: no torch, NumPy, files or processes on import
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        for name in names:
+            assert name.split(".")[0] not in IMPURE_MODULES, f"{module} imports {name} at module level"
+    for node in ast.walk(tree):  # anywhere: no file or process calls
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            assert name not in FILE_CALLS, f"{module} line {node.lineno} calls {name}(): core touches no files"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for name in names:
+                assert name.split(".")[0] not in {"subprocess", "shutil", "tempfile", "socket"}, \
+                    f"{module} line {node.lineno} imports {name}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_hold_one_concept(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    if module in LONG_MODULES:
+        return
+    assert lines <= MAX_LINES, f"{module} has {lines} lines: split it by concept (at most {MAX_LINES})"
+
+
+def test_commands_that_read_records_load_no_torch(tmp_path):
+    """`twice diff`, `ls`, `show`, `stats` and `report` judge files: they must not pay for importing torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom twice import cli\n"
+            "from twice.app import compare, render, report\nfrom twice.store import runs, traces\n"
+            "from twice.core import stats\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]
