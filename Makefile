@@ -29,6 +29,8 @@ browser:
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
 test: setup browser
+	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
 	$(PY) -m pytest -q -n $(JOBS)
 
 bench: setup

@@ -23,7 +23,9 @@ def small_mlp(steps: int):
     from torch import nn
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    model = nn.Sequential(
+        nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     return model, optimizer, torch.randn(steps, 64, 128), torch.randint(0, 10, (steps, 64))
 

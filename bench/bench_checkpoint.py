@@ -27,7 +27,9 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", "5"))
 
 def state_of_about_1gb():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(5)])  # 5 x 16.8M params
+    model = torch.nn.Sequential(
+        *[torch.nn.Linear(4096, 4096) for _ in range(5)]
+    )  # 5 x 16.8M params
     optimizer = torch.optim.Adam(model.parameters())
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -56,22 +58,41 @@ def bench_checkpoint(folder: Path):
         # Each save writes a new file (old outputs removed untimed), and the order alternates, so
         # that neither pays for deleting the other's gigabyte or for its dirty pages.
         for path in (folder / "t.pt", folder / "step-1"):
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(
+                missing_ok=True
+            )
         os.sync()
-        pair = [("torch.save+fsync", lambda: torch_save(folder / "t.pt", model, optimizer)),
-                ("twice save", lambda: checkpoint.save(folder / "step-1", model=model, optimizer=optimizer))]
-        for label, function in (pair if i % 2 == 0 else pair[::-1]):
+        pair = [
+            ("torch.save+fsync", lambda: torch_save(folder / "t.pt", model, optimizer)),
+            (
+                "twice save",
+                lambda: checkpoint.save(folder / "step-1", model=model, optimizer=optimizer),
+            ),
+        ]
+        for label, function in pair if i % 2 == 0 else pair[::-1]:
             saves[label].append(timed(function))
             os.sync()
-        loads["torch.load(weights_only)"].append(timed(lambda: torch.load(folder / "t.pt", weights_only=True)))
-        loads["twice load+verify"].append(timed(lambda: checkpoint.load(folder / "step-1", strict=False)))
-    save_ratio = statistics.median(saves["twice save"]) / statistics.median(saves["torch.save+fsync"])
+        loads["torch.load(weights_only)"].append(
+            timed(lambda: torch.load(folder / "t.pt", weights_only=True))
+        )
+        loads["twice load+verify"].append(
+            timed(lambda: checkpoint.load(folder / "step-1", strict=False))
+        )
+    save_ratio = statistics.median(saves["twice save"]) / statistics.median(
+        saves["torch.save+fsync"]
+    )
     load_ratio = min(loads["twice load+verify"]) / min(loads["torch.load(weights_only)"])
-    print(f"checkpoint of {size:.2f} GB (model + Adam state), {REPEATS} rounds (save: median; load: best, warm cache):")
-    print(f"  save: torch.save+fsync {statistics.median(saves['torch.save+fsync']):.2f} s, twice {statistics.median(saves['twice save']):.2f} s, "
-          f"ratio {save_ratio:.2f}x (target <= 1.1x)")
-    print(f"  load: torch.load(weights_only=True) {min(loads['torch.load(weights_only)']):.2f} s, twice with verification "
-          f"{min(loads['twice load+verify']):.2f} s, ratio {load_ratio:.2f}x (target <= 1.2x)")
+    print(
+        f"checkpoint of {size:.2f} GB (model + Adam state), {REPEATS} rounds (save: median; load: best, warm cache):"
+    )
+    print(
+        f"  save: torch.save+fsync {statistics.median(saves['torch.save+fsync']):.2f} s, twice {statistics.median(saves['twice save']):.2f} s, "  # noqa: E501
+        f"ratio {save_ratio:.2f}x (target <= 1.1x)"
+    )
+    print(
+        f"  load: torch.load(weights_only=True) {min(loads['torch.load(weights_only)']):.2f} s, twice with verification "
+        f"{min(loads['twice load+verify']):.2f} s, ratio {load_ratio:.2f}x (target <= 1.2x)"
+    )
 
 
 class Trivial(Dataset):
@@ -95,7 +116,7 @@ class CheapAugment(Dataset):
 
     def __getitem__(self, i):
         top, left = torch.randint(0, 9, (2,)).tolist()
-        crop = self.images[i % 64, :, top:top + 32, left:left + 32]
+        crop = self.images[i % 64, :, top : top + 32, left : left + 32]
         return crop.flip(-1) if torch.rand(()) < 0.5 else crop.clone()
 
 
@@ -126,12 +147,17 @@ def bench_loader(dataset, label):
         order = list(kinds) if round_ % 2 == 0 else list(reversed(kinds))
         for kind in order:
             times[kind].append(timed(kinds[kind]))
-    costs = ", ".join(f"{kind} {20000 / statistics.median(times[kind]):,.0f} samples/s, cost "
-                      f"{100 * (statistics.median(b / a for a, b in zip(times['plain'], times[kind])) - 1):.1f}%"
-                      for kind in kinds if kind != "plain")
-    print(f"loader, {label} (20k samples, batch 64, main process): plain DataLoader "
-          f"{20000 / statistics.median(times['plain']):,.0f} samples/s; twice.data.loader: {costs} (target <= 5%)"
-          + ("" if compiled is not None else " [twice._native not built: Python loop only]"))
+    costs = ", ".join(
+        f"{kind} {20000 / statistics.median(times[kind]):,.0f} samples/s, cost "
+        f"{100 * (statistics.median(b / a for a, b in zip(times['plain'], times[kind])) - 1):.1f}%"
+        for kind in kinds
+        if kind != "plain"
+    )
+    print(
+        f"loader, {label} (20k samples, batch 64, main process): plain DataLoader "
+        f"{20000 / statistics.median(times['plain']):,.0f} samples/s; twice.data.loader: {costs} (target <= 5%)"
+        + ("" if compiled is not None else " [twice._native not built: Python loop only]")
+    )
 
 
 class EveryRng(CheapAugment):
@@ -139,7 +165,7 @@ class EveryRng(CheapAugment):
 
     def __getitem__(self, i):
         top, left = random.randrange(9), int(np.random.randint(0, 9))
-        crop = self.images[i % 64, :, top:top + 32, left:left + 32]
+        crop = self.images[i % 64, :, top : top + 32, left : left + 32]
         return crop.flip(-1) if torch.rand(()) < 0.5 else crop.clone()
 
 
@@ -147,7 +173,10 @@ class CifarStyle(Dataset):
     """The usual CIFAR training transform, written in torch: uint8 HWC image, pad 4 (reflect), random
     32x32 crop, random flip, to float CHW, normalise. A realistic cheap sample, for scale."""
 
-    MEAN, STD = torch.tensor([0.49, 0.48, 0.45]).view(3, 1, 1), torch.tensor([0.25, 0.24, 0.26]).view(3, 1, 1)
+    MEAN, STD = (
+        torch.tensor([0.49, 0.48, 0.45]).view(3, 1, 1),
+        torch.tensor([0.25, 0.24, 0.26]).view(3, 1, 1),
+    )
 
     def __init__(self):
         self.images = torch.randint(0, 256, (64, 32, 32, 3), dtype=torch.uint8)
@@ -159,7 +188,7 @@ class CifarStyle(Dataset):
         image = self.images[i % 64].permute(2, 0, 1).float().div_(255)
         image = torch.nn.functional.pad(image[None], (4, 4, 4, 4), mode="reflect")[0]
         top, left = torch.randint(0, 9, (2,)).tolist()
-        image = image[:, top:top + 32, left:left + 32]
+        image = image[:, top : top + 32, left : left + 32]
         if torch.rand(()) < 0.5:
             image = image.flip(-1)
         return (image - self.MEAN) / self.STD

@@ -28,9 +28,13 @@ def main():
     sha = best_of(lambda: hashlib.sha256(tensor.numpy()).hexdigest(), repeats=2)
     strided = tensor[::2]
     ours_strided = best_of(lambda: twice.digest(strided), repeats=3)
-    print(f"twice.digest: {size_gb / ours:.1f} GB/s   sha256: {size_gb / sha:.2f} GB/s   "
-          f"ratio {sha / ours:.1f}x (target >= 8 GB/s, one thread)")
-    print(f"twice.digest on a non-contiguous view (copy first): {size_gb / 2 / ours_strided:.1f} GB/s")
+    print(
+        f"twice.digest: {size_gb / ours:.1f} GB/s   sha256: {size_gb / sha:.2f} GB/s   "
+        f"ratio {sha / ours:.1f}x (target >= 8 GB/s, one thread)"
+    )
+    print(
+        f"twice.digest on a non-contiguous view (copy first): {size_gb / 2 / ours_strided:.1f} GB/s"
+    )
 
 
 if __name__ == "__main__":

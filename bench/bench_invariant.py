@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-SCRIPT = r'''
+SCRIPT = r"""
 import sys, time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from twice.data.parallel import InvariantDataParallel
@@ -47,16 +47,30 @@ if rank == 0:
     print(f"LOOP {(time.perf_counter() - start) / 120 * 1e3:.4f}")
 dist.barrier()  # no rank tears gloo down while another still talks to it
 dist.destroy_process_group()
-'''
+"""
 
 
 def loop_ms(folder: Path, mode: str) -> float:
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-    ranks = [subprocess.Popen([sys.executable, "t.py", mode], cwd=folder, stdout=subprocess.PIPE, text=True,
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+    }
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "t.py", mode],
+            cwd=folder,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+        )
+        for r in range(2)
+    ]
     outputs = [rank.communicate()[0] for rank in ranks]
     return float(re.search(r"LOOP ([0-9.]+)", outputs[0]).group(1))
 
@@ -70,8 +84,10 @@ def main():
             for mode in times:
                 times[mode].append(loop_ms(folder, mode))
     ddp, two, eight = (statistics.median(times[k]) for k in ("ddp", "2", "8"))
-    print(f"2 ranks (gloo, CPU), MLP 256-512-512-10, global batch 256, rank 0 wall ms/step: DDP {ddp:.2f}; "
-          f"invariant, 2 micro-batches {two:.2f} ({two / ddp:.2f}x); invariant, 8 micro-batches {eight:.2f} ({eight / ddp:.2f}x)")
+    print(
+        f"2 ranks (gloo, CPU), MLP 256-512-512-10, global batch 256, rank 0 wall ms/step: DDP {ddp:.2f}; "
+        f"invariant, 2 micro-batches {two:.2f} ({two / ddp:.2f}x); invariant, 8 micro-batches {eight:.2f} ({eight / ddp:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

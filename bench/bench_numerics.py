@@ -50,14 +50,18 @@ def main():
             times["watch-only"].append(loop("watch-only", tmp=f"{tmp}/w{round_}"))
             # ABBA order: drift within a round (allocator, caches, the other core) cancels out.
             pair = [("trace", False), ("trace+cheap", True)]
-            for label, health in (pair if round_ % 2 == 0 else pair[::-1]):
+            for label, health in pair if round_ % 2 == 0 else pair[::-1]:
                 times[label].append(loop("trace", health=health, tmp=f"{tmp}/{label}{round_}"))
     m = {k: statistics.median(v) / STEPS * 1e3 for k, v in times.items()}
-    print(f"small CPU MLP (0.1M params, batch 64, Adam, 1 thread), ms/step: plain {m['plain']:.2f}, "
-          f"full watch alone {m['watch-only']:.2f} ({m['watch-only'] / m['plain']:.1f}x; target <= 3x), "
-          f"with the step trace (twice run --numerics) {m['full']:.2f} ({m['full'] / m['plain']:.1f}x)")
-    print(f"  cheap mode: trace {m['trace']:.3f}, trace + cheap checks {m['trace+cheap']:.3f} "
-          f"({100 * (m['trace+cheap'] / m['trace'] - 1):+.1f}%; target <= 5%)")
+    print(
+        f"small CPU MLP (0.1M params, batch 64, Adam, 1 thread), ms/step: plain {m['plain']:.2f}, "
+        f"full watch alone {m['watch-only']:.2f} ({m['watch-only'] / m['plain']:.1f}x; target <= 3x), "
+        f"with the step trace (twice run --numerics) {m['full']:.2f} ({m['full'] / m['plain']:.1f}x)"
+    )
+    print(
+        f"  cheap mode: trace {m['trace']:.3f}, trace + cheap checks {m['trace+cheap']:.3f} "
+        f"({100 * (m['trace+cheap'] / m['trace'] - 1):+.1f}%; target <= 5%)"
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,10 @@ def torch_debug_mode():
 
     @contextlib.contextmanager
     def context():
-        with DebugMode(record_stack_trace=True, record_nn_module=True), \
-                DebugMode.log_tensor_hashes("hash_tensor", hash_inputs=True):
+        with (
+            DebugMode(record_stack_trace=True, record_nn_module=True),
+            DebugMode.log_tensor_hashes("hash_tensor", hash_inputs=True),
+        ):
             yield
 
     return context
@@ -69,17 +71,28 @@ def main():
                 if kind == "plain":
                     times[kind].append(loop(setup))
                 elif kind == "twice":
-                    times[kind].append(loop(setup, hooks.Recorder(f"{tmp}/{round_}", record_ops=set(range(STEPS + 1)))))
+                    times[kind].append(
+                        loop(
+                            setup,
+                            hooks.Recorder(f"{tmp}/{round_}", record_ops=set(range(STEPS + 1))),
+                        )
+                    )
                 else:
                     times[kind].append(loop(setup, context=debug))
     p = statistics.median(times["plain"]) / STEPS
     ratio = statistics.median(t / q for t, q in zip(times["twice"], times["plain"]))
-    print(f"small CPU MLP (0.1M params, batch 64, Adam, 1 thread), CPU time, median of {ROUNDS} rounds of {STEPS} steps")
-    print(f"  plain step {p * 1e3:.2f} ms; op-recorded step (twice run --record-ops, with the step trace) "
-          f"{ratio:.2f}x (target <= 5x)")
+    print(
+        f"small CPU MLP (0.1M params, batch 64, Adam, 1 thread), CPU time, median of {ROUNDS} rounds of {STEPS} steps"
+    )
+    print(
+        f"  plain step {p * 1e3:.2f} ms; op-recorded step (twice run --record-ops, with the step trace) "
+        f"{ratio:.2f}x (target <= 5x)"
+    )
     if debug:
         torch_ratio = statistics.median(t / q for t, q in zip(times["torch"], times["plain"]))
-        print(f"  PyTorch DebugMode with input and output hashes and stack traces: {torch_ratio:.2f}x")
+        print(
+            f"  PyTorch DebugMode with input and output hashes and stack traces: {torch_ratio:.2f}x"
+        )
     print(f"  first recorded step, naming modules and parameters once: {naming * 1e3:.0f} ms")
 
 

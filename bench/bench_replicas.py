@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-SCRIPT = r'''
+SCRIPT = r"""
 import time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 dist.init_process_group("gloo")
@@ -31,14 +31,19 @@ for step in range(600):
 if dist.get_rank() == 0:
     print(f"LOOP {(time.perf_counter() - start) / 580 * 1e3:.4f}")
 dist.destroy_process_group()
-'''
+"""
 
 
 def loop_ms(folder: Path, every: str) -> float:
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    out = subprocess.run([sys.executable, "-m", "twice", "run", "--", torchrun, "--nproc_per_node", "2", "t.py"],
-                         cwd=folder, capture_output=True, text=True, env={**os.environ, "TWICE_REPLICA_EVERY": every},
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "twice", "run", "--", torchrun, "--nproc_per_node", "2", "t.py"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TWICE_REPLICA_EVERY": every},
+        check=True,
+    ).stdout
     return float(re.search(r"LOOP ([0-9.]+)", out).group(1))
 
 
@@ -49,13 +54,18 @@ def main():
         times = {"off": [], "20": [], "1": []}
         for round_ in range(7):
             # Rotate the order each round: this VM's speed drifts, and a fixed order would bias one mode.
-            kinds = list(times)[round_ % 3:] + list(times)[:round_ % 3]
+            kinds = list(times)[round_ % 3 :] + list(times)[: round_ % 3]
             for every in kinds:
                 times[every].append(loop_ms(folder, "1000000000" if every == "off" else every))
     off, default, each = (statistics.median(times[k]) for k in ("off", "20", "1"))
-    ratio = {k: statistics.median(t / o for o, t in zip(times["off"], times[k])) for k in ("20", "1")}
-    print(f"2 ranks (gloo, CPU), rank 0 wall ms/step, median of 7 rounds: checks off {off:.3f}, every 20 steps (default) "
-          f"{default:.3f} ({100 * (ratio['20'] - 1):+.1f}%; target <= 2%), every step {each:.3f} ({100 * (ratio['1'] - 1):+.1f}%)")
+    ratio = {
+        k: statistics.median(t / o for o, t in zip(times["off"], times[k])) for k in ("20", "1")
+    }
+    print(
+        f"2 ranks (gloo, CPU), rank 0 wall ms/step, median of 7 rounds: checks off {off:.3f}, every 20 steps (default) "
+        f"{default:.3f} ({100 * (ratio['20'] - 1):+.1f}%; target <= 2%), every step {each:.3f} ({100 * (ratio['1'] - 1):+.1f}%)"
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -19,9 +19,16 @@ RUNS, STEPS = 20, 10_000
 
 
 def make_runs(folder: Path) -> list[Path]:
-    manifest = {"identity": {"argv": ["train.py"], "seed": 0, "packages": {f"pkg{i}": "1.0" for i in range(200)},
-                             "threads": {"intra_op_threads": 2}, "determinism": {"mode": "strict"}},
-                "context": {"status": "completed", "started": 0.0}}
+    manifest = {
+        "identity": {
+            "argv": ["train.py"],
+            "seed": 0,
+            "packages": {f"pkg{i}": "1.0" for i in range(200)},
+            "threads": {"intra_op_threads": 2},
+            "determinism": {"mode": "strict"},
+        },
+        "context": {"status": "completed", "started": 0.0},
+    }
     dirs = []
     for run in range(RUNS):
         run_dir = folder / f"20261202-000000-000-{run:06x}-run{run}"
@@ -36,10 +43,19 @@ def make_runs(folder: Path) -> list[Path]:
         for step in range(STEPS):
             differs = step >= diverge
             loss = 2.0 / (1 + step / 500) + (rng.random() * 1e-3 if differs else 0.0)
-            writer.write(StepRecord(step=step, loss=float.hex(loss), batch=f"b{step:032x}",
-                                    grads=f"g{step:031x}" + ("x" if differs else ""), grad_norm=float.hex(1.0),
-                                    lr=[float.hex(0.1)], params=f"p{step:031x}" + ("x" if differs else ""),
-                                    rng={"torch": f"r{step:031x}"}, time=step * 0.01))
+            writer.write(
+                StepRecord(
+                    step=step,
+                    loss=float.hex(loss),
+                    batch=f"b{step:032x}",
+                    grads=f"g{step:031x}" + ("x" if differs else ""),
+                    grad_norm=float.hex(1.0),
+                    lr=[float.hex(0.1)],
+                    params=f"p{step:031x}" + ("x" if differs else ""),
+                    rng={"torch": f"r{step:031x}"},
+                    time=step * 0.01,
+                )
+            )
         writer.close()
         dirs.append(run_dir)
     return dirs
@@ -52,7 +68,9 @@ def main():
         out = write_report(dirs, Path(tmp) / "report.html")
         elapsed = time.perf_counter() - start
         size = out.stat().st_size / 1e6
-    print(f"report of {RUNS} runs x {STEPS:,} steps: {elapsed:.1f} s, {size:.1f} MB (target < 10 s)")
+    print(
+        f"report of {RUNS} runs x {STEPS:,} steps: {elapsed:.1f} s, {size:.1f} MB (target < 10 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", "5"))
 
 def timed(command, cwd, env):
     start = time.perf_counter()
-    subprocess.run(command, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        command, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return time.perf_counter() - start
 
 
@@ -31,12 +33,18 @@ def main():
         for _ in range(REPEATS):
             plain.append(timed([sys.executable, "script.py"], tmp, env))
             launched.append(timed([sys.executable, "-m", "twice", "run", "script.py"], tmp, env))
-        capture = [json.loads((run / "manifest.json").read_text())["context"]["capture_seconds"]
-                   for run in sorted((tmp / "runs").iterdir())]
+        capture = [
+            json.loads((run / "manifest.json").read_text())["context"]["capture_seconds"]
+            for run in sorted((tmp / "runs").iterdir())
+        ]
     p, t = statistics.median(plain), statistics.median(launched)
-    print(f"plain python (imports torch): {p:.3f} s   twice run: {t:.3f} s   added: {t - p:.3f} s "
-          f"(ratio {t / p:.2f}x; target <= 1 s added)")
-    print(f"manifest capture: median {statistics.median(capture):.3f} s, max {max(capture):.3f} s (target <= 0.5 s)")
+    print(
+        f"plain python (imports torch): {p:.3f} s   twice run: {t:.3f} s   added: {t - p:.3f} s "
+        f"(ratio {t / p:.2f}x; target <= 1 s added)"
+    )
+    print(
+        f"manifest capture: median {statistics.median(capture):.3f} s, max {max(capture):.3f} s (target <= 0.5 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,14 @@ for i in range(int(sys.argv[2])):  # CPU-bound, single-threaded work
 
 def timed(command, cwd):
     start = time.perf_counter()
-    subprocess.run(command, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        command,
+        cwd=cwd,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     return time.perf_counter() - start
 
 
@@ -38,15 +44,62 @@ def main():
         (tmp / "t.py").write_text(SCRIPT)
         plain = min(timed([sys.executable, "t.py", "0.1", "100"], tmp) for _ in range(3))
         sweep = ["-m", "twice", "sweep", "--vary", "lr=0.1,0.01", "--seeds", "4"]
-        light = timed([sys.executable, *sweep, "--name", "light", "--", sys.executable, "t.py", "{lr}", "100"], tmp)
+        light = timed(
+            [
+                sys.executable,
+                *sweep,
+                "--name",
+                "light",
+                "--",
+                sys.executable,
+                "t.py",
+                "{lr}",
+                "100",
+            ],
+            tmp,
+        )
         overhead = light / 8 - plain
-        print(f"per-trial overhead: plain run {plain:.2f} s, sweep of 8 trials {light:.2f} s (jobs 1): "
-              f"{overhead:.2f} s per trial beyond the trial's own run (target <= 1.5 s)")
+        print(
+            f"per-trial overhead: plain run {plain:.2f} s, sweep of 8 trials {light:.2f} s (jobs 1): "
+            f"{overhead:.2f} s per trial beyond the trial's own run (target <= 1.5 s)"
+        )
         work = "20000000"
-        one = timed([sys.executable, *sweep, "--name", "j1", "--jobs", "1", "--", sys.executable, "t.py", "{lr}", work], tmp)
-        two = timed([sys.executable, *sweep, "--name", "j2", "--jobs", "2", "--", sys.executable, "t.py", "{lr}", work], tmp)
-        print(f"2x4 sweep of a CPU-bound script: --jobs 1 {one:.1f} s, --jobs 2 {two:.1f} s, ratio {two / one:.2f} "
-              f"(target <= 0.6; this machine has {os.cpu_count()} cores)")
+        one = timed(
+            [
+                sys.executable,
+                *sweep,
+                "--name",
+                "j1",
+                "--jobs",
+                "1",
+                "--",
+                sys.executable,
+                "t.py",
+                "{lr}",
+                work,
+            ],
+            tmp,
+        )
+        two = timed(
+            [
+                sys.executable,
+                *sweep,
+                "--name",
+                "j2",
+                "--jobs",
+                "2",
+                "--",
+                sys.executable,
+                "t.py",
+                "{lr}",
+                work,
+            ],
+            tmp,
+        )
+        print(
+            f"2x4 sweep of a CPU-bound script: --jobs 1 {one:.1f} s, --jobs 2 {two:.1f} s, ratio {two / one:.2f} "
+            f"(target <= 0.6; this machine has {os.cpu_count()} cores)"
+        )
 
 
 if __name__ == "__main__":

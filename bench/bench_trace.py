@@ -28,25 +28,40 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from twice.record import hooks
 
-STEPS = 20  # per block: short blocks, many of them, so that both sides of a pair see the same machine
+STEPS = (
+    20  # per block: short blocks, many of them, so that both sides of a pair see the same machine
+)
 TIMED = STEPS - 1
 ROUNDS = 100
 
 
 def mlp():
-    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)), (256,)
+    return nn.Sequential(
+        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    ), (256,)
 
 
 def cnn():
-    net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
-                        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(512, 10))
+    net = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(512, 10),
+    )
     return net, (3, 32, 32)
 
 
 THREADS = torch.get_num_threads()  # torch's default here, before main() sets 1
-CASES = [("MLP 0.40M params, batch 64", mlp, 64, 1, 1), ("MLP 0.40M params, batch 256", mlp, 256, 1, 1),
-         ("CNN 0.02M params, 32x32 images, batch 32", cnn, 32, 1, 1), ("MLP 0.40M params, batch 64, --trace-every 10", mlp, 64, 10, 1),
-         (f"CNN as above, torch's default {THREADS} threads", cnn, 32, 1, THREADS)]
+CASES = [
+    ("MLP 0.40M params, batch 64", mlp, 64, 1, 1),
+    ("MLP 0.40M params, batch 256", mlp, 256, 1, 1),
+    ("CNN 0.02M params, 32x32 images, batch 32", cnn, 32, 1, 1),
+    ("MLP 0.40M params, batch 64, --trace-every 10", mlp, 64, 10, 1),
+    (f"CNN as above, torch's default {THREADS} threads", cnn, 32, 1, THREADS),
+]
 
 
 def setup(build, batch):
@@ -65,19 +80,33 @@ def loop(model, optimizer, data, batch):
     recorder = hooks.active_recorder()
     for i, (x, y) in enumerate(DataLoader(data, batch_size=batch, shuffle=True)):
         if i == 1:
-            start, wall, cost = time.process_time(), time.perf_counter(), recorder.cost if recorder else 0.0
+            start, wall, cost = (
+                time.process_time(),
+                time.perf_counter(),
+                recorder.cost if recorder else 0.0,
+            )
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
-    return time.process_time() - start, time.perf_counter() - wall, (recorder.cost - cost) if recorder else 0.0
+    return (
+        time.process_time() - start,
+        time.perf_counter() - wall,
+        (recorder.cost - cost) if recorder else 0.0,
+    )
 
 
 def main():
     torch.set_num_threads(1)
-    print(f"zero-code tracing overhead, CPU time, median over {ROUNDS} alternating pairs of {STEPS}-step blocks, 1 thread "
-          f"(the last case: torch's default {THREADS}, where wall time is the figure: CPU time adds up the threads)")
-    print("(steady state: one model trained on in every block; naming the parameters, once per optimizer, is reported apart)")
-    only = [word.lower() for word in sys.argv[1:]]  # e.g. `bench_trace.py cnn`: the cases naming each word
+    print(
+        f"zero-code tracing overhead, CPU time, median over {ROUNDS} alternating pairs of {STEPS}-step blocks, 1 thread "
+        f"(the last case: torch's default {THREADS}, where wall time is the figure: CPU time adds up the threads)"
+    )
+    print(
+        "(steady state: one model trained on in every block; naming the parameters, once per optimizer, is reported apart)"
+    )
+    only = [
+        word.lower() for word in sys.argv[1:]
+    ]  # e.g. `bench_trace.py cnn`: the cases naming each word
     for label, build, batch, every, threads in CASES:
         if not all(word in label.lower() for word in only):
             continue
@@ -103,14 +132,23 @@ def main():
                     hooks.append(traced[-1][2] / traced[-1][1])  # wall time inside twice's handlers
         ratio = statistics.median(t[0] / p[0] for p, t in zip(plain, traced))
         wall = statistics.median(t[1] / p[1] for p, t in zip(plain, traced))
-        column = 0 if threads == 1 else 1  # per step: CPU time on one thread, else wall time (CPU time adds up the threads)
-        quartiles = statistics.quantiles([t[column] / p[column] for p, t in zip(plain, traced)], n=4)
-        p, t = statistics.median(r[column] for r in plain), statistics.median(r[column] for r in traced)
-        print(f"  {label:<48} plain {p * 1e3 / TIMED:6.3f} ms/step  traced {t * 1e3 / TIMED:6.3f} ms/step  "
-              f"overhead {100 * (ratio - 1):5.1f}% (wall time {100 * (wall - 1):+.1f}%; pairs' quartiles "
-              f"{100 * (quartiles[0] - 1):+.1f}%, {100 * (quartiles[2] - 1):+.1f}%)  (target <= 3%)  "
-              f"in twice's handlers {100 * statistics.median(hooks):.1f}% of the traced wall time  "
-              f"naming once {naming * 1e3:.0f} ms")
+        column = (
+            0 if threads == 1 else 1
+        )  # per step: CPU time on one thread, else wall time (CPU time adds up the threads)
+        quartiles = statistics.quantiles(
+            [t[column] / p[column] for p, t in zip(plain, traced)], n=4
+        )
+        p, t = (
+            statistics.median(r[column] for r in plain),
+            statistics.median(r[column] for r in traced),
+        )
+        print(
+            f"  {label:<48} plain {p * 1e3 / TIMED:6.3f} ms/step  traced {t * 1e3 / TIMED:6.3f} ms/step  "
+            f"overhead {100 * (ratio - 1):5.1f}% (wall time {100 * (wall - 1):+.1f}%; pairs' quartiles "
+            f"{100 * (quartiles[0] - 1):+.1f}%, {100 * (quartiles[2] - 1):+.1f}%)  (target <= 3%)  "
+            f"in twice's handlers {100 * statistics.median(hooks):.1f}% of the traced wall time  "
+            f"naming once {naming * 1e3:.0f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-TRAIN = r'''
+TRAIN = r"""
 import sys, torch
 from torch import nn
 device = sys.argv[1]
@@ -47,51 +47,103 @@ for step in range(8):
     opt.zero_grad()
     nn.functional.cross_entropy(model(data[step]), target[step]).backward()
     opt.step()
-'''
+"""
 
 
 def twice(*args, cwd, env=None):
-    return subprocess.run([sys.executable, "-m", "twice", *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          env=env or os.environ.copy(), timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "twice", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env or os.environ.copy(),
+        timeout=600,
+    )
 
 
 def check_determinism(device, tmp):
     (tmp / "cnn.py").write_text(TRAIN)
-    audit = twice("audit", "--steps", "2", "--determinism", "off", "--json", "--", sys.executable, "cnn.py", device, cwd=tmp)
-    found = json.loads(audit.stdout) if audit.stdout.startswith("{") else {"error": audit.stderr[-2000:]}
+    audit = twice(
+        "audit",
+        "--steps",
+        "2",
+        "--determinism",
+        "off",
+        "--json",
+        "--",
+        sys.executable,
+        "cnn.py",
+        device,
+        cwd=tmp,
+    )
+    found = (
+        json.loads(audit.stdout)
+        if audit.stdout.startswith("{")
+        else {"error": audit.stderr[-2000:]}
+    )
     for name in ("a", "b"):
         twice("run", "--name", name, "--", sys.executable, "cnn.py", device, cwd=tmp)
     runs = sorted((tmp / "runs").glob("*-[ab]"))
     diff = twice("diff", *runs[-2:], "--json", cwd=tmp)
-    return {"audit": found, "strict_runs_identical": json.loads(diff.stdout)["identical"] if diff.stdout else None,
-            "diff_verdict": json.loads(diff.stdout)["verdict"] if diff.stdout else diff.stderr[-500:]}
+    return {
+        "audit": found,
+        "strict_runs_identical": json.loads(diff.stdout)["identical"] if diff.stdout else None,
+        "diff_verdict": json.loads(diff.stdout)["verdict"] if diff.stdout else diff.stderr[-500:],
+    }
 
 
 def check_late_cublas(device):
     if device != "cuda":
         return {"skipped": "needs CUDA"}
-    code = ("import torch, twice\na = torch.ones(8, 8, device='cuda'); (a @ a).sum().item()\n"
-            "try:\n    twice.deterministic(seed=0)\n    print('accepted')\nexcept twice.DeterminismError as e:\n    print(e.render())")
+    code = (
+        "import torch, twice\na = torch.ones(8, 8, device='cuda'); (a @ a).sum().item()\n"
+        "try:\n    twice.deterministic(seed=0)\n    print('accepted')\nexcept twice.DeterminismError as e:\n    print(e.render())"
+    )
     env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
     env["PYTHONHASHSEED"] = "0"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300).stdout
-    return {"refused": out.startswith("error: CUDA was initialised before CUBLAS_WORKSPACE_CONFIG"), "output": out.strip()}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    ).stdout
+    return {
+        "refused": out.startswith("error: CUDA was initialised before CUBLAS_WORKSPACE_CONFIG"),
+        "output": out.strip(),
+    }
 
 
 def check_digests(device):
     from twice.core.digests import device_fold
 
-    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
-              torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.complex64]
+    dtypes = [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.complex64,
+    ]
     correct = {}
     for dtype in dtypes:
-        cpu = (torch.randn(1001, 37) * 50).to(dtype) if dtype.is_floating_point or dtype.is_complex else \
-            torch.randint(0, 2 if dtype is torch.bool else 100, (1001, 37)).to(dtype)
+        cpu = (
+            (torch.randn(1001, 37) * 50).to(dtype)
+            if dtype.is_floating_point or dtype.is_complex
+            else torch.randint(0, 2 if dtype is torch.bool else 100, (1001, 37)).to(dtype)
+        )
         on_device = cpu.to(device)
-        correct[str(dtype)] = device_fold(on_device) == device_fold(cpu) and device_fold(on_device.t()) == device_fold(cpu.t())
+        correct[str(dtype)] = device_fold(on_device) == device_fold(cpu) and device_fold(
+            on_device.t()
+        ) == device_fold(cpu.t())
     result = {"correct_for_every_dtype": all(correct.values()), "per_dtype": correct}
     if device == "cuda":
-        big = torch.randint(-2**31, 2**31 - 1, (2**30,), dtype=torch.int32, device="cuda")  # 4 GiB
+        big = torch.randint(
+            -(2**31), 2**31 - 1, (2**30,), dtype=torch.int32, device="cuda"
+        )  # 4 GiB
         torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(3):
@@ -102,22 +154,45 @@ def check_digests(device):
         device_fold(big)
         torch.cuda.synchronize()
         digest_rate = big.numel() * 4 / (time.perf_counter() - start)
-        result.update(copy_gbps=copy_bandwidth / 1e9, digest_gbps=digest_rate / 1e9,
-                      share_of_copy_bandwidth=digest_rate / copy_bandwidth)
+        result.update(
+            copy_gbps=copy_bandwidth / 1e9,
+            digest_gbps=digest_rate / 1e9,
+            share_of_copy_bandwidth=digest_rate / copy_bandwidth,
+        )
         del big
     return result
 
 
 def _resnetish():
     def block(c):
-        return nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c))
-    return nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), *[block(64) for _ in range(4)], nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(64, 10)), (3, 32, 32), 10
+        return nn.Sequential(
+            nn.Conv2d(c, c, 3, padding=1),
+            nn.BatchNorm2d(c),
+            nn.ReLU(),
+            nn.Conv2d(c, c, 3, padding=1),
+            nn.BatchNorm2d(c),
+        )
+
+    return (
+        nn.Sequential(
+            nn.Conv2d(3, 64, 3, padding=1),
+            *[block(64) for _ in range(4)],
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(64, 10),
+        ),
+        (3, 32, 32),
+        10,
+    )
 
 
 def _transformerish():
     layer = nn.TransformerEncoderLayer(256, 8, 1024, batch_first=True)
-    return nn.Sequential(nn.TransformerEncoder(layer, 4), nn.Flatten(), nn.Linear(256 * 64, 10)), (64, 256), 10
+    return (
+        nn.Sequential(nn.TransformerEncoder(layer, 4), nn.Flatten(), nn.Linear(256 * 64, 10)),
+        (64, 256),
+        10,
+    )
 
 
 def _step_time(build, device, deterministic, trace, steps=30, batch=64):
@@ -160,9 +235,13 @@ def check_price(device, smoke=False):
         default = _step_time(build, device, False, False, **sizes)
         deterministic = _step_time(build, device, True, False, **sizes)
         traced = _step_time(build, device, True, True, **sizes)
-        out[name] = {"default_ms": default * 1e3, "deterministic_ms": deterministic * 1e3,
-                     "determinism_cost": deterministic / default - 1, "traced_ms": traced * 1e3,
-                     "tracing_overhead": traced / deterministic - 1}
+        out[name] = {
+            "default_ms": default * 1e3,
+            "deterministic_ms": deterministic * 1e3,
+            "determinism_cost": deterministic / default - 1,
+            "traced_ms": traced * 1e3,
+            "tracing_overhead": traced / deterministic - 1,
+        }
     return out
 
 
@@ -182,12 +261,19 @@ def check_cpu_vs_gpu(device):
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
-        states[where] = {k: v.detach().cpu().double() for k, v in model.state_dict().items() if v.is_floating_point()}
+        states[where] = {
+            k: v.detach().cpu().double()
+            for k, v in model.state_dict().items()
+            if v.is_floating_point()
+        }
     for key, cpu in states["cpu"].items():
         gpu = states["cuda"][key]
         relative = float((cpu - gpu).abs().max() / cpu.abs().max().clamp_min(1e-30))
         # float32 reduction-order differences stay near 1e-6 relative after a few steps; TF32 is off here.
-        results[key] = {"max_relative": relative, "verdict": "expected (reduction order)" if relative < 1e-4 else "suspicious"}
+        results[key] = {
+            "max_relative": relative,
+            "verdict": "expected (reduction order)" if relative < 1e-4 else "suspicious",
+        }
     return results
 
 
@@ -195,16 +281,20 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: check the code paths, not the figures")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes: check the code paths, not the figures"
+    )
     args = parser.parse_args()
     card = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     report = {"device": card, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, check in (("determinism", lambda: check_determinism(args.device, Path(tmp))),
-                            ("late_cublas", lambda: check_late_cublas(args.device)),
-                            ("digests", lambda: check_digests(args.device)),
-                            ("price", lambda: check_price(args.device, args.smoke)),
-                            ("cpu_vs_gpu", lambda: check_cpu_vs_gpu(args.device))):
+        for name, check in (
+            ("determinism", lambda: check_determinism(args.device, Path(tmp))),
+            ("late_cublas", lambda: check_late_cublas(args.device)),
+            ("digests", lambda: check_digests(args.device)),
+            ("price", lambda: check_price(args.device, args.smoke)),
+            ("cpu_vs_gpu", lambda: check_cpu_vs_gpu(args.device)),
+        ):
             start = time.perf_counter()
             try:
                 report[name] = check()

@@ -19,9 +19,14 @@ SCRIPTS = Path(__file__).parent / "scripts"
 def restore_global_state():
     """Every test leaves torch's flags, the RNGs and os.environ as it found them."""
     states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    flags = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.get_num_threads(),
-             torch.get_float32_matmul_precision())
+    flags = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.get_num_threads(),
+        torch.get_float32_matmul_precision(),
+    )
     environ = dict(os.environ)
     try:
         yield
@@ -39,15 +44,27 @@ def restore_global_state():
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The test process's environment without anything twice or hashing-related, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TWICE_") and k not in ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TWICE_") and k not in ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG")
+    }
     env.update(extra)
     return env
 
 
-def twice(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def twice(
+    *args: str, cwd: Path, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """Run the real `twice` command line in a subprocess."""
-    return subprocess.run([sys.executable, "-m", "twice", *map(str, args)], cwd=cwd, env=env or clean_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "twice", *map(str, args)],
+        cwd=cwd,
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def script(name: str, folder: Path) -> Path:

@@ -15,8 +15,7 @@ from conftest import twice as twice_cli
 
 import twice
 from twice.core.digests import lanes_norm
-from twice.record import hooks
-from twice.record import norms
+from twice.record import hooks, norms
 from twice.store import layout
 from twice.store.traces import read_trace
 
@@ -42,8 +41,15 @@ def train(tmp_path, build, steps=4, name="run"):
 
 def sparse_model():
     embedding, head = torch.nn.Embedding(50, 4, sparse=True), torch.nn.Linear(4, 1)
-    optimizers = [torch.optim.SparseAdam(embedding.parameters(), lr=0.01), torch.optim.SGD(head.parameters(), lr=0.1)]
-    return [embedding, head], optimizers, lambda step: head(embedding(torch.randint(0, 50, (16,)))).pow(2).mean()
+    optimizers = [
+        torch.optim.SparseAdam(embedding.parameters(), lr=0.01),
+        torch.optim.SGD(head.parameters(), lr=0.1),
+    ]
+    return (
+        [embedding, head],
+        optimizers,
+        lambda step: head(embedding(torch.randint(0, 50, (16,)))).pow(2).mean(),
+    )
 
 
 def test_sparse_gradients_are_traced_exactly(tmp_path):
@@ -51,13 +57,21 @@ def test_sparse_gradients_are_traced_exactly(tmp_path):
     values, the gradient norm counts duplicates summed, and two runs give the same trace."""
     first, second = train(tmp_path, sparse_model, name="a"), train(tmp_path, sparse_model, name="b")
     assert [r.step for r in first] == [0, 1, 2, 3]
-    assert [(r.grads, r.params, r.grad_norm) for r in first] == [(r.grads, r.params, r.grad_norm) for r in second]
-    assert set(first[0].grad_digests) == {"weight", "Linear.weight", "Linear.bias"}  # named by the first optimizer, then distinct
+    assert [(r.grads, r.params, r.grad_norm) for r in first] == [
+        (r.grads, r.params, r.grad_norm) for r in second
+    ]
+    assert set(first[0].grad_digests) == {
+        "weight",
+        "Linear.weight",
+        "Linear.bias",
+    }  # named by the first optimizer, then distinct
     # The norm is the dense gradient's: compute it from the same step by hand.
     torch.manual_seed(0)
     (embedding, head), _, loss_of = sparse_model()
     loss_of(0).backward()
-    dense = torch.cat([p.grad.to_dense().reshape(-1) for p in (embedding.weight, head.weight, head.bias)])
+    dense = torch.cat(
+        [p.grad.to_dense().reshape(-1) for p in (embedding.weight, head.weight, head.bias)]
+    )
     assert abs(float.fromhex(first[0].grad_norm) - float(dense.norm())) < 1e-5 * float(dense.norm())
 
 
@@ -65,7 +79,11 @@ def test_sparse_gradients_are_traced_exactly(tmp_path):
 def test_a_sparse_digest_covers_its_indices_and_values(layout):
     dense = torch.zeros(4, 5)
     dense[0, 1], dense[2, 3], dense[3, 0] = 1.5, -2.0, 0.25
-    make = {"coo": lambda t: t.to_sparse(), "csr": lambda t: t.to_sparse_csr(), "csc": lambda t: t.to_sparse_csc()}[layout]
+    make = {
+        "coo": lambda t: t.to_sparse(),
+        "csr": lambda t: t.to_sparse_csr(),
+        "csc": lambda t: t.to_sparse_csc(),
+    }[layout]
     sparse = make(dense)
     assert twice.digest(sparse) == twice.digest(make(dense.clone()))
     assert twice.digest(sparse) != twice.digest(dense)
@@ -80,18 +98,27 @@ def test_a_sparse_digest_covers_its_indices_and_values(layout):
 
 def test_parameters_named_alike_in_separate_modules_get_distinct_names(tmp_path):
     """Two top-level modules both have a "weight": within one optimizer, and across a GAN's two."""
+
     def one_optimizer():
-        a, b, c = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1), torch.nn.Sequential(torch.nn.Linear(3, 3))
+        a, b, c = (
+            torch.nn.Linear(3, 3),
+            torch.nn.Linear(3, 1),
+            torch.nn.Sequential(torch.nn.Linear(3, 3)),
+        )
         optimizer = torch.optim.SGD([*a.parameters(), *b.parameters(), *c.parameters()], lr=0.1)
         return [a, b, c], [optimizer], lambda step: b(a(c(torch.randn(4, 3)))).sum()
 
     records = train(tmp_path, one_optimizer, name="one")
-    assert list(records[0].param_digests) == sorted(["Linear.weight", "Linear.bias", "Linear#2.weight", "Linear#2.bias",
-                                                     "0.weight", "0.bias"])
+    assert list(records[0].param_digests) == sorted(
+        ["Linear.weight", "Linear.bias", "Linear#2.weight", "Linear#2.bias", "0.weight", "0.bias"]
+    )
 
     def gan():
         d, g = torch.nn.Linear(2, 1), torch.nn.Linear(2, 2)
-        optimizers = [torch.optim.SGD(d.parameters(), lr=0.1), torch.optim.SGD(g.parameters(), lr=0.1)]
+        optimizers = [
+            torch.optim.SGD(d.parameters(), lr=0.1),
+            torch.optim.SGD(g.parameters(), lr=0.1),
+        ]
         return [d, g], optimizers, lambda step: d(g(torch.randn(4, 2))).mean()
 
     records = train(tmp_path, gan, name="gan")
@@ -102,9 +129,14 @@ def test_parameters_named_alike_in_separate_modules_get_distinct_names(tmp_path)
 def test_an_error_in_the_capture_stops_the_capture_not_the_training(tmp_path):
     """A parameter twice cannot read (here on the meta device, which holds no data) makes the
     capture stop with a warning and capture_error.json; the loop runs to its end."""
+
     def meta_model():
         model = torch.nn.Linear(3, 1, device="meta")
-        return [model], [torch.optim.SGD(model.parameters(), lr=0.1)], lambda step: model(torch.randn(2, 3, device="meta")).sum()
+        return (
+            [model],
+            [torch.optim.SGD(model.parameters(), lr=0.1)],
+            lambda step: model(torch.randn(2, 3, device="meta")).sum(),
+        )
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -124,16 +156,21 @@ def test_a_run_whose_capture_stopped_says_so_in_diff(tmp_path):
         "        model = model.to('meta'); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "    device = next(model.parameters()).device\n"
         "    opt.zero_grad(); model(torch.ones(2, 3, device=device)).sum().backward(); opt.step()\n"
-        "print('trained to the end')\n")
+        "print('trained to the end')\n"
+    )
     whole = twice_cli("run", "--name", "whole", "--", sys.executable, "late_meta.py", cwd=tmp_path)
-    cut = twice_cli("run", "--name", "cut", "--", sys.executable, "late_meta.py", "meta", cwd=tmp_path)
+    cut = twice_cli(
+        "run", "--name", "cut", "--", sys.executable, "late_meta.py", "meta", cwd=tmp_path
+    )
     assert whole.returncode == 0 and cut.returncode == 0 and "trained to the end" in cut.stdout
     assert "step capture stopped at step 3" in cut.stderr
     a, b = runs(tmp_path)
     assert len(read_trace(b / "trace.jsonl")) == 3
     shown = twice_cli("diff", str(a), str(b), cwd=tmp_path)
     assert shown.returncode == 1
-    assert "B's step capture stopped at step 3 (TypeError: cannot digest a meta tensor" in shown.stdout
+    assert (
+        "B's step capture stopped at step 3 (TypeError: cannot digest a meta tensor" in shown.stdout
+    )
 
 
 def test_after_the_capture_stopped_a_step_limit_still_ends_the_run(tmp_path):
@@ -147,7 +184,8 @@ def test_after_the_capture_stopped_a_step_limit_still_ends_the_run(tmp_path):
         "        model = model.to('meta'); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "    device = next(model.parameters()).device\n"
         "    opt.zero_grad(); model(torch.ones(2, 3, device=device)).sum().backward(); opt.step()\n"
-        "    print('finished step', step, flush=True)\n")
+        "    print('finished step', step, flush=True)\n"
+    )
     result = twice_cli("run", "--max-steps", "5", "--", sys.executable, "meta20.py", cwd=tmp_path)
     assert result.returncode == 0 and "step capture stopped at step 3" in result.stderr
     assert result.stdout.split("\n")[-2] == "finished step 4"
@@ -167,14 +205,20 @@ class Lookahead(torch.optim.Optimizer):
         self.base.step()
         self.count += 1
         if self.count % self.k == 0:
-            for slow, fast in zip(self.slow, (p for group in self.param_groups for p in group["params"])):
+            for slow, fast in zip(
+                self.slow, (p for group in self.param_groups for p in group["params"])
+            ):
                 slow.add_(fast - slow, alpha=self.alpha)
                 fast.copy_(slow)
 
 
 def lookahead_model():
     model = torch.nn.Linear(4, 3)
-    return [model], [Lookahead(torch.optim.SGD(model.parameters(), lr=0.1))], lambda step: model(torch.randn(8, 4)).pow(2).mean()
+    return (
+        [model],
+        [Lookahead(torch.optim.SGD(model.parameters(), lr=0.1))],
+        lambda step: model(torch.randn(8, 4)).pow(2).mean(),
+    )
 
 
 def test_an_optimizer_stepping_inside_another_is_part_of_its_step(tmp_path):
@@ -189,9 +233,15 @@ def test_an_optimizer_stepping_inside_another_is_part_of_its_step(tmp_path):
         loss_of(step).backward()
         norms = [lanes_norm(p.grad) for p in (model.weight, model.bias)]
         assert record.grad_norm == math.sqrt(sum(n * n for n in norms)).hex()  # the two, once each
-        assert record.grad_digests == {"weight": twice.digest(model.weight.grad), "bias": twice.digest(model.bias.grad)}
+        assert record.grad_digests == {
+            "weight": twice.digest(model.weight.grad),
+            "bias": twice.digest(model.bias.grad),
+        }
         optimizer.step()
-        assert record.param_digests == {"weight": twice.digest(model.weight), "bias": twice.digest(model.bias)}
+        assert record.param_digests == {
+            "weight": twice.digest(model.weight),
+            "bias": twice.digest(model.bias),
+        }
 
 
 def test_the_torch_norms_on_the_cpu_are_the_fused_kernels_bit_for_bit():
@@ -199,9 +249,17 @@ def test_the_torch_norms_on_the_cpu_are_the_fused_kernels_bit_for_bit():
     each norm with one vector_norm (cheaper on cold caches than the fused call): the values must be
     the fused kernel's, bit for bit, or a trace recorded by one would differ from the other."""
     torch.manual_seed(0)
-    tensors = [torch.randn(n, dtype=dtype) * 7 for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-               for n in (1, 33, 4097, 300_001)]
-    tensors += [torch.randn(64, 130).t(), torch.zeros(5), torch.tensor([float("inf"), 1.0]), torch.randn(0)]
+    tensors = [
+        torch.randn(n, dtype=dtype) * 7
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+        for n in (1, 33, 4097, 300_001)
+    ]
+    tensors += [
+        torch.randn(64, 130).t(),
+        torch.zeros(5),
+        torch.tensor([float("inf"), 1.0]),
+        torch.randn(0),
+    ]
     fused = [float(n) for n in torch._foreach_norm(tensors)]
     ours = norms.norms(tensors)
     assert [float(x).hex() for x in ours] == [x.hex() for x in fused]
@@ -215,7 +273,7 @@ def scaled_training(tmp_path, steps, loss_of, name="scaled", trace_every=1):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 100, growth_interval=1000)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100, growth_interval=1000)
     updated = []
     recorder = hooks.install(hooks.Recorder(tmp_path / name, trace_every=trace_every))
     try:
@@ -225,12 +283,18 @@ def scaled_training(tmp_path, steps, loss_of, name="scaled", trace_every=1):
             scale = scaler.get_scale()
             scaler.step(optimizer)
             scaler.update()
-            updated.append(scaler.get_scale() >= scale)  # the scale backs off exactly when the step was skipped
+            updated.append(
+                scaler.get_scale() >= scale
+            )  # the scale backs off exactly when the step was skipped
         assert recorder.step_index == steps
     finally:
         hooks.uninstall()
     events_file = tmp_path / name / "numerics.jsonl"
-    events = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
+    events = (
+        [json.loads(line) for line in events_file.read_text().splitlines()]
+        if events_file.exists()
+        else []
+    )
     return read_trace(tmp_path / name / "trace.jsonl"), updated, events
 
 
@@ -238,7 +302,10 @@ def test_a_step_that_gradscaler_skips_is_still_a_step(tmp_path):
     """GradScaler skips optimizer.step() when the scaled gradients overflow (routine for the first
     fp16 steps): the iteration is still recorded as its own step, marked skipped, its parameters
     unchanged, and the overflow it handles is not reported as a numerical fault."""
-    def loss_of(model, step):  # a loss of 1 with gradients of ~1e10: they overflow float32 until the scale is below ~2^94
+
+    def loss_of(
+        model, step
+    ):  # a loss of 1 with gradients of ~1e10: they overflow float32 until the scale is below ~2^94
         out = model(torch.randn(8, 4) * 1e10).mean()
         return out - out.detach() + 1.0
 
@@ -247,21 +314,32 @@ def test_a_step_that_gradscaler_skips_is_still_a_step(tmp_path):
     skipped = [bool(r.skipped) for r in records]
     assert skipped == [not u for u in updated] and 3 <= sum(skipped) < 12 and skipped[0]
     first = skipped.index(False)
-    assert len({r.params for r in records[:first + 1]}) == 2  # unchanged while skipped; changed by the first update
-    assert all(r.loss and r.batch is None for r in records)  # each step has its own loss, none merged into the next
+    assert (
+        len({r.params for r in records[: first + 1]}) == 2
+    )  # unchanged while skipped; changed by the first update
+    assert all(
+        r.loss and r.batch is None for r in records
+    )  # each step has its own loss, none merged into the next
     assert [e for e in events if e["kind"] in ("non_finite", "skipped_updates")] == []
-    assert torch.amp.GradScaler.step.__name__ == "step" and not hasattr(torch.amp.GradScaler.step, "__wrapped__")
+    assert torch.amp.GradScaler.step.__name__ == "step" and not hasattr(
+        torch.amp.GradScaler.step, "__wrapped__"
+    )
 
 
 def test_a_long_streak_of_skipped_updates_is_a_health_event(tmp_path):
     """Gradients that are infinite at any scale: GradScaler skips every update and the model stops
     learning silently. The health log says so once the streak reaches 20 steps, naming them."""
+
     def loss_of(model, step):  # sqrt's gradient at 0 is infinite; the loss itself stays finite
         out = model(torch.ones(2, 4))
         return out.sum() + (out - out.detach()).sqrt().sum()
 
     records, updated, events = scaled_training(tmp_path, 24, loss_of)
-    assert all(r.skipped for r in records) and len({r.params for r in records}) == 1 and not any(updated)
+    assert (
+        all(r.skipped for r in records)
+        and len({r.params for r in records}) == 1
+        and not any(updated)
+    )
     (event,) = [e for e in events if e["kind"] == "skipped_updates"]
     assert event["step"] == 19 and "20 consecutive recorded steps (0-19)" in event["summary"]
     assert not [e for e in events if e["kind"] == "non_finite"]
@@ -296,16 +374,23 @@ def test_a_compiled_optimizer_step_runs_twice_hooks_eagerly(tmp_path):
         for _ in range(4):
             optimizer.zero_grad()
             model(torch.randn(3, 4)).sum().backward()
-            grads = {"weight": twice.digest(model.weight.grad), "bias": twice.digest(model.bias.grad)}
+            grads = {
+                "weight": twice.digest(model.weight.grad),
+                "bias": twice.digest(model.bias.grad),
+            }
             step()
-            digests_by_hand.append((grads, {"weight": twice.digest(model.weight), "bias": twice.digest(model.bias)}))
+            digests_by_hand.append(
+                (grads, {"weight": twice.digest(model.weight), "bias": twice.digest(model.bias)})
+            )
     finally:
         hooks.uninstall()
     records = read_trace(tmp_path / "run" / "trace.jsonl")
     assert not (tmp_path / "run" / layout.CAPTURE_ERROR).exists()
     assert [(r.grad_digests, r.param_digests) for r in records] == digests_by_hand
     for function in (digests.digest_tensor, norms.norms, hooks.Recorder._take_params):
-        assert _debug_get_cache_entry_list(function.__code__) == [], function.__name__  # never compiled by Dynamo
+        assert _debug_get_cache_entry_list(function.__code__) == [], (
+            function.__name__
+        )  # never compiled by Dynamo
     torch._dynamo.reset()
 
 
@@ -326,16 +411,24 @@ hooks.uninstall()
 """
 
 
-@pytest.mark.parametrize("case, expected", [("eager", "False"), ("compiled-before", "True"),
-                                            ("compiled-after", "False\nTrue")])
-def test_the_handlers_are_wrapped_for_dynamo_only_once_the_program_compiles(tmp_path, case, expected):
+@pytest.mark.parametrize(
+    "case, expected",
+    [("eager", "False"), ("compiled-before", "True"), ("compiled-after", "False\nTrue")],
+)
+def test_the_handlers_are_wrapped_for_dynamo_only_once_the_program_compiles(
+    tmp_path, case, expected
+):
     """torch imports Dynamo for itself (building an optimizer does), so that is no sign of a
     compiling program: an eager one keeps plain handlers (the wrapper is a fifth of the tracing
     cost on a small CNN); torch.compile called before twice installs, or after, wraps them."""
     import subprocess
 
-    result = subprocess.run([sys.executable, "-c", _WRAPPED_PROBE, case, str(tmp_path / "run")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _WRAPPED_PROBE, case, str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == expected
 
@@ -360,7 +453,11 @@ def test_batches_of_a_plain_class_are_digested_by_their_contents(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def collate(items):
-        return Batch(torch.stack([x for x, _ in items]), torch.stack([y for _, y in items]), re.compile("opaque"))
+        return Batch(
+            torch.stack([x for x, _ in items]),
+            torch.stack([y for _, y in items]),
+            re.compile("opaque"),
+        )
 
     hooks.install(hooks.Recorder(tmp_path / "run"))
     try:
@@ -388,20 +485,39 @@ def test_digests_and_norms_of_many_tensors_are_the_same_bits_compiled_or_not(mon
     either way, so traces recorded on installs with and without the C module compare."""
     from twice.core import digests
 
-    assert digests._native is not None  # built at install (setup.py): else the compiled path goes untested
+    assert (
+        digests._native is not None
+    )  # built at install (setup.py): else the compiled path goes untested
     torch.manual_seed(1)
-    tensors = [torch.randn(n, dtype=dtype) * 7 for dtype in (torch.float32, torch.float64) for n in (1, 31, 32, 33, 8193, 300_001)]
-    tensors += [torch.randn(64, 130).t(), torch.randn(3, 5)[1], torch.zeros(5), torch.tensor([-0.0, 0.0]), torch.randn(0),
-                torch.tensor([float("inf"), 1.0]), torch.tensor([float("nan")]), torch.randn(9).to(torch.bfloat16),
-                torch.arange(12, dtype=torch.int64).reshape(3, 4), torch.nn.Parameter(torch.randn(4, 4))]
+    tensors = [
+        torch.randn(n, dtype=dtype) * 7
+        for dtype in (torch.float32, torch.float64)
+        for n in (1, 31, 32, 33, 8193, 300_001)
+    ]
+    tensors += [
+        torch.randn(64, 130).t(),
+        torch.randn(3, 5)[1],
+        torch.zeros(5),
+        torch.tensor([-0.0, 0.0]),
+        torch.randn(0),
+        torch.tensor([float("inf"), 1.0]),
+        torch.tensor([float("nan")]),
+        torch.randn(9).to(torch.bfloat16),
+        torch.arange(12, dtype=torch.int64).reshape(3, 4),
+        torch.nn.Parameter(torch.randn(4, 4)),
+    ]
     # NaNs of several payloads in one running sum (elements 0, 32, 64): the norm's bits, payload
     # included (the trace writes them), must not depend on how the sums were computed
-    payloads = torch.tensor([0x7FC00001, 0x7FC00123, 0x7FC54321], dtype=torch.int32).view(torch.float32)
+    payloads = torch.tensor([0x7FC00001, 0x7FC00123, 0x7FC54321], dtype=torch.int32).view(
+        torch.float32
+    )
     for order in ((0, 1, 2), (2, 0, 1)):
         nans = torch.ones(200, dtype=torch.float32)
         nans[[0, 32, 64]] = payloads[list(order)]
         tensors.append(nans)
-    tensors.append(-torch.ones(100, dtype=torch.float32).index_fill_(0, torch.tensor([5]), float("nan")))
+    tensors.append(
+        -torch.ones(100, dtype=torch.float32).index_fill_(0, torch.tensor([5]), float("nan"))
+    )
     expected_digests = [twice.digest(t) for t in tensors]
     compiled = digests.digest_many(tensors, norms=True)
     if not native:
@@ -411,9 +527,17 @@ def test_digests_and_norms_of_many_tensors_are_the_same_bits_compiled_or_not(mon
     bits = lambda values: [None if n is None else struct.pack("<d", n).hex() for n in values]  # noqa: E731
     assert bits(norms) == bits(compiled[1])
     for tensor, norm in zip(tensors, norms):
-        if tensor.dtype in (torch.float32, torch.float64):  # a norm (not a reproducibility claim: a sanity check)
+        if tensor.dtype in (
+            torch.float32,
+            torch.float64,
+        ):  # a norm (not a reproducibility claim: a sanity check)
             reference = float(torch.linalg.vector_norm(tensor.detach().double()))
-            assert norm == reference or math.isclose(norm, reference, rel_tol=1e-12) or math.isnan(norm) and math.isnan(reference)
+            assert (
+                norm == reference
+                or math.isclose(norm, reference, rel_tol=1e-12)
+                or math.isnan(norm)
+                and math.isnan(reference)
+            )
         else:
             assert norm is None  # torch's, taken by the caller
     zeros, signed_zeros = norms[12 + 2], norms[12 + 3]
@@ -438,8 +562,9 @@ def test_rng_digests_are_the_same_compiled_or_not(monkeypatch):
     assert compiled["python"] != plain["python"] and compiled["numpy"] != plain["numpy"]
     torch.rand(3)
     moved = seeding.rng_digests()
-    assert moved["torch"] != compiled["torch"] and {k: moved[k] for k in ("python", "numpy")} == \
-        {k: compiled[k] for k in ("python", "numpy")}
+    assert moved["torch"] != compiled["torch"] and {k: moved[k] for k in ("python", "numpy")} == {
+        k: compiled[k] for k in ("python", "numpy")
+    }
     torch_before = torch.get_rng_state()
     monkeypatch.setattr(digests, "_native", None)
     assert seeding.rng_digests() == moved

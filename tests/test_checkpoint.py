@@ -16,7 +16,9 @@ class Model(torch.nn.Module):
         super().__init__()
         self.a = torch.nn.Linear(3, 4)
         self.b = torch.nn.Linear(4, 2)
-        self.tied = self.a  # the same tensors under two names: safetensors refuses shared memory unless handled
+        self.tied = (
+            self.a
+        )  # the same tensors under two names: safetensors refuses shared memory unless handled
         self.register_buffer("steps", torch.tensor(0))
 
 
@@ -33,32 +35,67 @@ def trained():
     return model, opt, sched
 
 
-def test_save_and_load_restore_model_optimizer_scheduler_generators_rng_and_extras_exactly(tmp_path):
+def test_save_and_load_restore_model_optimizer_scheduler_generators_rng_and_extras_exactly(
+    tmp_path,
+):
     model, opt, sched = trained()
     gen = torch.Generator().manual_seed(5)
     npgen = np.random.default_rng(7)
     gen.manual_seed(5), torch.rand(2, generator=gen), npgen.random(3)
-    extras = {"epoch": 3, "best": float("nan"), "huge": 2**70, "ratio": 1 / 3, "tags": ("a", 1), "ids": {1: "x"}}
-    checkpoint.save(tmp_path / "step-00000003", model=model, optimizer=opt, scheduler=sched, gen=gen, npgen=npgen,
-                    extras=extras, rng=capture_rng())
+    extras = {
+        "epoch": 3,
+        "best": float("nan"),
+        "huge": 2**70,
+        "ratio": 1 / 3,
+        "tags": ("a", 1),
+        "ids": {1: "x"},
+    }
+    checkpoint.save(
+        tmp_path / "step-00000003",
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        gen=gen,
+        npgen=npgen,
+        extras=extras,
+        rng=capture_rng(),
+    )
     expected_gen, expected_np = torch.rand(4, generator=gen), npgen.random(4)
     model2, opt2, sched2 = Model(), None, None
     opt2 = torch.optim.Adam(model2.parameters(), lr=0.1)
     sched2 = torch.optim.lr_scheduler.StepLR(opt2, 1, gamma=0.5)
     gen2, npgen2 = torch.Generator(), np.random.default_rng(0)
-    out = checkpoint.load(tmp_path / "step-00000003", model=model2, optimizer=opt2, scheduler=sched2, gen=gen2, npgen=npgen2)
+    out = checkpoint.load(
+        tmp_path / "step-00000003",
+        model=model2,
+        optimizer=opt2,
+        scheduler=sched2,
+        gen=gen2,
+        npgen=npgen2,
+    )
     for (k, v), v2 in zip(model.state_dict().items(), model2.state_dict().values()):
         assert torch.equal(v, v2), k
-    assert torch.equal(opt.state[opt.param_groups[0]["params"][0]]["exp_avg"],
-                       opt2.state[opt2.param_groups[0]["params"][0]]["exp_avg"])
-    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"] and sched2.last_epoch == sched.last_epoch
+    assert torch.equal(
+        opt.state[opt.param_groups[0]["params"][0]]["exp_avg"],
+        opt2.state[opt2.param_groups[0]["params"][0]]["exp_avg"],
+    )
+    assert (
+        opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+        and sched2.last_epoch == sched.last_epoch
+    )
     assert torch.equal(torch.rand(4, generator=gen2), expected_gen)
     assert npgen2.random(4).tobytes() == expected_np.tobytes()
     got = out["extras"]
-    assert got["epoch"] == 3 and got["huge"] == 2**70 and got["ratio"] == 1 / 3 and got["tags"] == ("a", 1)
+    assert (
+        got["epoch"] == 3
+        and got["huge"] == 2**70
+        and got["ratio"] == 1 / 3
+        and got["tags"] == ("a", 1)
+    )
     assert got["ids"] == {1: "x"} and got["best"] != got["best"]
     random.random()
     from twice.rng.seeding import restore_rng
+
     restore_rng(out["rng"])
 
 
@@ -68,7 +105,9 @@ def test_loading_is_strict_about_missing_and_unexpected_entries(tmp_path):
     with pytest.raises(CheckpointError, match="has no state for 'scaler'") as missing:
         checkpoint.load(tmp_path / "c", model=Model(), optimizer=opt, scaler=torch.nn.Linear(1, 1))
     assert "hint" not in missing.value.message and missing.value.hint
-    with pytest.raises(CheckpointError, match="has state for 'optimizer' that nothing restores") as unexpected:
+    with pytest.raises(
+        CheckpointError, match="has state for 'optimizer' that nothing restores"
+    ) as unexpected:
         checkpoint.load(tmp_path / "c", model=Model())
     # As a traceback prints it: the message, then the hint (here: how twice.Run users restore it).
     assert str(unexpected.value) == f"{unexpected.value.message}\nhint: {unexpected.value.hint}"
@@ -101,22 +140,34 @@ def test_a_planted_malicious_pickle_is_refused_without_running_it(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: (d / "tensors.safetensors").write_bytes((d / "tensors.safetensors").read_bytes()[:-10]), "truncated"),
-    (lambda d: _flip_byte(d / "tensors.safetensors"), "corrupt"),
-    (lambda d: _flip_byte(d / "state.json"), "corrupt"),
-    (lambda d: (d / "state.json").unlink(), "missing"),
-    (lambda d: (d / "checkpoint.json").unlink(), "incomplete"),
-    (lambda d: (d / "notes.txt").write_text("hi"), "did not write: notes.txt"),
-])
-def test_damaged_checkpoints_are_errors_naming_the_file_and_exit_2_in_the_cli(tmp_path, damage, message):
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            lambda d: (d / "tensors.safetensors").write_bytes(
+                (d / "tensors.safetensors").read_bytes()[:-10]
+            ),
+            "truncated",
+        ),
+        (lambda d: _flip_byte(d / "tensors.safetensors"), "corrupt"),
+        (lambda d: _flip_byte(d / "state.json"), "corrupt"),
+        (lambda d: (d / "state.json").unlink(), "missing"),
+        (lambda d: (d / "checkpoint.json").unlink(), "incomplete"),
+        (lambda d: (d / "notes.txt").write_text("hi"), "did not write: notes.txt"),
+    ],
+)
+def test_damaged_checkpoints_are_errors_naming_the_file_and_exit_2_in_the_cli(
+    tmp_path, damage, message
+):
     model, _, _ = trained()
     target = checkpoint.save(tmp_path / "step-00000001", model=model)
     damage(target)
     with pytest.raises(CheckpointError, match=message):
         checkpoint.load(target, model=Model())
     result = twice_cli("checkpoint", "verify", target, cwd=tmp_path)
-    assert result.returncode == 2 and result.stderr.startswith("error: ") and "hint: " in result.stderr
+    assert (
+        result.returncode == 2 and result.stderr.startswith("error: ") and "hint: " in result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -126,11 +177,17 @@ def _flip_byte(path):
     path.write_bytes(bytes(data))
 
 
-def test_latest_skips_incomplete_and_corrupt_checkpoints_with_a_warning_and_keep_last_retains(tmp_path):
+def test_latest_skips_incomplete_and_corrupt_checkpoints_with_a_warning_and_keep_last_retains(
+    tmp_path,
+):
     model, _, _ = trained()
     for step in (1, 2, 3, 4):
         checkpoint.save(tmp_path / f"step-{step:08d}", keep_last=3, model=model)
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003", "step-00000004"]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "step-00000002",
+        "step-00000003",
+        "step-00000004",
+    ]
     _flip_byte(tmp_path / "step-00000004" / "tensors.safetensors")
     (tmp_path / "step-00000003" / "checkpoint.json").unlink()
     with pytest.warns(RuntimeWarning, match="skipping checkpoint step-00000004"):
@@ -161,9 +218,14 @@ def test_dtypes_safetensors_cannot_name_round_trip_exactly(tmp_path):
     """complex128 (a physics model's state), complex32 and float8_e8m0fnu have no safetensors dtype:
     they are stored as their bytes, and come back with their dtype, shape and every bit."""
     torch.manual_seed(0)
-    values = {"c128": torch.randn(3, 2, dtype=torch.complex128), "c128_t": torch.randn(3, 4, dtype=torch.complex128).t(),
-              "c128_0d": torch.tensor(1 - 2j, dtype=torch.complex128), "odd": torch.tensor([1, 2, 3], dtype=torch.uint8),
-              "c32": torch.randn(4, dtype=torch.complex64).to(torch.complex32), "empty": torch.empty(0, 2, dtype=torch.complex128)}
+    values = {
+        "c128": torch.randn(3, 2, dtype=torch.complex128),
+        "c128_t": torch.randn(3, 4, dtype=torch.complex128).t(),
+        "c128_0d": torch.tensor(1 - 2j, dtype=torch.complex128),
+        "odd": torch.tensor([1, 2, 3], dtype=torch.uint8),
+        "c32": torch.randn(4, dtype=torch.complex64).to(torch.complex32),
+        "empty": torch.empty(0, 2, dtype=torch.complex128),
+    }
     if hasattr(torch, "float8_e8m0fnu"):
         values["e8m0"] = torch.tensor([0.5, 1.0, 8.0]).to(torch.float8_e8m0fnu)
     back = checkpoint.load(checkpoint.save(tmp_path / "c", extra=values))["extra"]
@@ -174,12 +236,16 @@ def test_dtypes_safetensors_cannot_name_round_trip_exactly(tmp_path):
 
 def test_a_quantized_tensor_is_refused_naming_where_it_is(tmp_path):
     quantized = torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8)
-    with pytest.raises(CheckpointError, match=r"cannot save extra\.q: a quantized tensor") as refused:
+    with pytest.raises(
+        CheckpointError, match=r"cannot save extra\.q: a quantized tensor"
+    ) as refused:
         checkpoint.save(tmp_path / "c", extra={"q": quantized})
     assert "int_repr" in refused.value.hint and not (tmp_path / "c").exists()
 
 
-def test_a_save_the_filesystem_refuses_is_an_error_with_a_hint_and_the_old_checkpoint_stays(tmp_path):
+def test_a_save_the_filesystem_refuses_is_an_error_with_a_hint_and_the_old_checkpoint_stays(
+    tmp_path,
+):
     """A parent that is a file, and a write that fails half-way (the process may write no more
     than 4 kB to a file: RLIMIT_FSIZE, a real short write): a CheckpointError naming the folder,
     the previous checkpoint intact and no temporary left behind."""
@@ -189,7 +255,9 @@ def test_a_save_the_filesystem_refuses_is_an_error_with_a_hint_and_the_old_check
     (tmp_path / "a_file").write_text("")
     with pytest.raises(CheckpointError, match="cannot write checkpoint") as refused:
         checkpoint.save(tmp_path / "a_file" / "step-1", model=Model())
-    assert "a part of the path is a file" in refused.value.hint and "a_file" in refused.value.message
+    assert (
+        "a part of the path is a file" in refused.value.hint and "a_file" in refused.value.message
+    )
     code = (
         "import resource, signal, sys, torch\n"
         "from twice import checkpoint\n"
@@ -202,8 +270,12 @@ def test_a_save_the_filesystem_refuses_is_an_error_with_a_hint_and_the_old_check
         "except CheckpointError as exc:\n"
         "    print(exc.render())\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert result.stdout.startswith("error: cannot write checkpoint c: File too large"), result.stdout + result.stderr
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.startswith("error: cannot write checkpoint c: File too large"), (
+        result.stdout + result.stderr
+    )
     assert "hint: a file is larger than this process may write (ulimit -f)" in result.stdout
     assert checkpoint.load(tmp_path / "c", model=torch.nn.Linear(2, 2))["extra"] == {"v": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "c"]
@@ -229,23 +301,36 @@ def test_sparse_optimizer_state_round_trips_and_resumes_bit_for_bit(tmp_path):
 
     straight, straight_opt = setup()
     train(straight, straight_opt, 3, seed=1)
-    checkpoint.save(tmp_path / "c", model=straight, optimizer=straight_opt,
-                    extra={"csr": torch.eye(3).to_sparse_csr(), "bsc": torch.eye(4).to_sparse_bsc((2, 2))})
+    checkpoint.save(
+        tmp_path / "c",
+        model=straight,
+        optimizer=straight_opt,
+        extra={"csr": torch.eye(3).to_sparse_csr(), "bsc": torch.eye(4).to_sparse_bsc((2, 2))},
+    )
     train(straight, straight_opt, 3, seed=2)
     resumed, resumed_opt = setup()
     restored = checkpoint.load(tmp_path / "c", model=resumed, optimizer=resumed_opt)
     buffer = resumed_opt.state[resumed.weight]["momentum_buffer"]
     assert buffer.layout == torch.sparse_coo and not buffer.is_coalesced()
-    assert restored["extra"]["csr"].layout == torch.sparse_csr and torch.equal(restored["extra"]["csr"].to_dense(), torch.eye(3))
-    assert restored["extra"]["bsc"].layout == torch.sparse_bsc and torch.equal(restored["extra"]["bsc"].to_dense(), torch.eye(4))
+    assert restored["extra"]["csr"].layout == torch.sparse_csr and torch.equal(
+        restored["extra"]["csr"].to_dense(), torch.eye(3)
+    )
+    assert restored["extra"]["bsc"].layout == torch.sparse_bsc and torch.equal(
+        restored["extra"]["bsc"].to_dense(), torch.eye(4)
+    )
     train(resumed, resumed_opt, 3, seed=2)
     assert torch.equal(resumed.weight, straight.weight)
-    assert twice.digest(resumed_opt.state[resumed.weight]["momentum_buffer"]) == \
-        twice.digest(straight_opt.state[straight.weight]["momentum_buffer"])
+    assert twice.digest(resumed_opt.state[resumed.weight]["momentum_buffer"]) == twice.digest(
+        straight_opt.state[straight.weight]["momentum_buffer"]
+    )
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's import of torch.jit internals
-def test_a_state_saved_through_a_wrapper_and_restored_into_the_bare_module_names_the_wrapper(tmp_path):
+@pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning"
+)  # torch.compile's import of torch.jit internals
+def test_a_state_saved_through_a_wrapper_and_restored_into_the_bare_module_names_the_wrapper(
+    tmp_path,
+):
     """torch.compile's `_orig_mod.` and DDP's `module.` prefixes: the usual reason a model's
     checkpoint does not fit. The hint names the wrapper, both ways round."""
     model = torch.nn.Linear(3, 2)
@@ -256,7 +341,13 @@ def test_a_state_saved_through_a_wrapper_and_restored_into_the_bare_module_names
     assert "torch.compile wrapper (its keys start with '_orig_mod.')" in bare.value.hint
     checkpoint.save(tmp_path / "d", model=model)
     with pytest.raises(CheckpointError, match="does not fit") as wrapped:
-        checkpoint.load(tmp_path / "d", model=torch.nn.ModuleDict({"module": torch.nn.Linear(3, 2)}))
+        checkpoint.load(
+            tmp_path / "d", model=torch.nn.ModuleDict({"module": torch.nn.Linear(3, 2)})
+        )
     assert "restored into a DistributedDataParallel or DataParallel wrapper" in wrapped.value.hint
-    assert torch.equal(checkpoint.load(tmp_path / "c", model=torch.compile(torch.nn.Linear(3, 2)))["model"]._orig_mod.weight,
-                       model.weight)
+    assert torch.equal(
+        checkpoint.load(tmp_path / "c", model=torch.compile(torch.nn.Linear(3, 2)))[
+            "model"
+        ]._orig_mod.weight,
+        model.weight,
+    )

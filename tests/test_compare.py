@@ -69,24 +69,49 @@ def test_a_changed_hyperparameter_is_named_by_diff(tmp_path):
     a, b = runs(tmp_path)
     result = twice("diff", a, b, cwd=tmp_path)
     assert result.returncode == 1
-    assert result.stdout.startswith("runs differ: first divergence at step 0 (learning rate (schedule))")
+    assert result.stdout.startswith(
+        "runs differ: first divergence at step 0 (learning rate (schedule))"
+    )
     assert "the command lines differ (0.05 vs 0.01)" in result.stdout
 
 
 def test_a_different_thread_count_is_named_by_diff(tmp_path):
     path = script("threads_reduce.py", tmp_path)
-    twice("run", "--name", "one", "--", sys.executable, path, cwd=tmp_path, env=clean_env(OMP_NUM_THREADS="1"))
-    twice("run", "--name", "two", "--", sys.executable, path, cwd=tmp_path, env=clean_env(OMP_NUM_THREADS="2"))
+    twice(
+        "run",
+        "--name",
+        "one",
+        "--",
+        sys.executable,
+        path,
+        cwd=tmp_path,
+        env=clean_env(OMP_NUM_THREADS="1"),
+    )
+    twice(
+        "run",
+        "--name",
+        "two",
+        "--",
+        sys.executable,
+        path,
+        cwd=tmp_path,
+        env=clean_env(OMP_NUM_THREADS="2"),
+    )
     one, two = runs(tmp_path)
     code, report = diff_json(tmp_path, one, two)
     assert code == 1
     # The parallel reduction rounds differently in forward or backward; batches stay identical.
     assert report["divergence"]["first"] in ("loss", "grads")
     assert "the runs used 1 and 2 torch threads" in report["explanation"]
-    assert any(d["key"] == "threads.intra_op_threads" and d["group"] == "threads" for d in report["differences"])
+    assert any(
+        d["key"] == "threads.intra_op_threads" and d["group"] == "threads"
+        for d in report["differences"]
+    )
 
 
-def test_hogwild_updates_fail_verify_with_identical_batches_and_name_nondeterminism_inside_the_run(tmp_path):
+def test_hogwild_updates_fail_verify_with_identical_batches_and_name_nondeterminism_inside_the_run(
+    tmp_path,
+):
     path = script("hogwild.py", tmp_path)
     assert twice("run", "--", sys.executable, path, cwd=tmp_path).returncode == 0
     [original] = runs(tmp_path)
@@ -99,7 +124,11 @@ def test_hogwild_updates_fail_verify_with_identical_batches_and_name_nondetermin
     assert result.returncode == 1, report["verdict"]
     divergence = report["divergence"]
     assert divergence["stream"].startswith("fork")
-    assert "batch" not in divergence["fields"] and "params" in divergence["fields"] or "loss" in divergence["fields"]
+    assert (
+        "batch" not in divergence["fields"]
+        and "params" in divergence["fields"]
+        or "loss" in divergence["fields"]
+    )
     assert "nondeterminism inside the run, not seeding" in report["explanation"]
 
 
@@ -107,10 +136,16 @@ def test_a_run_killed_half_way_compares_correctly_with_a_full_run(tmp_path):
     (tmp_path / "slow.py").write_text(
         "import time, torch\nm = torch.nn.Linear(3, 1)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
         "for i in range(40):\n    o.zero_grad(); m(torch.randn(4, 3)).sum().backward(); o.step()\n"
-        "    time.sleep(0.1 if i > 5 else 0)\n")
+        "    time.sleep(0.1 if i > 5 else 0)\n"
+    )
     assert twice("run", "--name", "full", "slow.py", cwd=tmp_path).returncode == 0
-    launcher = subprocess.Popen([sys.executable, "-m", "twice", "run", "--name", "killed", "slow.py"], cwd=tmp_path,
-                                env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "twice", "run", "--name", "killed", "slow.py"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     killed = None
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -127,7 +162,9 @@ def test_a_run_killed_half_way_compares_correctly_with_a_full_run(tmp_path):
     assert code == 1 and report["divergence"] is None
     steps_killed = report["steps"]["main"][1]
     assert 10 <= steps_killed < 40 and report["compared_steps"] == steps_killed
-    assert f"runs agree on all {steps_killed} common steps, but B recorded fewer" in report["verdict"]
+    assert (
+        f"runs agree on all {steps_killed} common steps, but B recorded fewer" in report["verdict"]
+    )
     assert "B is crashed" in report["verdict"]
 
 
@@ -147,12 +184,21 @@ def test_run_api_records_a_hand_written_sgd_loop_identically_twice(tmp_path):
     )
     (tmp_path / "manual.py").write_text(code)
     for _ in range(2):
-        result = subprocess.run([sys.executable, "manual.py"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "manual.py"],
+            cwd=tmp_path,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+        )
         assert result.returncode == 0, result.stderr
     a, b = runs(tmp_path)
     assert len(read_trace(a / "trace.jsonl")) == 6
     assert json.loads((a / "manifest.json").read_text())["identity"]["config"] == {"lr": 0.1}
-    assert torch.equal(torch.load(tmp_path / f"{a.name}.pt")["weight"], torch.load(tmp_path / f"{b.name}.pt")["weight"])
+    assert torch.equal(
+        torch.load(tmp_path / f"{a.name}.pt")["weight"],
+        torch.load(tmp_path / f"{b.name}.pt")["weight"],
+    )
     code, report = diff_json(tmp_path, a, b)
     assert code == 0, report["verdict"]
     # Under the launcher the same script joins the launcher's run instead of making its own.
@@ -167,7 +213,8 @@ def test_gan_style_two_optimizers_make_one_step_per_round(tmp_path):
         "od = torch.optim.SGD(d.parameters(), lr=0.1); og = torch.optim.Adam(g.parameters(), lr=0.1)\n"
         "for i in range(5):\n"
         "    od.zero_grad(); d(g(torch.randn(4, 2)).detach()).mean().backward(); od.step()\n"
-        "    og.zero_grad(); (-d(g(torch.randn(4, 2)))).mean().backward(); og.step()\n")
+        "    og.zero_grad(); (-d(g(torch.randn(4, 2)))).mean().backward(); og.step()\n"
+    )
     assert twice("run", "gan.py", cwd=tmp_path).returncode == 0
     records = read_trace(runs(tmp_path)[0] / "trace.jsonl")
     assert [r.step for r in records] == [0, 1, 2, 3, 4]
@@ -178,7 +225,8 @@ def test_lbfgs_closure_steps_are_traced_with_their_gradients(tmp_path):
     (tmp_path / "lbfgs.py").write_text(
         "import torch\nm = torch.nn.Linear(3, 1)\nx = torch.randn(16, 3)\no = torch.optim.LBFGS(m.parameters(), max_iter=4)\n"
         "def closure():\n    o.zero_grad(); loss = m(x).pow(2).mean(); loss.backward(); return loss\n"
-        "for i in range(3):\n    o.step(closure)\n")
+        "for i in range(3):\n    o.step(closure)\n"
+    )
     assert twice("run", "lbfgs.py", cwd=tmp_path).returncode == 0
     records = read_trace(runs(tmp_path)[0] / "trace.jsonl")
     assert len(records) == 3 and all(r.grads and r.params and r.loss for r in records)
@@ -198,5 +246,7 @@ def test_diff_says_when_gradscaler_skipped_the_diverging_step_in_one_run_only(tm
     assert result.returncode == 1
     first_line = result.stdout.splitlines()[0]
     assert first_line.startswith("runs differ: first divergence at step 0")
-    assert first_line.endswith("; GradScaler skipped the update at step 0 in A only (its scaled gradients were inf/NaN)")
+    assert first_line.endswith(
+        "; GradScaler skipped the update at step 0 in A only (its scaled gradients were inf/NaN)"
+    )
     assert "the command lines differ (100 vs 60)" in result.stdout

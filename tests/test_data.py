@@ -29,7 +29,9 @@ def python_loop(monkeypatch):
 
 
 def stream(workers, epochs=2, **kwargs):
-    loader = twice.data.loader(Augmented(), batch_size=4, shuffle=True, num_workers=workers, seed=11, **kwargs)
+    loader = twice.data.loader(
+        Augmented(), batch_size=4, shuffle=True, num_workers=workers, seed=11, **kwargs
+    )
     return [batch for _ in range(epochs) for batch in loader]
 
 
@@ -71,7 +73,10 @@ def test_mid_epoch_resume_continues_exactly_without_fetching_skipped_samples():
     resumed = twice.data.loader(fresh_dataset, batch_size=4, shuffle=True, seed=11, num_workers=2)
     resumed.load_state_dict(state)
     rest = list(resumed) + list(resumed)
-    assert all(torch.equal(a, b) for a, b in zip(reference[3:], rest)) and len(rest) == len(reference) - 3
+    assert (
+        all(torch.equal(a, b) for a, b in zip(reference[3:], rest))
+        and len(rest) == len(reference) - 3
+    )
     in_process = Augmented()
     resumed_here = twice.data.loader(in_process, batch_size=4, shuffle=True, seed=11)
     resumed_here.load_state_dict(state)
@@ -92,19 +97,29 @@ class Sometimes(Dataset):
         return torch.tensor([float(i), extra]) + torch.rand(2)
 
 
-@pytest.mark.parametrize("dataset", [Augmented, Sometimes, lambda: torch.utils.data.TensorDataset(torch.arange(30.0))],
-                         ids=["every-rng", "some-samples", "no-rng"])
+@pytest.mark.parametrize(
+    "dataset",
+    [Augmented, Sometimes, lambda: torch.utils.data.TensorDataset(torch.arange(30.0))],
+    ids=["every-rng", "some-samples", "no-rng"],
+)
 def test_seeding_only_the_rngs_a_dataset_draws_from_gives_the_batches_of_seeding_all(dataset):
     def batches(workers, every):
-        data = twice.data.loader(dataset(), batch_size=4, shuffle=True, seed=5, num_workers=workers, seed_every_rng=every)
+        data = twice.data.loader(
+            dataset(), batch_size=4, shuffle=True, seed=5, num_workers=workers, seed_every_rng=every
+        )
         return [b for _ in range(2) for b in data]
 
     reference = batches(0, True)
     for workers in (0, 2):
         lazy = batches(workers, False)
         assert len(lazy) == len(reference)
-        assert all(torch.equal(torch.as_tensor(a[0] if isinstance(a, list) else a), torch.as_tensor(b[0] if isinstance(b, list) else b))
-                   for a, b in zip(reference, lazy)), workers
+        assert all(
+            torch.equal(
+                torch.as_tensor(a[0] if isinstance(a, list) else a),
+                torch.as_tensor(b[0] if isinstance(b, list) else b),
+            )
+            for a, b in zip(reference, lazy)
+        ), workers
 
 
 def test_the_loader_learns_which_rngs_the_dataset_draws_from():
@@ -114,18 +129,30 @@ def test_the_loader_learns_which_rngs_the_dataset_draws_from():
     assert data._samples.used == {"torch"}  # samples 0-3 draw only from torch
     for _ in iterator:
         pass
-    assert data._samples.used == {"torch", "python"}  # sample 5 drew from random; NumPy never seeded
+    assert data._samples.used == {
+        "torch",
+        "python",
+    }  # sample 5 drew from random; NumPy never seeded
     torch.manual_seed(1)
     expected = torch.rand(1)
     torch.manual_seed(1)
     list(twice.data.loader(Sometimes(), batch_size=4, shuffle=True, seed=5))
-    assert torch.equal(torch.rand(1), expected)  # learning (a batch fetched again) left the loop's RNG alone
+    assert torch.equal(
+        torch.rand(1), expected
+    )  # learning (a batch fetched again) left the loop's RNG alone
 
 
 def test_sharding_by_rank_covers_the_data_like_distributed_sampler():
-    shards = [twice.data.loader(Augmented(size=10), batch_size=1, shuffle=True, seed=2, rank=r, world_size=3) for r in range(3)]
+    shards = [
+        twice.data.loader(
+            Augmented(size=10), batch_size=1, shuffle=True, seed=2, rank=r, world_size=3
+        )
+        for r in range(3)
+    ]
     seen = [int(batch[0, 0]) for shard in shards for batch in shard]
-    assert len(seen) == 12 and set(seen) == set(range(10))  # padded to 4 per rank, every sample present
+    assert len(seen) == 12 and set(seen) == set(
+        range(10)
+    )  # padded to 4 per rank, every sample present
     assert all(len(shard) == 4 for shard in shards)
 
 
@@ -144,20 +171,28 @@ def _unconfirmed_layouts(monkeypatch):
     monkeypatch.setattr(seeding, "_python_state_offset", [None])
     monkeypatch.setattr(seeding, "_numpy_gauss_offset", [None])
     monkeypatch.setattr(seeding, "_torch_layout", [None])
-    monkeypatch.setattr(seeding, "_snapshot_readers", {})  # readers made before were for the in-place layouts
+    monkeypatch.setattr(
+        seeding, "_snapshot_readers", {}
+    )  # readers made before were for the in-place layouts
     monkeypatch.setattr(seeding, "_views", {})  # and so were the views they read through
     monkeypatch.setattr(sample_rng, "_seeders", {})
 
 
-def test_where_the_rng_layouts_are_not_confirmed_the_loader_sets_the_same_states_through_the_libraries(monkeypatch):
+def test_where_the_rng_layouts_are_not_confirmed_the_loader_sets_the_same_states_through_the_libraries(
+    monkeypatch,
+):
     from twice.rng import sample as sample_rng
 
     fast = stream(0, epochs=1)
-    assert all(sample_rng.seeder(name).in_place for name in ("python", "numpy", "torch"))  # confirmed on this build
+    assert all(
+        sample_rng.seeder(name).in_place for name in ("python", "numpy", "torch")
+    )  # confirmed on this build
     _unconfirmed_layouts(monkeypatch)
     assert not any(sample_rng.seeder(name).in_place for name in ("python", "numpy", "torch"))
     slow = stream(0, epochs=1)
-    assert all(torch.equal(a, b) for a, b in zip(fast, slow))  # the same numbers: a state is the seed's words
+    assert all(
+        torch.equal(a, b) for a, b in zip(fast, slow)
+    )  # the same numbers: a state is the seed's words
     assert all(torch.equal(a, b) for a, b in zip(slow, stream(2, epochs=1)))
 
 
@@ -165,7 +200,14 @@ class Greedy(Dataset):
     """Samples drawing from none to more than a whole MT19937 block of words from each RNG: 630 words
     regenerate the block and leave the position at 6, where a sample that drew 6 words would be."""
 
-    DRAWS = {1: 3, 2: 17, 3: 40, 5: 315, 6: 630, 9: 100}  # index -> words drawn (sample 6: past a block)
+    DRAWS = {
+        1: 3,
+        2: 17,
+        3: 40,
+        5: 315,
+        6: 630,
+        9: 100,
+    }  # index -> words drawn (sample 6: past a block)
 
     def __len__(self):
         return 12
@@ -175,7 +217,12 @@ class Greedy(Dataset):
         python = [random.getrandbits(32) for _ in range(n)]
         numpy = np.random.randint(0, 2**32, n, dtype=np.uint64).tolist()
         values = [float(sum(python) % 9973), float(sum(numpy) % 9973)]
-        return torch.cat([torch.tensor(values, dtype=torch.float64), torch.rand(n, dtype=torch.float64).sum().reshape(1)])
+        return torch.cat(
+            [
+                torch.tensor(values, dtype=torch.float64),
+                torch.rand(n, dtype=torch.float64).sum().reshape(1),
+            ]
+        )
 
 
 def test_samples_reading_past_the_fresh_words_get_the_numbers_of_complete_states(monkeypatch):
@@ -200,19 +247,29 @@ class TorchGreedy(Dataset):
         return 12
 
     def __getitem__(self, i):
-        return torch.rand(Greedy.DRAWS.get(i, 0), dtype=torch.float64).sum().reshape(1) + torch.randn(1, dtype=torch.float64)
+        return torch.rand(Greedy.DRAWS.get(i, 0), dtype=torch.float64).sum().reshape(
+            1
+        ) + torch.randn(1, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("draws", [{1: 3, 2: 40}, Greedy.DRAWS], ids=["within-a-block", "past-a-block"])
-def test_samples_reading_past_the_fresh_words_of_torch_alone_get_the_numbers_of_complete_states(monkeypatch, draws):
+@pytest.mark.parametrize(
+    "draws", [{1: 3, 2: 40}, Greedy.DRAWS], ids=["within-a-block", "past-a-block"]
+)
+def test_samples_reading_past_the_fresh_words_of_torch_alone_get_the_numbers_of_complete_states(
+    monkeypatch, draws
+):
     monkeypatch.setattr(Greedy, "DRAWS", draws)
 
     def batches(workers):
-        data = twice.data.loader(TorchGreedy(), batch_size=3, shuffle=True, seed=4, num_workers=workers)
+        data = twice.data.loader(
+            TorchGreedy(), batch_size=3, shuffle=True, seed=4, num_workers=workers
+        )
         return [b for _ in range(2) for b in data], data
 
     fast, data = batches(0)
-    assert data._samples.used == {"torch"} and data._samples.words == {"torch": 624 if 6 in draws else 128}  # 40 doubles: 80+ words
+    assert data._samples.used == {"torch"} and data._samples.words == {
+        "torch": 624 if 6 in draws else 128
+    }  # 40 doubles: 80+ words
     assert all(torch.equal(a, b) for a, b in zip(fast, batches(2)[0]))
     _unconfirmed_layouts(monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(fast, batches(0)[0]))
@@ -225,7 +282,9 @@ class ForksRng(Dataset):
         return 8
 
     def __getitem__(self, i):
-        with torch.random.fork_rng():  # get_rng_state() of the sample's state, set_rng_state() of it after
+        with (
+            torch.random.fork_rng()
+        ):  # get_rng_state() of the sample's state, set_rng_state() of it after
             torch.rand(3)
         return torch.rand(2) + torch.initial_seed() % 1000
 
@@ -235,12 +294,17 @@ def test_a_sample_can_read_and_set_back_the_state_it_was_given():
     from twice.rng import sample as sample_rng
 
     assert sample_rng.seeder("torch").in_place
+
     def batches(workers):
-        return list(twice.data.loader(ForksRng(), batch_size=4, shuffle=True, seed=2, num_workers=workers))
+        return list(
+            twice.data.loader(ForksRng(), batch_size=4, shuffle=True, seed=2, num_workers=workers)
+        )
 
     batches, again = batches(0), batches(2)
     assert len(batches) == 2 and all(torch.equal(a, b) for a, b in zip(batches, again))
-    assert len({float(b[0, 0]) for b in batches} | {float(b[1, 0]) for b in batches}) == 4  # per-sample seeds differ
+    assert (
+        len({float(b[0, 0]) for b in batches} | {float(b[1, 0]) for b in batches}) == 4
+    )  # per-sample seeds differ
 
 
 class Normals(Dataset):
@@ -252,15 +316,18 @@ class Normals(Dataset):
         return 10
 
     def __getitem__(self, i):
-        return torch.tensor([random.gauss(0, 1), float(np.random.standard_normal())], dtype=torch.float64) + \
-            torch.randn(1, dtype=torch.float64)
+        return torch.tensor(
+            [random.gauss(0, 1), float(np.random.standard_normal())], dtype=torch.float64
+        ) + torch.randn(1, dtype=torch.float64)
 
 
 @pytest.mark.parametrize("make", [Augmented, Greedy, TorchGreedy, Normals, "sampler"])
 def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, make):
     # The loop in C (twice._native) makes each sample's states itself: the same numbers as the
     # Python loop's NumPy-made states, with the same fresh words learnt, for every way a sample draws.
-    assert twice.data.loading._native is not None  # built at install (setup.py); else only the Python loop is tested
+    assert (
+        twice.data.loading._native is not None
+    )  # built at install (setup.py); else only the Python loop is tested
     calls = []
     compiled = twice.data.loading._native
 
@@ -270,9 +337,13 @@ def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, mak
             return compiled.fetch(*args)
 
     def batches():
-        sampler = weighted() if make == "sampler" else None  # a user's sampler: a stream per repeat of an index
+        sampler = (
+            weighted() if make == "sampler" else None
+        )  # a user's sampler: a stream per repeat of an index
         dataset = Augmented() if make == "sampler" else make()
-        data = twice.data.loader(dataset, batch_size=3, shuffle=sampler is None, sampler=sampler, seed=5)
+        data = twice.data.loader(
+            dataset, batch_size=3, shuffle=sampler is None, sampler=sampler, seed=5
+        )
         return [b for _ in range(2) for b in data], data._samples.words, data._samples.used
 
     torch.manual_seed(0)
@@ -286,7 +357,9 @@ def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, mak
     assert all(torch.equal(a, b) for a, b in zip(fast[0], slow[0]))
 
 
-def test_an_epoch_of_values_made_at_once_gives_the_samples_made_batch_by_batch(monkeypatch, python_loop):
+def test_an_epoch_of_values_made_at_once_gives_the_samples_made_batch_by_batch(
+    monkeypatch, python_loop
+):
     from twice.rng import sample as sample_rng
 
     at_once = stream(0, epochs=2)  # 30 samples: the epoch's values are made at its first batch
@@ -302,12 +375,16 @@ def test_loaders_used_in_turn_keep_their_epoch_tables(monkeypatch, python_loop):
 
     made = []
     values = sample_rng._values
-    monkeypatch.setattr(sample_rng, "_values", lambda *a, keep=True: (made.append(keep), values(*a, keep=keep))[1])
+    monkeypatch.setattr(
+        sample_rng, "_values", lambda *a, keep=True: (made.append(keep), values(*a, keep=keep))[1]
+    )
     monkeypatch.setattr(sample_rng, "_tables", {})
     first = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=1)
     second = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=2)
     pairs = list(zip(first, second))
-    assert len(pairs) == 8 and made.count(False) == 2  # one table per loader's epoch, not one per batch
+    assert (
+        len(pairs) == 8 and made.count(False) == 2
+    )  # one table per loader's epoch, not one per batch
     alone = list(twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=2))
     assert all(torch.equal(b, c) for (_, b), c in zip(pairs, alone))
 
@@ -319,13 +396,17 @@ def test_loaders_with_one_seed_over_datasets_of_other_sizes_each_get_their_own_s
     big = list(twice.data.loader(Augmented(size=40), batch_size=4, shuffle=True, seed=9))
     assert len(small) == 2 and len(big) == 10
     alone = {int(b[k, 0]): b[k] for b in big for k in range(len(b))}
-    assert all(torch.equal(b[k], alone[int(b[k, 0])]) for b in small for k in range(len(b)))  # values of (seed, epoch, index)
+    assert all(
+        torch.equal(b[k], alone[int(b[k, 0])]) for b in small for k in range(len(b))
+    )  # values of (seed, epoch, index)
 
 
 def test_a_few_fresh_words_suffice_for_samples_that_draw_a_few_numbers():
     data = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=3)
     list(data)
-    assert set(data._samples.words.values()) <= {16}  # each sample drew 1-2 words per RNG: no batch fetched again
+    assert set(data._samples.words.values()) <= {
+        16
+    }  # each sample drew 1-2 words per RNG: no batch fetched again
 
 
 class Pids(Augmented):
@@ -340,18 +421,25 @@ class Pids(Augmented):
 def test_persistent_workers_are_kept_across_epochs_and_a_mid_epoch_resume():
     """persistent_workers=True keeps the same worker processes from epoch to epoch (DataLoader's
     promise, which a DataLoader made anew each epoch would break), with the batches of 0 workers."""
-    loader = twice.data.loader(Pids(), batch_size=4, shuffle=True, num_workers=2, seed=11, persistent_workers=True)
+    loader = twice.data.loader(
+        Pids(), batch_size=4, shuffle=True, num_workers=2, seed=11, persistent_workers=True
+    )
     epochs = [list(loader) for _ in range(3)]
     pids = [{pid for _, batch_pids in epoch for pid in batch_pids.tolist()} for epoch in epochs]
     assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2]
     reference = stream(0, epochs=3)
-    assert all(torch.equal(a, b) for a, b in zip(reference, [samples for epoch in epochs for samples, _ in epoch]))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(reference, [samples for epoch in epochs for samples, _ in epoch])
+    )
     # Stopped mid-epoch and resumed from its state, in the same loader and in a new one.
     iterator = iter(loader)
     first = [next(iterator)[0] for _ in range(3)]
     state = loader.state_dict()
     rest = [samples for samples, _ in loader]
-    fresh = twice.data.loader(Pids(), batch_size=4, shuffle=True, num_workers=2, seed=11, persistent_workers=True)
+    fresh = twice.data.loader(
+        Pids(), batch_size=4, shuffle=True, num_workers=2, seed=11, persistent_workers=True
+    )
     fresh.load_state_dict(state)
     again = [samples for samples, _ in fresh]
     epoch3 = stream(0, epochs=4)[24:]
@@ -379,13 +467,17 @@ def test_out_of_order_batches_are_refused():
     """in_order=False (DataLoader yields batches as workers finish them) would make the stream depend on timing."""
     with pytest.raises(ValueError, match="in_order=False"):
         twice.data.loader(Augmented(), batch_size=2, num_workers=2, in_order=False)
-    assert len(list(twice.data.loader(Augmented(), batch_size=2, num_workers=2, in_order=True))) == 15
+    assert (
+        len(list(twice.data.loader(Augmented(), batch_size=2, num_workers=2, in_order=True))) == 15
+    )
 
 
 def test_unbatched_samples_with_batch_size_none_are_the_batched_ones_and_resume():
     """batch_size=None (DataLoader's samples one by one, not collated into batches) serves the
     samples of batch_size=1, and its position counts samples."""
-    batched = [batch[0] for batch in twice.data.loader(Augmented(), batch_size=1, shuffle=True, seed=11)]
+    batched = [
+        batch[0] for batch in twice.data.loader(Augmented(), batch_size=1, shuffle=True, seed=11)
+    ]
     loader = twice.data.loader(Augmented(), batch_size=None, shuffle=True, seed=11)
     assert len(loader) == 30
     single = list(loader)
@@ -406,6 +498,7 @@ def test_a_state_that_is_not_a_loaders_is_refused_naming_what_it_lacks():
 
 def test_a_sample_that_raises_leaves_the_main_process_rngs_untouched():
     """A loop that skips bad samples (catching the error) must find its RNGs where they were."""
+
     class Bad(Augmented):
         def __getitem__(self, i):
             sample = super().__getitem__(i)
@@ -422,7 +515,11 @@ def test_a_sample_that_raises_leaves_the_main_process_rngs_untouched():
     np.random.seed(3)
     with pytest.raises(ValueError, match="bad sample"):
         list(twice.data.loader(Bad(10), batch_size=5, seed=1))
-    assert torch.equal(torch.rand(1), expected[0]) and random.random() == expected[1] and np.random.rand() == expected[2]
+    assert (
+        torch.equal(torch.rand(1), expected[0])
+        and random.random() == expected[1]
+        and np.random.rand() == expected[2]
+    )
 
 
 class MixUp:
@@ -437,8 +534,16 @@ class MixUp:
 def test_a_collate_fn_that_draws_random_numbers_gives_the_same_batches_for_any_workers_and_on_resume():
     """MixUp/CutMix in collate_fn draw outside any sample: seeded per batch once seen drawing, so the
     batches match for 0, 2 and 4 workers and after a mid-epoch resume, and the loop's RNGs stay put."""
+
     def batches(workers, epochs=2):
-        loader = twice.data.loader(Augmented(), batch_size=4, shuffle=True, num_workers=workers, seed=11, collate_fn=MixUp())
+        loader = twice.data.loader(
+            Augmented(),
+            batch_size=4,
+            shuffle=True,
+            num_workers=workers,
+            seed=11,
+            collate_fn=MixUp(),
+        )
         return [batch for _ in range(epochs) for batch in loader]
 
     torch.manual_seed(5)
@@ -448,13 +553,19 @@ def test_a_collate_fn_that_draws_random_numbers_gives_the_same_batches_for_any_w
     assert torch.equal(torch.rand(1), expected_next)
     for workers in (2, 4):
         other = batches(workers)
-        assert len(other) == len(reference) and all(torch.equal(a, b) for a, b in zip(reference, other)), workers
+        assert len(other) == len(reference) and all(
+            torch.equal(a, b) for a, b in zip(reference, other)
+        ), workers
     plain = stream(0)
-    assert not any(torch.equal(a, b) for a, b in zip(reference, plain))  # the collate did change the batches
+    assert not any(
+        torch.equal(a, b) for a, b in zip(reference, plain)
+    )  # the collate did change the batches
     loader = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=11, collate_fn=MixUp())
     iterator = iter(loader)
     head = [next(iterator) for _ in range(3)]
-    resumed = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=11, collate_fn=MixUp())
+    resumed = twice.data.loader(
+        Augmented(), batch_size=4, shuffle=True, seed=11, collate_fn=MixUp()
+    )
     resumed.load_state_dict(loader.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(head + list(resumed), reference))
 
@@ -474,19 +585,32 @@ def test_a_collate_fn_drawing_nothing_is_run_once_per_batch():
 def test_resuming_over_a_dataset_of_another_size_is_refused():
     """The position of a loader over 30 samples says nothing about a dataset of 31: refused, not misapplied."""
     state = twice.data.loader(Augmented(30), batch_size=4, shuffle=True, seed=11).state_dict()
-    with pytest.raises(ValueError, match="the dataset has 31 samples; the checkpoint's loader had 30"):
+    with pytest.raises(
+        ValueError, match="the dataset has 31 samples; the checkpoint's loader had 30"
+    ):
         twice.data.loader(Augmented(31), batch_size=4, shuffle=True, seed=11).load_state_dict(state)
-    older = {key: value for key, value in state.items() if key != "samples"}  # saved before sizes were recorded
+    older = {
+        key: value for key, value in state.items() if key != "samples"
+    }  # saved before sizes were recorded
     twice.data.loader(Augmented(30), batch_size=4, shuffle=True, seed=11).load_state_dict(older)
 
 
 def weighted(size=30):
     """Class-imbalance sampling: indices drawn with replacement, by weight (its own generator: None)."""
-    return torch.utils.data.WeightedRandomSampler(torch.linspace(0.1, 1.0, size), 40, replacement=True)
+    return torch.utils.data.WeightedRandomSampler(
+        torch.linspace(0.1, 1.0, size), 40, replacement=True
+    )
 
 
 def sampled(workers, sampler=None, epochs=2, **kwargs):
-    loader = twice.data.loader(Augmented(), batch_size=4, sampler=sampler or weighted(), num_workers=workers, seed=11, **kwargs)
+    loader = twice.data.loader(
+        Augmented(),
+        batch_size=4,
+        sampler=sampler or weighted(),
+        num_workers=workers,
+        seed=11,
+        **kwargs,
+    )
     return [batch for _ in range(epochs) for batch in loader]
 
 
@@ -495,7 +619,9 @@ def test_a_users_sampler_is_seeded_per_epoch_the_same_for_any_workers_and_resume
     reference = sampled(0)
     torch.manual_seed(2)
     assert all(torch.equal(a, b) for a, b in zip(reference, sampled(2)))
-    assert len(reference) == 20 and not torch.equal(torch.cat(reference[:10]), torch.cat(reference[10:]))  # epochs differ
+    assert len(reference) == 20 and not torch.equal(
+        torch.cat(reference[:10]), torch.cat(reference[10:])
+    )  # epochs differ
     loader = twice.data.loader(Augmented(), batch_size=4, sampler=weighted(), seed=11)
     iterator = iter(loader)
     head = [next(iterator) for _ in range(3)]
@@ -511,7 +637,9 @@ def test_an_index_a_sampler_repeats_gets_augmentations_of_its_own_each_time():
     rows = torch.cat(sampled(0, epochs=1)).tolist()
     draws: dict = {}
     for row in rows:
-        draws.setdefault(int(row[0]), []).append(tuple(row))  # column 0: the index plus a torch.rand() draw
+        draws.setdefault(int(row[0]), []).append(
+            tuple(row)
+        )  # column 0: the index plus a torch.rand() draw
     repeated = [d for d in draws.values() if len(d) > 1]
     assert repeated and all(len(set(d)) == len(d) for d in repeated)
 
@@ -533,8 +661,16 @@ def test_a_sampler_drawing_from_the_global_rng_is_seeded_and_leaves_it_untouched
 
 
 def test_a_users_sampler_is_sharded_by_rank():
-    shares = [[int(x) for x in torch.cat(sampled(0, rank=r, world_size=2, epochs=1))[:, 0]] for r in range(2)]
-    whole = [int(i) for i in twice.data.loader(Augmented(), batch_size=4, sampler=weighted(), seed=11).sampler.order(0)]
+    shares = [
+        [int(x) for x in torch.cat(sampled(0, rank=r, world_size=2, epochs=1))[:, 0]]
+        for r in range(2)
+    ]
+    whole = [
+        int(i)
+        for i in twice.data.loader(
+            Augmented(), batch_size=4, sampler=weighted(), seed=11
+        ).sampler.order(0)
+    ]
     assert sorted(shares[0] + shares[1]) == sorted(whole) and len(shares[0]) == len(shares[1]) == 20
 
 
@@ -551,9 +687,13 @@ def test_resuming_with_a_sampler_that_draws_another_order_is_refused():
     loader = twice.data.loader(Augmented(), batch_size=4, sampler=weighted(), seed=11)
     next(iter(loader))
     state = loader.state_dict()
-    reweighted = torch.utils.data.WeightedRandomSampler(torch.linspace(1.0, 0.1, 30), 40, replacement=True)
-    for other in (twice.data.loader(Augmented(), batch_size=4, sampler=reweighted, seed=11),
-                  twice.data.loader(Augmented(), batch_size=4, seed=11)):
+    reweighted = torch.utils.data.WeightedRandomSampler(
+        torch.linspace(1.0, 0.1, 30), 40, replacement=True
+    )
+    for other in (
+        twice.data.loader(Augmented(), batch_size=4, sampler=reweighted, seed=11),
+        twice.data.loader(Augmented(), batch_size=4, seed=11),
+    ):
         with pytest.raises(ValueError, match="drew its order from a sampler"):
             other.load_state_dict(state)
     same = twice.data.loader(Augmented(), batch_size=4, sampler=weighted(), seed=11)
@@ -615,7 +755,7 @@ class Buckets(torch.utils.data.Sampler):
         return 5
 
     def __iter__(self):
-        batches = [self.order[i:i + 8] for i in range(0, 40, 8)]
+        batches = [self.order[i : i + 8] for i in range(0, 40, 8)]
         return iter([batches[j] for j in torch.randperm(5).tolist()])
 
 
@@ -625,17 +765,28 @@ def padded(batch):
 
 
 def bucketed(workers=0, epochs=2, **kwargs):
-    loader = twice.data.loader(Sequences(), batch_sampler=Buckets(), collate_fn=padded, seed=4, num_workers=workers, **kwargs)
+    loader = twice.data.loader(
+        Sequences(),
+        batch_sampler=Buckets(),
+        collate_fn=padded,
+        seed=4,
+        num_workers=workers,
+        **kwargs,
+    )
     return [batch for _ in range(epochs) for batch in loader]
 
 
 def test_a_batch_sampler_bucketing_by_length_gives_the_same_batches_for_any_workers_and_resumes():
     torch.manual_seed(1)
     reference = bucketed(0)
-    assert [b.shape[0] for b in reference] == [8] * 10 and len({b.shape[1] for b in reference[:5]}) > 1
+    assert [b.shape[0] for b in reference] == [8] * 10 and len(
+        {b.shape[1] for b in reference[:5]}
+    ) > 1
     torch.manual_seed(2)
     assert all(torch.equal(a, b) for a, b in zip(reference, bucketed(2)))
-    assert [b.shape for b in reference[:5]] != [b.shape for b in reference[5:]]  # each epoch its own batch order
+    assert [b.shape for b in reference[:5]] != [
+        b.shape for b in reference[5:]
+    ]  # each epoch its own batch order
     loader = twice.data.loader(Sequences(), batch_sampler=Buckets(), collate_fn=padded, seed=4)
     iterator = iter(loader)
     head = [next(iterator) for _ in range(2)]
@@ -647,7 +798,10 @@ def test_a_batch_sampler_bucketing_by_length_gives_the_same_batches_for_any_work
     # Sharded by whole batches, padded like DistributedSampler: 5 batches give each of 2 ranks 3.
     shares = [bucketed(epochs=1, rank=rank, world_size=2) for rank in (0, 1)]
     assert [len(share) for share in shares] == [3, 3]
-    assert all(torch.equal(a, b) for a, b in zip(shares[0] + shares[1][:2], [reference[i] for i in (0, 2, 4, 1, 3)]))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(shares[0] + shares[1][:2], [reference[i] for i in (0, 2, 4, 1, 3)])
+    )
 
 
 def test_a_batch_sampler_beside_batch_size_or_shuffle_or_yielding_indices_is_refused():
@@ -656,5 +810,8 @@ def test_a_batch_sampler_beside_batch_size_or_shuffle_or_yielding_indices_is_ref
     for extra in ({"batch_size": 4}, {"shuffle": True}, {"drop_last": True}):
         with pytest.raises(ValueError, match="batch_sampler chooses the batches"):
             twice.data.loader(Sequences(), batch_sampler=Buckets(), **extra)
-    with pytest.raises(UsageError, match="batch_sampler given to twice.data.loader yielded 0, not a batch of indices"):
+    with pytest.raises(
+        UsageError,
+        match="batch_sampler given to twice.data.loader yielded 0, not a batch of indices",
+    ):
         list(twice.data.loader(Sequences(), batch_sampler=list(range(40)), seed=1))

@@ -11,8 +11,22 @@ from hypothesis import strategies as st
 import twice
 from twice.core.digests import device_fold
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
-          torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.complex64, torch.complex128]
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.complex64,
+    torch.complex128,
+]
 
 
 def sample(dtype, shape=(3, 5)):
@@ -62,9 +76,19 @@ def test_nested_batches_state_dicts_and_dataclasses():
         label: str
 
     model = torch.nn.Linear(3, 2)
-    assert twice.digest(model.state_dict()) == twice.digest({k: v.clone() for k, v in model.state_dict().items()})
-    nested = {"a": [torch.ones(2), (1, 2.5, "s", None, b"by")], "b": Batch(torch.zeros(1), "l"), "n": np.arange(3)}
-    same = {"a": [torch.ones(2), (1, 2.5, "s", None, b"by")], "b": Batch(torch.zeros(1), "l"), "n": np.arange(3)}
+    assert twice.digest(model.state_dict()) == twice.digest(
+        {k: v.clone() for k, v in model.state_dict().items()}
+    )
+    nested = {
+        "a": [torch.ones(2), (1, 2.5, "s", None, b"by")],
+        "b": Batch(torch.zeros(1), "l"),
+        "n": np.arange(3),
+    }
+    same = {
+        "a": [torch.ones(2), (1, 2.5, "s", None, b"by")],
+        "b": Batch(torch.zeros(1), "l"),
+        "n": np.arange(3),
+    }
     assert twice.digest(nested) == twice.digest(same)
     assert twice.digest([1, 2]) != twice.digest((1, 2))
     assert twice.digest([torch.ones(2)]) != twice.digest([torch.ones(2), torch.ones(0)])
@@ -106,7 +130,9 @@ def test_the_device_algorithm_is_exact_and_layout_independent_on_the_cpu():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: no CUDA device on this machine")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: no CUDA device on this machine"
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cuda_digest_is_computed_on_the_device_and_matches_the_device_algorithm_on_the_cpu(dtype):
     tensor = sample(dtype)
@@ -118,7 +144,13 @@ def test_cuda_digest_is_computed_on_the_device_and_matches_the_device_algorithm_
 def test_the_fast_tensor_digest_gives_exactly_digests_value(dtype):
     from twice.core.digests import digest_tensor
 
-    for tensor in (sample(dtype), sample(dtype).t(), sample(dtype)[:0], sample(dtype)[1, 2], sample(dtype).reshape(-1)[::2]):
+    for tensor in (
+        sample(dtype),
+        sample(dtype).t(),
+        sample(dtype)[:0],
+        sample(dtype)[1, 2],
+        sample(dtype).reshape(-1)[::2],
+    ):
         assert digest_tensor(tensor) == twice.digest(tensor)
     changed = sample(dtype).clone()
     changed.view(-1)[4] = changed.view(-1)[14]  # a different value in every dtype here
@@ -157,7 +189,9 @@ def test_batch_digests_are_stable_across_versions():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nested tensors are a prototype
-        nested = torch.nested.nested_tensor([torch.arange(6.0).reshape(2, 3), torch.arange(3.0).reshape(1, 3)])
+        nested = torch.nested.nested_tensor(
+            [torch.arange(6.0).reshape(2, 3), torch.arange(3.0).reshape(1, 3)]
+        )
     pair = collections.namedtuple("Pair", "x y")
     expected = [  # (batch, digest): a list, since equal tuples of the same tensors would share a dict key
         ((grid, labels), "559731a75d0428be0f749cc5aeff76ee"),
@@ -195,21 +229,45 @@ def test_quantized_tensors_digest_their_integers_with_their_scales():
     a = torch.quantize_per_tensor(values, 0.1, 0, torch.qint8)
     b = torch.quantize_per_tensor(values * 2, 0.2, 0, torch.qint8)
     assert torch.equal(a.int_repr(), b.int_repr())
-    assert twice.digest(a) != twice.digest(b) and digest_tensor(a) == twice.digest(a) != digest_tensor(b)
-    assert twice.digest(a) == twice.digest(torch.quantize_per_tensor(values.clone(), 0.1, 0, torch.qint8))
-    assert twice.digest(a) != twice.digest(torch.quantize_per_tensor(values, 0.1, 1, torch.qint8))  # zero point
+    assert twice.digest(a) != twice.digest(b) and digest_tensor(a) == twice.digest(
+        a
+    ) != digest_tensor(b)
+    assert twice.digest(a) == twice.digest(
+        torch.quantize_per_tensor(values.clone(), 0.1, 0, torch.qint8)
+    )
+    assert twice.digest(a) != twice.digest(
+        torch.quantize_per_tensor(values, 0.1, 1, torch.qint8)
+    )  # zero point
     weights = torch.randn(2, 3)
-    per_channel = torch.quantize_per_channel(weights, torch.tensor([0.1, 0.2]), torch.tensor([0, 1]), 0, torch.quint8)
-    other_scales = torch.quantize_per_channel(weights, torch.tensor([0.1, 0.25]), torch.tensor([0, 1]), 0, torch.quint8)
-    assert twice.digest(per_channel) == twice.digest(per_channel.clone()) != twice.digest(other_scales)
+    per_channel = torch.quantize_per_channel(
+        weights, torch.tensor([0.1, 0.2]), torch.tensor([0, 1]), 0, torch.quint8
+    )
+    other_scales = torch.quantize_per_channel(
+        weights, torch.tensor([0.1, 0.25]), torch.tensor([0, 1]), 0, torch.quint8
+    )
+    assert (
+        twice.digest(per_channel) == twice.digest(per_channel.clone()) != twice.digest(other_scales)
+    )
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_nested_tensors_digest_their_components_in_order():
     """Variable-length batches (torch.nested) digest as their components, in order, under their layout."""
+
     def nested(*lengths, layout=torch.strided):
-        return torch.nested.nested_tensor([torch.arange(n, dtype=torch.float32) for n in lengths], layout=layout)
+        return torch.nested.nested_tensor(
+            [torch.arange(n, dtype=torch.float32) for n in lengths], layout=layout
+        )
 
     assert twice.digest(nested(2, 3)) == twice.digest(nested(2, 3))
-    assert len({twice.digest(nested(2, 3)), twice.digest(nested(3, 2)), twice.digest(nested(2, 3, layout=torch.jagged)),
-                twice.digest([torch.arange(2.0), torch.arange(3.0)])}) == 4
+    assert (
+        len(
+            {
+                twice.digest(nested(2, 3)),
+                twice.digest(nested(3, 2)),
+                twice.digest(nested(2, 3, layout=torch.jagged)),
+                twice.digest([torch.arange(2.0), torch.arange(3.0)]),
+            }
+        )
+        == 4
+    )

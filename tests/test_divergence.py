@@ -7,8 +7,18 @@ from twice.core.records import StepRecord
 
 
 def trace(n):
-    return [StepRecord(step=i, loss=float.hex(1 / (i + 1)), batch=f"b{i}", grads=f"g{i}", params=f"p{i}",
-                       rng={"torch": f"r{i}"}, param_digests={"w": f"w{i}", "b": f"c{i}"}) for i in range(n)]
+    return [
+        StepRecord(
+            step=i,
+            loss=float.hex(1 / (i + 1)),
+            batch=f"b{i}",
+            grads=f"g{i}",
+            params=f"p{i}",
+            rng={"torch": f"r{i}"},
+            param_digests={"w": f"w{i}", "b": f"c{i}"},
+        )
+        for i in range(n)
+    ]
 
 
 @given(st.integers(1, 60), st.data(), st.sampled_from(["batch", "loss", "grads", "params", "rng"]))
@@ -52,15 +62,24 @@ def test_loss_gap_counts_float32_ulps():
 def test_explanation_combines_trace_and_manifest():
     a, b = trace(3), trace(3)
     b[1].loss = float.hex(2.0)
-    diffs = compare_identity({"threads": {"intra_op_threads": 1}}, {"threads": {"intra_op_threads": 2}})
+    diffs = compare_identity(
+        {"threads": {"intra_op_threads": 1}}, {"threads": {"intra_op_threads": 2}}
+    )
     sentence = explain(diffs, first_divergence(a, b))
-    assert sentence.startswith("batches and parameters identical, loss differs: the forward computation differs at step 1")
+    assert sentence.startswith(
+        "batches and parameters identical, loss differs: the forward computation differs at step 1"
+    )
     assert "the runs used 1 and 2 torch threads" in sentence
 
 
 def test_identity_differences_are_grouped():
-    diffs = compare_identity({"argv": ["a"], "packages": {"numpy": "1"}, "env": {"OMP_NUM_THREADS": "1"}},
-                             {"argv": ["b"], "packages": {"numpy": "2"}, "env": {}})
-    assert [(d.group, d.key) for d in diffs] == [("arguments", "argv"), ("packages", "packages.numpy"),
-                                                  ("threads", "env.OMP_NUM_THREADS")]
+    diffs = compare_identity(
+        {"argv": ["a"], "packages": {"numpy": "1"}, "env": {"OMP_NUM_THREADS": "1"}},
+        {"argv": ["b"], "packages": {"numpy": "2"}, "env": {}},
+    )
+    assert [(d.group, d.key) for d in diffs] == [
+        ("arguments", "argv"),
+        ("packages", "packages.numpy"),
+        ("threads", "env.OMP_NUM_THREADS"),
+    ]
     assert isinstance(diffs[0], Difference)

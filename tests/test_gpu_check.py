@@ -13,8 +13,14 @@ SCRIPT = Path(__file__).parents[1] / "bench" / "gpu_check.py"
 
 @pytest.mark.slow
 def test_gpu_check_runs_every_check_on_the_cpu(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--smoke", "--out", str(tmp_path)],
-                            capture_output=True, text=True, env=clean_env(), timeout=600, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert all("error" not in report[name] for name in ("determinism", "digests", "price")), report

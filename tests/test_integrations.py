@@ -26,7 +26,10 @@ def _trace(folder, name):
 
 # -- Lightning ------------------------------------------------------------------------------------
 
-def test_lightning_resumes_bit_for_bit_with_the_callback_and_not_without(tmp_path, monkeypatch, scripts_importable):
+
+def test_lightning_resumes_bit_for_bit_with_the_callback_and_not_without(
+    tmp_path, monkeypatch, scripts_importable
+):
     pytest.importorskip("pytorch_lightning")
     from lightning_train import fit
 
@@ -42,7 +45,9 @@ def test_lightning_resumes_bit_for_bit_with_the_callback_and_not_without(tmp_pat
     after = _trace(tmp_path, "resumed")
     assert [r.step for r in after] == list(range(5, 12))
     assert first_divergence([r for r in _trace(tmp_path, "straight") if r.step >= 5], after) is None
-    assert json.loads(next(tmp_path.glob("runs/*-straight/config.json")).read_text()) == {"lr": 0.01}
+    assert json.loads(next(tmp_path.glob("runs/*-straight/config.json")).read_text()) == {
+        "lr": 0.01
+    }
 
     # Lightning alone: the checkpoint has no RNG state, so dropout and noise draw differently.
     fit(5, ckpt_dir="plain", every=5)
@@ -53,7 +58,9 @@ def test_lightning_resumes_bit_for_bit_with_the_callback_and_not_without(tmp_pat
 def test_lightning_script_under_twice_run_records_its_steps(tmp_path):
     pytest.importorskip("pytorch_lightning")
     script("lightning_train.py", tmp_path)
-    result = twice("run", "--name", "pl", "--", sys.executable, "lightning_train.py", "4", cwd=tmp_path)
+    result = twice(
+        "run", "--name", "pl", "--", sys.executable, "lightning_train.py", "4", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(tmp_path)
     assert [r.step for r in read_trace(run / "trace.jsonl")] == [0, 1, 2, 3]
@@ -62,8 +69,10 @@ def test_lightning_script_under_twice_run_records_its_steps(tmp_path):
 
 # -- Hugging Face Trainer -------------------------------------------------------------------------
 
+
 def test_hugging_face_trainer_resume_matches_the_uninterrupted_run_and_the_trace_shows_a_lost_data_position(
-        tmp_path, monkeypatch, scripts_importable):
+    tmp_path, monkeypatch, scripts_importable
+):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     from hf_train import fit
@@ -78,10 +87,19 @@ def test_hugging_face_trainer_resume_matches_the_uninterrupted_run_and_the_trace
     full, after = _trace(tmp_path, "straight"), _trace(tmp_path, "resumed")
     assert [r.step for r in after] == list(range(4, 10))
     assert first_divergence([r for r in full if r.step >= 4], after) is None
-    assert json.loads(next(tmp_path.glob("runs/*-straight/config.json")).read_text())["learning_rate"] == 1e-3
+    assert (
+        json.loads(next(tmp_path.glob("runs/*-straight/config.json")).read_text())["learning_rate"]
+        == 1e-3
+    )
 
     # Resuming without skipping the consumed batches: the trace says the data differs first.
-    fit("d", 10, resume="b/checkpoint-4", ignore_data_skip=True, callbacks=[TwiceCallback(name="noskip")])
+    fit(
+        "d",
+        10,
+        resume="b/checkpoint-4",
+        ignore_data_skip=True,
+        callbacks=[TwiceCallback(name="noskip")],
+    )
     found = first_divergence([r for r in full if r.step >= 4], _trace(tmp_path, "noskip"))
     assert (found.step, found.first) == (4, "batch")
 
@@ -107,7 +125,9 @@ def test_a_run_goes_into_a_real_mlflow_store_live_and_by_export(tmp_path):
 
     (tmp_path / "train.py").write_text(LOGGING_SCRIPT)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = twice("run", "--name", "live", "--mlflow", uri, "--", sys.executable, "train.py", cwd=tmp_path)
+    result = twice(
+        "run", "--name", "live", "--mlflow", uri, "--", sys.executable, "train.py", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(tmp_path)
     losses = [float.fromhex(r.loss) for r in read_trace(run / "trace.jsonl")]
@@ -118,10 +138,14 @@ def test_a_run_goes_into_a_real_mlflow_store_live_and_by_export(tmp_path):
         (exported,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
         data = exported.data
         assert data.params["lr"] == "0.1" and data.params["layers"] == "[4, 1]"
-        assert data.params["twice.seed"] == "0" and data.params["twice.determinism.mode"] == "strict"
+        assert (
+            data.params["twice.seed"] == "0" and data.params["twice.determinism.mode"] == "strict"
+        )
         assert data.tags["twice.run"] == run.name and data.tags["twice.status"] == "completed"
         history = client.get_metric_history(exported.info.run_id, "loss")
-        assert [m.value for m in sorted(history, key=lambda m: m.step)] == losses  # exact: no rounding on the way
+        assert [
+            m.value for m in sorted(history, key=lambda m: m.step)
+        ] == losses  # exact: no rounding on the way
         assert data.metrics["accuracy"] == 0.75
         artifacts = {a.path for a in client.list_artifacts(exported.info.run_id)}
         assert {"manifest.json", "trace.jsonl", "config.json"} <= artifacts
@@ -129,19 +153,29 @@ def test_a_run_goes_into_a_real_mlflow_store_live_and_by_export(tmp_path):
         return exported.info.run_id
 
     live_id = check("twice")
-    exported = twice("export", "mlflow", run, "--tracking-uri", uri, "--experiment", "after", cwd=tmp_path)
+    exported = twice(
+        "export", "mlflow", run, "--tracking-uri", uri, "--experiment", "after", cwd=tmp_path
+    )
     assert exported.returncode == 0, exported.stderr
     after_id = check("after")
     assert after_id != live_id and after_id in exported.stdout
-    again = twice("export", "mlflow", run, "--tracking-uri", uri, "--experiment", "after", cwd=tmp_path)
+    again = twice(
+        "export", "mlflow", run, "--tracking-uri", uri, "--experiment", "after", cwd=tmp_path
+    )
     assert again.returncode == 0 and f"{after_id} (exported before)" in again.stdout
 
     bad = twice("export", "mlflow", run, "--tracking-uri", "nonsense://x", cwd=tmp_path)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: MLflow refused the export") and "hint:" in bad.stderr
+    assert (
+        bad.returncode == 2
+        and bad.stderr.startswith("error: MLflow refused the export")
+        and "hint:" in bad.stderr
+    )
 
 
-@pytest.mark.parametrize("module,extra", [("mlflow", "mlflow"), ("pytorch_lightning", "lightning"),
-                                          ("transformers", "huggingface")])
+@pytest.mark.parametrize(
+    "module,extra",
+    [("mlflow", "mlflow"), ("pytorch_lightning", "lightning"), ("transformers", "huggingface")],
+)
 def test_a_missing_extra_is_an_error_with_the_pip_command(tmp_path, module, extra):
     import subprocess
 
@@ -152,11 +186,19 @@ def test_a_missing_extra_is_an_error_with_the_pip_command(tmp_path, module, extr
         (blocked / "lightning.py").write_text("raise ImportError('not installed (test)')\n")
     name = {"mlflow": "mlflow", "lightning": "lightning", "huggingface": "huggingface"}[extra]
     code = f"import twice.integrations.{name}"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=clean_env(PYTHONPATH=str(blocked)))
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=clean_env(PYTHONPATH=str(blocked)),
+    )
     assert result.returncode != 0 and f"pip install 'twice[{extra}]'" in result.stderr
     if extra == "mlflow":
-        cli = twice("export", "mlflow", "anything", cwd=tmp_path, env=clean_env(PYTHONPATH=str(blocked)))
+        cli = twice(
+            "export", "mlflow", "anything", cwd=tmp_path, env=clean_env(PYTHONPATH=str(blocked))
+        )
         assert cli.returncode == 2
-        assert "error: twice's mlflow integration needs mlflow, which is not installed" in cli.stderr
+        assert (
+            "error: twice's mlflow integration needs mlflow, which is not installed" in cli.stderr
+        )
         assert "hint: pip install 'twice[mlflow]'" in cli.stderr

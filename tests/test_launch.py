@@ -20,8 +20,15 @@ def test_a_string_set_prints_in_the_same_order_under_twice_run_and_not_without(t
     under = {twice("run", "--", sys.executable, path, cwd=tmp_path).stdout for _ in range(2)}
     assert len(under) == 1
     # Without the launcher the order depends on the hash seed: show it really varies here.
-    plain = {subprocess.run([sys.executable, path], capture_output=True, text=True, env=clean_env(PYTHONHASHSEED=str(s))).stdout
-             for s in range(1, 9)}
+    plain = {
+        subprocess.run(
+            [sys.executable, path],
+            capture_output=True,
+            text=True,
+            env=clean_env(PYTHONHASHSEED=str(s)),
+        ).stdout
+        for s in range(1, 9)
+    }
     assert len(plain) > 1
     # And setting it inside the script is too late: the launcher sets it before the interpreter starts.
     assert manifest(runs(tmp_path)[0])["identity"]["env"]["PYTHONHASHSEED"] == "0"
@@ -31,7 +38,9 @@ def test_tiny_training_saves_byte_identical_weights_twice(tmp_path):
     path = script("tiny_train.py", tmp_path)
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        result = twice("run", "--name", name, "--", sys.executable, path, f"{name}/w.pt", cwd=tmp_path)
+        result = twice(
+            "run", "--name", name, "--", sys.executable, path, f"{name}/w.pt", cwd=tmp_path
+        )
         assert result.returncode == 0, result.stderr
     assert (tmp_path / "a/w.pt").read_bytes() == (tmp_path / "b/w.pt").read_bytes()
 
@@ -47,7 +56,9 @@ def test_weights_are_byte_identical_through_a_shell_wrapper(out_dirs):
     tmp = out_dirs
     path = script("tiny_train.py", tmp)
     wrapper = tmp / "train.sh"
-    wrapper.write_text(f'#!/bin/sh\necho "wrapper starting"\nexec "{sys.executable}" "{path}" "$1"\n')
+    wrapper.write_text(
+        f'#!/bin/sh\necho "wrapper starting"\nexec "{sys.executable}" "{path}" "$1"\n'
+    )
     wrapper.chmod(0o755)
     for name in ("a", "b"):
         result = twice("run", "--", str(wrapper), f"{name}/w.pt", cwd=tmp)
@@ -60,7 +71,9 @@ def test_weights_are_byte_identical_through_a_subprocess_the_script_starts(out_d
     tmp = out_dirs
     path = script("tiny_train.py", tmp)
     parent = tmp / "parent.py"
-    parent.write_text(f"import subprocess, sys\nsubprocess.run([sys.executable, {str(path)!r}, sys.argv[1]], check=True)\n")
+    parent.write_text(
+        f"import subprocess, sys\nsubprocess.run([sys.executable, {str(path)!r}, sys.argv[1]], check=True)\n"
+    )
     for name in ("a", "b"):
         assert twice("run", "--", sys.executable, parent, f"{name}/w.pt", cwd=tmp).returncode == 0
     assert (tmp / "a/w.pt").read_bytes() == (tmp / "b/w.pt").read_bytes()
@@ -69,7 +82,9 @@ def test_weights_are_byte_identical_through_a_subprocess_the_script_starts(out_d
 
 
 def test_shorthand_stdout_stderr_and_exit_code(tmp_path):
-    (tmp_path / "fail.py").write_text("import sys\nprint('out line')\nprint('err line', file=sys.stderr)\nsys.exit(3)\n")
+    (tmp_path / "fail.py").write_text(
+        "import sys\nprint('out line')\nprint('err line', file=sys.stderr)\nsys.exit(3)\n"
+    )
     result = twice("run", "fail.py", cwd=tmp_path)
     assert result.returncode == 3
     assert "out line" in result.stdout and "err line" in result.stderr
@@ -81,14 +96,26 @@ def test_shorthand_stdout_stderr_and_exit_code(tmp_path):
 
 
 def test_python_dash_m_twice_is_the_same_command_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "twice", "--help"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "twice", "--help"], capture_output=True, text=True
+    )
     assert result.returncode == 0 and "twice run" in result.stdout
 
 
 def git(*args, cwd):
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                        "GIT_COMMITTER_EMAIL": "t@t"})
+    subprocess.run(
+        ["git", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        env={
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        },
+    )
 
 
 def test_manifest_records_git_dirty_state_and_a_patch_with_untracked_files(tmp_path):
@@ -97,8 +124,8 @@ def test_manifest_records_git_dirty_state_and_a_patch_with_untracked_files(tmp_p
     git("init", "-q", "-b", "main", cwd=tmp_path)
     git("add", ".", cwd=tmp_path)
     git("commit", "-qm", "first", cwd=tmp_path)
-    (tmp_path / "helper.py").write_text("VALUE = 2\n")             # modified
-    (tmp_path / "notes_untracked.py").write_text("NEW = True\n")   # untracked
+    (tmp_path / "helper.py").write_text("VALUE = 2\n")  # modified
+    (tmp_path / "notes_untracked.py").write_text("NEW = True\n")  # untracked
     result = twice("run", "train.py", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     run = runs(tmp_path)[0]
@@ -111,7 +138,9 @@ def test_manifest_records_git_dirty_state_and_a_patch_with_untracked_files(tmp_p
     assert "runs/" not in patch  # the run folder itself is never part of the patch
     assert set(identity["code"]["sources"]) == {"train.py", "helper.py"}
     # the user's own index is untouched: the untracked file is still untracked
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True).stdout
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True
+    ).stdout
     assert "?? notes_untracked.py" in status
 
 
@@ -151,7 +180,11 @@ def test_run_ids_sort_by_time_and_stay_unique_when_many_start_at_once(tmp_path):
 def wait_for_status(run_parent, status, timeout=60):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        found = [p for p in (run_parent / "runs").glob("*/manifest.json")] if (run_parent / "runs").exists() else []
+        found = (
+            [p for p in (run_parent / "runs").glob("*/manifest.json")]
+            if (run_parent / "runs").exists()
+            else []
+        )
         if found:
             data = json.loads(found[0].read_text())
             if data["context"].get("status") == status and data["context"].get("child_pid"):
@@ -162,8 +195,13 @@ def wait_for_status(run_parent, status, timeout=60):
 
 def test_a_launcher_killed_with_sigkill_is_shown_as_crashed_not_running(tmp_path):
     (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
-    launcher = subprocess.Popen([sys.executable, "-m", "twice", "run", "sleepy.py"], cwd=tmp_path, env=clean_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "twice", "run", "sleepy.py"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run, data = wait_for_status(tmp_path, "running")
     launcher.kill()
     launcher.wait()
@@ -175,8 +213,13 @@ def test_a_launcher_killed_with_sigkill_is_shown_as_crashed_not_running(tmp_path
 
 def test_a_command_killed_with_sigkill_is_recorded_as_crashed(tmp_path):
     (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
-    launcher = subprocess.Popen([sys.executable, "-m", "twice", "run", "sleepy.py"], cwd=tmp_path, env=clean_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "twice", "run", "sleepy.py"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run, data = wait_for_status(tmp_path, "running")
     os.kill(data["context"]["child_pid"], signal.SIGKILL)
     assert launcher.wait(timeout=60) == 128 + signal.SIGKILL
@@ -186,8 +229,13 @@ def test_a_command_killed_with_sigkill_is_recorded_as_crashed(tmp_path):
 
 def test_ctrl_c_marks_the_run_interrupted(tmp_path):
     (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
-    launcher = subprocess.Popen([sys.executable, "-m", "twice", "run", "sleepy.py"], cwd=tmp_path, env=clean_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "twice", "run", "sleepy.py"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run, _ = wait_for_status(tmp_path, "running")
     launcher.send_signal(signal.SIGINT)
     launcher.wait(timeout=60)
@@ -199,8 +247,13 @@ def test_ctrl_c_the_moment_the_command_starts_still_marks_the_run_interrupted(tm
     starting its output threads (before this was handled, most of these runs were marked failed)."""
     (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
     for attempt in range(5):
-        launcher = subprocess.Popen([sys.executable, "-m", "twice", "run", "--name", f"r{attempt}", "sleepy.py"],
-                                    cwd=tmp_path, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "twice", "run", "--name", f"r{attempt}", "sleepy.py"],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         path = tmp_path / "runs"
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -218,26 +271,34 @@ def test_ctrl_c_the_moment_the_command_starts_still_marks_the_run_interrupted(tm
             # Seen once in a loaded full suite and never alone: leave what the next look needs.
             context = json.loads(found[0].read_text())["context"] if found else {}
             child = context.get("child_pid")
-            alive = child is not None and subprocess.run(["kill", "-0", str(child)], capture_output=True).returncode == 0
+            alive = (
+                child is not None
+                and subprocess.run(["kill", "-0", str(child)], capture_output=True).returncode == 0
+            )
             launcher.kill()
             if alive:
                 os.kill(child, signal.SIGKILL)
-            pytest.fail(f"attempt {attempt}: the launcher did not end within 60 s of SIGINT; manifest found: {bool(found)}, "
-                        f"child {child} still alive: {alive}, status recorded: {context.get('status')}")
+            pytest.fail(
+                f"attempt {attempt}: the launcher did not end within 60 s of SIGINT; manifest found: {bool(found)}, "
+                f"child {child} still alive: {alive}, status recorded: {context.get('status')}"
+            )
         assert manifest(found[0].parent)["context"]["status"] == "interrupted", attempt
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run"], "no command to run"),
-    (["run", "--", "missing_script.py"], "script not found: missing_script.py"),
-    (["run", "--", sys.executable, "missing_script.py"], "script not found: missing_script.py"),
-    (["run", "--seed", "abc", "--", "true"], "'abc' is not a valid integer"),
-    (["run", "--sede", "1", "--", "true"], "unknown option --sede"),
-    (["run", "--", "no-such-command-anywhere"], "command not found"),
-    (["show", "nope"], "no run 'nope'"),
-    (["diff", "a", "b"], "no run 'a'"),
-    (["ls", "nowhere"], "no runs folder nowhere"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run"], "no command to run"),
+        (["run", "--", "missing_script.py"], "script not found: missing_script.py"),
+        (["run", "--", sys.executable, "missing_script.py"], "script not found: missing_script.py"),
+        (["run", "--seed", "abc", "--", "true"], "'abc' is not a valid integer"),
+        (["run", "--sede", "1", "--", "true"], "unknown option --sede"),
+        (["run", "--", "no-such-command-anywhere"], "command not found"),
+        (["show", "nope"], "no run 'nope'"),
+        (["diff", "a", "b"], "no run 'a'"),
+        (["ls", "nowhere"], "no runs folder nowhere"),
+    ],
+)
 def test_bad_input_prints_error_and_hint_and_exits_2_without_traceback(tmp_path, args, message):
     result = twice(*args, cwd=tmp_path)
     assert result.returncode == 2, result
@@ -256,7 +317,9 @@ def test_an_unwritable_runs_dir_is_a_clear_error(tmp_path):
         target.mkdir(mode=0o500)
     (tmp_path / "ok.py").write_text("pass\n")
     result = twice("run", "--runs-dir", target, "ok.py", cwd=tmp_path)
-    assert result.returncode == 2 and result.stderr.startswith("error: ") and "hint: " in result.stderr
+    assert (
+        result.returncode == 2 and result.stderr.startswith("error: ") and "hint: " in result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -270,7 +333,9 @@ def test_env_reports_hazards_as_text_and_json(tmp_path):
 
     if torch.backends.mkl.is_available():  # MKL's code path follows the CPU model unless pinned
         assert "MKL_CBWR" in {h["name"] for h in data["hazards"]}
-        pinned = json.loads(twice("env", "--json", cwd=tmp_path, env=clean_env(MKL_CBWR="COMPATIBLE")).stdout)
+        pinned = json.loads(
+            twice("env", "--json", cwd=tmp_path, env=clean_env(MKL_CBWR="COMPATIBLE")).stdout
+        )
         assert "MKL_CBWR" not in {h["name"] for h in pinned["hazards"]}
         assert pinned["facts"]["env"]["MKL_CBWR"] == "COMPATIBLE"
 
@@ -288,7 +353,8 @@ def test_forked_children_draw_the_same_python_random_numbers_in_every_run(tmp_pa
     # CPython reseeds `random` from os.urandom after fork; twice reseeds it by fork order.
     (tmp_path / "forks.py").write_text(
         "import os, random, sys\nfor i in range(2):\n    pid = os.fork()\n    if pid == 0:\n"
-        "        print(i, random.random(), flush=True)\n        os._exit(0)\n    os.waitpid(pid, 0)\n")
+        "        print(i, random.random(), flush=True)\n        os._exit(0)\n    os.waitpid(pid, 0)\n"
+    )
     outputs = [twice("run", "forks.py", cwd=tmp_path).stdout for _ in range(2)]
     assert outputs[0] == outputs[1] and len(set(outputs[0].split())) == 4
 
@@ -301,7 +367,9 @@ def test_the_run_records_what_tracing_cost_and_says_so_when_it_is_large(tmp_path
     assert result.returncode == 0, result.stderr
     context = manifest(runs(tmp_path)[0])["context"]
     cost = context["trace_cost"]
-    assert 0 < cost["hooks_s"] < cost["wall_s"] and cost["share"] == round(cost["hooks_s"] / cost["wall_s"], 4)
+    assert 0 < cost["hooks_s"] < cost["wall_s"] and cost["share"] == round(
+        cost["hooks_s"] / cost["wall_s"], 4
+    )
     # The line twice run prints, at a threshold under and over this run's share (the share itself
     # depends on the machine; what is tested is that the recorded figures reach the user).
     note = trace_cost_note(context, 1, threshold=0.0, min_seconds=0.0)

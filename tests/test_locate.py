@@ -21,14 +21,19 @@ def test_audit_and_locate_name_the_noisy_module_its_op_and_line_and_nothing_else
     audit = twice("audit", "--steps", "2", "--json", "--", sys.executable, "noisy.py", cwd=tmp_path)
     assert audit.returncode == 1
     found = json.loads(audit.stdout)["nondeterministic_here"]
-    assert {(op["op"], op["module"], op["line"]) for op in found} == {("aten::randn.generator", "Sequential.2", "noisy.py:8")}
+    assert {(op["op"], op["module"], op["line"]) for op in found} == {
+        ("aten::randn.generator", "Sequential.2", "noisy.py:8")
+    }
     a, b = run_named(tmp_path, "a", "noisy.py"), run_named(tmp_path, "b", "noisy.py")
     located = twice("locate", a, b, "--json", cwd=tmp_path)
     assert located.returncode == 1
     report = json.loads(located.stdout)
     assert report["finding"]["kind"] == "operation"
     assert report["finding"]["a"]["op"] == "aten::randn.generator"
-    assert report["finding"]["a"]["module"] == "Sequential.2" and report["finding"]["a"]["line"] == "noisy.py:8"
+    assert (
+        report["finding"]["a"]["module"] == "Sequential.2"
+        and report["finding"]["a"]["line"] == "noisy.py:8"
+    )
 
 
 def test_locate_names_the_thread_dependent_reduction_and_its_module(tmp_path):
@@ -45,22 +50,32 @@ def test_locate_names_the_thread_dependent_reduction_and_its_module(tmp_path):
 
 def test_locate_says_the_first_difference_is_the_input_batch_when_only_data_differ(tmp_path):
     script("data_arg.py", tmp_path)
-    a, b = run_named(tmp_path, "d1", "data_arg.py", "1"), run_named(tmp_path, "d2", "data_arg.py", "2")
+    a, b = (
+        run_named(tmp_path, "d1", "data_arg.py", "1"),
+        run_named(tmp_path, "d2", "data_arg.py", "2"),
+    )
     result = twice("locate", a, b, cwd=tmp_path)
     assert result.returncode == 1
-    assert result.stdout.startswith("step 0: the first difference is the input batch (data), not an operation")
+    assert result.stdout.startswith(
+        "step 0: the first difference is the input batch (data), not an operation"
+    )
 
 
 def test_locate_on_identical_runs_finds_nothing(tmp_path):
     script("data_arg.py", tmp_path)
-    a, b = run_named(tmp_path, "x", "data_arg.py", "1"), run_named(tmp_path, "y", "data_arg.py", "1")
+    a, b = (
+        run_named(tmp_path, "x", "data_arg.py", "1"),
+        run_named(tmp_path, "y", "data_arg.py", "1"),
+    )
     result = twice("locate", a, b, cwd=tmp_path)
     assert result.returncode == 0 and "nothing to locate" in result.stdout
 
 
 def test_record_ops_writes_the_op_log_of_chosen_steps_only(tmp_path):
     script("data_arg.py", tmp_path)
-    result = twice("run", "--record-ops", "1", "--", sys.executable, "data_arg.py", "1", cwd=tmp_path)
+    result = twice(
+        "run", "--record-ops", "1", "--", sys.executable, "data_arg.py", "1", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     from twice.record.oplog import recorded_steps, step_ops
 
@@ -73,7 +88,9 @@ def test_record_ops_writes_the_op_log_of_chosen_steps_only(tmp_path):
     addmm = next(r for r in records if r["op"] == "aten::addmm")
     assert addmm["module"] == "Sequential.0" and addmm["line"].startswith("data_arg.py:")
     bad = twice("run", "--record-ops", "x", "--", sys.executable, "data_arg.py", "1", cwd=tmp_path)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --record-ops 'x' is not a list of steps")
+    assert bad.returncode == 2 and bad.stderr.startswith(
+        "error: --record-ops 'x' is not a list of steps"
+    )
 
 
 def op(name, inputs, outputs):
@@ -83,12 +100,22 @@ def op(name, inputs, outputs):
 def test_op_comparison_tells_operation_input_and_sequence_apart():
     base = [op("mm", ["x", "w"], ["h"]), op("relu", ["h"], ["r"]), op("sum", ["r"], ["s"])]
     noisy = [op("mm", ["x", "w"], ["h"]), op("relu", ["h"], ["r2"]), op("sum", ["r2"], ["s2"])]
-    assert first_op_difference(base, noisy).kind == "operation" and first_op_difference(base, noisy).index == 1
-    other_data = [op("mm", ["x2", "w"], ["h2"]), op("relu", ["h2"], ["r2"]), op("sum", ["r2"], ["s2"])]
+    assert (
+        first_op_difference(base, noisy).kind == "operation"
+        and first_op_difference(base, noisy).index == 1
+    )
+    other_data = [
+        op("mm", ["x2", "w"], ["h2"]),
+        op("relu", ["h2"], ["r2"]),
+        op("sum", ["r2"], ["s2"]),
+    ]
     found = first_op_difference(base, other_data)
     assert found.kind == "input" and found.index == 0 and found.inputs == [0]
     branch = [op("mm", ["x", "w"], ["h"]), op("tanh", ["h"], ["t"])]
-    assert first_op_difference(base, branch).kind == "sequence" and first_op_difference(base, branch).index == 1
+    assert (
+        first_op_difference(base, branch).kind == "sequence"
+        and first_op_difference(base, branch).index == 1
+    )
     assert first_op_difference(base, base[:2]).kind == "sequence"
     assert first_op_difference(base, list(base)).kind == "identical"
 
@@ -110,7 +137,9 @@ def test_op_log_digests_transposed_arguments_exactly_without_copying_them():
     same, again, other = log(w), log(w.clone()), log(nudged)
     assert same["in"] == again["in"] and same["out"] == again["out"]
     assert same["in"][0] == other["in"][0] and same["in"][1] != other["in"][1]
-    assert same["in"][0] == digest_tensor(torch.ones(2, 3))  # contiguous arguments: the trace's digest
+    assert same["in"][0] == digest_tensor(
+        torch.ones(2, 3)
+    )  # contiguous arguments: the trace's digest
 
 
 class HandSGD(torch.optim.Optimizer):
@@ -127,7 +156,9 @@ class HandSGD(torch.optim.Optimizer):
                 p.sub_(p.grad)  # HAND-SGD-UPDATE
 
 
-@pytest.mark.parametrize("optimizer_class", [torch.optim.Adam, HandSGD], ids=["torch.optim", "user code"])
+@pytest.mark.parametrize(
+    "optimizer_class", [torch.optim.Adam, HandSGD], ids=["torch.optim", "user code"]
+)
 def test_optimizer_ops_carry_the_line_they_come_from(tmp_path, optimizer_class):
     from pathlib import Path
 
@@ -146,9 +177,16 @@ def test_optimizer_ops_carry_the_line_they_come_from(tmp_path, optimizer_class):
     finally:
         hooks.uninstall()
     source = Path(__file__).read_text().splitlines()
-    lines = {source[int(op["line"].rsplit(":", 1)[1]) - 1].split("# ")[-1]
-             for op in step_ops(tmp_path, 1) if op["phase"] == "optimizer"}
-    expected = {"STEP-CALL"} if optimizer_class is torch.optim.Adam else {"HAND-SGD-DECAY", "HAND-SGD-UPDATE"}
+    lines = {
+        source[int(op["line"].rsplit(":", 1)[1]) - 1].split("# ")[-1]
+        for op in step_ops(tmp_path, 1)
+        if op["phase"] == "optimizer"
+    }
+    expected = (
+        {"STEP-CALL"}
+        if optimizer_class is torch.optim.Adam
+        else {"HAND-SGD-DECAY", "HAND-SGD-UPDATE"}
+    )
     assert lines == expected
 
 
@@ -175,14 +213,52 @@ def test_op_records_are_written_as_json_that_reads_back_equal():
     from twice.record.oplog import _encode_record
 
     records = [
-        {"i": 0, "op": "aten::mm", "phase": "forward", "in": [], "out": ["ab12"], "shapes": [[]], "dtypes": ["float32"],
-         "module": None, "line": None},
-        {"i": 1, "op": "aten::mm", "phase": "backward", "in": ["a", "b"], "out": [], "shapes": [], "dtypes": [],
-         "module": 'odd"name\\here', "line": "dir/ü.py:3", "node": "MmBackward0"},
-        {"i": 2, "op": "aten::cat", "phase": "user", "in": ["c"], "out": ["d", "e"], "shapes": [[2, 3], [4]],
-         "dtypes": ["int64", "bool"], "module": "M", "line": "a.py:1\n"},
-        {"i": 3, "op": "aten::add", "phase": "forward", "in": [], "out": [], "shapes": [], "dtypes": [], "module": "M",
-         "line": "a.py:2", "extra": [1]},  # another shape of record: json's encoder
+        {
+            "i": 0,
+            "op": "aten::mm",
+            "phase": "forward",
+            "in": [],
+            "out": ["ab12"],
+            "shapes": [[]],
+            "dtypes": ["float32"],
+            "module": None,
+            "line": None,
+        },
+        {
+            "i": 1,
+            "op": "aten::mm",
+            "phase": "backward",
+            "in": ["a", "b"],
+            "out": [],
+            "shapes": [],
+            "dtypes": [],
+            "module": 'odd"name\\here',
+            "line": "dir/ü.py:3",
+            "node": "MmBackward0",
+        },
+        {
+            "i": 2,
+            "op": "aten::cat",
+            "phase": "user",
+            "in": ["c"],
+            "out": ["d", "e"],
+            "shapes": [[2, 3], [4]],
+            "dtypes": ["int64", "bool"],
+            "module": "M",
+            "line": "a.py:1\n",
+        },
+        {
+            "i": 3,
+            "op": "aten::add",
+            "phase": "forward",
+            "in": [],
+            "out": [],
+            "shapes": [],
+            "dtypes": [],
+            "module": "M",
+            "line": "a.py:2",
+            "extra": [1],
+        },  # another shape of record: json's encoder
     ]
     for record in records:
         line = _encode_record(record)
@@ -205,7 +281,10 @@ def test_recording_ops_leaves_the_step_trace_unchanged(tmp_path):
                 optimizer.step()
         finally:
             hooks.uninstall()
-        return [{k: v for k, v in vars(r).items() if k != "time"} for r in read_trace(folder / "trace.jsonl")]
+        return [
+            {k: v for k, v in vars(r).items() if k != "time"}
+            for r in read_trace(folder / "trace.jsonl")
+        ]
 
     plain, recorded = train(tmp_path / "plain", set()), train(tmp_path / "ops", {1, 2})
     assert len(plain) == 4 and plain == recorded
@@ -218,8 +297,17 @@ def test_an_op_log_cut_short_by_a_kill_reads_as_not_recorded(tmp_path):
     from twice.record.oplog import OpLog, step_ops
 
     log = OpLog(tmp_path)
-    record = {"i": 0, "op": "aten::mul.Tensor", "phase": "forward", "in": ["a"], "out": ["b"], "shapes": [[2]],
-              "dtypes": ["float32"], "module": None, "line": "x.py:1"}
+    record = {
+        "i": 0,
+        "op": "aten::mul.Tensor",
+        "phase": "forward",
+        "in": ["a"],
+        "out": ["b"],
+        "shapes": [[2]],
+        "dtypes": ["float32"],
+        "module": None,
+        "line": "x.py:1",
+    }
     log.append(3, [record, dict(record, i=1)])
     log.append(4, [record, dict(record, i=1)])
     log.close()
@@ -227,7 +315,10 @@ def test_an_op_log_cut_short_by_a_kill_reads_as_not_recorded(tmp_path):
     text = log.path.read_text()
     for cut in (len(text) - 1, len(text) - 20, text.rindex('{"step":4') + 30):
         log.path.write_text(text[:cut])
-        assert step_ops(tmp_path, 4) is None and step_ops(tmp_path, 3) == [record, dict(record, i=1)], cut
+        assert step_ops(tmp_path, 4) is None and step_ops(tmp_path, 3) == [
+            record,
+            dict(record, i=1),
+        ], cut
     legacy = tmp_path / "old"
     (legacy / "ops").mkdir(parents=True)
     (legacy / "ops" / "step-2.jsonl").write_text(json.dumps(record) + "\n")
@@ -239,7 +330,7 @@ def test_value_gap_measures_abs_and_ulps():
     y = x.clone()
     y[1] = torch.nextafter(y[1], torch.tensor(10.0))
     gap = value_gap(x, y)
-    assert gap["max_ulps"] == 1 and gap["elements_differing"] == 1 and gap["max_abs"] == 2.0 ** -22
+    assert gap["max_ulps"] == 1 and gap["elements_differing"] == 1 and gap["max_abs"] == 2.0**-22
 
 
 @pytest.mark.slow
@@ -253,8 +344,18 @@ def test_bisection_finds_the_step_full_tracing_finds_in_log2_replays(tmp_path):
     expected = diff["divergence"]["step"]
     coarse = []
     for t in ("1", "2"):
-        result = twice("run", "--trace-every", "16", "--name", f"coarse{t}", "--", sys.executable, "late_reduction.py",
-                       cwd=tmp_path, env=envs[t])
+        result = twice(
+            "run",
+            "--trace-every",
+            "16",
+            "--name",
+            f"coarse{t}",
+            "--",
+            sys.executable,
+            "late_reduction.py",
+            cwd=tmp_path,
+            env=envs[t],
+        )
         assert result.returncode == 0
         coarse.append(next(r for r in runs(tmp_path) if r.name.endswith(f"-coarse{t}")))
     found = twice("bisect", *coarse, "--json", cwd=tmp_path)

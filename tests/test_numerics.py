@@ -13,7 +13,9 @@ from twice.record import hooks, numerics
 from twice.store.traces import read_trace
 
 
-def test_gradient_normalisation_nan_is_traced_to_the_scripts_line_with_saturation_and_zero_gradients(tmp_path):
+def test_gradient_normalisation_nan_is_traced_to_the_scripts_line_with_saturation_and_zero_gradients(
+    tmp_path,
+):
     script("gradnorm.py", tmp_path)
     result = twice("run", "--numerics", "--", sys.executable, "gradnorm.py", cwd=tmp_path)
     assert result.returncode == 1 and "NonFiniteError" in result.stderr
@@ -29,12 +31,21 @@ def test_gradient_normalisation_nan_is_traced_to_the_scripts_line_with_saturatio
     assert "softmax" in saturation["summary"] and saturation["last_step"] == fault["step"]
     zero = next(e for e in report["chain"] if e["kind"] == "zero_grad")
     assert zero["step"] == fault["step"] and "0.weight" in zero["details"]["parameters"]
-    assert any(e["kind"] == "div_by_zero" and e["line"] == "gradnorm.py:19" for e in report["chain"])
+    assert any(
+        e["kind"] == "div_by_zero" and e["line"] == "gradnorm.py:19" for e in report["chain"]
+    )
     text = twice("nan", runs(tmp_path)[0], cwd=tmp_path).stdout
-    assert text.startswith(f"NaN at step {fault['step']}: aten::div_.Tensor (user) at gradnorm.py:19")
+    assert text.startswith(
+        f"NaN at step {fault['step']}: aten::div_.Tensor (user) at gradnorm.py:19"
+    )
     # What detect_anomaly says about the same script: a backward function, one step later.
-    anomaly = subprocess.run([sys.executable, "gradnorm.py", "anomaly"], cwd=tmp_path, capture_output=True, text=True,
-                             env=clean_env())
+    anomaly = subprocess.run(
+        [sys.executable, "gradnorm.py", "anomaly"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
     assert "Function 'LogSoftmaxBackward0' returned nan values" in anomaly.stderr
     assert "gradnorm.py:19" not in anomaly.stderr.splitlines()[-1]
 
@@ -47,11 +58,18 @@ def test_the_cheap_mode_records_the_bad_step_without_being_asked(tmp_path):
     first_bad = next(e for e in events if e["kind"] == "non_finite")
     # The step depends on the CPU's kernels (79 with AVX2, 90 with AVX-512): the one whose
     # normalisation divided 0 by 0, so the step before the first NaN loss in the trace.
-    losses = [float.fromhex(r.loss) if not r.loss.startswith("nan") else math.nan for r in read_trace(run / "trace.jsonl")]
+    losses = [
+        float.fromhex(r.loss) if not r.loss.startswith("nan") else math.nan
+        for r in read_trace(run / "trace.jsonl")
+    ]
     bad = next(step for step, loss in enumerate(losses) if math.isnan(loss))
-    assert bad > 20 and first_bad["step"] == bad - 1 and "gradients non-finite" in first_bad["summary"]
+    assert (
+        bad > 20 and first_bad["step"] == bad - 1 and "gradients non-finite" in first_bad["summary"]
+    )
     shown = twice("nan", run, cwd=tmp_path)
-    assert shown.returncode == 1 and f"non-finite values recorded from step {bad - 1}" in shown.stdout
+    assert (
+        shown.returncode == 1 and f"non-finite values recorded from step {bad - 1}" in shown.stdout
+    )
 
 
 @pytest.fixture
@@ -82,7 +100,11 @@ def test_a_nan_made_in_forward_by_log_of_zero_is_named(recorder):
         model.lin.bias.fill_(-10.0)
     report = catch(lambda: model(torch.ones(2, 3)))
     fault = report["fault"]
-    assert fault["op"].startswith("aten::log") and fault["phase"] == "forward" and fault["value"] == "Inf"
+    assert (
+        fault["op"].startswith("aten::log")
+        and fault["phase"] == "forward"
+        and fault["value"] == "Inf"
+    )
     assert fault["module"] == "Model" and fault["inputs"][0]["all_zero"]
     assert any(e["kind"] == "log_of_zero" for e in report["chain"])
 

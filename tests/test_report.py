@@ -38,13 +38,23 @@ def thread_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     script("threads_reduce.py", tmp)
     for name, threads in (("one", "1"), ("two", "2")):
-        result = twice("run", "--name", name, "--", sys.executable, "threads_reduce.py", cwd=tmp,
-                       env=clean_env(OMP_NUM_THREADS=threads))
+        result = twice(
+            "run",
+            "--name",
+            name,
+            "--",
+            sys.executable,
+            "threads_reduce.py",
+            cwd=tmp,
+            env=clean_env(OMP_NUM_THREADS=threads),
+        )
         assert result.returncode == 0, result.stderr
     return tmp, runs(tmp)
 
 
-def test_run_report_has_the_verdict_the_divergence_step_and_every_differing_manifest_field(thread_runs):
+def test_run_report_has_the_verdict_the_divergence_step_and_every_differing_manifest_field(
+    thread_runs,
+):
     tmp, (one, two) = thread_runs
     result = twice("diff", one, two, "--html", tmp / "diff.html", cwd=tmp)
     assert result.returncode == 1
@@ -54,33 +64,78 @@ def test_run_report_has_the_verdict_the_divergence_step_and_every_differing_mani
     assert f"first divergence: step {diff['divergence']['step']}" in text
     for difference in diff["differences"]:
         assert difference["key"] in text
-    assert tags.count("svg") >= 2 and "script" not in tags  # plots inline, no scripts: opens offline
+    assert (
+        tags.count("svg") >= 2 and "script" not in tags
+    )  # plots inline, no scripts: opens offline
     report = twice("report", one, two, "-o", tmp / "report.html", cwd=tmp)
-    assert report.returncode == 0 and (tmp / "report.html").read_text() == (tmp / "diff.html").read_text()
+    assert (
+        report.returncode == 0
+        and (tmp / "report.html").read_text() == (tmp / "diff.html").read_text()
+    )
 
 
 def test_sweep_report_shows_each_arm_and_the_pairwise_verdicts(tmp_path):
     script("sweep_train.py", tmp_path)
-    twice("sweep", "--vary", "lr=0.05,0.2", "--seeds", "2", "--name", "s", "--jobs", "2", "--metric", "weight_error",
-          "--", sys.executable, "sweep_train.py", "--lr", "{lr}", cwd=tmp_path)
-    result = twice("stats", tmp_path / "runs" / "s", "--html", tmp_path / "sweep.html", cwd=tmp_path)
+    twice(
+        "sweep",
+        "--vary",
+        "lr=0.05,0.2",
+        "--seeds",
+        "2",
+        "--name",
+        "s",
+        "--jobs",
+        "2",
+        "--metric",
+        "weight_error",
+        "--",
+        sys.executable,
+        "sweep_train.py",
+        "--lr",
+        "{lr}",
+        cwd=tmp_path,
+    )
+    result = twice(
+        "stats", tmp_path / "runs" / "s", "--html", tmp_path / "sweep.html", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     text, tags = parse(tmp_path / "sweep.html")
-    assert "lr=0.2 vs lr=0.05" in text and ("within seed noise" in text or "effect exceeds seed noise" in text)
+    assert "lr=0.2 vs lr=0.05" in text and (
+        "within seed noise" in text or "effect exceeds seed noise" in text
+    )
     assert "weight_error" in text and "svg" in tags
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it where it can)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="needs Debian's chromium (make test installs it where it can)"
+)
 def test_the_report_opens_in_a_headless_browser_without_console_errors(thread_runs, tmp_path):
     tmp, (one, two) = thread_runs
     page = tmp_path / "report.html"
     assert twice("report", one, two, "-o", page, cwd=tmp).returncode == 0
     shot = tmp_path / "report.png"
-    result = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-                             "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1200,1600",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shot.is_file() and shot.stat().st_size > 10_000, result.stderr[-2000:]
     console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
     assert console == [], console

@@ -9,17 +9,33 @@ import torch
 from conftest import SCRIPTS, clean_env, runs, script, twice
 
 
-def test_resume_mid_epoch_with_workers_dropout_adam_scheduler_and_augmentation_matches_uninterrupted_run(tmp_path):
+def test_resume_mid_epoch_with_workers_dropout_adam_scheduler_and_augmentation_matches_uninterrupted_run(
+    tmp_path,
+):
     script("resumable.py", tmp_path)
-    result = twice("verify-resume", "--at", "7", "--json", "--", sys.executable, "resumable.py", "2", cwd=tmp_path)
+    result = twice(
+        "verify-resume",
+        "--at",
+        "7",
+        "--json",
+        "--",
+        sys.executable,
+        "resumable.py",
+        "2",
+        cwd=tmp_path,
+    )
     report = json.loads(result.stdout)
     assert result.returncode == 0, report
-    assert report["verdict"].startswith("resume is bit-exact: steps 7-19")  # 10 batches per epoch: step 7 is mid-epoch
+    assert report["verdict"].startswith(
+        "resume is bit-exact: steps 7-19"
+    )  # 10 batches per epoch: step 7 is mid-epoch
     straight = torch.load(f"{report['runs']['straight']}/final.pt")
     resumed = torch.load(f"{report['runs']['resumed']}/final.pt")
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    interrupted_checkpoints = list((tmp_path / "runs").glob("*-stopped-at-7/checkpoints/step-00000007"))
+    interrupted_checkpoints = list(
+        (tmp_path / "runs").glob("*-stopped-at-7/checkpoints/step-00000007")
+    )
     assert len(interrupted_checkpoints) == 1
 
 
@@ -28,34 +44,73 @@ def test_everything_at_once_resumes_bit_for_bit_and_matches_across_worker_counts
     MixUp collate_fn and persistent workers: resumed mid-epoch bit for bit, and the same training
     with 0 and 3 workers."""
     script("everything.py", tmp_path)
-    result = twice("verify-resume", "--at", "13", "--", sys.executable, "everything.py", "2", cwd=tmp_path)
-    assert result.returncode == 0 and result.stdout.startswith("resume is bit-exact: steps 13-39"), result.stdout
+    result = twice(
+        "verify-resume", "--at", "13", "--", sys.executable, "everything.py", "2", cwd=tmp_path
+    )
+    assert result.returncode == 0 and result.stdout.startswith(
+        "resume is bit-exact: steps 13-39"
+    ), result.stdout
     for workers in ("0", "3"):
-        assert twice("run", "--name", f"w{workers}", "--", sys.executable, "everything.py", workers, cwd=tmp_path).returncode == 0
+        assert (
+            twice(
+                "run",
+                "--name",
+                f"w{workers}",
+                "--",
+                sys.executable,
+                "everything.py",
+                workers,
+                cwd=tmp_path,
+            ).returncode
+            == 0
+        )
     w0, w3 = (next((tmp_path / "runs").glob(f"*-w{w}")) for w in ("0", "3"))
     shown = twice("diff", w0, w3, cwd=tmp_path)
-    assert shown.returncode == 0 and shown.stdout.startswith("runs are bit-identical: 40 steps compared"), shown.stdout
+    assert shown.returncode == 0 and shown.stdout.startswith(
+        "runs are bit-identical: 40 steps compared"
+    ), shown.stdout
     assert (w0 / "final.pt").read_bytes() == (w3 / "final.pt").read_bytes()
 
 
 def test_a_script_that_saves_no_rng_state_is_named_by_verify_resume(tmp_path):
     script("forgets_rng.py", tmp_path)
-    result = twice("verify-resume", "--at", "5", "--", sys.executable, "forgets_rng.py", cwd=tmp_path)
+    result = twice(
+        "verify-resume", "--at", "5", "--", sys.executable, "forgets_rng.py", cwd=tmp_path
+    )
     assert result.returncode == 1
     lines = result.stdout.splitlines()
-    assert lines[0] == "resume differs: first divergence at step 5 (the first resumed step) (RNG state)"
+    assert (
+        lines[0]
+        == "resume differs: first divergence at step 5 (the first resumed step) (RNG state)"
+    )
     assert lines[1] == "cause: the RNG state was not restored (torch)"
 
 
 def test_twice_run_resume_continues_a_run_from_its_checkpoints(tmp_path):
     script("resumable.py", tmp_path)
     # An interrupted run (stopped after 4 steps, checkpointing on the way out) ...
-    stopped = twice("run", "--max-steps", "4", "--name", "first", "--", sys.executable, "resumable.py", "0", cwd=tmp_path)
+    stopped = twice(
+        "run",
+        "--max-steps",
+        "4",
+        "--name",
+        "first",
+        "--",
+        sys.executable,
+        "resumable.py",
+        "0",
+        cwd=tmp_path,
+    )
     assert stopped.returncode == 0, stopped.stderr
     first = runs(tmp_path)[0]
     assert (first / "checkpoints" / "step-00000004").is_dir()
     # ... continued with --resume: the new run's trace starts at step 4.
-    assert twice("run", "--resume", first, "--", sys.executable, "resumable.py", "0", cwd=tmp_path).returncode == 0
+    assert (
+        twice(
+            "run", "--resume", first, "--", sys.executable, "resumable.py", "0", cwd=tmp_path
+        ).returncode
+        == 0
+    )
     second = runs(tmp_path)[1]
     first_step = json.loads((second / "trace.jsonl").read_text().splitlines()[0])["step"]
     assert first_step == 4
@@ -67,33 +122,68 @@ def test_resume_from_a_missing_place_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_fault_injection_kill_9_during_checkpoint_writes_never_leaves_a_bad_latest_checkpoint(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPTS / "fault_harness.py"), str(tmp_path / "ckpt"), "55"],
-                            capture_output=True, text=True, env=clean_env(), timeout=600)
+def test_fault_injection_kill_9_during_checkpoint_writes_never_leaves_a_bad_latest_checkpoint(
+    tmp_path,
+):
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "fault_harness.py"), str(tmp_path / "ckpt"), "55"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["killed_mid_run"] == 55 and report["trials"] >= 55
     assert report["failures"] == []
     assert report["valid"] == report["matched"] == report["trials"]
-    assert len(report["leftover_temporaries"]) <= 1  # a killed writer's temporary is swept by the next save
+    assert (
+        len(report["leftover_temporaries"]) <= 1
+    )  # a killed writer's temporary is swept by the next save
 
 
 def test_verify_resume_at_on_a_recorded_run_uses_it_as_the_uninterrupted_run(tmp_path):
     """`twice verify RUN --resume-at STEP`: the recorded run is the straight one (not run again);
     a script that forgets the RNG is named, a resumable one is bit-exact."""
     script("forgets_rng.py", tmp_path)
-    assert twice("run", "--name", "forgets", "--", sys.executable, "forgets_rng.py", cwd=tmp_path).returncode == 0
+    assert (
+        twice(
+            "run", "--name", "forgets", "--", sys.executable, "forgets_rng.py", cwd=tmp_path
+        ).returncode
+        == 0
+    )
     [recorded] = runs(tmp_path)
     result = twice("verify", str(recorded), "--resume-at", "5", "--json", cwd=tmp_path)
     outcome = json.loads(result.stdout)
     assert result.returncode == 1 and outcome["cause"] == "the RNG state was not restored (torch)"
-    assert outcome["runs"]["straight"] == str(recorded.resolve()) and len(runs(tmp_path)) == 3  # stopped, resumed
+    assert (
+        outcome["runs"]["straight"] == str(recorded.resolve()) and len(runs(tmp_path)) == 3
+    )  # stopped, resumed
 
     wrong = twice("verify", str(recorded), "--resume-at", "5", "--steps", "3", cwd=tmp_path)
-    assert wrong.returncode == 2 and "error: --steps and --resume-at check different things" in wrong.stderr
-    assert twice("run", "--name", "cut", "--max-steps", "4", "--", sys.executable, "forgets_rng.py", cwd=tmp_path).returncode == 0
+    assert (
+        wrong.returncode == 2
+        and "error: --steps and --resume-at check different things" in wrong.stderr
+    )
+    assert (
+        twice(
+            "run",
+            "--name",
+            "cut",
+            "--max-steps",
+            "4",
+            "--",
+            sys.executable,
+            "forgets_rng.py",
+            cwd=tmp_path,
+        ).returncode
+        == 0
+    )
     cut = max(runs(tmp_path), key=lambda p: p.name)  # run folders are named by start time
     partial = twice("verify", str(cut), "--resume-at", "2", cwd=tmp_path)
     assert partial.returncode == 2 and "was stopped after 4 steps" in partial.stderr
     outside = twice("verify", str(recorded), "--resume-at", "40", cwd=tmp_path)
-    assert outside.returncode == 2 and "error: --resume-at 40 is outside the run's 12 steps" in outside.stderr
+    assert (
+        outside.returncode == 2
+        and "error: --resume-at 40 is outside the run's 12 steps" in outside.stderr
+    )

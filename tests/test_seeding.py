@@ -67,7 +67,7 @@ def test_context_manager_restores_settings_and_rng_even_when_the_body_raises():
             assert torch.are_deterministic_algorithms_enabled()
             assert torch.backends.cudnn.benchmark is False
             random.random()
-            1 / 0
+            1 / 0  # noqa: B018
     assert torch.are_deterministic_algorithms_enabled() is False
     assert torch.backends.cudnn.benchmark is True
     assert random.random() == expected_next.random()
@@ -101,8 +101,14 @@ def test_rng_digests_read_in_place_are_those_of_the_copied_states():
     from twice.core.digests import digest_bytes
     from twice.rng.seeding import _numpy_state_bytes, _python_state_bytes
 
-    for draw in (lambda: None, random.random, lambda: random.gauss(0, 1), lambda: np.random.rand(700),
-                 lambda: random.seed(5), lambda: np.random.seed(7)):
+    for draw in (
+        lambda: None,
+        random.random,
+        lambda: random.gauss(0, 1),
+        lambda: np.random.rand(700),
+        lambda: random.seed(5),
+        lambda: np.random.seed(7),
+    ):
         draw()
         digests = rng_digests()
         assert digests["python"] == digest_bytes(_python_state_bytes())
@@ -152,13 +158,19 @@ def test_per_sample_states_are_splitmix64_words_that_each_rng_reads_as_written()
     z = np.arange(4, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(7)
     assert seeding.splitmix_finish(z).tolist() == [_splitmix_reference(7, c) for c in range(4)]
     seeders = {name: sample_rng.seeder(name) for name in ("python", "numpy", "torch")}
-    assert all(one.in_place for one in seeders.values())  # the layouts of this CPython, NumPy and torch are confirmed
+    assert all(
+        one.in_place for one in seeders.values()
+    )  # the layouts of this CPython, NumPy and torch are confirmed
     for one in seeders.values():
         one.prepare(key, indices, 624)
     for row, index in enumerate(indices.tolist()):
         seed, words = _reference_state(key, index, "python")
         seeders["python"].put(row)
-        assert random.getstate() == (3, tuple(words) + (0,), None)  # position 0: the next draws read these words
+        assert random.getstate() == (
+            3,
+            tuple(words) + (0,),
+            None,
+        )  # position 0: the next draws read these words
         seed, words = _reference_state(key, index, "numpy")
         seeders["numpy"].put(row)
         name, state, position, has_gauss, _ = np.random.get_state()
@@ -176,7 +188,9 @@ def test_a_torch_generator_state_written_in_place_draws_like_the_same_state_set_
     assert layout is not None and address is not None
     words = np.random.default_rng(5).integers(0, 2**32, 624, dtype=np.uint64).tolist()
     official = seeding.torch_state_bytes(99, words, left=300, next_=324)
-    cached = bytearray(official)  # a state holding cached normals (float and double): the write must clear them
+    cached = bytearray(
+        official
+    )  # a state holding cached normals (float and double): the write must clear them
     struct.pack_into("<dddi", cached, 5016, 0.25, 7.5, 7.5, 1)
     struct.pack_into("<f?", cached, 5048, 7.5, True)
     torch.set_rng_state(torch.frombuffer(cached, dtype=torch.uint8))
@@ -184,10 +198,25 @@ def test_a_torch_generator_state_written_in_place_draws_like_the_same_state_set_
     struct.pack_into("<QiB3xI", image, 0, 99, 300, 1, 324)
     struct.pack_into("<624I", image, layout.words, *words)
     ctypes.memmove(address, bytes(image), layout.size)
-    drawn = (torch.randn(()), torch.randn((), dtype=torch.float64), torch.rand(1000), torch.randint(0, 2**40, (7,)))
+    drawn = (
+        torch.randn(()),
+        torch.randn((), dtype=torch.float64),
+        torch.rand(1000),
+        torch.randint(0, 2**40, (7,)),
+    )
     torch.set_rng_state(torch.frombuffer(bytearray(official), dtype=torch.uint8))
-    assert all(torch.equal(a, b) for a, b in zip(drawn, (torch.randn(()), torch.randn((), dtype=torch.float64),
-                                                    torch.rand(1000), torch.randint(0, 2**40, (7,)))))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            drawn,
+            (
+                torch.randn(()),
+                torch.randn((), dtype=torch.float64),
+                torch.rand(1000),
+                torch.randint(0, 2**40, (7,)),
+            ),
+        )
+    )
 
 
 def test_memory_is_offered_to_the_kernel_before_it_is_read_in_place():
@@ -213,8 +242,12 @@ def test_per_sample_states_draw_like_independent_uniform_numbers():
         draws = np.asarray(draws)
         assert len(set(draws[:, 0].tolist())) == len(indices), name  # no two samples share a stream
         assert abs(draws.mean() - 0.5) < 0.02 and abs(draws.var() - 1 / 12) < 0.01, name
-        assert abs(np.corrcoef(draws.T)[0, 1]) < 0.08, name  # a sample's first and second draws unrelated
-        assert abs(np.corrcoef(draws[:-1, 0], draws[1:, 0])[0, 1]) < 0.08, name  # neighbouring samples unrelated
+        assert abs(np.corrcoef(draws.T)[0, 1]) < 0.08, (
+            name
+        )  # a sample's first and second draws unrelated
+        assert abs(np.corrcoef(draws[:-1, 0], draws[1:, 0])[0, 1]) < 0.08, (
+            name
+        )  # neighbouring samples unrelated
 
 
 def test_an_rng_state_that_is_a_view_at_an_offset_restores_that_state():

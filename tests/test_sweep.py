@@ -25,7 +25,7 @@ def train(lr, evaluate):
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     batches = []
-    for step in range(4):
+    for step in range(4):  # noqa: B007
         with twice.stream("data", seed=0):
             batch = torch.randn(5, 3)
             batch = batch + random.random() + float(np.random.rand())
@@ -58,20 +58,41 @@ def test_a_stream_continues_where_it_left_off_and_leaves_the_global_rng_alone():
     assert torch.equal(torch.rand(2), expected)
     assert not torch.equal(first, second)
     gen = twice.stream("s1", seed=99).generator()
-    assert torch.equal(torch.rand(3, generator=gen), torch.rand(3, generator=twice.stream("s1", seed=99).generator()))
+    assert torch.equal(
+        torch.rand(3, generator=gen),
+        torch.rand(3, generator=twice.stream("s1", seed=99).generator()),
+    )
 
 
 def test_sweep_runs_paired_trials_resumes_and_its_stats_match_scipy(tmp_path):
     script("sweep_train.py", tmp_path)
-    args = ["sweep", "--vary", "lr=0.05,0.2", "--seeds", "3", "--name", "lr", "-j", "2", "--metric", "weight_error",
-            "--", sys.executable, "sweep_train.py", "--lr", "{lr}"]
+    args = [
+        "sweep",
+        "--vary",
+        "lr=0.05,0.2",
+        "--seeds",
+        "3",
+        "--name",
+        "lr",
+        "-j",
+        "2",
+        "--metric",
+        "weight_error",
+        "--",
+        sys.executable,
+        "sweep_train.py",
+        "--lr",
+        "{lr}",
+    ]
     first = twice_cli(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "6 trials completed (0 from before)" in first.stdout
     # A second invocation skips every completed trial.
     again = twice_cli(*args, cwd=tmp_path)
     assert again.returncode == 0 and "6 trials completed (6 from before)" in again.stdout
-    trials = sorted(p.name.split("-", 4)[-1] for p in (tmp_path / "runs" / "lr" / "trials").iterdir())
+    trials = sorted(
+        p.name.split("-", 4)[-1] for p in (tmp_path / "runs" / "lr" / "trials").iterdir()
+    )
     assert trials == sorted(f"lr={lr}-seed{s}" for lr in ("0.05", "0.2") for s in range(3))
     report = json.loads(twice_cli("stats", tmp_path / "runs" / "lr", "--json", cwd=tmp_path).stdout)
     arms = {a["arm"]: a for a in report["arms"]}
@@ -81,15 +102,37 @@ def test_sweep_runs_paired_trials_resumes_and_its_stats_match_scipy(tmp_path):
     assert arms["lr=0.05"]["mean"] == pytest.approx(np.mean(a_values), rel=1e-12)
     assert arms["lr=0.05"]["std"] == pytest.approx(np.std(a_values, ddof=1), rel=1e-12)
     pair = report["pairs"][0]
-    assert pair["p_paired_t"] == pytest.approx(scipy_stats.ttest_rel(b_values, a_values).pvalue, rel=1e-9)
-    assert pair["mean_difference"] == pytest.approx(np.mean(np.subtract(b_values, a_values)), rel=1e-12)
-    assert sorted(arms["lr=0.05"]["values"]) == sorted(arms["lr=0.2"]["values"]) == ["0", "1", "2"]  # paired
+    assert pair["p_paired_t"] == pytest.approx(
+        scipy_stats.ttest_rel(b_values, a_values).pvalue, rel=1e-9
+    )
+    assert pair["mean_difference"] == pytest.approx(
+        np.mean(np.subtract(b_values, a_values)), rel=1e-12
+    )
+    assert (
+        sorted(arms["lr=0.05"]["values"]) == sorted(arms["lr=0.2"]["values"]) == ["0", "1", "2"]
+    )  # paired
 
 
 def test_an_interrupted_sweep_continues_and_failed_trials_are_retried(tmp_path):
     script("sweep_train.py", tmp_path)
-    failing = ["sweep", "--vary", "lr=0.1", "--vary", "fail=--fail,--lr", "--seeds", "1", "--name", "f",
-               "--", sys.executable, "sweep_train.py", "{fail}", "0.1", "--lr", "{lr}"]
+    failing = [
+        "sweep",
+        "--vary",
+        "lr=0.1",
+        "--vary",
+        "fail=--fail,--lr",
+        "--seeds",
+        "1",
+        "--name",
+        "f",
+        "--",
+        sys.executable,
+        "sweep_train.py",
+        "{fail}",
+        "0.1",
+        "--lr",
+        "{lr}",
+    ]
     result = twice_cli(*failing, cwd=tmp_path)
     assert result.returncode == 1 and "1 failed" in result.stdout
     again = twice_cli(*failing, cwd=tmp_path)
@@ -105,26 +148,49 @@ def test_a_known_effect_is_found_and_no_effect_is_within_seed_noise():
     assert compare_pair(base, shifted).verdict == "effect exceeds seed noise"
     assert compare_pair(base, same).verdict == "within seed noise"
     assert seeds_for_power(0.5) == 34  # paired t test, d_z = 0.5, 80% power, alpha 0.05
-    assert math.isclose(compare_pair(base, shifted).mean_difference,
-                        np.mean([shifted.values[s] - base.values[s] for s in range(10)]))
+    assert math.isclose(
+        compare_pair(base, shifted).mean_difference,
+        np.mean([shifted.values[s] - base.values[s] for s in range(10)]),
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--vary", "lr", "--", "python", "x.py", "{lr}"], "is not NAME=VALUE"),
-    (["--vary", "lr=0.1,", "--", "python", "x.py", "{lr}"], "is not NAME=VALUE"),
-    (["--vary", "lr=0.1", "--", "python", "x.py", "--lr", "0.1"], "no placeholder for {lr}"),
-    (["--vary", "lr=0.1", "--", "python", "x.py", "{lr}", "{wd}"], "uses {wd}, which nothing varies"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--vary", "lr", "--", "python", "x.py", "{lr}"], "is not NAME=VALUE"),
+        (["--vary", "lr=0.1,", "--", "python", "x.py", "{lr}"], "is not NAME=VALUE"),
+        (["--vary", "lr=0.1", "--", "python", "x.py", "--lr", "0.1"], "no placeholder for {lr}"),
+        (
+            ["--vary", "lr=0.1", "--", "python", "x.py", "{lr}", "{wd}"],
+            "uses {wd}, which nothing varies",
+        ),
+    ],
+)
 def test_bad_sweep_input_is_a_clear_error(tmp_path, args, message):
     result = twice_cli("sweep", *args, cwd=tmp_path)
-    assert result.returncode == 2 and result.stderr.startswith("error: ") and message in result.stderr
+    assert (
+        result.returncode == 2 and result.stderr.startswith("error: ") and message in result.stderr
+    )
     assert "hint: " in result.stderr and not (tmp_path / "runs").exists()
 
 
 def test_an_unknown_metric_is_a_clear_error(tmp_path):
     script("sweep_train.py", tmp_path)
-    twice_cli("sweep", "--vary", "lr=0.1", "--seeds", "2", "--name", "m", "--", sys.executable, "sweep_train.py",
-              "--lr", "{lr}", cwd=tmp_path)
+    twice_cli(
+        "sweep",
+        "--vary",
+        "lr=0.1",
+        "--seeds",
+        "2",
+        "--name",
+        "m",
+        "--",
+        sys.executable,
+        "sweep_train.py",
+        "--lr",
+        "{lr}",
+        cwd=tmp_path,
+    )
     result = twice_cli("stats", tmp_path / "runs" / "m", "--metric", "accuracy", cwd=tmp_path)
     assert result.returncode == 2 and "error: unknown metric 'accuracy'" in result.stderr
     assert "weight_error" in result.stderr
@@ -134,11 +200,33 @@ def test_an_unknown_metric_is_a_clear_error(tmp_path):
 def test_a_sweep_runs_its_trials_as_ray_tasks_on_a_local_ray_instance(tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed")
     script("sweep_train.py", tmp_path)
-    result = twice_cli("sweep", "--executor", "ray", "--jobs", "2", "--vary", "lr=0.05,0.2", "--seeds", "2", "--name", "r",
-                       "--", sys.executable, "sweep_train.py", "--lr", "{lr}", cwd=tmp_path, timeout=600)
+    result = twice_cli(
+        "sweep",
+        "--executor",
+        "ray",
+        "--jobs",
+        "2",
+        "--vary",
+        "lr=0.05,0.2",
+        "--seeds",
+        "2",
+        "--name",
+        "r",
+        "--",
+        sys.executable,
+        "sweep_train.py",
+        "--lr",
+        "{lr}",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "4 trials completed (0 from before), 0 failed" in result.stdout
-    trials = sorted(p.name.split("-", 4)[-1] for p in (tmp_path / "runs" / "r" / "trials").iterdir())
+    trials = sorted(
+        p.name.split("-", 4)[-1] for p in (tmp_path / "runs" / "r" / "trials").iterdir()
+    )
     assert trials == sorted(f"lr={lr}-seed{s}" for lr in ("0.05", "0.2") for s in range(2))
     report = json.loads(twice_cli("stats", tmp_path / "runs" / "r", "--json", cwd=tmp_path).stdout)
-    assert {a["arm"] for a in report["arms"]} == {"lr=0.05", "lr=0.2"} and all(a["n"] == 2 for a in report["arms"])
+    assert {a["arm"] for a in report["arms"]} == {"lr=0.05", "lr=0.2"} and all(
+        a["n"] == 2 for a in report["arms"]
+    )

@@ -8,7 +8,9 @@ from twice.store.traces import TraceWriter, read_trace, trace_files
 def write(path, n):
     writer = TraceWriter(path)
     for step in range(n):
-        writer.write(StepRecord(step=step, loss=float.hex(step / 3), batch=f"b{step}", time=float(step)))
+        writer.write(
+            StepRecord(step=step, loss=float.hex(step / 3), batch=f"b{step}", time=float(step))
+        )
     writer.close()
 
 
@@ -44,11 +46,21 @@ def test_trace_files_names_streams(tmp_path):
 
 
 def _full_record(name="layer3.weight", step=12):
-    return StepRecord(step=step, loss=["0x1.8p+0", "nan:000000000000f87f"], batch="ab" * 16, grads="cd" * 16,
-                      grad_norm="0x1.4p-3", lr=["0x1.0624dd2f1a9fcp-10", "0x0.0p+0"], params="ef" * 16,
-                      rng={"torch": "01" * 16, "python": "02" * 16, "numpy": "03" * 16},
-                      param_digests={name: "04" * 16, "bias": "05" * 16}, grad_digests={name: "06" * 16},
-                      params_before="07" * 16, skipped=True, time=0.065771)
+    return StepRecord(
+        step=step,
+        loss=["0x1.8p+0", "nan:000000000000f87f"],
+        batch="ab" * 16,
+        grads="cd" * 16,
+        grad_norm="0x1.4p-3",
+        lr=["0x1.0624dd2f1a9fcp-10", "0x0.0p+0"],
+        params="ef" * 16,
+        rng={"torch": "01" * 16, "python": "02" * 16, "numpy": "03" * 16},
+        param_digests={name: "04" * 16, "bias": "05" * 16},
+        grad_digests={name: "06" * 16},
+        params_before="07" * 16,
+        skipped=True,
+        time=0.065771,
+    )
 
 
 def test_a_trace_line_is_the_same_bytes_through_orjson_or_json(monkeypatch):
@@ -60,7 +72,9 @@ def test_a_trace_line_is_the_same_bytes_through_orjson_or_json(monkeypatch):
     from twice.core import records as trace
 
     assert trace.orjson is not None  # a dependency: else the fast path goes untested here
-    fast = {name: trace.record_line(_full_record(name)) for name in ("layer3.weight", "couche_é.poids")}
+    fast = {
+        name: trace.record_line(_full_record(name)) for name in ("layer3.weight", "couche_é.poids")
+    }
     monkeypatch.setattr(trace, "orjson", None)
     slow = {name: trace.record_line(_full_record(name)) for name in fast}
     assert fast["layer3.weight"] == slow["layer3.weight"]

@@ -1,7 +1,7 @@
 """Reproducibility assertions for your own test suite (and, through pytest's entry point, a plugin).
 
-    from twice.testing import assert_reproducible
-    assert_reproducible(lambda: train(steps=5))
+from twice.testing import assert_reproducible
+assert_reproducible(lambda: train(steps=5))
 """
 
 from twice.app.testing import (

@@ -45,10 +45,15 @@ class Comparison:
 
     def to_json(self) -> dict:
         return {
-            "a": str(self.a), "b": str(self.b), "identical": self.identical, "verdict": self.verdict,
-            "explanation": self.explanation, "differences": [d.to_json() for d in self.differences],
+            "a": str(self.a),
+            "b": str(self.b),
+            "identical": self.identical,
+            "verdict": self.verdict,
+            "explanation": self.explanation,
+            "differences": [d.to_json() for d in self.differences],
             "divergence": self.divergence.to_json() if self.divergence else None,
-            "steps": {k: list(v) for k, v in self.steps.items()}, "status": list(self.statuses),
+            "steps": {k: list(v) for k, v in self.steps.items()},
+            "status": list(self.statuses),
             "compared_steps": self.compared_steps,
         }
 
@@ -57,7 +62,9 @@ def _limit(records, steps):
     return records if steps is None else [r for r in records if r.step < steps]
 
 
-def compare_runs(a: Path, b: Path, steps: int | None = None, cache: dict | None = None) -> Comparison:
+def compare_runs(
+    a: Path, b: Path, steps: int | None = None, cache: dict | None = None
+) -> Comparison:
     """Compare runs A and B (the first `steps` steps only, when given).
 
     `cache` (path -> records, read-only) lets callers comparing many runs read each trace once.
@@ -71,11 +78,16 @@ def compare_runs(a: Path, b: Path, steps: int | None = None, cache: dict | None 
         return cache[path]
 
     manifest_a, manifest_b = read_json(Path(a) / MANIFEST), read_json(Path(b) / MANIFEST)
-    diffs = [d for d in compare_identity(manifest_a.get("identity", {}), manifest_b.get("identity", {}))
-             if not d.key.startswith(_IGNORED)]
+    diffs = [
+        d
+        for d in compare_identity(manifest_a.get("identity", {}), manifest_b.get("identity", {}))
+        if not d.key.startswith(_IGNORED)
+    ]
     traces_a, traces_b = trace_files(a), trace_files(b)
     divergences: list[Divergence] = []
-    skipped: dict[str, tuple[set[int], set[int]]] = {}  # per diverging stream: the steps whose update GradScaler skipped
+    skipped: dict[
+        str, tuple[set[int], set[int]]
+    ] = {}  # per diverging stream: the steps whose update GradScaler skipped
     lengths: dict[str, tuple[int, int]] = {}
     compared = 0
     for stream in sorted(set(traces_a) | set(traces_b)):
@@ -85,9 +97,16 @@ def compare_runs(a: Path, b: Path, steps: int | None = None, cache: dict | None 
         found = first_divergence(records_a, records_b, stream)
         if found is not None:
             divergences.append(found)
-            skipped[stream] = ({r.step for r in records_a if r.skipped}, {r.step for r in records_b if r.skipped})
+            skipped[stream] = (
+                {r.step for r in records_a if r.skipped},
+                {r.step for r in records_b if r.skipped},
+            )
         compared += len({r.step for r in records_a} & {r.step for r in records_b})
-    first = min(divergences, key=lambda d: (d.step, d.stream != "main", d.stream)) if divergences else None
+    first = (
+        min(divergences, key=lambda d: (d.step, d.stream != "main", d.stream))
+        if divergences
+        else None
+    )
     statuses = (effective_status(manifest_a), effective_status(manifest_b))
     observed = bool(manifest_a["identity"].get("observe") or manifest_b["identity"].get("observe"))
     explanation = explain(diffs, first, observed=observed)
@@ -95,24 +114,35 @@ def compare_runs(a: Path, b: Path, steps: int | None = None, cache: dict | None 
     faults = {label: fault for label, fault in faults.items() if fault is not None}
     if faults:
         # A NaN is a numerical fault, which two runs can share or not; say so before blaming nondeterminism.
-        notes = [f"run {label} hit a numerical fault at step {fault['step']} ({fault['summary']}; see `twice nan`)"
-                 for label, fault in faults.items()]
+        notes = [
+            f"run {label} hit a numerical fault at step {fault['step']} ({fault['summary']}; see `twice nan`)"
+            for label, fault in faults.items()
+        ]
         same = len(faults) == 2 and faults["A"]["step"] == faults["B"]["step"]
-        explanation = "; ".join(notes) + (": both runs fail alike, a numerical problem, not nondeterminism" if same
-                                          else f"; {explanation}")
+        explanation = "; ".join(notes) + (
+            ": both runs fail alike, a numerical problem, not nondeterminism"
+            if same
+            else f"; {explanation}"
+        )
     uneven = {s: n for s, n in lengths.items() if n[0] != n[1]}
     if first is not None:
         where = "" if first.stream == "main" else f" in {first.stream}"
-        verdict = (f"runs differ: first divergence at step {first.step}{where} "
-                   f"({FIELD_MEANING[first.first]}); steps before it bit-identical")
+        verdict = (
+            f"runs differ: first divergence at step {first.step}{where} "
+            f"({FIELD_MEANING[first.first]}); steps before it bit-identical"
+        )
         if "loss" in first.fields:
             gap = loss_gap(first.loss_a, first.loss_b)
             if gap.get("abs") is not None:
-                verdict += f"; loss differs by {gap['abs']:.3g}" + (f" ({gap['ulps']} ulps)" if gap.get("ulps") is not None else "")
+                verdict += f"; loss differs by {gap['abs']:.3g}" + (
+                    f" ({gap['ulps']} ulps)" if gap.get("ulps") is not None else ""
+                )
         in_a, in_b = (first.step in steps_ for steps_ in skipped[first.stream])
         if in_a != in_b:
-            verdict += (f"; GradScaler skipped the update at step {first.step} in {'A' if in_a else 'B'} only "
-                        "(its scaled gradients were inf/NaN)")
+            verdict += (
+                f"; GradScaler skipped the update at step {first.step} in {'A' if in_a else 'B'} only "
+                "(its scaled gradients were inf/NaN)"
+            )
         identical = False
     elif compared == 0:
         verdict = "nothing to compare: no step was recorded in both runs"
@@ -120,15 +150,29 @@ def compare_runs(a: Path, b: Path, steps: int | None = None, cache: dict | None 
     elif uneven:
         stream, (na, nb) = next(iter(uneven.items()))
         shorter, status = ("A", statuses[0]) if na < nb else ("B", statuses[1])
-        verdict = (f"runs agree on all {compared} common steps, but {shorter} recorded fewer "
-                   f"({min(na, nb)} vs {max(na, nb)} steps{'' if stream == 'main' else ' in ' + stream}; {shorter} is {status})")
+        verdict = (
+            f"runs agree on all {compared} common steps, but {shorter} recorded fewer "
+            f"({min(na, nb)} vs {max(na, nb)} steps{'' if stream == 'main' else ' in ' + stream}; {shorter} is {status})"
+        )
         identical = False
     else:
         verdict = f"runs are bit-identical: {compared} steps compared"
         identical = True
     for label, path in (("A", Path(a)), ("B", Path(b))):
         stopped = read_json(path / CAPTURE_ERROR) if (path / CAPTURE_ERROR).exists() else None
-        if stopped is not None:  # the training went on untraced: its trace is shorter for that reason alone
+        if (
+            stopped is not None
+        ):  # the training went on untraced: its trace is shorter for that reason alone
             verdict += f"; {label}'s step capture stopped at step {stopped['step']} ({stopped['error']}): its trace ends there"
-    return Comparison(a=Path(a), b=Path(b), identical=identical, verdict=verdict, explanation=explanation,
-                      differences=diffs, divergence=first, steps=lengths, statuses=statuses, compared_steps=compared)
+    return Comparison(
+        a=Path(a),
+        b=Path(b),
+        identical=identical,
+        verdict=verdict,
+        explanation=explanation,
+        differences=diffs,
+        divergence=first,
+        steps=lengths,
+        statuses=statuses,
+        compared_steps=compared,
+    )

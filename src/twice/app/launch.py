@@ -41,7 +41,6 @@ from twice.store.runs import (
 __all__ = ["RunOptions", "run_command", "DEFAULT_SEED", "child_environment", "resolve_command"]
 
 
-
 # The documented default: two plain `twice run`s of a script compare equal.
 DEFAULT_SEED = 0
 BOOT_DIR = Path(__file__).resolve().parent.parent / "runtime" / "_boot"
@@ -90,7 +89,9 @@ class RunOptions:
 def resolve_command(command: list[str]) -> tuple[list[str], Path | None]:
     """(argv to execute, the Python script it runs if one can be seen); usage errors for bad commands."""
     if not command:
-        raise UsageError("no command to run", "put the command after --, e.g. `twice run -- python train.py`")
+        raise UsageError(
+            "no command to run", "put the command after --, e.g. `twice run -- python train.py`"
+        )
     argv = list(command)
     if argv[0].endswith(".py"):
         # The shorthand `twice run train.py ARGS` runs the script with this interpreter.
@@ -109,7 +110,10 @@ def resolve_command(command: list[str]) -> tuple[list[str], Path | None]:
         if rest and rest[0] not in ("-m", "-c"):
             script = Path(rest[0])
             if not script.is_file():
-                raise UsageError(f"script not found: {script}", "check the path; it is relative to the current folder")
+                raise UsageError(
+                    f"script not found: {script}",
+                    "check the path; it is relative to the current folder",
+                )
     return argv, script
 
 
@@ -130,7 +134,9 @@ def child_environment(options: RunOptions, run_dir: Path) -> dict[str, str]:
         record_ops=options.record_ops or None,
         numerics=options.numerics or None,
         checkpoint_dir=str(folder.checkpoints),
-        resume_from=str(Path(options.resume_from).resolve()) if options.resume_from is not None else None,
+        resume_from=str(Path(options.resume_from).resolve())
+        if options.resume_from is not None
+        else None,
     )
     env.update(settings.to_env())
     env.update(options.env)  # the caller's own: verify's recorded settings, locate's op to dump
@@ -192,16 +198,26 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
             except OSError:
                 sources[key] = None
     identity["code"]["sources"] = dict(sorted(sources.items()))
-    ranks = [p["distributed"] for p in procs if p.get("distributed") and p["distributed"].get("rank") is not None]
+    ranks = [
+        p["distributed"]
+        for p in procs
+        if p.get("distributed") and p["distributed"].get("rank") is not None
+    ]
     if ranks:
-        identity["distributed"] = {"world_size": max(r["world_size"] for r in ranks),
-                                   "backend": next((r.get("backend") for r in ranks if r.get("backend")), None),
-                                   "ranks_recorded": sorted(r["rank"] for r in ranks)}
-    main = next((p for p in procs if p.get("torch") and p.get("steps")), None) or next((p for p in procs if p.get("torch")), None)
+        identity["distributed"] = {
+            "world_size": max(r["world_size"] for r in ranks),
+            "backend": next((r.get("backend") for r in ranks if r.get("backend")), None),
+            "ranks_recorded": sorted(r["rank"] for r in ranks),
+        }
+    main = next((p for p in procs if p.get("torch") and p.get("steps")), None) or next(
+        (p for p in procs if p.get("torch")), None
+    )
     if main is not None:
         identity["torch"] = main["torch"]
         runtime = main.get("torch_runtime") or {}
-        identity["threads"] = {k: runtime[k] for k in ("intra_op_threads", "inter_op_threads") if k in runtime}
+        identity["threads"] = {
+            k: runtime[k] for k in ("intra_op_threads", "inter_op_threads") if k in runtime
+        }
         if "cuda_devices" in runtime:
             identity["cuda_devices"] = runtime["cuda_devices"]
         if main.get("determinism"):
@@ -210,27 +226,55 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
             problems = {k: v["reason"] for k, v in settings.items() if v["reason"]}
             if problems:
                 identity["determinism"]["problems"] = problems
-    return {"processes": len(procs), "steps": main.get("steps") if main else None,
-            "stopped_after": main.get("stopped_after") if main else None, "trace_cost": _trace_cost(main)}
+    return {
+        "processes": len(procs),
+        "steps": main.get("steps") if main else None,
+        "stopped_after": main.get("stopped_after") if main else None,
+        "trace_cost": _trace_cost(main),
+    }
 
 
 def _trace_cost(proc: dict | None) -> dict | None:
     """Time the training process spent in twice's trace hooks, against its whole life."""
-    if not proc or proc.get("trace_cost_s") is None or not proc.get("ended") or not proc.get("started"):
+    if (
+        not proc
+        or proc.get("trace_cost_s") is None
+        or not proc.get("ended")
+        or not proc.get("started")
+    ):
         return None
-    wall = max(round(proc["ended"] - proc["started"], 3), 1e-3)  # the share is of the wall time as recorded
-    return {"hooks_s": proc["trace_cost_s"], "wall_s": wall, "share": round(proc["trace_cost_s"] / wall, 4)}
+    wall = max(
+        round(proc["ended"] - proc["started"], 3), 1e-3
+    )  # the share is of the wall time as recorded
+    return {
+        "hooks_s": proc["trace_cost_s"],
+        "wall_s": wall,
+        "share": round(proc["trace_cost_s"] / wall, 4),
+    }
 
 
-def start_manifest(run_dir: Path, argv: list[str], script: Path | None, cwd: Path, options: RunOptions,
-                   env: dict[str, str], runs_dir: Path) -> dict:
+def start_manifest(
+    run_dir: Path,
+    argv: list[str],
+    script: Path | None,
+    cwd: Path,
+    options: RunOptions,
+    env: dict[str, str],
+    runs_dir: Path,
+) -> dict:
     """Capture the identity and context of a run that is starting and write its manifest (status running)."""
     started = time.time()
     git, patch = git_state(cwd, exclude=[runs_dir])
     if patch:
         write_bytes_atomic(run_dir / "code.patch", patch.encode("utf-8", "surrogateescape"))
-    code = {"git": None if git is None else {**{k: git[k] for k in ("commit", "branch", "dirty")},
-                                               "patch": digest(patch) if patch else None}}
+    code = {
+        "git": None
+        if git is None
+        else {
+            **{k: git[k] for k in ("commit", "branch", "dirty")},
+            "patch": digest(patch) if patch else None,
+        }
+    }
     if script is not None:
         code["script"] = {"path": script.as_posix(), "digest": digest((cwd / script).read_bytes())}
     identity = {
@@ -244,24 +288,43 @@ def start_manifest(run_dir: Path, argv: list[str], script: Path | None, cwd: Pat
         "env": numeric_env(env),
     }
     facts = gather_context_facts()
-    launcher = {"pid": os.getpid(), "host": facts["host"], "start_time": process_start_time(os.getpid())}
-    context = {**facts, "cwd": str(cwd), "started": started, "status": "running", "launcher": launcher,
-               "git_root": git["root"] if git else None, "trace_every": options.trace_every,
-               "params_every": options.params_every, "stop_after": options.stop_after,
-               "capture_seconds": round(time.time() - started, 4)}
+    launcher = {
+        "pid": os.getpid(),
+        "host": facts["host"],
+        "start_time": process_start_time(os.getpid()),
+    }
+    context = {
+        **facts,
+        "cwd": str(cwd),
+        "started": started,
+        "status": "running",
+        "launcher": launcher,
+        "git_root": git["root"] if git else None,
+        "trace_every": options.trace_every,
+        "params_every": options.params_every,
+        "stop_after": options.stop_after,
+        "capture_seconds": round(time.time() - started, 4),
+    }
     manifest = {"identity": identity, "context": context}
     write_json_atomic(run_dir / MANIFEST, manifest)
     return manifest
 
 
-def finish_manifest(run_dir: Path, manifest: dict, returncode: int | None, interrupted: bool) -> None:
+def finish_manifest(
+    run_dir: Path, manifest: dict, returncode: int | None, interrupted: bool
+) -> None:
     """Fold in what the processes recorded, set the final status, and rewrite the manifest atomically."""
     identity, context = manifest["identity"], manifest["context"]
     summary = _merge_processes(run_dir, identity, Path(context.get("git_root") or context["cwd"]))
     config_path = run_dir / "config.json"
     if config_path.is_file():
         identity["config"] = read_json(config_path)
-    context.update(ended=time.time(), exit_code=returncode, status=_status_for(returncode, interrupted), **summary)
+    context.update(
+        ended=time.time(),
+        exit_code=returncode,
+        status=_status_for(returncode, interrupted),
+        **summary,
+    )
     if returncode is not None and returncode < 0:
         context["signal"] = signal.Signals(-returncode).name
     if summary.get("stopped_after"):
@@ -273,7 +336,9 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
     """Run `command` under twice and return (its exit code, the run folder)."""
     options = options or RunOptions()
     if options.determinism not in MODES:
-        raise UsageError(f"unknown determinism mode {options.determinism!r}", f"use one of: {', '.join(MODES)}")
+        raise UsageError(
+            f"unknown determinism mode {options.determinism!r}", f"use one of: {', '.join(MODES)}"
+        )
     if isinstance(options.seed, bool) or not 0 <= options.seed < 2**64:
         raise UsageError(f"seed {options.seed} is out of range", "use an integer from 0 to 2**64-1")
     cwd = Path(options.cwd or os.getcwd())
@@ -297,38 +362,59 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
     returncode = None
     try:
         if options.live is not None:
-            options.live.start(run_dir)  # before the command starts: a tracking store that fails stops nothing
+            options.live.start(
+                run_dir
+            )  # before the command starts: a tracking store that fails stops nothing
         try:
-            child = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            child = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
         except OSError as exc:
-            raise UsageError(f"cannot start {argv[0]}: {exc.strerror}", "check the command") from exc
+            raise UsageError(
+                f"cannot start {argv[0]}: {exc.strerror}", "check the command"
+            ) from exc
+
         # Ctrl-C is caught as a signal from here on, not as KeyboardInterrupt: one arriving while the
         # manifest is written or the threads start (between two bytecodes) would otherwise escape
         # the wait below and leave the run marked failed rather than interrupted.
         def interrupt(signum, frame):
             nonlocal interrupted
-            interrupted = True  # the terminal sent SIGINT to the child too; pass it on in case it did not
+            interrupted = (
+                True  # the terminal sent SIGINT to the child too; pass it on in case it did not
+            )
             if child.poll() is None:
                 child.send_signal(signal.SIGINT)
 
         forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
         main = threading.current_thread() is threading.main_thread()
-        previous = (signal.signal(signal.SIGINT, interrupt), signal.signal(signal.SIGTERM, forward)) if main else None
+        previous = (
+            (signal.signal(signal.SIGINT, interrupt), signal.signal(signal.SIGTERM, forward))
+            if main
+            else None
+        )
         threads = []
         try:
             context["child_pid"] = child.pid
             write_json_atomic(run_dir / MANIFEST, manifest)
             echo_out = [] if options.quiet else [sys.stdout.buffer]
             echo_err = [] if options.quiet else [sys.stderr.buffer]
-            threads = [threading.Thread(target=_tee, args=(child.stdout, [stdout_log, *echo_out]), daemon=True),
-                       threading.Thread(target=_tee, args=(child.stderr, [stderr_log, *echo_err]), daemon=True)]
+            threads = [
+                threading.Thread(
+                    target=_tee, args=(child.stdout, [stdout_log, *echo_out]), daemon=True
+                ),
+                threading.Thread(
+                    target=_tee, args=(child.stderr, [stderr_log, *echo_err]), daemon=True
+                ),
+            ]
             for thread in threads:
                 thread.start()
             while True:
                 try:
                     returncode = child.wait()
                     break
-                except KeyboardInterrupt:  # where no handler could be installed (off the main thread)
+                except (
+                    KeyboardInterrupt
+                ):  # where no handler could be installed (off the main thread)
                     interrupt(signal.SIGINT, None)
         finally:
             if previous is not None:

@@ -30,7 +30,7 @@ CUDA_NONDETERMINISTIC = {
     "aten::embedding_dense_backward": "atomicAdd on CUDA; deterministic algorithms mode uses a sorted kernel",
     "aten::_embedding_bag_backward": "atomicAdd on CUDA; no deterministic CUDA kernel: run it on the CPU or avoid mode='max'",
     "aten::convolution_backward": "cuDNN may choose a nondeterministic algorithm; set cudnn.deterministic=True (twice run does)",
-    "aten::cudnn_convolution": "cuDNN benchmark mode may pick different algorithms per run; cudnn.benchmark=False (twice run does)",
+    "aten::cudnn_convolution": "cuDNN benchmark mode may pick different algorithms per run; cudnn.benchmark=False (twice run does)",  # noqa: E501
     "aten::upsample_bilinear2d_backward": "atomicAdd on CUDA; no deterministic kernel: consider nearest or a transposed conv",
     "aten::upsample_linear1d_backward": "atomicAdd on CUDA; no deterministic kernel",
     "aten::upsample_trilinear3d_backward": "atomicAdd on CUDA; no deterministic kernel",
@@ -53,7 +53,9 @@ CUDA_NONDETERMINISTIC = {
 def _describe(op: dict | None) -> dict:
     if op is None:
         return {}
-    return {k: op.get(k) for k in ("i", "op", "phase", "module", "line", "node", "shapes", "dtypes")}
+    return {
+        k: op.get(k) for k in ("i", "op", "phase", "module", "line", "node", "shapes", "dtypes")
+    }
 
 
 @dataclass
@@ -71,9 +73,19 @@ class Location:
         return 0 if self.finding is None else 1
 
     def to_json(self) -> dict:
-        return {"sentence": self.sentence, "step": self.step, "gap": self.gap, "logs": list(self.logs or ()),
-                "finding": None if self.finding is None else {**self.finding.to_json(), "a": _describe(self.finding.a),
-                                                                "b": _describe(self.finding.b)}}
+        return {
+            "sentence": self.sentence,
+            "step": self.step,
+            "gap": self.gap,
+            "logs": list(self.logs or ()),
+            "finding": None
+            if self.finding is None
+            else {
+                **self.finding.to_json(),
+                "a": _describe(self.finding.a),
+                "b": _describe(self.finding.b),
+            },
+        }
 
 
 def _op_log(run_dir: Path, step: int, label: str, quiet: bool) -> tuple[list[dict], str]:
@@ -82,12 +94,19 @@ def _op_log(run_dir: Path, step: int, label: str, quiet: bool) -> tuple[list[dic
     records = step_ops(Path(run_dir), step)
     if records is not None:
         return records, f"{Path(run_dir) / 'ops'} (step {step})"
-    command, options = rerun_options(Path(run_dir), name=f"locate-{label}-{Path(run_dir).name[:26]}", steps=step + 1,
-                                     quiet=quiet, record_ops=str(step))
+    command, options = rerun_options(
+        Path(run_dir),
+        name=f"locate-{label}-{Path(run_dir).name[:26]}",
+        steps=step + 1,
+        quiet=quiet,
+        record_ops=str(step),
+    )
     _, new_dir = run_command(command, options)
     records = step_ops(new_dir, step)
     if records is None:
-        raise UsageError(f"re-running {run_dir} did not reach step {step}", f"see {new_dir}/stderr.log")
+        raise UsageError(
+            f"re-running {run_dir} did not reach step {step}", f"see {new_dir}/stderr.log"
+        )
     return records, f"{new_dir / 'ops'} (step {step})"
 
 
@@ -95,8 +114,13 @@ def _dumped_output(run_dir: Path, step: int, index: int, output: int, label: str
     """Re-run `run_dir` to step `step` saving op `index`'s outputs; return output `output`, or None."""
     from safetensors import safe_open
 
-    command, options = rerun_options(Path(run_dir), name=f"locate-dump-{label}-{Path(run_dir).name[:26]}",
-                                     steps=step + 1, quiet=quiet, record_ops=str(step))
+    command, options = rerun_options(
+        Path(run_dir),
+        name=f"locate-dump-{label}-{Path(run_dir).name[:26]}",
+        steps=step + 1,
+        quiet=quiet,
+        record_ops=str(step),
+    )
     options.env = {**options.env, **ChildSettings(dump_op=f"{step}:{index}").to_env()}
     _, new_dir = run_command(command, options)
     values = new_dir / "ops" / f"step-{step}-op-{index}.safetensors"
@@ -126,7 +150,11 @@ class Bisection:
     interval: tuple[int, int] | None = None
 
     def to_json(self) -> dict:
-        return {"step": self.step, "replays": self.replays, "interval": list(self.interval) if self.interval else None}
+        return {
+            "step": self.step,
+            "replays": self.replays,
+            "interval": list(self.interval) if self.interval else None,
+        }
 
 
 def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
@@ -134,15 +162,23 @@ def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
     import twice.checkpoint as checkpoints
     from twice.store.traces import read_trace
 
-    command, options = rerun_options(Path(run_dir), name=f"bisect-{label}-{step}", steps=step + 1, quiet=quiet)
+    command, options = rerun_options(
+        Path(run_dir), name=f"bisect-{label}-{step}", steps=step + 1, quiet=quiet
+    )
     options.env = {**options.env, **ChildSettings(trace_steps=str(step)).to_env()}
-    earlier = [p for p in checkpoints.list_checkpoints(Path(run_dir) / "checkpoints") if int(p.name.split("-")[1]) <= step]
+    earlier = [
+        p
+        for p in checkpoints.list_checkpoints(Path(run_dir) / "checkpoints")
+        if int(p.name.split("-")[1]) <= step
+    ]
     if earlier:
         options.resume_from = earlier[-1]
     _, new_dir = run_command(command, options)
     record = next((r for r in read_trace(new_dir / "trace.jsonl") if r.step == step), None)
     if record is None:
-        raise UsageError(f"replaying {run_dir} did not reach step {step}", f"see {new_dir}/stderr.log")
+        raise UsageError(
+            f"replaying {run_dir} did not reach step {step}", f"see {new_dir}/stderr.log"
+        )
     return record
 
 
@@ -181,31 +217,49 @@ def locate_runs(a: Path, b: Path, quiet: bool = True) -> Location:
     if divergence is None:
         return Location("runs do not diverge: nothing to locate", None, None)
     if divergence.stream != "main":
-        raise UsageError(f"the runs first differ in stream {divergence.stream}, which locate cannot replay",
-                         "record ops of that process with `twice run --record-ops STEP` and compare them")
+        raise UsageError(
+            f"the runs first differ in stream {divergence.stream}, which locate cannot replay",
+            "record ops of that process with `twice run --record-ops STEP` and compare them",
+        )
     step = divergence.step
     if divergence.first == "batch":
         # The data differ before any computation of the step: no operation of the model is to blame.
-        return Location(f"step {step}: the first difference is the input batch (data), not an operation: "
-                        "the runs fed different batches into the step", step,
-                        OpFinding("input", None))
+        return Location(
+            f"step {step}: the first difference is the input batch (data), not an operation: "
+            "the runs fed different batches into the step",
+            step,
+            OpFinding("input", None),
+        )
     (ops_a, log_a), (ops_b, log_b) = _op_log(a, step, "a", quiet), _op_log(b, step, "b", quiet)
     finding = first_op_difference(ops_a, ops_b)
     logs = (log_a, log_b)
     if finding.kind == "identical":
-        return Location(f"step {step} differs in the trace, but every recorded operation agrees in the re-runs: "
-                        "the difference did not reproduce (or arises outside torch operations)", step, None, logs=logs)
+        return Location(
+            f"step {step} differs in the trace, but every recorded operation agrees in the re-runs: "
+            "the difference did not reproduce (or arises outside torch operations)",
+            step,
+            None,
+            logs=logs,
+        )
     op = finding.a or finding.b
     if finding.kind == "sequence":
-        return Location(f"step {step}: the operation sequences part at op {finding.index}: A runs "
-                        f"{finding.a['op'] if finding.a else 'nothing'}, B runs {finding.b['op'] if finding.b else 'nothing'} "
-                        f"(a data-dependent branch or another code path){' at ' + op['line'] if op.get('line') else ''}",
-                        step, finding, logs=logs)
+        return Location(
+            f"step {step}: the operation sequences part at op {finding.index}: A runs "
+            f"{finding.a['op'] if finding.a else 'nothing'}, B runs {finding.b['op'] if finding.b else 'nothing'} "
+            f"(a data-dependent branch or another code path){' at ' + op['line'] if op.get('line') else ''}",
+            step,
+            finding,
+            logs=logs,
+        )
     if finding.kind == "input":
         source = "a value from outside the recorded operations (a parameter, buffer or tensor set outside torch ops)"
-        return Location(f"step {step}: the first difference is an input, not an operation: argument "
-                        f"{', '.join(map(str, finding.inputs))} of {_where(op)} differs, and it is {source}",
-                        step, finding, logs=logs)
+        return Location(
+            f"step {step}: the first difference is an input, not an operation: argument "
+            f"{', '.join(map(str, finding.inputs))} of {_where(op)} differs, and it is {source}",
+            step,
+            finding,
+            logs=logs,
+        )
     gap: dict[str, Any] = {}
     # A second, targeted re-run of each side saves just this op's outputs, to measure the difference.
     x = _dumped_output(a, step, finding.index, finding.outputs[0], "a", quiet)
@@ -214,11 +268,26 @@ def locate_runs(a: Path, b: Path, quiet: bool = True) -> Location:
         gap = value_gap(x, y)
     size = ""
     if gap.get("max_abs") is not None:
-        size = f"; max abs difference {gap['max_abs']:.3g}" + (f", {gap['max_ulps']} ulps" if gap.get("max_ulps") is not None else "")
-    shape = f"{op['shapes'][finding.outputs[0]]} {op['dtypes'][finding.outputs[0]]}" if op.get("shapes") else ""
-    kind = "random numbers from an RNG that differs" if "rand" in op["op"] or "normal" in op["op"] or "bernoulli" in op["op"] else "different outputs"
-    return Location(f"step {step}: {_where(op)} produced {kind} from identical inputs (output {shape}){size}",
-                    step, finding, gap, logs)
+        size = f"; max abs difference {gap['max_abs']:.3g}" + (
+            f", {gap['max_ulps']} ulps" if gap.get("max_ulps") is not None else ""
+        )
+    shape = (
+        f"{op['shapes'][finding.outputs[0]]} {op['dtypes'][finding.outputs[0]]}"
+        if op.get("shapes")
+        else ""
+    )
+    kind = (
+        "random numbers from an RNG that differs"
+        if "rand" in op["op"] or "normal" in op["op"] or "bernoulli" in op["op"]
+        else "different outputs"
+    )
+    return Location(
+        f"step {step}: {_where(op)} produced {kind} from identical inputs (output {shape}){size}",
+        step,
+        finding,
+        gap,
+        logs,
+    )
 
 
 @dataclass
@@ -235,9 +304,14 @@ class AuditReport:
         return 1 if self.differing or self.cuda_hazards else 0
 
     def to_json(self) -> dict:
-        return {"steps": self.steps, "runs": list(self.runs),
-                "nondeterministic_here": [{**_describe(f.a), "step": f.a.get("step")} for f in self.differing],
-                "cuda_nondeterministic": self.cuda_hazards}
+        return {
+            "steps": self.steps,
+            "runs": list(self.runs),
+            "nondeterministic_here": [
+                {**_describe(f.a), "step": f.a.get("step")} for f in self.differing
+            ],
+            "cuda_nondeterministic": self.cuda_hazards,
+        }
 
 
 def audit_command(command: list[str], options: RunOptions, steps: int = 2) -> AuditReport:
@@ -247,7 +321,9 @@ def audit_command(command: list[str], options: RunOptions, steps: int = 2) -> Au
     record = f"0-{steps - 1}"
     dirs = []
     for label in ("audit-a", "audit-b"):
-        code, run_dir = run_command(command, replace(options, name=label, stop_after=steps, record_ops=record))
+        code, run_dir = run_command(
+            command, replace(options, name=label, stop_after=steps, record_ops=record)
+        )
         dirs.append(run_dir)
     differing, hazards = [], {}
     logs_a, logs_b = (steps_ops(run_dir, range(steps)) for run_dir in dirs)  # each log read once
@@ -261,8 +337,16 @@ def audit_command(command: list[str], options: RunOptions, steps: int = 2) -> Au
         for op in log_a:
             name = op["op"].split(".")[0]
             if name in CUDA_NONDETERMINISTIC and name not in hazards:
-                hazards[name] = {"fix": CUDA_NONDETERMINISTIC[name], "module": op.get("module"), "line": op.get("line"),
-                                 "phase": op["phase"], "step": step}
+                hazards[name] = {
+                    "fix": CUDA_NONDETERMINISTIC[name],
+                    "module": op.get("module"),
+                    "line": op.get("line"),
+                    "phase": op["phase"],
+                    "step": step,
+                }
     if not any((d / "ops").is_dir() for d in dirs):
-        raise UsageError("the command recorded no training step", "audit needs a script that trains with torch.optim or twice.Run")
+        raise UsageError(
+            "the command recorded no training step",
+            "audit needs a script that trains with torch.optim or twice.Run",
+        )
     return AuditReport(differing, hazards, steps, (str(dirs[0]), str(dirs[1])))

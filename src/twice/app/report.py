@@ -35,7 +35,7 @@ def _svg(figure) -> str:
     figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(figure)
     text = buffer.getvalue()
-    return text[text.index("<svg"):]
+    return text[text.index("<svg") :]
 
 
 def _pyplot():
@@ -48,7 +48,9 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     plt.rcParams["svg.fonttype"] = "none"  # text as text: smaller files, selectable labels
-    plt.rcParams["svg.hashsalt"] = "twice"  # fixed element ids: the same runs give byte-identical reports
+    plt.rcParams["svg.hashsalt"] = (
+        "twice"  # fixed element ids: the same runs give byte-identical reports
+    )
     return plt
 
 
@@ -64,9 +66,11 @@ def _losses(records) -> tuple[list[int], list[float]]:
 
 
 def _page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}</title>"
-            f"<style>{_STYLE}</style></head><body>{body}</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>'
+        f"<style>{_STYLE}</style></head><body>{body}</body></html>\n"
+    )
 
 
 def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict) -> str:
@@ -74,15 +78,20 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
     parts = [f"<h1>twice report: {len(run_dirs)} runs</h1>"]
     for comparison in comparisons:
         css = "same" if comparison.identical else "differ"
-        parts.append(f"<p class=\"verdict {css}\">{html.escape(comparison.b.name)} vs {html.escape(comparison.a.name)}: "
-                     f"{html.escape(comparison.verdict)}</p>")
+        parts.append(
+            f'<p class="verdict {css}">{html.escape(comparison.b.name)} vs {html.escape(comparison.a.name)}: '
+            f"{html.escape(comparison.verdict)}</p>"
+        )
         if not comparison.identical:
             parts.append(f"<p>cause: {html.escape(comparison.explanation)}</p>")
     # Manifests side by side: every identity value that differs between any two runs, then key facts.
     manifests = [read_json(d / MANIFEST) for d in run_dirs]
     differing = sorted({(d.group, d.key) for c in comparisons for d in c.differences})
-    parts.append("<h2>Manifests (identity values that differ, highlighted)</h2><table><tr><th>group</th><th>key</th>"
-                 + "".join(f"<th>{html.escape(d.name)}</th>" for d in run_dirs) + "</tr>")
+    parts.append(
+        "<h2>Manifests (identity values that differ, highlighted)</h2><table><tr><th>group</th><th>key</th>"
+        + "".join(f"<th>{html.escape(d.name)}</th>" for d in run_dirs)
+        + "</tr>"
+    )
 
     def lookup(identity: dict, key: str):
         value: object = identity
@@ -93,12 +102,24 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
         return value
 
     rows = [(g, k, True) for g, k in differing]
-    for key in ("seed", "determinism.mode", "torch.version", "python.version", "threads.intra_op_threads", "code.git.commit"):
+    for key in (
+        "seed",
+        "determinism.mode",
+        "torch.version",
+        "python.version",
+        "threads.intra_op_threads",
+        "code.git.commit",
+    ):
         if key not in {k for _, k, _ in rows}:
             rows.append(("context", key, False))
     for group, key, diff in rows:
-        cells = "".join(f"<td><code>{html.escape(json.dumps(lookup(m['identity'], key), default=str))}</code></td>" for m in manifests)
-        parts.append(f"<tr class=\"{'diff' if diff else ''}\"><td>{group}</td><td><code>{html.escape(key)}</code></td>{cells}</tr>")
+        cells = "".join(
+            f"<td><code>{html.escape(json.dumps(lookup(m['identity'], key), default=str))}</code></td>"
+            for m in manifests
+        )
+        parts.append(
+            f'<tr class="{"diff" if diff else ""}"><td>{group}</td><td><code>{html.escape(key)}</code></td>{cells}</tr>'
+        )
     statuses = "".join(f"<td>{html.escape(effective_status(m))}</td>" for m in manifests)
     parts.append(f"<tr><td>context</td><td>status</td>{statuses}</tr></table>")
     # Loss curves with the first divergence marked.
@@ -112,8 +133,13 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
         if comparison.divergence is not None and comparison.divergence.step not in marked:
             marked.add(comparison.divergence.step)
             axes.axvline(comparison.divergence.step, color="#c0392b", linestyle="--", linewidth=1)
-            axes.annotate(f"first divergence: step {comparison.divergence.step}", (comparison.divergence.step, 0.95),
-                          xycoords=("data", "axes fraction"), color="#c0392b", fontsize=8)
+            axes.annotate(
+                f"first divergence: step {comparison.divergence.step}",
+                (comparison.divergence.step, 0.95),
+                xycoords=("data", "axes fraction"),
+                color="#c0392b",
+                fontsize=8,
+            )
     axes.set_xlabel("step")
     axes.set_ylabel("loss")
     if any(v > 0 for records in traces for v in _losses(records)[1] if not math.isnan(v)):
@@ -128,24 +154,52 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
             common = [r for r in records if r.step in base]
             if not common:
                 continue
-            grid = [[1.0 if getattr(r, name) != getattr(base[r.step], name) else 0.0 for r in common] for name in COMPARED_FIELDS]
+            grid = [
+                [1.0 if getattr(r, name) != getattr(base[r.step], name) else 0.0 for r in common]
+                for name in COMPARED_FIELDS
+            ]
             figure, axes = plt.subplots(figsize=(10, 1.6))
-            axes.imshow(grid, aspect="auto", cmap="Reds", vmin=0, vmax=1, interpolation="nearest",
-                        extent=(common[0].step - 0.5, common[-1].step + 0.5, len(COMPARED_FIELDS) - 0.5, -0.5))
-            axes.set_yticks(range(len(COMPARED_FIELDS)), [FIELD_MEANING[n].split(" (")[0] for n in COMPARED_FIELDS], fontsize=7)
+            axes.imshow(
+                grid,
+                aspect="auto",
+                cmap="Reds",
+                vmin=0,
+                vmax=1,
+                interpolation="nearest",
+                extent=(
+                    common[0].step - 0.5,
+                    common[-1].step + 0.5,
+                    len(COMPARED_FIELDS) - 0.5,
+                    -0.5,
+                ),
+            )
+            axes.set_yticks(
+                range(len(COMPARED_FIELDS)),
+                [FIELD_MEANING[n].split(" (")[0] for n in COMPARED_FIELDS],
+                fontsize=7,
+            )
             axes.set_xlabel("step", fontsize=8)
             axes.set_title(run_dir.name, fontsize=8)
             parts.append(_svg(figure))
     # Findings recorded in the runs: op-level localisation and numerical health.
     for run_dir in run_dirs:
         for located in sorted(run_dir.glob("locate-*.json")):
-            parts.append(f"<h2>Localisation ({html.escape(run_dir.name)})</h2><p>{html.escape(json.loads(located.read_text())['sentence'])}</p>")
+            parts.append(
+                f"<h2>Localisation ({html.escape(run_dir.name)})</h2><p>{html.escape(json.loads(located.read_text())['sentence'])}</p>"  # noqa: E501
+            )
         numerics = run_dir / "numerics.json"
         if numerics.is_file():
             report = json.loads(numerics.read_text())
-            items = "".join(f"<li>step {e['step']}: {html.escape(e['summary'])}"
-                            + (f" <span class=\"muted\">({html.escape(e['line'])})</span>" if e.get("line") else "") + "</li>"
-                            for e in report["chain"])
+            items = "".join(
+                f"<li>step {e['step']}: {html.escape(e['summary'])}"
+                + (
+                    f' <span class="muted">({html.escape(e["line"])})</span>'
+                    if e.get("line")
+                    else ""
+                )
+                + "</li>"
+                for e in report["chain"]
+            )
             parts.append(f"<h2>Numerical health ({html.escape(run_dir.name)})</h2><ol>{items}</ol>")
     return "".join(parts)
 
@@ -158,26 +212,43 @@ def _sweep_body(folder: Path) -> str:
     spec, values = sweep_results(folder)
     arms = [summarize_arm(arm, per_seed) for arm, per_seed in values.items()]
     pairs = [compare_pair(a, b) for a, b in combinations(arms, 2)]
-    parts = [f"<h1>twice report: sweep {html.escape(folder.name)}</h1>",
-             f"<p>metric <code>{html.escape(spec['metric'])}</code>, {spec['seeds']} seeds per arm, command "
-             f"<code>{html.escape(' '.join(spec['command']))}</code></p>"]
+    parts = [
+        f"<h1>twice report: sweep {html.escape(folder.name)}</h1>",
+        f"<p>metric <code>{html.escape(spec['metric'])}</code>, {spec['seeds']} seeds per arm, command "
+        f"<code>{html.escape(' '.join(spec['command']))}</code></p>",
+    ]
     figure, axes = plt.subplots(figsize=(max(4, 1.6 * len(arms)), 3.6))
     for x, arm in enumerate(arms):
-        axes.scatter([x] * len(arm.values), list(arm.values.values()), color="#7f8c8d", s=14, zorder=2)
+        axes.scatter(
+            [x] * len(arm.values), list(arm.values.values()), color="#7f8c8d", s=14, zorder=2
+        )
         if arm.n > 1:
-            axes.errorbar([x + 0.15], [arm.mean], yerr=[[arm.mean - arm.ci_low], [arm.ci_high - arm.mean]], fmt="o",
-                          color="#2c3e50", capsize=4, zorder=3)
+            axes.errorbar(
+                [x + 0.15],
+                [arm.mean],
+                yerr=[[arm.mean - arm.ci_low], [arm.ci_high - arm.mean]],
+                fmt="o",
+                color="#2c3e50",
+                capsize=4,
+                zorder=3,
+            )
     axes.set_xticks(range(len(arms)), [a.arm for a in arms], fontsize=8)
     axes.set_ylabel(spec["metric"])
-    parts.append("<h2>Each arm: the metric per seed, and the mean with its 95% CI</h2>" + _svg(figure))
-    parts.append("<h2>Pairwise verdicts</h2><table><tr><th>comparison</th><th>verdict</th><th>difference (95% CI)</th>"
-                 "<th>paired t p</th><th>Wilcoxon p</th><th>d_z</th><th>seeds for 80% power</th></tr>")
+    parts.append(
+        "<h2>Each arm: the metric per seed, and the mean with its 95% CI</h2>" + _svg(figure)
+    )
+    parts.append(
+        "<h2>Pairwise verdicts</h2><table><tr><th>comparison</th><th>verdict</th><th>difference (95% CI)</th>"
+        "<th>paired t p</th><th>Wilcoxon p</th><th>d_z</th><th>seeds for 80% power</th></tr>"
+    )
     for pair in pairs:
         css = "differ" if pair.verdict.startswith("effect") else "same"
-        parts.append(f"<tr><td>{html.escape(pair.b)} vs {html.escape(pair.a)}</td><td class=\"{css}\">{pair.verdict}</td>"
-                     f"<td>{pair.mean_difference:+.4g} [{pair.ci_low:.4g}, {pair.ci_high:.4g}]</td><td>{pair.p_t:.3g}</td>"
-                     f"<td>{'n/a' if pair.p_wilcoxon is None else format(pair.p_wilcoxon, '.3g')}</td>"
-                     f"<td>{pair.effect_size:.3g}</td><td>{pair.seeds_needed or 'n/a'}</td></tr>")
+        parts.append(
+            f'<tr><td>{html.escape(pair.b)} vs {html.escape(pair.a)}</td><td class="{css}">{pair.verdict}</td>'
+            f"<td>{pair.mean_difference:+.4g} [{pair.ci_low:.4g}, {pair.ci_high:.4g}]</td><td>{pair.p_t:.3g}</td>"
+            f"<td>{'n/a' if pair.p_wilcoxon is None else format(pair.p_wilcoxon, '.3g')}</td>"
+            f"<td>{pair.effect_size:.3g}</td><td>{pair.seeds_needed or 'n/a'}</td></tr>"
+        )
     parts.append("</table>")
     return "".join(parts)
 

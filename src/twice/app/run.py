@@ -39,10 +39,19 @@ class Run:
     ...         run.step(loss=loss, batch=x, model=model)
     """
 
-    def __init__(self, *, config: dict | None = None, seed: int = 0, runs_dir: str | Path = "runs",
-                 name: str | None = None, determinism: str = "strict", trace_every: int = 1,
-                 params_every: int | None = None, keep_last: int | None = 3,
-                 resume_world_size_change: bool = False):
+    def __init__(
+        self,
+        *,
+        config: dict | None = None,
+        seed: int = 0,
+        runs_dir: str | Path = "runs",
+        name: str | None = None,
+        determinism: str = "strict",
+        trace_every: int = 1,
+        params_every: int | None = None,
+        keep_last: int | None = 3,
+        resume_world_size_change: bool = False,
+    ):
         self.config = dict(config or {})
         self.seed = seed
         self.runs_dir = Path(runs_dir)
@@ -70,7 +79,7 @@ class Run:
         """How many steps have been recorded so far (the index of the next step)."""
         return self._recorder.step_index if self._recorder is not None else 0
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Run:
         from twice.app.launch import RunOptions, start_manifest
         from twice.store.runs import new_run_dir
 
@@ -81,26 +90,47 @@ class Run:
                 write_json_atomic(RunFolder(self.dir).config, self.config)
             self._recorder = hooks.active_recorder()
             if self._recorder is None:  # torch capture disabled: record explicitly ourselves
-                self._recorder = hooks.install(Recorder.from_settings(
-                    self.dir, settings, trace_every=self.trace_every, params_every=self.params_every))
+                self._recorder = hooks.install(
+                    Recorder.from_settings(
+                        self.dir,
+                        settings,
+                        trace_every=self.trace_every,
+                        params_every=self.params_every,
+                    )
+                )
                 self._owns_recorder = True
             self._recorder.on_stop.append(self._checkpoint_at_stop)
             return self
         self.dir = new_run_dir(self.runs_dir, self.name)
         self._report = deterministic(seed=self.seed, mode=self.determinism)
-        options = RunOptions(seed=self.seed, name=self.name, runs_dir=self.runs_dir, determinism=self.determinism,
-                             trace_every=self.trace_every, params_every=self.params_every)
-        script = Path(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") and Path(sys.argv[0]).is_file() else None
-        self._manifest = start_manifest(self.dir, list(sys.argv), script, Path.cwd(), options, dict(os.environ), self.runs_dir)
+        options = RunOptions(
+            seed=self.seed,
+            name=self.name,
+            runs_dir=self.runs_dir,
+            determinism=self.determinism,
+            trace_every=self.trace_every,
+            params_every=self.params_every,
+        )
+        script = (
+            Path(sys.argv[0])
+            if sys.argv and sys.argv[0].endswith(".py") and Path(sys.argv[0]).is_file()
+            else None
+        )
+        self._manifest = start_manifest(
+            self.dir, list(sys.argv), script, Path.cwd(), options, dict(os.environ), self.runs_dir
+        )
         if self.config:
             write_json_atomic(RunFolder(self.dir).config, self.config)
-        self._recorder = hooks.install(Recorder(self.dir, trace_every=self.trace_every,
-                                                params_every=self.params_every))
+        self._recorder = hooks.install(
+            Recorder(self.dir, trace_every=self.trace_every, params_every=self.params_every)
+        )
         self._owns_recorder = True
         self._recorder.on_stop.append(self._checkpoint_at_stop)
         return self
 
-    def step(self, *, loss: Any = None, batch: Any = None, model: Any = None, params: Any = None) -> None:
+    def step(
+        self, *, loss: Any = None, batch: Any = None, model: Any = None, params: Any = None
+    ) -> None:
         """Record one training step: the loss, the batch it consumed, and the model's parameters and gradients.
 
         `params` may be given instead of `model`: named (name, tensor) pairs or plain tensors.
@@ -111,7 +141,10 @@ class Run:
         if model is not None:
             named = list(model.named_parameters())
         elif params is not None:
-            named = [(p[0], p[1]) if isinstance(p, tuple) else (f"param{i}", p) for i, p in enumerate(params)]
+            named = [
+                (p[0], p[1]) if isinstance(p, tuple) else (f"param{i}", p)
+                for i, p in enumerate(params)
+            ]
         self._recorder.record_explicit(loss=loss, batch=batch, params=named)
 
     # -- checkpoint and resume -------------------------------------------------------------------
@@ -144,8 +177,15 @@ class Run:
         import twice.checkpoint as checkpoints
 
         counters = {"step": self.step_index, "epoch": self.epoch}
-        return checkpoints.save(checkpoints.step_dir(self.checkpoints_dir, self.step_index), keep_last=self.keep_last,
-                                collective=True, **self._tracked, __extras__=extras, __counters__=counters, __rng__=rng)
+        return checkpoints.save(
+            checkpoints.step_dir(self.checkpoints_dir, self.step_index),
+            keep_last=self.keep_last,
+            collective=True,
+            **self._tracked,
+            __extras__=extras,
+            __counters__=counters,
+            __rng__=rng,
+        )
 
     def resume(self, path: str | Path | None = None, *, strict: bool = True) -> dict | None:
         """Restore the latest valid checkpoint (or `path`); returns its extras, or None when there is none.
@@ -158,13 +198,19 @@ class Run:
         from twice.rng.seeding import restore_rng
 
         if path is None:
-            path = ChildSettings.from_env(os.environ).resume_from or checkpoints.latest(self.checkpoints_dir)
+            path = ChildSettings.from_env(os.environ).resume_from or checkpoints.latest(
+                self.checkpoints_dir
+            )
         if path is None:
             return None
         path = Path(path)
         if not (path / INDEX).exists() and checkpoints.list_checkpoints(path):
-            path = checkpoints.latest(path) or path  # a checkpoints folder: take its newest valid one
-        restored = checkpoints.load(path, strict=strict, world_size_change=self.resume_world_size_change, **self._tracked)
+            path = (
+                checkpoints.latest(path) or path
+            )  # a checkpoints folder: take its newest valid one
+        restored = checkpoints.load(
+            path, strict=strict, world_size_change=self.resume_world_size_change, **self._tracked
+        )
         counters = restored["__counters__"]
         self.epoch = counters["epoch"]
         if self._recorder is not None:

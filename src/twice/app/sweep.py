@@ -28,9 +28,14 @@ def parse_vary(specs: list[str]) -> dict[str, list[str]]:
         name, sep, values = spec.partition("=")
         parts = [v.strip() for v in values.split(",")]
         if not sep or not _NAME.match(name) or not values or any(not v for v in parts):
-            raise UsageError(f"--vary {spec!r} is not NAME=VALUE[,VALUE...]", "e.g. --vary lr=0.1,0.01")
+            raise UsageError(
+                f"--vary {spec!r} is not NAME=VALUE[,VALUE...]", "e.g. --vary lr=0.1,0.01"
+            )
         if name in grid or name == "seed":
-            raise UsageError(f"--vary {name} given twice or reserved", "vary each name once; {seed} is set by --seeds")
+            raise UsageError(
+                f"--vary {name} given twice or reserved",
+                "vary each name once; {seed} is set by --seeds",
+            )
         if len(set(parts)) != len(parts):
             raise UsageError(f"--vary {name} repeats a value", "list each value once")
         grid[name] = parts
@@ -71,18 +76,27 @@ class Trial:
 
 def plan_trials(grid: dict[str, list[str]], seeds: int, command: list[str]) -> list[Trial]:
     if seeds < 1:
-        raise UsageError(f"--seeds must be at least 1, not {seeds}", "give the number of seeds per arm")
+        raise UsageError(
+            f"--seeds must be at least 1, not {seeds}", "give the number of seeds per arm"
+        )
     if not command:
-        raise UsageError("no command to run", "put the command after --, with {name} where each varied value goes")
+        raise UsageError(
+            "no command to run",
+            "put the command after --, with {name} where each varied value goes",
+        )
     used = _placeholders(command)
     missing = [name for name in grid if name not in used]
     if missing:
-        raise UsageError(f"the command has no placeholder for {', '.join('{' + m + '}' for m in missing)}",
-                         f"put {' '.join('{' + m + '}' for m in missing)} where the value goes, e.g. --lr {{{missing[0]}}}")
+        raise UsageError(
+            f"the command has no placeholder for {', '.join('{' + m + '}' for m in missing)}",
+            f"put {' '.join('{' + m + '}' for m in missing)} where the value goes, e.g. --lr {{{missing[0]}}}",
+        )
     unknown = sorted(used - set(grid) - {"seed"})
     if unknown:
-        raise UsageError(f"the command uses {', '.join('{' + u + '}' for u in unknown)}, which nothing varies",
-                         "add --vary for it, or escape literal braces as {{ }}")
+        raise UsageError(
+            f"the command uses {', '.join('{' + u + '}' for u in unknown)}, which nothing varies",
+            "add --vary for it, or escape literal braces as {{ }}",
+        )
     arms = [tuple(zip(grid, values)) for values in itertools.product(*grid.values())]
     # Seed-major order: with few jobs, every arm gets its first seeds early (a paired design).
     return [Trial(arm, seed) for seed in range(seeds) for arm in arms]
@@ -128,14 +142,23 @@ def _ray_trial(command: list[str], options: dict) -> int:
     return code
 
 
-def _run_on_ray(trials: list[Trial], submit_options, command: list[str], address: str | None, jobs: int,
-                outcome: "SweepOutcome", report) -> None:
+def _run_on_ray(
+    trials: list[Trial],
+    submit_options,
+    command: list[str],
+    address: str | None,
+    jobs: int,
+    outcome: SweepOutcome,
+    report,
+) -> None:
     try:
         import ray
     except ImportError as exc:  # the `ray` extra
         raise UsageError("--executor ray needs Ray", "pip install 'twice[ray]'") from exc
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        ray.init(
+            address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True
+        )
     remote = ray.remote(num_cpus=1)(_ray_trial)
     pending: dict = {}
     queue = list(trials)
@@ -154,9 +177,19 @@ def _run_on_ray(trials: list[Trial], submit_options, command: list[str], address
             ray.cancel(ref, force=True)
 
 
-def run_sweep(folder: Path, grid: dict[str, list[str]], seeds: int, command: list[str], *, jobs: int = 1,
-              options: RunOptions | None = None, metric: str = "final_loss", progress=None,
-              executor: str = "local", ray_address: str | None = None) -> SweepOutcome:
+def run_sweep(
+    folder: Path,
+    grid: dict[str, list[str]],
+    seeds: int,
+    command: list[str],
+    *,
+    jobs: int = 1,
+    options: RunOptions | None = None,
+    metric: str = "final_loss",
+    progress=None,
+    executor: str = "local",
+    ray_address: str | None = None,
+) -> SweepOutcome:
     """Run every trial not completed yet into `folder`/trials; re-running retries failures and skips successes."""
     trials = plan_trials(grid, seeds, command)
     folder = Path(folder)
@@ -164,13 +197,20 @@ def run_sweep(folder: Path, grid: dict[str, list[str]], seeds: int, command: lis
     spec = {"grid": grid, "seeds": seeds, "command": command, "metric": metric}
     if (folder / SWEEP_FILE).is_file():
         recorded = read_json(folder / SWEEP_FILE)
-        if {k: recorded.get(k) for k in ("grid", "seeds", "command")} != {k: spec[k] for k in ("grid", "seeds", "command")}:
-            raise UsageError(f"{folder} holds a different sweep", "use another --name, or the same --vary/--seeds/command")
+        if {k: recorded.get(k) for k in ("grid", "seeds", "command")} != {
+            k: spec[k] for k in ("grid", "seeds", "command")
+        }:
+            raise UsageError(
+                f"{folder} holds a different sweep",
+                "use another --name, or the same --vary/--seeds/command",
+            )
     write_json_atomic(folder / SWEEP_FILE, spec)
     trials_dir = folder / "trials"
     done = _completed(trials_dir)
     todo = [t for t in trials if t.name not in done]
-    outcome = SweepOutcome(folder, completed=len(trials) - len(todo), skipped=len(trials) - len(todo))
+    outcome = SweepOutcome(
+        folder, completed=len(trials) - len(todo), skipped=len(trials) - len(todo)
+    )
     base = options or RunOptions()
     state = {"running": 0, "durations": []}
     lock = threading.Lock()
@@ -182,8 +222,16 @@ def run_sweep(folder: Path, grid: dict[str, list[str]], seeds: int, command: lis
             state["running"] += 1
         start = time.time()
         try:
-            code, _ = run_command(trial.command(command), replace(base, seed=trial.seed, name=trial.name,
-                                                                  runs_dir=trials_dir.resolve(), quiet=True))
+            code, _ = run_command(
+                trial.command(command),
+                replace(
+                    base,
+                    seed=trial.seed,
+                    name=trial.name,
+                    runs_dir=trials_dir.resolve(),
+                    quiet=True,
+                ),
+            )
         finally:
             with lock:
                 state["running"] -= 1
@@ -194,16 +242,30 @@ def run_sweep(folder: Path, grid: dict[str, list[str]], seeds: int, command: lis
         if progress is not None:
             durations = state["durations"]
             remaining = len(trials) - outcome.completed - len(outcome.failed)
-            eta = (sum(durations) / len(durations)) * remaining / max(jobs, 1) if durations else None
-            progress(done=outcome.completed, total=len(trials), running=state["running"], failed=len(outcome.failed), eta=eta)
+            eta = (
+                (sum(durations) / len(durations)) * remaining / max(jobs, 1) if durations else None
+            )
+            progress(
+                done=outcome.completed,
+                total=len(trials),
+                running=state["running"],
+                failed=len(outcome.failed),
+                eta=eta,
+            )
 
     if executor == "ray":
         import os
         from dataclasses import asdict, replace
 
         def submit_options(trial: Trial) -> dict:
-            chosen = replace(base, seed=trial.seed, name=trial.name, runs_dir=trials_dir.resolve(), quiet=True,
-                             cwd=Path(base.cwd or os.getcwd()).resolve())
+            chosen = replace(
+                base,
+                seed=trial.seed,
+                name=trial.name,
+                runs_dir=trials_dir.resolve(),
+                quiet=True,
+                cwd=Path(base.cwd or os.getcwd()).resolve(),
+            )
             return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(chosen).items()}
 
         report()
@@ -233,13 +295,18 @@ def run_sweep(folder: Path, grid: dict[str, list[str]], seeds: int, command: lis
     return outcome
 
 
-def sweep_results(folder: Path, metric: str | None = None) -> tuple[dict, dict[str, dict[int, float]]]:
+def sweep_results(
+    folder: Path, metric: str | None = None
+) -> tuple[dict, dict[str, dict[int, float]]]:
     """(the sweep spec, {arm label: {seed: metric value}}) from completed trials."""
     from twice.store.metrics import read_metric, require_metric
 
     folder = Path(folder)
     if not (folder / SWEEP_FILE).is_file():
-        raise UsageError(f"{folder} is not a sweep folder (it has no {SWEEP_FILE})", "pass the folder `twice sweep` printed")
+        raise UsageError(
+            f"{folder} is not a sweep folder (it has no {SWEEP_FILE})",
+            "pass the folder `twice sweep` printed",
+        )
     spec = read_json(folder / SWEEP_FILE)
     metric = metric or spec.get("metric", "final_loss")
     trials = plan_trials(spec["grid"], spec["seeds"], spec["command"])

@@ -20,9 +20,9 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from twice.core.divergence import FIELD_MEANING, first_divergence
 from twice.runtime.determinism import deterministic
@@ -45,7 +45,9 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _record_into(folder: Path, train_fn: Callable[[], object], steps: int | None, seed: int, **env: str) -> list:
+def _record_into(
+    folder: Path, train_fn: Callable[[], object], steps: int | None, seed: int, **env: str
+) -> list:
     """Run `train_fn` as if under `twice run` with its run folder `folder`: seeded, deterministic
     (warn mode), recorded, stopped after `steps`; a twice.Run inside joins this recording."""
     from twice.core.protocol import ChildSettings
@@ -82,25 +84,37 @@ def _describe(a, b) -> str | None:
     found = first_divergence(a, b)
     if found is not None:
         tensors = found.tensors.get(found.first)
-        return (f"first divergence at step {found.step}: {FIELD_MEANING[found.first]}"
-                + (f" ({', '.join(tensors[:4])})" if tensors else "") + f"; fields differing: {', '.join(found.fields)}")
+        return (
+            f"first divergence at step {found.step}: {FIELD_MEANING[found.first]}"
+            + (f" ({', '.join(tensors[:4])})" if tensors else "")
+            + f"; fields differing: {', '.join(found.fields)}"
+        )
     if len(a) != len(b):
         return f"the traces agree on their common steps but have {len(a)} and {len(b)} steps"
     return None
 
 
-def assert_reproducible(train_fn: Callable[[], object], steps: int | None = None, seed: int = 0) -> None:
+def assert_reproducible(
+    train_fn: Callable[[], object], steps: int | None = None, seed: int = 0
+) -> None:
     """Run `train_fn` twice with the same seed; fail with the first divergence unless every step is bit-identical."""
     first, second = record_trace(train_fn, steps, seed), record_trace(train_fn, steps, seed)
     if not first:
-        raise AssertionError("no training step was recorded: does train_fn step a torch.optim optimizer?")
+        raise AssertionError(
+            "no training step was recorded: does train_fn step a torch.optim optimizer?"
+        )
     problem = _describe(first, second)
     if problem:
         raise AssertionError(f"training is not reproducible: {problem}")
 
 
-def assert_matches_golden(train_fn: Callable[[], object], golden: str | Path, steps: int | None = None, seed: int = 0,
-                          update: bool = False) -> None:
+def assert_matches_golden(
+    train_fn: Callable[[], object],
+    golden: str | Path,
+    steps: int | None = None,
+    seed: int = 0,
+    update: bool = False,
+) -> None:
     """Compare `train_fn`'s trace with a golden trace kept in the repository (`update=True` rewrites it)."""
     from twice.store.files import write_bytes_atomic
 
@@ -110,18 +124,27 @@ def assert_matches_golden(train_fn: Callable[[], object], golden: str | Path, st
         import json
 
         golden.parent.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps({k: v for k, v in r.to_json().items() if k != "time"}, sort_keys=True) for r in records]
+        lines = [
+            json.dumps({k: v for k, v in r.to_json().items() if k != "time"}, sort_keys=True)
+            for r in records
+        ]
         write_bytes_atomic(golden, ("\n".join(lines) + "\n").encode())
         if not update:
-            raise AssertionError(f"no golden trace at {golden}: wrote one from this run; commit it and run again")
+            raise AssertionError(
+                f"no golden trace at {golden}: wrote one from this run; commit it and run again"
+            )
         return
     problem = _describe(read_trace(golden), records)
     if problem:
-        raise AssertionError(f"trace differs from the golden trace {golden}: {problem} "
-                             "(if the change is intended: pytest --twice-update-golden)")
+        raise AssertionError(
+            f"trace differs from the golden trace {golden}: {problem} "
+            "(if the change is intended: pytest --twice-update-golden)"
+        )
 
 
-def assert_bitwise_resume(train_fn: Callable[[], object], steps: int, at: int, seed: int = 0) -> None:
+def assert_bitwise_resume(
+    train_fn: Callable[[], object], steps: int, at: int, seed: int = 0
+) -> None:
     """Train `steps` steps straight; again, interrupted after step `at`; then resumed from that
     interruption's checkpoint. Fail, naming what the checkpoint lost, unless the resumed steps and
     the final parameters are bit-identical to the straight run's.
@@ -140,15 +163,24 @@ def assert_bitwise_resume(train_fn: Callable[[], object], steps: int, at: int, s
     try:
         straight = _record_into(folder / "straight", train_fn, steps, seed)
         if len(straight) < steps:
-            raise AssertionError(f"train_fn recorded {len(straight)} steps, fewer than steps={steps}")
+            raise AssertionError(
+                f"train_fn recorded {len(straight)} steps, fewer than steps={steps}"
+            )
         _record_into(folder / "interrupted", train_fn, at, seed)
         saved = folder / "interrupted" / "checkpoints"
         found = checkpoints.latest(saved)
         if found is None:
-            raise AssertionError(f"no checkpoint was written when the run stopped after step {at}: train_fn must "
-                                 "checkpoint through twice.Run (run.track(...)) or into twice.checkpoint_dir()")
-        resumed = _record_into(folder / "resumed", train_fn, steps, seed,
-                               **ChildSettings(resume_from=str(found), checkpoint_dir=str(saved)).to_env())
+            raise AssertionError(
+                f"no checkpoint was written when the run stopped after step {at}: train_fn must "
+                "checkpoint through twice.Run (run.track(...)) or into twice.checkpoint_dir()"
+            )
+        resumed = _record_into(
+            folder / "resumed",
+            train_fn,
+            steps,
+            seed,
+            **ChildSettings(resume_from=str(found), checkpoint_dir=str(saved)).to_env(),
+        )
         check = compare_resumed(straight, resumed, at, {})
         if not check.identical:
             raise AssertionError(f"{check.verdict}: {check.cause}")
@@ -158,9 +190,14 @@ def assert_bitwise_resume(train_fn: Callable[[], object], steps: int, at: int, s
 
 # -- pytest plugin (registered through the pytest11 entry point) ------------------------------------
 
+
 def pytest_addoption(parser) -> None:
-    parser.addoption("--twice-update-golden", action="store_true", default=False,
-                     help="twice: rewrite golden traces instead of comparing with them")
+    parser.addoption(
+        "--twice-update-golden",
+        action="store_true",
+        default=False,
+        help="twice: rewrite golden traces instead of comparing with them",
+    )
 
 
 def _fixture():

@@ -15,8 +15,14 @@ from twice.store.runs import MANIFEST, read_json
 __all__ = ["verify_run", "verify_resume", "ResumeCheck"]
 
 
-def rerun_options(run_dir: Path, *, name: str, steps: int | None = None, quiet: bool = False,
-                  record_ops: str | None = None) -> tuple[list[str], RunOptions]:
+def rerun_options(
+    run_dir: Path,
+    *,
+    name: str,
+    steps: int | None = None,
+    quiet: bool = False,
+    record_ops: str | None = None,
+) -> tuple[list[str], RunOptions]:
     """The command and options that re-execute a recorded run as it was recorded."""
     import os
 
@@ -29,7 +35,9 @@ def rerun_options(run_dir: Path, *, name: str, steps: int | None = None, quiet: 
         seed=identity.get("seed") if identity.get("seed") is not None else 0,
         name=name[:100],
         runs_dir=Path(run_dir).parent.resolve(),
-        determinism=identity.get("determinism", {}).get("mode", "strict") if not identity.get("observe") else "strict",
+        determinism=identity.get("determinism", {}).get("mode", "strict")
+        if not identity.get("observe")
+        else "strict",
         observe=bool(identity.get("observe")),
         trace_every=context.get("trace_every") or 1,
         params_every=context.get("params_every"),
@@ -41,16 +49,25 @@ def rerun_options(run_dir: Path, *, name: str, steps: int | None = None, quiet: 
         record_ops=record_ops,
     )
     if not options.cwd.is_dir():
-        raise UsageError(f"the run's folder {options.cwd} no longer exists", "re-run on the machine and checkout it was recorded in")
+        raise UsageError(
+            f"the run's folder {options.cwd} no longer exists",
+            "re-run on the machine and checkout it was recorded in",
+        )
     return list(identity["argv"]), options
 
 
-def verify_run(run_dir: Path, steps: int | None = None, quiet: bool = False) -> tuple[Comparison, Path]:
+def verify_run(
+    run_dir: Path, steps: int | None = None, quiet: bool = False
+) -> tuple[Comparison, Path]:
     """Re-execute the run in `run_dir` into a new run beside it; compare the first `steps` steps (or all)."""
     run_dir = Path(run_dir)
     if steps is not None and steps < 1:
-        raise UsageError(f"--steps must be at least 1, not {steps}", "give the number of steps to verify")
-    command, options = rerun_options(run_dir, name=f"verify-{run_dir.name[:26]}", steps=steps, quiet=quiet)
+        raise UsageError(
+            f"--steps must be at least 1, not {steps}", "give the number of steps to verify"
+        )
+    command, options = rerun_options(
+        run_dir, name=f"verify-{run_dir.name[:26]}", steps=steps, quiet=quiet
+    )
     _, new_dir = run_command(command, options)
     return compare_runs(run_dir, new_dir, steps=steps), new_dir
 
@@ -82,12 +99,23 @@ class ResumeCheck:
         return 0 if self.identical else 1
 
     def to_json(self) -> dict:
-        return {"identical": self.identical, "verdict": self.verdict, "cause": self.cause, "at": self.at,
-                "runs": self.runs, "divergence": self.divergence}
+        return {
+            "identical": self.identical,
+            "verdict": self.verdict,
+            "cause": self.cause,
+            "at": self.at,
+            "runs": self.runs,
+            "divergence": self.divergence,
+        }
 
 
-def verify_resume(command: list[str], options: RunOptions, at: int | None = None,
-                  straight: Path | None = None, at_flag: str = "--at") -> ResumeCheck:
+def verify_resume(
+    command: list[str],
+    options: RunOptions,
+    at: int | None = None,
+    straight: Path | None = None,
+    at_flag: str = "--at",
+) -> ResumeCheck:
     """Run `command` straight; again, stopped after `at` steps (default: half); then resumed in a new
     process from where it stopped. Compare the resumed steps and the final state with the straight run.
 
@@ -106,18 +134,31 @@ def verify_resume(command: list[str], options: RunOptions, at: int | None = None
     else:
         code = read_json(Path(straight) / MANIFEST)["context"].get("exit_code", 0) or 0
     streams = {stream: read_trace(path) for stream, path in trace_files(straight).items()}
-    full = next((streams[s] for s in ("main", "rank0") if s in streams), next(iter(streams.values()), []))
+    full = next(
+        (streams[s] for s in ("main", "rank0") if s in streams), next(iter(streams.values()), [])
+    )
     if code != 0 or len(full) < 2:
-        raise UsageError(f"the straight run {'failed (exit ' + str(code) + ')' if code else 'recorded fewer than 2 steps'}",
-                         f"fix the command first; see {straight}/stderr.log")
+        raise UsageError(
+            f"the straight run {'failed (exit ' + str(code) + ')' if code else 'recorded fewer than 2 steps'}",
+            f"fix the command first; see {straight}/stderr.log",
+        )
     at = len(full) // 2 if at is None else at
     if not 1 <= at < len(full):
-        raise UsageError(f"{at_flag} {at} is outside the run's {len(full)} steps", f"give a step from 1 to {len(full) - 1}")
+        raise UsageError(
+            f"{at_flag} {at} is outside the run's {len(full)} steps",
+            f"give a step from 1 to {len(full) - 1}",
+        )
     _, interrupted = run_command(command, replace(options, name=f"stopped-at-{at}", stop_after=at))
     saved = interrupted / "checkpoints"
     resume_from = checkpoints.latest(saved)
-    env = {**options.env, **ChildSettings(checkpoint_dir=str(saved.resolve())).to_env(), **ChildSettings(resume_probe=True).to_env()}
-    code, resumed = run_command(command, replace(options, name=f"resumed-from-{at}", env=env, resume_from=resume_from))
+    env = {
+        **options.env,
+        **ChildSettings(checkpoint_dir=str(saved.resolve())).to_env(),
+        **ChildSettings(resume_probe=True).to_env(),
+    }
+    code, resumed = run_command(
+        command, replace(options, name=f"resumed-from-{at}", env=env, resume_from=resume_from)
+    )
     runs = {"straight": str(straight), "interrupted": str(interrupted), "resumed": str(resumed)}
     # Multi-process runs: every rank's trace must continue exactly; report the rank that parts first.
     checks = []
@@ -147,16 +188,35 @@ def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck
     tail = [r for r in full if r.step >= at]
     found = first_divergence(tail, after)
     before = next((r for r in full if r.step == at - 1), None)
-    if after and before is not None and after[0].params_before is not None and after[0].params_before != before.params:
+    if (
+        after
+        and before is not None
+        and after[0].params_before is not None
+        and after[0].params_before != before.params
+    ):
         cause = f"the model's parameters were not restored: they differ from the straight run's after step {at - 1}"
         divergence = {"step": at, "fields": ["params_before"]}
-        return ResumeCheck(False, f"resume differs: first divergence at step {at}, the first resumed step", cause, at, runs, divergence)
+        return ResumeCheck(
+            False,
+            f"resume differs: first divergence at step {at}, the first resumed step",
+            cause,
+            at,
+            runs,
+            divergence,
+        )
     if found is None and len(after) == len(tail) and after:
         verdict = f"resume is bit-exact: steps {at}-{tail[-1].step} and the final parameters match the uninterrupted run"
         return ResumeCheck(True, verdict, "", at, runs, None)
     if found is None:
-        verdict = f"resume differs: the resumed run recorded {len(after)} steps where the straight run has {len(tail)} after step {at}"
-        return ResumeCheck(False, verdict, "the resumed run did not continue where the interrupted one stopped", at, runs, None)
+        verdict = f"resume differs: the resumed run recorded {len(after)} steps where the straight run has {len(tail)} after step {at}"  # noqa: E501
+        return ResumeCheck(
+            False,
+            verdict,
+            "the resumed run did not continue where the interrupted one stopped",
+            at,
+            runs,
+            None,
+        )
     cause = _MISSING_STATE[found.first]
     if found.first == "rng" and found.rng_sources:
         cause += f" ({', '.join(found.rng_sources)})"

@@ -1,7 +1,7 @@
 """Complete, verified, pickle-free checkpoints: `twice.checkpoint.save(dir, **state)` and `load`.
 
-    twice.checkpoint.save("ckpt/step-100", model=model, optimizer=optimizer)
-    twice.checkpoint.load("ckpt/step-100", model=model, optimizer=optimizer)
+twice.checkpoint.save("ckpt/step-100", model=model, optimizer=optimizer)
+twice.checkpoint.load("ckpt/step-100", model=model, optimizer=optimizer)
 """
 
 from twice.checkpoint.format import (
@@ -17,5 +17,15 @@ from twice.checkpoint.format import (
     verify,
 )
 
-__all__ = ["save", "load", "verify", "latest", "list_checkpoints", "step_dir", "CheckpointError", "RNG_ENTRY",
-           "encode_state", "decode_state"]
+__all__ = [
+    "save",
+    "load",
+    "verify",
+    "latest",
+    "list_checkpoints",
+    "step_dir",
+    "CheckpointError",
+    "RNG_ENTRY",
+    "encode_state",
+    "decode_state",
+]

@@ -51,6 +51,7 @@ class CheckpointError(TwiceError):
 
 # -- encoding: nested Python values with tensors <-> JSON + a flat tensor table ---------------------
 
+
 def _encode(value: Any, tensors: dict, path: str) -> Any:
     import torch
 
@@ -59,13 +60,19 @@ def _encode(value: Any, tensors: dict, path: str) -> Any:
     if isinstance(value, int):
         return value if -(2**53) <= value <= 2**53 else {"__int__": str(value)}
     if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else {"__float__": float.hex(value)}
+        return (
+            value
+            if value == value and abs(value) != float("inf")
+            else {"__float__": float.hex(value)}
+        )
     if isinstance(value, torch.Tensor):
         if value.layout != torch.strided:
             return _encode_sparse(value, tensors, path)
         if value.is_quantized:
-            raise CheckpointError(f"cannot save {path}: a quantized tensor",
-                                  "save its int_repr(), q_scale() and q_zero_point(), or the float model before quantization")
+            raise CheckpointError(
+                f"cannot save {path}: a quantized tensor",
+                "save its int_repr(), q_scale() and q_zero_point(), or the float model before quantization",
+            )
         key = f"t{len(tensors)}"
         if value.dtype in _safetensors_dtypes():
             tensors[key] = value
@@ -76,16 +83,25 @@ def _encode(value: Any, tensors: dict, path: str) -> Any:
         try:
             raw = value.detach().reshape(-1).contiguous().view(torch.uint8)
         except RuntimeError as exc:
-            raise CheckpointError(f"cannot save {path}: its dtype {name} cannot be stored as bytes ({exc})",
-                                  "convert it to a standard dtype first") from exc
+            raise CheckpointError(
+                f"cannot save {path}: its dtype {name} cannot be stored as bytes ({exc})",
+                "convert it to a standard dtype first",
+            ) from exc
         tensors[key] = raw
         return {"__bytes_tensor__": {"key": key, "dtype": name, "shape": list(value.shape)}}
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
-            raise CheckpointError(f"cannot save {path}: a NumPy array of Python objects", "store plain numeric arrays")
+            raise CheckpointError(
+                f"cannot save {path}: a NumPy array of Python objects", "store plain numeric arrays"
+            )
         data = np.ascontiguousarray(value)
-        return {"__ndarray__": {"dtype": data.dtype.str, "shape": list(data.shape),
-                                "data": base64.b64encode(data.tobytes()).decode("ascii")}}
+        return {
+            "__ndarray__": {
+                "dtype": data.dtype.str,
+                "shape": list(data.shape),
+                "data": base64.b64encode(data.tobytes()).decode("ascii"),
+            }
+        }
     if isinstance(value, np.generic):
         return _encode(value.item(), tensors, path)
     if isinstance(value, tuple):
@@ -93,14 +109,23 @@ def _encode(value: Any, tensors: dict, path: str) -> Any:
     if isinstance(value, list):
         return [_encode(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value) and not any(k.startswith("__") and k.endswith("__") for k in value):
+        if all(isinstance(k, str) for k in value) and not any(
+            k.startswith("__") and k.endswith("__") for k in value
+        ):
             return {k: _encode(v, tensors, f"{path}.{k}") for k, v in value.items()}
-        return {"__items__": [[_encode(k, tensors, path), _encode(v, tensors, f"{path}[{k!r}]")] for k, v in value.items()]}
+        return {
+            "__items__": [
+                [_encode(k, tensors, path), _encode(v, tensors, f"{path}[{k!r}]")]
+                for k, v in value.items()
+            ]
+        }
     if isinstance(value, torch.dtype):
         return {"__dtype__": str(value).removeprefix("torch.")}
-    raise CheckpointError(f"cannot save {path}: a {type(value).__module__}.{type(value).__qualname__} is neither "
-                          "a tensor, a number, a string nor a list/tuple/dict of those",
-                          "give it a state_dict()/load_state_dict() pair, or store it as plain data")
+    raise CheckpointError(
+        f"cannot save {path}: a {type(value).__module__}.{type(value).__qualname__} is neither "
+        "a tensor, a number, a string nor a list/tuple/dict of those",
+        "give it a state_dict()/load_state_dict() pair, or store it as plain data",
+    )
 
 
 def _encode_sparse(value: Any, tensors: dict, path: str) -> dict:
@@ -109,10 +134,14 @@ def _encode_sparse(value: Any, tensors: dict, path: str) -> dict:
 
     parts = sparse_parts(value)
     if parts is None:
-        raise CheckpointError(f"cannot save {path}: a {value.layout} tensor", "convert it with .to_dense() first")
+        raise CheckpointError(
+            f"cannot save {path}: a {value.layout} tensor", "convert it with .to_dense() first"
+        )
     layout = str(value.layout).removeprefix("torch.")
     names = ("indices", "values") if layout == "sparse_coo" else ("compressed", "plain", "values")
-    body = {name: _encode(part.detach(), tensors, f"{path}.{name}") for name, part in zip(names, parts)}
+    body = {
+        name: _encode(part.detach(), tensors, f"{path}.{name}") for name, part in zip(names, parts)
+    }
     if layout == "sparse_coo":
         body["coalesced"] = value.is_coalesced()
     return {"__sparse__": {"layout": layout, "size": list(value.shape), **body}}
@@ -121,11 +150,22 @@ def _encode_sparse(value: Any, tensors: dict, path: str) -> dict:
 def _decode_sparse(body: dict, tensors: dict) -> Any:
     import torch
 
-    parts = {name: _decode(part, tensors) for name, part in body.items() if name not in ("layout", "size")}
+    parts = {
+        name: _decode(part, tensors)
+        for name, part in body.items()
+        if name not in ("layout", "size")
+    }
     if body["layout"] == "sparse_coo":
-        return torch.sparse_coo_tensor(parts["indices"], parts["values"], body["size"], is_coalesced=parts["coalesced"])
-    return torch.sparse_compressed_tensor(parts["compressed"], parts["plain"], parts["values"], body["size"],
-                                          layout=getattr(torch, body["layout"]))
+        return torch.sparse_coo_tensor(
+            parts["indices"], parts["values"], body["size"], is_coalesced=parts["coalesced"]
+        )
+    return torch.sparse_compressed_tensor(
+        parts["compressed"],
+        parts["plain"],
+        parts["values"],
+        body["size"],
+        layout=getattr(torch, body["layout"]),
+    )
 
 
 def _decode(value: Any, tensors: dict) -> Any:
@@ -136,14 +176,16 @@ def _decode(value: Any, tensors: dict) -> Any:
     if not isinstance(value, dict):
         return value
     if len(value) == 1:
-        (tag, body), = value.items()
+        ((tag, body),) = value.items()
         if tag == "__tensor__":
             return tensors[body]
         if tag == "__bytes_tensor__":
             dtype = getattr(torch, body["dtype"], None)
             if not isinstance(dtype, torch.dtype):
-                raise CheckpointError(f"a tensor in this checkpoint has dtype {body['dtype']}, unknown to torch {torch.__version__}",
-                                      "load it with the torch version that saved it")
+                raise CheckpointError(
+                    f"a tensor in this checkpoint has dtype {body['dtype']}, unknown to torch {torch.__version__}",
+                    "load it with the torch version that saved it",
+                )
             return tensors[body["key"]].view(dtype).reshape(body["shape"])
         if tag == "__tuple__":
             return tuple(_decode(v, tensors) for v in body)
@@ -165,6 +207,7 @@ def _decode(value: Any, tensors: dict) -> Any:
 
 # -- what an entry is, and how to take and give back its state ------------------------------------
 
+
 def _kind(obj: Any) -> str:
     import torch
 
@@ -181,8 +224,11 @@ def _kind(obj: Any) -> str:
 
 def _is_zero(obj: Any) -> bool:
     """torch.distributed.optim.ZeroRedundancyOptimizer: each rank holds the state of its shard only."""
-    return type(obj).__name__ == "ZeroRedundancyOptimizer" and type(obj).__module__.startswith("torch.distributed") \
+    return (
+        type(obj).__name__ == "ZeroRedundancyOptimizer"
+        and type(obj).__module__.startswith("torch.distributed")
         and hasattr(obj, "optim")
+    )
 
 
 def _zero_world() -> int:
@@ -214,12 +260,17 @@ def _restore(obj: Any, kind: str, state: Any, name: str) -> Any:
         obj.bit_generator.state = state
     elif kind == "sharded_optimizer":
         if not _is_zero(obj):
-            raise CheckpointError(f"entry {name!r} is a ZeroRedundancyOptimizer's shard; it is restored into a {type(obj).__name__}",
-                                  "restore it into the ZeroRedundancyOptimizer it was saved from")
+            raise CheckpointError(
+                f"entry {name!r} is a ZeroRedundancyOptimizer's shard; it is restored into a {type(obj).__name__}",
+                "restore it into the ZeroRedundancyOptimizer it was saved from",
+            )
         if state["world_size"] != _zero_world():
-            raise CheckpointError(f"entry {name!r} holds a ZeroRedundancyOptimizer shard of {state['world_size']} processes; "
-                                  f"this run has {_zero_world()}", "resume with the world size it was saved at: the shards "
-                                  "partition the parameters by rank")
+            raise CheckpointError(
+                f"entry {name!r} holds a ZeroRedundancyOptimizer shard of {state['world_size']} processes; "
+                f"this run has {_zero_world()}",
+                "resume with the world size it was saved at: the shards "
+                "partition the parameters by rank",
+            )
         _load_state(obj.optim, state["shard"], name)
         # The hyperparameters (a scheduled learning rate) as saved, in the wrapper's groups too,
         # which step() copies into the shard's before each update.
@@ -235,15 +286,22 @@ def _load_state(obj: Any, state: Any, name: str) -> None:
     try:
         result = obj.load_state_dict(state)
     except (RuntimeError, KeyError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"entry {name!r} does not fit the object it is restored into: {exc}",
-                              _fit_hint(obj, state)) from exc
+        raise CheckpointError(
+            f"entry {name!r} does not fit the object it is restored into: {exc}",
+            _fit_hint(obj, state),
+        ) from exc
     missing = getattr(result, "missing_keys", None)
     if missing:
-        raise CheckpointError(f"entry {name!r} lacks keys {missing}", "pass strict=False to load partially")
+        raise CheckpointError(
+            f"entry {name!r} lacks keys {missing}", "pass strict=False to load partially"
+        )
 
 
 # The key prefixes wrappers add to a module's state_dict, and the wrapper each means.
-_WRAPPER_PREFIXES = {"_orig_mod.": "torch.compile", "module.": "DistributedDataParallel or DataParallel"}
+_WRAPPER_PREFIXES = {
+    "_orig_mod.": "torch.compile",
+    "module.": "DistributedDataParallel or DataParallel",
+}
 
 
 def _fit_hint(obj: Any, state: Any) -> str:
@@ -258,15 +316,20 @@ def _fit_hint(obj: Any, state: Any) -> str:
     saved = {key for key in state if isinstance(key, str)} if isinstance(state, dict) else set()
     for prefix, wrapper in _WRAPPER_PREFIXES.items():
         if saved and saved == {prefix + key for key in wanted}:
-            return (f"the checkpoint was saved from a {wrapper} wrapper (its keys start with {prefix!r}) and is "
-                    "restored into the bare module: track the wrapped model, as when it was saved")
+            return (
+                f"the checkpoint was saved from a {wrapper} wrapper (its keys start with {prefix!r}) and is "
+                "restored into the bare module: track the wrapped model, as when it was saved"
+            )
         if wanted and wanted == {prefix + key for key in saved}:
-            return (f"the checkpoint was saved from a bare module and is restored into a {wrapper} wrapper "
-                    f"(its keys start with {prefix!r}): track the model as it was when saved")
+            return (
+                f"the checkpoint was saved from a bare module and is restored into a {wrapper} wrapper "
+                f"(its keys start with {prefix!r}): track the model as it was when saved"
+            )
     return plain
 
 
 # -- files ----------------------------------------------------------------------------------------
+
 
 def _digest_file(path: Path) -> str:
     hasher = xxhash.xxh3_128()
@@ -302,7 +365,10 @@ def _save_tensors(path: Path, tensors: dict) -> str:
 
     names = _safetensors_dtypes()
     ready = []
-    for key, tensor in tensors.items():  # every dtype has a name here: _encode stored the others as bytes
+    for (
+        key,
+        tensor,
+    ) in tensors.items():  # every dtype has a name here: _encode stored the others as bytes
         tensor = tensor.detach()
         if tensor.device.type != "cpu":
             tensor = tensor.cpu()
@@ -312,7 +378,11 @@ def _save_tensors(path: Path, tensors: dict) -> str:
     header, offset = {}, 0
     for key, tensor in ready:
         nbytes = tensor.numel() * tensor.element_size()
-        header[key] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
+        header[key] = {
+            "dtype": names[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     header_bytes += b" " * ((-len(header_bytes)) % 8)
@@ -331,7 +401,9 @@ def _save_tensors(path: Path, tensors: dict) -> str:
     return hasher.hexdigest()
 
 
-def save(directory: str | Path, *, keep_last: int | None = None, collective: bool = False, **entries: Any) -> Path:
+def save(
+    directory: str | Path, *, keep_last: int | None = None, collective: bool = False, **entries: Any
+) -> Path:
     """Write `entries` (models, optimizers, schedulers, GradScalers, generators, plain values) to `directory`.
 
     The checkpoint appears complete or not at all. With `keep_last=N`, older `step-*` siblings
@@ -355,8 +427,11 @@ def save(directory: str | Path, *, keep_last: int | None = None, collective: boo
         if keep_last is not None and (group is None or group.get_rank() == 0):
             _retain(directory.parent, keep_last)
     except OSError as exc:  # nothing was put in place: the previous checkpoints are as they were
-        raise CheckpointError(f"cannot write checkpoint {directory}: {exc.strerror or exc}"
-                              + (f" ({exc.filename})" if exc.filename else ""), _SAVE_HINTS.get(exc.errno, _SAVE_HINT)) from exc
+        raise CheckpointError(
+            f"cannot write checkpoint {directory}: {exc.strerror or exc}"
+            + (f" ({exc.filename})" if exc.filename else ""),
+            _SAVE_HINTS.get(exc.errno, _SAVE_HINT),
+        ) from exc
     return directory
 
 
@@ -364,7 +439,7 @@ _SAVE_HINT = "save into a folder you can write to"
 _SAVE_HINTS = {
     errno.ENOSPC: "free some space on that disk, or save elsewhere",
     errno.EDQUOT: "your disk quota is used up: free some space, or save elsewhere",
-    errno.EFBIG: "a file is larger than this process may write (ulimit -f) or the filesystem holds: raise the limit, or save elsewhere",
+    errno.EFBIG: "a file is larger than this process may write (ulimit -f) or the filesystem holds: raise the limit, or save elsewhere",  # noqa: E501
     errno.EROFS: "that filesystem is read-only: save elsewhere",
     errno.EEXIST: "a part of the path is a file, not a folder: choose another path",
     errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path",
@@ -380,14 +455,24 @@ def _save_one(directory: Path, entries: dict) -> None:
         kinds[name] = _kind(obj)
         encoded[name] = _encode(_state_of(obj, kinds[name]), tensors, name)
     # The writer's pid in the name lets a later save remove what a killed writer left behind.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.{os.getpid()}.", suffix=".tmp", dir=directory.parent))
+    tmp = Path(
+        tempfile.mkdtemp(
+            prefix=f".{directory.name}.{os.getpid()}.", suffix=".tmp", dir=directory.parent
+        )
+    )
     try:
         digests = {TENSORS: _save_tensors(tmp / TENSORS, tensors)}
         state_bytes = json.dumps({"entries": encoded}, sort_keys=True).encode("utf-8")
         _write_file(tmp / STATE, state_bytes)
         digests[STATE] = xxhash.xxh3_128_hexdigest(state_bytes)
-        index = {"format": FORMAT, "entries": kinds,
-                 "files": {name: {"size": (tmp / name).stat().st_size, "digest": digests[name]} for name in FILES}}
+        index = {
+            "format": FORMAT,
+            "entries": kinds,
+            "files": {
+                name: {"size": (tmp / name).stat().st_size, "digest": digests[name]}
+                for name in FILES
+            },
+        }
         _write_file(tmp / INDEX, json.dumps(index, sort_keys=True, indent=2).encode("utf-8"))
         _fsync_dir(tmp)
         _move_into_place(tmp, directory)
@@ -400,7 +485,9 @@ def _move_into_place(tmp: Path, directory: Path) -> None:
     if directory.exists():
         # Replace an old checkpoint of the same name: move it aside first, so that a crash
         # leaves one of the two complete and "latest" never sees a half-written folder.
-        trash = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old", dir=directory.parent))
+        trash = Path(
+            tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old", dir=directory.parent)
+        )
         os.replace(directory, trash / "old")
         os.replace(tmp, directory)
         shutil.rmtree(trash, ignore_errors=True)
@@ -410,6 +497,7 @@ def _move_into_place(tmp: Path, directory: Path) -> None:
 
 
 # -- checkpoints of multi-process runs: one part per rank, complete when rank 0 has indexed them all --
+
 
 def _process_group():
     """torch.distributed when a process group of more than one process is up, else None."""
@@ -436,8 +524,10 @@ def _agree(dist, failure: str | None, what: str, value: Any = None) -> list:
     bad = [(r, f) for r, (f, _) in enumerate(results) if f]
     if bad:
         rank, message = bad[0]
-        raise CheckpointError(f"{what} failed on rank {rank}: {message}",
-                              "the previous checkpoint is intact; fix the cause (disk space, permissions) and save again")
+        raise CheckpointError(
+            f"{what} failed on rank {rank}: {message}",
+            "the previous checkpoint is intact; fix the cause (disk space, permissions) and save again",
+        )
     return [v for _, v in results]
 
 
@@ -465,7 +555,9 @@ def _save_ranks(directory: Path, dist, entries: dict) -> None:
         try:
             parts = {_part(r): digest for r, digest in enumerate(indexes)}
             index = {"format": RANKS_FORMAT, "world_size": world, "parts": parts}
-            _write_file(staging / INDEX, json.dumps(index, sort_keys=True, indent=2).encode("utf-8"))
+            _write_file(
+                staging / INDEX, json.dumps(index, sort_keys=True, indent=2).encode("utf-8")
+            )
             _fsync_dir(staging)
             _move_into_place(staging, directory)
         except (OSError, CheckpointError) as exc:
@@ -508,13 +600,19 @@ def verify(directory: str | Path) -> dict:
     directory = Path(directory)
     hint_restore = "restore an earlier checkpoint (twice.checkpoint.latest skips damaged ones), or re-create it"
     if directory.is_file():
-        raise CheckpointError(f"{directory} is a file, not a twice checkpoint folder",
-                              "twice checkpoints are folders written by twice.checkpoint.save; it never loads pickles")
+        raise CheckpointError(
+            f"{directory} is a file, not a twice checkpoint folder",
+            "twice checkpoints are folders written by twice.checkpoint.save; it never loads pickles",
+        )
     if not directory.is_dir():
-        raise CheckpointError(f"no checkpoint at {directory}", "check the path; `twice checkpoint ls RUN` lists them")
+        raise CheckpointError(
+            f"no checkpoint at {directory}", "check the path; `twice checkpoint ls RUN` lists them"
+        )
     index_path = directory / INDEX
     if not index_path.is_file():
-        raise CheckpointError(f"{directory} is incomplete or not a twice checkpoint: it has no {INDEX}", hint_restore)
+        raise CheckpointError(
+            f"{directory} is incomplete or not a twice checkpoint: it has no {INDEX}", hint_restore
+        )
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -522,42 +620,65 @@ def verify(directory: str | Path) -> dict:
     if isinstance(index, dict) and index.get("format") == RANKS_FORMAT:
         return _verify_ranks(directory, index, hint_restore)
     if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise CheckpointError(f"{directory} has an unknown format {index.get('format') if isinstance(index, dict) else None!r}",
-                              f"this twice reads {FORMAT}")
+        raise CheckpointError(
+            f"{directory} has an unknown format {index.get('format') if isinstance(index, dict) else None!r}",
+            f"this twice reads {FORMAT}",
+        )
     expected = set(index.get("files", {})) | {INDEX}
     foreign = sorted(p.name for p in directory.iterdir() if p.name not in expected)
     if foreign:
-        raise CheckpointError(f"{directory} holds files twice did not write: {', '.join(foreign)}",
-                              "twice never loads them (a pickle can run code); remove them or use a clean copy")
+        raise CheckpointError(
+            f"{directory} holds files twice did not write: {', '.join(foreign)}",
+            "twice never loads them (a pickle can run code); remove them or use a clean copy",
+        )
     for name, meta in index["files"].items():
         path = directory / name
         if not path.is_file():
             raise CheckpointError(f"checkpoint file {path} is missing", hint_restore)
         size = path.stat().st_size
         if size != meta["size"]:
-            raise CheckpointError(f"checkpoint file {path} is truncated or extended: {size} bytes, expected {meta['size']}", hint_restore)
+            raise CheckpointError(
+                f"checkpoint file {path} is truncated or extended: {size} bytes, expected {meta['size']}",
+                hint_restore,
+            )
         if _digest_file(path) != meta["digest"]:
-            raise CheckpointError(f"checkpoint file {path} is corrupt: its digest does not match", hint_restore)
+            raise CheckpointError(
+                f"checkpoint file {path} is corrupt: its digest does not match", hint_restore
+            )
     return index
 
 
 def _verify_ranks(directory: Path, index: dict, hint_restore: str) -> dict:
     parts = index.get("parts", {})
     if len(parts) != index.get("world_size"):
-        raise CheckpointError(f"{directory} indexes {len(parts)} rank parts for world size {index.get('world_size')}", hint_restore)
+        raise CheckpointError(
+            f"{directory} indexes {len(parts)} rank parts for world size {index.get('world_size')}",
+            hint_restore,
+        )
     foreign = sorted(p.name for p in directory.iterdir() if p.name not in set(parts) | {INDEX})
     if foreign:
-        raise CheckpointError(f"{directory} holds files twice did not write: {', '.join(foreign)}",
-                              "twice never loads them (a pickle can run code); remove them or use a clean copy")
+        raise CheckpointError(
+            f"{directory} holds files twice did not write: {', '.join(foreign)}",
+            "twice never loads them (a pickle can run code); remove them or use a clean copy",
+        )
     for name, digest in sorted(parts.items()):
         verify(directory / name)
         if _digest_file(directory / name / INDEX) != digest:
-            raise CheckpointError(f"rank part {directory / name} is not the one this checkpoint was completed with", hint_restore)
+            raise CheckpointError(
+                f"rank part {directory / name} is not the one this checkpoint was completed with",
+                hint_restore,
+            )
     return index
 
 
-def load(directory: str | Path, *, strict: bool = True, rank: int | None = None, world_size_change: bool = False,
-         **targets: Any) -> dict[str, Any]:
+def load(
+    directory: str | Path,
+    *,
+    strict: bool = True,
+    rank: int | None = None,
+    world_size_change: bool = False,
+    **targets: Any,
+) -> dict[str, Any]:
     """Verify `directory`, restore each entry into the object passed under its name, and return all entries.
 
     Entries without a target come back as plain values (tensors, numbers, dicts). In strict mode
@@ -577,25 +698,35 @@ def load(directory: str | Path, *, strict: bool = True, rank: int | None = None,
         rank = here if rank is None else rank
         saved = index["world_size"]
         if world != saved and not world_size_change:
-            raise CheckpointError(f"checkpoint {directory.name} was written by {saved} processes; this run has {world}",
-                                  f"resume with the same world size ({saved}) for a bitwise continuation, or pass "
-                                  "world_size_change=True (twice.Run(resume_world_size_change=True)) to accept a non-bitwise one")
+            raise CheckpointError(
+                f"checkpoint {directory.name} was written by {saved} processes; this run has {world}",
+                f"resume with the same world size ({saved}) for a bitwise continuation, or pass "
+                "world_size_change=True (twice.Run(resume_world_size_change=True)) to accept a non-bitwise one",
+            )
         if world != saved:
-            warnings.warn(f"twice: resuming a {saved}-process checkpoint in {world} processes: data order, RNG streams "
-                          "and reduction order change, so the run cannot match the original bit for bit", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"twice: resuming a {saved}-process checkpoint in {world} processes: data order, RNG streams "
+                "and reduction order change, so the run cannot match the original bit for bit",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         part = _part(rank) if _part(rank) in index["parts"] else _part(0)
         return load(directory / part, strict=strict, **targets)
     kinds: dict[str, str] = index["entries"]
     missing = sorted(set(targets) - set(kinds))
     if missing:
-        raise CheckpointError(f"checkpoint {directory.name} has no state for {', '.join(map(repr, missing))}",
-                              "save it in the checkpoint before resuming, or load with strict=False")
+        raise CheckpointError(
+            f"checkpoint {directory.name} has no state for {', '.join(map(repr, missing))}",
+            "save it in the checkpoint before resuming, or load with strict=False",
+        )
     stateful = {name for name, kind in kinds.items() if kind != "value"}
     unexpected = sorted(stateful - set(targets))
     if strict and unexpected:
-        raise CheckpointError(f"checkpoint {directory.name} has state for {', '.join(map(repr, unexpected))} that nothing restores",
-                              "pass those objects too (under twice.Run: run.track(name=obj) before run.resume()), "
-                              "or load with strict=False (run.resume(strict=False))")
+        raise CheckpointError(
+            f"checkpoint {directory.name} has state for {', '.join(map(repr, unexpected))} that nothing restores",
+            "pass those objects too (under twice.Run: run.track(name=obj) before run.resume()), "
+            "or load with strict=False (run.resume(strict=False))",
+        )
     tensors = load_file(str(directory / TENSORS))
     state = _decode(json.loads((directory / STATE).read_text(encoding="utf-8"))["entries"], tensors)
     restored = {}
@@ -612,7 +743,11 @@ def list_checkpoints(parent: str | Path) -> list[Path]:
     parent = Path(parent)
     if not parent.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in parent.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in parent.iterdir()
+        if p.is_dir() and (m := _STEP_DIR.match(p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -623,7 +758,11 @@ def latest(parent: str | Path) -> Path | None:
             verify(candidate)
             return candidate
         except CheckpointError as exc:
-            warnings.warn(f"twice: skipping checkpoint {candidate.name}: {exc.message}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"twice: skipping checkpoint {candidate.name}: {exc.message}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     return None
 
 

@@ -17,7 +17,6 @@ import sys
 import types
 from typing import Any
 
-import numpy as np
 import xxhash
 
 try:  # the compiled part (see setup.py); where it was not built, the same values come from Python
@@ -27,8 +26,22 @@ except ImportError:
 
 __all__ = ["digest", "Digester", "tensor_bytes_view", "device_fold"]
 
-_TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = b"N", b"?", b"i", b"f", b"s", b"b"
-_TAG_SEQ, _TAG_MAP, _TAG_TENSOR, _TAG_ARRAY, _TAG_DATACLASS, _TAG_OPAQUE = b"[", b"{", b"T", b"A", b"D", b"O"
+_TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = (
+    b"N",
+    b"?",
+    b"i",
+    b"f",
+    b"s",
+    b"b",
+)
+_TAG_SEQ, _TAG_MAP, _TAG_TENSOR, _TAG_ARRAY, _TAG_DATACLASS, _TAG_OPAQUE = (
+    b"[",
+    b"{",
+    b"T",
+    b"A",
+    b"D",
+    b"O",
+)
 _TAG_DEVICE_TENSOR, _TAG_SPARSE, _TAG_NESTED, _TAG_QUANTIZED = b"G", b"S", b"J", b"Q"
 _TAG_OBJECT = b"R"
 
@@ -60,7 +73,7 @@ class Digester:
     def _frame(self, tag: bytes, payload: bytes) -> None:
         self._hash.update(tag + len(payload).to_bytes(8, "little") + payload)
 
-    def update(self, value: Any) -> "Digester":
+    def update(self, value: Any) -> Digester:
         """Feed one value (tensor, array, number, string, or a nesting of those)."""
         # A value cannot be a tensor unless torch is loaded; not importing it keeps the launcher fast.
         torch_module = sys.modules.get("torch")
@@ -81,9 +94,10 @@ class Digester:
             self._frame(_TAG_STR, value.encode("utf-8", "surrogatepass"))
         elif isinstance(value, (bytes, bytearray, memoryview)):
             self._frame(_TAG_BYTES, bytes(value))
-        elif isinstance(value, np.ndarray):
-            self._update_array(value)
-        elif isinstance(value, np.generic):
+        elif (np := sys.modules.get("numpy")) is not None and isinstance(
+            value, (np.ndarray, np.generic)
+        ):
+            # (an array exists only once NumPy is loaded: the core never imports it on its own)
             self._update_array(np.asarray(value))
         elif isinstance(value, dict) or (hasattr(value, "keys") and hasattr(value, "__getitem__")):
             keys = list(value.keys())
@@ -91,11 +105,15 @@ class Digester:
             for key in keys:
                 self.update(key)
                 self.update(value[key])
-        elif isinstance(value, (list, tuple)):  # subclasses: after the mapping test, which a subclass may pass
+        elif isinstance(
+            value, (list, tuple)
+        ):  # subclasses: after the mapping test, which a subclass may pass
             self._update_sequence(value)
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = dataclasses.fields(value)
-            self._frame(_TAG_DATACLASS, type(value).__qualname__.encode() + b":" + str(len(fields)).encode())
+            self._frame(
+                _TAG_DATACLASS, type(value).__qualname__.encode() + b":" + str(len(fields)).encode()
+            )
             for field in fields:
                 self.update(field.name)
                 self.update(getattr(value, field.name))
@@ -154,17 +172,24 @@ class Digester:
         if tensor.layout != torch.strided:
             parts = sparse_parts(tensor)
             if parts is None:
-                raise TypeError(f"cannot digest a {tensor.layout} tensor; convert it with .to_dense() first")
+                raise TypeError(
+                    f"cannot digest a {tensor.layout} tensor; convert it with .to_dense() first"
+                )
             # A sparse tensor (an nn.Embedding(sparse=True) gradient) as what it holds: its index and
             # value tensors as they are, uncoalesced duplicates included, under its layout and shape.
-            self._frame(_TAG_SPARSE, f"{tensor.layout}|{tensor.dtype}|{tuple(tensor.shape)}|{len(parts)}".encode())
+            self._frame(
+                _TAG_SPARSE,
+                f"{tensor.layout}|{tensor.dtype}|{tuple(tensor.shape)}|{len(parts)}".encode(),
+            )
             for part in parts:
                 self._update_tensor(part)
             return
         device = tensor.device.type
         if device == "meta":
             raise TypeError("cannot digest a meta tensor: it has no data")
-        if tensor.is_quantized:  # the integers and what maps them to values: scale(s), zero point(s), axis
+        if (
+            tensor.is_quantized
+        ):  # the integers and what maps them to values: scale(s), zero point(s), axis
             scheme = tensor.qscheme()
             if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
                 mapping, parts = f"{scheme}|{tensor.q_scale()!r}|{tensor.q_zero_point()}", ()
@@ -185,7 +210,9 @@ class Digester:
             words = device_fold(tensor)
             self._frame(_TAG_DEVICE_TENSOR, header + b"|" + words)
 
-    def _update_array(self, array: np.ndarray) -> None:
+    def _update_array(self, array) -> None:
+        import numpy as np
+
         if array.dtype.hasobject:
             raise TypeError("cannot digest a NumPy array of Python objects")
         array = np.ascontiguousarray(array)
@@ -219,7 +246,14 @@ def _attributes(value: Any) -> list[tuple[str, Any]] | None:
     return sorted(fields.items(), key=lambda item: str(item[0]))
 
 
-_NOT_OBJECTS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType)
+_NOT_OBJECTS = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.CodeType,
+)
 
 
 def sparse_parts(tensor) -> tuple | None:
@@ -267,6 +301,7 @@ class _Pinned:
 
 def _mix64(x):
     """splitmix64 finaliser on an int64 tensor (wrapping arithmetic, logical shifts emulated)."""
+
     def shr(v, n):
         return (v >> n) & ((1 << (64 - n)) - 1)
 
@@ -381,7 +416,9 @@ def _plain_head(tensor: Any) -> tuple | None:
     dtype and shape), as `_plain_heads` holds it; None for any other tensor (digest() frames those)."""
     if not _strided:
         _strided.append(_torch().strided)
-    if not (tensor.is_cpu and tensor.layout is _strided[0] and tensor.is_contiguous()):  # (a compressed layout has no is_contiguous)
+    if not (
+        tensor.is_cpu and tensor.layout is _strided[0] and tensor.is_contiguous()
+    ):  # (a compressed layout has no is_contiguous)
         return None
     key = (tensor.dtype, tensor.shape)
     head = _plain_heads.get(key)
@@ -392,9 +429,15 @@ def _plain_head(tensor: Any) -> tuple | None:
             _plain_heads.clear()
         nbytes = tensor.numel() * tensor.element_size()
         torch = _torch()
-        kind = 1 if key[0] == torch.float32 else 2 if key[0] == torch.float64 else 0  # norms in twice._native
-        head = _plain_heads[key] = (_framed_header(tensor) + nbytes.to_bytes(8, "little"),
-                                    ctypes.c_char * nbytes if nbytes else None, nbytes, kind)
+        kind = (
+            1 if key[0] == torch.float32 else 2 if key[0] == torch.float64 else 0
+        )  # norms in twice._native
+        head = _plain_heads[key] = (
+            _framed_header(tensor) + nbytes.to_bytes(8, "little"),
+            ctypes.c_char * nbytes if nbytes else None,
+            nbytes,
+            kind,
+        )
     return head
 
 
@@ -409,7 +452,9 @@ def digest_many(tensors: list, norms: bool = False) -> tuple[list[str], list[flo
     pieces and sums the squares of each piece while it is in the L1 cache. The norm is twice's
     own (`lanes_norm`), the same bits whether _native was built or not."""
     if _native is None:
-        return [digest_tensor(t) for t in tensors], [lanes_norm(t) for t in tensors] if norms else None
+        return [digest_tensor(t) for t in tensors], [
+            lanes_norm(t) for t in tensors
+        ] if norms else None
     items, where, digests = [], [], [None] * len(tensors)
     out: list[float | None] | None = [None] * len(tensors) if norms else None
     for i, tensor in enumerate(tensors):
@@ -438,7 +483,13 @@ def hash_items(items: list) -> list[str] | None:
 def buffers_item(main: Any, tail: bytes | None = None) -> tuple:
     """For `hash_items`: what `digest_buffers(main, tail)` digests, `main` a ctypes array (hashed where it lies)."""
     size = len(main)
-    return (_TAG_BYTES + (size + len(tail or b"")).to_bytes(8, "little"), ctypes.addressof(main), size, 0, tail)
+    return (
+        _TAG_BYTES + (size + len(tail or b"")).to_bytes(8, "little"),
+        ctypes.addressof(main),
+        size,
+        0,
+        tail,
+    )
 
 
 def tensor_item(tensor: Any) -> tuple | None:
@@ -454,19 +505,31 @@ def lanes_norm(tensor: Any) -> float | None:
     sums added pairwise, the square root taken. A definition of twice's own, so that the compiled
     code (twice._native) and NumPy give the same bits; None for other tensors."""
     torch = _torch()
-    if not (tensor.is_cpu and tensor.layout is torch.strided and tensor.dtype in (torch.float32, torch.float64)):
+    if not (
+        tensor.is_cpu
+        and tensor.layout is torch.strided
+        and tensor.dtype in (torch.float32, torch.float64)
+    ):
         return None
     tensor = tensor.detach()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     if _native is not None:
         width = tensor.element_size()
-        return _native.hash([(b"", tensor.data_ptr(), tensor.numel() * width, 1 if width == 4 else 2, None)])[1][0]
+        return _native.hash(
+            [(b"", tensor.data_ptr(), tensor.numel() * width, 1 if width == 4 else 2, None)]
+        )[1][0]
+    import numpy as np
+
     values = tensor.numpy().reshape(-1).astype(np.float64)
     full = len(values) - len(values) % _LANES
     # Along axis 0 NumPy adds row after row (its pairwise summation is for the contiguous axis):
     # each lane's running sum in element order, as in C. A test holds the two together.
-    sums = np.zeros(_LANES) if not full else np.add.reduce(np.square(values[:full]).reshape(-1, _LANES), axis=0)
+    sums = (
+        np.zeros(_LANES)
+        if not full
+        else np.add.reduce(np.square(values[:full]).reshape(-1, _LANES), axis=0)
+    )
     sums = [float(x) for x in sums]
     for i in range(full, len(values)):
         value = float(values[i])
@@ -483,7 +546,9 @@ _LANES = 32  # lanes_norm's running sums (as LANES in _native.c)
 
 def digest_pairs(pairs: list[tuple[str, str]]) -> str:
     """Digest of (name, digest) pairs: the combined fingerprint of many tensors, in one hash call."""
-    return xxhash.xxh3_128_hexdigest("\n".join(map("\t".join, pairs)).encode("utf-8"))  # (name, digest): str pairs
+    return xxhash.xxh3_128_hexdigest(
+        "\n".join(map("\t".join, pairs)).encode("utf-8")
+    )  # (name, digest): str pairs
 
 
 def float_bits(value: float) -> str:

@@ -41,10 +41,19 @@ class Divergence:
         return self.fields[0]
 
     def to_json(self) -> dict:
-        data = {"stream": self.stream, "step": self.step, "fields": self.fields, "first": self.first,
-                "tensors": self.tensors, "rng_sources": self.rng_sources, "identical_steps_before": self.identical_before}
+        data = {
+            "stream": self.stream,
+            "step": self.step,
+            "fields": self.fields,
+            "first": self.first,
+            "tensors": self.tensors,
+            "rng_sources": self.rng_sources,
+            "identical_steps_before": self.identical_before,
+        }
         if "loss" in self.fields:
-            data.update(loss_a=self.loss_a, loss_b=self.loss_b, **loss_gap(self.loss_a, self.loss_b))
+            data.update(
+                loss_a=self.loss_a, loss_b=self.loss_b, **loss_gap(self.loss_a, self.loss_b)
+            )
         return data
 
 
@@ -88,7 +97,9 @@ def _differing(a: dict | None, b: dict | None) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
-def first_divergence(a: list[StepRecord], b: list[StepRecord], stream: str = "main") -> Divergence | None:
+def first_divergence(
+    a: list[StepRecord], b: list[StepRecord], stream: str = "main"
+) -> Divergence | None:
     """The first step recorded in both traces whose compared fields differ, or None.
 
     Steps recorded in only one trace (a shorter run, another --trace-every) are not compared.
@@ -99,7 +110,9 @@ def first_divergence(a: list[StepRecord], b: list[StepRecord], stream: str = "ma
         record_b = by_step_b.get(record_a.step)
         if record_b is None:
             continue
-        fields = [name for name in COMPARED_FIELDS if getattr(record_a, name) != getattr(record_b, name)]
+        fields = [
+            name for name in COMPARED_FIELDS if getattr(record_a, name) != getattr(record_b, name)
+        ]
         if not fields:
             same += 1
             continue
@@ -108,9 +121,16 @@ def first_divergence(a: list[StepRecord], b: list[StepRecord], stream: str = "ma
             differing = _differing(getattr(record_a, attr), getattr(record_b, attr))
             if differing:
                 tensors[name] = differing
-        return Divergence(stream=stream, step=record_a.step, fields=fields, tensors=tensors,
-                          rng_sources=_differing(record_a.rng, record_b.rng),
-                          loss_a=record_a.loss, loss_b=record_b.loss, identical_before=same)
+        return Divergence(
+            stream=stream,
+            step=record_a.step,
+            fields=fields,
+            tensors=tensors,
+            rng_sources=_differing(record_a.rng, record_b.rng),
+            loss_a=record_a.loss,
+            loss_b=record_b.loss,
+            identical_before=same,
+        )
     return None
 
 
@@ -130,21 +150,37 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
         by_group.setdefault(diff.group, []).append(diff)
     world = next((d for d in diffs if d.key == "distributed.world_size"), None)
     if world is not None:
-        return (f"the runs used world sizes {world.a} and {world.b}: gradients are reduced in another order, "
-                "so bits differ unless training is world-size invariant")
+        return (
+            f"the runs used world sizes {world.a} and {world.b}: gradients are reduced in another order, "
+            "so bits differ unless training is world-size invariant"
+        )
     if "seeds" in by_group:
         d = by_group["seeds"][0]
+
         def seed(value):
             return "no seed (--observe)" if value is None else value
+
         return f"the runs used different seeds ({seed(d.a)} and {seed(d.b)})"
     if "arguments" in by_group:
         return _argv_change(by_group["arguments"][0])
     if "code" in by_group:
-        keys = sorted({d.key.split(".", 2)[-1] if d.key.startswith("code.sources.") else d.key for d in by_group["code"]})
+        keys = sorted(
+            {
+                d.key.split(".", 2)[-1] if d.key.startswith("code.sources.") else d.key
+                for d in by_group["code"]
+            }
+        )
         return f"the code differs ({', '.join(keys[:3])})"
     if "threads" in by_group:
-        d = next((d for d in by_group["threads"] if d.key == "threads.intra_op_threads"), by_group["threads"][0])
-        return f"the runs used {d.a} and {d.b} torch threads" if d.key == "threads.intra_op_threads" else f"{d.key} differs ({d.a} vs {d.b})"
+        d = next(
+            (d for d in by_group["threads"] if d.key == "threads.intra_op_threads"),
+            by_group["threads"][0],
+        )
+        return (
+            f"the runs used {d.a} and {d.b} torch threads"
+            if d.key == "threads.intra_op_threads"
+            else f"{d.key} differs ({d.a} vs {d.b})"
+        )
     if "packages" in by_group:
         d = by_group["packages"][0]
         return f"package versions differ ({d.key}: {d.a} vs {d.b})"
@@ -175,13 +211,21 @@ def explain(diffs: list[Difference], divergence: Divergence | None, observed: bo
     """One sentence: what differed first and the most likely cause, combining manifest and trace."""
     reason = _identity_reason(diffs)
     if divergence is None:
-        return f"traces agree on every common step; {reason}" if reason else "traces agree on every common step"
+        return (
+            f"traces agree on every common step; {reason}"
+            if reason
+            else "traces agree on every common step"
+        )
     stage = _STAGE[divergence.first]
     if divergence.first == "loss" and divergence.step == 0:
-        stage = "batches identical, loss differs: the initial weights or the forward computation differ"
+        stage = (
+            "batches identical, loss differs: the initial weights or the forward computation differ"
+        )
     if divergence.first == "params" and reason is None:
-        stage = ("batches and gradients identical, parameters differ: something other than this step's update "
-                 "changed them (another process writing shared parameters without a lock, or a race)")
+        stage = (
+            "batches and gradients identical, parameters differ: something other than this step's update "
+            "changed them (another process writing shared parameters without a lock, or a race)"
+        )
     sentence = f"{stage} at step {divergence.step}"
     names = divergence.tensors.get(divergence.first, [])
     if names:
@@ -189,7 +233,11 @@ def explain(diffs: list[Difference], divergence: Divergence | None, observed: bo
     if reason:
         return f"{sentence}; {reason}"
     if observed and divergence.first in ("batch", "rng", "loss"):
-        return (f"{sentence}; the runs were recorded with --observe, so RNGs the script does not seed itself "
-                "start differently (run without --observe to seed every RNG)")
-    return (f"{sentence}; same code, seeds and settings: nondeterminism inside the run, not seeding "
-            f"({'a nondeterministic data pipeline' if divergence.first == 'batch' else 'a nondeterministic kernel, a race or unsynchronised shared state'})")
+        return (
+            f"{sentence}; the runs were recorded with --observe, so RNGs the script does not seed itself "
+            "start differently (run without --observe to seed every RNG)"
+        )
+    return (
+        f"{sentence}; same code, seeds and settings: nondeterminism inside the run, not seeding "
+        f"({'a nondeterministic data pipeline' if divergence.first == 'batch' else 'a nondeterministic kernel, a race or unsynchronised shared state'})"  # noqa: E501
+    )

@@ -1,10 +1,10 @@
 """The exception tree of twice, each error carrying its exit code and a hint.
 
-    TwiceError                 exit 2: usage or tool error (rendered as error:/hint:)
-    ├── UsageError             bad arguments or options
-    ├── RunNotFound            a run folder that does not exist or is not a run
-    ├── CorruptRecord          a manifest or trace that cannot be read
-    └── DeterminismError       a determinism setting that can no longer take effect
+TwiceError                 exit 2: usage or tool error (rendered as error:/hint:)
+├── UsageError             bad arguments or options
+├── RunNotFound            a run folder that does not exist or is not a run
+├── CorruptRecord          a manifest or trace that cannot be read
+└── DeterminismError       a determinism setting that can no longer take effect
 """
 
 from __future__ import annotations

@@ -8,15 +8,42 @@ from typing import Any
 __all__ = ["Difference", "compare_identity", "GROUPS", "group_of"]
 
 # The order in which difference groups are reported, and which identity keys fall in each.
-GROUPS = ("code", "arguments", "packages", "hardware", "threads", "environment", "determinism", "seeds")
+GROUPS = (
+    "code",
+    "arguments",
+    "packages",
+    "hardware",
+    "threads",
+    "environment",
+    "determinism",
+    "seeds",
+)
 _GROUP_OF_TOP = {
-    "code": "code", "argv": "arguments", "config": "arguments", "command": "arguments",
-    "packages": "packages", "python": "packages", "torch": "packages",
-    "cpu": "hardware", "gpus": "hardware", "os": "hardware", "cuda_devices": "hardware",
-    "threads": "threads", "env": "environment", "determinism": "determinism",
-    "seed": "seeds", "observe": "determinism", "distributed": "hardware",
+    "code": "code",
+    "argv": "arguments",
+    "config": "arguments",
+    "command": "arguments",
+    "packages": "packages",
+    "python": "packages",
+    "torch": "packages",
+    "cpu": "hardware",
+    "gpus": "hardware",
+    "os": "hardware",
+    "cuda_devices": "hardware",
+    "threads": "threads",
+    "env": "environment",
+    "determinism": "determinism",
+    "seed": "seeds",
+    "observe": "determinism",
+    "distributed": "hardware",
 }
-_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+_THREAD_ENV = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,14 @@ class OpFinding:
     inputs: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "index": self.index, "a": self.a, "b": self.b, "outputs": self.outputs,
-                "inputs": self.inputs}
+        return {
+            "kind": self.kind,
+            "index": self.index,
+            "a": self.a,
+            "b": self.b,
+            "outputs": self.outputs,
+            "inputs": self.inputs,
+        }
 
 
 def first_op_difference(a: list[dict], b: list[dict]) -> OpFinding:
@@ -50,7 +56,12 @@ def first_op_difference(a: list[dict], b: list[dict]) -> OpFinding:
         produced_a.update(op_a["out"])
     if len(a) != len(b):
         index = min(len(a), len(b))
-        return OpFinding("sequence", index, a[index] if index < len(a) else None, b[index] if index < len(b) else None)
+        return OpFinding(
+            "sequence",
+            index,
+            a[index] if index < len(a) else None,
+            b[index] if index < len(b) else None,
+        )
     return OpFinding("identical")
 
 
@@ -72,13 +83,21 @@ def value_gap(x, y) -> dict[str, Any]:
 
     if x.shape != y.shape or x.dtype != y.dtype:
         return {"max_abs": None, "max_ulps": None, "elements_differing": None}
-    differing = int((x != y).sum()) if not x.dtype.is_floating_point else int(((x != y) & ~(x.isnan() & y.isnan())).sum())
+    differing = (
+        int((x != y).sum())
+        if not x.dtype.is_floating_point
+        else int(((x != y) & ~(x.isnan() & y.isnan())).sum())
+    )
     if not (x.dtype.is_floating_point and x.numel()):
-        return {"max_abs": float((x.double() - y.double()).abs().max()) if x.numel() else 0.0, "max_ulps": None,
-                "elements_differing": differing}
+        return {
+            "max_abs": float((x.double() - y.double()).abs().max()) if x.numel() else 0.0,
+            "max_ulps": None,
+            "elements_differing": differing,
+        }
     diff = (x.double() - y.double()).abs()
     max_abs = float(diff.nan_to_num(nan=math.inf).max())
     int_type = {2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+
     # Ordered integer views: adjacent floats are adjacent integers, so ulps are integer distances.
     def ordered(t):
         bits = t.contiguous().view(int_type).long()

@@ -12,8 +12,8 @@ Nothing else in twice spells a TWICE_* name. Pure: both directions work on plain
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from twice.core.errors import UsageError
 
@@ -68,11 +68,13 @@ class ChildSettings:
             value = getattr(self, f.name)
             if value == f.default:
                 continue
-            out[f.metadata["env"]] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+            out[f.metadata["env"]] = (
+                ("1" if value else "0") if isinstance(value, bool) else str(value)
+            )
         return out
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> "ChildSettings":
+    def from_env(cls, environ: Mapping[str, str]) -> ChildSettings:
         """Read the settings back; a malformed value is a UsageError naming the variable."""
         values = {}
         for f in dataclasses.fields(cls):
@@ -88,15 +90,20 @@ class ChildSettings:
                 else:
                     values[f.name] = raw
             except ValueError:
-                raise UsageError(f"{f.metadata['env']}={raw!r} is not an integer",
-                                 f"unset {f.metadata['env']}, or set it to a whole number") from None
+                raise UsageError(
+                    f"{f.metadata['env']}={raw!r} is not an integer",
+                    f"unset {f.metadata['env']}, or set it to a whole number",
+                ) from None
         return cls(**values)
 
     @classmethod
     def variables(cls, *, launcher_only: bool = False) -> tuple[str, ...]:
         """Every variable of the contract (with launcher_only, those the user may not set)."""
-        return tuple(f.metadata["env"] for f in dataclasses.fields(cls)
-                     if not (launcher_only and f.metadata.get("user")))
+        return tuple(
+            f.metadata["env"]
+            for f in dataclasses.fields(cls)
+            if not (launcher_only and f.metadata.get("user"))
+        )
 
     @property
     def only_steps(self) -> set[int] | None:
@@ -111,8 +118,16 @@ class ChildSettings:
 
 
 # Variables that describe one run and must not leak from an outer `twice run` into a new one.
-PER_RUN = ("TWICE_CHECKPOINT_DIR", "TWICE_RESUME_FROM", "TWICE_RESUME_PROBE", "TWICE_STOP_AFTER",
-           "TWICE_RECORD_OPS", "TWICE_DUMP_OP", "TWICE_NUMERICS", "TWICE_TRACE_STEPS")
+PER_RUN = (
+    "TWICE_CHECKPOINT_DIR",
+    "TWICE_RESUME_FROM",
+    "TWICE_RESUME_PROBE",
+    "TWICE_STOP_AFTER",
+    "TWICE_RECORD_OPS",
+    "TWICE_DUMP_OP",
+    "TWICE_NUMERICS",
+    "TWICE_TRACE_STEPS",
+)
 
 
 def parse_steps(value: str) -> set[int]:

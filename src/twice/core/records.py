@@ -7,8 +7,9 @@ compare bit for bit.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = ["StepRecord", "COMPARED_FIELDS", "record_line", "iter_values"]
 
@@ -22,27 +23,32 @@ class StepRecord:
     """The exact fingerprint of one training step."""
 
     step: int
-    loss: Any = None              # float.hex of the loss, or a list when backward ran several times
-    batch: str | None = None      # digest of the batches the step consumed
-    grads: str | None = None      # digest of all gradients the optimizers used
+    loss: Any = None  # float.hex of the loss, or a list when backward ran several times
+    batch: str | None = None  # digest of the batches the step consumed
+    grads: str | None = None  # digest of all gradients the optimizers used
     grad_norm: str | None = None  # float.hex of the total L2 gradient norm
     lr: list[str] = field(default_factory=list)
-    params: str | None = None     # digest of all parameters after the update
+    params: str | None = None  # digest of all parameters after the update
     rng: dict[str, str] = field(default_factory=dict)
     param_digests: dict[str, str] | None = None  # per tensor, at the --params-every interval
     grad_digests: dict[str, str] | None = None
     params_before: str | None = None  # parameters before the first step after a resume
-    skipped: bool | None = None   # True: GradScaler skipped the update (inf/NaN gradients), parameters unchanged
-    time: float | None = None     # seconds since the recorder started: context, never compared
+    skipped: bool | None = (
+        None  # True: GradScaler skipped the update (inf/NaN gradients), parameters unchanged
+    )
+    time: float | None = None  # seconds since the recorder started: context, never compared
 
     def to_json(self) -> dict:
         # Shallow on purpose: asdict() deep-copies every field and cost more than the digests. One
         # comprehension over the names, not a generator feeding it: once a step, on cold caches.
-        return {name: value for name in _FIELD_NAMES
-                if (value := getattr(self, name)) is not None and value != {} and value != []}
+        return {
+            name: value
+            for name in _FIELD_NAMES
+            if (value := getattr(self, name)) is not None and value != {} and value != []
+        }
 
     @classmethod
-    def from_json(cls, data: dict) -> "StepRecord":
+    def from_json(cls, data: dict) -> StepRecord:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
 
@@ -68,10 +74,11 @@ def record_line(record: StepRecord) -> bytes:
     if orjson is not None:
         try:
             return orjson.dumps(data, option=_ORJSON_OPTIONS)
-        except TypeError:  # what orjson refuses and json takes (an int beyond 64 bits, a non-str key)
+        except (
+            TypeError
+        ):  # what orjson refuses and json takes (an int beyond 64 bits, a non-str key)
             pass
     return (_ENCODER.encode(data) + "\n").encode("utf-8")
-
 
 
 def iter_values(record: StepRecord) -> Iterator[tuple[str, Any]]:

@@ -37,8 +37,14 @@ class ArmSummary:
     values: dict[int, float]
 
     def to_json(self) -> dict:
-        return {"arm": self.arm, "n": self.n, "mean": self.mean, "std": self.std, "ci95": [self.ci_low, self.ci_high],
-                "values": {str(k): v for k, v in self.values.items()}}
+        return {
+            "arm": self.arm,
+            "n": self.n,
+            "mean": self.mean,
+            "std": self.std,
+            "ci95": [self.ci_low, self.ci_high],
+            "values": {str(k): v for k, v in self.values.items()},
+        }
 
 
 @dataclass
@@ -58,9 +64,18 @@ class PairComparison:
     seeds_needed: int | None
 
     def to_json(self) -> dict:
-        return {"a": self.a, "b": self.b, "n": self.n, "mean_difference": self.mean_difference,
-                "ci95": [self.ci_low, self.ci_high], "p_paired_t": self.p_t, "p_wilcoxon": self.p_wilcoxon,
-                "effect_size_dz": self.effect_size, "verdict": self.verdict, "seeds_needed_80_power": self.seeds_needed}
+        return {
+            "a": self.a,
+            "b": self.b,
+            "n": self.n,
+            "mean_difference": self.mean_difference,
+            "ci95": [self.ci_low, self.ci_high],
+            "p_paired_t": self.p_t,
+            "p_wilcoxon": self.p_wilcoxon,
+            "effect_size_dz": self.effect_size,
+            "verdict": self.verdict,
+            "seeds_needed_80_power": self.seeds_needed,
+        }
 
 
 def _mean_ci(values: list[float]) -> tuple[float, float, float, float]:
@@ -81,7 +96,9 @@ def summarize_arm(arm: str, values: dict[int, float]) -> ArmSummary:
     return ArmSummary(arm, len(ordered), mean, std, low, high, dict(values))
 
 
-def seeds_for_power(effect_size: float, power: float = POWER, alpha: float = ALPHA, limit: int = 100_000) -> int | None:
+def seeds_for_power(
+    effect_size: float, power: float = POWER, alpha: float = ALPHA, limit: int = 100_000
+) -> int | None:
     """Seeds a paired t test needs to detect `effect_size` (Cohen's d_z) with `power` at level `alpha`."""
     stats = _scipy()
     if not math.isfinite(effect_size) or effect_size == 0:
@@ -92,7 +109,11 @@ def seeds_for_power(effect_size: float, power: float = POWER, alpha: float = ALP
         df = n - 1
         critical = stats.t.ppf(1 - alpha / 2, df)
         noncentrality = d * math.sqrt(n)
-        achieved = 1 - stats.nct.cdf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality)
+        achieved = (
+            1
+            - stats.nct.cdf(critical, df, noncentrality)
+            + stats.nct.cdf(-critical, df, noncentrality)
+        )
         if achieved >= power:
             return n
         n = n + 1 if n < 1000 else int(n * 1.1)
@@ -104,8 +125,10 @@ def compare_pair(a: ArmSummary, b: ArmSummary) -> PairComparison:
     stats = _scipy()
     seeds = sorted(set(a.values) & set(b.values))
     if len(seeds) < 2:
-        raise UsageError(f"arms {a.arm} and {b.arm} share {len(seeds)} seed(s); a paired comparison needs at least 2",
-                         "run the sweep with --seeds 2 or more")
+        raise UsageError(
+            f"arms {a.arm} and {b.arm} share {len(seeds)} seed(s); a paired comparison needs at least 2",
+            "run the sweep with --seeds 2 or more",
+        )
     diffs = [b.values[s] - a.values[s] for s in seeds]
     mean, std, low, high = _mean_ci(diffs)
     if std == 0:
@@ -113,7 +136,9 @@ def compare_pair(a: ArmSummary, b: ArmSummary) -> PairComparison:
         p_t = 0.0 if mean != 0 else 1.0
         effect = math.copysign(math.inf, mean) if mean != 0 else 0.0
     else:
-        p_t = float(stats.ttest_rel([b.values[s] for s in seeds], [a.values[s] for s in seeds]).pvalue)
+        p_t = float(
+            stats.ttest_rel([b.values[s] for s in seeds], [a.values[s] for s in seeds]).pvalue
+        )
         effect = mean / std
     try:
         p_w = float(stats.wilcoxon(diffs).pvalue) if any(diffs) else 1.0
@@ -122,4 +147,6 @@ def compare_pair(a: ArmSummary, b: ArmSummary) -> PairComparison:
     exceeds = p_t < ALPHA and not (low <= 0 <= high)
     verdict = "effect exceeds seed noise" if exceeds else "within seed noise"
     needed = seeds_for_power(effect) if math.isfinite(effect) else len(seeds)
-    return PairComparison(a.arm, b.arm, len(seeds), mean, low, high, p_t, p_w, effect, verdict, needed)
+    return PairComparison(
+        a.arm, b.arm, len(seeds), mean, low, high, p_t, p_w, effect, verdict, needed
+    )

@@ -12,7 +12,8 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import (
@@ -45,6 +46,7 @@ __all__ = ["loader", "ResumableLoader"]
 
 _second = operator.itemgetter(1)
 
+
 class _EpochSampler(Sampler):
     """Yields (stream, index) pairs: this rank's share of the epoch's order, from a given position on.
 
@@ -52,11 +54,22 @@ class _EpochSampler(Sampler):
     for the k-th repeat of an index within an epoch of a user's sampler (one drawing with
     replacement) epoch + k * 2**32, so that repeats get augmentations of their own."""
 
-    def __init__(self, size: int, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool,
-                 user: Any = None, user_batches: bool = False):
+    def __init__(
+        self,
+        size: int,
+        shuffle: bool,
+        seed: int,
+        rank: int,
+        world_size: int,
+        drop_last: bool,
+        user: Any = None,
+        user_batches: bool = False,
+    ):
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
-        self.user = user  # a sampler of the user's (WeightedRandomSampler, a subset), drawn once per epoch
+        self.user = (
+            user  # a sampler of the user's (WeightedRandomSampler, a subset), drawn once per epoch
+        )
         self.user_batches = user_batches  # `user` is a batch sampler (bucketing by length): it yields lists of indices
         # (epoch, indices, streams, batch sizes or None) of the last draw
         self._drawn: tuple[int, list[int], list[int], list[int] | None] | None = None
@@ -93,7 +106,7 @@ class _EpochSampler(Sampler):
         indices, streams, sizes = self._draw(epoch)
         keys, out, at = list(zip(streams, indices)), [], 0
         for size in sizes or ():
-            out.append(keys[at:at + size])
+            out.append(keys[at : at + size])
             at += size
         return self._share(out)
 
@@ -109,9 +122,11 @@ class _EpochSampler(Sampler):
         try:
             count = len(sampler)
         except TypeError:
-            raise UsageError(f"the {type(sampler).__name__} given to twice.data.loader has no length, so an epoch "
-                             "of it has no end and no position to resume at",
-                             "give the sampler a __len__ (the samples per epoch)") from None
+            raise UsageError(
+                f"the {type(sampler).__name__} given to twice.data.loader has no length, so an epoch "
+                "of it has no end and no position to resume at",
+                "give the sampler a __len__ (the samples per epoch)",
+            ) from None
         if callable(getattr(sampler, "set_epoch", None)):
             sampler.set_epoch(epoch)
         own = getattr(sampler, "generator", _ABSENT)
@@ -120,7 +135,9 @@ class _EpochSampler(Sampler):
         try:
             if own is not _ABSENT:  # RandomSampler, WeightedRandomSampler, SubsetRandomSampler
                 sampler.generator = torch.Generator().manual_seed(seed)
-            drawn = list(itertools.islice(sampler, count))  # an endless sampler gives an epoch of its length
+            drawn = list(
+                itertools.islice(sampler, count)
+            )  # an endless sampler gives an epoch of its length
         finally:
             if own is not _ABSENT:
                 sampler.generator = own
@@ -129,22 +146,35 @@ class _EpochSampler(Sampler):
         if self.user_batches:
             sizes = []
             for batch in drawn:
-                if isinstance(batch, (str, bytes)) or not hasattr(batch, "__len__") or isinstance(batch, torch.Tensor) and batch.dim() == 0:
-                    raise UsageError(f"the batch_sampler given to twice.data.loader yielded {batch!r}, not a batch of indices",
-                                     "pass a sampler of single indices as sampler= instead")
+                if (
+                    isinstance(batch, (str, bytes))
+                    or not hasattr(batch, "__len__")
+                    or isinstance(batch, torch.Tensor)
+                    and batch.dim() == 0
+                ):
+                    raise UsageError(
+                        f"the batch_sampler given to twice.data.loader yielded {batch!r}, not a batch of indices",
+                        "pass a sampler of single indices as sampler= instead",
+                    )
                 sizes.append(len(batch))
             drawn = [item for batch in drawn for item in batch]
         what = "batch_sampler" if self.user_batches else "sampler"
         indices, streams, seen = [], [], {}
         for item in drawn:
             try:
-                index = operator.index(item.item() if isinstance(item, torch.Tensor) and item.numel() == 1 else item)
+                index = operator.index(
+                    item.item() if isinstance(item, torch.Tensor) and item.numel() == 1 else item
+                )
             except TypeError:
-                raise UsageError(f"the {what} given to twice.data.loader yielded {item!r}, not a sample index",
-                                 "pass a sampler of indices as sampler=, or one of lists of indices as batch_sampler=") from None
+                raise UsageError(
+                    f"the {what} given to twice.data.loader yielded {item!r}, not a sample index",
+                    "pass a sampler of indices as sampler=, or one of lists of indices as batch_sampler=",
+                ) from None
             if not 0 <= index < self.size:
-                raise UsageError(f"the {what} given to twice.data.loader yielded index {index}, outside the dataset's {self.size} samples",
-                                 "give the sampler the dataset the loader reads")
+                raise UsageError(
+                    f"the {what} given to twice.data.loader yielded index {index}, outside the dataset's {self.size} samples",
+                    "give the sampler the dataset the loader reads",
+                )
             repeat = seen.get(index, 0)
             seen[index] = repeat + 1
             indices.append(index)
@@ -153,10 +183,10 @@ class _EpochSampler(Sampler):
         return indices, streams, sizes
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        indices = self.order(self.epoch)[self.start:]
+        indices = self.order(self.epoch)[self.start :]
         if self.user is None:
             return zip(itertools.repeat(self.epoch), indices)
-        return zip(self._share(self._draw(self.epoch)[1])[self.start:], indices)
+        return zip(self._share(self._draw(self.epoch)[1])[self.start :], indices)
 
     def __len__(self) -> int:
         return len(self.order(self.epoch)) - self.start
@@ -170,7 +200,7 @@ class _BatchKeys(Sampler):
         self.sampler = sampler
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        return iter(self.sampler.batches(self.sampler.epoch)[self.sampler.start:])
+        return iter(self.sampler.batches(self.sampler.epoch)[self.sampler.start :])
 
     def __len__(self) -> int:
         return len(self.sampler.batches(self.sampler.epoch)) - self.sampler.start
@@ -197,19 +227,27 @@ class _SeededSamples(Dataset):
 
     RNGS = ("python", "numpy", "torch")
 
-    def __init__(self, dataset: Dataset, seed: int, seed_every_rng: bool = False, collate: Any = None):
+    def __init__(
+        self, dataset: Dataset, seed: int, seed_every_rng: bool = False, collate: Any = None
+    ):
         self.dataset, self.seed = dataset, seed
         self.collate = collate  # the user's collate_fn, run here per batch (see _collate)
         self.collate_draws = False  # seen drawing from a global RNG: from then on seeded per batch
-        self.mixed_streams = False  # True under a user's sampler: a batch's samples can be of several streams
+        self.mixed_streams = (
+            False  # True under a user's sampler: a batch's samples can be of several streams
+        )
         self._epoch_keys: dict[int, int] = {}  # epoch -> derive_seed(seed, "sample", epoch)
         self.used = frozenset(self.RNGS if seed_every_rng else ())  # in this process
-        self.words: dict[str, int] = {}  # RNG -> fresh words made per sample (START_WORDS until more were read)
+        self.words: dict[
+            str, int
+        ] = {}  # RNG -> fresh words made per sample (START_WORDS until more were read)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def _fetch(self, keys: list[tuple[int, int]], used: frozenset) -> tuple[list[Any], dict[str, int]]:
+    def _fetch(
+        self, keys: list[tuple[int, int]], used: frozenset
+    ) -> tuple[list[Any], dict[str, int]]:
         """The samples, each fetched with the RNGs in `used` in its own state; and, per RNG, how
         many fresh words some sample needed beyond those made (empty when every sample fitted)."""
         dataset = self.dataset
@@ -229,7 +267,9 @@ class _SeededSamples(Dataset):
         if _native is not None and all(one.in_place for one in seeders):
             return self._fetch_compiled(keys, key, counts)
         indices = np.fromiter(map(_second, keys), np.uint64, len(keys))
-        prepare_states(counts, key, indices, len(dataset))  # the RNGs' states for the batch in one computation
+        prepare_states(
+            counts, key, indices, len(dataset)
+        )  # the RNGs' states for the batch in one computation
         writes, constant, calls, checks = [], [], [], []
         for one, words in counts:
             if not one.in_place:
@@ -241,7 +281,9 @@ class _SeededSamples(Dataset):
                 calls.append(one.reset)
             if words < MT_WORDS:
                 checks.append(one.check + (words, one))
-        if len(writes) == 1 and len(constant) == 1 and not calls:  # the usual case, torch's RNG alone: inlined
+        if (
+            len(writes) == 1 and len(constant) == 1 and not calls
+        ):  # the usual case, torch's RNG alone: inlined
             return self._fetch_one(keys, writes[0], constant[0], checks[0] if checks else None)
         samples: list[Any] = []
         append, over = samples.append, {}
@@ -266,11 +308,14 @@ class _SeededSamples(Dataset):
         specs = tuple(one.compiled_spec(words) for one, words in counts)
         cleared = tuple(pair for one, _ in counts for pair in one.cleared)
         stream_keys = key if isinstance(key, int) else key.tolist()
-        samples, needed = _native.fetch(self.dataset, keys if type(keys) is list else list(keys), stream_keys,
-                                           specs, cleared)
+        samples, needed = _native.fetch(
+            self.dataset, keys if type(keys) is list else list(keys), stream_keys, specs, cleared
+        )
         return samples, {one.name: count for (one, _), count in zip(counts, needed) if count}
 
-    def _fetch_one(self, keys: list[tuple[int, int]], write: tuple, constant: tuple, check: tuple | None):
+    def _fetch_one(
+        self, keys: list[tuple[int, int]], write: tuple, constant: tuple, check: tuple | None
+    ):
         """`_fetch` for one RNG in place with one constant write (torch's): per sample two memcpys
         and, while not all words are fresh, two integer reads; no Python call of ours."""
         dataset, (target, rows), (view, data) = self.dataset, write, constant
@@ -305,7 +350,9 @@ class _SeededSamples(Dataset):
                 if get_worker_info() is None:
                     rng_restore(before)
                 raise
-            drawn = rng_changed(before, rng_snapshot()) - used if len(used) < len(self.RNGS) else set()
+            drawn = (
+                rng_changed(before, rng_snapshot()) - used if len(used) < len(self.RNGS) else set()
+            )
             if not drawn and not over:
                 break
             # Seen drawing from an RNG not seeded yet, or reading beyond its fresh words: fetch
@@ -358,36 +405,66 @@ class ResumableLoader:
     epoch moves to the next. `set_epoch(e)` chooses an epoch explicitly.
     """
 
-    def __init__(self, dataset: Dataset, *, batch_size: int = 1, shuffle: bool = False, seed: int | None = None,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False, seed_every_rng: bool = False,
-                 **dataloader_kwargs: Any):
-        if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise UsageError(f"twice.data.loader needs a map-style dataset (__len__ and __getitem__), not a {type(dataset).__name__}",
-                             "an iterable dataset's order and position are its own: seed it and save its position "
-                             "yourself, or give the loader a Dataset indexed by sample")
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        seed: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        seed_every_rng: bool = False,
+        **dataloader_kwargs: Any,
+    ):
+        if isinstance(dataset, IterableDataset) or not (
+            hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+        ):
+            raise UsageError(
+                f"twice.data.loader needs a map-style dataset (__len__ and __getitem__), not a {type(dataset).__name__}",
+                "an iterable dataset's order and position are its own: seed it and save its position "
+                "yourself, or give the loader a Dataset indexed by sample",
+            )
         if seed is None:
             seed = _default_seed()
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size), not rank={rank}, world_size={world_size}")
+            raise ValueError(
+                f"rank must be in [0, world_size), not rank={rank}, world_size={world_size}"
+            )
         for forbidden in ("generator", "worker_init_fn"):
             if dataloader_kwargs.get(forbidden) is not None:
                 raise ValueError(f"twice.data.loader sets {forbidden} itself; remove it")
         user_sampler = dataloader_kwargs.pop("sampler", None)
         if user_sampler is not None and shuffle:
-            raise ValueError("sampler and shuffle=True both choose the order; remove shuffle (the sampler's order is used, "
-                             "its randomness seeded per epoch)")
+            raise ValueError(
+                "sampler and shuffle=True both choose the order; remove shuffle (the sampler's order is used, "
+                "its randomness seeded per epoch)"
+            )
         batch_sampler = dataloader_kwargs.pop("batch_sampler", None)
         if batch_sampler is not None:
             if user_sampler is not None or shuffle or drop_last or batch_size != 1:
-                raise ValueError("batch_sampler chooses the batches: it excludes sampler, shuffle, drop_last and batch_size "
-                                 "(as in DataLoader); remove those")
+                raise ValueError(
+                    "batch_sampler chooses the batches: it excludes sampler, shuffle, drop_last and batch_size "
+                    "(as in DataLoader); remove those"
+                )
             user_sampler = batch_sampler
         if dataloader_kwargs.get("in_order", True) is False:
-            raise ValueError("in_order=False lets DataLoader hand out batches in the order its workers finish them, "
-                             "which differs from run to run; remove it (twice.data.loader keeps the sampler's order)")
+            raise ValueError(
+                "in_order=False lets DataLoader hand out batches in the order its workers finish them, "
+                "which differs from run to run; remove it (twice.data.loader keeps the sampler's order)"
+            )
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.sampler = _EpochSampler(len(dataset), shuffle, seed, rank, world_size, drop_last, user_sampler,
-                                     user_batches=batch_sampler is not None)
+        self.sampler = _EpochSampler(
+            len(dataset),
+            shuffle,
+            seed,
+            rank,
+            world_size,
+            drop_last,
+            user_sampler,
+            user_batches=batch_sampler is not None,
+        )
         # One for the loader's life: what it learns about the RNGs the dataset draws from (in the
         # main process; each worker learns again in its own copy) is kept across epochs.
         # A collate_fn of the user's runs inside the batch fetch, where it can be seeded (batch_size=None
@@ -400,7 +477,9 @@ class ResumableLoader:
         self._kwargs = dataloader_kwargs
         self._drop_last_batch = drop_last
         self.batches_served = 0
-        self._persistent: DataLoader | None = None  # with persistent_workers: one DataLoader, its workers kept
+        self._persistent: DataLoader | None = (
+            None  # with persistent_workers: one DataLoader, its workers kept
+        )
 
     @property
     def epoch(self) -> int:
@@ -433,27 +512,49 @@ class ResumableLoader:
         """The DataLoader of this pass: a new one each pass, or with persistent_workers one for the
         loader's life, whose workers DataLoader keeps; it reads the sampler's epoch and position
         afresh at each pass either way."""
-        persistent = bool(self._kwargs.get("persistent_workers")) and self._kwargs.get("num_workers", 0) > 0
+        persistent = (
+            bool(self._kwargs.get("persistent_workers")) and self._kwargs.get("num_workers", 0) > 0
+        )
         if persistent and self._persistent is not None:
             return self._persistent
         # A generator of our own: DataLoader otherwise draws its workers' base seed from the global
         # torch RNG each epoch, so a resumed run (one iterator fewer) would drift from the original.
         # (The samples do not depend on it: every RNG they draw from is seeded per sample.)
         generator = torch.Generator().manual_seed(
-            derive_seed(self.seed, "workers") if persistent else derive_seed(self.seed, "workers", self.sampler.epoch))
+            derive_seed(self.seed, "workers")
+            if persistent
+            else derive_seed(self.seed, "workers", self.sampler.epoch)
+        )
         if self.sampler.user_batches:
-            inner = DataLoader(self._samples, batch_sampler=_BatchKeys(self.sampler), generator=generator, **self._kwargs)
+            inner = DataLoader(
+                self._samples,
+                batch_sampler=_BatchKeys(self.sampler),
+                generator=generator,
+                **self._kwargs,
+            )
         else:
-            inner = DataLoader(self._samples, batch_size=self.batch_size, sampler=self.sampler,
-                               drop_last=self._drop_last_batch, generator=generator, **self._kwargs)
+            inner = DataLoader(
+                self._samples,
+                batch_size=self.batch_size,
+                sampler=self.sampler,
+                drop_last=self._drop_last_batch,
+                generator=generator,
+                **self._kwargs,
+            )
         if persistent:
             self._persistent = inner
         return inner
 
     def state_dict(self) -> dict:
-        state = {"epoch": self.sampler.epoch, "batches_served": self.batches_served, "seed": self.seed,
-                 "batch_size": self.batch_size, "rank": self.sampler.rank, "world_size": self.sampler.world_size,
-                 "samples": self.sampler.size}
+        state = {
+            "epoch": self.sampler.epoch,
+            "batches_served": self.batches_served,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "rank": self.sampler.rank,
+            "world_size": self.sampler.world_size,
+            "samples": self.sampler.size,
+        }
         if self.sampler.user is not None:
             state["sampler_order"] = self._order_digest(self.sampler.epoch)
         return state
@@ -471,25 +572,42 @@ class ResumableLoader:
         return hasher.hexdigest()
 
     def load_state_dict(self, state: dict) -> None:
-        missing = [key for key in ("epoch", "batches_served", "seed", "batch_size", "rank", "world_size") if key not in state]
+        missing = [
+            key
+            for key in ("epoch", "batches_served", "seed", "batch_size", "rank", "world_size")
+            if key not in state
+        ]
         if missing:
-            raise ValueError(f"not a twice.data.loader state: it lacks {', '.join(missing)}; "
-                             "pass what this loader's state_dict() returned")
+            raise ValueError(
+                f"not a twice.data.loader state: it lacks {', '.join(missing)}; "
+                "pass what this loader's state_dict() returned"
+            )
         for key in ("seed", "batch_size", "world_size", "rank"):
-            if state[key] != getattr(self, key, None) and state[key] != getattr(self.sampler, key, None):
-                raise ValueError(f"loader {key} differs from the checkpoint's ({getattr(self, key, getattr(self.sampler, key, None))} "
-                                 f"vs {state[key]}); resume with the same loader settings")
+            if state[key] != getattr(self, key, None) and state[key] != getattr(
+                self.sampler, key, None
+            ):
+                raise ValueError(
+                    f"loader {key} differs from the checkpoint's ({getattr(self, key, getattr(self.sampler, key, None))} "
+                    f"vs {state[key]}); resume with the same loader settings"
+                )
         # A dataset that grew or shrank since the checkpoint has another order, and the position
         # would point into it silently. (States saved before "samples" was recorded are taken as they are.)
         if "samples" in state and state["samples"] != self.sampler.size:
-            raise ValueError(f"the dataset has {self.sampler.size} samples; the checkpoint's loader had {state['samples']}, "
-                             "so its position does not say where to continue; resume with the same dataset, "
-                             "or start the loader afresh (its set_epoch) to train on the new one")
-        if "sampler_order" in state and (self.sampler.user is None or state["sampler_order"] != self._order_digest(state["epoch"])):
-            raise ValueError("the checkpoint's loader drew its order from a sampler, and this loader's "
-                             f"{'has no sampler' if self.sampler.user is None else 'sampler draws another order for the same epoch'}, "
-                             "so its position does not say where to continue; resume with the same sampler (its weights "
-                             "and length too), or start the loader afresh (its set_epoch)")
+            raise ValueError(
+                f"the dataset has {self.sampler.size} samples; the checkpoint's loader had {state['samples']}, "
+                "so its position does not say where to continue; resume with the same dataset, "
+                "or start the loader afresh (its set_epoch) to train on the new one"
+            )
+        if "sampler_order" in state and (
+            self.sampler.user is None
+            or state["sampler_order"] != self._order_digest(state["epoch"])
+        ):
+            raise ValueError(
+                "the checkpoint's loader drew its order from a sampler, and this loader's "
+                f"{'has no sampler' if self.sampler.user is None else 'sampler draws another order for the same epoch'}, "
+                "so its position does not say where to continue; resume with the same sampler (its weights "
+                "and length too), or start the loader afresh (its set_epoch)"
+            )
         self.sampler.epoch = state["epoch"]
         self.batches_served = state["batches_served"]
 
@@ -520,9 +638,18 @@ def _default_seed() -> int:
     return derive_seed(int(root) if root is not None else 0, "data")
 
 
-def loader(dataset: Dataset, *, batch_size: int = 1, shuffle: bool = False, seed: int | None = None, rank: int = 0,
-           world_size: int = 1, drop_last: bool = False, seed_every_rng: bool = False,
-           **dataloader_kwargs: Any) -> ResumableLoader:
+def loader(
+    dataset: Dataset,
+    *,
+    batch_size: int = 1,
+    shuffle: bool = False,
+    seed: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    drop_last: bool = False,
+    seed_every_rng: bool = False,
+    **dataloader_kwargs: Any,
+) -> ResumableLoader:
     """A deterministic, resumable DataLoader (see ResumableLoader); other keywords go to torch's DataLoader.
 
     The seed defaults to derive_seed(root, "data"), root being `twice run`'s seed (0 outside it).
@@ -531,5 +658,14 @@ def loader(dataset: Dataset, *, batch_size: int = 1, shuffle: bool = False, seed
 
     >>> data = twice.data.loader(dataset, batch_size=64, shuffle=True, num_workers=4)   # doctest: +SKIP
     """
-    return ResumableLoader(dataset, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank,
-                           world_size=world_size, drop_last=drop_last, seed_every_rng=seed_every_rng, **dataloader_kwargs)
+    return ResumableLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        drop_last=drop_last,
+        seed_every_rng=seed_every_rng,
+        **dataloader_kwargs,
+    )

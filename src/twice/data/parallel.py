@@ -21,7 +21,8 @@ communication with the backward pass. `bench/bench_invariant.py` measures it aga
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from twice.core.protocol import ChildSettings
 from twice.core.seeds import derive_seed
@@ -58,7 +59,7 @@ def _slice_batch(batch: Any, index: int, count: int) -> Any:
 
     if isinstance(batch, torch.Tensor):
         size = batch.shape[0] // count
-        return batch[index * size:(index + 1) * size]
+        return batch[index * size : (index + 1) * size]
     if isinstance(batch, (list, tuple)):
         return type(batch)(_slice_batch(b, index, count) for b in batch)
     if isinstance(batch, dict):
@@ -71,7 +72,13 @@ def _batch_size(batch: Any) -> int | None:
 
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.dim() else None
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    values = (
+        batch.values()
+        if isinstance(batch, dict)
+        else batch
+        if isinstance(batch, (list, tuple))
+        else ()
+    )
     sizes = {s for s in (_batch_size(v) for v in values) if s is not None}
     if len(sizes) > 1:
         raise ValueError(f"the batch's tensors disagree on the batch size: {sorted(sizes)}")
@@ -95,7 +102,9 @@ class InvariantDataParallel:
     (as for any bitwise comparison).
     """
 
-    def __init__(self, module: Any, *, micro_batches: int, seed: int | None = None, process_group: Any = None):
+    def __init__(
+        self, module: Any, *, micro_batches: int, seed: int | None = None, process_group: Any = None
+    ):
         import torch
         import torch.distributed as dist
 
@@ -108,24 +117,34 @@ class InvariantDataParallel:
         self.rank = dist.get_rank(process_group) if self.distributed else 0
         self.world_size = dist.get_world_size(process_group) if self.distributed else 1
         if micro_batches % self.world_size:
-            raise ValueError(f"micro_batches={micro_batches} is not a multiple of the world size {self.world_size}; "
-                             "choose a micro-batch count that every world size you compare divides (e.g. 8 for 1, 2, 4, 8)")
+            raise ValueError(
+                f"micro_batches={micro_batches} is not a multiple of the world size {self.world_size}; "
+                "choose a micro-batch count that every world size you compare divides (e.g. 8 for 1, 2, 4, 8)"
+            )
         root = (ChildSettings.from_env(os.environ).seed or 0) if seed is None else seed
         self.seed = derive_seed(root, "micro-batches")
         self.steps = 0
         self.params = [p for p in module.parameters() if p.requires_grad]
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) > 1:
-            raise ValueError(f"InvariantDataParallel needs parameters of one dtype, found {sorted(map(str, dtypes))}")
+            raise ValueError(
+                f"InvariantDataParallel needs parameters of one dtype, found {sorted(map(str, dtypes))}"
+            )
         if self.distributed and self.world_size > 1:
             with torch.no_grad():
                 for tensor in list(module.parameters()) + list(module.buffers()):
-                    dist.broadcast(tensor, src=dist.get_global_rank(process_group, 0) if process_group else 0,
-                                   group=process_group)
+                    dist.broadcast(
+                        tensor,
+                        src=dist.get_global_rank(process_group, 0) if process_group else 0,
+                        group=process_group,
+                    )
         share = micro_batches // self.world_size
         self.owned = (self.rank * share, (self.rank + 1) * share)
         # The subtrees each rank adds by itself; the all-gather carries as many slots as the most any rank has.
-        self._rank_nodes = [tree_nodes(0, micro_batches, (r * share, (r + 1) * share)) for r in range(self.world_size)]
+        self._rank_nodes = [
+            tree_nodes(0, micro_batches, (r * share, (r + 1) * share))
+            for r in range(self.world_size)
+        ]
         self._nodes = self._rank_nodes[self.rank]
         self._slots = max(len(nodes) for nodes in self._rank_nodes)
 
@@ -154,8 +173,12 @@ class InvariantDataParallel:
                 p.grad = None
             loss = loss_fn(self.module, _slice_batch(batch, index, self.micro_batches))
             loss.backward()
-        parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
-                 for p in self.params]
+        parts = [
+            p.grad.reshape(-1)
+            if p.grad is not None
+            else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+            for p in self.params
+        ]
         parts.append(loss.detach().reshape(1).to(self.params[0].dtype))
         return torch.cat(parts)
 
@@ -166,7 +189,9 @@ class InvariantDataParallel:
 
         size = _batch_size(batch)
         if size is None or size % self.micro_batches:
-            raise ValueError(f"a global batch of {size} samples does not split into {self.micro_batches} equal micro-batches")
+            raise ValueError(
+                f"a global batch of {size} samples does not split into {self.micro_batches} equal micro-batches"
+            )
         leaves: dict[int, Any] = {}
 
         def local(lo: int, hi: int) -> Any:
@@ -178,19 +203,25 @@ class InvariantDataParallel:
 
         sums = [_tree_sum(lo, hi, local) for lo, hi in self._nodes]
         if self.world_size > 1:
-            slots = torch.zeros(self._slots, sums[0].numel(), dtype=sums[0].dtype, device=sums[0].device)
+            slots = torch.zeros(
+                self._slots, sums[0].numel(), dtype=sums[0].dtype, device=sums[0].device
+            )
             for i, s in enumerate(sums):
                 slots[i] = s
             gathered = [torch.empty_like(slots) for _ in range(self.world_size)]
             dist.all_gather(gathered, slots, group=self.group)
-            known = {node: block[i] for block, nodes in zip(gathered, self._rank_nodes) for i, node in enumerate(nodes)}
+            known = {
+                node: block[i]
+                for block, nodes in zip(gathered, self._rank_nodes)
+                for i, node in enumerate(nodes)
+            }
             total = _tree_sum(0, self.micro_batches, lambda lo, hi: known.get((lo, hi)))
         else:
             total = sums[0]  # one process owns the whole tree
         mean = total / self.micro_batches
         offset = 0
         for p in self.params:
-            p.grad = mean[offset:offset + p.numel()].view_as(p).clone()
+            p.grad = mean[offset : offset + p.numel()].view_as(p).clone()
             offset += p.numel()
         self.steps += 1
         return mean[offset]

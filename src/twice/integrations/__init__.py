@@ -29,5 +29,7 @@ def require(extra: str, *modules: str) -> ModuleType:
             return importlib.import_module(name)
         except ImportError:
             continue
-    raise MissingExtra(f"twice's {extra} integration needs {' or '.join(modules)}, which is not installed",
-                       f"pip install 'twice[{extra}]'")
+    raise MissingExtra(
+        f"twice's {extra} integration needs {' or '.join(modules)}, which is not installed",
+        f"pip install 'twice[{extra}]'",
+    )

@@ -39,8 +39,15 @@ class TwiceCallback(transformers.TrainerCallback):
     under `runs_dir` and applies `determinism` when training begins.
     """
 
-    def __init__(self, *, seed: int = 0, runs_dir: str | Path = "runs", name: str | None = None,
-                 determinism: str = "warn", trace_every: int = 1):
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        runs_dir: str | Path = "runs",
+        name: str | None = None,
+        determinism: str = "warn",
+        trace_every: int = 1,
+    ):
         self.seed, self.runs_dir, self.name = seed, runs_dir, name
         self.determinism, self.trace_every = determinism, trace_every
         self.run: Any = None
@@ -54,8 +61,15 @@ class TwiceCallback(transformers.TrainerCallback):
         from twice.app.run import Run
 
         if self.run is None:
-            self.run = Run(config=_config_of(args), seed=self.seed, runs_dir=self.runs_dir, name=self.name,
-                           determinism=self.determinism, trace_every=self.trace_every, keep_last=None)
+            self.run = Run(
+                config=_config_of(args),
+                seed=self.seed,
+                runs_dir=self.runs_dir,
+                name=self.name,
+                determinism=self.determinism,
+                trace_every=self.trace_every,
+                keep_last=None,
+            )
             self.run.__enter__()
         if state.global_step > 0:
             self._resume_step = state.global_step
@@ -75,4 +89,3 @@ class TwiceCallback(transformers.TrainerCallback):
         if self.run is not None:
             run, self.run = self.run, None
             run.__exit__(None, None, None)
-

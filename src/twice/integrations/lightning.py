@@ -32,8 +32,16 @@ class Twice(pl.Callback):
     Seed before building the model (`twice.seed_everything(seed)`) for the initial weights too.
     """
 
-    def __init__(self, *, seed: int = 0, runs_dir: str | Path = "runs", name: str | None = None,
-                 determinism: str = "warn", trace_every: int = 1, config: dict | None = None):
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        runs_dir: str | Path = "runs",
+        name: str | None = None,
+        determinism: str = "warn",
+        trace_every: int = 1,
+        config: dict | None = None,
+    ):
         self.seed, self.runs_dir, self.name = seed, runs_dir, name
         self.determinism, self.trace_every, self.config = determinism, trace_every, config
         self.run: Any = None
@@ -52,9 +60,20 @@ class Twice(pl.Callback):
 
         if stage != "fit" or self.run is not None:
             return
-        config = self.config if self.config is not None else dict(getattr(pl_module, "hparams", {}) or {})
-        self.run = Run(config=config, seed=self.seed, runs_dir=self.runs_dir, name=self.name,
-                       determinism=self.determinism, trace_every=self.trace_every, keep_last=None)
+        config = (
+            self.config
+            if self.config is not None
+            else dict(getattr(pl_module, "hparams", {}) or {})
+        )
+        self.run = Run(
+            config=config,
+            seed=self.seed,
+            runs_dir=self.runs_dir,
+            name=self.name,
+            determinism=self.determinism,
+            trace_every=self.trace_every,
+            keep_last=None,
+        )
         self.run.__enter__()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -79,7 +98,9 @@ class Twice(pl.Callback):
         if state_dict.get("format") == FORMAT:
             self._pending = decode_state(state_dict["rng"])
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._pending is None:
             return
         from twice.record import hooks

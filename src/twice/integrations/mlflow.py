@@ -28,7 +28,10 @@ __all__ = ["export_run", "LiveExport"]
 
 RUN_TAG = "twice.run"
 MAX_VALUE = 6000  # MLflow's limit on a parameter's value
-_SKIPPED_IDENTITY = ("packages", "env")  # hundreds of entries: they travel in manifest.json as an artifact
+_SKIPPED_IDENTITY = (
+    "packages",
+    "env",
+)  # hundreds of entries: they travel in manifest.json as an artifact
 
 
 def _client(tracking_uri: str | None):
@@ -53,15 +56,21 @@ def _params(run_dir: Path, manifest: dict) -> dict[str, str]:
         _flatten(json.loads(config.read_text(encoding="utf-8")), "", out)
     identity = {k: v for k, v in manifest["identity"].items() if k not in _SKIPPED_IDENTITY}
     packages = manifest["identity"].get("packages", {})
-    identity["packages"] = {name: packages[name] for name in ("torch", "numpy", "twice") if name in packages}
+    identity["packages"] = {
+        name: packages[name] for name in ("torch", "numpy", "twice") if name in packages
+    }
     _flatten(identity, "twice", out)
     return out
 
 
 def _tags(run_dir: Path, manifest: dict) -> dict[str, str]:
     context = manifest.get("context", {})
-    tags = {RUN_TAG: run_dir.name, "mlflow.runName": run_dir.name, "twice.status": str(context.get("status")),
-            "twice.run_dir": str(run_dir.resolve())}
+    tags = {
+        RUN_TAG: run_dir.name,
+        "mlflow.runName": run_dir.name,
+        "twice.status": str(context.get("status")),
+        "twice.run_dir": str(run_dir.resolve()),
+    }
     git = (manifest["identity"].get("code") or {}).get("git") or {}
     if git.get("commit"):
         tags["mlflow.source.git.commit"] = git["commit"]
@@ -90,8 +99,11 @@ def _step_metrics(record: Any, suffix: str, timestamp: int) -> list:
     values = {"loss": _as_float(record.loss), "grad_norm": _as_float(record.grad_norm)}
     for group, lr in enumerate(record.lr or []):
         values["lr" if group == 0 else f"lr.{group}"] = _as_float(lr)
-    return [Metric(key + suffix, value, timestamp, record.step) for key, value in values.items()
-            if value is not None and not math.isnan(value)]
+    return [
+        Metric(key + suffix, value, timestamp, record.step)
+        for key, value in values.items()
+        if value is not None and not math.isnan(value)
+    ]
 
 
 class _TraceTail:
@@ -132,24 +144,36 @@ def _logged_metrics(run_dir: Path, timestamp: int) -> list:
     for index, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
         record = json.loads(line)
         step = record.get("step")
-        out.append(Metric(record["name"], float(record["value"]), int(record.get("time", 0) * 1000) or timestamp,
-                          index if step is None else int(step)))
+        out.append(
+            Metric(
+                record["name"],
+                float(record["value"]),
+                int(record.get("time", 0) * 1000) or timestamp,
+                index if step is None else int(step),
+            )
+        )
     return out
 
 
-def _log(client: Any, run_id: str, *, params: dict | None = None, metrics: list | None = None,
-         tags: dict | None = None) -> None:
+def _log(
+    client: Any,
+    run_id: str,
+    *,
+    params: dict | None = None,
+    metrics: list | None = None,
+    tags: dict | None = None,
+) -> None:
     from mlflow.entities import Param, RunTag
 
     params_list = [Param(k, v) for k, v in (params or {}).items()]
     tags_list = [RunTag(k, v) for k, v in (tags or {}).items()]
     metrics = metrics or []
     for i in range(0, len(params_list), 100):
-        client.log_batch(run_id, params=params_list[i:i + 100])
+        client.log_batch(run_id, params=params_list[i : i + 100])
     for i in range(0, len(tags_list), 100):
-        client.log_batch(run_id, tags=tags_list[i:i + 100])
+        client.log_batch(run_id, tags=tags_list[i : i + 100])
     for i in range(0, len(metrics), 1000):
-        client.log_batch(run_id, metrics=metrics[i:i + 1000])
+        client.log_batch(run_id, metrics=metrics[i : i + 1000])
 
 
 def _experiment(client: Any, name: str) -> str:
@@ -159,7 +183,9 @@ def _experiment(client: Any, name: str) -> str:
 
 def existing_export(client: Any, experiment_id: str, run_dir: Path) -> str | None:
     """The MLflow run id this twice run was exported to already, if any."""
-    found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_dir.name}'", max_results=1)
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_dir.name}'", max_results=1
+    )
     return found[0].info.run_id if found else None
 
 
@@ -176,8 +202,13 @@ def _finish(client: Any, run_id: str, run_dir: Path, manifest: dict, checkpoints
     client.set_terminated(run_id, "FINISHED" if status in ("completed", "stopped") else "FAILED")
 
 
-def export_run(run_dir: str | Path, *, tracking_uri: str | None = None, experiment: str = "twice",
-               checkpoints: bool = True) -> tuple[str, bool]:
+def export_run(
+    run_dir: str | Path,
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "twice",
+    checkpoints: bool = True,
+) -> tuple[str, bool]:
     """Put a finished twice run into MLflow; returns (the MLflow run id, whether it was created now).
 
     A run exported before is found by its tag and not exported twice."""
@@ -193,7 +224,9 @@ def export_run(run_dir: str | Path, *, tracking_uri: str | None = None, experime
     if found is not None:
         return found, False
     started = int(float(manifest.get("context", {}).get("started", time.time())) * 1000)
-    run_id = client.create_run(experiment_id, start_time=started, tags=_tags(run_dir, manifest)).info.run_id
+    run_id = client.create_run(
+        experiment_id, start_time=started, tags=_tags(run_dir, manifest)
+    ).info.run_id
     metrics = _TraceTail(run_dir).new_metrics(started) + _logged_metrics(run_dir, started)
     _log(client, run_id, params=_params(run_dir, manifest), metrics=metrics)
     _finish(client, run_id, run_dir, manifest, checkpoints)
@@ -225,8 +258,9 @@ class LiveExport:
         manifest = read_json(run_dir / MANIFEST)
         self.client = _client(self.tracking_uri)
         experiment_id = _experiment(self.client, self.experiment)
-        self.run_id = self.client.create_run(experiment_id, start_time=int(time.time() * 1000),
-                                             tags=_tags(run_dir, manifest)).info.run_id
+        self.run_id = self.client.create_run(
+            experiment_id, start_time=int(time.time() * 1000), tags=_tags(run_dir, manifest)
+        ).info.run_id
         # Identity facts the training process adds later (torch's) come with the final params.
         _log(self.client, self.run_id, params=_params(run_dir, manifest))
         self._tail = _TraceTail(run_dir)
@@ -238,7 +272,11 @@ class LiveExport:
 
         while not self._stop.wait(self.every):
             try:
-                _log(self.client, self.run_id, metrics=self._tail.new_metrics(int(time.time() * 1000)))
+                _log(
+                    self.client,
+                    self.run_id,
+                    metrics=self._tail.new_metrics(int(time.time() * 1000)),
+                )
             except Exception as exc:  # a store that went away must not touch the training run
                 _warn(f"logging to MLflow failed ({exc}); the rest is logged when the command ends")
                 return
@@ -247,8 +285,10 @@ class LiveExport:
         try:
             self._close(run_dir)
         except Exception as exc:  # the run itself is complete and recorded: say so, do not fail it
-            _warn(f"logging to MLflow failed ({exc}); the run is recorded in {run_dir}: "
-                  f"`twice export mlflow {run_dir}` puts it there later")
+            _warn(
+                f"logging to MLflow failed ({exc}); the run is recorded in {run_dir}: "
+                f"`twice export mlflow {run_dir}` puts it there later"
+            )
 
     def _close(self, run_dir: Path) -> None:
         import time
@@ -264,5 +304,10 @@ class LiveExport:
         logged = self.client.get_run(self.run_id).data.params
         params = {k: v for k, v in _params(run_dir, manifest).items() if k not in logged}
         now = int(time.time() * 1000)
-        _log(self.client, self.run_id, params=params, metrics=self._tail.new_metrics(now) + _logged_metrics(run_dir, now))
+        _log(
+            self.client,
+            self.run_id,
+            params=params,
+            metrics=self._tail.new_metrics(now) + _logged_metrics(run_dir, now),
+        )
         _finish(self.client, self.run_id, run_dir, manifest, checkpoints=True)

@@ -17,11 +17,13 @@ from twice.store.layout import RunFolder
 __all__ = ["Event", "HealthLog", "StepHealth", "FIXES"]
 
 MAX_EVENTS = 2000
-SKIPPED_STREAK = 20  # consecutive recorded steps whose update GradScaler skipped, before the log says so
+SKIPPED_STREAK = (
+    20  # consecutive recorded steps whose update GradScaler skipped, before the log says so
+)
 
 FIXES = {
     "saturation": "logits or pre-activations grew until the function saturated: lower the learning rate, clip "
-                  "gradients, add weight decay or normalisation before it",
+    "gradients, add weight decay or normalisation before it",
     "zero_grad": "gradients are exactly zero (saturation, dead units): any division by their norm is 0/0",
     "div_by_zero": "add an epsilon to the denominator (g / (g.norm() + 1e-12)), or skip the division when it is zero",
     "exp_overflow": "exp overflowed: use a numerically stable op (logsumexp, log_softmax, softplus) or clamp its input",
@@ -30,7 +32,7 @@ FIXES = {
     "grad_explosion": "the gradient norm jumped by orders of magnitude: clip gradients, lower the learning rate",
     "non_finite": "the first non-finite value: fix its cause listed before it",
     "skipped_updates": "GradScaler skips every update: the gradients are inf/NaN even at a small loss scale; find "
-                       "the first non-finite value with `twice run --numerics`",
+    "the first non-finite value with `twice run --numerics`",
     "bad_scalar": "a scalar argument (learning rate, scale, epsilon) is itself infinite or NaN: check the configuration",
 }
 
@@ -49,8 +51,17 @@ class Event:
     details: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "step": self.step, "summary": self.summary, "op": self.op, "phase": self.phase,
-                "module": self.module, "line": self.line, "details": self.details, "fix": FIXES.get(self.kind)}
+        return {
+            "kind": self.kind,
+            "step": self.step,
+            "summary": self.summary,
+            "op": self.op,
+            "phase": self.phase,
+            "module": self.module,
+            "line": self.line,
+            "details": self.details,
+            "fix": FIXES.get(self.kind),
+        }
 
 
 class HealthLog:
@@ -84,20 +95,33 @@ class HealthLog:
             if event.step <= fault.step:
                 first_seen.setdefault(key, event)
                 last_seen[key] = event
-        causes = sorted(first_seen.items(), key=lambda item: (_CAUSAL_ORDER.get(item[1].kind, 9), item[1].step))
+        causes = sorted(
+            first_seen.items(), key=lambda item: (_CAUSAL_ORDER.get(item[1].kind, 9), item[1].step)
+        )
         chain = []
         for key, event in causes:
             entry = event.to_json()
             last = last_seen[key]
             entry["last_step"] = last.step
             if last.step != event.step:
-                entry["summary"] += f" (from step {event.step} on; at step {last.step}: {last.summary.split(': ', 1)[-1]})"
+                entry["summary"] += (
+                    f" (from step {event.step} on; at step {last.step}: {last.summary.split(': ', 1)[-1]})"
+                )
             chain.append(entry)
         return chain + [fault.to_json()]
 
 
-_CAUSAL_ORDER = {"saturation": 0, "exp_overflow": 1, "loss_zero": 2, "zero_grad": 3, "grad_explosion": 4,
-                 "div_by_zero": 5, "log_of_zero": 5, "bad_scalar": 5, "skipped_updates": 6}
+_CAUSAL_ORDER = {
+    "saturation": 0,
+    "exp_overflow": 1,
+    "loss_zero": 2,
+    "zero_grad": 3,
+    "grad_explosion": 4,
+    "div_by_zero": 5,
+    "log_of_zero": 5,
+    "bad_scalar": 5,
+    "skipped_updates": 6,
+}
 
 
 class StepHealth:
@@ -109,8 +133,17 @@ class StepHealth:
         self._skipped_streak = 0  # consecutive recorded steps whose update GradScaler skipped
         self._skipped_since = 0  # the first of them
 
-    def check(self, step: int, losses: list[float], grad_names: list[str], norms: list[float],
-              total: float | None, skipped: bool, lr: list[str], param_norm: float | None) -> None:
+    def check(
+        self,
+        step: int,
+        losses: list[float],
+        grad_names: list[str],
+        norms: list[float],
+        total: float | None,
+        skipped: bool,
+        lr: list[str],
+        param_norm: float | None,
+    ) -> None:
         """One traced step's values: its losses, each gradient's norm and their total, the learning
         rates (as float_bits text) and the parameters' norm (None where not computed this step)."""
         log = self.log
@@ -125,9 +158,15 @@ class StepHealth:
                 self._skipped_since = step
             self._skipped_streak += 1  # of recorded steps (one in N under --trace-every N)
             if self._skipped_streak == SKIPPED_STREAK:
-                log.add(Event("skipped_updates", step, f"GradScaler skipped the update at {SKIPPED_STREAK} "
-                              f"consecutive recorded steps ({self._skipped_since}-{step}): the gradients are inf/NaN "
-                              "at every loss scale tried, and the parameters have not changed since"))
+                log.add(
+                    Event(
+                        "skipped_updates",
+                        step,
+                        f"GradScaler skipped the update at {SKIPPED_STREAK} "
+                        f"consecutive recorded steps ({self._skipped_since}-{step}): the gradients are inf/NaN "
+                        "at every loss scale tried, and the parameters have not changed since",
+                    )
+                )
             norms = []
         else:
             self._skipped_streak = 0
@@ -135,19 +174,49 @@ class StepHealth:
             if not math.isfinite(total):
                 log.add(Event("non_finite", step, f"gradients non-finite at step {step}"))
             else:
-                zero = [name for name, n in zip(grad_names, norms) if n == 0.0] if 0.0 in norms else None
+                zero = (
+                    [name for name, n in zip(grad_names, norms) if n == 0.0]
+                    if 0.0 in norms
+                    else None
+                )
                 if zero:
-                    log.add(Event("zero_grad", step, f"gradients exactly zero: {', '.join(zero[:6])}" + (" ..." if len(zero) > 6 else ""),
-                                  details={"parameters": zero}), key=("zero_grad", tuple(zero)))
+                    log.add(
+                        Event(
+                            "zero_grad",
+                            step,
+                            f"gradients exactly zero: {', '.join(zero[:6])}"
+                            + (" ..." if len(zero) > 6 else ""),
+                            details={"parameters": zero},
+                        ),
+                        key=("zero_grad", tuple(zero)),
+                    )
                 history = self._norm_history
                 # The median only when the norm is over 1000x the smallest recent one (it is then at least as large).
-                median = sorted(history)[len(history) // 2] if len(history) >= 10 and total > 1e3 * min(history) else None
+                median = (
+                    sorted(history)[len(history) // 2]
+                    if len(history) >= 10 and total > 1e3 * min(history)
+                    else None
+                )
                 if median is not None and total > 1e3 * median:
-                    log.add(Event("grad_explosion", step, f"gradient norm {total:.3g} at step {step}, "
-                                  f"over 1000x the recent median {median:.3g}"))
+                    log.add(
+                        Event(
+                            "grad_explosion",
+                            step,
+                            f"gradient norm {total:.3g} at step {step}, "
+                            f"over 1000x the recent median {median:.3g}",
+                        )
+                    )
                 history.append(total)
                 del history[:-50]
-        if "n" in "".join(lr):  # float_bits' "inf", "-inf", "nan:..." (a finite value's hex has no n)
-            log.add(Event("bad_scalar", step, f"learning rate non-finite at step {step}: {', '.join(lr)}"))
+        if "n" in "".join(
+            lr
+        ):  # float_bits' "inf", "-inf", "nan:..." (a finite value's hex has no n)
+            log.add(
+                Event(
+                    "bad_scalar", step, f"learning rate non-finite at step {step}: {', '.join(lr)}"
+                )
+            )
         if param_norm is not None and not math.isfinite(param_norm):
-            log.add(Event("non_finite", step, f"parameters non-finite after the update at step {step}"))
+            log.add(
+                Event("non_finite", step, f"parameters non-finite after the update at step {step}")
+            )

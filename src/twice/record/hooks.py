@@ -105,7 +105,14 @@ def _compile_safe() -> None:
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     if disable is None:
         return
-    for name in ("pre_step", "post_step", "backward_starts", "backward_ends", "batch_read", "step_skipped"):
+    for name in (
+        "pre_step",
+        "post_step",
+        "backward_starts",
+        "backward_ends",
+        "batch_read",
+        "step_skipped",
+    ):
         setattr(_Calls, name, staticmethod(disable(getattr(_Calls, name))))
     _Calls.compiled = True
     if _handles:  # the step hooks hold the functions themselves: register the wrapped ones

@@ -9,7 +9,9 @@ from typing import Any
 __all__ = ["param_names", "distinct_names", "PARAM_NAMES"]
 
 # optimizer -> (parameter id -> name, parameter id -> (id, class name) of its outermost module)
-PARAM_NAMES: "weakref.WeakKeyDictionary[Any, tuple[dict[int, str], dict[int, tuple[int, str]]]]" = weakref.WeakKeyDictionary()
+PARAM_NAMES: weakref.WeakKeyDictionary[Any, tuple[dict[int, str], dict[int, tuple[int, str]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def param_names(optimizer) -> tuple[dict[int, str], dict[int, tuple[int, str]]]:
@@ -44,7 +46,9 @@ def param_names(optimizer) -> tuple[dict[int, str], dict[int, tuple[int, str]]]:
     return names, roots
 
 
-def distinct_names(names: dict[int, str], roots: dict[int, tuple[int, str]], order: list[int], taken: set[str]) -> dict[int, str]:
+def distinct_names(
+    names: dict[int, str], roots: dict[int, tuple[int, str]], order: list[int], taken: set[str]
+) -> dict[int, str]:
     """Names from separate outermost modules can coincide (an encoder's and a decoder's "weight",
     or a GAN's two optimizers' models, `taken` holding the names given to the optimizers named
     before): those modules' names are then prefixed with their class ("Embedding.weight",
@@ -67,7 +71,10 @@ def distinct_names(names: dict[int, str], roots: dict[int, tuple[int, str]], ord
             if not any(name.startswith(label + ".") for name in taken):
                 break
         labels[root] = label
-    out = {key: f"{labels[roots[key][0]]}.{name}" if roots[key][0] in labels else name for key, name in names.items()}
+    out = {
+        key: f"{labels[roots[key][0]]}.{name}" if roots[key][0] in labels else name
+        for key, name in names.items()
+    }
     used = set(taken)
     for key in order:  # a module could itself be called "Linear": number what still coincides
         if key in out:
@@ -77,4 +84,3 @@ def distinct_names(names: dict[int, str], roots: dict[int, tuple[int, str]], ord
                 out[key] = f"{name}#{n}"
             used.add(out[key])
     return out
-

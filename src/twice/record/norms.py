@@ -53,8 +53,13 @@ def floats(values: list) -> list[float]:
     """Python floats of 0-d tensors (and numbers): one device-to-host read where they share an accelerator."""
     import torch
 
-    if len(values) > 1 and all(isinstance(v, torch.Tensor) for v in values) and not values[0].is_cpu and \
-            len({(v.device, v.dtype) for v in values}) == 1:
+    if (
+        len(values) > 1
+        and all(isinstance(v, torch.Tensor) for v in values)
+        and not values[0].is_cpu
+        and len({(v.device, v.dtype) for v in values}) == 1
+    ):
         return torch.stack(values).tolist()
-    return [float(v) for v in values]  # on the CPU, a float() each costs less than stacking them first
-
+    return [
+        float(v) for v in values
+    ]  # on the CPU, a float() each costs less than stacking them first

@@ -24,6 +24,7 @@ __all__ = ["watch", "NumericsWatch", "NonFiniteError", "active_watch"]
 SATURATION_SHARE = 0.5  # warn when at least this share of an activation's outputs is saturated
 MAX_EVENTS = 2000
 
+
 class NonFiniteError(FloatingPointError):
     """Raised by `watch(mode="stop")` at the first NaN or Inf; `report` holds the whole story."""
 
@@ -31,8 +32,10 @@ class NonFiniteError(FloatingPointError):
         self.report = report
         fault = report["fault"]
         where = f"{fault['op']} ({fault['phase']}{', ' + fault['module'] if fault.get('module') else ''})"
-        super().__init__(f"{fault['value']} first produced by {where} at {fault.get('line') or 'an unknown line'}, "
-                         f"step {fault['step']}; causes: {'; '.join(e['summary'] for e in report['chain'][:-1]) or 'none recorded'}")
+        super().__init__(
+            f"{fault['value']} first produced by {where} at {fault.get('line') or 'an unknown line'}, "
+            f"step {fault['step']}; causes: {'; '.join(e['summary'] for e in report['chain'][:-1]) or 'none recorded'}"
+        )
 
 
 def describe(tensor: torch.Tensor) -> dict:
@@ -45,12 +48,16 @@ def describe(tensor: torch.Tensor) -> dict:
     magnitude = finite.abs()
     zeros = int((t == 0).sum())
     return {
-        "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-        "zeros": zeros, "all_zero": zeros == t.numel(),
+        "shape": list(t.shape),
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "zeros": zeros,
+        "all_zero": zeros == t.numel(),
         "tiny": int(((magnitude > 0) & (magnitude < tiny)).sum()),
         "huge": int((magnitude > 1e30).sum()),
-        "inf": int(t.isinf().sum()), "nan": int(t.isnan().sum()),
-        "min": float(finite.min()) if finite.numel() else None, "max": float(finite.max()) if finite.numel() else None,
+        "inf": int(t.isinf().sum()),
+        "nan": int(t.isnan().sum()),
+        "min": float(finite.min()) if finite.numel() else None,
+        "max": float(finite.max()) if finite.numel() else None,
     }
 
 
@@ -66,10 +73,21 @@ def _flags(info: dict) -> list[str]:
     return words
 
 
-_ALLOCATING = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
-               "aten::resize_", "aten::empty_permuted"}
-_SATURATING = {"aten::_softmax": (0.0, 1.0), "aten::softmax": (0.0, 1.0), "aten::sigmoid": (0.0, 1.0),
-               "aten::tanh": (-1.0, 1.0)}
+_ALLOCATING = {
+    "aten::empty",
+    "aten::empty_like",
+    "aten::empty_strided",
+    "aten::new_empty",
+    "aten::new_empty_strided",
+    "aten::resize_",
+    "aten::empty_permuted",
+}
+_SATURATING = {
+    "aten::_softmax": (0.0, 1.0),
+    "aten::softmax": (0.0, 1.0),
+    "aten::sigmoid": (0.0, 1.0),
+    "aten::tanh": (-1.0, 1.0),
+}
 
 
 class NumericsWatch(OpContext):
@@ -94,8 +112,14 @@ class NumericsWatch(OpContext):
         before = None
         # Not in the optimizer phase: its in-place updates of parameters and moments are many and
         # large, and a fault there is explained by its scalars (learning rate) and gradients.
-        if self.phase != "optimizer" and base.endswith("_") and not base.startswith("aten::_foreach") and args \
-                and isinstance(args[0], torch.Tensor) and args[0].dtype.is_floating_point:
+        if (
+            self.phase != "optimizer"
+            and base.endswith("_")
+            and not base.startswith("aten::_foreach")
+            and args
+            and isinstance(args[0], torch.Tensor)
+            and args[0].dtype.is_floating_point
+        ):
             # An in-place op overwrites its first input: keep a copy to say what it was if this op goes bad.
             before = args[0].detach().clone()
         out = func(*args, **kwargs)
@@ -110,7 +134,14 @@ class NumericsWatch(OpContext):
             self._check_division(name, args)
         # One sum per output: finite values sum to a finite number unless they overflow, which the
         # exact check then rules out. Much cheaper than materialising isfinite() for every op.
-        bad = next((t for t in outputs if not math.isfinite(float(t.sum())) and not bool(t.isfinite().all())), None)
+        bad = next(
+            (
+                t
+                for t in outputs
+                if not math.isfinite(float(t.sum())) and not bool(t.isfinite().all())
+            ),
+            None,
+        )
         if bad is not None and self.report is None:
             self._fault(name, args, kwargs, bad, before)
         return out
@@ -132,8 +163,14 @@ class NumericsWatch(OpContext):
             share = float(((out == low) | (out == high)).float().mean())
             label = base.removeprefix("aten::").strip("_")
         if share >= SATURATION_SHARE:
-            what = "of rows have a probability of exactly 1" if base == "aten::_log_softmax" else "of outputs exactly at their limits"
-            event = self._event("saturation", f"{label} saturated: {share:.0%} {what}", base, share=share)
+            what = (
+                "of rows have a probability of exactly 1"
+                if base == "aten::_log_softmax"
+                else "of outputs exactly at their limits"
+            )
+            event = self._event(
+                "saturation", f"{label} saturated: {share:.0%} {what}", base, share=share
+            )
             self.log.add(event)
 
     def _check_division(self, name: str, args) -> None:
@@ -141,34 +178,82 @@ class NumericsWatch(OpContext):
             divisor = args[1].detach()
             zeros = int((divisor.abs() < torch.finfo(divisor.dtype).tiny).sum())
             if zeros:
-                self.log.add(self._event("div_by_zero", f"division by {'an exact or subnormal zero' if zeros == 1 else f'{zeros} zeros'}",
-                                         name, zeros=zeros))
+                self.log.add(
+                    self._event(
+                        "div_by_zero",
+                        f"division by {'an exact or subnormal zero' if zeros == 1 else f'{zeros} zeros'}",
+                        name,
+                        zeros=zeros,
+                    )
+                )
 
-    def _fault(self, name: str, args, kwargs, bad: torch.Tensor, before: torch.Tensor | None) -> None:
+    def _fault(
+        self, name: str, args, kwargs, bad: torch.Tensor, before: torch.Tensor | None
+    ) -> None:
         value = "NaN" if bool(bad.isnan().any()) else "Inf"
         inputs = []
         for index, tensor in enumerate(_tensors((args, kwargs))):
             info = describe(before if index == 0 and before is not None else tensor)
             inputs.append({"index": index, **info, "flags": _flags(info)})
-        scalars = {f"arg{i}": a for i, a in enumerate(args) if isinstance(a, float) and not math.isfinite(a)}
-        scalars.update({k: v for k, v in kwargs.items() if isinstance(v, float) and not math.isfinite(v)})
+        scalars = {
+            f"arg{i}": a
+            for i, a in enumerate(args)
+            if isinstance(a, float) and not math.isfinite(a)
+        }
+        scalars.update(
+            {k: v for k, v in kwargs.items() if isinstance(v, float) and not math.isfinite(v)}
+        )
         where = self.where()
         base = name.split(".")[0]
         if scalars:
-            self.log.add(self._event("bad_scalar", f"scalar argument {', '.join(f'{k}={v}' for k, v in scalars.items())} of {name}",
-                                     name, scalars={k: str(v) for k, v in scalars.items()}))
+            self.log.add(
+                self._event(
+                    "bad_scalar",
+                    f"scalar argument {', '.join(f'{k}={v}' for k, v in scalars.items())} of {name}",
+                    name,
+                    scalars={k: str(v) for k, v in scalars.items()},
+                )
+            )
         if base in ("aten::log", "aten::log_") and any(i.get("zeros") for i in inputs):
             self.log.add(self._event("log_of_zero", f"log of exact zero in {name}", name))
         if base == "aten::exp" and all(not i.get("inf") for i in inputs):
-            self.log.add(self._event("exp_overflow", f"exp overflowed to inf (input max {inputs[0].get('max')})", name))
+            self.log.add(
+                self._event(
+                    "exp_overflow",
+                    f"exp overflowed to inf (input max {inputs[0].get('max')})",
+                    name,
+                )
+            )
         self._zero_gradients(args[0] if before is not None else None, before)
-        culprit = "; ".join(f"input {i['index']}: {', '.join(i['flags'])}" for i in inputs if i["flags"]) or "inputs all finite and non-zero"
-        fault = Event("non_finite", self.current_step, f"first {value} produced by {name} ({culprit})", name,
-                      where["phase"], where.get("module"), where.get("line"),
-                      details={"value": value, "inputs": inputs, "scalars": {k: str(v) for k, v in scalars.items()},
-                               "node": where.get("node")})
-        self.report = {"fault": {"value": value, "op": name, "step": self.current_step, **where, "inputs": inputs},
-                       "chain": self.log.chain(fault)}
+        culprit = (
+            "; ".join(f"input {i['index']}: {', '.join(i['flags'])}" for i in inputs if i["flags"])
+            or "inputs all finite and non-zero"
+        )
+        fault = Event(
+            "non_finite",
+            self.current_step,
+            f"first {value} produced by {name} ({culprit})",
+            name,
+            where["phase"],
+            where.get("module"),
+            where.get("line"),
+            details={
+                "value": value,
+                "inputs": inputs,
+                "scalars": {k: str(v) for k, v in scalars.items()},
+                "node": where.get("node"),
+            },
+        )
+        self.report = {
+            "fault": {
+                "value": value,
+                "op": name,
+                "step": self.current_step,
+                **where,
+                "inputs": inputs,
+            },
+            "chain": self.log.chain(fault),
+        }
         if self.log.run_dir is not None:
             from twice.store.files import write_json_atomic
 
@@ -176,12 +261,18 @@ class NumericsWatch(OpContext):
         if self.mode == "stop":
             raise NonFiniteError(self.report)
 
-    def _zero_gradients(self, overwritten: torch.Tensor | None, before: torch.Tensor | None) -> None:
+    def _zero_gradients(
+        self, overwritten: torch.Tensor | None, before: torch.Tensor | None
+    ) -> None:
         """At the fault: which parameters' gradients are exactly zero (as they were before this op)."""
         from twice.record.hooks import active_recorder
 
         recorder = active_recorder()
-        named = [pair for pairs in (recorder._names.values() if recorder is not None else []) for pair in pairs]
+        named = [
+            pair
+            for pairs in (recorder._names.values() if recorder is not None else [])
+            for pair in pairs
+        ]
         zero = []
         for name, param in named:
             grad = param.grad
@@ -193,8 +284,15 @@ class NumericsWatch(OpContext):
             if float(torch.linalg.vector_norm(grad)) == 0.0:
                 zero.append(name)
         if zero:
-            self.log.add(Event("zero_grad", self.current_step, "gradients exactly zero or vanishing (norm 0): "
-                               f"{', '.join(zero[:6])}" + (" ..." if len(zero) > 6 else ""), details={"parameters": zero}))
+            self.log.add(
+                Event(
+                    "zero_grad",
+                    self.current_step,
+                    "gradients exactly zero or vanishing (norm 0): "
+                    f"{', '.join(zero[:6])}" + (" ..." if len(zero) > 6 else ""),
+                    details={"parameters": zero},
+                )
+            )
 
 
 _active: NumericsWatch | None = None
@@ -216,7 +314,9 @@ class watch:
 
         recorder = active_recorder()
         run_dir = run_dir or (recorder.run_dir if recorder is not None else None)
-        self.mode = NumericsWatch(mode, run_dir, step_source=(lambda: recorder.step_index) if recorder else None)
+        self.mode = NumericsWatch(
+            mode, run_dir, step_source=(lambda: recorder.step_index) if recorder else None
+        )
         self._recorder = recorder
 
     def start(self) -> NumericsWatch:

@@ -24,7 +24,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from twice.core.digests import digest_tensor
 
-__all__ = ["OpContext", "OpLog", "OpRecorder", "read_oplog", "recorded_steps", "step_ops", "steps_ops", "user_line"]
+__all__ = [
+    "OpContext",
+    "OpLog",
+    "OpRecorder",
+    "read_oplog",
+    "recorded_steps",
+    "step_ops",
+    "steps_ops",
+    "user_line",
+]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _TWICE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the twice package
@@ -36,7 +45,9 @@ def _relative(filename: str) -> str:
     return os.path.relpath(filename)  # a stat of the working directory each time: cached per file
 
 
-_INTERNAL: dict[Any, bool] = {}  # code object -> whether it lies in torch, twice or the standard library
+_INTERNAL: dict[
+    Any, bool
+] = {}  # code object -> whether it lies in torch, twice or the standard library
 
 
 def user_line() -> str | None:
@@ -48,7 +59,9 @@ def user_line() -> str | None:
         inside = internal.get(code)
         if inside is None:
             filename = code.co_filename
-            inside = internal[code] = filename.startswith((_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR, "<"))
+            inside = internal[code] = filename.startswith(
+                (_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR, "<")
+            )
         if not inside:
             return f"{_relative(code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
@@ -66,7 +79,9 @@ def _line_from_traceback(stack: str | None) -> str | None:
         line = line.strip()
         if line.startswith('File "'):
             filename = line.split('"')[1]
-            if not filename.startswith((_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR)) and not filename.startswith("<"):
+            if not filename.startswith(
+                (_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR)
+            ) and not filename.startswith("<"):
                 number = line.split("line ")[1].split(",")[0]
                 user = f"{_relative(filename)}:{number}"
     return user
@@ -117,10 +132,14 @@ class OpContext(TorchDispatchMode):
         self.forward_lines = forward_lines
         self.phase = "forward"
         self._step_line: str | None = None  # the user's line calling optimizer.step(), while in it
-        self.step_line_shared = False  # while a torch.optim optimizer steps: its ops share the line calling step()
+        self.step_line_shared = (
+            False  # while a torch.optim optimizer steps: its ops share the line calling step()
+        )
         self.paused = False
         self._module_stack: list[str] = []
-        self._names = _NAMES  # shared across steps: the gc walk is only repeated for unknown modules
+        self._names = (
+            _NAMES  # shared across steps: the gc walk is only repeated for unknown modules
+        )
         self._hooks = [
             torch.nn.modules.module.register_module_forward_pre_hook(self._enter_module),
             torch.nn.modules.module.register_module_forward_hook(self._leave_module),
@@ -197,19 +216,32 @@ class OpContext(TorchDispatchMode):
             metadata = node.metadata
             line = None
             if self.forward_lines:
-                line = metadata.get("twice_line") or _line_from_traceback(metadata.get("traceback_"))
-            return {"phase": "backward", "module": metadata.get("twice_module"), "node": node.name(),
-                    "line": line or user_line()}
+                line = metadata.get("twice_line") or _line_from_traceback(
+                    metadata.get("traceback_")
+                )
+            return {
+                "phase": "backward",
+                "module": metadata.get("twice_module"),
+                "node": node.name(),
+                "line": line or user_line(),
+            }
         phase = self.phase
         if phase == "optimizer" and self.step_line_shared:
             # Every op of torch.optim's step() comes from the one line that called it: found once.
             line = self._step_line
             if line is None:
                 line = self._step_line = user_line()
-            return {"phase": phase, "module": self._module_stack[-1] if self._module_stack else None, "line": line}
+            return {
+                "phase": phase,
+                "module": self._module_stack[-1] if self._module_stack else None,
+                "line": line,
+            }
         self._step_line = None
-        return {"phase": phase, "module": self._module_stack[-1] if self._module_stack else None,
-                "line": user_line()}
+        return {
+            "phase": phase,
+            "module": self._module_stack[-1] if self._module_stack else None,
+            "line": user_line(),
+        }
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -241,13 +273,21 @@ class OpRecorder(OpContext):
 
     def on_op(self, func, args, kwargs):
         op_digest = self.op_digest
-        inputs = [op_digest(t) for t in (_tensors(args) + _tensors(kwargs) if kwargs else _tensors(args))]
+        inputs = [
+            op_digest(t) for t in (_tensors(args) + _tensors(kwargs) if kwargs else _tensors(args))
+        ]
         out = func(*args, **kwargs)
         outputs = _tensors(out)
         index = len(self.records)
-        record = {"i": index, "op": func.name(), "phase": self.phase, "in": inputs,
-                  "out": [op_digest(t) for t in outputs],
-                  "shapes": [list(t.shape) for t in outputs], "dtypes": [_dtype_name(t.dtype) for t in outputs]}
+        record = {
+            "i": index,
+            "op": func.name(),
+            "phase": self.phase,
+            "in": inputs,
+            "out": [op_digest(t) for t in outputs],
+            "shapes": [list(t.shape) for t in outputs],
+            "dtypes": [_dtype_name(t.dtype) for t in outputs],
+        }
         record.update(self.where())
         if record["phase"] != "backward":
             self.remember_line(outputs, record["line"])
@@ -284,7 +324,7 @@ class OpRecorder(OpContext):
         value = self._cached(~id(tensor), tensor, _permuted_digest)
         return value if value is not None else self.digest(tensor)
 
-    def write(self, log: "OpLog") -> None:
+    def write(self, log: OpLog) -> None:
         """Append this step's records to `log` (and save any op values asked for beside it)."""
         records, values, self.records, self.values = self.records, self.values, [], {}
         self._digests.clear()
@@ -292,7 +332,9 @@ class OpRecorder(OpContext):
         if values:
             from safetensors.torch import save_file
 
-            save_file(values, str(log.path.parent / f"step-{self.step}-op-{self.dump_index}.safetensors"))
+            save_file(
+                values, str(log.path.parent / f"step-{self.step}-op-{self.dump_index}.safetensors")
+            )
 
 
 class OpLog:
@@ -352,7 +394,7 @@ def steps_ops(run_dir: Path, steps, stream: str | None = None) -> dict[int, list
             continue
         header = json.loads(line)
         count = header["ops"]
-        block = lines[position:position + count]
+        block = lines[position : position + count]
         position += count
         if header["step"] in wanted:
             # Complete only if every line arrived, the last one with its newline.
@@ -366,8 +408,13 @@ def recorded_steps(run_dir: Path, stream: str | None = None) -> list[int]:
     path = _log_path(run_dir, stream)
     if not path.is_file():
         return []
-    return sorted({json.loads(line)["step"] for line in path.read_text(encoding="utf-8").splitlines()
-                   if line.startswith('{"step":')})
+    return sorted(
+        {
+            json.loads(line)["step"]
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.startswith('{"step":')
+        }
+    )
 
 
 def _weak(tensor: torch.Tensor):
@@ -423,11 +470,14 @@ def _encode_record(record: dict) -> str:
     if record.keys() - _RECORD_KEYS or not _RECORD_KEYS - {"node"} <= record.keys():
         return _ENCODER.encode(record)
     node = record.get("node")
-    return (f'{{"i":{record["i"]},"op":{_json_text(record["op"])},"phase":{_json_text(record["phase"])},'
-            f'"in":{_json_texts(record["in"])},"out":{_json_texts(record["out"])},'
-            f'"shapes":{repr(record["shapes"]).replace(" ", "")},"dtypes":{_json_texts(record["dtypes"])},'
-            f'"module":{_json_text(record["module"])},"line":{_json_text(record["line"])}'
-            + ("" if node is None else f',"node":{_json_text(node)}') + "}")
+    return (
+        f'{{"i":{record["i"]},"op":{_json_text(record["op"])},"phase":{_json_text(record["phase"])},'
+        f'"in":{_json_texts(record["in"])},"out":{_json_texts(record["out"])},'
+        f'"shapes":{repr(record["shapes"]).replace(" ", "")},"dtypes":{_json_texts(record["dtypes"])},'
+        f'"module":{_json_text(record["module"])},"line":{_json_text(record["line"])}'
+        + ("" if node is None else f',"node":{_json_text(node)}')
+        + "}"
+    )
 
 
 def _dtype_name(dtype) -> str:
@@ -438,16 +488,22 @@ def _dtype_name(dtype) -> str:
 
 
 _SKIPPED = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
-_SKIP: dict[Any, bool] = {}  # op -> not recorded (views, detach, profiler markers), decided once per op
+_SKIP: dict[
+    Any, bool
+] = {}  # op -> not recorded (views, detach, profiler markers), decided once per op
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     tensor_type = torch.Tensor
     if isinstance(value, tensor_type):
         return [value]  # most ops return one tensor
-    if type(value) is tuple and all(type(item) is not list and type(item) is not tuple and type(item) is not dict
-                                    for item in value):
-        return [item for item in value if isinstance(item, tensor_type)]  # the usual flat case, in one pass
+    if type(value) is tuple and all(
+        type(item) is not list and type(item) is not tuple and type(item) is not dict
+        for item in value
+    ):
+        return [
+            item for item in value if isinstance(item, tensor_type)
+        ]  # the usual flat case, in one pass
     out: list[torch.Tensor] = []
     stack = [value]
     while stack:
@@ -462,4 +518,6 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def read_oplog(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+    return [
+        json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line
+    ]

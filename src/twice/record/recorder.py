@@ -52,7 +52,9 @@ AUTO_PARAMS_INTERVAL = 100
 PARAM_CHECK_EVERY = 10
 
 
-_NOT_PAUSED = contextlib.nullcontext()  # what _paused() gives when no dispatch mode watches (reusable)
+_NOT_PAUSED = (
+    contextlib.nullcontext()
+)  # what _paused() gives when no dispatch mode watches (reusable)
 
 
 @dataclass
@@ -73,7 +75,6 @@ class _Round:
     grad_total: float | None = None  # the L2 norm of all gradients, from grad_norms
     params_digest: str | None = None
     skipped: bool = False  # an optimizer's update was skipped by GradScaler (inf/NaN gradients)
-
 
 
 def _costed(method):
@@ -126,10 +127,21 @@ def _guarded(method):
 class Recorder:
     """Turns hook events into StepRecords written to `trace[.<stream>].jsonl` in the run folder."""
 
-    def __init__(self, run_dir: Path, *, trace_every: int = 1, params_every: int | None = None,
-                 stop_after: int | None = None, stream: str | None = None, record_ops: Any = None,
-                 probe_params: bool = False, only_steps: set[int] | None = None,
-                 dump_ops: dict[int, int] | None = None, replica_every: int = 20, replica_mode: str = "stop"):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        trace_every: int = 1,
+        params_every: int | None = None,
+        stop_after: int | None = None,
+        stream: str | None = None,
+        record_ops: Any = None,
+        probe_params: bool = False,
+        only_steps: set[int] | None = None,
+        dump_ops: dict[int, int] | None = None,
+        replica_every: int = 20,
+        replica_mode: str = "stop",
+    ):
         """Record into `run_dir`'s trace of `stream`. The keywords are the launcher's settings
         (core/protocol.py's ChildSettings): probe_params records the parameters as loaded before
         the first step after a resume; only_steps records only those steps (bisection's replays);
@@ -151,7 +163,9 @@ class Recorder:
         self._round = _Round()
         self._clock = RoundClock()
         self._pending_losses: list[Any] = []
-        self._pending_batches: list[Digester] = []  # one digester per batch read since the last step
+        self._pending_batches: list[
+            Digester
+        ] = []  # one digester per batch read since the last step
         self._names: dict[int, list[tuple[str, Any]]] = {}
         self.on_stop: list = []  # called when stop_after is reached, before the process exits
         self.rng_at_stop: dict | None = None
@@ -160,25 +174,41 @@ class Recorder:
         self.only_steps: set[int] | None = only_steps
         self.dump_ops: dict[int, int] = dict(dump_ops or {})
         self._ops = None  # the OpRecorder of the step being recorded, if any
-        self._op_log = None  # where recorded steps go: ops/ops[.<stream>].jsonl, opened on first use
+        self._op_log = (
+            None  # where recorded steps go: ops/ops[.<stream>].jsonl, opened on first use
+        )
         self._health: StepHealth | None = None  # made at the first recorded step
         self._replicas = ReplicaCheck(self.run_dir, replica_every, replica_mode)
         self._opt_index: dict[int, int] = {}
         self.capture_error: dict | None = None  # set when an error of our own stopped the capture
-        self._stepping: int | None = None  # id of the optimizer whose step() is running (see _outermost)
-        self.steps_seen = 0  # outermost optimizer steps ended (GradScaler.step compares it: see on_skipped_step)
+        self._stepping: int | None = (
+            None  # id of the optimizer whose step() is running (see _outermost)
+        )
+        self.steps_seen = (
+            0  # outermost optimizer steps ended (GradScaler.step compares it: see on_skipped_step)
+        )
         self._skipping = False
-        self._opaque_warned = len(OPAQUE_TYPES)  # types in batches already warned about (by an earlier recorder too)
+        self._opaque_warned = len(
+            OPAQUE_TYPES
+        )  # types in batches already warned about (by an earlier recorder too)
 
     @classmethod
-    def from_settings(cls, run_dir: Path, settings: ChildSettings, stream: str | None = None,
-                      **overrides: Any) -> "Recorder":
+    def from_settings(
+        cls, run_dir: Path, settings: ChildSettings, stream: str | None = None, **overrides: Any
+    ) -> Recorder:
         """A recorder configured by the launcher's settings (`overrides` win)."""
-        kwargs = dict(trace_every=settings.trace_every, params_every=settings.params_every,
-                      stop_after=settings.stop_after, stream=stream,
-                      record_ops=parse_steps(settings.record_ops or ""), probe_params=settings.resume_probe,
-                      only_steps=settings.only_steps, dump_ops=settings.dump_ops,
-                      replica_every=settings.replica_every, replica_mode=settings.replica_mode)
+        kwargs = dict(
+            trace_every=settings.trace_every,
+            params_every=settings.params_every,
+            stop_after=settings.stop_after,
+            stream=stream,
+            record_ops=parse_steps(settings.record_ops or ""),
+            probe_params=settings.resume_probe,
+            only_steps=settings.only_steps,
+            dump_ops=settings.dump_ops,
+            replica_every=settings.replica_every,
+            replica_mode=settings.replica_mode,
+        )
         kwargs.update(overrides)
         return cls(run_dir, **kwargs)
 
@@ -198,11 +228,16 @@ class Recorder:
     def _warn_opaque(self) -> None:
         import warnings
 
-        names, self._opaque_warned = OPAQUE_TYPES[self._opaque_warned:], len(OPAQUE_TYPES)
-        warnings.warn_explicit(f"twice: the batches hold {', '.join(names)}, which twice cannot read: the batch digest "
-                               "covers its type only, so a difference in its contents goes unseen in the trace; yield "
-                               "tensors, arrays, numbers, strings, or lists, dicts, dataclasses or plain objects of those",
-                               RuntimeWarning, "twice", 0, module="twice")
+        names, self._opaque_warned = OPAQUE_TYPES[self._opaque_warned :], len(OPAQUE_TYPES)
+        warnings.warn_explicit(
+            f"twice: the batches hold {', '.join(names)}, which twice cannot read: the batch digest "
+            "covers its type only, so a difference in its contents goes unseen in the trace; yield "
+            "tensors, arrays, numbers, strings, or lists, dicts, dataclasses or plain objects of those",
+            RuntimeWarning,
+            "twice",
+            0,
+            module="twice",
+        )
 
     @_guarded
     def on_backward(self, tensors: Any) -> None:
@@ -226,9 +261,13 @@ class Recorder:
             # was not restored from an optimizer or RNG that was not.
             self.probe_params = False
             with self._paused():
-                self._round.params_before = digest_pairs([(n, digest(p)) for n, p in self._named(optimizer)])
+                self._round.params_before = digest_pairs(
+                    [(n, digest(p)) for n, p in self._named(optimizer)]
+                )
         # A torch.optim step's ops all come from the line calling step(); a user's own optimizer's have lines of their own.
-        self.set_phase("optimizer", step_line_shared=type(optimizer).__module__.startswith("torch."))
+        self.set_phase(
+            "optimizer", step_line_shared=type(optimizer).__module__.startswith("torch.")
+        )
         if self._tracing_this_step() and not _has_closure(args, kwargs):
             # Before the update: some optimizers (maximize=True) change the gradients in place.
             with self._paused():
@@ -242,12 +281,18 @@ class Recorder:
         round_ = self._round
         complete = self._clock.add(id(optimizer))
         round_.skipped = round_.skipped or self._skipping
-        if self._clock.size is None and self.step_index + 1 in self.record_ops and self._ops is None:
+        if (
+            self._clock.size is None
+            and self.step_index + 1 in self.record_ops
+            and self._ops is None
+        ):
             # The first round's end is only known when an optimizer repeats; with one optimizer
             # (the usual case) it ends here, so start recording the next step now.
             from twice.record.oplog import OpRecorder
 
-            self._ops = OpRecorder(self.step_index + 1, dump_index=self.dump_ops.get(self.step_index + 1))
+            self._ops = OpRecorder(
+                self.step_index + 1, dump_index=self.dump_ops.get(self.step_index + 1)
+            )
             self._ops.__enter__()
         with self._paused():
             self._post_step_record(optimizer, args, kwargs, round_, complete)
@@ -255,16 +300,22 @@ class Recorder:
     def _post_step_record(self, optimizer, args, kwargs, round_, complete: bool) -> None:
         if self._tracing_this_step():
             if _has_closure(args, kwargs):
-                self._take_grads(optimizer)  # a closure (LBFGS) computes the gradients inside step()
+                self._take_grads(
+                    optimizer
+                )  # a closure (LBFGS) computes the gradients inside step()
             self._take_params(optimizer)
-            round_.lr.extend(float_bits(float(group["lr"])) for group in optimizer.param_groups if "lr" in group)
+            round_.lr.extend(
+                float_bits(float(group["lr"])) for group in optimizer.param_groups if "lr" in group
+            )
             self._move_pending(round_)
             round_.rng = rng_digests()
         if complete:
             self._finish_round()
 
     @_costed
-    def record_explicit(self, *, loss: Any = None, batch: Any = None, params: list[tuple[str, Any]] | None = None) -> None:
+    def record_explicit(
+        self, *, loss: Any = None, batch: Any = None, params: list[tuple[str, Any]] | None = None
+    ) -> None:
         """One step from a hand-written loop: the given loss, batch and named parameters (with .grad)."""
         import torch
 
@@ -273,7 +324,9 @@ class Recorder:
         if self._tracing_this_step():
             round_ = _Round()
             if loss is not None:
-                round_.losses.append(loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
+                round_.losses.append(
+                    loss.detach() if isinstance(loss, torch.Tensor) else float(loss)
+                )
             if batch is not None:
                 round_.batch = Digester(strict=False).update(batch)
                 round_.batch_count = 1
@@ -295,9 +348,17 @@ class Recorder:
         import traceback
         import warnings
 
-        self.capture_error = {"step": self.step_index, "handler": handler, "error": f"{type(exc).__name__}: {exc}",
-                              "traceback": traceback.format_exc()}
-        self._round, self._pending_losses, self._pending_batches = _Round(), [], []  # the step cut short is not written
+        self.capture_error = {
+            "step": self.step_index,
+            "handler": handler,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
+        self._round, self._pending_losses, self._pending_batches = (
+            _Round(),
+            [],
+            [],
+        )  # the step cut short is not written
         self._clock.reset()
         try:
             self._writer.close()
@@ -306,9 +367,15 @@ class Recorder:
         except OSError:
             pass
         # Placed at "twice" rather than at a line of the hook machinery, which would say nothing useful.
-        warnings.warn_explicit(f"twice: step capture stopped at step {self.step_index}: {type(exc).__name__}: {exc}; "
-                               f"the training goes on untraced (the trace holds steps 0-{self.step_index - 1}; "
-                               f"details in {RunFolder(self.run_dir).capture_error})", RuntimeWarning, "twice", 0, module="twice")
+        warnings.warn_explicit(
+            f"twice: step capture stopped at step {self.step_index}: {type(exc).__name__}: {exc}; "
+            f"the training goes on untraced (the trace holds steps 0-{self.step_index - 1}; "
+            f"details in {RunFolder(self.run_dir).capture_error})",
+            RuntimeWarning,
+            "twice",
+            0,
+            module="twice",
+        )
 
     def _outermost(self, event: str, optimizer) -> bool:
         """Is this step event an outermost optimizer's? An optimizer that steps inside another's
@@ -367,22 +434,33 @@ class Recorder:
     def _named(self, optimizer) -> list[tuple[str, Any]]:
         key = id(optimizer)
         groups = optimizer.param_groups
-        count = len(groups[0]["params"]) if len(groups) == 1 else sum(len(group["params"]) for group in groups)
+        count = (
+            len(groups[0]["params"])
+            if len(groups) == 1
+            else sum(len(group["params"]) for group in groups)
+        )
         cached = self._names.get(key)
         if cached is None or len(cached) != count:  # add_param_group() invalidates the cache
             index = self._opt_index.setdefault(key, len(self._opt_index))
             found = PARAM_NAMES.get(optimizer)
             if found is None or len(found[0]) < count:
-                found = param_names(optimizer)  # a scan of live objects: once per optimizer and process
+                found = param_names(
+                    optimizer
+                )  # a scan of live objects: once per optimizer and process
                 try:
                     PARAM_NAMES[optimizer] = found
                 except TypeError:
                     pass  # an optimizer-like object that takes no weak references
-            taken = {name for other, named in self._names.items() if other != key for name, _ in named}
-            names = distinct_names(*found, [id(p) for group in optimizer.param_groups for p in group["params"]], taken)
+            taken = {
+                name for other, named in self._names.items() if other != key for name, _ in named
+            }
+            names = distinct_names(
+                *found, [id(p) for group in optimizer.param_groups for p in group["params"]], taken
+            )
             self._names[key] = [
                 (names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param)
-                for g, group in enumerate(optimizer.param_groups) for p, param in enumerate(group["params"])
+                for g, group in enumerate(optimizer.param_groups)
+                for p, param in enumerate(group["params"])
             ]
         return self._names[key]
 
@@ -402,10 +480,15 @@ class Recorder:
         if self._ops is None:
             digests, found = digest_many(tensors, norms)
         else:  # an op-recorded step: through the op log's cache (the same values: both use digest_tensor)
-            digests, found = [self._ops.digest(t) for t in tensors], [lanes_norm(t) for t in tensors] if norms else None
+            digests, found = (
+                [self._ops.digest(t) for t in tensors],
+                [lanes_norm(t) for t in tensors] if norms else None,
+            )
         if not norms:
             return digests, []
-        missing = [i for i, norm in enumerate(found) if norm is None]  # not float32/64 on the CPU: torch's
+        missing = [
+            i for i, norm in enumerate(found) if norm is None
+        ]  # not float32/64 on the CPU: torch's
         for i, norm in zip(missing, tensor_norms([tensors[i] for i in missing])):
             found[i] = norm
         return digests, found
@@ -416,12 +499,18 @@ class Recorder:
         # health check). Between checks, a non-finite update shows in the learning rate (checked
         # every step) or in the next step's loss and gradients.
         # (map and zip over itemgetters: no generator to resume per tensor, on cold caches)
-        digests, found = self._digests(list(map(_second, named)), self.step_index % PARAM_CHECK_EVERY == 0)
+        digests, found = self._digests(
+            list(map(_second, named)), self.step_index % PARAM_CHECK_EVERY == 0
+        )
         self._round.params.extend(zip(map(_first, named), digests))
         if found:
             found = floats(found)
             total = math.sqrt(sum(map(operator.mul, found, found)))
-            self._round.param_norm = total if self._round.param_norm is None else math.hypot(self._round.param_norm, total)
+            self._round.param_norm = (
+                total
+                if self._round.param_norm is None
+                else math.hypot(self._round.param_norm, total)
+            )
 
     def _move_pending(self, round_: _Round) -> None:
         round_.losses.extend(self._pending_losses)
@@ -510,7 +599,9 @@ class Recorder:
         self._clock.reset()
         self._pending_losses = []
         if keep_batches is not None:
-            self._pending_batches = self._pending_batches[-keep_batches:] if keep_batches > 0 else []
+            self._pending_batches = (
+                self._pending_batches[-keep_batches:] if keep_batches > 0 else []
+            )
 
     def _advance(self) -> None:
         self.stop_ops()
@@ -542,7 +633,9 @@ class Recorder:
         round_.params_digest = digest_pairs(round_.params) if round_.params else None
         # One device-to-host read of each gradient norm, shared by the record and the health checks.
         norms = round_.grad_norms = floats(round_.grad_squares)
-        round_.grad_total = math.sqrt(sum(map(operator.mul, norms, norms))) if norms else None  # the squares in order
+        round_.grad_total = (
+            math.sqrt(sum(map(operator.mul, norms, norms))) if norms else None
+        )  # the squares in order
         per_tensor = self._per_tensor_due(len(round_.params))
         record = StepRecord(
             step=self.step_index,
@@ -566,8 +659,16 @@ class Recorder:
         """The cheap always-on numerics mode: loss, gradients and parameters, once per step."""
         if self._health is None:
             self._health = StepHealth(self.run_dir)
-        self._health.check(record.step, losses, list(map(_first, round_.grads)), round_.grad_norms,
-                           round_.grad_total, round_.skipped, round_.lr, round_.param_norm)
+        self._health.check(
+            record.step,
+            losses,
+            list(map(_first, round_.grads)),
+            round_.grad_norms,
+            round_.grad_total,
+            round_.skipped,
+            round_.lr,
+            round_.param_norm,
+        )
 
     def _per_tensor_due(self, tensors: int) -> bool:
         every = self.params_every
@@ -582,7 +683,12 @@ class Recorder:
         self.stop_ops()
         if self._op_log is not None:
             self._op_log.close()
-        if not self.explicit and self._clock.members and not self.stopped and self.capture_error is None:
+        if (
+            not self.explicit
+            and self._clock.members
+            and not self.stopped
+            and self.capture_error is None
+        ):
             if self._tracing_this_step():
                 self._write_round()
             self._round = _Round()
@@ -596,7 +702,9 @@ class Recorder:
         self.pid = os.getpid()
         self.stream = f"{self.stream + '.' if self.stream else ''}fork{index}"
         self._writer = TraceWriter(RunFolder(self.run_dir).trace(self.stream))
-        self._op_log = None  # the parent's handle is the parent's: this process logs to its own stream
+        self._op_log = (
+            None  # the parent's handle is the parent's: this process logs to its own stream
+        )
         self._round, self._pending_losses, self._pending_batches = _Round(), [], []
         self._clock = RoundClock()
         self._replicas = ReplicaCheck(self.run_dir, self._replicas.every, self._replicas.mode)
@@ -615,7 +723,9 @@ def _numerics_watch():
         if module is None:
             return None
         _numerics_module.append(module)
-    return _numerics_module[0]._active  # (what its active_watch() returns: a call fewer, five times a step)
+    return _numerics_module[
+        0
+    ]._active  # (what its active_watch() returns: a call fewer, five times a step)
 
 
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
@@ -627,4 +737,6 @@ tensor_type: list[type] = [type("_NoTensor", (), {})]
 
 def _has_closure(args, kwargs) -> bool:
     # Step hooks receive the bound call's arguments: args[0] is the optimizer itself.
-    return (len(args) > 1 and callable(args[1])) or (bool(kwargs) and callable(kwargs.get("closure")))
+    return (len(args) > 1 and callable(args[1])) or (
+        bool(kwargs) and callable(kwargs.get("closure"))
+    )

@@ -31,12 +31,18 @@ class ReplicaCheck:
         self.mode = mode
         self.pending: tuple | None = None  # the check in flight
 
-    def after_step(self, step: int, params_digest: str | None, params: list[tuple[str, str]]) -> None:
+    def after_step(
+        self, step: int, params_digest: str | None, params: list[tuple[str, str]]
+    ) -> None:
         """Called as each recorded step ends: read the check in flight, start the next one when due."""
         if self.pending is None and step % self.every:
             return  # neither a check to read nor one due (most steps: before any call into torch.distributed)
         dist = sys.modules.get("torch.distributed")  # loaded with torch; not re-imported every step
-        if dist is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        if (
+            dist is None
+            or not (dist.is_available() and dist.is_initialized())
+            or dist.get_world_size() < 2
+        ):
             return
         self.resolve()
         if not params or step % self.every:
@@ -46,9 +52,14 @@ class ReplicaCheck:
         # The 128-bit digest as two int64 words: a tensor all-gather, far cheaper than pickled objects.
         value = int(params_digest, 16)
         words = [(value >> 64) & (2**64 - 1), value & (2**64 - 1)]
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend() == "nccl"
             else torch.device("cpu")
-        local = torch.tensor([w - 2**64 if w >= 2**63 else w for w in words], dtype=torch.int64, device=device)
+        )
+        local = torch.tensor(
+            [w - 2**64 if w >= 2**63 else w for w in words], dtype=torch.int64, device=device
+        )
         parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
         work = dist.all_gather(parts, local, async_op=True)
         self.pending = (work, parts, step, dict(params))
@@ -69,13 +80,19 @@ class ReplicaCheck:
         tables = [None] * dist.get_world_size()
         dist.all_gather_object(tables, table)
         bad_rank = next(r for r, d in enumerate(gathered) if d != gathered[0])
-        tensor = next((name for name in tables[0] if tables[bad_rank].get(name) != tables[0][name]), None)
+        tensor = next(
+            (name for name in tables[0] if tables[bad_rank].get(name) != tables[0][name]), None
+        )
         since = "" if self.every == 1 else f" (the check at step {step - self.every} agreed)"
-        message = (f"replicas out of sync at step {step}: rank {bad_rank} holds different parameters "
-                   f"from rank 0, first in {tensor}{since}")
+        message = (
+            f"replicas out of sync at step {step}: rank {bad_rank} holds different parameters "
+            f"from rank 0, first in {tensor}{since}"
+        )
         if dist.get_rank() == 0:
-            write_json_atomic(RunFolder(self.run_dir).replicas,
-                              {"step": step, "rank": bad_rank, "tensor": tensor, "message": message})
+            write_json_atomic(
+                RunFolder(self.run_dir).replicas,
+                {"step": step, "rank": bad_rank, "tensor": tensor, "message": message},
+            )
         if self.mode == "stop":
             raise ReplicaDesync(f"twice: {message}")
         warnings.warn(f"twice: {message}", RuntimeWarning, stacklevel=2)

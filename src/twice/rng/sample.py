@@ -28,7 +28,7 @@ import ctypes
 import random
 import struct
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from twice.rng import seeding
 from twice.rng.seeding import MT_WORDS, splitmix_finish, torch_state_bytes
@@ -38,10 +38,18 @@ __all__ = ["Seeder", "seeder", "START_WORDS", "SAMPLE_COUNTERS", "OFFSETS"]
 START_WORDS = 16  # fresh words per sample until a sample is seen reading more
 SAMPLE_COUNTERS = 1024  # SplitMix64 counters each sample owns
 _PAIRS = MT_WORDS // 2  # SplitMix64 outputs per state: each gives two 32-bit words, low half first
-OFFSETS = {"python": 1, "numpy": 1 + _PAIRS, "torch": 1 + 2 * _PAIRS}  # an RNG's first counter in a sample's block
+OFFSETS = {
+    "python": 1,
+    "numpy": 1 + _PAIRS,
+    "torch": 1 + 2 * _PAIRS,
+}  # an RNG's first counter in a sample's block
 _GOLDEN = 0x9E3779B97F4A7C15
-_SAMPLE_STEP = SAMPLE_COUNTERS * _GOLDEN % 2**64  # from one sample's first counter to the next's, times golden
-_STEP = None  # the same as a NumPy uint64 (set when the first Seeder is made: NumPy is loaded by then)
+_SAMPLE_STEP = (
+    SAMPLE_COUNTERS * _GOLDEN % 2**64
+)  # from one sample's first counter to the next's, times golden
+_STEP = (
+    None  # the same as a NumPy uint64 (set when the first Seeder is made: NumPy is loaded by then)
+)
 
 
 class Seeder:
@@ -52,8 +60,17 @@ class Seeder:
     attributes in `cleared` set to None: the loader's loop does those itself, saving a Python call
     per sample."""
 
-    def __init__(self, name: str, template: bytes, words_at: int, seed_at: int | None, target: int | None = None,
-                 position_at: int | None = None, extra: tuple = (), cleared: tuple = ()):
+    def __init__(
+        self,
+        name: str,
+        template: bytes,
+        words_at: int,
+        seed_at: int | None,
+        target: int | None = None,
+        position_at: int | None = None,
+        extra: tuple = (),
+        cleared: tuple = (),
+    ):
         global _STEP
         np = sys.modules["numpy"]
         _STEP = np.uint64(_SAMPLE_STEP)
@@ -61,35 +78,56 @@ class Seeder:
         self.template = np.frombuffer(template, dtype=np.uint8)
         self.words_at, self.seed_at = words_at, seed_at
         self.address = target  # of the RNG's memory, where the layout was confirmed (the images are copied there)
-        self._memory = None if target is None else memoryview((ctypes.c_char * len(template)).from_address(target)).cast("B")
+        self._memory = (
+            None
+            if target is None
+            else memoryview((ctypes.c_char * len(template)).from_address(target)).cast("B")
+        )
         # Per sample only the bytes up to the last fresh word are written: a sample that fits never
         # read the words after them, so they need not be fresh, or even known.
         # (address, bytes) also written per sample: position, cached normals; and as (memoryview, bytes)
         self.extra_at = extra
-        self.extra = tuple((memoryview((ctypes.c_char * len(data)).from_address(at)).cast("B"), data) for at, data in extra)
-        self.cleared = cleared  # (object, attribute) pairs set to None per sample: Python's cached Gaussian
-        self.reset: Callable[[int], None] | None = None  # the same as a call with the row (the Python loop's)
+        self.extra = tuple(
+            (memoryview((ctypes.c_char * len(data)).from_address(at)).cast("B"), data)
+            for at, data in extra
+        )
+        self.cleared = (
+            cleared  # (object, attribute) pairs set to None per sample: Python's cached Gaussian
+        )
+        self.reset: Callable[[int], None] | None = (
+            None  # the same as a call with the row (the Python loop's)
+        )
         if cleared:
+
             def reset(row: int) -> None:
                 for owner, attribute in cleared:
                     setattr(owner, attribute, None)
 
             self.reset = reset
-        self.check = None  # in place: (position, last two words, their template value), as ctypes integers
+        self.check = (
+            None  # in place: (position, last two words, their template value), as ctypes integers
+        )
         self._batch_extra: tuple = ()  # (memoryview, bytes) written once a batch while words are not all fresh
         self._batch_extra_at: tuple = ()  # the same as (address, bytes)
         if target is not None:
             tail_at = words_at + 4 * (MT_WORDS - 2)
             tail = ctypes.c_uint64.from_address(target + tail_at)
-            self.check = (ctypes.c_uint32.from_address(target + position_at), tail,
-                          struct.unpack_from("<Q", template, tail_at)[0])
+            self.check = (
+                ctypes.c_uint32.from_address(target + position_at),
+                tail,
+                struct.unpack_from("<Q", template, tail_at)[0],
+            )
             # The template's last two words go back in place before each batch: regenerating the
             # block changes them all, which is how `fits` tells a sample that read 630 words from one that read 6.
-            self._batch_extra_at = ((target + tail_at, bytes(template[tail_at:tail_at + 8])),)
-            self._batch_extra = tuple((memoryview((ctypes.c_char * 8).from_address(at)).cast("B"), data)
-                                      for at, data in self._batch_extra_at)
+            self._batch_extra_at = ((target + tail_at, bytes(template[tail_at : tail_at + 8])),)
+            self._batch_extra = tuple(
+                (memoryview((ctypes.c_char * 8).from_address(at)).cast("B"), data)
+                for at, data in self._batch_extra_at
+            )
         # counters (times the golden ratio, wrapping) of this RNG's pairs, and of the seed first if it has one
-        offsets = ([0] if seed_at is not None else []) + list(range(OFFSETS[name], OFFSETS[name] + _PAIRS))
+        offsets = ([0] if seed_at is not None else []) + list(
+            range(OFFSETS[name], OFFSETS[name] + _PAIRS)
+        )
         self._counters = np.asarray(offsets, dtype=np.uint64) * np.uint64(_GOLDEN)
         self._images = None
         self._specs: dict[int, tuple] = {}  # fresh words -> compiled_spec()
@@ -120,7 +158,7 @@ class Seeder:
     def _columns(self, words: int):
         """The counters (times golden) this RNG needs for `words` fresh words: its seed's, then its pairs'."""
         words = MT_WORDS if not self.in_place else min(MT_WORDS, words)
-        return self._counters[:(words + 1) // 2 + (self.seed_at is not None)]
+        return self._counters[: (words + 1) // 2 + (self.seed_at is not None)]
 
     def _fill(self, values, rows: int) -> None:
         """Write the finished SplitMix64 `values` of `_columns` into the images and make the row views.
@@ -137,11 +175,11 @@ class Seeder:
             images = self._images = np.tile(self.template[:width], (rows, 1))
             if self.in_place:
                 flat = memoryview(images.reshape(-1))
-                self.rows = [flat[row * width:(row + 1) * width] for row in range(rows)]
+                self.rows = [flat[row * width : (row + 1) * width] for row in range(rows)]
                 self.target = self._memory[:width]
         if seeded:
-            images[:, self.seed_at:self.seed_at + 8] = values[:, :1].view(np.uint8)
-        images[:, start:start + 8 * pairs] = values[:, seeded:].view(np.uint8)[:, :4 * fresh]
+            images[:, self.seed_at : self.seed_at + 8] = values[:, :1].view(np.uint8)
+        images[:, start : start + 8 * pairs] = values[:, seeded:].view(np.uint8)[:, : 4 * fresh]
         if self.in_place and fresh < MT_WORDS:
             for view, data in self._batch_extra:
                 view[:] = data
@@ -159,9 +197,17 @@ class Seeder:
                 position, tail, expected = self.check
                 check = (ctypes.addressof(position), ctypes.addressof(tail), expected, words)
             batch = self._batch_extra_at if fresh < MT_WORDS else ()  # as _fill writes them
-            spec = self._specs[words] = (self.address, bytes(self.template[:self.words_at]),
-                                         self.seed_at if seeded else -1, self.words_at, columns.tobytes(), 4 * fresh,
-                                         self.extra_at, batch, check)
+            spec = self._specs[words] = (
+                self.address,
+                bytes(self.template[: self.words_at]),
+                self.seed_at if seeded else -1,
+                self.words_at,
+                columns.tobytes(),
+                4 * fresh,
+                self.extra_at,
+                batch,
+                check,
+            )
         return spec
 
     def put(self, row: int) -> None:
@@ -177,7 +223,11 @@ class Seeder:
     def words_of(self, row: int) -> list[int]:
         """The 624 words of a row's state (as prepared with all words fresh)."""
         start = self.words_at
-        return list(struct.unpack_from(f"<{MT_WORDS}I", self._images[row, start:start + 4 * MT_WORDS].tobytes()))
+        return list(
+            struct.unpack_from(
+                f"<{MT_WORDS}I", self._images[row, start : start + 4 * MT_WORDS].tobytes()
+            )
+        )
 
     def _put_api(self, row: int) -> None:
         words = self.words_of(row)
@@ -188,7 +238,11 @@ class Seeder:
             np.random.set_state(("MT19937", np.asarray(words, dtype=np.uint32), 0, 0, 0.0))
         else:
             torch = sys.modules["torch"]
-            seed = int(self._images[row, self.seed_at:self.seed_at + 8].view(sys.modules["numpy"].uint64)[0])
+            seed = int(
+                self._images[row, self.seed_at : self.seed_at + 8].view(
+                    sys.modules["numpy"].uint64
+                )[0]
+            )
             state = torch.frombuffer(bytearray(torch_state_bytes(seed, words)), dtype=torch.uint8)
             torch.default_generator.set_state(state)
 
@@ -206,11 +260,16 @@ def prepare(seeders: list[tuple[Seeder, int]], key, indices, size: int | None = 
     np = sys.modules["numpy"]
     rows = len(indices)
     which = tuple(seeders)
-    if size is not None and isinstance(key, int) and \
-            size * sum(len(one._columns(words)) for one, words in seeders) <= TABLE_VALUES:
+    if (
+        size is not None
+        and isinstance(key, int)
+        and size * sum(len(one._columns(words)) for one, words in seeders) <= TABLE_VALUES
+    ):
         table = _tables.get((which, key, size))
         if table is None:
-            if len(_tables) >= TABLES_KEPT:  # loaders used in turn (zipped, or train and validation) keep theirs
+            if (
+                len(_tables) >= TABLES_KEPT
+            ):  # loaders used in turn (zipped, or train and validation) keep theirs
                 del _tables[next(iter(_tables))]
             every = _values(which, key, np.arange(size, dtype=np.uint64), keep=False)
             table = _tables[(which, key, size)] = (key, every, _spans(seeders), {})
@@ -261,7 +320,7 @@ def _fill_all(spans: list[tuple[int, Seeder]], values, rows: int) -> None:
         return
     column = 0
     for width, one in spans:
-        one._fill(values[:, column:column + width], rows)
+        one._fill(values[:, column : column + width], rows)
         column += width
 
 
@@ -275,7 +334,12 @@ _seeders: dict = {}  # (name, ids of the RNG objects) -> Seeder
 def seeder(name: str) -> Seeder:
     """The Seeder of one global RNG of this process ("python", "numpy" or "torch")."""
     torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
-    key = (name, id(random._inst), id(np), id(torch.default_generator) if torch is not None else None)
+    key = (
+        name,
+        id(random._inst),
+        id(np),
+        id(torch.default_generator) if torch is not None else None,
+    )
     found = _seeders.get(key)
     if found is None:
         found = _seeders[key] = _make(name)
@@ -283,28 +347,59 @@ def seeder(name: str) -> Seeder:
 
 
 def _make(name: str) -> Seeder:
-    template_words = struct.pack(f"<{MT_WORDS}I", *seeding._mt_init(5489))  # any valid state: MT's default
+    template_words = struct.pack(
+        f"<{MT_WORDS}I", *seeding._mt_init(5489)
+    )  # any valid state: MT's default
     if name == "python":
-        template = struct.pack("<i", 0) + template_words  # CPython's {int index; uint32_t state[624]}
+        template = (
+            struct.pack("<i", 0) + template_words
+        )  # CPython's {int index; uint32_t state[624]}
         if seeding._python_state_bytes() is None:
             return Seeder(name, template, 4, None)
         inst = random._inst
-        return Seeder(name, template, 4, None, id(inst) + seeding._python_state_offset[0], 0,
-                      cleared=((inst, "gauss_next"),))
+        return Seeder(
+            name,
+            template,
+            4,
+            None,
+            id(inst) + seeding._python_state_offset[0],
+            0,
+            cleared=((inst, "gauss_next"),),
+        )
     if name == "numpy":
         template = template_words + struct.pack("<i", 0)  # NumPy's {uint32_t key[624]; int pos}
         if seeding._numpy_state_bytes() is None or seeding._numpy_gauss_address() is None:
             return Seeder(name, template, 0, None)
         generator = sys.modules["numpy"].random.mtrand._rand._bit_generator
-        target, gauss_at = seeding._numpy_state_address[id(generator)], seeding._numpy_gauss_address()
+        target, gauss_at = (
+            seeding._numpy_state_address[id(generator)],
+            seeding._numpy_gauss_address(),
+        )
         # the position (after the words) and the cached Gaussian
-        return Seeder(name, template, 0, None, target, 4 * MT_WORDS, extra=((target + 4 * MT_WORDS, bytes(4)), (gauss_at, bytes(16))))
+        return Seeder(
+            name,
+            template,
+            0,
+            None,
+            target,
+            4 * MT_WORDS,
+            extra=((target + 4 * MT_WORDS, bytes(4)), (gauss_at, bytes(16))),
+        )
     layout, target = seeding.torch_layout(), seeding.torch_state_address()
     if layout is None or target is None:
         # The image layout of get_state() bytes is not used by the API path: only words and seed are read.
         template = bytes(8) + struct.pack("<iiI", MT_WORDS, 1, 0) + template_words
         return Seeder(name, template, 20, 0)
-    words_end = layout.words + 4 * MT_WORDS  # after the words: the cached normals, cleared per sample
+    words_end = (
+        layout.words + 4 * MT_WORDS
+    )  # after the words: the cached normals, cleared per sample
     # The position read is `next` (the index of the next word); its `left` is written with it per sample.
-    return Seeder(name, layout.template, layout.words, 0, target, layout.next,
-                  extra=((target + words_end, bytes(layout.template[words_end:])),))
+    return Seeder(
+        name,
+        layout.template,
+        layout.words,
+        0,
+        target,
+        layout.next,
+        extra=((target + words_end, bytes(layout.template[words_end:])),),
+    )

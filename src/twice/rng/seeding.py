@@ -6,13 +6,21 @@ import ctypes
 import random
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from twice.core import digests as _digests
 from twice.core.digests import digest, digest_buffers, digest_tensor
 
-__all__ = ["seed_everything", "RngSource", "RNG_SOURCES", "capture_rng", "restore_rng", "rng_digests"]
+__all__ = [
+    "seed_everything",
+    "RngSource",
+    "RNG_SOURCES",
+    "capture_rng",
+    "restore_rng",
+    "rng_digests",
+]
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,9 @@ def seed_cpu_rngs(seed: int) -> None:
     _torch().default_generator.manual_seed(seed)
 
 
-_cuda_present: list[bool] = []  # torch.cuda.is_available(), asked once: ~10 us a call, and the step trace asks every step
+_cuda_present: list[
+    bool
+] = []  # torch.cuda.is_available(), asked once: ~10 us a call, and the step trace asks every step
 
 
 def _cuda_ready() -> bool:
@@ -75,7 +85,8 @@ def _accelerator_available() -> bool:
     if torch is None:
         return False
     return any(
-        getattr(getattr(torch, name, None), "is_available", lambda: False)() for name in ("mps", "xpu")
+        getattr(getattr(torch, name, None), "is_available", lambda: False)()
+        for name in ("mps", "xpu")
     )
 
 
@@ -114,7 +125,9 @@ RNG_SOURCES: tuple[RngSource, ...] = (
         available=_cuda_ready,
         seed=lambda s: _torch().cuda.manual_seed_all(s),
         get_state=lambda: _torch().cuda.get_rng_state_all(),
-        set_state=lambda state: _torch().cuda.set_rng_state_all([own_storage(one) for one in state]),
+        set_state=lambda state: _torch().cuda.set_rng_state_all(
+            [own_storage(one) for one in state]
+        ),
     ),
     RngSource(
         "accelerator",
@@ -203,7 +216,9 @@ def _python_state_bytes() -> bytes | None:
         return None
     inst = random._inst
     gauss = inst.gauss_next
-    return ctypes.string_at(id(inst) + offset, 4 + 624 * 4) + (b"" if gauss is None else struct.pack("<d", gauss))
+    return ctypes.string_at(id(inst) + offset, 4 + 624 * 4) + (
+        b"" if gauss is None else struct.pack("<d", gauss)
+    )
 
 
 _numpy_gauss_offset: list = []  # [offset of RandomState's (has_gauss, gauss)] once checked, [None] if not found
@@ -222,11 +237,15 @@ def _numpy_gauss_address() -> int | None:
             probe = np.random.RandomState(7)
             key = probe.get_state()[1]
             hits = []
-            for has, value in ((1, 0.8125 + 2.0 ** -40), (0, -3.5 - 2.0 ** -37)):
+            for has, value in ((1, 0.8125 + 2.0**-40), (0, -3.5 - 2.0**-37)):
                 probe.set_state(("MT19937", key, 3, has, value))
                 memory = ctypes.string_at(id(probe), 512)
-                found = {i - 8 for i in range(8, 504, 8) if memory[i:i + 8] == struct.pack("<d", value)
-                         and memory[i - 8:i - 4] == struct.pack("<i", has)}
+                found = {
+                    i - 8
+                    for i in range(8, 504, 8)
+                    if memory[i : i + 8] == struct.pack("<d", value)
+                    and memory[i - 8 : i - 4] == struct.pack("<i", has)
+                }
                 hits.append(found)
             candidates = sorted(hits[0] & hits[1])
             if len(candidates) == 1:
@@ -248,10 +267,10 @@ class TorchLayout:
     address torch_state_address() gives for the default generator): the region runs from the seed
     over the position, the 624 words and the two cached normals, so one memcpy puts a whole state in place."""
 
-    size: int         # bytes of the region
-    next: int         # uint32: index of the next word read (after i32 left, draws before regenerating)
-    words: int        # uint32[624]
-    template: bytes   # the region of a state at position 0 (left 624, next 0) with no cached normal
+    size: int  # bytes of the region
+    next: int  # uint32: index of the next word read (after i32 left, draws before regenerating)
+    words: int  # uint32[624]
+    template: bytes  # the region of a state at position 0 (left 624, next 0) with no cached normal
 
 
 _torch_layout: list = []  # [TorchLayout] once checked, [None] where the layout is not the one read here
@@ -331,22 +350,32 @@ def _find_torch_layout(torch) -> TorchLayout | None:
     at = memory.find(words)
     if at < 20 or memory.count(words) != 1:
         return None
-    start = at - 20  # {u64 seed; i32 left; bool seeded (3 bytes padding); u32 next} before the words
+    start = (
+        at - 20
+    )  # {u64 seed; i32 left; bool seeded (3 bytes padding); u32 next} before the words
     if struct.unpack_from("<QiB3xI", memory, start) != (seed, 1, 1, 0):
         return None
     end = at + 4 * MT_WORDS
     # The cached normals (std::optional<float>, std::optional<double>) follow: plant values, find them.
     state = bytearray(probe.get_state().numpy().tobytes())
     flags = {}
-    for float_value, double_value in ((0.8125, -3.5 - 2.0 ** -37), (-1.25, 0.40625 + 2.0 ** -40)):
+    for float_value, double_value in ((0.8125, -3.5 - 2.0**-37), (-1.25, 0.40625 + 2.0**-40)):
         # The cached double is normal_y (torch 2.x) or normal_rho * sin(2 pi normal_x) (older): the
         # value either way, with normal_x = 1/4.
         struct.pack_into("<dddi", state, 5016, 0.25, double_value, double_value, 1)
         struct.pack_into("<f?", state, 5048, float_value, True)
         probe.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
         memory = ctypes.string_at(impl, 3072)
-        found_float = {i for i in range(end, end + 64, 4) if memory[i:i + 5] == struct.pack("<f", float_value) + b"\x01"}
-        found_double = {i for i in range(end, end + 64, 4) if memory[i:i + 9] == struct.pack("<d", double_value) + b"\x01"}
+        found_float = {
+            i
+            for i in range(end, end + 64, 4)
+            if memory[i : i + 5] == struct.pack("<f", float_value) + b"\x01"
+        }
+        found_double = {
+            i
+            for i in range(end, end + 64, 4)
+            if memory[i : i + 9] == struct.pack("<d", double_value) + b"\x01"
+        }
         flags.setdefault("float", found_float).intersection_update(found_float)
         flags.setdefault("double", found_double).intersection_update(found_double)
     if len(flags["float"]) != 1 or len(flags["double"]) != 1:
@@ -354,7 +383,9 @@ def _find_torch_layout(torch) -> TorchLayout | None:
     float_at, double_at = flags["float"].pop(), flags["double"].pop()
     size = max(float_at + 5, double_at + 9) - start
     size += -size % 8
-    probe.set_state(torch.frombuffer(bytearray(torch_state_bytes(seed, range(MT_WORDS))), dtype=torch.uint8))
+    probe.set_state(
+        torch.frombuffer(bytearray(torch_state_bytes(seed, range(MT_WORDS))), dtype=torch.uint8)
+    )
     region = bytearray(ctypes.string_at(impl + start, size))
     if region[float_at - start + 4] or region[double_at - start + 8]:
         return None  # set_state with no cached normal left a flag set: not the flags
@@ -373,8 +404,11 @@ def _find_torch_layout(torch) -> TorchLayout | None:
         if probe.get_state().numpy().tobytes() != official:
             return None
         other.set_state(torch.frombuffer(bytearray(official), dtype=torch.uint8))
-        for draw in (lambda g: torch.rand(700, generator=g), lambda g: torch.randn(5, generator=g),
-                     lambda g: torch.randint(0, 10**9, (9,), generator=g)):
+        for draw in (
+            lambda g: torch.rand(700, generator=g),
+            lambda g: torch.randn(5, generator=g),
+            lambda g: torch.randint(0, 10**9, (9,), generator=g),
+        ):
             if not torch.equal(draw(probe), draw(other)):
                 return None
     return layout
@@ -421,7 +455,11 @@ def rng_restore(snapshot: tuple, only: set[str] | frozenset | None = None) -> No
 
 def _rng_access() -> tuple[Callable[[], tuple], Callable[[tuple, Any], None]]:
     torch = _torch()
-    key = (id(random._inst), id(sys.modules.get("numpy")), id(torch.default_generator) if torch is not None else None)
+    key = (
+        id(random._inst),
+        id(sys.modules.get("numpy")),
+        id(torch.default_generator) if torch is not None else None,
+    )
     access = _snapshot_readers.get(key)
     if access is None:
         _snapshot_readers.clear()
@@ -447,10 +485,16 @@ def _snapshot_access() -> tuple[Callable[[], tuple], Callable[[tuple, Any], None
     get_state, set_state, string_at = generator.get_state, generator.set_state, ctypes.string_at
     size = get_state().numel()
     torch_at = torch_state_address()
-    torch_mv = None if torch_at is None else memoryview((ctypes.c_char * torch_layout().size).from_address(torch_at)).cast("B")
+    torch_mv = (
+        None
+        if torch_at is None
+        else memoryview((ctypes.c_char * torch_layout().size).from_address(torch_at)).cast("B")
+    )
 
     def read() -> tuple:
-        python = (python_mv.tobytes(), inst.gauss_next) if python_mv is not None else random.getstate()
+        python = (
+            (python_mv.tobytes(), inst.gauss_next) if python_mv is not None else random.getstate()
+        )
         if numpy_mvs is not None:
             numpy = (numpy_mvs[0].tobytes(), numpy_mvs[1].tobytes())
         else:
@@ -542,15 +586,23 @@ def _state_views() -> tuple:
     as ctypes arrays over their memory, made once per pair of generator objects; each None where
     its layout is not confirmed. rng_snapshot copies from them, rng_digests hashes them in place."""
     np = _numpy()
-    generator = getattr(getattr(getattr(getattr(np, "random", None), "mtrand", None), "_rand", None), "_bit_generator", None)
+    generator = getattr(
+        getattr(getattr(getattr(np, "random", None), "mtrand", None), "_rand", None),
+        "_bit_generator",
+        None,
+    )
     key = (id(random._inst), id(generator))
     views = _views.get(key)
     if views is None:
         python_view = numpy_view = gauss_view = None
         if _python_state_bytes() is not None:
-            python_view = (ctypes.c_char * (4 + 624 * 4)).from_address(id(random._inst) + _python_state_offset[0])
+            python_view = (ctypes.c_char * (4 + 624 * 4)).from_address(
+                id(random._inst) + _python_state_offset[0]
+            )
         if np is not None and _numpy_state_bytes() is not None:
-            numpy_view = (ctypes.c_char * (624 * 4 + 4)).from_address(_numpy_state_address[id(generator)])
+            numpy_view = (ctypes.c_char * (624 * 4 + 4)).from_address(
+                _numpy_state_address[id(generator)]
+            )
             if _numpy_gauss_address() is not None:
                 gauss_view = (ctypes.c_char * 16).from_address(_numpy_gauss_address())
         if len(_views) > 16:
@@ -571,15 +623,24 @@ def _rng_plan(views: tuple) -> tuple | None:
     if _digests._native is None:
         return None
     entry = _rng_plans.get(id(views))
-    if entry is not None and entry[0] is views:  # (ctypes arrays are not hashable: keyed by the tuple's id, and checked)
+    if (
+        entry is not None and entry[0] is views
+    ):  # (ctypes arrays are not hashable: keyed by the tuple's id, and checked)
         return entry[1]
     python_view, numpy_view, _ = views
-    named = [(name, view) for name, view in (("python", python_view), ("numpy", numpy_view)) if view is not None]
+    named = [
+        (name, view)
+        for name, view in (("python", python_view), ("numpy", numpy_view))
+        if view is not None
+    ]
     covered = {name for name, _ in named} | {"torch", "accelerator"}
     if len(_rng_plans) > 16:
         _rng_plans.clear()
-    plan = ([name for name, _ in named], [_digests.buffers_item(view) for _, view in named],
-            tuple(source for source in RNG_SOURCES if source.name not in covered))
+    plan = (
+        [name for name, _ in named],
+        [_digests.buffers_item(view) for _, view in named],
+        tuple(source for source in RNG_SOURCES if source.name not in covered),
+    )
     _rng_plans[id(views)] = (views, plan)
     return plan
 
@@ -598,11 +659,15 @@ def rng_digests() -> dict[str, str]:
     gauss = random._inst.gauss_next if python_view is not None else None
     if gauss is not None:  # Python's state is the plan's first item where it is read in place
         items[0] = _digests.buffers_item(python_view, struct.pack("<d", gauss))
-    if gauss_view is not None and gauss_view[:4] != b"\0\0\0\0":  # NumPy holds a Gaussian: {int has_gauss; double gauss}
+    if (
+        gauss_view is not None and gauss_view[:4] != b"\0\0\0\0"
+    ):  # NumPy holds a Gaussian: {int has_gauss; double gauss}
         items[-1] = _digests.buffers_item(numpy_view, bytes(gauss_view)[8:])
     torch = _torch()
     state = torch.default_generator.get_state() if torch is not None else None  # held until hashed
-    item = _digests.tensor_item(state) if state is not None else None  # (the item holds its address only)
+    item = (
+        _digests.tensor_item(state) if state is not None else None
+    )  # (the item holds its address only)
     if item is not None:
         names.append("torch")
         items.append(item)
@@ -620,9 +685,13 @@ def _rng_digests_slow(python_view, numpy_view, gauss_view) -> dict[str, str]:
     in_place: dict[str, tuple] = {}
     if python_view is not None:
         gauss = random._inst.gauss_next
-        in_place["python"] = (python_view,) if gauss is None else (python_view, struct.pack("<d", gauss))
+        in_place["python"] = (
+            (python_view,) if gauss is None else (python_view, struct.pack("<d", gauss))
+        )
     if numpy_view is not None:
-        cached = bytes(gauss_view) if gauss_view is not None else bytes(16)  # {int has_gauss; double gauss}
+        cached = (
+            bytes(gauss_view) if gauss_view is not None else bytes(16)
+        )  # {int has_gauss; double gauss}
         in_place["numpy"] = (numpy_view, cached[8:]) if cached[:4] != bytes(4) else (numpy_view,)
     out = {name: digest_buffers(*parts) for name, parts in in_place.items()}
     for source in RNG_SOURCES:

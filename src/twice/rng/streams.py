@@ -59,7 +59,7 @@ class stream:
 
         return np.random.default_rng(self.seed)
 
-    def __enter__(self) -> "stream":
+    def __enter__(self) -> stream:
         self._outer = capture_rng()
         key = (self.root, self.name)
         if key in _saved:

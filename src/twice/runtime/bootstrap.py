@@ -62,7 +62,9 @@ def _local_sources() -> list[str]:
 
     skip = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     skip.update(os.path.realpath(p) for p in sysconfig.get_paths().values())
-    skip.add(os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # twice itself
+    skip.add(
+        os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )  # twice itself
     sources = set()
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
@@ -71,7 +73,11 @@ def _local_sources() -> list[str]:
         real = os.path.realpath(os.path.join(_state["cwd"], path))
         if not os.path.isfile(real):
             continue
-        if "site-packages" in real or "dist-packages" in real or any(real.startswith(s + os.sep) for s in skip):
+        if (
+            "site-packages" in real
+            or "dist-packages" in real
+            or any(real.startswith(s + os.sep) for s in skip)
+        ):
             continue
         sources.add(real)
     # CPython deletes __main__.__file__ after the script ran; sys.argv[0] still names it.
@@ -90,8 +96,11 @@ def _watch_process_group(torch) -> None:
 
     def init_process_group(*args, **kwargs):
         result = original(*args, **kwargs)
-        _state["process_group"] = {"backend": str(dist.get_backend()), "world_size": dist.get_world_size(),
-                                   "rank": dist.get_rank()}
+        _state["process_group"] = {
+            "backend": str(dist.get_backend()),
+            "world_size": dist.get_world_size(),
+            "rank": dist.get_rank(),
+        }
         return result
 
     dist.init_process_group = init_process_group
@@ -101,8 +110,12 @@ def _distributed_facts() -> dict | None:
     rank = os.environ.get("RANK")
     if rank is None and "process_group" not in _state:
         return None
-    facts = {"rank": int(rank) if rank is not None else None, "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-             "local_rank": os.environ.get("LOCAL_RANK"), "nodes": os.environ.get("GROUP_WORLD_SIZE")}
+    facts = {
+        "rank": int(rank) if rank is not None else None,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "local_rank": os.environ.get("LOCAL_RANK"),
+        "nodes": os.environ.get("GROUP_WORLD_SIZE"),
+    }
     if "process_group" in _state:
         facts.update(_state["process_group"])
     return facts
@@ -118,9 +131,15 @@ def _at_exit() -> None:
     if recorder is not None:
         recorder.finish()
     record = {
-        "pid": os.getpid(), "ppid": os.getppid(), "argv": list(sys.argv), "started": _state["started"],
-        "ended": time.time(), "sources": _local_sources(), "seed": _state.get("seed"),
-        "determinism": _state.get("determinism"), "torch": _state.get("torch"),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "argv": list(sys.argv),
+        "started": _state["started"],
+        "ended": time.time(),
+        "sources": _local_sources(),
+        "seed": _state.get("seed"),
+        "determinism": _state.get("determinism"),
+        "torch": _state.get("torch"),
         "steps": recorder.step_index if recorder is not None else None,
         "trace_cost_s": round(recorder.cost, 6) if recorder is not None else None,
         "stopped_after": recorder.stop_after if recorder is not None and recorder.stopped else None,
@@ -156,7 +175,13 @@ def boot() -> None:
     settings = ChildSettings.from_env(os.environ)
     if not settings.run_dir or _state:
         return
-    _state.update(run_dir=settings.run_dir, pid=os.getpid(), started=time.time(), cwd=os.getcwd(), settings=settings)
+    _state.update(
+        run_dir=settings.run_dir,
+        pid=os.getpid(),
+        started=time.time(),
+        cwd=os.getcwd(),
+        settings=settings,
+    )
     if not settings.observe:
         seed = settings.seed if settings.seed is not None else 0
         rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")

@@ -15,29 +15,64 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["gather_identity_facts", "gather_context_facts", "torch_facts", "git_state", "NUMERIC_ENV_PREFIXES",
-           "numeric_env"]
+__all__ = [
+    "gather_identity_facts",
+    "gather_context_facts",
+    "torch_facts",
+    "git_state",
+    "NUMERIC_ENV_PREFIXES",
+    "numeric_env",
+]
 
 # Environment variables that change numerics, kernels, threads or hashing.
-NUMERIC_ENV_PREFIXES = ("CUBLAS_", "CUDA_", "CUDNN_", "NCCL_", "TORCH_", "OMP_", "MKL_", "OPENBLAS_",
-                        "KMP_", "GOMP_", "NVIDIA_TF32", "PYTORCH_", "TORCHINDUCTOR_", "XLA_", "HIP_", "ROCM_")
-NUMERIC_ENV_NAMES = ("PYTHONHASHSEED", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "TF32_OVERRIDE")
+NUMERIC_ENV_PREFIXES = (
+    "CUBLAS_",
+    "CUDA_",
+    "CUDNN_",
+    "NCCL_",
+    "TORCH_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "KMP_",
+    "GOMP_",
+    "NVIDIA_TF32",
+    "PYTORCH_",
+    "TORCHINDUCTOR_",
+    "XLA_",
+    "HIP_",
+    "ROCM_",
+)
+NUMERIC_ENV_NAMES = (
+    "PYTHONHASHSEED",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "TF32_OVERRIDE",
+)
 # The launcher's own protocol variables are not facts about the user's environment.
 _OWN_PREFIX = "TWICE_"
 
 
 def numeric_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items()
-            if (k.startswith(NUMERIC_ENV_PREFIXES) or k in NUMERIC_ENV_NAMES) and not k.startswith(_OWN_PREFIX)}
+    return {
+        k: v
+        for k, v in environ.items()
+        if (k.startswith(NUMERIC_ENV_PREFIXES) or k in NUMERIC_ENV_NAMES)
+        and not k.startswith(_OWN_PREFIX)
+    }
 
 
 def python_facts() -> dict[str, Any]:
-    return {"version": platform.python_version(), "implementation": platform.python_implementation(),
-            "executable": sys.executable}
+    return {
+        "version": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+    }
 
 
 def package_facts() -> dict[str, str]:
@@ -51,8 +86,12 @@ def package_facts() -> dict[str, str]:
 
 def os_facts() -> dict[str, Any]:
     libc = platform.libc_ver()
-    return {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
-            "libc": "-".join(x for x in libc if x)}
+    return {
+        "system": platform.system(),
+        "release": platform.release(),
+        "machine": platform.machine(),
+        "libc": "-".join(x for x in libc if x),
+    }
 
 
 def cpu_facts() -> dict[str, Any]:
@@ -75,8 +114,13 @@ def gpu_facts() -> list[dict[str, Any]]:
         return []
     fields = "name,compute_cap,driver_version,memory.total"
     try:
-        out = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout
+        out = subprocess.run(
+            [smi, f"--query-gpu={fields}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     gpus = []
@@ -122,7 +166,14 @@ def git_state(cwd: Path, exclude: list[Path] = ()) -> tuple[dict[str, Any] | Non
             _git(["read-tree", "HEAD"], top_path, env)
         _git(["add", "-A", *pathspec], top_path, env)
         base = commit or _git(["hash-object", "-t", "tree", "/dev/null"], top_path, env).strip()
-        patch = _git(["diff", "--cached", "--binary", "--no-color", "--no-ext-diff", base, *pathspec], top_path, env) or ""
+        patch = (
+            _git(
+                ["diff", "--cached", "--binary", "--no-color", "--no-ext-diff", base, *pathspec],
+                top_path,
+                env,
+            )
+            or ""
+        )
     return {"commit": commit, "branch": branch, "dirty": bool(patch), "root": str(top_path)}, patch
 
 
@@ -168,7 +219,8 @@ def torch_facts(torch) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "blas": _torch_config_value(config, "BLAS_INFO"),
         "lapack": _torch_config_value(config, "LAPACK_INFO"),
-        "openmp": _torch_config_value(parallel, "ATen parallel backend:") or _torch_config_value(config, "USE_OPENMP"),
+        "openmp": _torch_config_value(parallel, "ATen parallel backend:")
+        or _torch_config_value(config, "USE_OPENMP"),
         "mkl": bool(torch.backends.mkl.is_available()),
         "mkldnn": bool(torch.backends.mkldnn.is_available()),
         "cpu_capability": _torch_config_value(config, "CPU capability usage:"),
@@ -184,12 +236,20 @@ def torch_facts(torch) -> dict[str, Any]:
 
 def torch_runtime_facts(torch) -> dict[str, Any]:
     """Facts that the program can change while it runs: read at exit."""
-    facts = {"intra_op_threads": torch.get_num_threads(), "inter_op_threads": torch.get_num_interop_threads()}
+    facts = {
+        "intra_op_threads": torch.get_num_threads(),
+        "inter_op_threads": torch.get_num_interop_threads(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         devices = []
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            devices.append({"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
-                            "memory": props.total_memory})
+            devices.append(
+                {
+                    "name": props.name,
+                    "compute_capability": f"{props.major}.{props.minor}",
+                    "memory": props.total_memory,
+                }
+            )
         facts["cuda_devices"] = devices
     return facts

@@ -11,14 +11,22 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from twice.core.errors import DeterminismError
 from twice.rng.seeding import capture_rng, restore_rng, seed_everything
 from twice.runtime.imports import when_imported
 
-__all__ = ["deterministic", "DeterminismReport", "Setting", "MODES", "CUBLAS_WORKSPACE", "hash_seed_in_effect"]
+__all__ = [
+    "deterministic",
+    "DeterminismReport",
+    "Setting",
+    "MODES",
+    "CUBLAS_WORKSPACE",
+    "hash_seed_in_effect",
+]
 
 MODES = ("strict", "warn", "off")
 # ":4096:8" is the larger of the two configurations cuBLAS documents as deterministic.
@@ -60,7 +68,10 @@ class DeterminismReport:
             "mode": self.mode,
             "seed": self.seed,
             "seeded": dict(self.seeded),
-            "settings": {s.name: {"asked": s.asked, "in_effect": s.in_effect, "reason": s.reason} for s in self.settings},
+            "settings": {
+                s.name: {"asked": s.asked, "in_effect": s.in_effect, "reason": s.reason}
+                for s in self.settings
+            },
         }
 
     def restore(self) -> None:
@@ -73,7 +84,7 @@ class DeterminismReport:
                 restore_rng(self._rng)
             self._undo.clear()
 
-    def __enter__(self) -> "DeterminismReport":
+    def __enter__(self) -> DeterminismReport:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -100,7 +111,10 @@ def hash_seed_in_effect() -> str | None:
             out = subprocess.run(
                 [sys.executable, "-S", "-c", f"print(hash({probe!r}))"],
                 env={"PYTHONHASHSEED": value, "PATH": os.environ.get("PATH", "")},
-                capture_output=True, text=True, timeout=30, check=True,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
             ).stdout.strip()
             _hash_seed_checked[value] = out == str(hash(probe))
         except (OSError, subprocess.SubprocessError):
@@ -129,10 +143,21 @@ def _set_deterministic_algorithms(torch, enabled: bool, warn_only: bool) -> None
     if _inductor_hook_pending:
         return
     _inductor_hook_pending.append(True)
-    when_imported("torch._inductor.config", lambda config: setattr(config, "deterministic", torch.are_deterministic_algorithms_enabled()))
+    when_imported(
+        "torch._inductor.config",
+        lambda config: setattr(
+            config, "deterministic", torch.are_deterministic_algorithms_enabled()
+        ),
+    )
 
 
-def _flag_setting(name: str, get: Callable[[], Any], put: Callable[[Any], None], want: Any, report: DeterminismReport) -> None:
+def _flag_setting(
+    name: str,
+    get: Callable[[], Any],
+    put: Callable[[Any], None],
+    want: Any,
+    report: DeterminismReport,
+) -> None:
     before = get()
     report._undo.append(lambda: put(before))
     put(want)
@@ -142,8 +167,14 @@ def _flag_setting(name: str, get: Callable[[], Any], put: Callable[[Any], None],
 def _apply_torch(report: DeterminismReport, strict: bool) -> None:
     torch = _torch()
     if torch is None:
-        report.settings.append(Setting("torch", "imported", "not imported",
-                                       "torch is not imported; call deterministic() after importing it"))
+        report.settings.append(
+            Setting(
+                "torch",
+                "imported",
+                "not imported",
+                "torch is not imported; call deterministic() after importing it",
+            )
+        )
         return
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
 
@@ -155,18 +186,59 @@ def _apply_torch(report: DeterminismReport, strict: bool) -> None:
     def put_algorithms(value):
         _set_deterministic_algorithms(torch, value != "off", value == "warn")
 
-    _flag_setting("deterministic_algorithms", get_algorithms, put_algorithms, "strict" if strict else "warn", report)
-    _flag_setting("cudnn.deterministic", lambda: cudnn.deterministic, lambda v: setattr(cudnn, "deterministic", v), True, report)
+    _flag_setting(
+        "deterministic_algorithms",
+        get_algorithms,
+        put_algorithms,
+        "strict" if strict else "warn",
+        report,
+    )
+    _flag_setting(
+        "cudnn.deterministic",
+        lambda: cudnn.deterministic,
+        lambda v: setattr(cudnn, "deterministic", v),
+        True,
+        report,
+    )
     # benchmark mode picks the fastest kernel by timing, which can differ between runs.
-    _flag_setting("cudnn.benchmark", lambda: cudnn.benchmark, lambda v: setattr(cudnn, "benchmark", v), False, report)
+    _flag_setting(
+        "cudnn.benchmark",
+        lambda: cudnn.benchmark,
+        lambda v: setattr(cudnn, "benchmark", v),
+        False,
+        report,
+    )
     # TF32 rounds float32 inputs to 10-bit mantissas on Ampere and later: results then differ by device.
-    _flag_setting("cuda.matmul.allow_tf32", lambda: matmul.allow_tf32, lambda v: setattr(matmul, "allow_tf32", v), False, report)
-    _flag_setting("cudnn.allow_tf32", lambda: cudnn.allow_tf32, lambda v: setattr(cudnn, "allow_tf32", v), False, report)
-    _flag_setting("float32_matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, "highest", report)
+    _flag_setting(
+        "cuda.matmul.allow_tf32",
+        lambda: matmul.allow_tf32,
+        lambda v: setattr(matmul, "allow_tf32", v),
+        False,
+        report,
+    )
+    _flag_setting(
+        "cudnn.allow_tf32",
+        lambda: cudnn.allow_tf32,
+        lambda v: setattr(cudnn, "allow_tf32", v),
+        False,
+        report,
+    )
+    _flag_setting(
+        "float32_matmul_precision",
+        torch.get_float32_matmul_precision,
+        torch.set_float32_matmul_precision,
+        "highest",
+        report,
+    )
     det = getattr(torch.utils, "deterministic", None)
     if det is not None and hasattr(det, "fill_uninitialized_memory"):
-        _flag_setting("fill_uninitialized_memory", lambda: det.fill_uninitialized_memory,
-                      lambda v: setattr(det, "fill_uninitialized_memory", v), True, report)
+        _flag_setting(
+            "fill_uninitialized_memory",
+            lambda: det.fill_uninitialized_memory,
+            lambda v: setattr(det, "fill_uninitialized_memory", v),
+            True,
+            report,
+        )
 
 
 def _apply_cublas(report: DeterminismReport, strict: bool) -> None:
@@ -178,8 +250,12 @@ def _apply_cublas(report: DeterminismReport, strict: bool) -> None:
         report.settings.append(Setting(name, before, before))
         return
     if cuda_started:
-        setting = Setting(name, CUBLAS_WORKSPACE, None,
-                          "CUDA was initialised before CUBLAS_WORKSPACE_CONFIG was set; cuBLAS may already use a nondeterministic workspace")
+        setting = Setting(
+            name,
+            CUBLAS_WORKSPACE,
+            None,
+            "CUDA was initialised before CUBLAS_WORKSPACE_CONFIG was set; cuBLAS may already use a nondeterministic workspace",
+        )
         if strict:
             raise DeterminismError(
                 f"{setting.reason}",
@@ -204,7 +280,10 @@ def _check_hash_seed(report: DeterminismReport, strict: bool) -> None:
         return
     reason = "PYTHONHASHSEED was not fixed when the interpreter started; set and dict-of-str iteration order varies between runs"
     if strict:
-        raise DeterminismError(reason, "start the program with `twice run`, or export PYTHONHASHSEED=0 before starting Python; or pass mode=\"warn\"")
+        raise DeterminismError(
+            reason,
+            'start the program with `twice run`, or export PYTHONHASHSEED=0 before starting Python; or pass mode="warn"',
+        )
     report.settings.append(Setting("PYTHONHASHSEED", "fixed", None, reason))
 
 
@@ -249,13 +328,17 @@ def deterministic(seed: int | None = None, mode: str = "strict") -> DeterminismR
 def current_settings() -> list[Setting]:
     """The determinism-relevant settings as they are now, asking for nothing."""
     torch = _torch()
-    out = [Setting("PYTHONHASHSEED", None, hash_seed_in_effect()),
-           Setting("CUBLAS_WORKSPACE_CONFIG", None, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))]
+    out = [
+        Setting("PYTHONHASHSEED", None, hash_seed_in_effect()),
+        Setting("CUBLAS_WORKSPACE_CONFIG", None, os.environ.get("CUBLAS_WORKSPACE_CONFIG")),
+    ]
     if torch is not None:
         cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
         algorithms = "off"
         if torch.are_deterministic_algorithms_enabled():
-            algorithms = "warn" if torch.is_deterministic_algorithms_warn_only_enabled() else "strict"
+            algorithms = (
+                "warn" if torch.is_deterministic_algorithms_warn_only_enabled() else "strict"
+            )
         out += [
             Setting("deterministic_algorithms", None, algorithms),
             Setting("cudnn.deterministic", None, cudnn.deterministic),

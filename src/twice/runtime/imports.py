@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["when_imported"]
 
@@ -21,7 +21,11 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             return None
         sys.meta_path.remove(self)  # once, and so that the real finders below are used
         parent = sys.modules.get(fullname.rpartition(".")[0]) if "." in fullname else None
-        spec = importlib.util.find_spec(fullname) if parent is None or hasattr(parent, "__path__") else None
+        spec = (
+            importlib.util.find_spec(fullname)
+            if parent is None or hasattr(parent, "__path__")
+            else None
+        )
         if spec is None or spec.loader is None:
             return spec
         loader, callback = spec.loader, self.callback

@@ -19,17 +19,23 @@ def _load(path: Path, line: int | None = None):
     try:
         return path.read_text(encoding="utf-8") if line is None else None
     except (OSError, UnicodeDecodeError) as exc:
-        raise CorruptRecord(f"cannot read {where}: {exc}", "the run folder is damaged; re-record the run") from exc
+        raise CorruptRecord(
+            f"cannot read {where}: {exc}", "the run folder is damaged; re-record the run"
+        ) from exc
 
 
 def _json(text: str, where: str, kind: type):
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise CorruptRecord(f"{where} is not valid JSON: {exc}", "the run folder is damaged; re-record the run") from exc
+        raise CorruptRecord(
+            f"{where} is not valid JSON: {exc}", "the run folder is damaged; re-record the run"
+        ) from exc
     if not isinstance(value, kind):
-        raise CorruptRecord(f"{where} holds a {type(value).__name__}, not a JSON {kind.__name__}",
-                            "the run folder is damaged; re-record the run")
+        raise CorruptRecord(
+            f"{where} holds a {type(value).__name__}, not a JSON {kind.__name__}",
+            "the run folder is damaged; re-record the run",
+        )
     return value
 
 
@@ -40,19 +46,30 @@ def read_numerics(run_dir: Path) -> tuple[dict | None, list[dict]]:
     if folder.numerics_report.is_file():
         report = _json(_load(folder.numerics_report), str(folder.numerics_report), dict)
         fault = report.get("fault")
-        if not isinstance(fault, dict) or not isinstance(fault.get("step"), int) or isinstance(fault["step"], bool):
-            raise CorruptRecord(f"{folder.numerics_report} has no valid 'fault' (with an integer 'step')",
-                                "the run folder is damaged; re-record the run")
+        if (
+            not isinstance(fault, dict)
+            or not isinstance(fault.get("step"), int)
+            or isinstance(fault["step"], bool)
+        ):
+            raise CorruptRecord(
+                f"{folder.numerics_report} has no valid 'fault' (with an integer 'step')",
+                "the run folder is damaged; re-record the run",
+            )
     events = []
     if folder.numerics_events.is_file():
         for number, line in enumerate(_load(folder.numerics_events).splitlines(), start=1):
             if not line:
                 continue
             event = _json(line, f"{folder.numerics_events} line {number}", dict)
-            if not isinstance(event.get("kind"), str) or not isinstance(event.get("step"), int) \
-                    or not isinstance(event.get("summary"), str):
-                raise CorruptRecord(f"{folder.numerics_events} line {number} is not an event (kind, step, summary)",
-                                    "the run folder is damaged; re-record the run")
+            if (
+                not isinstance(event.get("kind"), str)
+                or not isinstance(event.get("step"), int)
+                or not isinstance(event.get("summary"), str)
+            ):
+                raise CorruptRecord(
+                    f"{folder.numerics_events} line {number} is not an event (kind, step, summary)",
+                    "the run folder is damaged; re-record the run",
+                )
             events.append(event)
     return report, events
 
@@ -62,7 +79,9 @@ def first_fault(run_dir: Path) -> dict | None:
     report, events = read_numerics(run_dir)
     if report is not None:
         fault = report["fault"]
-        return {"step": fault["step"],
-                "summary": f"{fault.get('value')} from {fault.get('op')} at {fault.get('line') or '?'}"}
+        return {
+            "step": fault["step"],
+            "summary": f"{fault.get('value')} from {fault.get('op')} at {fault.get('line') or '?'}",
+        }
     bad = next((e for e in events if e["kind"] == "non_finite"), None)
     return None if bad is None else {"step": bad["step"], "summary": bad["summary"]}

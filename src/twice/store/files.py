@@ -50,5 +50,3 @@ def dumps(value: Any) -> str:
 
 def write_json_atomic(path: Path, value: Any) -> None:
     write_bytes_atomic(path, dumps(value).encode("utf-8"))
-
-

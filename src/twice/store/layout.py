@@ -1,17 +1,17 @@
 """The run folder's layout: one property per file, the only place where its file names are spelled.
 
-    runs/<id>/
-      manifest.json          identity (compared) and context (never compared)
-      config.json            hyperparameters the script gave twice.Run(config=...)
-      trace.jsonl            one record per step (trace.<stream>.jsonl per rank or forked process)
-      stdout.log stderr.log  the command's output
-      code.patch             uncommitted changes to the script's repository
-      metrics.jsonl          twice.log_metric series; metrics.json: final values
-      numerics.jsonl         numerical warnings; numerics.json: the NaN/Inf report
-      capture_error.json     when an error of twice's own stopped the step capture
-      replicas.json          when data-parallel replicas fell out of sync
-      checkpoints/step-<n>/  see twice.checkpoint
-      ops/ops[.<stream>].jsonl  op-level logs of chosen steps, and dumped op outputs
+runs/<id>/
+  manifest.json          identity (compared) and context (never compared)
+  config.json            hyperparameters the script gave twice.Run(config=...)
+  trace.jsonl            one record per step (trace.<stream>.jsonl per rank or forked process)
+  stdout.log stderr.log  the command's output
+  code.patch             uncommitted changes to the script's repository
+  metrics.jsonl          twice.log_metric series; metrics.json: final values
+  numerics.jsonl         numerical warnings; numerics.json: the NaN/Inf report
+  capture_error.json     when an error of twice's own stopped the step capture
+  replicas.json          when data-parallel replicas fell out of sync
+  checkpoints/step-<n>/  see twice.checkpoint
+  ops/ops[.<stream>].jsonl  op-level logs of chosen steps, and dumped op outputs
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ class RunFolder:
 
     def trace(self, stream: str | None = None) -> Path:
         """The trace of one stream: the main process's, or a rank's or forked process's."""
-        return self.path / (f"trace.{stream}.jsonl" if stream and stream != "main" else "trace.jsonl")
+        return self.path / (
+            f"trace.{stream}.jsonl" if stream and stream != "main" else "trace.jsonl"
+        )
 
     def traces(self) -> dict[str, Path]:
         """The traces present, by stream: "main" for trace.jsonl, else the tag of trace.<tag>.jsonl."""

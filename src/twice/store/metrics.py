@@ -74,13 +74,21 @@ def available_metrics(run_dir: Path) -> set[str]:
     names = set(TRACE_METRICS)
     run_dir = Path(run_dir)
     if (run_dir / METRICS).is_file():
-        names |= {json.loads(line)["name"] for line in (run_dir / METRICS).read_text().splitlines() if line}
+        names |= {
+            json.loads(line)["name"]
+            for line in (run_dir / METRICS).read_text().splitlines()
+            if line
+        }
     if (run_dir / "metrics.json").is_file():
         names |= set(json.loads((run_dir / "metrics.json").read_text()))
     return names
 
 
 def require_metric(run_dirs: list[Path], name: str) -> None:
-    known = set().union(*(available_metrics(d) for d in run_dirs)) if run_dirs else set(TRACE_METRICS)
+    known = (
+        set().union(*(available_metrics(d) for d in run_dirs)) if run_dirs else set(TRACE_METRICS)
+    )
     if name not in known:
-        raise UsageError(f"unknown metric {name!r}", f"this sweep's runs have: {', '.join(sorted(known))}")
+        raise UsageError(
+            f"unknown metric {name!r}", f"this sweep's runs have: {', '.join(sorted(known))}"
+        )

@@ -7,14 +7,23 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from twice.core.errors import CorruptRecord, RunNotFound, UsageError
 from twice.store.files import dumps, fsync_dir, write_bytes_atomic, write_json_atomic  # noqa: F401 (re-exported)
 
-__all__ = ["write_json_atomic", "read_json", "new_run_dir", "find_run", "list_runs", "effective_status",
-           "process_start_time", "MANIFEST"]
+__all__ = [
+    "write_json_atomic",
+    "read_json",
+    "new_run_dir",
+    "find_run",
+    "list_runs",
+    "effective_status",
+    "process_start_time",
+    "MANIFEST",
+]
 
 from twice.store.layout import MANIFEST  # noqa: E402 (re-exported: the name every reader uses)
 
@@ -25,7 +34,9 @@ def read_json(path: Path) -> Any:
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptRecord(f"cannot read {path}: {exc}", "the file is damaged; re-record the run") from exc
+        raise CorruptRecord(
+            f"cannot read {path}: {exc}", "the file is damaged; re-record the run"
+        ) from exc
 
 
 def new_run_id(name: str | None = None, now: float | None = None) -> str:
@@ -38,7 +49,10 @@ def new_run_id(name: str | None = None, now: float | None = None) -> str:
 
 def _check_name(name: str) -> None:
     if not name or any(c in name for c in "/\\\0") or name.startswith(".") or len(name) > 100:
-        raise UsageError(f"invalid run name {name!r}", "use letters, digits, '-', '_' or '.', not starting with '.'")
+        raise UsageError(
+            f"invalid run name {name!r}",
+            "use letters, digits, '-', '_' or '.', not starting with '.'",
+        )
 
 
 def new_run_dir(runs_dir: Path, name: str | None = None) -> Path:
@@ -49,10 +63,14 @@ def new_run_dir(runs_dir: Path, name: str | None = None) -> Path:
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot create runs folder {runs_dir}: {exc.strerror}",
-                         "pass a writable folder with --runs-dir") from exc
+        raise UsageError(
+            f"cannot create runs folder {runs_dir}: {exc.strerror}",
+            "pass a writable folder with --runs-dir",
+        ) from exc
     if not os.access(runs_dir, os.W_OK | os.X_OK):
-        raise UsageError(f"runs folder {runs_dir} is not writable", "pass a writable folder with --runs-dir")
+        raise UsageError(
+            f"runs folder {runs_dir} is not writable", "pass a writable folder with --runs-dir"
+        )
     for _ in range(100):
         path = runs_dir / new_run_id(name)
         try:
@@ -81,10 +99,15 @@ def find_run(ref: str | Path, runs_dir: Path | None = None) -> Path:
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
-            raise RunNotFound(f"run {str(ref)!r} is ambiguous: {len(matches)} runs start with it",
-                              "give more of the id, or the run's path")
+            raise RunNotFound(
+                f"run {str(ref)!r} is ambiguous: {len(matches)} runs start with it",
+                "give more of the id, or the run's path",
+            )
     if path.is_dir():
-        raise RunNotFound(f"{path} is not a run folder (it has no {MANIFEST})", "pass a folder made by `twice run`")
+        raise RunNotFound(
+            f"{path} is not a run folder (it has no {MANIFEST})",
+            "pass a folder made by `twice run`",
+        )
     raise RunNotFound(f"no run {str(ref)!r}", "list runs with `twice ls`, or pass the run's path")
 
 

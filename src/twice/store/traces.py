@@ -33,7 +33,7 @@ class TraceWriter:
         # Straight to the OS (no buffered file object to flush): survives the process being killed.
         data = record_line(record)
         while data:  # a regular file takes it whole, short of a full disk
-            data = data[os.write(self._fd, data):]
+            data = data[os.write(self._fd, data) :]
         if record.time is not None and record.time - self._last_sync >= self._fsync_every:
             os.fsync(self._fd)  # and on disk now and then: survives the machine
             self._last_sync = record.time
@@ -55,7 +55,9 @@ def read_trace(path: Path) -> list[StepRecord]:
     except FileNotFoundError:
         return []
     except (OSError, UnicodeDecodeError) as exc:
-        raise CorruptRecord(f"cannot read trace {path}: {exc}", "the trace is damaged; re-record the run") from exc
+        raise CorruptRecord(
+            f"cannot read trace {path}: {exc}", "the trace is damaged; re-record the run"
+        ) from exc
     lines = text.split("\n")
     if lines and lines[-1] != "":
         lines = lines[:-1]  # cut short by a kill: the record was never complete
@@ -66,8 +68,10 @@ def read_trace(path: Path) -> list[StepRecord]:
         try:
             records.append(StepRecord.from_json(json.loads(line)))
         except (json.JSONDecodeError, TypeError) as exc:
-            raise CorruptRecord(f"trace {path} line {number} is not a step record: {exc}",
-                                "the trace is damaged; re-record the run") from exc
+            raise CorruptRecord(
+                f"trace {path} line {number} is not a step record: {exc}",
+                "the trace is damaged; re-record the run",
+            ) from exc
     return records
 
 
@@ -78,5 +82,3 @@ def trace_files(run_dir: Path) -> dict[str, Path]:
         parts = path.name.split(".")
         out["main" if len(parts) == 2 else ".".join(parts[1:-1])] = path
     return out
-
-

@@ -19,15 +19,23 @@ def _twice_boot():
         try:
             from twice.runtime import bootstrap
         except ImportError as exc:
-            sys.stderr.write(f"twice: warning: this process is not recorded: cannot import twice ({exc})\n")
+            sys.stderr.write(
+                f"twice: warning: this process is not recorded: cannot import twice ({exc})\n"
+            )
             bootstrap = None
     if bootstrap is not None:
         import importlib.util
 
-        missing = [name for name in ("xxhash", "numpy", "safetensors") if importlib.util.find_spec(name) is None]
+        missing = [
+            name
+            for name in ("xxhash", "numpy", "safetensors")
+            if importlib.util.find_spec(name) is None
+        ]
         if missing:
-            sys.stderr.write(f"twice: warning: this process is not recorded: its Python ({sys.executable}) "
-                             f"lacks {', '.join(missing)}; install twice into it\n")
+            sys.stderr.write(
+                f"twice: warning: this process is not recorded: its Python ({sys.executable}) "
+                f"lacks {', '.join(missing)}; install twice into it\n"
+            )
         else:
             bootstrap.boot()
 
