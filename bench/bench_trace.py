@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from twice.record import hooks
+from twice.record.recorder import Recorder
 
 STEPS = (
     20  # per block: short blocks, many of them, so that both sides of a pair see the same machine
@@ -116,7 +117,7 @@ def main():
         plain, traced, hooks = [], [], []
         with run_folder() as tmp:
             start = time.process_time()
-            hooks.Recorder(f"{tmp}/names", trace_every=every)._named(optimizer)
+            Recorder(f"{tmp}/names", trace_every=every)._named(optimizer)
             naming = time.process_time() - start
             for round_ in range(ROUNDS):
                 order = ("plain", "traced") if round_ % 2 == 0 else ("traced", "plain")
@@ -124,7 +125,7 @@ def main():
                     if kind == "plain":
                         plain.append(loop(model, optimizer, data, batch))
                         continue
-                    hooks.install(hooks.Recorder(f"{tmp}/{round_}", trace_every=every))
+                    hooks.install(Recorder(f"{tmp}/{round_}", trace_every=every))
                     try:
                         traced.append(loop(model, optimizer, data, batch))
                     finally:
