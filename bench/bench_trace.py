@@ -114,7 +114,7 @@ def main():
         torch.set_num_threads(threads)
         model, optimizer, data = setup(build, batch)
         loop(model, optimizer, data, batch)  # warm-up
-        plain, traced, hooks = [], [], []
+        plain, traced, shares = [], [], []
         with run_folder() as tmp:
             start = time.process_time()
             Recorder(f"{tmp}/names", trace_every=every)._named(optimizer)
@@ -130,7 +130,9 @@ def main():
                         traced.append(loop(model, optimizer, data, batch))
                     finally:
                         hooks.uninstall()
-                    hooks.append(traced[-1][2] / traced[-1][1])  # wall time inside twice's handlers
+                    shares.append(
+                        traced[-1][2] / traced[-1][1]
+                    )  # wall time inside twice's handlers
         ratio = statistics.median(t[0] / p[0] for p, t in zip(plain, traced))
         wall = statistics.median(t[1] / p[1] for p, t in zip(plain, traced))
         column = (
@@ -147,7 +149,7 @@ def main():
             f"  {label:<48} plain {p * 1e3 / TIMED:6.3f} ms/step  traced {t * 1e3 / TIMED:6.3f} ms/step  "
             f"overhead {100 * (ratio - 1):5.1f}% (wall time {100 * (wall - 1):+.1f}%; pairs' quartiles "
             f"{100 * (quartiles[0] - 1):+.1f}%, {100 * (quartiles[2] - 1):+.1f}%)  (target <= 3%)  "
-            f"in twice's handlers {100 * statistics.median(hooks):.1f}% of the traced wall time  "
+            f"in twice's handlers {100 * statistics.median(shares):.1f}% of the traced wall time  "
             f"naming once {naming * 1e3:.0f} ms"
         )
 
