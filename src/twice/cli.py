@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from twice.core.errors import EXIT_USAGE, TwiceError, UsageError
+from twice.store.layout import RunFolder
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -190,8 +191,8 @@ def run(
                 f"nothing to resume from at {resume_from}",
                 "pass a checkpoint folder, or a run folder with checkpoints/",
             )
-        if (resume_from / "checkpoints").is_dir():
-            resume_from = resume_from / "checkpoints"
+        if RunFolder(resume_from).checkpoints.is_dir():
+            resume_from = RunFolder(resume_from).checkpoints
     options = RunOptions(
         seed=DEFAULT_SEED if seed is None else seed,
         name=name,
@@ -209,7 +210,7 @@ def run(
     code, run_dir = run_command(list(command), options)
     from twice.store.runs import read_json
 
-    context = read_json(run_dir / "manifest.json")["context"]
+    context = read_json(RunFolder(run_dir).manifest)["context"]
     _err(f"twice: run {run_dir} {context['status']} (exit {code})")
     note = trace_cost_note(context, trace_every)
     if note:
@@ -453,7 +454,7 @@ def env(as_json):
 def _summary(run_dir: Path) -> dict:
     from twice.store.runs import effective_status, read_json
 
-    manifest = read_json(run_dir / "manifest.json")
+    manifest = read_json(RunFolder(run_dir).manifest)
     context, identity = manifest["context"], manifest["identity"]
     return {
         "id": run_dir.name,
@@ -516,7 +517,7 @@ def show(run_ref, runs_dir, as_json):
     from twice.store.runs import effective_status, find_run, read_json
 
     run_dir = find_run(run_ref, runs_dir)
-    manifest = read_json(run_dir / "manifest.json")
+    manifest = read_json(RunFolder(run_dir).manifest)
     if as_json:
         manifest["context"]["effective_status"] = effective_status(manifest)
         _out(json.dumps(manifest, indent=2, sort_keys=True))
@@ -706,7 +707,7 @@ def checkpoint_ls(run_ref, runs_dir):
     from twice.store.runs import find_run
 
     run_dir = find_run(run_ref, runs_dir)
-    for path in list_checkpoints(run_dir / "checkpoints"):
+    for path in list_checkpoints(RunFolder(run_dir).checkpoints):
         try:
             verify_checkpoint(path)
             _out(f"{path.name}  valid")

@@ -179,7 +179,7 @@ def _status_for(returncode: int | None, interrupted: bool) -> str:
 def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
     """Fold what each Python process of the command recorded (procs/<pid>.json) into the identity."""
     procs = []
-    for path in sorted((run_dir / "procs").glob("*.json")):
+    for path in sorted(RunFolder(run_dir).procs.glob("*.json")):
         try:
             procs.append(read_json(path))
         except Exception:  # noqa: BLE001 - a process killed mid-write leaves nothing usable; skip it
@@ -266,7 +266,7 @@ def start_manifest(
     started = time.time()
     git, patch = git_state(cwd, exclude=[runs_dir])
     if patch:
-        write_bytes_atomic(run_dir / "code.patch", patch.encode("utf-8", "surrogateescape"))
+        write_bytes_atomic(RunFolder(run_dir).code_patch, patch.encode("utf-8", "surrogateescape"))
     code = {
         "git": None
         if git is None
@@ -316,7 +316,7 @@ def finish_manifest(
     """Fold in what the processes recorded, set the final status, and rewrite the manifest atomically."""
     identity, context = manifest["identity"], manifest["context"]
     summary = _merge_processes(run_dir, identity, Path(context.get("git_root") or context["cwd"]))
-    config_path = run_dir / "config.json"
+    config_path = RunFolder(run_dir).config
     if config_path.is_file():
         identity["config"] = read_json(config_path)
     context.update(
@@ -356,8 +356,8 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
     context = manifest["context"]
     context["executable"] = argv
 
-    stdout_log = open(run_dir / "stdout.log", "wb")
-    stderr_log = open(run_dir / "stderr.log", "wb")
+    stdout_log = open(RunFolder(run_dir).stdout, "wb")
+    stderr_log = open(RunFolder(run_dir).stderr, "wb")
     interrupted = False
     returncode = None
     try:

@@ -13,6 +13,7 @@ from twice.core.errors import UsageError
 from twice.core.opdiff import OpFinding, differing_ops, first_op_difference, value_gap
 from twice.core.protocol import ChildSettings
 from twice.record.oplog import step_ops, steps_ops
+from twice.store.layout import RunFolder
 
 __all__ = ["Location", "locate_runs", "audit_command", "AuditReport", "CUDA_NONDETERMINISTIC"]
 
@@ -123,7 +124,7 @@ def _dumped_output(run_dir: Path, step: int, index: int, output: int, label: str
     )
     options.env = {**options.env, **ChildSettings(dump_op=f"{step}:{index}").to_env()}
     _, new_dir = run_command(command, options)
-    values = new_dir / "ops" / f"step-{step}-op-{index}.safetensors"
+    values = RunFolder(new_dir).dumped_output(step, index)
     if not values.is_file():
         return None
     with safe_open(str(values), "pt") as handle:
@@ -168,13 +169,13 @@ def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
     options.env = {**options.env, **ChildSettings(trace_steps=str(step)).to_env()}
     earlier = [
         p
-        for p in checkpoints.list_checkpoints(Path(run_dir) / "checkpoints")
+        for p in checkpoints.list_checkpoints(RunFolder(run_dir).checkpoints)
         if int(p.name.split("-")[1]) <= step
     ]
     if earlier:
         options.resume_from = earlier[-1]
     _, new_dir = run_command(command, options)
-    record = next((r for r in read_trace(new_dir / "trace.jsonl") if r.step == step), None)
+    record = next((r for r in read_trace(RunFolder(new_dir).trace()) if r.step == step), None)
     if record is None:
         raise UsageError(
             f"replaying {run_dir} did not reach step {step}", f"see {new_dir}/stderr.log"
@@ -195,7 +196,7 @@ def bisect_divergence(a: Path, b: Path, quiet: bool = True) -> Bisection:
     if comparison.divergence is None:
         return Bisection(None, 0)
     high = comparison.divergence.step
-    agreed = [r.step for r in read_trace(Path(a) / "trace.jsonl") if r.step < high]
+    agreed = [r.step for r in read_trace(RunFolder(a).trace()) if r.step < high]
     low = max(agreed) if agreed else -1
     interval, replays = (low, high), 0
     while high - low > 1:
@@ -344,7 +345,7 @@ def audit_command(command: list[str], options: RunOptions, steps: int = 2) -> Au
                     "phase": op["phase"],
                     "step": step,
                 }
-    if not any((d / "ops").is_dir() for d in dirs):
+    if not any(RunFolder(d).ops.is_dir() for d in dirs):
         raise UsageError(
             "the command recorded no training step",
             "audit needs a script that trains with torch.optim or twice.Run",

@@ -13,6 +13,7 @@ from twice.app.compare import Comparison, compare_runs
 from twice.core.divergence import FIELD_MEANING
 from twice.core.errors import UsageError
 from twice.core.records import COMPARED_FIELDS
+from twice.store.layout import RunFolder
 from twice.store.runs import MANIFEST, effective_status, read_json
 from twice.store.traces import read_trace
 
@@ -123,7 +124,7 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
     statuses = "".join(f"<td>{html.escape(effective_status(m))}</td>" for m in manifests)
     parts.append(f"<tr><td>context</td><td>status</td>{statuses}</tr></table>")
     # Loss curves with the first divergence marked.
-    traces = [cache.get(d / "trace.jsonl") or read_trace(d / "trace.jsonl") for d in run_dirs]
+    traces = [cache.get(RunFolder(d).trace()) or read_trace(RunFolder(d).trace()) for d in run_dirs]
     figure, axes = plt.subplots(figsize=(10, 3.6))
     for run_dir, records in zip(run_dirs, traces):
         steps, values = _losses(records)
@@ -187,7 +188,7 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
             parts.append(
                 f"<h2>Localisation ({html.escape(run_dir.name)})</h2><p>{html.escape(json.loads(located.read_text())['sentence'])}</p>"  # noqa: E501
             )
-        numerics = run_dir / "numerics.json"
+        numerics = RunFolder(run_dir).numerics_report
         if numerics.is_file():
             report = json.loads(numerics.read_text())
             items = "".join(

@@ -25,7 +25,7 @@ __all__ = ["Run", "checkpoint_dir"]
 def checkpoint_dir() -> Path:
     """Where a script that writes its own checkpoints should keep them: the run's folder under
     `twice run` (so that `twice verify-resume` can interrupt and resume it), else ./checkpoints."""
-    return Path(ChildSettings.from_env(os.environ).checkpoint_dir or "checkpoints")
+    return Path(ChildSettings.read(os.environ, "checkpoint_dir") or "checkpoints")
 
 
 class Run:
@@ -72,7 +72,7 @@ class Run:
 
     @property
     def under_launcher(self) -> bool:
-        return bool(ChildSettings.from_env(os.environ).run_dir)
+        return bool(ChildSettings.read(os.environ, "run_dir"))
 
     @property
     def step_index(self) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from twice.app.launch import RunOptions, run_command
 from twice.core.errors import UsageError
+from twice.store.layout import RunFolder
 from twice.store.runs import effective_status, read_json, write_json_atomic
 
 __all__ = ["parse_vary", "Trial", "plan_trials", "run_sweep", "sweep_results", "SWEEP_FILE"]
@@ -107,7 +108,7 @@ def _completed(trials_dir: Path) -> dict[str, Path]:
     if not trials_dir.is_dir():
         return done
     for run_dir in sorted(trials_dir.iterdir()):
-        manifest = run_dir / "manifest.json"
+        manifest = RunFolder(run_dir).manifest
         if manifest.is_file() and effective_status(read_json(manifest)) == "completed":
             name = run_dir.name.split("-", 4)[-1]  # drop the time-and-random id prefix
             done[name] = run_dir

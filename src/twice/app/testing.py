@@ -26,6 +26,7 @@ from pathlib import Path
 
 from twice.core.divergence import FIELD_MEANING, first_divergence
 from twice.runtime.determinism import deterministic
+from twice.store.layout import RunFolder
 from twice.store.traces import read_trace
 
 __all__ = ["assert_reproducible", "assert_matches_golden", "assert_bitwise_resume", "record_trace"]
@@ -68,7 +69,7 @@ def _record_into(
     finally:
         hooks.uninstall()
         report.restore()
-    return read_trace(folder / "trace.jsonl")
+    return read_trace(RunFolder(folder).trace())
 
 
 def record_trace(train_fn: Callable[[], object], steps: int | None = None, seed: int = 0) -> list:
@@ -167,7 +168,7 @@ def assert_bitwise_resume(
                 f"train_fn recorded {len(straight)} steps, fewer than steps={steps}"
             )
         _record_into(folder / "interrupted", train_fn, at, seed)
-        saved = folder / "interrupted" / "checkpoints"
+        saved = RunFolder(folder / "interrupted").checkpoints
         found = checkpoints.latest(saved)
         if found is None:
             raise AssertionError(

@@ -10,6 +10,7 @@ from twice.app.launch import RunOptions, run_command
 from twice.core.errors import UsageError
 from twice.core.protocol import ChildSettings
 from twice.runtime.capture import numeric_env
+from twice.store.layout import RunFolder
 from twice.store.runs import MANIFEST, read_json
 
 __all__ = ["verify_run", "verify_resume", "ResumeCheck"]
@@ -149,7 +150,7 @@ def verify_resume(
             f"give a step from 1 to {len(full) - 1}",
         )
     _, interrupted = run_command(command, replace(options, name=f"stopped-at-{at}", stop_after=at))
-    saved = interrupted / "checkpoints"
+    saved = RunFolder(interrupted).checkpoints
     resume_from = checkpoints.latest(saved)
     env = {
         **options.env,

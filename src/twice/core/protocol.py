@@ -77,24 +77,30 @@ class ChildSettings:
     def from_env(cls, environ: Mapping[str, str]) -> ChildSettings:
         """Read the settings back; a malformed value is a UsageError naming the variable."""
         values = {}
-        for f in dataclasses.fields(cls):
-            raw = environ.get(f.metadata["env"])
-            if raw is None or raw == "" or (raw == "auto" and f.name == "params_every"):
-                continue
-            kind = f.type if isinstance(f.type, str) else str(f.type)
+        for name in _fields():
+            value = cls.read(environ, name)
+            if value is not None:
+                values[name] = value
+        return cls(**values)
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str], name: str):
+        """One setting by field name, None where its variable is unset: for code that needs one
+        value often (twice.stream, twice.log_metric), without reading all 17 variables."""
+        env, kind = _fields()[name]
+        raw = environ.get(env)
+        if raw is None or raw == "" or (raw == "auto" and name == "params_every"):
+            return None
+        if kind == "bool":
+            return raw == "1"
+        if kind == "int":
             try:
-                if kind.startswith("bool"):
-                    values[f.name] = raw == "1"
-                elif kind.startswith("int"):
-                    values[f.name] = int(raw)
-                else:
-                    values[f.name] = raw
+                return int(raw)
             except ValueError:
                 raise UsageError(
-                    f"{f.metadata['env']}={raw!r} is not an integer",
-                    f"unset {f.metadata['env']}, or set it to a whole number",
+                    f"{env}={raw!r} is not an integer", f"unset {env}, or set it to a whole number"
                 ) from None
-        return cls(**values)
+        return raw
 
     @classmethod
     def variables(cls, *, launcher_only: bool = False) -> tuple[str, ...]:
@@ -115,6 +121,18 @@ class ChildSettings:
             return {}
         step, _, index = self.dump_op.partition(":")
         return {int(step): int(index)}
+
+
+_FIELDS: dict[str, tuple[str, str]] = {}
+
+
+def _fields() -> dict[str, tuple[str, str]]:
+    """field name -> (variable, "bool" | "int" | "str"), from the annotations, made once."""
+    if not _FIELDS:
+        for f in dataclasses.fields(ChildSettings):
+            kind = str(f.type).split(" ")[0]
+            _FIELDS[f.name] = (f.metadata["env"], kind if kind in ("bool", "int") else "str")
+    return _FIELDS
 
 
 # Variables that describe one run and must not leak from an outer `twice run` into a new one.

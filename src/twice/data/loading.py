@@ -634,7 +634,7 @@ def _needed(one, words: int) -> int:
 def _default_seed() -> int:
     import os
 
-    root = ChildSettings.from_env(os.environ).seed
+    root = ChildSettings.read(os.environ, "seed")
     return derive_seed(int(root) if root is not None else 0, "data")
 
 

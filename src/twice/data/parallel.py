@@ -121,7 +121,7 @@ class InvariantDataParallel:
                 f"micro_batches={micro_batches} is not a multiple of the world size {self.world_size}; "
                 "choose a micro-batch count that every world size you compare divides (e.g. 8 for 1, 2, 4, 8)"
             )
-        root = (ChildSettings.from_env(os.environ).seed or 0) if seed is None else seed
+        root = (ChildSettings.read(os.environ, "seed") or 0) if seed is None else seed
         self.seed = derive_seed(root, "micro-batches")
         self.steps = 0
         self.params = [p for p in module.parameters() if p.requires_grad]

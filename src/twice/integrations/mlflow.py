@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from twice.integrations import require
+from twice.store.layout import RunFolder
 
 mlflow = require("mlflow", "mlflow")
 
@@ -51,7 +52,7 @@ def _flatten(value: Any, prefix: str, out: dict) -> None:
 
 def _params(run_dir: Path, manifest: dict) -> dict[str, str]:
     out: dict[str, str] = {}
-    config = run_dir / "config.json"
+    config = RunFolder(run_dir).config
     if config.is_file():
         _flatten(json.loads(config.read_text(encoding="utf-8")), "", out)
     identity = {k: v for k, v in manifest["identity"].items() if k not in _SKIPPED_IDENTITY}
@@ -137,7 +138,7 @@ class _TraceTail:
 def _logged_metrics(run_dir: Path, timestamp: int) -> list:
     from mlflow.entities import Metric
 
-    path = run_dir / "metrics.jsonl"
+    path = RunFolder(run_dir).metrics
     if not path.is_file():
         return []
     out = []
@@ -193,7 +194,7 @@ def _finish(client: Any, run_id: str, run_dir: Path, manifest: dict, checkpoints
     status = manifest.get("context", {}).get("status")
     client.set_tag(run_id, "twice.status", str(status))
     for item in sorted(run_dir.iterdir()):
-        if item.name == "checkpoints" and not checkpoints:
+        if item == RunFolder(run_dir).checkpoints and not checkpoints:
             continue
         if item.is_dir():
             client.log_artifacts(run_id, str(item), artifact_path=item.name)

@@ -137,15 +137,16 @@ class StepHealth:
         self,
         step: int,
         losses: list[float],
-        grad_names: list[str],
+        grads: list[tuple[str, str]],
         norms: list[float],
         total: float | None,
         skipped: bool,
         lr: list[str],
         param_norm: float | None,
     ) -> None:
-        """One traced step's values: its losses, each gradient's norm and their total, the learning
-        rates (as float_bits text) and the parameters' norm (None where not computed this step)."""
+        """One traced step's values: its losses, its (name, digest) gradient pairs with each one's
+        norm and their total, the learning rates (as float_bits text) and the parameters' norm
+        (None where not computed this step). Names are only read when some norm is exactly zero."""
         log = self.log
         if not all(map(math.isfinite, losses)):
             log.add(Event("non_finite", step, f"loss is {losses[0]} at step {step}"))
@@ -175,7 +176,7 @@ class StepHealth:
                 log.add(Event("non_finite", step, f"gradients non-finite at step {step}"))
             else:
                 zero = (
-                    [name for name, n in zip(grad_names, norms) if n == 0.0]
+                    [name for (name, _), n in zip(grads, norms) if n == 0.0]
                     if 0.0 in norms
                     else None
                 )

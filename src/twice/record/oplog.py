@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from twice.core.digests import digest_tensor
+from twice.store.layout import RunFolder
 
 __all__ = [
     "OpContext",
@@ -333,7 +334,8 @@ class OpRecorder(OpContext):
             from safetensors.torch import save_file
 
             save_file(
-                values, str(log.path.parent / f"step-{self.step}-op-{self.dump_index}.safetensors")
+                values,
+                str(log.path.parent / RunFolder.dumped_output_name(self.step, self.dump_index)),
             )
 
 
@@ -365,7 +367,7 @@ class OpLog:
 
 
 def _log_path(run_dir: Path, stream: str | None) -> Path:
-    return Path(run_dir) / "ops" / (f"ops.{stream}.jsonl" if stream else "ops.jsonl")
+    return RunFolder(run_dir).op_log(stream)
 
 
 def step_ops(run_dir: Path, step: int, stream: str | None = None) -> list[dict] | None:

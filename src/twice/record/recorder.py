@@ -662,7 +662,7 @@ class Recorder:
         self._health.check(
             record.step,
             losses,
-            list(map(_first, round_.grads)),
+            round_.grads,
             round_.grad_norms,
             round_.grad_total,
             round_.skipped,

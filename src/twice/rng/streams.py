@@ -22,7 +22,7 @@ _saved: dict[tuple[int, str], dict[str, Any]] = {}
 
 
 def _root() -> int:
-    return ChildSettings.from_env(os.environ).seed or 0
+    return ChildSettings.read(os.environ, "seed") or 0
 
 
 class stream:

@@ -15,6 +15,7 @@ import time
 
 from twice.core.protocol import ChildSettings
 from twice.runtime.imports import when_imported
+from twice.store.layout import RunFolder
 
 _state: dict = {}
 
@@ -150,7 +151,7 @@ def _at_exit() -> None:
         from twice.runtime.capture import torch_runtime_facts
 
         record["torch_runtime"] = torch_runtime_facts(torch)
-    procs = os.path.join(_state["run_dir"], "procs")
+    procs = RunFolder(_state["run_dir"]).procs
     os.makedirs(procs, exist_ok=True)
     write_json_atomic(os.path.join(procs, f"{os.getpid()}.json"), record)
 

@@ -14,13 +14,12 @@ from twice.store.layout import RunFolder
 __all__ = ["read_numerics", "first_fault"]
 
 
-def _load(path: Path, line: int | None = None):
-    where = f"{path}" + (f" line {line}" if line else "")
+def _load(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8") if line is None else None
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CorruptRecord(
-            f"cannot read {where}: {exc}", "the run folder is damaged; re-record the run"
+            f"cannot read {path}: {exc}", "the run folder is damaged; re-record the run"
         ) from exc
 
 

@@ -51,6 +51,9 @@ class RunFolder:
     replicas = property(lambda self: self.path / "replicas.json")
     checkpoints = property(lambda self: self.path / "checkpoints")
     ops = property(lambda self: self.path / "ops")
+    procs = property(
+        lambda self: self.path / "procs"
+    )  # one JSON file of facts per process, merged at exit
 
     def trace(self, stream: str | None = None) -> Path:
         """The trace of one stream: the main process's, or a rank's or forked process's."""
@@ -67,8 +70,13 @@ class RunFolder:
         return out
 
     def op_log(self, stream: str | None = None) -> Path:
+        """The op log of one stream (recorded steps appended, one file per process)."""
         return self.ops / (f"ops.{stream}.jsonl" if stream else "ops.jsonl")
 
     def dumped_output(self, step: int, index: int) -> Path:
         """The outputs of op `index` of `step`, saved by `twice locate`'s re-run."""
-        return self.ops / f"step-{step}-op-{index}.safetensors"
+        return self.ops / self.dumped_output_name(step, index)
+
+    @staticmethod
+    def dumped_output_name(step: int, index: int) -> str:
+        return f"step-{step}-op-{index}.safetensors"

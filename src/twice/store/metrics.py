@@ -10,18 +10,18 @@ from pathlib import Path
 
 from twice.core.errors import UsageError
 from twice.core.protocol import ChildSettings
+from twice.store.layout import RunFolder
 from twice.store.traces import read_trace
 
 __all__ = ["log_metric", "metrics_path", "read_metric", "TRACE_METRICS"]
 
-METRICS = "metrics.jsonl"
 TRACE_METRICS = ("final_loss", "best_loss")
 
 
 def metrics_path() -> Path | None:
     """Where this run's metrics go (a file a script may also write itself: metrics.json beside it)."""
-    run_dir = ChildSettings.from_env(os.environ).run_dir
-    return Path(run_dir) / METRICS if run_dir else None
+    run_dir = ChildSettings.read(os.environ, "run_dir")
+    return RunFolder(run_dir).metrics if run_dir else None
 
 
 def log_metric(name: str, value: float, step: int | None = None) -> None:
@@ -40,7 +40,7 @@ def log_metric(name: str, value: float, step: int | None = None) -> None:
 
 def _losses(run_dir: Path) -> list[float]:
     values = []
-    for record in read_trace(Path(run_dir) / "trace.jsonl"):
+    for record in read_trace(RunFolder(run_dir).trace()):
         loss = record.loss[0] if isinstance(record.loss, list) else record.loss
         if loss is not None:
             values.append(float("nan") if str(loss).startswith("nan") else float.fromhex(loss))
@@ -51,15 +51,15 @@ def read_metric(run_dir: Path, name: str) -> float | None:
     """A run's value of metric `name`: logged by the script, in its metrics.json, or from its trace."""
     run_dir = Path(run_dir)
     logged = None
-    if (run_dir / METRICS).is_file():
-        for line in (run_dir / METRICS).read_text().splitlines():
+    if RunFolder(run_dir).metrics.is_file():
+        for line in RunFolder(run_dir).metrics.read_text().splitlines():
             record = json.loads(line)
             if record["name"] == name:
                 logged = record["value"]
     if logged is not None:
         return logged
-    if (run_dir / "metrics.json").is_file():
-        data = json.loads((run_dir / "metrics.json").read_text())
+    if RunFolder(run_dir).final_metrics.is_file():
+        data = json.loads(RunFolder(run_dir).final_metrics.read_text())
         if name in data:
             return float(data[name])
     if name in TRACE_METRICS:
@@ -73,14 +73,14 @@ def read_metric(run_dir: Path, name: str) -> float | None:
 def available_metrics(run_dir: Path) -> set[str]:
     names = set(TRACE_METRICS)
     run_dir = Path(run_dir)
-    if (run_dir / METRICS).is_file():
+    if RunFolder(run_dir).metrics.is_file():
         names |= {
             json.loads(line)["name"]
-            for line in (run_dir / METRICS).read_text().splitlines()
+            for line in RunFolder(run_dir).metrics.read_text().splitlines()
             if line
         }
-    if (run_dir / "metrics.json").is_file():
-        names |= set(json.loads((run_dir / "metrics.json").read_text()))
+    if RunFolder(run_dir).final_metrics.is_file():
+        names |= set(json.loads(RunFolder(run_dir).final_metrics.read_text()))
     return names
 
 

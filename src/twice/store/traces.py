@@ -13,6 +13,7 @@ from pathlib import Path
 
 from twice.core.errors import CorruptRecord
 from twice.core.records import StepRecord, record_line
+from twice.store.layout import RunFolder
 
 __all__ = ["TraceWriter", "read_trace", "trace_files"]
 
@@ -77,8 +78,4 @@ def read_trace(path: Path) -> list[StepRecord]:
 
 def trace_files(run_dir: Path) -> dict[str, Path]:
     """The traces of a run by stream: "main" for trace.jsonl, else the tag of trace.<tag>.jsonl."""
-    out = {}
-    for path in sorted(Path(run_dir).glob("trace*.jsonl")):
-        parts = path.name.split(".")
-        out["main" if len(parts) == 2 else ".".join(parts[1:-1])] = path
-    return out
+    return RunFolder(run_dir).traces()
