@@ -35,7 +35,6 @@ MAX_LINES = 400
 LONG_MODULES: dict[str, str] = {
     "twice.cli": "every command's options and printing; the printing is to move into app/render",
     "twice.checkpoint.format": "codec, entry kinds, files, per-rank parts: to split into codec/kinds/ranks",
-    "twice.rng.seeding": "the RngSource table, ctypes layouts, snapshots and fingerprints: to split",
     "twice.record.recorder": "the Recorder's events, rounds and record; op-log control is to move out",
     "twice.data.loading": "the epoch sampler, per-sample seeding and the resumable loader",
     "twice.core.digests": "the Digester, tensor framing, the many-tensor path and lanes_norm",

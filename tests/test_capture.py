@@ -16,6 +16,7 @@ from conftest import twice as twice_cli
 import twice
 from twice.core.digests import lanes_norm
 from twice.record import hooks, norms
+from twice.rng import fingerprint, layouts
 from twice.store import layout
 from twice.store.traces import read_trace
 
@@ -550,26 +551,28 @@ def test_rng_digests_are_the_same_compiled_or_not(monkeypatch):
     import numpy as np
 
     from twice.core import digests
-    from twice.rng import seeding
+    from twice.rng import fingerprint
 
     random.seed(1)  # no cached Gaussian in either
     np.random.seed(1)
-    plain = seeding.rng_digests()
-    assert seeding.rng_digests() == plain  # the second call, through the items kept from the first
+    plain = fingerprint.rng_digests()
+    assert (
+        fingerprint.rng_digests() == plain
+    )  # the second call, through the items kept from the first
     random.gauss(0, 1)  # both with a cached Gaussian, which the digests cover
     np.random.standard_normal()
-    compiled = seeding.rng_digests()
+    compiled = fingerprint.rng_digests()
     assert compiled["python"] != plain["python"] and compiled["numpy"] != plain["numpy"]
     torch.rand(3)
-    moved = seeding.rng_digests()
+    moved = fingerprint.rng_digests()
     assert moved["torch"] != compiled["torch"] and {k: moved[k] for k in ("python", "numpy")} == {
         k: compiled[k] for k in ("python", "numpy")
     }
     torch_before = torch.get_rng_state()
     monkeypatch.setattr(digests, "_native", None)
-    assert seeding.rng_digests() == moved
+    assert fingerprint.rng_digests() == moved
     random.random()
-    assert seeding.rng_digests()["python"] != moved["python"]
+    assert fingerprint.rng_digests()["python"] != moved["python"]
     assert twice.digest(torch_before) == moved["torch"]
 
 
@@ -581,19 +584,18 @@ def test_an_rng_state_not_read_in_place_is_still_digested_the_same(monkeypatch, 
     import numpy as np
 
     from twice.core import digests
-    from twice.rng import seeding
 
     random.gauss(0, 1)
     np.random.standard_normal()
-    views = list(seeding._state_views())
+    views = list(layouts._state_views())
     if missing in (0, 2):
         views[0] = None
     if missing in (1, 2):
         views[1] = views[2] = None
     views = tuple(views)
-    monkeypatch.setattr(seeding, "_state_views", lambda: views)
+    monkeypatch.setattr(fingerprint, "_state_views", lambda: views)
     assert digests._native is not None
-    compiled = seeding.rng_digests()
+    compiled = fingerprint.rng_digests()
     assert set(compiled) >= {"python", "numpy", "torch"}
     monkeypatch.setattr(digests, "_native", None)
-    assert seeding.rng_digests() == compiled
+    assert fingerprint.rng_digests() == compiled

@@ -165,16 +165,16 @@ def test_resuming_with_other_loader_settings_is_refused():
 
 def _unconfirmed_layouts(monkeypatch):
     """Make this process's RNG layouts unconfirmed: every state goes through the libraries' own API."""
+    from twice.rng import layouts, snapshot
     from twice.rng import sample as sample_rng
-    from twice.rng import seeding
 
-    monkeypatch.setattr(seeding, "_python_state_offset", [None])
-    monkeypatch.setattr(seeding, "_numpy_gauss_offset", [None])
-    monkeypatch.setattr(seeding, "_torch_layout", [None])
+    monkeypatch.setattr(layouts, "_python_state_offset", [None])
+    monkeypatch.setattr(layouts, "_numpy_gauss_offset", [None])
+    monkeypatch.setattr(layouts, "_torch_layout", [None])
     monkeypatch.setattr(
-        seeding, "_snapshot_readers", {}
+        snapshot, "_snapshot_readers", {}
     )  # readers made before were for the in-place layouts
-    monkeypatch.setattr(seeding, "_views", {})  # and so were the views they read through
+    monkeypatch.setattr(layouts, "_views", {})  # and so were the views they read through
     monkeypatch.setattr(sample_rng, "_seeders", {})
 
 

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import twice
-from twice.rng.seeding import capture_rng, restore_rng, rng_digests
+from twice.rng import layouts
+from twice.rng.fingerprint import rng_digests
+from twice.rng.seeding import capture_rng, restore_rng
 
 
 def draws():
@@ -74,7 +76,7 @@ def test_context_manager_restores_settings_and_rng_even_when_the_body_raises():
 
 
 def test_the_python_rng_digest_follows_every_draw_even_a_whole_state_regeneration():
-    from twice.rng.seeding import _python_state_bytes
+    from twice.rng.layouts import _python_state_bytes
 
     assert _python_state_bytes() is not None  # the in-place read works on this CPython
     random.seed(3)
@@ -99,7 +101,7 @@ def test_rng_digests_read_in_place_are_those_of_the_copied_states():
     """The step trace digests Python's and NumPy's states where they lie: the values must be those
     of the bytes copied out (what earlier traces hold), through any draws, reseeds and gauss caches."""
     from twice.core.digests import digest_bytes
-    from twice.rng.seeding import _numpy_state_bytes, _python_state_bytes
+    from twice.rng.layouts import _numpy_state_bytes, _python_state_bytes
 
     for draw in (
         lambda: None,
@@ -151,12 +153,12 @@ def _reference_state(key: int, index: int, name: str) -> tuple[int, list[int]]:
 
 
 def test_per_sample_states_are_splitmix64_words_that_each_rng_reads_as_written():
+    from twice.rng import layouts, splitmix
     from twice.rng import sample as sample_rng
-    from twice.rng import seeding
 
     key, indices = 2**63 + 11, np.asarray([3, 0, 12345], dtype=np.uint64)
     z = np.arange(4, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(7)
-    assert seeding.splitmix_finish(z).tolist() == [_splitmix_reference(7, c) for c in range(4)]
+    assert splitmix.splitmix_finish(z).tolist() == [_splitmix_reference(7, c) for c in range(4)]
     seeders = {name: sample_rng.seeder(name) for name in ("python", "numpy", "torch")}
     assert all(
         one.in_place for one in seeders.values()
@@ -177,17 +179,16 @@ def test_per_sample_states_are_splitmix64_words_that_each_rng_reads_as_written()
         assert state.tolist() == words and position == 0 and has_gauss == 0
         seed, words = _reference_state(key, index, "torch")
         seeders["torch"].put(row)
-        assert torch.get_rng_state().numpy().tobytes() == seeding.torch_state_bytes(seed, words)
+        assert torch.get_rng_state().numpy().tobytes() == layouts.torch_state_bytes(seed, words)
         assert torch.initial_seed() == seed
 
 
 def test_a_torch_generator_state_written_in_place_draws_like_the_same_state_set_officially():
-    from twice.rng import seeding
 
-    layout, address = seeding.torch_layout(), seeding.torch_state_address()
+    layout, address = layouts.torch_layout(), layouts.torch_state_address()
     assert layout is not None and address is not None
     words = np.random.default_rng(5).integers(0, 2**32, 624, dtype=np.uint64).tolist()
-    official = seeding.torch_state_bytes(99, words, left=300, next_=324)
+    official = layouts.torch_state_bytes(99, words, left=300, next_=324)
     cached = bytearray(
         official
     )  # a state holding cached normals (float and double): the write must clear them
@@ -220,11 +221,10 @@ def test_a_torch_generator_state_written_in_place_draws_like_the_same_state_set_
 
 
 def test_memory_is_offered_to_the_kernel_before_it_is_read_in_place():
-    from twice.rng import seeding
 
     buffer = ctypes.create_string_buffer(3072)
-    assert seeding.readable(ctypes.addressof(buffer), 3072)
-    assert not seeding.readable(16, 3072)  # the first page is never mapped: an error, not a crash
+    assert layouts.readable(ctypes.addressof(buffer), 3072)
+    assert not layouts.readable(16, 3072)  # the first page is never mapped: an error, not a crash
 
 
 def test_per_sample_states_draw_like_independent_uniform_numbers():
@@ -255,6 +255,7 @@ def test_an_rng_state_that_is_a_view_at_an_offset_restores_that_state():
     # row 0's state, or crash the process. Run where a crash cannot take the test session with it.
     code = """
 import torch
+from twice.rng import layouts
 from twice.rng.seeding import capture_rng, restore_rng
 import twice.checkpoint
 torch.manual_seed(0)

@@ -27,15 +27,11 @@ from torch.utils.data import (
 from twice.core.errors import UsageError
 from twice.core.protocol import ChildSettings
 from twice.core.seeds import derive_seed
+from twice.rng.layouts import MT_WORDS
 from twice.rng.sample import START_WORDS, seeder
 from twice.rng.sample import prepare as prepare_states
-from twice.rng.seeding import (
-    MT_WORDS,
-    rng_changed,
-    rng_restore,
-    rng_snapshot,
-    seed_cpu_rngs,
-)
+from twice.rng.seeding import seed_cpu_rngs
+from twice.rng.snapshot import rng_changed, rng_restore, rng_snapshot
 
 try:  # the per-sample loop in C, where it was built at install (see setup.py); else the Python loop
     from twice import _native

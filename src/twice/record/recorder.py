@@ -38,7 +38,8 @@ from twice.record.names import PARAM_NAMES, distinct_names, param_names
 from twice.record.norms import floats
 from twice.record.norms import norms as tensor_norms
 from twice.record.replicas import ReplicaCheck, ReplicaDesync
-from twice.rng.seeding import capture_rng, rng_digests
+from twice.rng.fingerprint import rng_digests
+from twice.rng.seeding import capture_rng
 from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
 from twice.store.traces import TraceWriter

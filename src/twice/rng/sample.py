@@ -6,7 +6,7 @@ i*1024+1023; counter 0 is its seed (what torch.initial_seed() says inside the sa
 RNG takes 312 counters of the rest (two 32-bit words each, low half first) as the 624 words of an
 MT19937 state at position 0, so that the next draws read those words directly. Where the RNG's
 memory layout was confirmed (CPython's `random`, NumPy's legacy global RandomState, torch's CPU
-generator; see seeding.py), the state is an image of that memory, built in NumPy for the whole
+generator; see layouts.py), the state is an image of that memory, built in NumPy for the whole
 batch and copied in with one memcpy per sample.
 
 Most samples draw a handful of numbers, and making 624 fresh words costs more than a cheap sample
@@ -30,8 +30,9 @@ import struct
 import sys
 from collections.abc import Callable
 
-from twice.rng import seeding
-from twice.rng.seeding import MT_WORDS, splitmix_finish, torch_state_bytes
+from twice.rng import layouts
+from twice.rng.layouts import MT_WORDS, torch_state_bytes
+from twice.rng.splitmix import splitmix_finish
 
 __all__ = ["Seeder", "seeder", "START_WORDS", "SAMPLE_COUNTERS", "OFFSETS"]
 
@@ -348,13 +349,13 @@ def seeder(name: str) -> Seeder:
 
 def _make(name: str) -> Seeder:
     template_words = struct.pack(
-        f"<{MT_WORDS}I", *seeding._mt_init(5489)
+        f"<{MT_WORDS}I", *layouts._mt_init(5489)
     )  # any valid state: MT's default
     if name == "python":
         template = (
             struct.pack("<i", 0) + template_words
         )  # CPython's {int index; uint32_t state[624]}
-        if seeding._python_state_bytes() is None:
+        if layouts._python_state_bytes() is None:
             return Seeder(name, template, 4, None)
         inst = random._inst
         return Seeder(
@@ -362,18 +363,18 @@ def _make(name: str) -> Seeder:
             template,
             4,
             None,
-            id(inst) + seeding._python_state_offset[0],
+            id(inst) + layouts._python_state_offset[0],
             0,
             cleared=((inst, "gauss_next"),),
         )
     if name == "numpy":
         template = template_words + struct.pack("<i", 0)  # NumPy's {uint32_t key[624]; int pos}
-        if seeding._numpy_state_bytes() is None or seeding._numpy_gauss_address() is None:
+        if layouts._numpy_state_bytes() is None or layouts._numpy_gauss_address() is None:
             return Seeder(name, template, 0, None)
         generator = sys.modules["numpy"].random.mtrand._rand._bit_generator
         target, gauss_at = (
-            seeding._numpy_state_address[id(generator)],
-            seeding._numpy_gauss_address(),
+            layouts._numpy_state_address[id(generator)],
+            layouts._numpy_gauss_address(),
         )
         # the position (after the words) and the cached Gaussian
         return Seeder(
@@ -385,7 +386,7 @@ def _make(name: str) -> Seeder:
             4 * MT_WORDS,
             extra=((target + 4 * MT_WORDS, bytes(4)), (gauss_at, bytes(16))),
         )
-    layout, target = seeding.torch_layout(), seeding.torch_state_address()
+    layout, target = layouts.torch_layout(), layouts.torch_state_address()
     if layout is None or target is None:
         # The image layout of get_state() bytes is not used by the API path: only words and seed are read.
         template = bytes(8) + struct.pack("<iiI", MT_WORDS, 1, 0) + template_words
