@@ -34,7 +34,6 @@ MAX_LINES = 400
 # shrink (test_long_modules_are_still_long fails once one is split, so it leaves the list).
 LONG_MODULES: dict[str, str] = {
     "twice.cli": "every command's options and printing; the printing is to move into app/render",
-    "twice.checkpoint.format": "codec, entry kinds, files, per-rank parts: to split into codec/kinds/ranks",
     "twice.record.recorder": "the Recorder's events, rounds and record; op-log control is to move out",
     "twice.data.loading": "the epoch sampler, per-sample seeding and the resumable loader",
     "twice.core.digests": "the Digester, tensor framing, the many-tensor path and lanes_norm",

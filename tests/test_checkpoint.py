@@ -351,3 +351,51 @@ def test_a_state_saved_through_a_wrapper_and_restored_into_the_bare_module_names
         ]._orig_mod.weight,
         model.weight,
     )
+
+
+@pytest.mark.parametrize("kind", ["statefum", "", None, 3, ["stateful"]])
+def test_an_entry_kind_twice_does_not_write_is_refused_not_left_at_its_fresh_state(tmp_path, kind):
+    """One flipped byte in the index ("stateful" -> "statefum") once loaded as success with the
+    model untouched. Kinds come from one table: a name outside it is a CheckpointError everywhere."""
+    import json
+
+    model, opt, _ = trained()
+    target = checkpoint.save(tmp_path / "step-00000001", model=model, optimizer=opt)
+    index = json.loads((target / "checkpoint.json").read_text())
+    index["entries"]["model"] = kind
+    (target / "checkpoint.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="'model'"):
+        checkpoint.verify(target)
+    fresh = Model()
+    with pytest.raises(CheckpointError, match="not a kind twice writes"):
+        checkpoint.load(target, model=fresh, optimizer=torch.optim.Adam(fresh.parameters()))
+    result = twice_cli("checkpoint", "verify", target, cwd=tmp_path)
+    assert (
+        result.returncode == 2 and "error: " in result.stderr and "Traceback" not in result.stderr
+    )
+
+
+def test_every_kind_in_the_table_round_trips_through_save_and_load(tmp_path):
+    from twice.checkpoint.kinds import KINDS, kind_of
+
+    model, opt, _ = trained()
+    generator = torch.Generator().manual_seed(3)
+    rng = np.random.default_rng(4)
+    objects = {"model": model, "generator": generator, "rng": rng, "value": {"epoch": 2}}
+    assert {kind_of(obj).name for obj in objects.values()} | {"sharded_optimizer"} == {
+        kind.name for kind in KINDS
+    }
+    path = checkpoint.save(tmp_path / "step-00000002", **objects)
+    expected_torch, expected_np = torch.rand(4, generator=generator), rng.random(4)
+    fresh, new_generator, new_rng = (
+        Model(),
+        torch.Generator().manual_seed(9),
+        np.random.default_rng(9),
+    )
+    restored = checkpoint.load(path, model=fresh, generator=new_generator, rng=new_rng)
+    assert restored["value"] == {"epoch": 2}
+    assert all(
+        torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values())
+    )
+    assert torch.equal(torch.rand(4, generator=new_generator), expected_torch)
+    assert np.array_equal(new_rng.random(4), expected_np)

@@ -255,9 +255,8 @@ def test_an_rng_state_that_is_a_view_at_an_offset_restores_that_state():
     # row 0's state, or crash the process. Run where a crash cannot take the test session with it.
     code = """
 import torch
-from twice.rng import layouts
 from twice.rng.seeding import capture_rng, restore_rng
-import twice.checkpoint
+import twice.checkpoint.kinds
 torch.manual_seed(0)
 first = torch.get_rng_state()
 torch.manual_seed(1)
@@ -269,7 +268,7 @@ assert torch.equal(torch.rand(3), expected), "restore_rng"
 generator = torch.Generator().manual_seed(1)
 stacked = torch.stack([first, generator.get_state()])
 expected = torch.rand(3, generator=generator)
-twice.checkpoint.format._restore(generator, "torch_generator", stacked[1], "g")
+twice.checkpoint.kinds.kind_named("torch_generator", "g", "test").restore(generator, stacked[1], "g")
 assert torch.equal(torch.rand(3, generator=generator), expected), "checkpoint"
 print("ok")
 """

@@ -194,7 +194,7 @@ class Run:
         the launcher; otherwise this run's own latest checkpoint is used (a no-op on a fresh run).
         """
         import twice.checkpoint as checkpoints
-        from twice.checkpoint.format import INDEX
+        from twice.checkpoint.folder import INDEX
         from twice.rng.seeding import restore_rng
 
         if path is None:

@@ -4,18 +4,10 @@ twice.checkpoint.save("ckpt/step-100", model=model, optimizer=optimizer)
 twice.checkpoint.load("ckpt/step-100", model=model, optimizer=optimizer)
 """
 
-from twice.checkpoint.format import (
-    RNG_ENTRY,
-    CheckpointError,
-    decode_state,
-    encode_state,
-    latest,
-    list_checkpoints,
-    load,
-    save,
-    step_dir,
-    verify,
-)
+from twice.checkpoint.codec import decode_state, encode_state
+from twice.checkpoint.folder import RNG_ENTRY, verify
+from twice.checkpoint.saveload import latest, list_checkpoints, load, save, step_dir
+from twice.core.errors import CheckpointError
 
 __all__ = [
     "save",

@@ -49,3 +49,7 @@ class CorruptRecord(TwiceError):
 
 class DeterminismError(TwiceError):
     """A determinism setting that was asked for and can no longer take effect."""
+
+
+class CheckpointError(TwiceError):
+    """A checkpoint that is incomplete, damaged, foreign, or does not match what is being restored."""
