@@ -18,8 +18,8 @@ PACKAGE = Path(twice.__file__).parent
 
 # Folders, lowest first: a module may import from its own folder or a lower one, never a higher one.
 LAYERS = ["core", "rng", "store", "checkpoint", "record", "data", "runtime", "app", "integrations"]
-# Files directly in twice/: the compiled module sits below everything; the command line, the public
-# facades (twice.testing, twice.numerics, twice.parallel) and `python -m twice` above everything.
+# Files directly in twice/: the compiled module sits below everything; the command line (cli/), the
+# public facades (twice.testing, twice.numerics, twice.parallel) and `python -m twice` above everything.
 TOP_LEVEL = {
     "_native": -1,
     "cli": len(LAYERS),
@@ -33,7 +33,6 @@ MAX_LINES = 400
 # Modules still longer than MAX_LINES, each with what it holds. Not a licence: the list may only
 # shrink (test_long_modules_are_still_long fails once one is split, so it leaves the list).
 LONG_MODULES: dict[str, str] = {
-    "twice.cli": "every command's options and printing; the printing is to move into app/render",
     "twice.record.recorder": "the Recorder's events, rounds and record; op-log control is to move out",
     "twice.data.loading": "the epoch sampler, per-sample seeding and the resumable loader",
     "twice.core.digests": "the Digester, tensor framing, the many-tensor path and lanes_norm",
@@ -124,9 +123,10 @@ def test_every_module_has_a_place():
         parts = module.split(".")
         if len(parts) == 1:
             continue
-        assert parts[1] in LAYERS or (len(parts) == 2 and parts[1] in TOP_LEVEL), (
-            f"{module}: put it in one of the layers {LAYERS}, or list it in TOP_LEVEL"
-        )
+        # a layer's folder, or a top-level module (the command line is a package of its own)
+        assert parts[1] in LAYERS or (
+            parts[1] in TOP_LEVEL and (len(parts) == 2 or parts[1] == "cli")
+        ), f"{module}: put it in one of the layers {LAYERS}, or list it in TOP_LEVEL"
 
 
 def test_the_scanner_sees_every_import_form(tmp_path):

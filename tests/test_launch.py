@@ -360,7 +360,7 @@ def test_forked_children_draw_the_same_python_random_numbers_in_every_run(tmp_pa
 
 
 def test_the_run_records_what_tracing_cost_and_says_so_when_it_is_large(tmp_path):
-    from twice.cli import trace_cost_note
+    from twice.app.render import format_trace_cost_note as trace_cost_note
 
     path = script("tiny_train.py", tmp_path)
     result = twice("run", "--", sys.executable, path, "w.pt", cwd=tmp_path)

@@ -1,6 +1,6 @@
 """`python -m twice`: the same command line as the `twice` script."""
 
-from .cli import main
+from twice.cli import main
 
 if __name__ == "__main__":
     main()

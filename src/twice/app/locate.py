@@ -13,6 +13,7 @@ from twice.core.errors import UsageError
 from twice.core.opdiff import OpFinding, differing_ops, first_op_difference, value_gap
 from twice.core.protocol import ChildSettings
 from twice.record.oplog import step_ops, steps_ops
+from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
 
 __all__ = ["Location", "locate_runs", "audit_command", "AuditReport", "CUDA_NONDETERMINISTIC"]
@@ -212,7 +213,14 @@ def bisect_divergence(a: Path, b: Path, quiet: bool = True) -> Bisection:
 
 
 def locate_runs(a: Path, b: Path, quiet: bool = True) -> Location:
-    """Find the first diverging step of runs A and B, then the first operation in it that differs."""
+    """Find the first diverging step of runs A and B, then the first operation in it that differs;
+    the finding is kept in A's folder (`twice report` shows it)."""
+    result = _locate(Path(a), Path(b), quiet)
+    write_json_atomic(RunFolder(a).location(Path(b).name), result.to_json())
+    return result
+
+
+def _locate(a: Path, b: Path, quiet: bool) -> Location:
     comparison = compare_runs(a, b)
     divergence = comparison.divergence
     if divergence is None:

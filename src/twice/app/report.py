@@ -184,7 +184,7 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
             parts.append(_svg(figure))
     # Findings recorded in the runs: op-level localisation and numerical health.
     for run_dir in run_dirs:
-        for located in sorted(run_dir.glob("locate-*.json")):
+        for located in RunFolder(run_dir).locations():
             parts.append(
                 f"<h2>Localisation ({html.escape(run_dir.name)})</h2><p>{html.escape(json.loads(located.read_text())['sentence'])}</p>"  # noqa: E501
             )

@@ -22,6 +22,11 @@ SWEEP_FILE = "sweep.json"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def sweep_folder(runs_dir: Path, grid: dict[str, list[str]], name: str | None = None) -> Path:
+    """Where a sweep's trials go: `name` under runs_dir, else a name made from the varied settings."""
+    return Path(runs_dir) / (name or re.sub(r"[^A-Za-z0-9_.=-]", "_", "sweep-" + "-".join(grid)))
+
+
 def parse_vary(specs: list[str]) -> dict[str, list[str]]:
     """`["lr=0.1,0.01", "wd=0,1e-4"]` -> {"lr": ["0.1", "0.01"], "wd": ["0", "1e-4"]}."""
     grid: dict[str, list[str]] = {}

@@ -11,7 +11,7 @@ from twice.core.errors import UsageError
 from twice.core.protocol import ChildSettings
 from twice.runtime.capture import numeric_env
 from twice.store.layout import RunFolder
-from twice.store.runs import MANIFEST, read_json
+from twice.store.runs import MANIFEST, effective_status, read_json
 
 __all__ = ["verify_run", "verify_resume", "ResumeCheck"]
 
@@ -226,3 +226,19 @@ def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck
     first = " (the first resumed step)" if found.step == at else ""
     verdict = f"resume differs: first divergence at step {found.step}{first} ({FIELD_MEANING[found.first]})"
     return ResumeCheck(False, verdict, cause, at, runs, found.to_json())
+
+
+def verify_resume_of_run(run_dir: Path, at: int) -> ResumeCheck:
+    """`twice verify RUN --resume-at STEP`: verify-resume with RUN as the uninterrupted run."""
+    manifest = read_json(Path(run_dir) / MANIFEST)
+    status, stopped = effective_status(manifest), manifest["context"].get("stopped_after")
+    if status != "completed" or stopped:
+        how = f"was stopped after {stopped} steps" if stopped else f"is {status}"
+        raise UsageError(
+            f"run {Path(run_dir).name} {how}: it is not the whole uninterrupted run to compare a resume with",
+            "record the run to its end, or use `twice verify-resume -- COMMAND`, which runs it straight first",
+        )
+    command, options = rerun_options(run_dir, name=f"resume-{Path(run_dir).name[:26]}", quiet=True)
+    return verify_resume(
+        command, options, at=at, straight=Path(run_dir).resolve(), at_flag="--resume-at"
+    )

@@ -73,6 +73,13 @@ class RunFolder:
         """The op log of one stream (recorded steps appended, one file per process)."""
         return self.ops / (f"ops.{stream}.jsonl" if stream else "ops.jsonl")
 
+    def location(self, other: str) -> Path:
+        """What `twice locate` found comparing this run with run `other` (shown by `twice report`)."""
+        return self.path / f"locate-{other}.json"
+
+    def locations(self) -> list[Path]:
+        return sorted(self.path.glob("locate-*.json"))
+
     def dumped_output(self, step: int, index: int) -> Path:
         """The outputs of op `index` of `step`, saved by `twice locate`'s re-run."""
         return self.ops / self.dumped_output_name(step, index)

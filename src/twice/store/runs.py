@@ -156,3 +156,19 @@ def effective_status(manifest: dict) -> str:
     if isinstance(pid, int) and not _alive(pid, launcher.get("start_time")):
         return "crashed"
     return status
+
+
+def summarize_run(run_dir: Path) -> dict:
+    """The facts `twice ls` and `twice show` print for a run, from its validated manifest."""
+    manifest = read_json(Path(run_dir) / MANIFEST)
+    context, identity = manifest["context"], manifest["identity"]
+    return {
+        "id": Path(run_dir).name,
+        "path": str(run_dir),
+        "status": effective_status(manifest),
+        "exit_code": context.get("exit_code"),
+        "steps": context.get("steps"),
+        "seed": identity.get("seed"),
+        "started": context.get("started"),
+        "command": " ".join(identity.get("argv", [])),
+    }

@@ -1,0 +1,130 @@
+"""Commands that judge recorded runs: `diff`, `locate`, `bisect`, `nan`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from twice.app.render import (
+    format_bisect,
+    format_comparison,
+    format_locate,
+    format_nan,
+)
+from twice.cli.group import _color, _err, _json, _out, _runs_dir_option, main
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@_runs_dir_option
+@click.option(
+    "--steps", type=click.IntRange(min=1), default=None, help="Compare only the first N steps."
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--html",
+    "html_out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write the HTML report here.",
+)
+def diff(a, b, runs_dir, steps, as_json, html_out):
+    """Compare two runs: the verdict, identity differences, the first divergence and its likely cause.
+
+    Exit 0 when identical, 1 when different.
+
+    \b
+    Examples:
+      twice diff runs/<a> runs/<b>
+      twice diff <id-a> <id-b> --json
+    """
+    from twice.app.compare import compare_runs
+    from twice.store.runs import find_run
+
+    result = compare_runs(find_run(a, runs_dir), find_run(b, runs_dir), steps=steps)
+    _out(_json(result.to_json()) if as_json else format_comparison(result, _color()))
+    if html_out is not None:
+        from twice.app.report import write_report
+
+        write_report([result.a, result.b], html_out)
+        _err(f"twice: report written to {html_out}")
+    sys.exit(result.exit_code)
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--verbose", "-v", is_flag=True, help="Echo the re-runs' output.")
+def locate(a, b, runs_dir, as_json, verbose):
+    """The first operation whose inputs were identical and whose outputs differed between runs A and B.
+
+    Uses op logs recorded with `twice run --record-ops`, or re-runs both runs up to their first
+    diverging step with op recording. Exit 0 when the runs do not diverge, 1 otherwise.
+
+    \b
+    Examples:
+      twice locate runs/<a> runs/<b>
+      twice locate <id-a> <id-b> --json
+    """
+    from twice.app.locate import locate_runs
+    from twice.store.runs import find_run
+
+    result = locate_runs(find_run(a, runs_dir), find_run(b, runs_dir), quiet=not verbose)
+    _out(_json(result.to_json()) if as_json else format_locate(result))
+    sys.exit(result.exit_code)
+
+
+@main.command()
+@click.argument("run_ref", metavar="RUN")
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def nan(run_ref, runs_dir, as_json):
+    """Show RUN's numerical health: where its first NaN/Inf came from and the warnings before it.
+
+    Exit 0 when the run recorded no fault, 1 when it did.
+
+    \b
+    Examples:
+      twice nan runs/<id>
+      twice nan <id> --json
+    """
+    from twice.store.faults import read_numerics
+    from twice.store.runs import find_run
+
+    report, events = read_numerics(find_run(run_ref, runs_dir))
+    faulty = report is not None or any(e["kind"] == "non_finite" for e in events)
+    _out(
+        _json({"report": report, "events": events})
+        if as_json
+        else format_nan(report, events, _color())
+    )
+    sys.exit(1 if faulty else 0)
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def bisect(a, b, runs_dir, as_json):
+    """The first diverging step of runs recorded with a coarse trace (--trace-every K), by replays.
+
+    Each replay re-runs both runs up to a middle step (from a checkpoint before it when there is
+    one) and fingerprints only that step: ceil(log2(K)) replays instead of tracing every step.
+    Exit 0 when the runs do not diverge, 1 otherwise.
+
+    \b
+    Examples:
+      twice bisect runs/<a> runs/<b>
+    """
+    from twice.app.locate import bisect_divergence
+    from twice.store.runs import find_run
+
+    result = bisect_divergence(find_run(a, runs_dir), find_run(b, runs_dir))
+    _out(_json(result.to_json()) if as_json else format_bisect(result))
+    sys.exit(0 if result.step is None else 1)

@@ -1,0 +1,85 @@
+"""The `twice` command group: how every command prints, and how every error becomes `error:`/`hint:`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from twice.core.errors import EXIT_USAGE, TwiceError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _out(text: str = "") -> None:
+    click.echo(text)
+
+
+def _err(text: str) -> None:
+    click.echo(text, err=True)
+
+
+def _json(value) -> str:
+    return json.dumps(value, indent=2, sort_keys=True)
+
+
+def _color() -> bool:
+    """Style the output: on a terminal, unless NO_COLOR is set."""
+    return not os.environ.get("NO_COLOR") and sys.stdout.isatty()
+
+
+class TwiceGroup(click.Group):
+    """Renders every error as `error:` / `hint:` on stderr with exit code 2, never a traceback."""
+
+    def main(self, args=None, prog_name="twice", **kwargs):
+        debug = "--debug" in (args if args is not None else sys.argv[1:])
+        try:
+            return super().main(args=args, prog_name=prog_name, standalone_mode=False, **kwargs)
+        except TwiceError as exc:
+            if debug:
+                raise
+            _err(exc.render())
+            sys.exit(exc.exit_code)
+        except click.exceptions.NoSuchOption as exc:
+            hint = f"did you mean {' or '.join(exc.possibilities)}?" if exc.possibilities else None
+            command = exc.ctx.command_path if exc.ctx else "twice"
+            _err(
+                f"error: unknown option {exc.option_name}\nhint: {hint or f'see `{command} --help`'}"
+            )
+            sys.exit(EXIT_USAGE)
+        except click.exceptions.UsageError as exc:
+            command = exc.ctx.command_path if exc.ctx else "twice"
+            _err(f"error: {exc.format_message()}\nhint: see `{command} --help`")
+            sys.exit(EXIT_USAGE)
+        except click.exceptions.Abort:
+            _err("error: aborted")
+            sys.exit(130)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=TwiceGroup, context_settings=CONTEXT)
+@click.version_option(package_name="twice", prog_name="twice")
+@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+def main(debug: bool) -> None:
+    """Run PyTorch training twice and get the same bits; when you don't, learn where and why.
+
+    \b
+    Examples:
+      twice run -- python train.py --lr 0.1
+      twice verify runs/<id>
+      twice diff runs/<a> runs/<b>
+    """
+
+
+def _runs_dir_option(function):
+    return click.option(
+        "--runs-dir",
+        type=click.Path(path_type=Path),
+        default=Path("runs"),
+        show_default=True,
+        help="Folder holding run folders.",
+    )(function)

@@ -1,0 +1,286 @@
+"""Commands that run things: `run`, `verify`, `verify-resume`, `audit`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from twice.app.render import (
+    format_audit,
+    format_resume_check,
+    format_trace_cost_note,
+    format_verify,
+)
+from twice.cli.group import CONTEXT, _color, _err, _json, _out, _runs_dir_option, main
+from twice.core.errors import UsageError
+from twice.store.layout import RunFolder
+
+
+@main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option("--seed", type=int, default=None, help="Root seed for every RNG  [default: 0].")
+@click.option("--name", help="A label appended to the run id.")
+@_runs_dir_option
+@click.option(
+    "--determinism",
+    type=click.Choice(["strict", "warn", "off"]),
+    default="strict",
+    show_default=True,
+    help="strict: refuse what cannot be made deterministic; warn: warn instead; off: seed only.",
+)
+@click.option(
+    "--observe",
+    is_flag=True,
+    help="Record only: no seeding, no deterministic mode, nothing changed.",
+)
+@click.option(
+    "--trace-every",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Record every N-th step.",
+)
+@click.option(
+    "--params-every",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Per-tensor digests every N steps (0: never)  [default: every step for models of at most 64 tensors, else every 100].",
+)
+@click.option(
+    "--numerics",
+    type=click.Choice(["stop", "warn"]),
+    default=None,
+    is_flag=False,
+    flag_value="stop",
+    help="Check every operation for NaN/Inf; stop at the first (default) or warn. See `twice nan RUN`.",
+)
+@click.option(
+    "--record-ops",
+    metavar="STEPS",
+    default=None,
+    help="Record every operation of these steps into ops/ (e.g. 3 or 0,10-12), for `twice locate`.",
+)
+@click.option(
+    "--max-steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop the command after N training steps (twice.Run checkpoints on the way out).",
+)
+@click.option(
+    "--resume",
+    "resume_from",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A checkpoint, checkpoints folder or run whose latest checkpoint twice.Run.resume() starts from.",
+)
+@click.option(
+    "--mlflow",
+    "mlflow_uri",
+    metavar="URI",
+    default=None,
+    help="Log to this MLflow tracking store while the command runs (needs twice[mlflow]).",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(
+    seed,
+    name,
+    runs_dir,
+    determinism,
+    observe,
+    trace_every,
+    params_every,
+    numerics,
+    record_ops,
+    max_steps,
+    resume_from,
+    mlflow_uri,
+    command,
+):
+    """Run COMMAND seeded, deterministic and recorded in runs/<id>/.
+
+    The exit code is the command's own.
+
+    \b
+    Examples:
+      twice run -- python train.py --lr 0.1
+      twice run train.py --lr 0.1              (shorthand for a Python script)
+      twice run --observe -- bash train.sh     (record only, change nothing)
+      twice run --mlflow sqlite:///mlflow.db -- python train.py
+    """
+    from twice.app.launch import DEFAULT_SEED, RunOptions, run_command
+
+    live = None
+    if mlflow_uri is not None:
+        from twice.integrations.mlflow import LiveExport
+
+        live = LiveExport(mlflow_uri)
+    if observe and seed is not None:
+        raise UsageError(
+            "--observe records the run as it is and cannot also seed it", "drop --seed or --observe"
+        )
+    if resume_from is not None:
+        if not resume_from.exists():
+            raise UsageError(
+                f"nothing to resume from at {resume_from}",
+                "pass a checkpoint folder, or a run folder with checkpoints/",
+            )
+        if RunFolder(resume_from).checkpoints.is_dir():
+            resume_from = RunFolder(resume_from).checkpoints
+    options = RunOptions(
+        seed=DEFAULT_SEED if seed is None else seed,
+        name=name,
+        runs_dir=runs_dir,
+        determinism=determinism,
+        observe=observe,
+        trace_every=trace_every,
+        params_every=params_every,
+        resume_from=resume_from,
+        stop_after=max_steps,
+        record_ops=_steps_option(record_ops),
+        numerics=numerics,
+        live=live,
+    )
+    code, run_dir = run_command(list(command), options)
+    from twice.store.runs import read_json
+
+    context = read_json(RunFolder(run_dir).manifest)["context"]
+    _err(f"twice: run {run_dir} {context['status']} (exit {code})")
+    note = format_trace_cost_note(context, trace_every)
+    if note:
+        _err(note)
+    sys.exit(code)
+
+
+def _steps_option(value: str | None) -> str | None:
+    import re
+
+    if value is None:
+        return None
+    if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", value):
+        raise UsageError(
+            f"--record-ops {value!r} is not a list of steps", "give steps like 3 or 0,10-12"
+        )
+    return value
+
+
+@main.command()
+@click.argument("run_ref", metavar="RUN")
+@_runs_dir_option
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Verify only the first N steps (stops the re-run there).",
+)
+@click.option(
+    "--resume-at",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="STEP",
+    help="Instead, run RUN's command interrupted after STEP steps and resumed in a new process, and compare "
+    "it with RUN (as verify-resume, RUN being the uninterrupted run).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--quiet", "-q", is_flag=True, help="Do not echo the re-run's output.")
+def verify(run_ref, runs_dir, steps, resume_at, as_json, quiet):
+    """Run RUN's command again with its seed and settings; exit 0 if every step is bit-identical.
+
+    \b
+    Examples:
+      twice verify runs/<id>
+      twice verify <id> --steps 100
+      twice verify <id> --resume-at 50
+    """
+    from twice.app.verify import verify_resume_of_run, verify_run
+    from twice.store.runs import find_run
+
+    run_dir = find_run(run_ref, runs_dir)
+    if resume_at is not None:
+        if steps is not None:
+            raise UsageError("--steps and --resume-at check different things", "give one of them")
+        check = verify_resume_of_run(run_dir, resume_at)
+        _out(_json(check.to_json()) if as_json else format_resume_check(check, _color()))
+        sys.exit(check.exit_code)
+    result, new_dir = verify_run(run_dir, steps=steps, quiet=quiet or as_json)
+    _err(f"twice: re-run recorded in {new_dir}")
+    _out(_json(result.to_json()) if as_json else format_verify(result, _color()))
+    sys.exit(result.exit_code)
+
+
+@main.command(name="verify-resume", context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option(
+    "--at",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Interrupt after this many steps  [default: half the run].",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
+@_runs_dir_option
+@click.option(
+    "--determinism",
+    type=click.Choice(["strict", "warn", "off"]),
+    default="strict",
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def verify_resume_command(at, seed, runs_dir, determinism, as_json, command):
+    """Check that an interrupted and resumed COMMAND equals the uninterrupted one, bit for bit.
+
+    Runs COMMAND straight; again, stopped after --at steps (a real separate process); then resumed
+    in a new process. Exit 0 when the resumed steps and the final state match, 1 otherwise, naming
+    the first mismatch and the state that was missing.
+
+    \b
+    Examples:
+      twice verify-resume -- python train.py
+      twice verify-resume --at 100 -- python train.py --epochs 2
+    """
+    from twice.app.launch import RunOptions
+    from twice.app.verify import verify_resume
+
+    options = RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True)
+    check = verify_resume(list(command), options, at=at)
+    _out(_json(check.to_json()) if as_json else format_resume_check(check, _color()))
+    sys.exit(check.exit_code)
+
+
+@main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="How many steps to record twice.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
+@_runs_dir_option
+@click.option(
+    "--determinism",
+    type=click.Choice(["strict", "warn", "off"]),
+    default="warn",
+    show_default=True,
+    help="warn (default) lets nondeterministic kernels run so that they can be seen.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def audit(steps, seed, runs_dir, determinism, as_json, command):
+    """List the nondeterminism COMMAND really hits: ops that gave different bits from identical inputs
+    in two runs of its first steps, and ops it runs that are nondeterministic on CUDA. Exit 1 if any.
+
+    \b
+    Examples:
+      twice audit -- python train.py
+      twice audit --steps 3 -- python train.py --lr 0.1
+    """
+    from twice.app.launch import RunOptions
+    from twice.app.locate import audit_command
+
+    report = audit_command(
+        list(command),
+        RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True),
+        steps=steps,
+    )
+    _out(_json(report.to_json()) if as_json else format_audit(report, steps))
+    sys.exit(report.exit_code)

@@ -1,0 +1,178 @@
+"""Commands about runs and this machine: `ls`, `show`, `env`, `checkpoint`, `export`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from twice.app.render import (
+    format_checkpoint,
+    format_env,
+    format_run,
+    format_run_table,
+)
+from twice.cli.group import _color, _json, _out, _runs_dir_option, main
+from twice.core.errors import TwiceError, UsageError
+from twice.store.layout import RunFolder
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def env(as_json):
+    """This machine's determinism hazards and the facts behind them.
+
+    \b
+    Examples:
+      twice env
+      twice env --json
+    """
+    from twice.runtime.hazards import machine_hazards
+
+    hazards, facts = machine_hazards()
+    if as_json:
+        _out(_json({"hazards": [h.to_json() for h in hazards], "facts": facts}))
+    else:
+        _out(format_env(hazards, facts, _color()))
+
+
+@main.command(name="ls")
+@click.argument("runs_dir", required=False, type=click.Path(path_type=Path), default=Path("runs"))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_command(runs_dir, as_json):
+    """List the runs in RUNS_DIR (default: runs), oldest first.
+
+    \b
+    Examples:
+      twice ls
+      twice ls experiments/runs --json
+    """
+    from twice.store.runs import list_runs, summarize_run
+
+    if not runs_dir.is_dir():
+        raise UsageError(
+            f"no runs folder {runs_dir}",
+            "start a run with `twice run`, or pass the folder that holds runs",
+        )
+    rows = [summarize_run(path) for path in list_runs(runs_dir)]
+    if rows:
+        _out(_json(rows) if as_json else format_run_table(rows))
+    elif as_json:
+        _out("[]")
+
+
+@main.command()
+@click.argument("run_ref", metavar="RUN")
+@_runs_dir_option
+@click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output (the whole manifest)."
+)
+def show(run_ref, runs_dir, as_json):
+    """Show one run: status, command, seed, code, environment and trace length.
+
+    \b
+    Examples:
+      twice show runs/<id>
+      twice show <id-prefix> --json
+    """
+    from twice.store.runs import effective_status, find_run, read_json, summarize_run
+
+    run_dir = find_run(run_ref, runs_dir)
+    manifest = read_json(RunFolder(run_dir).manifest)
+    if as_json:
+        manifest["context"]["effective_status"] = effective_status(manifest)
+        _out(_json(manifest))
+        return
+    _out(format_run(summarize_run(run_dir), manifest["identity"]))
+
+
+@main.group(name="export")
+def export_group():
+    """Put recorded runs into other tools (MLflow)."""
+
+
+@export_group.command(name="mlflow")
+@click.argument("run_refs", metavar="RUN...", nargs=-1, required=True)
+@_runs_dir_option
+@click.option(
+    "--tracking-uri",
+    default=None,
+    help="The MLflow tracking store  [default: $MLFLOW_TRACKING_URI, else ./mlruns].",
+)
+@click.option(
+    "--experiment", default="twice", show_default=True, help="The MLflow experiment to export into."
+)
+@click.option(
+    "--no-checkpoints", is_flag=True, help="Leave the checkpoints/ folder out of the artifacts."
+)
+def export_mlflow(run_refs, runs_dir, tracking_uri, experiment, no_checkpoints):
+    """Export each RUN to MLflow: hyperparameters and identity as params, the trace as metrics,
+    the run folder as artifacts. A run exported before is not exported twice.
+
+    \b
+    Examples:
+      twice export mlflow runs/<id> --tracking-uri sqlite:///mlflow.db
+      twice export mlflow runs/* --experiment lr-study
+    """
+    from twice.integrations.mlflow import export_run
+    from twice.store.runs import find_run
+
+    for ref in run_refs:
+        run_dir = find_run(ref, runs_dir)
+        try:
+            run_id, created = export_run(
+                run_dir,
+                tracking_uri=tracking_uri,
+                experiment=experiment,
+                checkpoints=not no_checkpoints,
+            )
+        except Exception as exc:  # MLflow's own errors: a store it cannot open or write
+            if isinstance(exc, TwiceError) or type(exc).__module__.split(".")[0] != "mlflow":
+                raise
+            raise UsageError(
+                f"MLflow refused the export of {run_dir.name}: {exc}",
+                "check --tracking-uri (for example sqlite:///mlflow.db or a http:// server)",
+            ) from exc
+        _out(f"{run_dir.name} -> mlflow run {run_id}" + ("" if created else " (exported before)"))
+
+
+@main.group(name="checkpoint")
+def checkpoint_group():
+    """Inspect checkpoints written by twice.Run.checkpoint() or twice.checkpoint.save()."""
+
+
+@checkpoint_group.command(name="verify")
+@click.argument("path", type=click.Path(path_type=Path))
+def checkpoint_verify(path):
+    """Check every file of the checkpoint at PATH against its recorded digest (exit 0 valid, 2 not).
+
+    \b
+    Examples:
+      twice checkpoint verify runs/<id>/checkpoints/step-00000400
+    """
+    from twice.checkpoint import verify as verify_checkpoint
+
+    _out(format_checkpoint(path, verify_checkpoint(path)))
+
+
+@checkpoint_group.command(name="ls")
+@click.argument("run_ref", metavar="RUN")
+@_runs_dir_option
+def checkpoint_ls(run_ref, runs_dir):
+    """List RUN's checkpoints, newest last, each valid or why not.
+
+    \b
+    Examples:
+      twice checkpoint ls runs/<id>
+    """
+    from twice.checkpoint import CheckpointError, list_checkpoints
+    from twice.checkpoint import verify as verify_checkpoint
+    from twice.store.runs import find_run
+
+    run_dir = find_run(run_ref, runs_dir)
+    for path in list_checkpoints(RunFolder(run_dir).checkpoints):
+        try:
+            verify_checkpoint(path)
+            _out(f"{path.name}  valid")
+        except CheckpointError as exc:
+            _out(f"{path.name}  INVALID: {exc.message}")

@@ -1,0 +1,68 @@
+"""The command line itself (click's CliRunner, in process): listing, showing, errors, exit codes."""
+
+import json
+
+from click.testing import CliRunner
+
+from twice.cli import main
+from twice.store.files import write_json_atomic
+from twice.store.runs import new_run_dir
+
+
+def _run_folder(runs, name="base", steps=3):
+    path = new_run_dir(runs, name)
+    manifest = {
+        "identity": {"argv": ["python", "train.py"], "seed": 0, "determinism": {"mode": "strict"}},
+        "context": {"status": "completed", "exit_code": 0, "steps": steps, "started": None},
+    }
+    write_json_atomic(path / "manifest.json", manifest)
+    return path
+
+
+def test_ls_lists_runs_and_json_lists_their_summaries(tmp_path):
+    runs = tmp_path / "runs"
+    path = _run_folder(runs)
+    result = CliRunner().invoke(main, ["ls", str(runs)])
+    assert result.exit_code == 0
+    assert result.output.split() == [
+        path.name,
+        "completed",
+        "?",
+        "steps",
+        "3",
+        "python",
+        "train.py",
+    ]
+    listed = json.loads(CliRunner().invoke(main, ["ls", str(runs), "--json"]).output)
+    assert [row["id"] for row in listed] == [path.name] and listed[0]["steps"] == 3
+
+
+def test_show_prints_the_run_and_json_adds_its_effective_status(tmp_path):
+    runs = tmp_path / "runs"
+    path = _run_folder(runs)
+    result = CliRunner().invoke(main, ["show", str(path)])
+    assert result.exit_code == 0 and result.output.startswith(
+        f"run {path.name}: completed (exit 0)\n"
+    )
+    shown = json.loads(CliRunner().invoke(main, ["show", str(path), "--json"]).output)
+    assert shown["context"]["effective_status"] == "completed"
+
+
+def test_bad_input_is_an_error_with_a_hint_and_exit_2_never_a_traceback(tmp_path):
+    runner = CliRunner()
+    for args in (["ls", str(tmp_path / "nowhere")], ["show", "nothing", "--runs-dir", str(tmp_path)],
+                 ["checkpoint", "verify", str(tmp_path)], ["run", "--nope"], ["diff", "a"]):  # fmt: skip
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2, args
+        assert "error: " in result.output and "hint: " in result.output, args
+        assert "Traceback" not in result.output, args
+
+
+def test_nan_exits_1_for_a_recorded_fault_and_0_without(tmp_path):
+    path = _run_folder(tmp_path / "runs")
+    assert CliRunner().invoke(main, ["nan", str(path)]).exit_code == 0
+    (path / "numerics.jsonl").write_text(
+        json.dumps({"kind": "non_finite", "step": 4, "summary": "loss is nan at step 4"}) + "\n"
+    )
+    result = CliRunner().invoke(main, ["nan", str(path)])
+    assert result.exit_code == 1 and "non-finite values recorded from step 4" in result.output
