@@ -117,7 +117,7 @@ def main():
         plain, traced, shares = [], [], []
         with run_folder() as tmp:
             start = time.process_time()
-            Recorder(f"{tmp}/names", trace_every=every)._named(optimizer)
+            Recorder(f"{tmp}/names", trace_every=every).names.of(optimizer)
             naming = time.process_time() - start
             for round_ in range(ROUNDS):
                 order = ("plain", "traced") if round_ % 2 == 0 else ("traced", "plain")

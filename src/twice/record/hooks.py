@@ -200,7 +200,7 @@ def install(recorder: Recorder) -> Recorder:
             return result
 
         scaler_class.step = scaler_step
-    recorder.start_ops_if_chosen()
+    recorder.ops.start(recorder.step_index)
     if not _originals.get("fork_hook"):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
         _originals["fork_hook"] = True

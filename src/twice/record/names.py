@@ -6,7 +6,7 @@ import gc
 import weakref
 from typing import Any
 
-__all__ = ["param_names", "distinct_names", "PARAM_NAMES"]
+__all__ = ["ParamNames", "param_names", "distinct_names", "PARAM_NAMES"]
 
 # optimizer -> (parameter id -> name, parameter id -> (id, class name) of its outermost module)
 PARAM_NAMES: weakref.WeakKeyDictionary[Any, tuple[dict[int, str], dict[int, tuple[int, str]]]] = (
@@ -84,3 +84,50 @@ def distinct_names(
                 out[key] = f"{name}#{n}"
             used.add(out[key])
     return out
+
+
+class ParamNames:
+    """The names of each optimizer's parameters in one process, distinct across optimizers; kept
+    until an optimizer's parameter count changes (add_param_group)."""
+
+    def __init__(self) -> None:
+        self._names: dict[int, list[tuple[str, Any]]] = {}
+        self._index: dict[int, int] = {}
+
+    def of(self, optimizer) -> list[tuple[str, Any]]:
+        """(name, parameter) for each parameter of `optimizer`, in its groups' order."""
+        key = id(optimizer)
+        groups = optimizer.param_groups
+        count = (
+            len(groups[0]["params"])
+            if len(groups) == 1
+            else sum(len(group["params"]) for group in groups)
+        )
+        cached = self._names.get(key)
+        if cached is None or len(cached) != count:  # add_param_group() invalidates the cache
+            index = self._index.setdefault(key, len(self._index))
+            found = PARAM_NAMES.get(optimizer)
+            if found is None or len(found[0]) < count:
+                found = param_names(
+                    optimizer
+                )  # a scan of live objects: once per optimizer and process
+                try:
+                    PARAM_NAMES[optimizer] = found
+                except TypeError:
+                    pass  # an optimizer-like object that takes no weak references
+            taken = {
+                name for other, named in self._names.items() if other != key for name, _ in named
+            }
+            names = distinct_names(
+                *found, [id(p) for group in optimizer.param_groups for p in group["params"]], taken
+            )
+            self._names[key] = [
+                (names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param)
+                for g, group in enumerate(optimizer.param_groups)
+                for p, param in enumerate(group["params"])
+            ]
+        return self._names[key]
+
+    def all(self) -> list[tuple[str, Any]]:
+        """Every named parameter of every optimizer seen so far."""
+        return [pair for pairs in self._names.values() for pair in pairs]

@@ -268,11 +268,7 @@ class NumericsWatch(OpContext):
         from twice.record.hooks import active_recorder
 
         recorder = active_recorder()
-        named = [
-            pair
-            for pairs in (recorder._names.values() if recorder is not None else [])
-            for pair in pairs
-        ]
+        named = recorder.names.all() if recorder is not None else []
         zero = []
         for name, param in named:
             grad = param.grad

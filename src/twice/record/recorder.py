@@ -10,12 +10,9 @@ record/hooks.py; where a round ends is core/steps.py's RoundClock.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
 import operator
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,14 +30,15 @@ from twice.core.digests import (
 from twice.core.protocol import ChildSettings, parse_steps
 from twice.core.records import StepRecord
 from twice.core.steps import RoundClock
+from twice.record.guard import costed, guarded
 from twice.record.health import StepHealth
-from twice.record.names import PARAM_NAMES, distinct_names, param_names
+from twice.record.names import ParamNames
 from twice.record.norms import floats
 from twice.record.norms import norms as tensor_norms
+from twice.record.opcontrol import OpControl
 from twice.record.replicas import ReplicaCheck, ReplicaDesync
 from twice.rng.fingerprint import rng_digests
 from twice.rng.seeding import capture_rng
-from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
 from twice.store.traces import TraceWriter
 
@@ -51,11 +49,6 @@ __all__ = ["Recorder", "ReplicaDesync"]
 AUTO_PARAMS_TENSORS = 64
 AUTO_PARAMS_INTERVAL = 100
 PARAM_CHECK_EVERY = 10
-
-
-_NOT_PAUSED = (
-    contextlib.nullcontext()
-)  # what _paused() gives when no dispatch mode watches (reusable)
 
 
 @dataclass
@@ -76,53 +69,6 @@ class _Round:
     grad_total: float | None = None  # the L2 norm of all gradients, from grad_norms
     params_digest: str | None = None
     skipped: bool = False  # an optimizer's update was skipped by GradScaler (inf/NaN gradients)
-
-
-def _costed(method):
-    """Adds the time spent in an event handler to the recorder's `cost` (what tracing costs the run)."""
-
-    @functools.wraps(method)
-    def timed(self, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self.cost += time.perf_counter() - start
-
-    return timed
-
-
-def _guarded(method):
-    """A zero-code event handler that never crashes the training it watches: an error of its own
-    (a tensor it cannot read, a bug) stops the capture, with a warning and `capture_error.json` in
-    the run folder naming the step and the error, and the training goes on; the trace holds the
-    steps before it. What twice raises on purpose (a stop after --max-steps, a replica desync) passes.
-    The time spent in it is added to the recorder's `cost` (one wrapper rather than two nested
-    ones: each call here runs four times a step, on code the step has evicted from the caches)."""
-
-    step_event = method.__name__ in ("pre_step", "post_step")
-    name = method.__name__
-    clock = time.perf_counter
-
-    @functools.wraps(method)
-    def guarded(self, *args, **kwargs):
-        start = clock()
-        try:
-            if step_event and not self._outermost(name, args[0]):
-                return None
-            if self.capture_error is not None:
-                return self._count_only(name, args)
-            try:
-                return method(self, *args, **kwargs)
-            except ReplicaDesync:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the point: the user's training outlives our capture
-                self._stop_capture(name, exc)
-                return None
-        finally:
-            self.cost += clock() - start
-
-    return guarded
 
 
 class Recorder:
@@ -167,20 +113,16 @@ class Recorder:
         self._pending_batches: list[
             Digester
         ] = []  # one digester per batch read since the last step
-        self._names: dict[int, list[tuple[str, Any]]] = {}
+        self.names = ParamNames()  # per optimizer: (name, parameter) pairs
         self.on_stop: list = []  # called when stop_after is reached, before the process exits
         self.rng_at_stop: dict | None = None
         self.probe_params = probe_params
-        self.record_ops: set[int] = set(record_ops or ())
         self.only_steps: set[int] | None = only_steps
-        self.dump_ops: dict[int, int] = dict(dump_ops or {})
-        self._ops = None  # the OpRecorder of the step being recorded, if any
-        self._op_log = (
-            None  # where recorded steps go: ops/ops[.<stream>].jsonl, opened on first use
-        )
+        self.ops = OpControl(self.run_dir, stream, record_ops, dump_ops)
+        # Called several times a step: straight to the op control's methods, no call in between.
+        self.set_phase, self._paused = self.ops.set_phase, self.ops.paused
         self._health: StepHealth | None = None  # made at the first recorded step
         self._replicas = ReplicaCheck(self.run_dir, replica_every, replica_mode)
-        self._opt_index: dict[int, int] = {}
         self.capture_error: dict | None = None  # set when an error of our own stopped the capture
         self._stepping: int | None = (
             None  # id of the optimizer whose step() is running (see _outermost)
@@ -214,7 +156,7 @@ class Recorder:
         return cls(run_dir, **kwargs)
 
     # -- events -----------------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def on_batch(self, batch: Any) -> None:
         if self._exit_pending:  # (a check before the call: three events a step, traced or not)
             self._exit_if_stopping()
@@ -240,7 +182,7 @@ class Recorder:
             module="twice",
         )
 
-    @_guarded
+    @guarded
     def on_backward(self, tensors: Any) -> None:
         if self._exit_pending:
             self._exit_if_stopping()
@@ -249,7 +191,7 @@ class Recorder:
         if isinstance(tensors, tensor_type[0]) and tensors.numel() == 1:
             self._pending_losses.append(tensors.detach())
 
-    @_guarded
+    @guarded
     def pre_step(self, optimizer, args, kwargs) -> None:
         if self._exit_pending:
             self._exit_if_stopping()
@@ -263,7 +205,7 @@ class Recorder:
             self.probe_params = False
             with self._paused():
                 self._round.params_before = digest_pairs(
-                    [(n, digest(p)) for n, p in self._named(optimizer)]
+                    [(n, digest(p)) for n, p in self.names.of(optimizer)]
                 )
         # A torch.optim step's ops all come from the line calling step(); a user's own optimizer's have lines of their own.
         self.set_phase(
@@ -274,7 +216,7 @@ class Recorder:
             with self._paused():
                 self._take_grads(optimizer)
 
-    @_guarded
+    @guarded
     def post_step(self, optimizer, args, kwargs) -> None:
         self.set_phase("forward")
         if self.explicit:
@@ -282,19 +224,10 @@ class Recorder:
         round_ = self._round
         complete = self._clock.add(id(optimizer))
         round_.skipped = round_.skipped or self._skipping
-        if (
-            self._clock.size is None
-            and self.step_index + 1 in self.record_ops
-            and self._ops is None
-        ):
+        if self._clock.size is None:
             # The first round's end is only known when an optimizer repeats; with one optimizer
-            # (the usual case) it ends here, so start recording the next step now.
-            from twice.record.oplog import OpRecorder
-
-            self._ops = OpRecorder(
-                self.step_index + 1, dump_index=self.dump_ops.get(self.step_index + 1)
-            )
-            self._ops.__enter__()
+            # (the usual case) it ends here, so start recording the next step now if chosen.
+            self.ops.start(self.step_index + 1)
         with self._paused():
             self._post_step_record(optimizer, args, kwargs, round_, complete)
 
@@ -313,7 +246,7 @@ class Recorder:
         if complete:
             self._finish_round()
 
-    @_costed
+    @costed
     def record_explicit(
         self, *, loss: Any = None, batch: Any = None, params: list[tuple[str, Any]] | None = None
     ) -> None:
@@ -345,38 +278,13 @@ class Recorder:
             self._write_round()
         self._advance()
 
-    def _stop_capture(self, handler: str, exc: Exception) -> None:
-        import traceback
-        import warnings
-
-        self.capture_error = {
-            "step": self.step_index,
-            "handler": handler,
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-        }
-        self._round, self._pending_losses, self._pending_batches = (
-            _Round(),
-            [],
-            [],
-        )  # the step cut short is not written
+    def drop_open_step(self) -> None:
+        """Forget the step in progress (its round, losses and batches)."""
+        self._round, self._pending_losses, self._pending_batches = _Round(), [], []
         self._clock.reset()
-        try:
-            self._writer.close()
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(RunFolder(self.run_dir).capture_error, self.capture_error)
-        except OSError:
-            pass
-        # Placed at "twice" rather than at a line of the hook machinery, which would say nothing useful.
-        warnings.warn_explicit(
-            f"twice: step capture stopped at step {self.step_index}: {type(exc).__name__}: {exc}; "
-            f"the training goes on untraced (the trace holds steps 0-{self.step_index - 1}; "
-            f"details in {RunFolder(self.run_dir).capture_error})",
-            RuntimeWarning,
-            "twice",
-            0,
-            module="twice",
-        )
+
+    def close_trace(self) -> None:
+        self._writer.close()
 
     def _outermost(self, event: str, optimizer) -> bool:
         """Is this step event an outermost optimizer's? An optimizer that steps inside another's
@@ -432,42 +340,9 @@ class Recorder:
             return self.step_index in self.only_steps
         return self.step_index % self.trace_every == 0
 
-    def _named(self, optimizer) -> list[tuple[str, Any]]:
-        key = id(optimizer)
-        groups = optimizer.param_groups
-        count = (
-            len(groups[0]["params"])
-            if len(groups) == 1
-            else sum(len(group["params"]) for group in groups)
-        )
-        cached = self._names.get(key)
-        if cached is None or len(cached) != count:  # add_param_group() invalidates the cache
-            index = self._opt_index.setdefault(key, len(self._opt_index))
-            found = PARAM_NAMES.get(optimizer)
-            if found is None or len(found[0]) < count:
-                found = param_names(
-                    optimizer
-                )  # a scan of live objects: once per optimizer and process
-                try:
-                    PARAM_NAMES[optimizer] = found
-                except TypeError:
-                    pass  # an optimizer-like object that takes no weak references
-            taken = {
-                name for other, named in self._names.items() if other != key for name, _ in named
-            }
-            names = distinct_names(
-                *found, [id(p) for group in optimizer.param_groups for p in group["params"]], taken
-            )
-            self._names[key] = [
-                (names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param)
-                for g, group in enumerate(optimizer.param_groups)
-                for p, param in enumerate(group["params"])
-            ]
-        return self._names[key]
-
     def _take_grads(self, optimizer) -> None:
         names, grads = [], []
-        for name, param in self._named(optimizer):
+        for name, param in self.names.of(optimizer):
             if param.grad is not None:
                 names.append(name)
                 grads.append(param.grad)
@@ -478,11 +353,11 @@ class Recorder:
     def _digests(self, tensors: list, norms: bool) -> tuple[list[str], list]:
         """Digests of tensors and, with `norms`, their L2 norms (floats on the CPU, 0-d tensors on an
         accelerator): on the CPU through digests.digest_many, one pass over each tensor's bytes."""
-        if self._ops is None:
+        if self.ops.current is None:
             digests, found = digest_many(tensors, norms)
         else:  # an op-recorded step: through the op log's cache (the same values: both use digest_tensor)
             digests, found = (
-                [self._ops.digest(t) for t in tensors],
+                [self.ops.current.digest(t) for t in tensors],
                 [lanes_norm(t) for t in tensors] if norms else None,
             )
         if not norms:
@@ -495,7 +370,7 @@ class Recorder:
         return digests, found
 
     def _take_params(self, optimizer) -> None:
-        named = self._named(optimizer)
+        named = self.names.of(optimizer)
         # Their norms too, every PARAM_CHECK_EVERY steps: inf or NaN iff some parameter is (cheap
         # health check). Between checks, a non-finite update shows in the learning rate (checked
         # every step) or in the next step's loss and gradients.
@@ -536,59 +411,6 @@ class Recorder:
         self._round = _Round()
         self._advance()
 
-    # -- op-level recording of chosen steps ------------------------------------------------------
-    def start_ops_if_chosen(self) -> None:
-        if self.step_index in self.record_ops and self._ops is None and os.getpid() == self.pid:
-            from twice.record.oplog import OpRecorder
-
-            self._ops = OpRecorder(self.step_index, dump_index=self.dump_ops.get(self.step_index))
-            self._ops.__enter__()
-
-    def stop_ops(self) -> None:
-        if self._ops is not None and self._ops.step <= self.step_index:
-            ops, self._ops = self._ops, None
-            ops.__exit__(None, None, None)
-            ops.close()
-            if self._op_log is None:
-                from twice.record.oplog import OpLog
-
-                self._op_log = OpLog(self.run_dir, self.stream)
-            ops.write(self._op_log)
-
-    def _modes(self) -> list:
-        """The dispatch modes watching the user's ops: the op log of this step, the numerics watch."""
-        watch = _numerics_watch()
-        if self._ops is None:
-            return [watch] if watch is not None else []
-        return [self._ops, watch] if watch is not None else [self._ops]
-
-    def _paused(self):
-        """Our own tensor work (digests, norms) is not part of the user's step: keep it out of op logs."""
-        modes = self._modes()
-        if not modes:
-            return _NOT_PAUSED
-
-        @contextlib.contextmanager
-        def paused():
-            for mode in modes:
-                mode.paused = True
-            try:
-                yield
-            finally:
-                for mode in modes:
-                    mode.paused = False
-
-        return paused()
-
-    def set_phase(self, phase: str, step_line_shared: bool = False) -> None:
-        if self._ops is None:  # five times a step, mostly with no mode watching: no list built
-            watch = _numerics_watch()
-            if watch is not None:
-                watch.set_phase(phase, step_line_shared)
-            return
-        for mode in self._modes():
-            mode.set_phase(phase, step_line_shared)
-
     def resume_at(self, step: int, *, keep_batches: int | None = 0) -> None:
         """Continue numbering at `step` (after a checkpoint restore); the open round is dropped.
 
@@ -605,9 +427,9 @@ class Recorder:
             )
 
     def _advance(self) -> None:
-        self.stop_ops()
+        self.ops.stop(self.step_index)
         self.step_index += 1
-        self.start_ops_if_chosen()
+        self.ops.start(self.step_index)
         if self.stop_after is not None and self.step_index >= self.stop_after and not self.stopped:
             self.stopped = True
             self._writer.close()
@@ -681,9 +503,8 @@ class Recorder:
         """Write the step still open (the last one) and close the trace."""
         if os.getpid() != self.pid:
             return
-        self.stop_ops()
-        if self._op_log is not None:
-            self._op_log.close()
+        self.ops.stop(self.step_index)
+        self.ops.close()
         if (
             not self.explicit
             and self._clock.members
@@ -703,30 +524,12 @@ class Recorder:
         self.pid = os.getpid()
         self.stream = f"{self.stream + '.' if self.stream else ''}fork{index}"
         self._writer = TraceWriter(RunFolder(self.run_dir).trace(self.stream))
-        self._op_log = (
-            None  # the parent's handle is the parent's: this process logs to its own stream
-        )
+        self.ops.forked(self.stream)
         self._round, self._pending_losses, self._pending_batches = _Round(), [], []
         self._clock = RoundClock()
         self._replicas = ReplicaCheck(self.run_dir, self._replicas.every, self._replicas.mode)
         self.fork_count = 0
         self.step_index = 0
-
-
-_NUMERICS = "twice.record.numerics"
-_numerics_module: list[Any] = []  # twice.numerics, once something has loaded it
-
-
-def _numerics_watch():
-    """The numerics watch in force, if any (without importing twice.numerics, which nothing may use)."""
-    if not _numerics_module:
-        module = sys.modules.get(_NUMERICS)
-        if module is None:
-            return None
-        _numerics_module.append(module)
-    return _numerics_module[
-        0
-    ]._active  # (what its active_watch() returns: a call fewer, five times a step)
 
 
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
