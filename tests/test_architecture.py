@@ -247,3 +247,24 @@ def test_commands_that_read_records_load_no_torch(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.split() == ["False"]
+
+
+def test_public_functions_classes_and_methods_have_docstrings():
+    missing = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        if not ast.get_docstring(tree) and not path.name.startswith("sitecustomize"):
+            missing.append(f"{module} (module)")
+
+        def visit(nodes, prefix, module=module):
+            for node in nodes:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith(
+                    "_"
+                ):
+                    if not ast.get_docstring(node):
+                        missing.append(f"{module}.{prefix}{node.name}")
+                    if isinstance(node, ast.ClassDef):
+                        visit(node.body, f"{prefix}{node.name}.")
+
+        visit(tree.body, "")
+    assert missing == [], f"document these: {missing}"

@@ -14,8 +14,8 @@ from twice.core.divergence import (
 )
 from twice.core.manifest import Difference, compare_identity
 from twice.store.faults import first_fault
-from twice.store.layout import CAPTURE_ERROR, MANIFEST
-from twice.store.runs import effective_status, read_json
+from twice.store.layout import CAPTURE_ERROR
+from twice.store.runs import effective_status, read_json, read_manifest
 from twice.store.traces import read_trace, trace_files
 
 __all__ = ["Comparison", "compare_runs"]
@@ -41,9 +41,11 @@ class Comparison:
 
     @property
     def exit_code(self) -> int:
+        """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
         return 0 if self.identical else 1
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
         return {
             "a": str(self.a),
             "b": str(self.b),
@@ -77,10 +79,10 @@ def compare_runs(
             cache[path] = read_trace(path)
         return cache[path]
 
-    manifest_a, manifest_b = read_json(Path(a) / MANIFEST), read_json(Path(b) / MANIFEST)
+    manifest_a, manifest_b = read_manifest(a), read_manifest(b)
     diffs = [
         d
-        for d in compare_identity(manifest_a.get("identity", {}), manifest_b.get("identity", {}))
+        for d in compare_identity(manifest_a.identity, manifest_b.identity)
         if not d.key.startswith(_IGNORED)
     ]
     traces_a, traces_b = trace_files(a), trace_files(b)
@@ -108,7 +110,7 @@ def compare_runs(
         else None
     )
     statuses = (effective_status(manifest_a), effective_status(manifest_b))
-    observed = bool(manifest_a["identity"].get("observe") or manifest_b["identity"].get("observe"))
+    observed = manifest_a.observe or manifest_b.observe
     explanation = explain(diffs, first, observed=observed)
     faults = {label: first_fault(path) for label, path in (("A", Path(a)), ("B", Path(b)))}
     faults = {label: fault for label, fault in faults.items() if fault is not None}

@@ -72,9 +72,11 @@ class Location:
 
     @property
     def exit_code(self) -> int:
+        """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
         return 0 if self.finding is None else 1
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
         return {
             "sentence": self.sentence,
             "step": self.step,
@@ -152,6 +154,7 @@ class Bisection:
     interval: tuple[int, int] | None = None
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
         return {
             "step": self.step,
             "replays": self.replays,
@@ -310,9 +313,11 @@ class AuditReport:
 
     @property
     def exit_code(self) -> int:
+        """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
         return 1 if self.differing or self.cuda_hazards else 0
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
         return {
             "steps": self.steps,
             "runs": list(self.runs),

@@ -14,7 +14,7 @@ from twice.core.divergence import FIELD_MEANING
 from twice.core.errors import UsageError
 from twice.core.records import COMPARED_FIELDS
 from twice.store.layout import RunFolder
-from twice.store.runs import MANIFEST, effective_status, read_json
+from twice.store.runs import effective_status, read_manifest
 from twice.store.traces import read_trace
 
 __all__ = ["build_report", "write_report"]
@@ -86,7 +86,7 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
         if not comparison.identical:
             parts.append(f"<p>cause: {html.escape(comparison.explanation)}</p>")
     # Manifests side by side: every identity value that differs between any two runs, then key facts.
-    manifests = [read_json(d / MANIFEST) for d in run_dirs]
+    manifests = [read_manifest(d) for d in run_dirs]
     differing = sorted({(d.group, d.key) for c in comparisons for d in c.differences})
     parts.append(
         "<h2>Manifests (identity values that differ, highlighted)</h2><table><tr><th>group</th><th>key</th>"
@@ -115,7 +115,7 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
             rows.append(("context", key, False))
     for group, key, diff in rows:
         cells = "".join(
-            f"<td><code>{html.escape(json.dumps(lookup(m['identity'], key), default=str))}</code></td>"
+            f"<td><code>{html.escape(json.dumps(lookup(m.identity, key), default=str))}</code></td>"
             for m in manifests
         )
         parts.append(
@@ -269,6 +269,7 @@ def build_report(paths: list[Path]) -> str:
 
 
 def write_report(paths: list[Path], output: Path) -> Path:
+    """Write one self-contained HTML page about `paths` (runs, or a sweep folder) to `output`; return its path."""
     from twice.store.files import write_bytes_atomic
 
     write_bytes_atomic(Path(output), build_report(paths).encode("utf-8"))

@@ -72,6 +72,7 @@ class Run:
 
     @property
     def under_launcher(self) -> bool:
+        """Whether this process runs under `twice run` (which then owns seeding and recording)."""
         return bool(ChildSettings.read(os.environ, "run_dir"))
 
     @property
@@ -159,6 +160,7 @@ class Run:
 
     @property
     def checkpoints_dir(self) -> Path:
+        """Where this run's checkpoints go: the run folder's checkpoints/."""
         return RunFolder(self.dir).checkpoints
 
     def checkpoint(self, **extras: Any) -> Path:

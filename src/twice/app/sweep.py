@@ -14,7 +14,7 @@ from pathlib import Path
 from twice.app.launch import RunOptions, run_command
 from twice.core.errors import UsageError
 from twice.store.layout import RunFolder
-from twice.store.runs import effective_status, read_json, write_json_atomic
+from twice.store.runs import effective_status, read_json, read_manifest, write_json_atomic
 
 __all__ = ["parse_vary", "Trial", "plan_trials", "run_sweep", "sweep_results", "SWEEP_FILE"]
 
@@ -68,19 +68,23 @@ class Trial:
 
     @property
     def arm_label(self) -> str:
+        """The arm's settings as one label (`lr=0.1,wd=0`), the same for every seed."""
         return ",".join(f"{k}={v}" for k, v in self.arm)
 
     @property
     def name(self) -> str:
+        """The trial's run name: its arm and seed, safe as a folder name."""
         safe = re.sub(r"[^A-Za-z0-9_.=-]", "_", "_".join(f"{k}={v}" for k, v in self.arm))
         return f"{safe}-seed{self.seed}"
 
     def command(self, template: list[str]) -> list[str]:
+        """The command with the arm's values and the seed put in for its placeholders."""
         values = {**dict(self.arm), "seed": str(self.seed)}
         return [part.format(**values) for part in template]
 
 
 def plan_trials(grid: dict[str, list[str]], seeds: int, command: list[str]) -> list[Trial]:
+    """Every (arm, seed) of the grid as a Trial, in a fixed order; bad placeholders are usage errors."""
     if seeds < 1:
         raise UsageError(
             f"--seeds must be at least 1, not {seeds}", "give the number of seeds per arm"
@@ -114,7 +118,7 @@ def _completed(trials_dir: Path) -> dict[str, Path]:
         return done
     for run_dir in sorted(trials_dir.iterdir()):
         manifest = RunFolder(run_dir).manifest
-        if manifest.is_file() and effective_status(read_json(manifest)) == "completed":
+        if manifest.is_file() and effective_status(read_manifest(run_dir)) == "completed":
             name = run_dir.name.split("-", 4)[-1]  # drop the time-and-random id prefix
             done[name] = run_dir
     return done
@@ -122,6 +126,8 @@ def _completed(trials_dir: Path) -> dict[str, Path]:
 
 @dataclass
 class SweepOutcome:
+    """What a sweep did: trials completed (and of those, skipped as done before), failed, interrupted."""
+
     folder: Path
     completed: int
     failed: list[str] = field(default_factory=list)
@@ -130,9 +136,11 @@ class SweepOutcome:
 
     @property
     def exit_code(self) -> int:
+        """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
         return 130 if self.interrupted else (1 if self.failed else 0)
 
     def record(self, trial: Trial, code: int) -> None:
+        """Count one trial's outcome."""
         if code == 0:
             self.completed += 1
         else:

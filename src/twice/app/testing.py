@@ -193,6 +193,7 @@ def assert_bitwise_resume(
 
 
 def pytest_addoption(parser) -> None:
+    """The plugin's option: `--twice-update-golden` rewrites golden traces instead of comparing."""
     parser.addoption(
         "--twice-update-golden",
         action="store_true",

@@ -11,7 +11,7 @@ from twice.core.errors import UsageError
 from twice.core.protocol import ChildSettings
 from twice.runtime.capture import numeric_env
 from twice.store.layout import RunFolder
-from twice.store.runs import MANIFEST, effective_status, read_json
+from twice.store.runs import effective_status, read_manifest
 
 __all__ = ["verify_run", "verify_resume", "ResumeCheck"]
 
@@ -27,25 +27,22 @@ def rerun_options(
     """The command and options that re-execute a recorded run as it was recorded."""
     import os
 
-    manifest = read_json(Path(run_dir) / MANIFEST)
-    identity, context = manifest["identity"], manifest["context"]
-    recorded_env = identity.get("env", {})
+    manifest = read_manifest(run_dir)
+    recorded_env = manifest.env
     # The re-run gets the recorded numerics-relevant variables and none that the original lacked.
     unset = tuple(k for k in numeric_env(dict(os.environ)) if k not in recorded_env)
     options = RunOptions(
-        seed=identity.get("seed") if identity.get("seed") is not None else 0,
+        seed=manifest.seed if manifest.seed is not None else 0,
         name=name[:100],
         runs_dir=Path(run_dir).parent.resolve(),
-        determinism=identity.get("determinism", {}).get("mode", "strict")
-        if not identity.get("observe")
-        else "strict",
-        observe=bool(identity.get("observe")),
-        trace_every=context.get("trace_every") or 1,
-        params_every=context.get("params_every"),
+        determinism=manifest.determinism if not manifest.observe else "strict",
+        observe=manifest.observe,
+        trace_every=manifest.trace_every,
+        params_every=manifest.params_every,
         stop_after=steps,
         env=dict(recorded_env),
         unset_env=unset,
-        cwd=Path(context.get("cwd", ".")),
+        cwd=Path(manifest.cwd),
         quiet=quiet,
         record_ops=record_ops,
     )
@@ -54,7 +51,7 @@ def rerun_options(
             f"the run's folder {options.cwd} no longer exists",
             "re-run on the machine and checkout it was recorded in",
         )
-    return list(identity["argv"]), options
+    return manifest.argv, options
 
 
 def verify_run(
@@ -97,9 +94,11 @@ class ResumeCheck:
 
     @property
     def exit_code(self) -> int:
+        """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
         return 0 if self.identical else 1
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
         return {
             "identical": self.identical,
             "verdict": self.verdict,
@@ -133,7 +132,7 @@ def verify_resume(
     if straight is None:
         code, straight = run_command(command, replace(options, name="straight"))
     else:
-        code = read_json(Path(straight) / MANIFEST)["context"].get("exit_code", 0) or 0
+        code = read_manifest(straight).exit_code or 0
     streams = {stream: read_trace(path) for stream, path in trace_files(straight).items()}
     full = next(
         (streams[s] for s in ("main", "rank0") if s in streams), next(iter(streams.values()), [])
@@ -230,8 +229,8 @@ def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck
 
 def verify_resume_of_run(run_dir: Path, at: int) -> ResumeCheck:
     """`twice verify RUN --resume-at STEP`: verify-resume with RUN as the uninterrupted run."""
-    manifest = read_json(Path(run_dir) / MANIFEST)
-    status, stopped = effective_status(manifest), manifest["context"].get("stopped_after")
+    manifest = read_manifest(run_dir)
+    status, stopped = effective_status(manifest), manifest.stopped_after
     if status != "completed" or stopped:
         how = f"was stopped after {stopped} steps" if stopped else f"is {status}"
         raise UsageError(

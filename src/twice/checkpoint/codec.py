@@ -20,12 +20,14 @@ __all__ = ["encode", "decode", "encode_state", "decode_state", "safetensors_dtyp
 
 @functools.cache
 def safetensors_dtypes() -> dict:
+    """torch dtype -> the name safetensors writes it under (dtypes without one are stored as bytes)."""
     from safetensors.torch import _TYPES
 
     return {dtype: name for name, dtype in _TYPES.items()}
 
 
 def encode(value: Any, tensors: dict, path: str) -> Any:
+    """`value` as JSON, its tensors moved into `tensors` by key; `path` names it in errors."""
     import torch
 
     if value is None or isinstance(value, (bool, str)):
@@ -140,6 +142,7 @@ def _decode_sparse(body: dict, tensors: dict) -> Any:
 
 
 def decode(value: Any, tensors: dict) -> Any:
+    """The value `encode` was given, its tensors taken from `tensors`."""
     import torch
 
     if isinstance(value, list):

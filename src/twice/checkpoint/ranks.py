@@ -57,6 +57,7 @@ def _agree(dist, failure: str | None, what: str, value: Any = None) -> list:
 
 
 def save_ranks(directory: Path, dist, entries: dict) -> None:
+    """Every rank writes its part; rank 0 indexes them all once every part is in place."""
     rank, world = dist.get_rank(), dist.get_world_size()
     staging = directory.parent / f".{directory.name}.ranks.tmp"
     failure = None
@@ -92,6 +93,7 @@ def save_ranks(directory: Path, dist, entries: dict) -> None:
 
 
 def current_rank() -> tuple[int, int]:
+    """(rank, world size) of this process: the process group's, else RANK/WORLD_SIZE."""
     group = process_group()
     if group is not None:
         return group.get_rank(), group.get_world_size()

@@ -184,4 +184,5 @@ def latest(parent: str | Path) -> Path | None:
 
 
 def step_dir(parent: str | Path, step: int) -> Path:
+    """The folder of the checkpoint of `step` under `parent` (`step-00000400`)."""
     return Path(parent) / f"step-{step:08d}"

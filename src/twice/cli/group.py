@@ -35,6 +35,7 @@ class TwiceGroup(click.Group):
     """Renders every error as `error:` / `hint:` on stderr with exit code 2, never a traceback."""
 
     def main(self, args=None, prog_name="twice", **kwargs):
+        """Run the command line; every TwiceError and usage error becomes `error:`/`hint:` and its exit code."""
         debug = "--debug" in (args if args is not None else sys.argv[1:])
         try:
             return super().main(args=args, prog_name=prog_name, standalone_mode=False, **kwargs)

@@ -142,9 +142,9 @@ def run(
         live=live,
     )
     code, run_dir = run_command(list(command), options)
-    from twice.store.runs import read_json
+    from twice.store.runs import read_manifest
 
-    context = read_json(RunFolder(run_dir).manifest)["context"]
+    context = read_manifest(run_dir).context
     _err(f"twice: run {run_dir} {context['status']} (exit {code})")
     note = format_trace_cost_note(context, trace_every)
     if note:

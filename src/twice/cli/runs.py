@@ -75,15 +75,16 @@ def show(run_ref, runs_dir, as_json):
       twice show runs/<id>
       twice show <id-prefix> --json
     """
-    from twice.store.runs import effective_status, find_run, read_json, summarize_run
+    from twice.store.runs import effective_status, find_run, read_manifest, summarize_run
 
     run_dir = find_run(run_ref, runs_dir)
-    manifest = read_json(RunFolder(run_dir).manifest)
+    manifest = read_manifest(run_dir)
     if as_json:
-        manifest["context"]["effective_status"] = effective_status(manifest)
-        _out(_json(manifest))
+        data = manifest.to_json()
+        data["context"] = {**manifest.context, "effective_status": effective_status(manifest)}
+        _out(_json(data))
         return
-    _out(format_run(summarize_run(run_dir), manifest["identity"]))
+    _out(format_run(summarize_run(run_dir), manifest.identity))
 
 
 @main.group(name="export")

@@ -222,6 +222,7 @@ class Digester:
         self._hash.update(data)
 
     def hexdigest(self) -> str:
+        """The digest of everything fed so far (32 hex digits of XXH3-128)."""
         return self._hash.hexdigest()
 
 

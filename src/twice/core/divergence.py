@@ -38,9 +38,11 @@ class Divergence:
 
     @property
     def first(self) -> str:
+        """The first field that differs, in causal order: where to look first."""
         return self.fields[0]
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
         data = {
             "stream": self.stream,
             "step": self.step,

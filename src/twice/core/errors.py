@@ -29,6 +29,7 @@ class TwiceError(Exception):
         return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
 
     def render(self) -> str:
+        """The error as the command line prints it: `error: ...` and `hint: ...` lines."""
         lines = [f"error: {self.message}"]
         if self.hint:
             lines.append(f"hint: {self.hint}")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Difference", "compare_identity", "GROUPS", "group_of"]
+from twice.core.errors import CorruptRecord
+
+__all__ = ["Manifest", "Difference", "compare_identity", "GROUPS", "group_of"]
 
 # The order in which difference groups are reported, and which identity keys fall in each.
 GROUPS = (
@@ -56,6 +59,7 @@ class Difference:
     b: Any
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
         return {"group": self.group, "key": self.key, "a": self.a, "b": self.b}
 
 
@@ -68,6 +72,7 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
 
 
 def group_of(key: str) -> str:
+    """The difference group an identity key belongs to (code, arguments, packages, ...)."""
     top = key.split(".", 1)[0]
     if top == "env" and key.split(".", 1)[-1] in _THREAD_ENV:
         return "threads"
@@ -90,3 +95,96 @@ def compare_identity(a: dict, b: dict) -> list[Difference]:
             diffs.append(Difference(group_of(key), key, va, vb))
     order = {g: i for i, g in enumerate(GROUPS)}
     return sorted(diffs, key=lambda d: (order.get(d.group, len(GROUPS)), d.key))
+
+
+# -- the manifest as a validated record ------------------------------------------------------------
+
+_HINT = "the manifest is damaged or was edited: re-record the run (twice never guesses a verdict)"
+
+
+def _is_int(value: Any, low: int = -(2**63), high: int = 2**63 - 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(
+        value
+    )
+
+
+def _check(ok: bool, where: str, key: str, expected: str, value: Any) -> None:
+    if not ok:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise CorruptRecord(f"{where}: {key} must be {expected}, not {shown}", _HINT)
+
+
+# What twice reads of a manifest, each with the check it must pass: (part, key, expected, test, required).
+_FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
+    ("identity", "argv", "a list of strings",
+     lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), True),
+    ("identity", "seed", "an integer or null", lambda v: v is None or _is_int(v, 0, 2**64), False),
+    ("identity", "observe", "true or false", lambda v: isinstance(v, bool), False),
+    ("identity", "determinism", "an object with a string 'mode'",
+     lambda v: isinstance(v, dict) and isinstance(v.get("mode", ""), str), False),
+    ("identity", "env", "an object of strings",
+     lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), False),
+    ("identity", "code", "an object", lambda v: isinstance(v, dict), False),
+    ("context", "status", "a string", lambda v: isinstance(v, str), True),
+    ("context", "exit_code", "an integer or null", lambda v: v is None or _is_int(v), False),
+    ("context", "steps", "a count or null", lambda v: v is None or _is_int(v, 0), False),
+    ("context", "stopped_after", "a count or null", lambda v: v is None or _is_int(v, 0), False),
+    ("context", "trace_every", "a positive integer", lambda v: _is_int(v, 1), False),
+    ("context", "params_every", "a count or null", lambda v: v is None or _is_int(v, 0), False),
+    ("context", "started", "a time or null", lambda v: v is None or _is_number(v), False),
+    ("context", "ended", "a time or null", lambda v: v is None or _is_number(v), False),
+    ("context", "cwd", "a path", lambda v: isinstance(v, str), False),
+    ("context", "git_root", "a path or null", lambda v: v is None or isinstance(v, str), False),
+    ("context", "launcher", "an object with a process id",
+     lambda v: isinstance(v, dict) and (v.get("pid") is None or _is_int(v.get("pid"), 1, 2**22))
+     and (v.get("start_time") is None or _is_int(v.get("start_time"), 0)), False),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A manifest read and validated: `identity` (compared between runs) and `context` (never
+    compared), with typed access to every field twice itself reads."""
+
+    identity: dict
+    context: dict
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Manifest:
+        """Validate a manifest's JSON value; a field of the wrong shape is a CorruptRecord naming
+        `where` (the file) and the key."""
+        _check(isinstance(data, dict), where, "the manifest", "a JSON object", data)
+        for part in ("identity", "context"):
+            _check(isinstance(data.get(part), dict), where, part, "an object", data.get(part))
+        for part, key, expected, test, required in _FIELDS:
+            section = data[part]
+            if key not in section:
+                _check(not required, where, f"{part}.{key}", expected, "missing")
+                continue
+            _check(test(section[key]), where, f"{part}.{key}", expected, section[key])
+        return cls(data["identity"], data["context"])
+
+    def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
+        return {"identity": self.identity, "context": self.context}
+
+    argv = property(lambda self: list(self.identity["argv"]))
+    seed = property(lambda self: self.identity.get("seed"))
+    observe = property(lambda self: bool(self.identity.get("observe")))
+    determinism = property(lambda self: self.identity.get("determinism", {}).get("mode", "strict"))
+    env = property(lambda self: dict(self.identity.get("env", {})))
+    status = property(lambda self: self.context["status"])
+    exit_code = property(lambda self: self.context.get("exit_code"))
+    steps = property(lambda self: self.context.get("steps"))
+    stopped_after = property(lambda self: self.context.get("stopped_after"))
+    trace_every = property(lambda self: self.context.get("trace_every") or 1)
+    params_every = property(lambda self: self.context.get("params_every"))
+    started = property(lambda self: self.context.get("started"))
+    cwd = property(lambda self: self.context.get("cwd", "."))
+    git_root = property(lambda self: self.context.get("git_root"))
+    launcher = property(lambda self: self.context.get("launcher", {}))

@@ -28,6 +28,7 @@ class OpFinding:
     inputs: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
         return {
             "kind": self.kind,
             "index": self.index,

@@ -113,10 +113,12 @@ class ChildSettings:
 
     @property
     def only_steps(self) -> set[int] | None:
+        """The steps to record (bisection's replays), or None for every step."""
         return parse_steps(self.trace_steps) if self.trace_steps else None
 
     @property
     def dump_ops(self) -> dict[int, int]:
+        """{STEP: INDEX}: the op whose outputs `twice locate` asked to save."""
         if not self.dump_op:
             return {}
         step, _, index = self.dump_op.partition(":")

@@ -41,6 +41,7 @@ class StepRecord:
     def to_json(self) -> dict:
         # Shallow on purpose: asdict() deep-copies every field and cost more than the digests. One
         # comprehension over the names, not a generator feeding it: once a step, on cold caches.
+        """As plain JSON values (what `--json` prints and reports read)."""
         return {
             name: value
             for name in _FIELD_NAMES
@@ -49,6 +50,7 @@ class StepRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> StepRecord:
+        """A record from a trace line's JSON object (fields this version does not know are ignored)."""
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
 
@@ -82,5 +84,6 @@ def record_line(record: StepRecord) -> bytes:
 
 
 def iter_values(record: StepRecord) -> Iterator[tuple[str, Any]]:
+    """(field, value) of each compared field of `record`, in causal order."""
     for name in COMPARED_FIELDS:
         yield name, getattr(record, name)

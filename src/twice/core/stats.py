@@ -37,6 +37,7 @@ class ArmSummary:
     values: dict[int, float]
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
         return {
             "arm": self.arm,
             "n": self.n,
@@ -64,6 +65,7 @@ class PairComparison:
     seeds_needed: int | None
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints and reports read)."""
         return {
             "a": self.a,
             "b": self.b,

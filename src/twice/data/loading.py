@@ -479,9 +479,11 @@ class ResumableLoader:
 
     @property
     def epoch(self) -> int:
+        """The epoch the next iteration yields (set_epoch or the checkpoint sets it)."""
         return self.sampler.epoch
 
     def set_epoch(self, epoch: int) -> None:
+        """Start `epoch` next (its order is a function of the seed and the epoch only)."""
         self.sampler.epoch, self.sampler.start, self.batches_served = epoch, 0, 0
 
     def __len__(self) -> int:
@@ -542,6 +544,7 @@ class ResumableLoader:
         return inner
 
     def state_dict(self) -> dict:
+        """Where the loader is: epoch and batches already yielded, for a checkpoint."""
         state = {
             "epoch": self.sampler.epoch,
             "batches_served": self.batches_served,
@@ -568,6 +571,7 @@ class ResumableLoader:
         return hasher.hexdigest()
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a state_dict: the next batch is the one after the last yielded."""
         missing = [
             key
             for key in ("epoch", "batches_served", "seed", "batch_size", "rank", "world_size")

@@ -152,9 +152,11 @@ class InvariantDataParallel:
         return self.module(*args, **kwargs)
 
     def state_dict(self) -> dict:
+        """The wrapped module's state, without the wrapper's prefix."""
         return {"module": self.module.state_dict(), "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> Any:
+        """Load into the wrapped module."""
         self.steps = int(state["steps"])
         return self.module.load_state_dict(state["module"])
 

@@ -55,9 +55,11 @@ class TwiceCallback(transformers.TrainerCallback):
 
     @property
     def run_dir(self) -> Path | None:
+        """The run folder this training is recorded into (kept after training ends)."""
         return self.run.dir if self.run is not None else None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Start the run (seeded, deterministic, recorded) once; note the step a resumed Trainer starts at."""
         from twice.app.run import Run
 
         if self.run is None:
@@ -75,6 +77,7 @@ class TwiceCallback(transformers.TrainerCallback):
             self._resume_step = state.global_step
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """After a resume, continue the trace at the Trainer's step (once, at the first step)."""
         if self._resume_step is None:
             return
         from twice.record import hooks
@@ -86,6 +89,7 @@ class TwiceCallback(transformers.TrainerCallback):
         self._resume_step = None
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Finish the run: the last step, the manifest's end."""
         if self.run is not None:
             run, self.run = self.run, None
             run.__exit__(None, None, None)

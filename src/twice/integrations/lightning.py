@@ -49,13 +49,16 @@ class Twice(pl.Callback):
 
     @property
     def state_key(self) -> str:
+        """The key Lightning stores this callback's state under in its checkpoints."""
         return "twice"
 
     @property
     def run_dir(self) -> Path | None:
+        """The run folder this training is recorded into (kept after fit returns)."""
         return self.run.dir if self.run is not None else None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Start the run (seeded, deterministic, recorded) when fitting starts."""
         from twice.app.run import Run
 
         if stage != "fit" or self.run is not None:
@@ -77,22 +80,26 @@ class Twice(pl.Callback):
         self.run.__enter__()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Finish the run when fitting ends."""
         if stage == "fit" and self.run is not None:
             run, self.run = self.run, None
             run.__exit__(None, None, None)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Mark the run failed and finish it when fitting raises."""
         if self.run is not None:
             run, self.run = self.run, None
             run.__exit__(type(exception), exception, exception.__traceback__)
 
     def state_dict(self) -> dict:
+        """Every RNG's state, for Lightning's checkpoint (restored by load_state_dict)."""
         from twice.checkpoint import encode_state
         from twice.rng.seeding import capture_rng
 
         return {"format": FORMAT, "rng": encode_state(capture_rng())}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Keep the RNG states from Lightning's checkpoint, put back at the first resumed batch."""
         from twice.checkpoint import decode_state
 
         if state_dict.get("format") == FORMAT:
@@ -101,6 +108,7 @@ class Twice(pl.Callback):
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
+        """After a resume: continue the trace at Lightning's global step and restore the RNG states."""
         if self._pending is None:
             return
         from twice.record import hooks

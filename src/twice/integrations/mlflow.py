@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from twice.core.manifest import Manifest
 from twice.integrations import require
 from twice.store.layout import RunFolder
 
@@ -50,13 +51,13 @@ def _flatten(value: Any, prefix: str, out: dict) -> None:
     out[prefix] = text[:MAX_VALUE]
 
 
-def _params(run_dir: Path, manifest: dict) -> dict[str, str]:
+def _params(run_dir: Path, manifest: Manifest) -> dict[str, str]:
     out: dict[str, str] = {}
     config = RunFolder(run_dir).config
     if config.is_file():
         _flatten(json.loads(config.read_text(encoding="utf-8")), "", out)
-    identity = {k: v for k, v in manifest["identity"].items() if k not in _SKIPPED_IDENTITY}
-    packages = manifest["identity"].get("packages", {})
+    identity = {k: v for k, v in manifest.identity.items() if k not in _SKIPPED_IDENTITY}
+    packages = manifest.identity.get("packages", {})
     identity["packages"] = {
         name: packages[name] for name in ("torch", "numpy", "twice") if name in packages
     }
@@ -64,15 +65,14 @@ def _params(run_dir: Path, manifest: dict) -> dict[str, str]:
     return out
 
 
-def _tags(run_dir: Path, manifest: dict) -> dict[str, str]:
-    context = manifest.get("context", {})
+def _tags(run_dir: Path, manifest: Manifest) -> dict[str, str]:
     tags = {
         RUN_TAG: run_dir.name,
         "mlflow.runName": run_dir.name,
-        "twice.status": str(context.get("status")),
+        "twice.status": manifest.status,
         "twice.run_dir": str(run_dir.resolve()),
     }
-    git = (manifest["identity"].get("code") or {}).get("git") or {}
+    git = (manifest.identity.get("code") or {}).get("git") or {}
     if git.get("commit"):
         tags["mlflow.source.git.commit"] = git["commit"]
     return tags
@@ -190,9 +190,8 @@ def existing_export(client: Any, experiment_id: str, run_dir: Path) -> str | Non
     return found[0].info.run_id if found else None
 
 
-def _finish(client: Any, run_id: str, run_dir: Path, manifest: dict, checkpoints: bool) -> None:
-    status = manifest.get("context", {}).get("status")
-    client.set_tag(run_id, "twice.status", str(status))
+def _finish(client: Any, run_id: str, run_dir: Path, manifest: Manifest, checkpoints: bool) -> None:
+    client.set_tag(run_id, "twice.status", manifest.status)
     for item in sorted(run_dir.iterdir()):
         if item == RunFolder(run_dir).checkpoints and not checkpoints:
             continue
@@ -200,7 +199,9 @@ def _finish(client: Any, run_id: str, run_dir: Path, manifest: dict, checkpoints
             client.log_artifacts(run_id, str(item), artifact_path=item.name)
         else:
             client.log_artifact(run_id, str(item))
-    client.set_terminated(run_id, "FINISHED" if status in ("completed", "stopped") else "FAILED")
+    client.set_terminated(
+        run_id, "FINISHED" if manifest.status in ("completed", "stopped") else "FAILED"
+    )
 
 
 def export_run(
@@ -215,16 +216,16 @@ def export_run(
     A run exported before is found by its tag and not exported twice."""
     import time
 
-    from twice.store.runs import MANIFEST, read_json
+    from twice.store.runs import read_manifest
 
     run_dir = Path(run_dir)
-    manifest = read_json(run_dir / MANIFEST)
+    manifest = read_manifest(run_dir)
     client = _client(tracking_uri)
     experiment_id = _experiment(client, experiment)
     found = existing_export(client, experiment_id, run_dir)
     if found is not None:
         return found, False
-    started = int(float(manifest.get("context", {}).get("started", time.time())) * 1000)
+    started = int((manifest.started or time.time()) * 1000)
     run_id = client.create_run(
         experiment_id, start_time=started, tags=_tags(run_dir, manifest)
     ).info.run_id
@@ -252,11 +253,12 @@ class LiveExport:
         self._tail: _TraceTail | None = None
 
     def start(self, run_dir: Path) -> None:
+        """Create the MLflow run and start following the trace as the command runs."""
         import time
 
-        from twice.store.runs import MANIFEST, read_json
+        from twice.store.runs import read_manifest
 
-        manifest = read_json(run_dir / MANIFEST)
+        manifest = read_manifest(run_dir)
         self.client = _client(self.tracking_uri)
         experiment_id = _experiment(self.client, self.experiment)
         self.run_id = self.client.create_run(
@@ -283,6 +285,7 @@ class LiveExport:
                 return
 
     def finish(self, run_dir: Path) -> None:
+        """Log what is left and close the MLflow run (a failure is a warning, never the run's)."""
         try:
             self._close(run_dir)
         except Exception as exc:  # the run itself is complete and recorded: say so, do not fail it
@@ -294,14 +297,14 @@ class LiveExport:
     def _close(self, run_dir: Path) -> None:
         import time
 
-        from twice.store.runs import MANIFEST, read_json
+        from twice.store.runs import read_manifest
 
         if self.run_id is None:
             return
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        manifest = read_json(run_dir / MANIFEST)
+        manifest = read_manifest(run_dir)
         logged = self.client.get_run(self.run_id).data.params
         params = {k: v for k, v in _params(run_dir, manifest).items() if k not in logged}
         now = int(time.time() * 1000)

@@ -51,6 +51,7 @@ class Event:
     details: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
+        """As plain JSON values, with the suggested fix for its kind."""
         return {
             "kind": self.kind,
             "step": self.step,
@@ -74,6 +75,7 @@ class HealthLog:
 
     def add(self, event: Event, key: tuple | None = None) -> None:
         # One event per (kind, op, module, line) per step keeps the log readable.
+        """Append `event` unless one with the same key was logged (at most MAX_EVENTS per process)."""
         key = key or (event.kind, event.op, event.module, event.line, event.step)
         if key in self._seen or len(self.events) >= MAX_EVENTS:
             return

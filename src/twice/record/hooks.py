@@ -23,6 +23,7 @@ _originals: dict[str, Any] = {}
 
 
 def active_recorder() -> Recorder | None:
+    """The recorder this process's hooks feed, or None outside a recorded run."""
     return _recorder
 
 

@@ -104,9 +104,11 @@ class NumericsWatch(OpContext):
 
     @property
     def current_step(self) -> int:
+        """The step being checked (the recorder's, where one runs)."""
         return self._step_source() if self._step_source is not None else self.step
 
     def on_op(self, func, args, kwargs):
+        """Check one operation's floating outputs; note saturation, zero gradients, overflows."""
         name = str(func.name())
         base = name.split(".")[0]
         before = None
@@ -295,6 +297,7 @@ _active: NumericsWatch | None = None
 
 
 def active_watch() -> NumericsWatch | None:
+    """The numerics watch in force in this process, or None."""
     return _active
 
 
@@ -316,12 +319,14 @@ class watch:
         self._recorder = recorder
 
     def start(self) -> NumericsWatch:
+        """Start checking every operation (until stop())."""
         global _active
         self.mode.__enter__()
         _active = self.mode
         return self.mode
 
     def stop(self) -> None:
+        """Stop checking operations and close the watch's log."""
         global _active
         if _active is self.mode:
             self.mode.__exit__(None, None, None)

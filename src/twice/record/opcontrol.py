@@ -72,6 +72,7 @@ class OpControl:
             ops.write(self._log)
 
     def close(self) -> None:
+        """Close the op log file, if one was opened."""
         if self._log is not None:
             self._log.close()
 
@@ -105,6 +106,7 @@ class OpControl:
         return paused()
 
     def set_phase(self, phase: str, step_line_shared: bool = False) -> None:
+        """Tell the watching modes which part of the step runs now."""
         if self.current is None:  # five times a step, mostly with no mode watching: no list built
             watch = numerics_watch()
             if watch is not None:

@@ -191,6 +191,7 @@ class OpContext(TorchDispatchMode):
             pending.extend(next_node for next_node, _ in node.next_functions)
 
     def close(self) -> None:
+        """Release what the mode keeps between operations."""
         for hook in self._hooks:
             hook.remove()
         self._label_nodes()
@@ -254,6 +255,7 @@ class OpContext(TorchDispatchMode):
         return self.on_op(func, args, kwargs)
 
     def on_op(self, func, args, kwargs):
+        """Called for each operation the mode sees (subclasses record or check it)."""
         return func(*args, **kwargs)
 
 
@@ -273,6 +275,7 @@ class OpRecorder(OpContext):
         self._digests: dict[int, tuple[Any, int, str]] = {}
 
     def on_op(self, func, args, kwargs):
+        """Record one operation: its name, module, line and the digests of its inputs and outputs."""
         op_digest = self.op_digest
         inputs = [
             op_digest(t) for t in (_tensors(args) + _tensors(kwargs) if kwargs else _tensors(args))
@@ -352,6 +355,7 @@ class OpLog:
         self._handle = None
 
     def append(self, step: int, records: list[dict]) -> None:
+        """Append one recorded step: a header line, then its op records."""
         if self._handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._handle = open(self.path, "a", encoding="utf-8")
@@ -361,6 +365,7 @@ class OpLog:
         self._handle.flush()  # in the OS from here on: survives the process being killed
 
     def close(self) -> None:
+        """Close the log file."""
         if self._handle is not None:
             self._handle.close()
             self._handle = None
@@ -520,6 +525,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def read_oplog(path: Path) -> list[dict]:
+    """The op records of an old-style one-file-per-step op log."""
     return [
         json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line
     ]

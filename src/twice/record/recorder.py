@@ -158,6 +158,7 @@ class Recorder:
     # -- events -----------------------------------------------------------------------------------
     @guarded
     def on_batch(self, batch: Any) -> None:
+        """A DataLoader iterator yielded `batch`: it belongs to the step in progress."""
         if self._exit_pending:  # (a check before the call: three events a step, traced or not)
             self._exit_if_stopping()
         self.set_phase("forward")
@@ -184,6 +185,7 @@ class Recorder:
 
     @guarded
     def on_backward(self, tensors: Any) -> None:
+        """`backward` was called on `tensors`: a scalar one is a loss of the step in progress."""
         if self._exit_pending:
             self._exit_if_stopping()
         if self.explicit or not self._tracing_this_step():
@@ -193,6 +195,7 @@ class Recorder:
 
     @guarded
     def pre_step(self, optimizer, args, kwargs) -> None:
+        """An optimizer's step() is about to run: its gradients, as the update will use them."""
         if self._exit_pending:
             self._exit_if_stopping()
         if self.explicit:
@@ -218,6 +221,7 @@ class Recorder:
 
     @guarded
     def post_step(self, optimizer, args, kwargs) -> None:
+        """An optimizer's step() has run: its parameters and learning rates; the step may end here."""
         self.set_phase("forward")
         if self.explicit:
             return
@@ -284,6 +288,7 @@ class Recorder:
         self._clock.reset()
 
     def close_trace(self) -> None:
+        """Close this process's trace file."""
         self._writer.close()
 
     def _outermost(self, event: str, optimizer) -> bool:
@@ -521,6 +526,7 @@ class Recorder:
     def after_fork_in_child(self, index: int) -> None:
         # A forked process (Hogwild worker, DataLoader worker) records into a stream of its own,
         # named by fork order so that two runs name their processes alike.
+        """In a forked child: record into a stream of its own (`fork<index>`), from step 0."""
         self.pid = os.getpid()
         self.stream = f"{self.stream + '.' if self.stream else ''}fork{index}"
         self._writer = TraceWriter(RunFolder(self.run_dir).trace(self.stream))

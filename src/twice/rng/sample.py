@@ -143,10 +143,12 @@ class Seeder:
         return position.value <= words and tail.value == expected
 
     def position(self) -> int:
+        """The generator's position in its state after the last sample (the words it has used)."""
         return 0 if self.check is None else self.check[0].value
 
     @property
     def in_place(self) -> bool:
+        """Whether states are written into the generators' memory (else through their API)."""
         return self._memory is not None
 
     def prepare(self, key, indices, words: int) -> None:

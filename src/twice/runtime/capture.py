@@ -58,6 +58,7 @@ _OWN_PREFIX = "TWICE_"
 
 
 def numeric_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables that change numerical results (thread counts, BLAS settings, ...)."""
     environ = os.environ if environ is None else environ
     return {
         k: v
@@ -68,6 +69,7 @@ def numeric_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def python_facts() -> dict[str, Any]:
+    """The interpreter: version, implementation, executable, hash seed in effect."""
     return {
         "version": platform.python_version(),
         "implementation": platform.python_implementation(),
@@ -76,6 +78,7 @@ def python_facts() -> dict[str, Any]:
 
 
 def package_facts() -> dict[str, str]:
+    """Every installed distribution and its version."""
     packages = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"]
@@ -85,6 +88,7 @@ def package_facts() -> dict[str, str]:
 
 
 def os_facts() -> dict[str, Any]:
+    """The operating system and the C library."""
     libc = platform.libc_ver()
     return {
         "system": platform.system(),
@@ -95,6 +99,7 @@ def os_facts() -> dict[str, Any]:
 
 
 def cpu_facts() -> dict[str, Any]:
+    """The CPU model, its flags that change numerics, and the cores available to this process."""
     model = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -193,6 +198,7 @@ IDENTITY_GATHERERS: dict[str, Callable[[], Any]] = {
 
 
 def gather_context_facts() -> dict[str, Any]:
+    """Facts about where and when a run ran (never compared): host, user, times."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

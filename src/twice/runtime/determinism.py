@@ -45,6 +45,7 @@ class Setting:
 
     @property
     def ok(self) -> bool:
+        """Whether the setting took effect as asked."""
         return self.asked is None or self.asked == self.in_effect
 
 
@@ -61,9 +62,11 @@ class DeterminismReport:
 
     @property
     def problems(self) -> list[Setting]:
+        """The settings that could not take effect, each with why."""
         return [s for s in self.settings if not s.ok]
 
     def to_json(self) -> dict:
+        """As plain JSON values, for the manifest."""
         return {
             "mode": self.mode,
             "seed": self.seed,

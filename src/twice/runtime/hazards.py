@@ -27,6 +27,7 @@ class Hazard:
     fix: str
 
     def to_json(self) -> dict:
+        """As plain JSON values (what `twice env --json` prints)."""
         return {"name": self.name, "detail": self.detail, "fix": self.fix}
 
 

@@ -12,6 +12,7 @@ __all__ = ["write_bytes_atomic", "write_json_atomic", "dumps", "fsync_dir"]
 
 
 def fsync_dir(path: Path) -> None:
+    """Make a rename or new file in `path` durable (a no-op where folders cannot be synced)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -49,4 +50,5 @@ def dumps(value: Any) -> str:
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
+    """Write `value` as sorted JSON to `path` atomically: the old file or the new, never half."""
     write_bytes_atomic(path, dumps(value).encode("utf-8"))

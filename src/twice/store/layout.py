@@ -78,6 +78,7 @@ class RunFolder:
         return self.path / f"locate-{other}.json"
 
     def locations(self) -> list[Path]:
+        """The `twice locate` findings kept in this run folder."""
         return sorted(self.path.glob("locate-*.json"))
 
     def dumped_output(self, step: int, index: int) -> Path:
@@ -86,4 +87,5 @@ class RunFolder:
 
     @staticmethod
     def dumped_output_name(step: int, index: int) -> str:
+        """The file name of the outputs of op `index` of `step`."""
         return f"step-{step}-op-{index}.safetensors"

@@ -71,6 +71,7 @@ def read_metric(run_dir: Path, name: str) -> float | None:
 
 
 def available_metrics(run_dir: Path) -> set[str]:
+    """The metrics a run can be compared on: from its trace, and what it logged."""
     names = set(TRACE_METRICS)
     run_dir = Path(run_dir)
     if RunFolder(run_dir).metrics.is_file():
@@ -85,6 +86,7 @@ def available_metrics(run_dir: Path) -> set[str]:
 
 
 def require_metric(run_dirs: list[Path], name: str) -> None:
+    """The metric's value in each run; a run without it is a usage error naming the run."""
     known = (
         set().union(*(available_metrics(d) for d in run_dirs)) if run_dirs else set(TRACE_METRICS)
     )

@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from twice.core.errors import CorruptRecord, RunNotFound, UsageError
+from twice.core.manifest import Manifest
 from twice.store.files import dumps, fsync_dir, write_bytes_atomic, write_json_atomic  # noqa: F401 (re-exported)
 
 __all__ = [
     "write_json_atomic",
     "read_json",
+    "read_manifest",
+    "summarize_run",
     "new_run_dir",
     "find_run",
     "list_runs",
@@ -29,6 +32,7 @@ from twice.store.layout import MANIFEST  # noqa: E402 (re-exported: the name eve
 
 
 def read_json(path: Path) -> Any:
+    """A JSON file's value; damaged is a CorruptRecord (a missing file raises FileNotFoundError)."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -82,6 +86,7 @@ def new_run_dir(runs_dir: Path, name: str | None = None) -> Path:
 
 
 def is_run(path: Path) -> bool:
+    """Whether `path` is a run folder (it has a manifest)."""
     return (Path(path) / MANIFEST).is_file()
 
 
@@ -143,13 +148,29 @@ def _alive(pid: int, start_time: int | None) -> bool:
     return True
 
 
-def effective_status(manifest: dict) -> str:
+def read_manifest(run_dir: Path) -> Manifest:
+    """The one reader of a run's manifest.json: parsed and validated (CorruptRecord, exit 2, when
+    damaged; RunNotFound when absent)."""
+    path = Path(run_dir) / MANIFEST
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        raise RunNotFound(
+            f"{run_dir} has no {MANIFEST}", "pass a folder made by `twice run`"
+        ) from None
+    except RecursionError:
+        raise CorruptRecord(
+            f"cannot read {path}: nested too deeply", "the file is damaged; re-record the run"
+        ) from None
+    return Manifest.from_json(data, str(path))
+
+
+def effective_status(manifest: Manifest) -> str:
     """The recorded status, except that a run still marked running whose launcher died is `crashed`."""
-    context = manifest.get("context", {})
-    status = context.get("status", "unknown")
+    status = manifest.status
     if status != "running":
         return status
-    launcher = context.get("launcher", {})
+    launcher = manifest.launcher
     if launcher.get("host") != socket.gethostname():
         return status  # cannot check a process on another machine
     pid = launcher.get("pid")
@@ -160,15 +181,14 @@ def effective_status(manifest: dict) -> str:
 
 def summarize_run(run_dir: Path) -> dict:
     """The facts `twice ls` and `twice show` print for a run, from its validated manifest."""
-    manifest = read_json(Path(run_dir) / MANIFEST)
-    context, identity = manifest["context"], manifest["identity"]
+    manifest = read_manifest(run_dir)
     return {
         "id": Path(run_dir).name,
         "path": str(run_dir),
         "status": effective_status(manifest),
-        "exit_code": context.get("exit_code"),
-        "steps": context.get("steps"),
-        "seed": identity.get("seed"),
-        "started": context.get("started"),
-        "command": " ".join(identity.get("argv", [])),
+        "exit_code": manifest.exit_code,
+        "steps": manifest.steps,
+        "seed": manifest.seed,
+        "started": manifest.started,
+        "command": " ".join(manifest.argv),
     }

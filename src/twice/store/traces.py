@@ -28,6 +28,7 @@ class TraceWriter:
         self._last_sync = 0.0
 
     def write(self, record: StepRecord) -> None:
+        """Append one record as one line, with one write() call."""
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -40,6 +41,7 @@ class TraceWriter:
             self._last_sync = record.time
 
     def close(self) -> None:
+        """Flush the trace to disk and close it."""
         if self._fd is not None:
             try:
                 os.fsync(self._fd)
