@@ -36,7 +36,6 @@ LONG_MODULES: dict[str, str] = {
     "twice.record.recorder": "one concept: a recorder's events, its open step and the record it writes",
     "twice.data.loading": "the epoch sampler, per-sample seeding and the resumable loader",
     "twice.core.digests": "the Digester, tensor framing, the many-tensor path and lanes_norm",
-    "twice.record.oplog": "the dispatch mode, the op log file and its reader",
     "twice.app.launch": "options, command resolution, the child's environment, the manifest: to split",
     "twice.rng.sample": "per-sample RNG states for the loader; past 400 only once formatted at 100 columns",
 }

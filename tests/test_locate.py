@@ -77,7 +77,7 @@ def test_record_ops_writes_the_op_log_of_chosen_steps_only(tmp_path):
         "run", "--record-ops", "1", "--", sys.executable, "data_arg.py", "1", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr
-    from twice.record.oplog import recorded_steps, step_ops
+    from twice.store.oplogs import recorded_steps, step_ops
 
     run_dir = runs(tmp_path)[0]
     assert sorted(p.name for p in (run_dir / "ops").iterdir()) == ["ops.jsonl"]
@@ -163,7 +163,7 @@ def test_optimizer_ops_carry_the_line_they_come_from(tmp_path, optimizer_class):
     from pathlib import Path
 
     from twice.record import hooks
-    from twice.record.oplog import step_ops
+    from twice.store.oplogs import step_ops
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
@@ -288,13 +288,14 @@ def test_recording_ops_leaves_the_step_trace_unchanged(tmp_path):
 
     plain, recorded = train(tmp_path / "plain", set()), train(tmp_path / "ops", {1, 2})
     assert len(plain) == 4 and plain == recorded
-    from twice.record.oplog import recorded_steps
+    from twice.store.oplogs import recorded_steps
 
     assert recorded_steps(tmp_path / "ops") == [1, 2]
 
 
 def test_an_op_log_cut_short_by_a_kill_reads_as_not_recorded(tmp_path):
-    from twice.record.oplog import OpLog, step_ops
+    from twice.record.oplog import OpLog
+    from twice.store.oplogs import step_ops
 
     log = OpLog(tmp_path)
     record = {

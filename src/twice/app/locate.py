@@ -12,9 +12,9 @@ from twice.app.verify import rerun_options
 from twice.core.errors import UsageError
 from twice.core.opdiff import OpFinding, differing_ops, first_op_difference, value_gap
 from twice.core.protocol import ChildSettings
-from twice.record.oplog import step_ops, steps_ops
 from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
+from twice.store.oplogs import step_ops, steps_ops
 
 __all__ = ["Location", "locate_runs", "audit_command", "AuditReport", "CUDA_NONDETERMINISTIC"]
 

@@ -9,10 +9,7 @@ recorded steps pay for this; other steps run without the mode.
 
 from __future__ import annotations
 
-import functools
-import gc
 import json
-import os
 import sys
 import types
 import weakref
@@ -23,69 +20,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from twice.core.digests import digest_tensor
+from twice.record.callsite import line_from_traceback, module_names, user_line
 from twice.store.layout import RunFolder
 
-__all__ = [
-    "OpContext",
-    "OpLog",
-    "OpRecorder",
-    "read_oplog",
-    "recorded_steps",
-    "step_ops",
-    "steps_ops",
-    "user_line",
-]
-
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_TWICE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the twice package
-_STDLIB_DIR = os.path.dirname(os.__file__)
-
-
-@functools.lru_cache(maxsize=4096)
-def _relative(filename: str) -> str:
-    return os.path.relpath(filename)  # a stat of the working directory each time: cached per file
-
-
-_INTERNAL: dict[
-    Any, bool
-] = {}  # code object -> whether it lies in torch, twice or the standard library
-
-
-def user_line() -> str | None:
-    """`file:line` of the innermost frame outside torch, twice and the standard library."""
-    frame = sys._getframe(1)
-    internal = _INTERNAL
-    while frame is not None:
-        code = frame.f_code
-        inside = internal.get(code)
-        if inside is None:
-            filename = code.co_filename
-            inside = internal[code] = filename.startswith(
-                (_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR, "<")
-            )
-        if not inside:
-            return f"{_relative(code.co_filename)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
-
-
-def _line_from_traceback(stack: str | None) -> str | None:
-    """The user's line in a forward traceback stored by anomaly mode (for backward ops)."""
-    if not stack:
-        return None
-    if isinstance(stack, list):
-        stack = "".join(stack)
-    user = None
-    for line in stack.splitlines():
-        line = line.strip()
-        if line.startswith('File "'):
-            filename = line.split('"')[1]
-            if not filename.startswith(
-                (_TORCH_DIR, _TWICE_DIR, _STDLIB_DIR)
-            ) and not filename.startswith("<"):
-                number = line.split("line ")[1].split(",")[0]
-                user = f"{_relative(filename)}:{number}"
-    return user
+__all__ = ["OpContext", "OpLog", "OpRecorder"]
 
 
 def _compiled_anything() -> bool:
@@ -98,26 +36,6 @@ def _compiled_anything() -> bool:
         return bool(counters["frames"].get("total", 0))
     except Exception:  # a torch whose counters look different: keep the safe wrapper
         return True
-
-
-def _module_names() -> dict[int, str]:
-    """Every live module's path from its outermost parent ("" for a root)."""
-    modules = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.nn.Module)]
-    parent: dict[int, tuple[Any, str]] = {}
-    for module in modules:
-        for name, child in module._modules.items():
-            if child is not None:
-                parent.setdefault(id(child), (module, name))
-    names = {}
-    for module in modules:
-        parts, current, seen = [], module, set()
-        while id(current) in parent and id(current) not in seen:
-            seen.add(id(current))
-            current, name = parent[id(current)]
-            parts.append(name)
-        root = type(current).__name__
-        names[id(module)] = ".".join([root, *reversed(parts)]) if parts else root
-    return names
 
 
 class OpContext(TorchDispatchMode):
@@ -168,7 +86,7 @@ class OpContext(TorchDispatchMode):
         name = self._names.get(id(module))
         if name is None:
             self._names.clear()
-            self._names.update(_module_names())
+            self._names.update(module_names())
             name = self._names.setdefault(id(module), type(module).__name__)
         if self.phase in ("user", "optimizer"):
             self.phase = "forward"  # the next forward pass has begun
@@ -218,9 +136,7 @@ class OpContext(TorchDispatchMode):
             metadata = node.metadata
             line = None
             if self.forward_lines:
-                line = metadata.get("twice_line") or _line_from_traceback(
-                    metadata.get("traceback_")
-                )
+                line = metadata.get("twice_line") or line_from_traceback(metadata.get("traceback_"))
             return {
                 "phase": "backward",
                 "module": metadata.get("twice_module"),
@@ -351,7 +267,7 @@ class OpLog:
     killed process) reads as not recorded."""
 
     def __init__(self, run_dir: Path, stream: str | None = None):
-        self.path = _log_path(run_dir, stream)
+        self.path = RunFolder(run_dir).op_log(stream)
         self._handle = None
 
     def append(self, step: int, records: list[dict]) -> None:
@@ -369,59 +285,6 @@ class OpLog:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
-
-
-def _log_path(run_dir: Path, stream: str | None) -> Path:
-    return RunFolder(run_dir).op_log(stream)
-
-
-def step_ops(run_dir: Path, step: int, stream: str | None = None) -> list[dict] | None:
-    """The op records of `step` in a run's op log, or None when that step was not recorded."""
-    return steps_ops(run_dir, [step], stream)[step]
-
-
-def steps_ops(run_dir: Path, steps, stream: str | None = None) -> dict[int, list[dict] | None]:
-    """The op records of each of `steps` (None for a step not recorded), from one read of the log."""
-    wanted = set(steps)
-    found: dict[int, list[dict] | None] = dict.fromkeys(wanted)
-    path = _log_path(run_dir, stream)
-    if not path.is_file():
-        if stream is None:  # op logs written before the per-process file: ops/step-N.jsonl
-            for step in wanted:
-                legacy = path.parent / f"step-{step}.jsonl"
-                if legacy.is_file():
-                    found[step] = read_oplog(legacy)
-        return found
-    lines = path.read_text(encoding="utf-8").split("\n")
-    position = 0
-    while position < len(lines):
-        line = lines[position]
-        position += 1
-        if not line.startswith('{"step":'):
-            continue
-        header = json.loads(line)
-        count = header["ops"]
-        block = lines[position : position + count]
-        position += count
-        if header["step"] in wanted:
-            # Complete only if every line arrived, the last one with its newline.
-            complete = len(block) == count and position < len(lines)
-            found[header["step"]] = [json.loads(record) for record in block] if complete else None
-    return found
-
-
-def recorded_steps(run_dir: Path, stream: str | None = None) -> list[int]:
-    """The steps a run's op log holds."""
-    path = _log_path(run_dir, stream)
-    if not path.is_file():
-        return []
-    return sorted(
-        {
-            json.loads(line)["step"]
-            for line in path.read_text(encoding="utf-8").splitlines()
-            if line.startswith('{"step":')
-        }
-    )
 
 
 def _weak(tensor: torch.Tensor):
@@ -522,10 +385,3 @@ def _tensors(value: Any) -> list[torch.Tensor]:
         elif isinstance(item, dict):
             stack.extend(reversed(list(item.values())))
     return out
-
-
-def read_oplog(path: Path) -> list[dict]:
-    """The op records of an old-style one-file-per-step op log."""
-    return [
-        json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line
-    ]

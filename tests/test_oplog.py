@@ -1,0 +1,72 @@
+"""Op logs: the recorder writes each chosen step's operations; the reader gives them back exactly and
+refuses a damaged log (CorruptRecord) instead of comparing it."""
+
+import json
+
+import pytest
+import torch
+
+from twice.core.errors import CorruptRecord
+from twice.record.oplog import OpLog, OpRecorder
+from twice.store.layout import RunFolder
+from twice.store.oplogs import read_oplog, recorded_steps, step_ops, steps_ops
+
+
+def _record_step(tmp_path, step=0):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Tanh())
+    with OpRecorder(step) as ops:
+        model(torch.ones(4, 3)).sum().backward()
+    log = OpLog(tmp_path)
+    ops.close()
+    ops.write(log)
+    log.close()
+    return ops
+
+
+def test_a_recorded_steps_ops_read_back_with_names_phases_and_lines(tmp_path):
+    _record_step(tmp_path, 2)
+    records = step_ops(tmp_path, 2)
+    assert records and recorded_steps(tmp_path) == [2] and step_ops(tmp_path, 3) is None
+    names = [r["op"] for r in records]
+    assert "aten::tanh" in names and any(r["phase"] == "backward" for r in records)
+    assert {r["module"] for r in records if r["op"] == "aten::tanh"} == {"Sequential.1"}
+    assert all(
+        r["line"] and r["line"].startswith("tests/test_oplog.py:")
+        for r in records
+        if r["phase"] == "forward"
+    )
+    assert [r["i"] for r in records] == list(range(len(records)))
+
+
+def test_the_same_step_recorded_twice_gives_the_same_records(tmp_path):
+    torch.manual_seed(0)
+    _record_step(tmp_path / "a")
+    torch.manual_seed(0)
+    _record_step(tmp_path / "b")
+    assert step_ops(tmp_path / "a", 0) == step_ops(tmp_path / "b", 0)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: text.replace('{"step":0', '{"step":"0"', 1),
+        lambda text: text.replace('"ops":', '"ops":-', 1),
+        lambda text: text.replace('{"i":0', "[1,2", 1),
+        lambda text: text.replace('{"i":0', '{"i":0,', 1),
+    ],
+    ids=["step-a-string", "negative-count", "record-not-an-object", "record-not-json"],
+)
+def test_a_damaged_op_log_is_a_corrupt_record_naming_its_line(tmp_path, damage):
+    _record_step(tmp_path)
+    path = RunFolder(tmp_path).op_log()
+    path.write_text(damage(path.read_text()))
+    with pytest.raises(CorruptRecord, match=r"ops\.jsonl"):
+        steps_ops(tmp_path, [0])
+
+
+def test_the_one_file_per_step_form_still_reads(tmp_path):
+    folder = RunFolder(tmp_path)
+    folder.ops.mkdir()
+    record = {"i": 0, "op": "aten::add.Tensor", "phase": "forward", "in": [], "out": []}
+    (folder.ops / "step-5.jsonl").write_text(json.dumps(record) + "\n")
+    assert step_ops(tmp_path, 5) == [record] == read_oplog(folder.ops / "step-5.jsonl")
