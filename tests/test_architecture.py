@@ -34,9 +34,7 @@ MAX_LINES = 400
 # shrink (test_long_modules_are_still_long fails once one is split, so it leaves the list).
 LONG_MODULES: dict[str, str] = {
     "twice.record.recorder": "one concept: a recorder's events, its open step and the record it writes",
-    "twice.data.loading": "the epoch sampler, per-sample seeding and the resumable loader",
     "twice.core.digests": "the Digester, tensor framing, the many-tensor path and lanes_norm",
-    "twice.app.launch": "options, command resolution, the child's environment, the manifest: to split",
     "twice.rng.sample": "per-sample RNG states for the loader; past 400 only once formatted at 100 columns",
 }
 FILE_CALLS = {

@@ -25,7 +25,7 @@ class Augmented(Dataset):
 @pytest.fixture
 def python_loop(monkeypatch):
     """The loader's Python loop, as where twice._native was not built (epoch tables are its own)."""
-    monkeypatch.setattr(twice.data.loading, "_native", None)
+    monkeypatch.setattr(twice.data.samples, "_native", None)
 
 
 def stream(workers, epochs=2, **kwargs):
@@ -326,10 +326,10 @@ def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, mak
     # The loop in C (twice._native) makes each sample's states itself: the same numbers as the
     # Python loop's NumPy-made states, with the same fresh words learnt, for every way a sample draws.
     assert (
-        twice.data.loading._native is not None
+        twice.data.samples._native is not None
     )  # built at install (setup.py); else only the Python loop is tested
     calls = []
-    compiled = twice.data.loading._native
+    compiled = twice.data.samples._native
 
     class Counting:
         def fetch(self, *args):
@@ -347,11 +347,11 @@ def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, mak
         return [b for _ in range(2) for b in data], data._samples.words, data._samples.used
 
     torch.manual_seed(0)
-    monkeypatch.setattr(twice.data.loading, "_native", Counting())
+    monkeypatch.setattr(twice.data.samples, "_native", Counting())
     fast = batches()
     assert calls  # the compiled loop did fetch them
     torch.manual_seed(0)
-    monkeypatch.setattr(twice.data.loading, "_native", None)
+    monkeypatch.setattr(twice.data.samples, "_native", None)
     slow = batches()
     assert fast[1:] == slow[1:] and len(fast[0]) == len(slow[0]) > 0
     assert all(torch.equal(a, b) for a, b in zip(fast[0], slow[0]))

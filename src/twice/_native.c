@@ -2,7 +2,7 @@
    same results bit for bit). Two functions, each replacing a loop that ran many small Python
    steps per training step or per sample:
 
-   fetch   twice.data's seeded per-sample fetch (data._SeededSamples._fetch): per sample, put each
+   fetch   twice.data's seeded per-sample fetch (data.samples.SeededSamples._fetch): per sample, put each
            global RNG in the sample's state, fetch dataset[index], and check that the sample read
            only the words made fresh. It makes the same states as sample_rng.py does in NumPy (a
            test holds the two together, sample for sample): counter c of sample i under key k is

@@ -81,7 +81,8 @@ class Run:
         return self._recorder.step_index if self._recorder is not None else 0
 
     def __enter__(self) -> Run:
-        from twice.app.launch import RunOptions, start_manifest
+        from twice.app.manifests import start_manifest
+        from twice.app.options import RunOptions
         from twice.store.runs import new_run_dir
 
         if self.under_launcher:
@@ -231,7 +232,7 @@ class Run:
             self._save({}, stopped_rng if stopped_rng is not None else capture_rng())
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        from twice.app.launch import finish_manifest
+        from twice.app.manifests import finish_manifest
 
         try:
             if self._owns_recorder:

@@ -9,9 +9,7 @@ a resumed loader skips straight to it without fetching the batches before it.
 
 from __future__ import annotations
 
-import itertools
 import math
-import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,378 +18,15 @@ from torch.utils.data import (
     DataLoader,
     Dataset,
     IterableDataset,
-    Sampler,
-    get_worker_info,
 )
 
 from twice.core.errors import UsageError
 from twice.core.protocol import ChildSettings
 from twice.core.seeds import derive_seed
-from twice.rng.layouts import MT_WORDS
-from twice.rng.sample import START_WORDS, seeder
-from twice.rng.sample import prepare as prepare_states
-from twice.rng.seeding import seed_cpu_rngs
-from twice.rng.snapshot import rng_changed, rng_restore, rng_snapshot
-
-try:  # the per-sample loop in C, where it was built at install (see setup.py); else the Python loop
-    from twice import _native
-except ImportError:
-    _native = None
+from twice.data.sampler import BatchKeys, EpochSampler
+from twice.data.samples import SeededSamples, collated
 
 __all__ = ["loader", "ResumableLoader"]
-
-_second = operator.itemgetter(1)
-
-
-class _EpochSampler(Sampler):
-    """Yields (stream, index) pairs: this rank's share of the epoch's order, from a given position on.
-
-    The stream names the per-sample RNG states of the sample (see _SeededSamples): the epoch, or
-    for the k-th repeat of an index within an epoch of a user's sampler (one drawing with
-    replacement) epoch + k * 2**32, so that repeats get augmentations of their own."""
-
-    def __init__(
-        self,
-        size: int,
-        shuffle: bool,
-        seed: int,
-        rank: int,
-        world_size: int,
-        drop_last: bool,
-        user: Any = None,
-        user_batches: bool = False,
-    ):
-        self.size, self.shuffle, self.seed = size, shuffle, seed
-        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
-        self.user = (
-            user  # a sampler of the user's (WeightedRandomSampler, a subset), drawn once per epoch
-        )
-        self.user_batches = user_batches  # `user` is a batch sampler (bucketing by length): it yields lists of indices
-        # (epoch, indices, streams, batch sizes or None) of the last draw
-        self._drawn: tuple[int, list[int], list[int], list[int] | None] | None = None
-        self.epoch = 0
-        self.start = 0  # samples of this rank's share already served (batches, for a batch sampler)
-
-    def order(self, epoch: int) -> list[int]:
-        if self.user is not None:
-            indices = list(self._draw(epoch)[0])
-        elif self.shuffle:
-            generator = torch.Generator().manual_seed(derive_seed(self.seed, "shuffle", epoch))
-            indices = torch.randperm(self.size, generator=generator).tolist()
-        else:
-            indices = list(range(self.size))
-        return self._share(indices)
-
-    def _share(self, items: list) -> list:
-        """This rank's share, like DistributedSampler: pad by wrapping around (or drop the tail) so
-        every rank gets the same number of samples, then every world_size-th from this rank's offset."""
-        if self.world_size == 1:
-            return items
-        if self.drop_last:
-            per_rank = len(items) // self.world_size
-            items = items[: per_rank * self.world_size]
-        else:
-            per_rank = math.ceil(len(items) / self.world_size)
-            pad = per_rank * self.world_size - len(items)
-            items = items + (items * math.ceil(pad / max(len(items), 1)))[:pad]
-        return items[self.rank :: self.world_size]
-
-    def batches(self, epoch: int) -> list[list[tuple[int, int]]]:
-        """A user's batch sampler's batches for `epoch`, as (stream, index) keys: this rank's share
-        of them, whole batches dealt out like samples (padded by wrapping around)."""
-        indices, streams, sizes = self._draw(epoch)
-        keys, out, at = list(zip(streams, indices)), [], 0
-        for size in sizes or ():
-            out.append(keys[at : at + size])
-            at += size
-        return self._share(out)
-
-    def _draw(self, epoch: int) -> tuple[list[int], list[int], list[int] | None]:
-        """The user's sampler's indices for `epoch`, their streams, and for a batch sampler the
-        sizes of its batches (the indices being theirs in a row). Its randomness is made a
-        function of (seed, epoch): its `generator`, if it has one, and the global RNGs (for one that
-        draws from them) are seeded for the draw, and the global RNGs given back after it; one with
-        `set_epoch` (DistributedSampler) is told the epoch."""
-        if self._drawn is not None and self._drawn[0] == epoch:
-            return self._drawn[1], self._drawn[2], self._drawn[3]
-        sampler, seed = self.user, derive_seed(self.seed, "sampler", epoch)
-        try:
-            count = len(sampler)
-        except TypeError:
-            raise UsageError(
-                f"the {type(sampler).__name__} given to twice.data.loader has no length, so an epoch "
-                "of it has no end and no position to resume at",
-                "give the sampler a __len__ (the samples per epoch)",
-            ) from None
-        if callable(getattr(sampler, "set_epoch", None)):
-            sampler.set_epoch(epoch)
-        own = getattr(sampler, "generator", _ABSENT)
-        before = rng_snapshot()
-        seed_cpu_rngs(seed)
-        try:
-            if own is not _ABSENT:  # RandomSampler, WeightedRandomSampler, SubsetRandomSampler
-                sampler.generator = torch.Generator().manual_seed(seed)
-            drawn = list(
-                itertools.islice(sampler, count)
-            )  # an endless sampler gives an epoch of its length
-        finally:
-            if own is not _ABSENT:
-                sampler.generator = own
-            rng_restore(before)
-        sizes = None
-        if self.user_batches:
-            sizes = []
-            for batch in drawn:
-                if (
-                    isinstance(batch, (str, bytes))
-                    or not hasattr(batch, "__len__")
-                    or isinstance(batch, torch.Tensor)
-                    and batch.dim() == 0
-                ):
-                    raise UsageError(
-                        f"the batch_sampler given to twice.data.loader yielded {batch!r}, not a batch of indices",
-                        "pass a sampler of single indices as sampler= instead",
-                    )
-                sizes.append(len(batch))
-            drawn = [item for batch in drawn for item in batch]
-        what = "batch_sampler" if self.user_batches else "sampler"
-        indices, streams, seen = [], [], {}
-        for item in drawn:
-            try:
-                index = operator.index(
-                    item.item() if isinstance(item, torch.Tensor) and item.numel() == 1 else item
-                )
-            except TypeError:
-                raise UsageError(
-                    f"the {what} given to twice.data.loader yielded {item!r}, not a sample index",
-                    "pass a sampler of indices as sampler=, or one of lists of indices as batch_sampler=",
-                ) from None
-            if not 0 <= index < self.size:
-                raise UsageError(
-                    f"the {what} given to twice.data.loader yielded index {index}, outside the dataset's {self.size} samples",
-                    "give the sampler the dataset the loader reads",
-                )
-            repeat = seen.get(index, 0)
-            seen[index] = repeat + 1
-            indices.append(index)
-            streams.append(epoch + (repeat << 32))
-        self._drawn = (epoch, indices, streams, sizes)
-        return indices, streams, sizes
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        indices = self.order(self.epoch)[self.start :]
-        if self.user is None:
-            return zip(itertools.repeat(self.epoch), indices)
-        return zip(self._share(self._draw(self.epoch)[1])[self.start :], indices)
-
-    def __len__(self) -> int:
-        return len(self.order(self.epoch)) - self.start
-
-
-class _BatchKeys(Sampler):
-    """DataLoader's batch_sampler under a user's batch sampler: this rank's batches of the epoch as
-    lists of (stream, index) keys, from the position (in batches) on."""
-
-    def __init__(self, sampler: _EpochSampler):
-        self.sampler = sampler
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        return iter(self.sampler.batches(self.sampler.epoch)[self.sampler.start :])
-
-    def __len__(self) -> int:
-        return len(self.sampler.batches(self.sampler.epoch)) - self.sampler.start
-
-
-_ABSENT = object()
-
-
-class _SeededSamples(Dataset):
-    """Fetches dataset[index] with every global RNG it draws from seeded from (seed, epoch, index).
-
-    A sample's state for each RNG comes from sample_rng (position 0 of a state made from (epoch
-    key, index), copied in place; the batch is fetched again with more fresh words when a sample
-    reads past them). Even so, putting three RNGs in place and checking them costs more than many
-    datasets spend on a sample. So an RNG is seeded only once this process has seen the dataset
-    draw from it: every batch is fetched with the RNGs known to be used seeded, and the others'
-    states are compared before and after.
-    When one has moved (the dataset drew from it), it joins the seeded ones and the batch is fetched
-    again, from the same RNG states as the first time. The samples are then those every RNG seeded
-    would give: an RNG a sample never draws from cannot change it. Each RNG costs a batch fetched
-    twice, once per process, at most. A sample that draws from an RNG and then puts its state back
-    (torch.random.fork_rng around unseeded draws) is not seen drawing; `seed_every_rng=True` on
-    the loader seeds all three for every sample instead."""
-
-    RNGS = ("python", "numpy", "torch")
-
-    def __init__(
-        self, dataset: Dataset, seed: int, seed_every_rng: bool = False, collate: Any = None
-    ):
-        self.dataset, self.seed = dataset, seed
-        self.collate = collate  # the user's collate_fn, run here per batch (see _collate)
-        self.collate_draws = False  # seen drawing from a global RNG: from then on seeded per batch
-        self.mixed_streams = (
-            False  # True under a user's sampler: a batch's samples can be of several streams
-        )
-        self._epoch_keys: dict[int, int] = {}  # epoch -> derive_seed(seed, "sample", epoch)
-        self.used = frozenset(self.RNGS if seed_every_rng else ())  # in this process
-        self.words: dict[
-            str, int
-        ] = {}  # RNG -> fresh words made per sample (START_WORDS until more were read)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def _fetch(
-        self, keys: list[tuple[int, int]], used: frozenset
-    ) -> tuple[list[Any], dict[str, int]]:
-        """The samples, each fetched with the RNGs in `used` in its own state; and, per RNG, how
-        many fresh words some sample needed beyond those made (empty when every sample fitted)."""
-        dataset = self.dataset
-        if not used:
-            return [dataset[index] for _, index in keys], {}
-        import numpy as np
-
-        # A batch from the loader's own sampler comes from one epoch (the sampler yields one per
-        # pass, so its first and last keys tell): one key for all its samples. A user's sampler
-        # can mix streams within a batch (repeats of an index).
-        if keys[0][0] == keys[-1][0] and not self.mixed_streams:
-            key = self._epoch_key(keys[0][0])
-        else:
-            key = np.asarray([self._epoch_key(e) for e, _ in keys], dtype=np.uint64)
-        seeders = [seeder(name) for name in self.RNGS if name in used]
-        counts = [(one, self.words.get(one.name, START_WORDS)) for one in seeders]
-        if _native is not None and all(one.in_place for one in seeders):
-            return self._fetch_compiled(keys, key, counts)
-        indices = np.fromiter(map(_second, keys), np.uint64, len(keys))
-        prepare_states(
-            counts, key, indices, len(dataset)
-        )  # the RNGs' states for the batch in one computation
-        writes, constant, calls, checks = [], [], [], []
-        for one, words in counts:
-            if not one.in_place:
-                calls.append(one.put)
-                continue
-            writes.append((one.target, one.rows))
-            constant.extend(one.extra)
-            if one.reset is not None:
-                calls.append(one.reset)
-            if words < MT_WORDS:
-                checks.append(one.check + (words, one))
-        if (
-            len(writes) == 1 and len(constant) == 1 and not calls
-        ):  # the usual case, torch's RNG alone: inlined
-            return self._fetch_one(keys, writes[0], constant[0], checks[0] if checks else None)
-        samples: list[Any] = []
-        append, over = samples.append, {}
-        for row, (_, index) in enumerate(keys):
-            for target, rows in writes:
-                target[:] = rows[row]
-            for view, data in constant:
-                view[:] = data
-            for call in calls:
-                call(row)
-            append(dataset[index])
-            # Seeder.fits written out: read past the fresh words, or regenerated the block (new last words)
-            for position, tail, expected, words, one in checks:
-                if position.value > words or tail.value != expected:
-                    over[one.name] = max(over.get(one.name, 0), _needed(one, words))
-        return samples, over
-
-    def _fetch_compiled(self, keys: list[tuple[int, int]], key: Any, counts: list[tuple[Any, int]]):
-        """`_fetch` in C (twice._native): each sample's states made and put in place, the
-        sample fetched and checked, with no interpreter step per RNG and sample (with three RNGs,
-        that was most of what seeding cost a cheap sample). The same states as `prepare` makes."""
-        specs = tuple(one.compiled_spec(words) for one, words in counts)
-        cleared = tuple(pair for one, _ in counts for pair in one.cleared)
-        stream_keys = key if isinstance(key, int) else key.tolist()
-        samples, needed = _native.fetch(
-            self.dataset, keys if type(keys) is list else list(keys), stream_keys, specs, cleared
-        )
-        return samples, {one.name: count for (one, _), count in zip(counts, needed) if count}
-
-    def _fetch_one(
-        self, keys: list[tuple[int, int]], write: tuple, constant: tuple, check: tuple | None
-    ):
-        """`_fetch` for one RNG in place with one constant write (torch's): per sample two memcpys
-        and, while not all words are fresh, two integer reads; no Python call of ours."""
-        dataset, (target, rows), (view, data) = self.dataset, write, constant
-        samples: list[Any] = []
-        append, over = samples.append, {}
-        checking = check is not None
-        position, tail, expected, words, one = check if checking else (None,) * 5
-        for image, (_, index) in zip(rows, keys):
-            target[:] = image
-            view[:] = data
-            append(dataset[index])
-            if checking and (position.value > words or tail.value != expected):
-                over[one.name] = max(over.get(one.name, 0), _needed(one, words))
-        return samples, over
-
-    def _epoch_key(self, epoch: int) -> int:
-        key = self._epoch_keys.get(epoch)
-        if key is None:
-            key = self._epoch_keys[epoch] = derive_seed(self.seed, "sample", epoch)
-        return key
-
-    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
-        """A whole batch (DataLoader calls this when it exists)."""
-        before = rng_snapshot()
-        while True:
-            used = self.used
-            try:
-                samples, over = self._fetch(keys, used)
-            except BaseException:
-                # A sample that raised (a loop that skips bad samples catches it): the states
-                # put in for the samples must not stay in the training loop's RNGs.
-                if get_worker_info() is None:
-                    rng_restore(before)
-                raise
-            drawn = (
-                rng_changed(before, rng_snapshot()) - used if len(used) < len(self.RNGS) else set()
-            )
-            if not drawn and not over:
-                break
-            # Seen drawing from an RNG not seeded yet, or reading beyond its fresh words: fetch
-            # the batch again, from the same states, with that RNG seeded or more words made.
-            self.used = used | drawn
-            for name, needed in over.items():
-                words = self.words.get(name, START_WORDS)
-                self.words[name] = min(MT_WORDS, max(2 * words, 1 << (needed - 1).bit_length()))
-            rng_restore(before)
-        if get_worker_info() is None and self.used:
-            # In the main process the training loop shares these RNGs: give back those seeded
-            # (the others were not drawn from), so that num_workers=0 trains exactly like num_workers=4.
-            rng_restore(before, only=self.used)
-        if self.collate is not None:
-            return _Collated(self._collate(keys, samples))
-        return samples
-
-    def _collate(self, keys: list[tuple[int, int]], samples: list[Any]) -> Any:
-        """The user's collate_fn on a batch. One that draws random numbers (MixUp, CutMix) would
-        otherwise draw from whatever state the fetching process is in: a worker's, or the training
-        loop's with num_workers=0. So it is watched like the samples: once seen drawing from a
-        global RNG, it runs with Python's, NumPy's and torch's CPU RNG seeded from (seed, the
-        batch's samples), and the first batch it drew in is collated again that way. In the main
-        process the RNGs are given back afterwards."""
-        collate, main = self.collate, get_worker_info() is None
-        before = rng_snapshot()
-        if not self.collate_draws:
-            batch = collate(samples)
-            if not rng_changed(before, rng_snapshot()):
-                return batch
-            self.collate_draws = True
-            rng_restore(before)
-        import numpy as np
-
-        seed_cpu_rngs(derive_seed(self.seed, "collate", np.asarray(keys, dtype=np.int64).tobytes()))
-        try:
-            return collate(samples)
-        finally:
-            if main:
-                rng_restore(before)
-
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        return self.__getitems__([key])[0]
 
 
 class ResumableLoader:
@@ -451,7 +86,7 @@ class ResumableLoader:
                 "which differs from run to run; remove it (twice.data.loader keeps the sampler's order)"
             )
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.sampler = _EpochSampler(
+        self.sampler = EpochSampler(
             len(dataset),
             shuffle,
             seed,
@@ -466,10 +101,10 @@ class ResumableLoader:
         # A collate_fn of the user's runs inside the batch fetch, where it can be seeded (batch_size=None
         # has no collation of batches: DataLoader applies it to each sample as it is).
         collate = dataloader_kwargs.pop("collate_fn", None) if batch_size is not None else None
-        self._samples = _SeededSamples(dataset, seed, seed_every_rng, collate)
+        self._samples = SeededSamples(dataset, seed, seed_every_rng, collate)
         self._samples.mixed_streams = user_sampler is not None
         if collate is not None:
-            dataloader_kwargs["collate_fn"] = _collated
+            dataloader_kwargs["collate_fn"] = collated
         self._kwargs = dataloader_kwargs
         self._drop_last_batch = drop_last
         self.batches_served = 0
@@ -526,7 +161,7 @@ class ResumableLoader:
         if self.sampler.user_batches:
             inner = DataLoader(
                 self._samples,
-                batch_sampler=_BatchKeys(self.sampler),
+                batch_sampler=BatchKeys(self.sampler),
                 generator=generator,
                 **self._kwargs,
             )
@@ -612,25 +247,6 @@ class ResumableLoader:
         self.batches_served = state["batches_served"]
 
 
-class _Collated:
-    """A batch collated inside __getitems__ (seeded there), passed through DataLoader's collate step."""
-
-    __slots__ = ("batch",)
-
-    def __init__(self, batch: Any):
-        self.batch = batch
-
-
-def _collated(batch: _Collated) -> Any:
-    return batch.batch
-
-
-def _needed(one, words: int) -> int:
-    """Fresh words a sample that did not fit needed: its position, or all of them if it regenerated the block."""
-    position = one.position()
-    return position if position > words else MT_WORDS
-
-
 def _default_seed() -> int:
     import os
 
@@ -653,7 +269,7 @@ def loader(
     """A deterministic, resumable DataLoader (see ResumableLoader); other keywords go to torch's DataLoader.
 
     The seed defaults to derive_seed(root, "data"), root being `twice run`'s seed (0 outside it).
-    Only the RNGs the dataset is seen drawing from are seeded per sample (see _SeededSamples);
+    Only the RNGs the dataset is seen drawing from are seeded per sample (see SeededSamples);
     `seed_every_rng=True` seeds Python's, NumPy's and torch's for every sample regardless.
 
     >>> data = twice.data.loader(dataset, batch_size=64, shuffle=True, num_workers=4)   # doctest: +SKIP

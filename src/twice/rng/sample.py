@@ -196,7 +196,7 @@ class Seeder:
             seeded = self.seed_at is not None
             fresh = min(MT_WORDS, 2 * (len(columns) - seeded))
             check = None
-            if words < MT_WORDS:  # as _SeededSamples._fetch checks
+            if words < MT_WORDS:  # as SeededSamples._fetch checks
                 position, tail, expected = self.check
                 check = (ctypes.addressof(position), ctypes.addressof(tail), expected, words)
             batch = self._batch_extra_at if fresh < MT_WORDS else ()  # as _fill writes them

@@ -1,0 +1,193 @@
+"""Writing a run's manifest: identity and context as the run starts, what its processes recorded as it ends.
+
+The manifest is written atomically at both moments, so a run killed in between still has one
+(status `running`, which `effective_status` turns into `crashed` once the launcher is gone).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from twice.app.options import RunOptions
+from twice.core.digests import digest
+from twice.runtime.capture import (
+    gather_context_facts,
+    gather_identity_facts,
+    git_state,
+    numeric_env,
+)
+from twice.store.layout import MANIFEST, RunFolder
+from twice.store.runs import process_start_time, read_json, write_bytes_atomic, write_json_atomic
+
+__all__ = ["start_manifest", "finish_manifest", "SCHEMA"]
+
+SCHEMA = 1
+
+
+def _status_for(returncode: int | None, interrupted: bool) -> str:
+    if interrupted or returncode in (-signal.SIGINT, 130, -signal.SIGTERM):
+        return "interrupted"
+    if returncode == 0:
+        return "completed"
+    if returncode is not None and returncode < 0:
+        return "crashed"
+    return "failed"
+
+
+def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
+    """Fold what each Python process of the command recorded (procs/<pid>.json) into the identity."""
+    procs = []
+    for path in sorted(RunFolder(run_dir).procs.glob("*.json")):
+        try:
+            procs.append(read_json(path))
+        except Exception:  # noqa: BLE001 - a process killed mid-write leaves nothing usable; skip it
+            continue
+    procs.sort(key=lambda p: p.get("started", 0))
+    sources = {}
+    for proc in procs:
+        for source in proc.get("sources", []):
+            path = Path(source)
+            try:
+                key = path.relative_to(base).as_posix()
+            except ValueError:
+                key = str(path)
+            try:
+                sources[key] = digest(path.read_bytes())
+            except OSError:
+                sources[key] = None
+    identity["code"]["sources"] = dict(sorted(sources.items()))
+    ranks = [
+        p["distributed"]
+        for p in procs
+        if p.get("distributed") and p["distributed"].get("rank") is not None
+    ]
+    if ranks:
+        identity["distributed"] = {
+            "world_size": max(r["world_size"] for r in ranks),
+            "backend": next((r.get("backend") for r in ranks if r.get("backend")), None),
+            "ranks_recorded": sorted(r["rank"] for r in ranks),
+        }
+    main = next((p for p in procs if p.get("torch") and p.get("steps")), None) or next(
+        (p for p in procs if p.get("torch")), None
+    )
+    if main is not None:
+        identity["torch"] = main["torch"]
+        runtime = main.get("torch_runtime") or {}
+        identity["threads"] = {
+            k: runtime[k] for k in ("intra_op_threads", "inter_op_threads") if k in runtime
+        }
+        if "cuda_devices" in runtime:
+            identity["cuda_devices"] = runtime["cuda_devices"]
+        if main.get("determinism"):
+            settings = main["determinism"]["settings"]
+            identity["determinism"]["in_effect"] = {k: v["in_effect"] for k, v in settings.items()}
+            problems = {k: v["reason"] for k, v in settings.items() if v["reason"]}
+            if problems:
+                identity["determinism"]["problems"] = problems
+    return {
+        "processes": len(procs),
+        "steps": main.get("steps") if main else None,
+        "stopped_after": main.get("stopped_after") if main else None,
+        "trace_cost": _trace_cost(main),
+    }
+
+
+def _trace_cost(proc: dict | None) -> dict | None:
+    """Time the training process spent in twice's trace hooks, against its whole life."""
+    if (
+        not proc
+        or proc.get("trace_cost_s") is None
+        or not proc.get("ended")
+        or not proc.get("started")
+    ):
+        return None
+    wall = max(
+        round(proc["ended"] - proc["started"], 3), 1e-3
+    )  # the share is of the wall time as recorded
+    return {
+        "hooks_s": proc["trace_cost_s"],
+        "wall_s": wall,
+        "share": round(proc["trace_cost_s"] / wall, 4),
+    }
+
+
+def start_manifest(
+    run_dir: Path,
+    argv: list[str],
+    script: Path | None,
+    cwd: Path,
+    options: RunOptions,
+    env: dict[str, str],
+    runs_dir: Path,
+) -> dict:
+    """Capture the identity and context of a run that is starting and write its manifest (status running)."""
+    started = time.time()
+    git, patch = git_state(cwd, exclude=[runs_dir])
+    if patch:
+        write_bytes_atomic(RunFolder(run_dir).code_patch, patch.encode("utf-8", "surrogateescape"))
+    code = {
+        "git": None
+        if git is None
+        else {
+            **{k: git[k] for k in ("commit", "branch", "dirty")},
+            "patch": digest(patch) if patch else None,
+        }
+    }
+    if script is not None:
+        code["script"] = {"path": script.as_posix(), "digest": digest((cwd / script).read_bytes())}
+    identity = {
+        "schema": SCHEMA,
+        "argv": list(argv),
+        "code": code,
+        "seed": None if options.observe else options.seed,
+        "observe": options.observe,
+        "determinism": {"mode": "observe" if options.observe else options.determinism},
+        **gather_identity_facts(),
+        "env": numeric_env(env),
+    }
+    facts = gather_context_facts()
+    launcher = {
+        "pid": os.getpid(),
+        "host": facts["host"],
+        "start_time": process_start_time(os.getpid()),
+    }
+    context = {
+        **facts,
+        "cwd": str(cwd),
+        "started": started,
+        "status": "running",
+        "launcher": launcher,
+        "git_root": git["root"] if git else None,
+        "trace_every": options.trace_every,
+        "params_every": options.params_every,
+        "stop_after": options.stop_after,
+        "capture_seconds": round(time.time() - started, 4),
+    }
+    manifest = {"identity": identity, "context": context}
+    write_json_atomic(run_dir / MANIFEST, manifest)
+    return manifest
+
+
+def finish_manifest(
+    run_dir: Path, manifest: dict, returncode: int | None, interrupted: bool
+) -> None:
+    """Fold in what the processes recorded, set the final status, and rewrite the manifest atomically."""
+    identity, context = manifest["identity"], manifest["context"]
+    summary = _merge_processes(run_dir, identity, Path(context.get("git_root") or context["cwd"]))
+    config_path = RunFolder(run_dir).config
+    if config_path.is_file():
+        identity["config"] = read_json(config_path)
+    context.update(
+        ended=time.time(),
+        exit_code=returncode,
+        status=_status_for(returncode, interrupted),
+        **summary,
+    )
+    if returncode is not None and returncode < 0:
+        context["signal"] = signal.Signals(-returncode).name
+    if summary.get("stopped_after"):
+        context["status"] = "stopped"
+    write_json_atomic(run_dir / MANIFEST, manifest)
