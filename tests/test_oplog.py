@@ -38,12 +38,27 @@ def test_a_recorded_steps_ops_read_back_with_names_phases_and_lines(tmp_path):
     assert [r["i"] for r in records] == list(range(len(records)))
 
 
-def test_the_same_step_recorded_twice_gives_the_same_records(tmp_path):
-    torch.manual_seed(0)
-    _record_step(tmp_path / "a")
-    torch.manual_seed(0)
-    _record_step(tmp_path / "b")
-    assert step_ops(tmp_path / "a", 0) == step_ops(tmp_path / "b", 0)
+def test_the_same_step_recorded_in_two_processes_gives_byte_identical_logs(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch\n"
+        "from twice.record.oplog import OpLog, OpRecorder\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Tanh())\n"
+        "with OpRecorder(0) as ops:\n"
+        "    model(torch.randn(4, 3)).sum().backward()\n"
+        "log = OpLog(sys.argv[1])\n"
+        "ops.close(); ops.write(log); log.close()\n"
+    )
+    logs = []
+    for name in ("a", "b"):
+        subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / name)], check=True, cwd=tmp_path
+        )
+        logs.append(RunFolder(tmp_path / name).op_log().read_bytes())
+    assert logs[0] == logs[1] and step_ops(tmp_path / "a", 0)
 
 
 @pytest.mark.parametrize(

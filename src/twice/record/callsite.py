@@ -11,6 +11,7 @@ import functools
 import gc
 import os
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -69,8 +70,9 @@ def line_from_traceback(stack: str | None) -> str | None:
     return user
 
 
-def module_names() -> dict[int, str]:
-    """Every live module's path from its outermost parent ("" for a root)."""
+def module_names() -> dict[int, tuple[Any, str]]:
+    """Every live module's path from its outermost parent, by id, with a weak reference to the
+    module (an id alone may later belong to another module: check the reference)."""
     modules = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.nn.Module)]
     parent: dict[int, tuple[Any, str]] = {}
     for module in modules:
@@ -85,5 +87,8 @@ def module_names() -> dict[int, str]:
             current, name = parent[id(current)]
             parts.append(name)
         root = type(current).__name__
-        names[id(module)] = ".".join([root, *reversed(parts)]) if parts else root
+        names[id(module)] = (
+            weakref.ref(module),
+            ".".join([root, *reversed(parts)]) if parts else root,
+        )
     return names

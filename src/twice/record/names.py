@@ -88,10 +88,14 @@ def distinct_names(
 
 class ParamNames:
     """The names of each optimizer's parameters in one process, distinct across optimizers; kept
-    until an optimizer's parameter count changes (add_param_group)."""
+    while the optimizer lives and its parameter count stays (add_param_group changes it).
+
+    Keyed by the optimizer's id and checked against a weak reference to it: an optimizer built
+    where a freed one lived (a new model and optimizer per fold, per trial) gets its own
+    parameters, never the old one's, and a freed optimizer's parameters are let go."""
 
     def __init__(self) -> None:
-        self._names: dict[int, list[tuple[str, Any]]] = {}
+        self._names: dict[int, tuple[Any, list[tuple[str, Any]]]] = {}  # id -> (ref, pairs)
         self._index: dict[int, int] = {}
 
     def of(self, optimizer) -> list[tuple[str, Any]]:
@@ -104,30 +108,55 @@ class ParamNames:
             else sum(len(group["params"]) for group in groups)
         )
         cached = self._names.get(key)
-        if cached is None or len(cached) != count:  # add_param_group() invalidates the cache
-            index = self._index.setdefault(key, len(self._index))
-            found = PARAM_NAMES.get(optimizer)
-            if found is None or len(found[0]) < count:
-                found = param_names(
-                    optimizer
-                )  # a scan of live objects: once per optimizer and process
-                try:
-                    PARAM_NAMES[optimizer] = found
-                except TypeError:
-                    pass  # an optimizer-like object that takes no weak references
-            taken = {
-                name for other, named in self._names.items() if other != key for name, _ in named
-            }
-            names = distinct_names(
-                *found, [id(p) for group in optimizer.param_groups for p in group["params"]], taken
-            )
-            self._names[key] = [
-                (names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param)
-                for g, group in enumerate(optimizer.param_groups)
-                for p, param in enumerate(group["params"])
-            ]
-        return self._names[key]
+        if cached is not None and cached[0]() is optimizer and len(cached[1]) == count:
+            return cached[1]
+        self._forget_freed()  # (rare: a new optimizer, or its parameter count changed)
+        index = self._index.setdefault(key, len(self._index))
+        found = PARAM_NAMES.get(optimizer)
+        if found is None or len(found[0]) < count:
+            found = param_names(optimizer)  # a scan of live objects: once per optimizer and process
+            try:
+                PARAM_NAMES[optimizer] = found
+            except TypeError:
+                pass  # an optimizer-like object that takes no weak references
+        taken = {
+            name for other, (_, named) in self._names.items() if other != key for name, _ in named
+        }
+        names = distinct_names(
+            *found, [id(p) for group in optimizer.param_groups for p in group["params"]], taken
+        )
+        pairs = [
+            (names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param)
+            for g, group in enumerate(optimizer.param_groups)
+            for p, param in enumerate(group["params"])
+        ]
+        try:
+            ref = weakref.ref(optimizer)
+        except TypeError:  # no weak references: hold it (it is in use, and rarely many)
+            ref = _Strong(optimizer)
+        self._names[key] = (ref, pairs)
+        return pairs
+
+    def _forget_freed(self) -> None:
+        """Drop the entries of optimizers that no longer exist (their ids may be reused)."""
+        for key in [
+            key for key, (ref, _) in self._names.items() if ref() is None or id(ref()) != key
+        ]:
+            del self._names[key]
+            self._index.pop(key, None)
 
     def all(self) -> list[tuple[str, Any]]:
-        """Every named parameter of every optimizer seen so far."""
-        return [pair for pairs in self._names.values() for pair in pairs]
+        """Every named parameter of every live optimizer seen so far."""
+        return [pair for ref, pairs in self._names.values() if ref() is not None for pair in pairs]
+
+
+class _Strong:
+    """A strong reference with weakref.ref's interface."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value

@@ -83,11 +83,12 @@ class OpContext(TorchDispatchMode):
         self.phase, self.step_line_shared, self._step_line = phase, step_line_shared, None
 
     def _enter_module(self, module, args):
-        name = self._names.get(id(module))
-        if name is None:
+        entry = self._names.get(id(module))
+        if entry is None or entry[0]() is not module:  # unknown, or a freed module's address reused
             self._names.clear()
             self._names.update(module_names())
-            name = self._names.setdefault(id(module), type(module).__name__)
+            entry = self._names.setdefault(id(module), (weakref.ref(module), type(module).__name__))
+        name = entry[1]
         if self.phase in ("user", "optimizer"):
             self.phase = "forward"  # the next forward pass has begun
         self._module_stack.append(name)
@@ -313,7 +314,7 @@ def _permuted_digest(tensor: torch.Tensor) -> str | None:
     return hasher.hexdigest()
 
 
-_NAMES: dict[int, str] = {}
+_NAMES: dict[int, tuple[Any, str]] = {}  # id -> (weak reference, path)
 # One encoder for every record (json.dumps with options builds one per call); the key order is the
 # order on_op builds each record in, the same in every run, so it needs no sorting.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
