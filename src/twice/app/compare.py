@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from twice.core.divergence import (
-    FIELD_MEANING,
     Divergence,
+    divergence_phrase,
     explain,
     first_divergence,
     loss_gap,
@@ -128,11 +128,7 @@ def compare_runs(
         )
     uneven = {s: n for s, n in lengths.items() if n[0] != n[1]}
     if first is not None:
-        where = "" if first.stream == "main" else f" in {first.stream}"
-        verdict = (
-            f"runs differ: first divergence at step {first.step}{where} "
-            f"({FIELD_MEANING[first.first]}); steps before it bit-identical"
-        )
+        verdict = f"runs differ: {divergence_phrase(first)}; steps before it bit-identical"
         if "loss" in first.fields:
             gap = loss_gap(first.loss_a, first.loss_b)
             if gap.get("abs") is not None:

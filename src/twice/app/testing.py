@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from twice.core.divergence import FIELD_MEANING, first_divergence
+from twice.core.divergence import divergence_phrase, first_divergence
 from twice.runtime.determinism import deterministic
 from twice.store.layout import RunFolder
 from twice.store.traces import read_trace
@@ -86,8 +86,8 @@ def _describe(a, b) -> str | None:
     if found is not None:
         tensors = found.tensors.get(found.first)
         return (
-            f"first divergence at step {found.step}: {FIELD_MEANING[found.first]}"
-            + (f" ({', '.join(tensors[:4])})" if tensors else "")
+            divergence_phrase(found)
+            + (f": {', '.join(tensors[:4])}" if tensors else "")
             + f"; fields differing: {', '.join(found.fields)}"
         )
     if len(a) != len(b):

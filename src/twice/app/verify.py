@@ -7,6 +7,7 @@ from pathlib import Path
 
 from twice.app.compare import Comparison, compare_runs
 from twice.app.launch import RunOptions, run_command
+from twice.core.divergence import divergence_phrase
 from twice.core.errors import UsageError
 from twice.core.protocol import ChildSettings
 from twice.runtime.capture import numeric_env
@@ -179,7 +180,7 @@ def verify_resume(
 
 def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck:
     """Compare one stream's resumed steps (from step `at` on) with the same steps of the straight run."""
-    from twice.core.divergence import FIELD_MEANING, first_divergence
+    from twice.core.divergence import first_divergence
 
     # A script resuming by itself restarts twice's step count at 0: align it with the straight run.
     offset = at if after and after[0].step == 0 else 0
@@ -222,8 +223,7 @@ def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck
         cause += f" ({', '.join(found.rng_sources)})"
     if found.step > at:
         cause = f"state that matters only later was not restored; at step {found.step}: {cause}"
-    first = " (the first resumed step)" if found.step == at else ""
-    verdict = f"resume differs: first divergence at step {found.step}{first} ({FIELD_MEANING[found.first]})"
+    verdict = f"resume differs: {divergence_phrase(found, resumed_at=at)}"
     return ResumeCheck(False, verdict, cause, at, runs, found.to_json())
 
 

@@ -10,7 +10,14 @@ from typing import Any
 from twice.core.manifest import Difference
 from twice.core.records import COMPARED_FIELDS, StepRecord
 
-__all__ = ["Divergence", "first_divergence", "explain", "loss_gap", "FIELD_MEANING"]
+__all__ = [
+    "Divergence",
+    "first_divergence",
+    "divergence_phrase",
+    "explain",
+    "loss_gap",
+    "FIELD_MEANING",
+]
 
 FIELD_MEANING = {
     "batch": "data (batch)",
@@ -57,6 +64,15 @@ class Divergence:
                 loss_a=self.loss_a, loss_b=self.loss_b, **loss_gap(self.loss_a, self.loss_b)
             )
         return data
+
+
+def divergence_phrase(divergence: Divergence, resumed_at: int | None = None) -> str:
+    """The one phrasing of a first divergence, in every verdict that states one (`diff`, `verify`,
+    `verify-resume`, the pytest assertions): `first divergence at step 412 in rank1 (loss
+    (forward))`, marked as the first resumed step where it is `resumed_at`."""
+    where = "" if divergence.stream == "main" else f" in {divergence.stream}"
+    resumed = " (the first resumed step)" if divergence.step == resumed_at else ""
+    return f"first divergence at step {divergence.step}{where}{resumed} ({FIELD_MEANING[divergence.first]})"
 
 
 def _as_floats(value: Any) -> list[float]:
