@@ -9,7 +9,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_folder() -> tempfile.TemporaryDirectory:
-    """A scratch folder for the runs a bench records, where twice puts runs (`runs/` of the project):
+    """A scratch folder for the runs a bench records, where twice puts runs (`runs/` of the
+    project):
     on some machines /tmp is several times slower to create files in (here 0.2-0.7 ms per file
     against 0.05 ms), which would charge twice for the machine's /tmp. BENCH_DIR overrides."""
     base = Path(os.environ.get("BENCH_DIR") or ROOT / "runs")
@@ -18,7 +19,8 @@ def run_folder() -> tempfile.TemporaryDirectory:
 
 
 def small_mlp(steps: int):
-    """The small CPU model of the op-log and numerics benches: an MLP, Adam, `steps` batches of 64."""
+    """The small CPU model of the op-log and numerics benches: an MLP, Adam, `steps` batches of
+    64."""
     import torch
     from torch import nn
 

@@ -83,14 +83,17 @@ def bench_checkpoint(folder: Path):
     )
     load_ratio = min(loads["twice load+verify"]) / min(loads["torch.load(weights_only)"])
     print(
-        f"checkpoint of {size:.2f} GB (model + Adam state), {REPEATS} rounds (save: median; load: best, warm cache):"
+        f"checkpoint of {size:.2f} GB (model + Adam state), {REPEATS} rounds (save: median; "
+        f"load: best, warm cache):"
     )
     print(
-        f"  save: torch.save+fsync {statistics.median(saves['torch.save+fsync']):.2f} s, twice {statistics.median(saves['twice save']):.2f} s, "  # noqa: E501
+        f"  save: torch.save+fsync {statistics.median(saves['torch.save+fsync']):.2f} s, twice "
+        f"{statistics.median(saves['twice save']):.2f} s, "
         f"ratio {save_ratio:.2f}x (target <= 1.1x)"
     )
     print(
-        f"  load: torch.load(weights_only=True) {min(loads['torch.load(weights_only)']):.2f} s, twice with verification "
+        f"  load: torch.load(weights_only=True) {min(loads['torch.load(weights_only)']):.2f} s, "
+        f"twice with verification "
         f"{min(loads['twice load+verify']):.2f} s, ratio {load_ratio:.2f}x (target <= 1.2x)"
     )
 
@@ -155,13 +158,15 @@ def bench_loader(dataset, label):
     )
     print(
         f"loader, {label} (20k samples, batch 64, main process): plain DataLoader "
-        f"{20000 / statistics.median(times['plain']):,.0f} samples/s; twice.data.loader: {costs} (target <= 5%)"
+        f"{20000 / statistics.median(times['plain']):,.0f} samples/s; twice.data.loader: {costs} "
+        f"(target <= 5%)"
         + ("" if compiled is not None else " [twice._native not built: Python loop only]")
     )
 
 
 class EveryRng(CheapAugment):
-    """The crop+flip sample with its choices drawn from Python's, NumPy's and torch's RNGs: all three seeded per sample."""
+    """The crop+flip sample with its choices drawn from Python's, NumPy's and torch's RNGs: all
+    three seeded per sample."""
 
     def __getitem__(self, i):
         top, left = random.randrange(9), int(np.random.randint(0, 9))
@@ -170,7 +175,8 @@ class EveryRng(CheapAugment):
 
 
 class CifarStyle(Dataset):
-    """The usual CIFAR training transform, written in torch: uint8 HWC image, pad 4 (reflect), random
+    """The usual CIFAR training transform, written in torch: uint8 HWC image, pad 4 (reflect),
+    random
     32x32 crop, random flip, to float CHW, normalise. A realistic cheap sample, for scale."""
 
     MEAN, STD = (

@@ -1,4 +1,5 @@
-"""CPU digest throughput on a 256 MB tensor, against SHA-256 on the same bytes (measured side by side).
+"""CPU digest throughput on a 256 MB tensor, against SHA-256 on the same bytes (measured side by
+side).
 
 Target (issue 3): at least 8 GB/s per core.
 """

@@ -23,8 +23,8 @@ mode = sys.argv[1]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                          torch.nn.Linear(512, 10))
+net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                          torch.nn.ReLU(), torch.nn.Linear(512, 10))
 x, y = torch.randn(256, 256), torch.randint(0, 10, (256,))
 loss_fn = lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1])
 if mode == "ddp":
@@ -85,8 +85,10 @@ def main():
                 times[mode].append(loop_ms(folder, mode))
     ddp, two, eight = (statistics.median(times[k]) for k in ("ddp", "2", "8"))
     print(
-        f"2 ranks (gloo, CPU), MLP 256-512-512-10, global batch 256, rank 0 wall ms/step: DDP {ddp:.2f}; "
-        f"invariant, 2 micro-batches {two:.2f} ({two / ddp:.2f}x); invariant, 8 micro-batches {eight:.2f} ({eight / ddp:.2f}x)"
+        f"2 ranks (gloo, CPU), MLP 256-512-512-10, global batch 256, rank 0 wall ms/step: DDP "
+        f"{ddp:.2f}; "
+        f"invariant, 2 micro-batches {two:.2f} ({two / ddp:.2f}x); invariant, 8 micro-batches "
+        f"{eight:.2f} ({eight / ddp:.2f}x)"
     )
 
 

@@ -55,8 +55,10 @@ def main():
     m = {k: statistics.median(v) / STEPS * 1e3 for k, v in times.items()}
     print(
         f"small CPU MLP (0.1M params, batch 64, Adam, 1 thread), ms/step: plain {m['plain']:.2f}, "
-        f"full watch alone {m['watch-only']:.2f} ({m['watch-only'] / m['plain']:.1f}x; target <= 3x), "
-        f"with the step trace (twice run --numerics) {m['full']:.2f} ({m['full'] / m['plain']:.1f}x)"
+        f"full watch alone {m['watch-only']:.2f} ({m['watch-only'] / m['plain']:.1f}x; target <= "
+        f"3x), "
+        f"with the step trace (twice run --numerics) {m['full']:.2f} "
+        f"({m['full'] / m['plain']:.1f}x)"
     )
     print(
         f"  cheap mode: trace {m['trace']:.3f}, trace + cheap checks {m['trace+cheap']:.3f} "

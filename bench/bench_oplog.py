@@ -1,4 +1,5 @@
-"""Cost of a step recorded at op level (twice run --record-ops), against a plain step, in one process.
+"""Cost of a step recorded at op level (twice run --record-ops), against a plain step, in one
+process.
 
 Target (issue 5): a recorded step costs at most 5x a plain step on a small CPU model; steps that
 are not recorded cost what they cost without twice. For scale, the same steps also run under
@@ -7,7 +8,8 @@ hashes and stack traces), where this torch has it.
 
 Method: one model trained on throughout; short blocks of steps alternate between the variants in
 rotating order (this VM's speed drifts by 10-30% over seconds), and the median of the per-round
-ratios is reported, in CPU time (steadier than wall time here; one torch thread and no threads of twice's, so the two agree). Naming the modules and parameters (a scan
+ratios is reported, in CPU time (steadier than wall time here; one torch thread and no threads of
+twice's, so the two agree). Naming the modules and parameters (a scan
 of live objects, once per process and model) is measured apart.
 """
 
@@ -82,10 +84,12 @@ def main():
     p = statistics.median(times["plain"]) / STEPS
     ratio = statistics.median(t / q for t, q in zip(times["twice"], times["plain"]))
     print(
-        f"small CPU MLP (0.1M params, batch 64, Adam, 1 thread), CPU time, median of {ROUNDS} rounds of {STEPS} steps"
+        f"small CPU MLP (0.1M params, batch 64, Adam, 1 thread), CPU time, median of {ROUNDS} "
+        f"rounds of {STEPS} steps"
     )
     print(
-        f"  plain step {p * 1e3:.2f} ms; op-recorded step (twice run --record-ops, with the step trace) "
+        f"  plain step {p * 1e3:.2f} ms; op-recorded step (twice run --record-ops, with the step "
+        f"trace) "
         f"{ratio:.2f}x (target <= 5x)"
     )
     if debug:

@@ -19,7 +19,9 @@ import time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 dist.init_process_group("gloo")
 torch.manual_seed(0)
-model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)))
+model = DistributedDataParallel(
+    torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 for step in range(600):
@@ -53,7 +55,8 @@ def main():
         (folder / "t.py").write_text(SCRIPT)
         times = {"off": [], "20": [], "1": []}
         for round_ in range(7):
-            # Rotate the order each round: this VM's speed drifts, and a fixed order would bias one mode.
+            # Rotate the order each round: this VM's speed drifts, and a fixed order would bias one
+            # mode.
             kinds = list(times)[round_ % 3 :] + list(times)[: round_ % 3]
             for every in kinds:
                 times[every].append(loop_ms(folder, "1000000000" if every == "off" else every))
@@ -62,8 +65,10 @@ def main():
         k: statistics.median(t / o for o, t in zip(times["off"], times[k])) for k in ("20", "1")
     }
     print(
-        f"2 ranks (gloo, CPU), rank 0 wall ms/step, median of 7 rounds: checks off {off:.3f}, every 20 steps (default) "
-        f"{default:.3f} ({100 * (ratio['20'] - 1):+.1f}%; target <= 2%), every step {each:.3f} ({100 * (ratio['1'] - 1):+.1f}%)"
+        f"2 ranks (gloo, CPU), rank 0 wall ms/step, median of 7 rounds: checks off {off:.3f}, "
+        f"every 20 steps (default) "
+        f"{default:.3f} ({100 * (ratio['20'] - 1):+.1f}%; target <= 2%), every step {each:.3f} "
+        f"({100 * (ratio['1'] - 1):+.1f}%)"
     )
 
 

@@ -1,4 +1,5 @@
-"""Start-up cost of `twice run` over plain `python` for a script that imports torch, and manifest capture time.
+"""Start-up cost of `twice run` over plain `python` for a script that imports torch, and manifest
+capture time.
 
 Targets (issue 2): at most 1 s of added start-up; the manifest captured in at most 0.5 s.
 Runs each variant alternately, several times, and reports medians measured in this one run.
@@ -43,7 +44,8 @@ def main():
         f"(ratio {t / p:.2f}x; target <= 1 s added)"
     )
     print(
-        f"manifest capture: median {statistics.median(capture):.3f} s, max {max(capture):.3f} s (target <= 0.5 s)"
+        f"manifest capture: median {statistics.median(capture):.3f} s, max {max(capture):.3f} s "
+        f"(target <= 0.5 s)"
     )
 
 

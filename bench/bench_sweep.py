@@ -60,7 +60,8 @@ def main():
         )
         overhead = light / 8 - plain
         print(
-            f"per-trial overhead: plain run {plain:.2f} s, sweep of 8 trials {light:.2f} s (jobs 1): "
+            f"per-trial overhead: plain run {plain:.2f} s, sweep of 8 trials {light:.2f} s (jobs "
+            f"1): "
             f"{overhead:.2f} s per trial beyond the trial's own run (target <= 1.5 s)"
         )
         work = "20000000"
@@ -97,7 +98,8 @@ def main():
             tmp,
         )
         print(
-            f"2x4 sweep of a CPU-bound script: --jobs 1 {one:.1f} s, --jobs 2 {two:.1f} s, ratio {two / one:.2f} "
+            f"2x4 sweep of a CPU-bound script: --jobs 1 {one:.1f} s, --jobs 2 {two:.1f} s, ratio "
+            f"{two / one:.2f} "
             f"(target <= 0.6; this machine has {os.cpu_count()} cores)"
         )
 

@@ -74,7 +74,8 @@ def setup(build, batch):
 
 
 def loop(model, optimizer, data, batch):
-    """(CPU seconds, wall seconds, seconds in twice's handlers) of one pass over the data, its first step left out (TIMED steps):
+    """(CPU seconds, wall seconds, seconds in twice's handlers) of one pass over the data, its first
+    step left out (TIMED steps):
     in a traced block that step also opens the trace and names the parameters for the new
     recorder, once-per-run costs that 20-step blocks would otherwise charge five times over."""
     start = wall = cost = 0.0
@@ -99,11 +100,14 @@ def loop(model, optimizer, data, batch):
 def main():
     torch.set_num_threads(1)
     print(
-        f"zero-code tracing overhead, CPU time, median over {ROUNDS} alternating pairs of {STEPS}-step blocks, 1 thread "
-        f"(the last case: torch's default {THREADS}, where wall time is the figure: CPU time adds up the threads)"
+        f"zero-code tracing overhead, CPU time, median over {ROUNDS} alternating pairs of "
+        f"{STEPS}-step blocks, 1 thread "
+        f"(the last case: torch's default {THREADS}, where wall time is the figure: CPU time "
+        f"adds up the threads)"
     )
     print(
-        "(steady state: one model trained on in every block; naming the parameters, once per optimizer, is reported apart)"
+        "(steady state: one model trained on in every block; naming the parameters, once per "
+        "optimizer, is reported apart)"
     )
     only = [
         word.lower() for word in sys.argv[1:]
@@ -146,8 +150,10 @@ def main():
             statistics.median(r[column] for r in traced),
         )
         print(
-            f"  {label:<48} plain {p * 1e3 / TIMED:6.3f} ms/step  traced {t * 1e3 / TIMED:6.3f} ms/step  "
-            f"overhead {100 * (ratio - 1):5.1f}% (wall time {100 * (wall - 1):+.1f}%; pairs' quartiles "
+            f"  {label:<48} plain {p * 1e3 / TIMED:6.3f} ms/step  traced {t * 1e3 / TIMED:6.3f} "
+            f"ms/step  "
+            f"overhead {100 * (ratio - 1):5.1f}% (wall time {100 * (wall - 1):+.1f}%; pairs' "
+            f"quartiles "
             f"{100 * (quartiles[0] - 1):+.1f}%, {100 * (quartiles[2] - 1):+.1f}%)  (target <= 3%)  "
             f"in twice's handlers {100 * statistics.median(shares):.1f}% of the traced wall time  "
             f"naming once {naming * 1e3:.0f} ms"

@@ -1,4 +1,5 @@
-"""The GPU proof (issue 11), one script for the GPU machine: `python bench/gpu_check.py [--out DIR]`.
+"""The GPU proof (issue 11), one script for the GPU machine: `python bench/gpu_check.py [--out
+DIR]`.
 
 1. A small CNN with conv backward and an index_add_/scatter_add_ layer, trained twice on CUDA:
    `twice audit --determinism off` names the nondeterministic operations it really hit, and two
@@ -38,8 +39,8 @@ class Scatter(nn.Module):
         index = (torch.arange(x.shape[1], device=x.device) % 7)
         out = torch.zeros(x.shape[0], 7, device=x.device).index_add_(1, index, x)
         return out.scatter_add(1, index[:7].expand(x.shape[0], 7), out)
-model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-                      nn.Flatten(), Scatter(), nn.Linear(7, 10)).to(device)
+model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                      nn.ReLU(), nn.Flatten(), Scatter(), nn.Linear(7, 10)).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 data = torch.randn(8, 64, 3, 32, 32, generator=torch.Generator().manual_seed(1)).to(device)
 target = torch.randint(0, 10, (8, 64), generator=torch.Generator().manual_seed(2)).to(device)
@@ -97,7 +98,8 @@ def check_late_cublas(device):
         return {"skipped": "needs CUDA"}
     code = (
         "import torch, twice\na = torch.ones(8, 8, device='cuda'); (a @ a).sum().item()\n"
-        "try:\n    twice.deterministic(seed=0)\n    print('accepted')\nexcept twice.DeterminismError as e:\n    print(e.render())"
+        "try:\n    twice.deterministic(seed=0)\n    print('accepted')\nexcept "
+        "twice.DeterminismError as e:\n    print(e.render())"
     )
     env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
     env["PYTHONHASHSEED"] = "0"
@@ -269,7 +271,8 @@ def check_cpu_vs_gpu(device):
     for key, cpu in states["cpu"].items():
         gpu = states["cuda"][key]
         relative = float((cpu - gpu).abs().max() / cpu.abs().max().clamp_min(1e-30))
-        # float32 reduction-order differences stay near 1e-6 relative after a few steps; TF32 is off here.
+        # float32 reduction-order differences stay near 1e-6 relative after a few steps; TF32 is off
+        # here.
         results[key] = {
             "max_relative": relative,
             "verdict": "expected (reduction order)" if relative < 1e-4 else "suspicious",

@@ -1,4 +1,5 @@
-"""Shared fixtures: global RNG and determinism state restored around every test; helpers to run the CLI."""
+"""Shared fixtures: global RNG and determinism state restored around every test; helpers to run
+the CLI."""
 
 from __future__ import annotations
 

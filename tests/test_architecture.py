@@ -1,4 +1,5 @@
-"""The house's rules, checked on the source: layered folders, imports pointing down, no cycles, a pure core.
+"""The house's rules, checked on the source: layered folders, imports pointing down, no cycles, a
+pure core.
 
 Every import form is scanned (`import twice.x`, `from twice.x import y`, `from twice import x`,
 relative imports), at module level and inside functions, in every file of the package, `_boot/`
@@ -19,7 +20,8 @@ PACKAGE = Path(twice.__file__).parent
 # Folders, lowest first: a module may import from its own folder or a lower one, never a higher one.
 LAYERS = ["core", "rng", "store", "checkpoint", "record", "data", "runtime", "app", "integrations"]
 # Files directly in twice/: the compiled module sits below everything; the command line (cli/), the
-# public facades (twice.testing, twice.numerics, twice.parallel) and `python -m twice` above everything.
+# public facades (twice.testing, twice.numerics, twice.parallel) and `python -m twice` above
+# everything.
 TOP_LEVEL = {
     "_native": -1,
     "cli": len(LAYERS),
@@ -33,9 +35,11 @@ MAX_LINES = 400
 # Modules still longer than MAX_LINES, each with what it holds. Not a licence: the list may only
 # shrink (test_long_modules_are_still_long fails once one is split, so it leaves the list).
 LONG_MODULES: dict[str, str] = {
-    "twice.record.recorder": "one concept: a recorder's events, its open step and the record it writes",
+    "twice.record.recorder": "one concept: a recorder's events, its open step and the record it "
+    "writes",
     "twice.core.digests": "the Digester, tensor framing, the many-tensor path and lanes_norm",
-    "twice.rng.sample": "per-sample RNG states for the loader; past 400 only once formatted at 100 columns",
+    "twice.rng.sample": "per-sample RNG states for the loader; past 400 only once formatted at "
+    "100 columns",
 }
 FILE_CALLS = {
     "open",
@@ -73,7 +77,8 @@ MODULES = _modules()
 
 
 def _resolve(name: str) -> str | None:
-    """The package module a dotted name refers to (a name imported from a module resolves to the module)."""
+    """The package module a dotted name refers to (a name imported from a module resolves to the
+    module)."""
     while name and name not in MODULES and name != "twice._native":
         name = name.rpartition(".")[0]
     return name or None
@@ -147,13 +152,15 @@ def test_the_scanner_sees_every_import_form(tmp_path):
 def test_imports_point_down(module):
     for imported in _imports(module, MODULES[module]):
         assert _layer(imported) <= _layer(module), (
-            f"{module} (layer {_layer(module)}) imports {imported} (layer {_layer(imported)}): imports point down"
+            f"{module} (layer {_layer(module)}) imports {imported} (layer {_layer(imported)}): "
+            f"imports point down"
         )
 
 
 def test_no_import_cycles_anywhere():
     graph = {module: _imports(module, path) for module, path in MODULES.items()}
-    # Packages' __init__ re-export their modules: an edge into a package is an edge into what it re-exports.
+    # Packages' __init__ re-export their modules: an edge into a package is an edge into what it re-
+    # exports.
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -231,7 +238,8 @@ def test_long_modules_are_still_long(module):
 
 
 def test_commands_that_read_records_load_no_torch(tmp_path):
-    """`twice diff`, `ls`, `show`, `stats` and `report` judge files: they must not pay for importing torch."""
+    """`twice diff`, `ls`, `show`, `stats` and `report` judge files: they must not pay for
+    importing torch."""
     import subprocess
     import sys
 

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Sparse")
 
 
 def train(tmp_path, build, steps=4, name="run"):
-    """Train `build()`'s (modules, optimizers, loss function) under a recorder; the trace's records."""
+    """Train `build()`'s (modules, optimizers, loss function) under a recorder; the trace's
+    records."""
     torch.manual_seed(0)
     modules, optimizers, loss_of = build()
     hooks.install(hooks.Recorder(tmp_path / name))
@@ -270,7 +271,8 @@ def test_the_torch_norms_on_the_cpu_are_the_fused_kernels_bit_for_bit():
 
 
 def scaled_training(tmp_path, steps, loss_of, name="scaled", trace_every=1):
-    """Train a Linear(4, 1) with SGD through torch.amp.GradScaler under a recorder: (records, scaler, events)."""
+    """Train a Linear(4, 1) with SGD through torch.amp.GradScaler under a recorder: (records,
+    scaler, events)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -354,7 +356,8 @@ def test_a_compiled_optimizer_step_runs_twice_hooks_eagerly(tmp_path):
     """torch.compile(opt.step) makes Dynamo trace the global optimizer-step hooks: without care
     it traces into twice's digests and norms, breaking the user's graph at each of them and
     compiling twice's own functions as frames of their own (recompiled per tensor, until the
-    recompile limit). twice's hooks run eagerly instead, outside Dynamo, and record the same steps."""
+    recompile limit). twice's hooks run eagerly instead, outside Dynamo, and record the same
+    steps."""
     import torch._dynamo
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 

@@ -130,7 +130,8 @@ def test_a_planted_malicious_pickle_is_refused_without_running_it(tmp_path):
     (target / "model.pt").write_bytes(pickle.dumps(Exploit()))
     with pytest.raises(CheckpointError, match="files twice did not write: model.pt"):
         checkpoint.load(target, model=Model())
-    # Replacing the tensors file itself with a pickle fails its digest, and safetensors never unpickles.
+    # Replacing the tensors file itself with a pickle fails its digest, and safetensors never
+    # unpickles.
     (target / "model.pt").unlink()
     torch.save({"x": Exploit()}, target / "tensors.safetensors")
     with pytest.raises(CheckpointError, match="tensors.safetensors is"):
@@ -356,7 +357,8 @@ def test_a_state_saved_through_a_wrapper_and_restored_into_the_bare_module_names
 @pytest.mark.parametrize("kind", ["statefum", "", None, 3, ["stateful"]])
 def test_an_entry_kind_twice_does_not_write_is_refused_not_left_at_its_fresh_state(tmp_path, kind):
     """One flipped byte in the index ("stateful" -> "statefum") once loaded as success with the
-    model untouched. Kinds come from one table: a name outside it is a CheckpointError everywhere."""
+    model untouched. Kinds come from one table: a name outside it is a CheckpointError
+    everywhere."""
     import json
 
     model, opt, _ = trained()

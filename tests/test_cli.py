@@ -50,8 +50,14 @@ def test_show_prints_the_run_and_json_adds_its_effective_status(tmp_path):
 
 def test_bad_input_is_an_error_with_a_hint_and_exit_2_never_a_traceback(tmp_path):
     runner = CliRunner()
-    for args in (["ls", str(tmp_path / "nowhere")], ["show", "nothing", "--runs-dir", str(tmp_path)],
-                 ["checkpoint", "verify", str(tmp_path)], ["run", "--nope"], ["diff", "a"]):  # fmt: skip
+    cases = (
+        ["ls", str(tmp_path / "nowhere")],
+        ["show", "nothing", "--runs-dir", str(tmp_path)],
+        ["checkpoint", "verify", str(tmp_path)],
+        ["run", "--nope"],
+        ["diff", "a"],
+    )
+    for args in cases:
         result = runner.invoke(main, args)
         assert result.exit_code == 2, args
         assert "error: " in result.output and "hint: " in result.output, args

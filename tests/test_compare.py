@@ -134,7 +134,8 @@ def test_hogwild_updates_fail_verify_with_identical_batches_and_name_nondetermin
 
 def test_a_run_killed_half_way_compares_correctly_with_a_full_run(tmp_path):
     (tmp_path / "slow.py").write_text(
-        "import time, torch\nm = torch.nn.Linear(3, 1)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "import time, torch\nm = torch.nn.Linear(3, 1)\no = torch.optim.SGD(m.parameters(), "
+        "lr=0.1)\n"
         "for i in range(40):\n    o.zero_grad(); m(torch.randn(4, 3)).sum().backward(); o.step()\n"
         "    time.sleep(0.1 if i > 5 else 0)\n"
     )
@@ -210,7 +211,8 @@ def test_run_api_records_a_hand_written_sgd_loop_identically_twice(tmp_path):
 def test_gan_style_two_optimizers_make_one_step_per_round(tmp_path):
     (tmp_path / "gan.py").write_text(
         "import torch\nd = torch.nn.Linear(2, 1); g = torch.nn.Linear(2, 2)\n"
-        "od = torch.optim.SGD(d.parameters(), lr=0.1); og = torch.optim.Adam(g.parameters(), lr=0.1)\n"
+        "od = torch.optim.SGD(d.parameters(), lr=0.1); og = torch.optim.Adam(g.parameters(), "
+        "lr=0.1)\n"
         "for i in range(5):\n"
         "    od.zero_grad(); d(g(torch.randn(4, 2)).detach()).mean().backward(); od.step()\n"
         "    og.zero_grad(); (-d(g(torch.randn(4, 2)))).mean().backward(); og.step()\n"
@@ -223,8 +225,10 @@ def test_gan_style_two_optimizers_make_one_step_per_round(tmp_path):
 
 def test_lbfgs_closure_steps_are_traced_with_their_gradients(tmp_path):
     (tmp_path / "lbfgs.py").write_text(
-        "import torch\nm = torch.nn.Linear(3, 1)\nx = torch.randn(16, 3)\no = torch.optim.LBFGS(m.parameters(), max_iter=4)\n"
-        "def closure():\n    o.zero_grad(); loss = m(x).pow(2).mean(); loss.backward(); return loss\n"
+        "import torch\nm = torch.nn.Linear(3, 1)\nx = torch.randn(16, 3)\no = "
+        "torch.optim.LBFGS(m.parameters(), max_iter=4)\n"
+        "def closure():\n    o.zero_grad(); loss = m(x).pow(2).mean(); loss.backward(); return "
+        "loss\n"
         "for i in range(3):\n    o.step(closure)\n"
     )
     assert twice("run", "lbfgs.py", cwd=tmp_path).returncode == 0

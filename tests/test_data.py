@@ -87,7 +87,8 @@ def test_mid_epoch_resume_continues_exactly_without_fetching_skipped_samples():
 
 
 class Sometimes(Dataset):
-    """Draws from Python's random for a few samples only, from torch's for all, from NumPy's never."""
+    """Draws from Python's random for a few samples only, from torch's for all, from NumPy's
+    never."""
 
     def __len__(self):
         return 40
@@ -164,7 +165,8 @@ def test_resuming_with_other_loader_settings_is_refused():
 
 
 def _unconfirmed_layouts(monkeypatch):
-    """Make this process's RNG layouts unconfirmed: every state goes through the libraries' own API."""
+    """Make this process's RNG layouts unconfirmed: every state goes through the libraries' own
+    API."""
     from twice.rng import layouts, snapshot
     from twice.rng import sample as sample_rng
 
@@ -178,7 +180,7 @@ def _unconfirmed_layouts(monkeypatch):
     monkeypatch.setattr(sample_rng, "_seeders", {})
 
 
-def test_where_the_rng_layouts_are_not_confirmed_the_loader_sets_the_same_states_through_the_libraries(
+def test_where_rng_layouts_are_not_confirmed_the_loader_sets_the_same_states_through_the_apis(
     monkeypatch,
 ):
     from twice.rng import sample as sample_rng
@@ -197,7 +199,8 @@ def test_where_the_rng_layouts_are_not_confirmed_the_loader_sets_the_same_states
 
 
 class Greedy(Dataset):
-    """Samples drawing from none to more than a whole MT19937 block of words from each RNG: 630 words
+    """Samples drawing from none to more than a whole MT19937 block of words from each RNG: 630
+    words
     regenerate the block and leave the position at 6, where a sample that drew 6 words would be."""
 
     DRAWS = {
@@ -241,7 +244,8 @@ def test_samples_reading_past_the_fresh_words_get_the_numbers_of_complete_states
 
 
 class TorchGreedy(Dataset):
-    """Greedy's draws from torch's RNG alone (the loader's inlined path): 630 words regenerate the block."""
+    """Greedy's draws from torch's RNG alone (the loader's inlined path): 630 words regenerate
+    the block."""
 
     def __len__(self):
         return 12
@@ -324,7 +328,8 @@ class Normals(Dataset):
 @pytest.mark.parametrize("make", [Augmented, Greedy, TorchGreedy, Normals, "sampler"])
 def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, make):
     # The loop in C (twice._native) makes each sample's states itself: the same numbers as the
-    # Python loop's NumPy-made states, with the same fresh words learnt, for every way a sample draws.
+    # Python loop's NumPy-made states, with the same fresh words learnt, for every way a sample
+    # draws.
     assert (
         twice.data.samples._native is not None
     )  # built at install (setup.py); else only the Python loop is tested
@@ -464,7 +469,8 @@ def test_an_iterable_dataset_is_refused_with_a_hint():
 
 
 def test_out_of_order_batches_are_refused():
-    """in_order=False (DataLoader yields batches as workers finish them) would make the stream depend on timing."""
+    """in_order=False (DataLoader yields batches as workers finish them) would make the stream
+    depend on timing."""
     with pytest.raises(ValueError, match="in_order=False"):
         twice.data.loader(Augmented(), batch_size=2, num_workers=2, in_order=False)
     assert (
@@ -531,9 +537,11 @@ class MixUp:
         return weight * batch + (1 - weight) * batch.flip(0)
 
 
-def test_a_collate_fn_that_draws_random_numbers_gives_the_same_batches_for_any_workers_and_on_resume():
-    """MixUp/CutMix in collate_fn draw outside any sample: seeded per batch once seen drawing, so the
-    batches match for 0, 2 and 4 workers and after a mid-epoch resume, and the loop's RNGs stay put."""
+def test_a_collate_fn_drawing_random_numbers_gives_the_same_batches_for_any_workers_and_resume():
+    """MixUp/CutMix in collate_fn draw outside any sample: seeded per batch once seen drawing, so
+    the
+    batches match for 0, 2 and 4 workers and after a mid-epoch resume, and the loop's RNGs stay
+    put."""
 
     def batches(workers, epochs=2):
         loader = twice.data.loader(
@@ -583,7 +591,8 @@ def test_a_collate_fn_drawing_nothing_is_run_once_per_batch():
 
 
 def test_resuming_over_a_dataset_of_another_size_is_refused():
-    """The position of a loader over 30 samples says nothing about a dataset of 31: refused, not misapplied."""
+    """The position of a loader over 30 samples says nothing about a dataset of 31: refused, not
+    misapplied."""
     state = twice.data.loader(Augmented(30), batch_size=4, shuffle=True, seed=11).state_dict()
     with pytest.raises(
         ValueError, match="the dataset has 31 samples; the checkpoint's loader had 30"
@@ -596,7 +605,8 @@ def test_resuming_over_a_dataset_of_another_size_is_refused():
 
 
 def weighted(size=30):
-    """Class-imbalance sampling: indices drawn with replacement, by weight (its own generator: None)."""
+    """Class-imbalance sampling: indices drawn with replacement, by weight (its own generator:
+    None)."""
     return torch.utils.data.WeightedRandomSampler(
         torch.linspace(0.1, 1.0, size), 40, replacement=True
     )

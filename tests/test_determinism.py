@@ -24,18 +24,23 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_strict_mode_refuses_when_pythonhashseed_was_not_fixed_at_start():
     result = run_python(
-        "import torch, twice\ntry:\n twice.deterministic(seed=0)\nexcept twice.DeterminismError as e:\n print(e.render())"
+        "import torch, twice\ntry:\n twice.deterministic(seed=0)\nexcept twice.DeterminismError "
+        "as e:\n print(e.render())"
     )
     assert "error: PYTHONHASHSEED was not fixed when the interpreter started" in result.stdout
     assert "hint:" in result.stdout
 
 
 def test_setting_pythonhashseed_after_start_is_not_mistaken_for_fixed():
-    code = "import os; os.environ['PYTHONHASHSEED'] = '7'\nfrom twice.runtime.determinism import hash_seed_in_effect\nprint(hash_seed_in_effect())"  # noqa: E501
+    code = (
+        "import os; os.environ['PYTHONHASHSEED'] = '7'\nfrom twice.runtime.determinism "
+        "import hash_seed_in_effect\nprint(hash_seed_in_effect())"
+    )
     assert run_python(code).stdout.strip() == "None"
     assert (
         run_python(
-            "from twice.runtime.determinism import hash_seed_in_effect\nprint(hash_seed_in_effect())",
+            "from twice.runtime.determinism import "
+            "hash_seed_in_effect\nprint(hash_seed_in_effect())",
             PYTHONHASHSEED="7",
         ).stdout.strip()
         == "7"

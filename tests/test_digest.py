@@ -102,7 +102,8 @@ def test_unknown_objects_are_refused_unless_strict_is_off():
 
 
 def test_a_layout_without_readable_parts_is_refused_with_a_fix():
-    """Sparse layouts are digested (tests/test_capture.py); an opaque one such as MKL-DNN's is not."""
+    """Sparse layouts are digested (tests/test_capture.py); an opaque one such as MKL-DNN's is
+    not."""
     with pytest.raises(TypeError, match="to_dense"):
         twice.digest(torch.randn(3, 4).to_mkldnn())
 
@@ -193,7 +194,8 @@ def test_batch_digests_are_stable_across_versions():
             [torch.arange(6.0).reshape(2, 3), torch.arange(3.0).reshape(1, 3)]
         )
     pair = collections.namedtuple("Pair", "x y")
-    expected = [  # (batch, digest): a list, since equal tuples of the same tensors would share a dict key
+    # (batch, digest): a list, since equal tuples of the same tensors would share a dict key
+    expected = [
         ((grid, labels), "559731a75d0428be0f749cc5aeff76ee"),
         ([grid, labels], "42d57ba1608562b54a75af221e9695ea"),
         (grid, "98f875d41e3faf7a1ddf52f01778153e"),
@@ -252,7 +254,8 @@ def test_quantized_tensors_digest_their_integers_with_their_scales():
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_nested_tensors_digest_their_components_in_order():
-    """Variable-length batches (torch.nested) digest as their components, in order, under their layout."""
+    """Variable-length batches (torch.nested) digest as their components, in order, under their
+    layout."""
 
     def nested(*lengths, layout=torch.strided):
         return torch.nested.nested_tensor(

@@ -1,4 +1,5 @@
-"""twice under torchrun (gloo, CPU, real processes): per-rank traces, replica checks, rank-aware diff."""
+"""twice under torchrun (gloo, CPU, real processes): per-rank traces, replica checks, rank-aware
+diff."""
 
 import json
 import shutil
@@ -64,8 +65,8 @@ def test_a_planted_desync_is_detected_at_its_step_with_the_rank_named(tmp_path):
     result = torchrun(tmp_path, "desync", name="desync")
     assert result.returncode != 0
     assert (
-        "replicas out of sync at step 5: rank 1 holds different parameters from rank 0, first in module.0.bias"
-        in result.stderr
+        "replicas out of sync at step 5: rank 1 holds different parameters from rank 0, first in "
+        "module.0.bias" in result.stderr
     )
     found = json.loads((runs(tmp_path)[0] / "replicas.json").read_text())
     assert (found["step"], found["rank"], found["tensor"]) == (5, 1, "module.0.bias")
@@ -142,7 +143,8 @@ def test_a_two_process_run_resumes_bit_exactly_and_refuses_another_world_size(tm
 
 
 def _final_params(tmp, n, mode):
-    """Start `n` ranks directly (as torchrun would, without its agent process) and read rank 0's parameters."""
+    """Start `n` ranks directly (as torchrun would, without its agent process) and read rank 0's
+    parameters."""
     import socket
 
     out = tmp / f"{mode}{n}.safetensors"
@@ -209,7 +211,8 @@ def test_invariant_mode_refuses_batches_and_world_sizes_it_cannot_split_evenly()
 
 
 def test_two_node_torchrun_with_a_rendezvous_endpoint_records_every_rank(tmp_path):
-    """Two torchrun agents on this machine stand in for two nodes: each node's `twice run` records its ranks."""
+    """Two torchrun agents on this machine stand in for two nodes: each node's `twice run`
+    records its ranks."""
     import socket
 
     script("ddp_train.py", tmp_path)

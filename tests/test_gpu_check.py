@@ -1,4 +1,5 @@
-"""The GPU proof script's code paths, run on the CPU with tiny sizes (the figures need the GPU machine)."""
+"""The GPU proof script's code paths, run on the CPU with tiny sizes (the figures need the GPU
+machine)."""
 
 import json
 import subprocess

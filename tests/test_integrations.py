@@ -1,4 +1,5 @@
-"""Lightning, the Hugging Face Trainer and MLflow, each against the real library (installed by the test extras)."""
+"""Lightning, the Hugging Face Trainer and MLflow, each against the real library (installed by
+the test extras)."""
 
 import json
 import sys
@@ -70,7 +71,7 @@ def test_lightning_script_under_twice_run_records_its_steps(tmp_path):
 # -- Hugging Face Trainer -------------------------------------------------------------------------
 
 
-def test_hugging_face_trainer_resume_matches_the_uninterrupted_run_and_the_trace_shows_a_lost_data_position(
+def test_hf_trainer_resume_matches_the_uninterrupted_run_and_the_trace_shows_a_lost_data_position(
     tmp_path, monkeypatch, scripts_importable
 ):
     pytest.importorskip("transformers")

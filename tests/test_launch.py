@@ -30,7 +30,8 @@ def test_a_string_set_prints_in_the_same_order_under_twice_run_and_not_without(t
         for s in range(1, 9)
     }
     assert len(plain) > 1
-    # And setting it inside the script is too late: the launcher sets it before the interpreter starts.
+    # And setting it inside the script is too late: the launcher sets it before the interpreter
+    # starts.
     assert manifest(runs(tmp_path)[0])["identity"]["env"]["PYTHONHASHSEED"] == "0"
 
 
@@ -72,7 +73,8 @@ def test_weights_are_byte_identical_through_a_subprocess_the_script_starts(out_d
     path = script("tiny_train.py", tmp)
     parent = tmp / "parent.py"
     parent.write_text(
-        f"import subprocess, sys\nsubprocess.run([sys.executable, {str(path)!r}, sys.argv[1]], check=True)\n"
+        f"import subprocess, sys\nsubprocess.run([sys.executable, {str(path)!r}, sys.argv[1]], "
+        f"check=True)\n"
     )
     for name in ("a", "b"):
         assert twice("run", "--", sys.executable, parent, f"{name}/w.pt", cwd=tmp).returncode == 0
@@ -279,7 +281,8 @@ def test_ctrl_c_the_moment_the_command_starts_still_marks_the_run_interrupted(tm
             if alive:
                 os.kill(child, signal.SIGKILL)
             pytest.fail(
-                f"attempt {attempt}: the launcher did not end within 60 s of SIGINT; manifest found: {bool(found)}, "
+                f"attempt {attempt}: the launcher did not end within 60 s of SIGINT; manifest "
+                f"found: {bool(found)}, "
                 f"child {child} still alive: {alive}, status recorded: {context.get('status')}"
             )
         assert manifest(found[0].parent)["context"]["status"] == "interrupted", attempt
@@ -353,7 +356,8 @@ def test_forked_children_draw_the_same_python_random_numbers_in_every_run(tmp_pa
     # CPython reseeds `random` from os.urandom after fork; twice reseeds it by fork order.
     (tmp_path / "forks.py").write_text(
         "import os, random, sys\nfor i in range(2):\n    pid = os.fork()\n    if pid == 0:\n"
-        "        print(i, random.random(), flush=True)\n        os._exit(0)\n    os.waitpid(pid, 0)\n"
+        "        print(i, random.random(), flush=True)\n        os._exit(0)\n    os.waitpid(pid, "
+        "0)\n"
     )
     outputs = [twice("run", "forks.py", cwd=tmp_path).stdout for _ in range(2)]
     assert outputs[0] == outputs[1] and len(set(outputs[0].split())) == 4

@@ -13,7 +13,7 @@ from twice.record import hooks, numerics
 from twice.store.traces import read_trace
 
 
-def test_gradient_normalisation_nan_is_traced_to_the_scripts_line_with_saturation_and_zero_gradients(
+def test_gradient_normalisation_nan_is_traced_to_its_line_with_saturation_and_zero_gradients(
     tmp_path,
 ):
     script("gradnorm.py", tmp_path)

@@ -1,4 +1,5 @@
-"""Op logs: the recorder writes each chosen step's operations; the reader gives them back exactly and
+"""Op logs: the recorder writes each chosen step's operations; the reader gives them back exactly
+and
 refuses a damaged log (CorruptRecord) instead of comparing it."""
 
 import json

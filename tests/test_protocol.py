@@ -1,4 +1,5 @@
-"""core.protocol: the launcher <-> child contract round-trips exactly and rejects malformed values."""
+"""core.protocol: the launcher <-> child contract round-trips exactly and rejects malformed
+values."""
 
 import pytest
 from hypothesis import given

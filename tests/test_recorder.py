@@ -1,4 +1,5 @@
-"""record: the recorder's step records on real optimizers in this process (hooks installed for real)."""
+"""record: the recorder's step records on real optimizers in this process (hooks installed for
+real)."""
 
 import torch
 

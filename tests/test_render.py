@@ -35,9 +35,13 @@ def _comparison(identical=False, differences=(), divergence=None):
 
 def test_a_difference_prints_the_verdict_then_the_cause_the_manifest_groups_and_the_divergence():
     divergence = Divergence(
-        "main", 3, ["loss", "grads", "params"], tensors={"grads": ["fc.weight", "fc.bias"]},
-        loss_a="0x1.0p+0", loss_b="0x1.000002p+0",
-    )  # fmt: skip
+        "main",
+        3,
+        ["loss", "grads", "params"],
+        tensors={"grads": ["fc.weight", "fc.bias"]},
+        loss_a="0x1.0p+0",
+        loss_b="0x1.000002p+0",
+    )
     diffs = [Difference("threads", "threads.intra_op_threads", 1, 2)]
     assert format_comparison(_comparison(differences=diffs, divergence=divergence)) == (
         "runs differ: step 3\n"
@@ -84,13 +88,25 @@ def test_the_trace_cost_note_appears_only_past_both_thresholds():
 
 
 def test_the_run_table_and_one_run():
-    row = {"id": "20261203-a", "status": "completed", "exit_code": 0, "steps": 12, "seed": 0,
-           "started": None, "command": "python train.py"}  # fmt: skip
+    row = {
+        "id": "20261203-a",
+        "status": "completed",
+        "exit_code": 0,
+        "steps": 12,
+        "seed": 0,
+        "started": None,
+        "command": "python train.py",
+    }
     assert (
         format_run_table([row]) == f"{'20261203-a':<44} completed   ?  steps 12     python train.py"
     )
-    identity = {"determinism": {"mode": "strict"}, "python": {"version": "3.11.7"},
-                "torch": {"version": "2.13.0"}, "packages": {"a": "1"}, "code": {"sources": {"x": 1}}}  # fmt: skip
+    identity = {
+        "determinism": {"mode": "strict"},
+        "python": {"version": "3.11.7"},
+        "torch": {"version": "2.13.0"},
+        "packages": {"a": "1"},
+        "code": {"sources": {"x": 1}},
+    }
     assert format_run(row, identity) == (
         "run 20261203-a: completed (exit 0)\n"
         "  command: python train.py\n"
@@ -103,10 +119,18 @@ def test_the_run_table_and_one_run():
 
 def test_nan_tells_the_fault_and_its_chain_or_the_first_non_finite_step_or_none():
     report = {
-        "fault": {"value": "nan", "step": 4, "op": "aten::div.Tensor", "phase": "user", "line": "train.py:9"},
-        "chain": [{"step": 0, "summary": "softmax saturated", "module": "head", "fix": "lower the lr"},
-                  {"step": 4, "summary": "first nan produced by aten::div.Tensor", "line": "train.py:9"}],
-    }  # fmt: skip
+        "fault": {
+            "value": "nan",
+            "step": 4,
+            "op": "aten::div.Tensor",
+            "phase": "user",
+            "line": "train.py:9",
+        },
+        "chain": [
+            {"step": 0, "summary": "softmax saturated", "module": "head", "fix": "lower the lr"},
+            {"step": 4, "summary": "first nan produced by aten::div.Tensor", "line": "train.py:9"},
+        ],
+    }
     assert format_nan(report, []) == (
         "nan at step 4: aten::div.Tensor (user) at train.py:9\n"
         "chain of causes, first cause first:\n"

@@ -9,7 +9,7 @@ import torch
 from conftest import SCRIPTS, clean_env, runs, script, twice
 
 
-def test_resume_mid_epoch_with_workers_dropout_adam_scheduler_and_augmentation_matches_uninterrupted_run(
+def test_resume_mid_epoch_with_workers_dropout_adam_scheduler_augmentation_matches_straight_run(
     tmp_path,
 ):
     script("resumable.py", tmp_path)

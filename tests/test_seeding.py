@@ -99,7 +99,8 @@ def test_the_python_rng_digest_follows_every_draw_even_a_whole_state_regeneratio
 
 def test_rng_digests_read_in_place_are_those_of_the_copied_states():
     """The step trace digests Python's and NumPy's states where they lie: the values must be those
-    of the bytes copied out (what earlier traces hold), through any draws, reseeds and gauss caches."""
+    of the bytes copied out (what earlier traces hold), through any draws, reseeds and gauss
+    caches."""
     from twice.core.digests import digest_bytes
     from twice.rng.layouts import _numpy_state_bytes, _python_state_bytes
 
@@ -268,7 +269,8 @@ assert torch.equal(torch.rand(3), expected), "restore_rng"
 generator = torch.Generator().manual_seed(1)
 stacked = torch.stack([first, generator.get_state()])
 expected = torch.rand(3, generator=generator)
-twice.checkpoint.kinds.kind_named("torch_generator", "g", "test").restore(generator, stacked[1], "g")
+kind = twice.checkpoint.kinds.kind_named("torch_generator", "g", "test")
+kind.restore(generator, stacked[1], "g")
 assert torch.equal(torch.rand(3, generator=generator), expected), "checkpoint"
 print("ok")
 """

@@ -7,7 +7,10 @@ from twice.core.seeds import derive_seed
 
 
 def test_derive_seed_is_the_same_in_two_separate_processes():
-    code = "from twice.core.seeds import derive_seed; print(derive_seed(7, 'data', 3), derive_seed(2**40, 'init'))"
+    code = (
+        "from twice.core.seeds import derive_seed; print(derive_seed(7, 'data', 3), "
+        "derive_seed(2**40, 'init'))"
+    )
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code],

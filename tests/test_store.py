@@ -49,8 +49,11 @@ def test_a_good_manifest_reads_into_a_typed_record(tmp_path):
     write_json_atomic(run / "manifest.json", GOOD)
     manifest = read_manifest(run)
     assert (manifest.argv, manifest.seed, manifest.steps, manifest.determinism) == (
-        ["python", "train.py"], 0, 3, "strict",
-    )  # fmt: skip
+        ["python", "train.py"],
+        0,
+        3,
+        "strict",
+    )
     assert (
         effective_status(manifest) == "completed"
         and summarize_run(run)["command"] == "python train.py"

@@ -17,7 +17,8 @@ from twice.core.stats import compare_pair, seeds_for_power, summarize_arm
 
 
 def train(lr, evaluate):
-    """Initial weights and batches drawn from named streams; an optional eval pass draws random numbers."""
+    """Initial weights and batches drawn from named streams; an optional eval pass draws random
+    numbers."""
     torch.manual_seed(123)
     twice.stream.reset()  # each call stands for a separate run
     with twice.stream("init", seed=0):

@@ -1,4 +1,5 @@
-"""twice.testing: reproducibility assertions and golden traces for users' test suites, and the pytest plugin."""
+"""twice.testing: reproducibility assertions and golden traces for users' test suites, and the
+pytest plugin."""
 
 import subprocess
 import sys
@@ -102,7 +103,8 @@ def test_the_pytest_plugin_offers_the_update_flag_and_fixture(tmp_path):
     (tmp_path / "test_user.py").write_text(
         "import torch\nfrom twice.testing import assert_matches_golden\n"
         "def train():\n    m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "    for _ in range(3):\n        o.zero_grad(); m(torch.randn(4, 2)).sum().backward(); o.step()\n"
+        "    for _ in range(3):\n        o.zero_grad(); m(torch.randn(4, 2)).sum().backward(); "
+        "o.step()\n"
         "def test_golden(twice_update_golden):\n"
         "    assert_matches_golden(train, 'golden.jsonl', update=twice_update_golden)\n"
     )

@@ -86,7 +86,8 @@ def test_a_trace_line_is_the_same_bytes_through_orjson_or_json(monkeypatch):
 
 
 def test_a_record_orjson_refuses_is_written_through_json(tmp_path):
-    """A step index past 64 bits (no real run, but nothing twice writes may be lost to an encoder)."""
+    """A step index past 64 bits (no real run, but nothing twice writes may be lost to an
+    encoder)."""
     writer = TraceWriter(tmp_path / "trace.jsonl")
     writer.write(_full_record(step=2**70))
     writer.close()

@@ -29,7 +29,8 @@ _EXPORTS = {
     "log_metric": "store.metrics",
 }
 
-# Submodules that are part of the public surface: twice.checkpoint.save(...), twice.data.loader(...).
+# Submodules that are part of the public surface: twice.checkpoint.save(...),
+# twice.data.loader(...).
 _SUBMODULES = ("checkpoint", "data", "numerics", "parallel")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["__version__"]

@@ -1,4 +1,5 @@
-"""Numerical health in Python: `with twice.numerics.watch(mode="stop"): train()` finds where a NaN starts."""
+"""Numerical health in Python: `with twice.numerics.watch(mode="stop"): train()` finds where a
+NaN starts."""
 
 from twice.record.numerics import NonFiniteError, NumericsWatch, watch
 

@@ -115,9 +115,11 @@ def compare_runs(
     faults = {label: first_fault(path) for label, path in (("A", Path(a)), ("B", Path(b)))}
     faults = {label: fault for label, fault in faults.items() if fault is not None}
     if faults:
-        # A NaN is a numerical fault, which two runs can share or not; say so before blaming nondeterminism.
+        # A NaN is a numerical fault, which two runs can share or not; say so before blaming
+        # nondeterminism.
         notes = [
-            f"run {label} hit a numerical fault at step {fault['step']} ({fault['summary']}; see `twice nan`)"
+            f"run {label} hit a numerical fault at step {fault['step']} ({fault['summary']}; see "
+            f"`twice nan`)"
             for label, fault in faults.items()
         ]
         same = len(faults) == 2 and faults["A"]["step"] == faults["B"]["step"]
@@ -138,7 +140,8 @@ def compare_runs(
         in_a, in_b = (first.step in steps_ for steps_ in skipped[first.stream])
         if in_a != in_b:
             verdict += (
-                f"; GradScaler skipped the update at step {first.step} in {'A' if in_a else 'B'} only "
+                f"; GradScaler skipped the update at step {first.step} in {'A' if in_a else 'B'} "
+                f"only "
                 "(its scaled gradients were inf/NaN)"
             )
         identical = False
@@ -150,7 +153,8 @@ def compare_runs(
         shorter, status = ("A", statuses[0]) if na < nb else ("B", statuses[1])
         verdict = (
             f"runs agree on all {compared} common steps, but {shorter} recorded fewer "
-            f"({min(na, nb)} vs {max(na, nb)} steps{'' if stream == 'main' else ' in ' + stream}; {shorter} is {status})"
+            f"({min(na, nb)} vs {max(na, nb)} "
+            f"steps{'' if stream == 'main' else ' in ' + stream}; {shorter} is {status})"
         )
         identical = False
     else:
@@ -161,7 +165,10 @@ def compare_runs(
         if (
             stopped is not None
         ):  # the training went on untraced: its trace is shorter for that reason alone
-            verdict += f"; {label}'s step capture stopped at step {stopped['step']} ({stopped['error']}): its trace ends there"
+            verdict += (
+                f"; {label}'s step capture stopped at step {stopped['step']} "
+                f"({stopped['error']}): its trace ends there"
+            )
     return Comparison(
         a=Path(a),
         b=Path(b),

@@ -35,7 +35,8 @@ BOOT_DIR = Path(__file__).resolve().parent.parent / "runtime" / "_boot"
 
 
 def resolve_command(command: list[str]) -> tuple[list[str], Path | None]:
-    """(argv to execute, the Python script it runs if one can be seen); usage errors for bad commands."""
+    """(argv to execute, the Python script it runs if one can be seen); usage errors for bad
+    commands."""
     if not command:
         raise UsageError(
             "no command to run", "put the command after --, e.g. `twice run -- python train.py`"
@@ -156,7 +157,8 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
                 f"cannot start {argv[0]}: {exc.strerror}", "check the command"
             ) from exc
 
-        # Ctrl-C is caught as a signal from here on, not as KeyboardInterrupt: one arriving while the
+        # Ctrl-C is caught as a signal from here on, not as KeyboardInterrupt: one arriving while
+        # the
         # manifest is written or the threads start (between two bytecodes) would otherwise escape
         # the wait below and leave the run marked failed rather than interrupted.
         def interrupt(signum, frame):

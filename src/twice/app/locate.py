@@ -1,4 +1,5 @@
-"""`twice locate` and `twice audit`: the operation, module and line where runs first compute different bits."""
+"""`twice locate` and `twice audit`: the operation, module and line where runs first compute
+different bits."""
 
 from __future__ import annotations
 
@@ -21,19 +22,31 @@ __all__ = ["Location", "locate_runs", "audit_command", "AuditReport", "CUDA_NOND
 # Operations PyTorch documents as nondeterministic on CUDA, and what to do about each.
 # https://pytorch.org/docs/stable/generated/torch.use_deterministic_algorithms.html
 CUDA_NONDETERMINISTIC = {
-    "aten::index_add": "uses atomicAdd on CUDA; deterministic algorithms mode selects a sorted implementation",
-    "aten::index_add_": "uses atomicAdd on CUDA; deterministic algorithms mode selects a sorted implementation",
-    "aten::scatter_add": "atomicAdd on CUDA; use deterministic algorithms mode (sorted scatter) or a one-hot matmul",
-    "aten::scatter_add_": "atomicAdd on CUDA; use deterministic algorithms mode (sorted scatter) or a one-hot matmul",
-    "aten::scatter_reduce": "atomic reductions on CUDA; deterministic algorithms mode, or reduce with sorted segments",
-    "aten::index_put_": "with accumulate=True uses atomics on CUDA; deterministic algorithms mode sorts first",
-    "aten::_index_put_impl_": "with accumulate=True uses atomics on CUDA; deterministic algorithms mode sorts first",
+    "aten::index_add": "uses atomicAdd on CUDA; deterministic algorithms mode selects a sorted "
+    "implementation",
+    "aten::index_add_": "uses atomicAdd on CUDA; deterministic algorithms mode selects a sorted "
+    "implementation",
+    "aten::scatter_add": "atomicAdd on CUDA; use deterministic algorithms mode (sorted scatter) "
+    "or a one-hot matmul",
+    "aten::scatter_add_": "atomicAdd on CUDA; use deterministic algorithms mode (sorted scatter) "
+    "or a one-hot matmul",
+    "aten::scatter_reduce": "atomic reductions on CUDA; deterministic algorithms mode, or reduce "
+    "with sorted segments",
+    "aten::index_put_": "with accumulate=True uses atomics on CUDA; deterministic algorithms "
+    "mode sorts first",
+    "aten::_index_put_impl_": "with accumulate=True uses atomics on CUDA; deterministic "
+    "algorithms mode sorts first",
     "aten::put_": "with accumulate=True uses atomics on CUDA",
-    "aten::embedding_dense_backward": "atomicAdd on CUDA; deterministic algorithms mode uses a sorted kernel",
-    "aten::_embedding_bag_backward": "atomicAdd on CUDA; no deterministic CUDA kernel: run it on the CPU or avoid mode='max'",
-    "aten::convolution_backward": "cuDNN may choose a nondeterministic algorithm; set cudnn.deterministic=True (twice run does)",
-    "aten::cudnn_convolution": "cuDNN benchmark mode may pick different algorithms per run; cudnn.benchmark=False (twice run does)",  # noqa: E501
-    "aten::upsample_bilinear2d_backward": "atomicAdd on CUDA; no deterministic kernel: consider nearest or a transposed conv",
+    "aten::embedding_dense_backward": "atomicAdd on CUDA; deterministic algorithms mode uses a "
+    "sorted kernel",
+    "aten::_embedding_bag_backward": "atomicAdd on CUDA; no deterministic CUDA kernel: run it on "
+    "the CPU or avoid mode='max'",
+    "aten::convolution_backward": "cuDNN may choose a nondeterministic algorithm; set "
+    "cudnn.deterministic=True (twice run does)",
+    "aten::cudnn_convolution": "cuDNN benchmark mode may pick different algorithms per run; "
+    "cudnn.benchmark=False (twice run does)",
+    "aten::upsample_bilinear2d_backward": "atomicAdd on CUDA; no deterministic kernel: consider "
+    "nearest or a transposed conv",
     "aten::upsample_linear1d_backward": "atomicAdd on CUDA; no deterministic kernel",
     "aten::upsample_trilinear3d_backward": "atomicAdd on CUDA; no deterministic kernel",
     "aten::adaptive_avg_pool2d_backward": "atomicAdd on CUDA; no deterministic kernel",
@@ -43,7 +56,8 @@ CUDA_NONDETERMINISTIC = {
     "aten::nll_loss2d_forward": "nondeterministic on CUDA; no deterministic kernel",
     "aten::ctc_loss": "the CUDA backward is nondeterministic",
     "aten::_ctc_loss_backward": "nondeterministic on CUDA",
-    "aten::histc": "atomicAdd on CUDA; compute on the CPU, or use torch.bincount with deterministic mode",
+    "aten::histc": "atomicAdd on CUDA; compute on the CPU, or use torch.bincount with "
+    "deterministic mode",
     "aten::bincount": "with weights, atomicAdd on CUDA; deterministic algorithms mode",
     "aten::kthvalue": "nondeterministic on CUDA",
     "aten::median": "the CUDA index output is nondeterministic",
@@ -115,7 +129,8 @@ def _op_log(run_dir: Path, step: int, label: str, quiet: bool) -> tuple[list[dic
 
 
 def _dumped_output(run_dir: Path, step: int, index: int, output: int, label: str, quiet: bool):
-    """Re-run `run_dir` to step `step` saving op `index`'s outputs; return output `output`, or None."""
+    """Re-run `run_dir` to step `step` saving op `index`'s outputs; return output `output`, or
+    None."""
     from safetensors import safe_open
 
     command, options = rerun_options(
@@ -147,7 +162,8 @@ def _where(op: dict) -> str:
 
 @dataclass
 class Bisection:
-    """The first diverging step found by replays, and how many replays (each re-runs A and B) it took."""
+    """The first diverging step found by replays, and how many replays (each re-runs A and B) it
+    took."""
 
     step: int | None
     replays: int
@@ -163,7 +179,8 @@ class Bisection:
 
 
 def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
-    """Re-run `run_dir` up to `step` (from its latest checkpoint before it, when it has one) recording only that step."""
+    """Re-run `run_dir` up to `step` (from its latest checkpoint before it, when it has one)
+    recording only that step."""
     import twice.checkpoint as checkpoints
     from twice.store.traces import read_trace
 
@@ -188,7 +205,8 @@ def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
 
 
 def bisect_divergence(a: Path, b: Path, quiet: bool = True) -> Bisection:
-    """First diverging step of runs whose traces are coarse (--trace-every K), in ceil(log2(K)) replays.
+    """First diverging step of runs whose traces are coarse (--trace-every K), in ceil(log2(K))
+    replays.
 
     Between the last recorded step where both runs agree and the first where they differ, each
     replay re-runs both up to the middle step, fingerprints only that step, and halves the interval.
@@ -247,7 +265,8 @@ def _locate(a: Path, b: Path, quiet: bool) -> Location:
     logs = (log_a, log_b)
     if finding.kind == "identical":
         return Location(
-            f"step {step} differs in the trace, but every recorded operation agrees in the re-runs: "
+            f"step {step} differs in the trace, but every recorded operation agrees in the "
+            f"re-runs: "
             "the difference did not reproduce (or arises outside torch operations)",
             step,
             None,
@@ -257,14 +276,19 @@ def _locate(a: Path, b: Path, quiet: bool) -> Location:
     if finding.kind == "sequence":
         return Location(
             f"step {step}: the operation sequences part at op {finding.index}: A runs "
-            f"{finding.a['op'] if finding.a else 'nothing'}, B runs {finding.b['op'] if finding.b else 'nothing'} "
-            f"(a data-dependent branch or another code path){' at ' + op['line'] if op.get('line') else ''}",
+            f"{finding.a['op'] if finding.a else 'nothing'}, B runs "
+            f"{finding.b['op'] if finding.b else 'nothing'} "
+            f"(a data-dependent branch or another code "
+            f"path){' at ' + op['line'] if op.get('line') else ''}",
             step,
             finding,
             logs=logs,
         )
     if finding.kind == "input":
-        source = "a value from outside the recorded operations (a parameter, buffer or tensor set outside torch ops)"
+        source = (
+            "a value from outside the recorded operations (a parameter, buffer or tensor "
+            "set outside torch ops)"
+        )
         return Location(
             f"step {step}: the first difference is an input, not an operation: argument "
             f"{', '.join(map(str, finding.inputs))} of {_where(op)} differs, and it is {source}",
@@ -273,7 +297,8 @@ def _locate(a: Path, b: Path, quiet: bool) -> Location:
             logs=logs,
         )
     gap: dict[str, Any] = {}
-    # A second, targeted re-run of each side saves just this op's outputs, to measure the difference.
+    # A second, targeted re-run of each side saves just this op's outputs, to measure the
+    # difference.
     x = _dumped_output(a, step, finding.index, finding.outputs[0], "a", quiet)
     y = _dumped_output(b, step, finding.index, finding.outputs[0], "b", quiet)
     if x is not None and y is not None:
@@ -304,7 +329,8 @@ def _locate(a: Path, b: Path, quiet: bool) -> Location:
 
 @dataclass
 class AuditReport:
-    """What `audit_command` found: ops that were nondeterministic here, and ops known to be on CUDA."""
+    """What `audit_command` found: ops that were nondeterministic here, and ops known to be on
+    CUDA."""
 
     differing: list[OpFinding]
     cuda_hazards: dict[str, dict]
@@ -329,7 +355,8 @@ class AuditReport:
 
 
 def audit_command(command: list[str], options: RunOptions, steps: int = 2) -> AuditReport:
-    """Run the first `steps` steps twice with every op recorded; list ops that differed from identical inputs."""
+    """Run the first `steps` steps twice with every op recorded; list ops that differed from
+    identical inputs."""
     from dataclasses import replace
 
     record = f"0-{steps - 1}"

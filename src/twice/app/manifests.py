@@ -1,4 +1,5 @@
-"""Writing a run's manifest: identity and context as the run starts, what its processes recorded as it ends.
+"""Writing a run's manifest: identity and context as the run starts, what its processes recorded as
+it ends.
 
 The manifest is written atomically at both moments, so a run killed in between still has one
 (status `running`, which `effective_status` turns into `crashed` once the launcher is gone).
@@ -38,7 +39,8 @@ def _status_for(returncode: int | None, interrupted: bool) -> str:
 
 
 def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
-    """Fold what each Python process of the command recorded (procs/<pid>.json) into the identity."""
+    """Fold what each Python process of the command recorded (procs/<pid>.json) into the
+    identity."""
     procs = []
     for path in sorted(RunFolder(run_dir).procs.glob("*.json")):
         try:
@@ -123,7 +125,8 @@ def start_manifest(
     env: dict[str, str],
     runs_dir: Path,
 ) -> dict:
-    """Capture the identity and context of a run that is starting and write its manifest (status running)."""
+    """Capture the identity and context of a run that is starting and write its manifest (status
+    running)."""
     started = time.time()
     git, patch = git_state(cwd, exclude=[runs_dir])
     if patch:
@@ -174,7 +177,8 @@ def start_manifest(
 def finish_manifest(
     run_dir: Path, manifest: dict, returncode: int | None, interrupted: bool
 ) -> None:
-    """Fold in what the processes recorded, set the final status, and rewrite the manifest atomically."""
+    """Fold in what the processes recorded, set the final status, and rewrite the manifest
+    atomically."""
     identity, context = manifest["identity"], manifest["context"]
     summary = _merge_processes(run_dir, identity, Path(context.get("git_root") or context["cwd"]))
     config_path = RunFolder(run_dir).config

@@ -1,4 +1,5 @@
-"""`twice run`'s options as one record: what launch, verify, sweep and twice.Run start a run with."""
+"""`twice run`'s options as one record: what launch, verify, sweep and twice.Run start a run
+with."""
 
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ def _plural(count: int, word: str) -> str:
 
 
 def format_comparison(result, color: bool = False) -> str:
-    """`twice diff`: the verdict first, then identity differences, the first divergence, step counts."""
+    """`twice diff`: the verdict first, then identity differences, the first divergence, step
+    counts."""
     lines = [_verdict(result.verdict, result.identical, color)]
     if not result.identical:
         lines.append(f"cause: {result.explanation}")
@@ -76,7 +77,8 @@ def format_comparison(result, color: bool = False) -> str:
         lines.extend(_divergence_lines(result.divergence))
     steps = ", ".join(f"{s}: A {a} / B {b}" for s, (a, b) in result.steps.items())
     lines.append(
-        f"\nrecorded steps: {steps or 'none'}; status: A {result.statuses[0]}, B {result.statuses[1]}"
+        f"\nrecorded steps: {steps or 'none'}; status: A {result.statuses[0]}, B "
+        f"{result.statuses[1]}"
     )
     return "\n".join(lines)
 
@@ -120,7 +122,8 @@ def format_trace_cost_note(
         return None
     every = max(trace_every, 1) * 10
     return (
-        f"twice: tracing took {100 * cost['share']:.0f}% of the run's time ({cost['hooks_s']:.1f} s "
+        f"twice: tracing took {100 * cost['share']:.0f}% of the run's time "
+        f"({cost['hooks_s']:.1f} s "
         f"in twice's hooks over {cost['wall_s']:.1f} s); --trace-every {every} would trace one "
         f"step in {every}"
     )
@@ -147,7 +150,8 @@ def format_env(hazards: list, facts: dict, color: bool = False) -> str:
         f"(CUDA {torch_facts['cuda'] or 'none'}, cuDNN {torch_facts['cudnn'] or 'none'}, "
         f"BLAS {torch_facts['blas'] or 'unknown'})",
         f"  cpu: {cpu['model']} ({cpu['available']} of {cpu['count']} cores available)",
-        f"  threads: {threads['intra_op_threads']} intra-op, {threads['inter_op_threads']} inter-op",
+        f"  threads: {threads['intra_op_threads']} intra-op, {threads['inter_op_threads']} "
+        f"inter-op",
         f"  TF32: matmul {facts['tf32']['matmul']}, cuDNN {facts['tf32']['cudnn']}",
         f"  gpus: {gpus or 'none'}",
         f"  numerics env: {env_vars or 'none set'}",
@@ -189,7 +193,8 @@ def format_run(row: dict, identity: dict) -> str:
     lines.append(f"  sources: {len(code.get('sources', {}))} local files digested")
     lines.append(
         f"  python {identity.get('python', {}).get('version')}, "
-        f"torch {torch_facts.get('version', 'not imported')}, {len(identity.get('packages', {}))} packages"
+        f"torch {torch_facts.get('version', 'not imported')}, "
+        f"{len(identity.get('packages', {}))} packages"
     )
     threads = identity.get("threads", {})
     if threads:
@@ -219,11 +224,15 @@ def format_audit(report, steps: int) -> str:
         if key not in seen:
             seen.add(key)
             rows.append(
-                f"  {op['op']} in {op.get('module') or '?'} ({op['phase']}) at {op.get('line') or '?'}, "
+                f"  {op['op']} in {op.get('module') or '?'} ({op['phase']}) at "
+                f"{op.get('line') or '?'}, "
                 f"first at step {op['step']}"
             )
     if rows:
-        head = f"{_plural(len(rows), 'operation')} gave different bits from identical inputs in {steps} steps run twice:"
+        head = (
+            f"{_plural(len(rows), 'operation')} gave different bits from identical inputs in "
+            f"{steps} steps run twice:"
+        )
     else:
         head = f"no operation gave different bits from identical inputs in {steps} steps run twice"
     lines = [head, *rows]
@@ -233,13 +242,15 @@ def format_audit(report, steps: int) -> str:
         )
         for name, info in sorted(report.cuda_hazards.items()):
             lines.append(
-                f"  {name} in {info.get('module') or '?'} at {info.get('line') or '?'}: {info['fix']}"
+                f"  {name} in {info.get('module') or '?'} at {info.get('line') or '?'}: "
+                f"{info['fix']}"
             )
     return "\n".join(lines)
 
 
 def format_nan(report: dict | None, events: list[dict], color: bool = False) -> str:
-    """`twice nan`: the first NaN/Inf and its chain of causes, or the first non-finite step the cheap
+    """`twice nan`: the first NaN/Inf and its chain of causes, or the first non-finite step the
+    cheap
     checks saw, or that there was none (with the warnings recorded)."""
     faults = [e for e in events if e["kind"] == "non_finite"]
     if report is None and not faults:

@@ -1,4 +1,5 @@
-"""`twice report`: one self-contained HTML page (inline SVG plots, no scripts) for runs or a sweep."""
+"""`twice report`: one self-contained HTML page (inline SVG plots, no scripts) for runs or a
+sweep."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def _losses(records) -> tuple[list[int], list[float]]:
 def _page(title: str, body: str) -> str:
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>'
+        f'<meta name="viewport" content="width=device-width, '
+        f'initial-scale=1"><title>{html.escape(title)}</title>'
         f"<style>{_STYLE}</style></head><body>{body}</body></html>\n"
     )
 
@@ -80,16 +82,19 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
     for comparison in comparisons:
         css = "same" if comparison.identical else "differ"
         parts.append(
-            f'<p class="verdict {css}">{html.escape(comparison.b.name)} vs {html.escape(comparison.a.name)}: '
+            f'<p class="verdict {css}">{html.escape(comparison.b.name)} vs '
+            f"{html.escape(comparison.a.name)}: "
             f"{html.escape(comparison.verdict)}</p>"
         )
         if not comparison.identical:
             parts.append(f"<p>cause: {html.escape(comparison.explanation)}</p>")
-    # Manifests side by side: every identity value that differs between any two runs, then key facts.
+    # Manifests side by side: every identity value that differs between any two runs, then key
+    # facts.
     manifests = [read_manifest(d) for d in run_dirs]
     differing = sorted({(d.group, d.key) for c in comparisons for d in c.differences})
     parts.append(
-        "<h2>Manifests (identity values that differ, highlighted)</h2><table><tr><th>group</th><th>key</th>"
+        "<h2>Manifests (identity values that differ, "
+        "highlighted)</h2><table><tr><th>group</th><th>key</th>"
         + "".join(f"<th>{html.escape(d.name)}</th>" for d in run_dirs)
         + "</tr>"
     )
@@ -119,7 +124,8 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
             for m in manifests
         )
         parts.append(
-            f'<tr class="{"diff" if diff else ""}"><td>{group}</td><td><code>{html.escape(key)}</code></td>{cells}</tr>'
+            f"<tr "
+            f'class="{"diff" if diff else ""}"><td>{group}</td><td><code>{html.escape(key)}</code></td>{cells}</tr>'
         )
     statuses = "".join(f"<td>{html.escape(effective_status(m))}</td>" for m in manifests)
     parts.append(f"<tr><td>context</td><td>status</td>{statuses}</tr></table>")
@@ -186,7 +192,8 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
     for run_dir in run_dirs:
         for located in RunFolder(run_dir).locations():
             parts.append(
-                f"<h2>Localisation ({html.escape(run_dir.name)})</h2><p>{html.escape(json.loads(located.read_text())['sentence'])}</p>"  # noqa: E501
+                f"<h2>Localisation "
+                f"({html.escape(run_dir.name)})</h2><p>{html.escape(json.loads(located.read_text())['sentence'])}</p>"
             )
         numerics = RunFolder(run_dir).numerics_report
         if numerics.is_file():
@@ -215,7 +222,8 @@ def _sweep_body(folder: Path) -> str:
     pairs = [compare_pair(a, b) for a, b in combinations(arms, 2)]
     parts = [
         f"<h1>twice report: sweep {html.escape(folder.name)}</h1>",
-        f"<p>metric <code>{html.escape(spec['metric'])}</code>, {spec['seeds']} seeds per arm, command "
+        f"<p>metric <code>{html.escape(spec['metric'])}</code>, {spec['seeds']} seeds per arm, "
+        f"command "
         f"<code>{html.escape(' '.join(spec['command']))}</code></p>",
     ]
     figure, axes = plt.subplots(figsize=(max(4, 1.6 * len(arms)), 3.6))
@@ -239,14 +247,17 @@ def _sweep_body(folder: Path) -> str:
         "<h2>Each arm: the metric per seed, and the mean with its 95% CI</h2>" + _svg(figure)
     )
     parts.append(
-        "<h2>Pairwise verdicts</h2><table><tr><th>comparison</th><th>verdict</th><th>difference (95% CI)</th>"
+        "<h2>Pairwise verdicts</h2><table><tr><th>comparison</th><th>verdict</th><th>difference "
+        "(95% CI)</th>"
         "<th>paired t p</th><th>Wilcoxon p</th><th>d_z</th><th>seeds for 80% power</th></tr>"
     )
     for pair in pairs:
         css = "differ" if pair.verdict.startswith("effect") else "same"
         parts.append(
-            f'<tr><td>{html.escape(pair.b)} vs {html.escape(pair.a)}</td><td class="{css}">{pair.verdict}</td>'
-            f"<td>{pair.mean_difference:+.4g} [{pair.ci_low:.4g}, {pair.ci_high:.4g}]</td><td>{pair.p_t:.3g}</td>"
+            f"<tr><td>{html.escape(pair.b)} vs {html.escape(pair.a)}</td><td "
+            f'class="{css}">{pair.verdict}</td>'
+            f"<td>{pair.mean_difference:+.4g} [{pair.ci_low:.4g}, "
+            f"{pair.ci_high:.4g}]</td><td>{pair.p_t:.3g}</td>"
             f"<td>{'n/a' if pair.p_wilcoxon is None else format(pair.p_wilcoxon, '.3g')}</td>"
             f"<td>{pair.effect_size:.3g}</td><td>{pair.seeds_needed or 'n/a'}</td></tr>"
         )
@@ -269,7 +280,8 @@ def build_report(paths: list[Path]) -> str:
 
 
 def write_report(paths: list[Path], output: Path) -> Path:
-    """Write one self-contained HTML page about `paths` (runs, or a sweep folder) to `output`; return its path."""
+    """Write one self-contained HTML page about `paths` (runs, or a sweep folder) to `output`;
+    return its path."""
     from twice.store.files import write_bytes_atomic
 
     write_bytes_atomic(Path(output), build_report(paths).encode("utf-8"))

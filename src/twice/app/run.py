@@ -133,7 +133,8 @@ class Run:
     def step(
         self, *, loss: Any = None, batch: Any = None, model: Any = None, params: Any = None
     ) -> None:
-        """Record one training step: the loss, the batch it consumed, and the model's parameters and gradients.
+        """Record one training step: the loss, the batch it consumed, and the model's parameters and
+        gradients.
 
         `params` may be given instead of `model`: named (name, tensor) pairs or plain tensors.
         """
@@ -151,7 +152,8 @@ class Run:
 
     # -- checkpoint and resume -------------------------------------------------------------------
     def track(self, **objects: Any) -> None:
-        """Register what a checkpoint must hold: models, optimizers, schedulers, GradScalers, loaders,
+        """Register what a checkpoint must hold: models, optimizers, schedulers, GradScalers,
+        loaders,
         generators (torch or NumPy), anything with state_dict/load_state_dict. Global RNGs,
         step and epoch counters and the trace position are always included."""
         for name in objects:
@@ -191,7 +193,8 @@ class Run:
         )
 
     def resume(self, path: str | Path | None = None, *, strict: bool = True) -> dict | None:
-        """Restore the latest valid checkpoint (or `path`); returns its extras, or None when there is none.
+        """Restore the latest valid checkpoint (or `path`); returns its extras, or None when there
+        is none.
 
         Under `twice run --resume` / `twice verify-resume` the checkpoint to resume from is given by
         the launcher; otherwise this run's own latest checkpoint is used (a no-op on a fresh run).

@@ -23,7 +23,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def sweep_folder(runs_dir: Path, grid: dict[str, list[str]], name: str | None = None) -> Path:
-    """Where a sweep's trials go: `name` under runs_dir, else a name made from the varied settings."""
+    """Where a sweep's trials go: `name` under runs_dir, else a name made from the varied
+    settings."""
     return Path(runs_dir) / (name or re.sub(r"[^A-Za-z0-9_.=-]", "_", "sweep-" + "-".join(grid)))
 
 
@@ -84,7 +85,8 @@ class Trial:
 
 
 def plan_trials(grid: dict[str, list[str]], seeds: int, command: list[str]) -> list[Trial]:
-    """Every (arm, seed) of the grid as a Trial, in a fixed order; bad placeholders are usage errors."""
+    """Every (arm, seed) of the grid as a Trial, in a fixed order; bad placeholders are usage
+    errors."""
     if seeds < 1:
         raise UsageError(
             f"--seeds must be at least 1, not {seeds}", "give the number of seeds per arm"
@@ -99,7 +101,8 @@ def plan_trials(grid: dict[str, list[str]], seeds: int, command: list[str]) -> l
     if missing:
         raise UsageError(
             f"the command has no placeholder for {', '.join('{' + m + '}' for m in missing)}",
-            f"put {' '.join('{' + m + '}' for m in missing)} where the value goes, e.g. --lr {{{missing[0]}}}",
+            f"put {' '.join('{' + m + '}' for m in missing)} where the value goes, e.g. --lr "
+            f"{{{missing[0]}}}",
         )
     unknown = sorted(used - set(grid) - {"seed"})
     if unknown:
@@ -126,7 +129,8 @@ def _completed(trials_dir: Path) -> dict[str, Path]:
 
 @dataclass
 class SweepOutcome:
-    """What a sweep did: trials completed (and of those, skipped as done before), failed, interrupted."""
+    """What a sweep did: trials completed (and of those, skipped as done before), failed,
+    interrupted."""
 
     folder: Path
     completed: int
@@ -148,7 +152,8 @@ class SweepOutcome:
 
 
 def _ray_trial(command: list[str], options: dict) -> int:
-    """One trial inside a Ray worker: a full `twice run` (the sweep folder must be on a shared filesystem)."""
+    """One trial inside a Ray worker: a full `twice run` (the sweep folder must be on a shared
+    filesystem)."""
     from twice.app.launch import RunOptions, run_command
 
     options = {**options, "runs_dir": Path(options["runs_dir"]), "cwd": Path(options["cwd"])}
@@ -204,7 +209,8 @@ def run_sweep(
     executor: str = "local",
     ray_address: str | None = None,
 ) -> SweepOutcome:
-    """Run every trial not completed yet into `folder`/trials; re-running retries failures and skips successes."""
+    """Run every trial not completed yet into `folder`/trials; re-running retries failures and
+    skips successes."""
     trials = plan_trials(grid, seeds, command)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

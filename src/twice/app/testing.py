@@ -6,10 +6,12 @@
         assert_reproducible(train, steps=20)            # train() trains with torch.optim
 
     def test_training_resumes_bit_for_bit():
-        assert_bitwise_resume(train, steps=20, at=7)    # train() checkpoints and resumes with twice.Run
+        assert_bitwise_resume(train, steps=20, at=7)    # train() checkpoints and resumes with
+        twice.Run
 
     def test_training_matches_the_golden_trace(twice_update_golden):
-        assert_matches_golden(train, "tests/golden/train.jsonl", steps=20, update=twice_update_golden)
+        assert_matches_golden(train, "tests/golden/train.jsonl", steps=20,
+        update=twice_update_golden)
 
 `pytest --twice-update-golden` rewrites golden traces instead of comparing with them.
 """
@@ -73,7 +75,8 @@ def _record_into(
 
 
 def record_trace(train_fn: Callable[[], object], steps: int | None = None, seed: int = 0) -> list:
-    """Run `train_fn` seeded and deterministic (warn mode), recording its step trace; stop after `steps`."""
+    """Run `train_fn` seeded and deterministic (warn mode), recording its step trace; stop after
+    `steps`."""
     folder = Path(tempfile.mkdtemp(prefix="twice-test-"))
     try:
         return _record_into(folder, train_fn, steps, seed)
@@ -98,7 +101,8 @@ def _describe(a, b) -> str | None:
 def assert_reproducible(
     train_fn: Callable[[], object], steps: int | None = None, seed: int = 0
 ) -> None:
-    """Run `train_fn` twice with the same seed; fail with the first divergence unless every step is bit-identical."""
+    """Run `train_fn` twice with the same seed; fail with the first divergence unless every step
+    is bit-identical."""
     first, second = record_trace(train_fn, steps, seed), record_trace(train_fn, steps, seed)
     if not first:
         raise AssertionError(
@@ -116,7 +120,8 @@ def assert_matches_golden(
     seed: int = 0,
     update: bool = False,
 ) -> None:
-    """Compare `train_fn`'s trace with a golden trace kept in the repository (`update=True` rewrites it)."""
+    """Compare `train_fn`'s trace with a golden trace kept in the repository (`update=True`
+    rewrites it)."""
     from twice.store.files import write_bytes_atomic
 
     golden = Path(golden)
@@ -189,7 +194,8 @@ def assert_bitwise_resume(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# -- pytest plugin (registered through the pytest11 entry point) ------------------------------------
+# -- pytest plugin (registered through the pytest11 entry point)
+# ------------------------------------
 
 
 def pytest_addoption(parser) -> None:

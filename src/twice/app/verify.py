@@ -58,7 +58,8 @@ def rerun_options(
 def verify_run(
     run_dir: Path, steps: int | None = None, quiet: bool = False
 ) -> tuple[Comparison, Path]:
-    """Re-execute the run in `run_dir` into a new run beside it; compare the first `steps` steps (or all)."""
+    """Re-execute the run in `run_dir` into a new run beside it; compare the first `steps` steps
+    (or all)."""
     run_dir = Path(run_dir)
     if steps is not None and steps < 1:
         raise UsageError(
@@ -72,9 +73,11 @@ def verify_run(
 
 
 _MISSING_STATE = {
-    "batch": "the data position or the sampler's RNG was not restored: the first resumed batch differs",
+    "batch": "the data position or the sampler's RNG was not restored: the first resumed batch "
+    "differs",
     "rng": "the RNG state was not restored",
-    "loss": "the forward pass differs after resuming: RNG state (dropout) or model buffers were not restored",
+    "loss": "the forward pass differs after resuming: RNG state (dropout) or model buffers were "
+    "not restored",
     "grads": "the backward pass differs after resuming: state used by backward was not restored",
     "grad_norm": "the gradients differ after resuming",
     "lr": "the learning-rate scheduler's state was not restored",
@@ -117,8 +120,10 @@ def verify_resume(
     straight: Path | None = None,
     at_flag: str = "--at",
 ) -> ResumeCheck:
-    """Run `command` straight; again, stopped after `at` steps (default: half); then resumed in a new
-    process from where it stopped. Compare the resumed steps and the final state with the straight run.
+    """Run `command` straight; again, stopped after `at` steps (default: half); then resumed in a
+    new
+    process from where it stopped. Compare the resumed steps and the final state with the straight
+    run.
 
     A script using twice.Run resumes through `run.resume()`; a script that checkpoints by itself
     finds its checkpoints in twice.checkpoint_dir(), which the interrupted and resumed runs share.
@@ -140,7 +145,8 @@ def verify_resume(
     )
     if code != 0 or len(full) < 2:
         raise UsageError(
-            f"the straight run {'failed (exit ' + str(code) + ')' if code else 'recorded fewer than 2 steps'}",
+            f"the straight run "
+            f"{'failed (exit ' + str(code) + ')' if code else 'recorded fewer than 2 steps'}",
             f"fix the command first; see {straight}/stderr.log",
         )
     at = len(full) // 2 if at is None else at
@@ -161,7 +167,8 @@ def verify_resume(
         command, replace(options, name=f"resumed-from-{at}", env=env, resume_from=resume_from)
     )
     runs = {"straight": str(straight), "interrupted": str(interrupted), "resumed": str(resumed)}
-    # Multi-process runs: every rank's trace must continue exactly; report the rank that parts first.
+    # Multi-process runs: every rank's trace must continue exactly; report the rank that parts
+    # first.
     checks = []
     resumed_streams = trace_files(resumed)
     for stream, records in streams.items():
@@ -179,7 +186,8 @@ def verify_resume(
 
 
 def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck:
-    """Compare one stream's resumed steps (from step `at` on) with the same steps of the straight run."""
+    """Compare one stream's resumed steps (from step `at` on) with the same steps of the straight
+    run."""
     from twice.core.divergence import first_divergence
 
     # A script resuming by itself restarts twice's step count at 0: align it with the straight run.
@@ -195,7 +203,10 @@ def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck
         and after[0].params_before is not None
         and after[0].params_before != before.params
     ):
-        cause = f"the model's parameters were not restored: they differ from the straight run's after step {at - 1}"
+        cause = (
+            f"the model's parameters were not restored: they differ from the straight run's "
+            f"after step {at - 1}"
+        )
         divergence = {"step": at, "fields": ["params_before"]}
         return ResumeCheck(
             False,
@@ -206,10 +217,16 @@ def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck
             divergence,
         )
     if found is None and len(after) == len(tail) and after:
-        verdict = f"resume is bit-exact: steps {at}-{tail[-1].step} and the final parameters match the uninterrupted run"
+        verdict = (
+            f"resume is bit-exact: steps {at}-{tail[-1].step} and the final parameters "
+            f"match the uninterrupted run"
+        )
         return ResumeCheck(True, verdict, "", at, runs, None)
     if found is None:
-        verdict = f"resume differs: the resumed run recorded {len(after)} steps where the straight run has {len(tail)} after step {at}"  # noqa: E501
+        verdict = (
+            f"resume differs: the resumed run recorded {len(after)} steps where the "
+            f"straight run has {len(tail)} after step {at}"
+        )
         return ResumeCheck(
             False,
             verdict,
@@ -234,8 +251,10 @@ def verify_resume_of_run(run_dir: Path, at: int) -> ResumeCheck:
     if status != "completed" or stopped:
         how = f"was stopped after {stopped} steps" if stopped else f"is {status}"
         raise UsageError(
-            f"run {Path(run_dir).name} {how}: it is not the whole uninterrupted run to compare a resume with",
-            "record the run to its end, or use `twice verify-resume -- COMMAND`, which runs it straight first",
+            f"run {Path(run_dir).name} {how}: it is not the whole uninterrupted run to compare a "
+            f"resume with",
+            "record the run to its end, or use `twice verify-resume -- COMMAND`, which runs it "
+            "straight first",
         )
     command, options = rerun_options(run_dir, name=f"resume-{Path(run_dir).name[:26]}", quiet=True)
     return verify_resume(

@@ -1,4 +1,5 @@
-"""Checkpoint state as JSON plus a flat tensor table: nested values, exact floats, tensors of any dtype.
+"""Checkpoint state as JSON plus a flat tensor table: nested values, exact floats, tensors of any
+dtype.
 
 Tensors go to the safetensors file by key (`{"__tensor__": "t3"}`); integers beyond 2**53 and
 non-finite floats are tagged so that they come back exact; NumPy arrays, sparse tensors and dtypes
@@ -20,7 +21,8 @@ __all__ = ["encode", "decode", "encode_state", "decode_state", "safetensors_dtyp
 
 @functools.cache
 def safetensors_dtypes() -> dict:
-    """torch dtype -> the name safetensors writes it under (dtypes without one are stored as bytes)."""
+    """torch dtype -> the name safetensors writes it under (dtypes without one are stored as
+    bytes)."""
     from safetensors.torch import _TYPES
 
     return {dtype: name for name, dtype in _TYPES.items()}
@@ -46,7 +48,8 @@ def encode(value: Any, tensors: dict, path: str) -> Any:
         if value.is_quantized:
             raise CheckpointError(
                 f"cannot save {path}: a quantized tensor",
-                "save its int_repr(), q_scale() and q_zero_point(), or the float model before quantization",
+                "save its int_repr(), q_scale() and q_zero_point(), or the float model before "
+                "quantization",
             )
         key = f"t{len(tensors)}"
         if value.dtype in safetensors_dtypes():
@@ -104,7 +107,8 @@ def encode(value: Any, tensors: dict, path: str) -> Any:
 
 
 def _encode_sparse(value: Any, tensors: dict, path: str) -> dict:
-    """A sparse tensor (SGD's momentum buffer for sparse gradients) as its index and value tensors."""
+    """A sparse tensor (SGD's momentum buffer for sparse gradients) as its index and value
+    tensors."""
     from twice.core.digests import sparse_parts
 
     parts = sparse_parts(value)
@@ -157,7 +161,8 @@ def decode(value: Any, tensors: dict) -> Any:
             dtype = getattr(torch, body["dtype"], None)
             if not isinstance(dtype, torch.dtype):
                 raise CheckpointError(
-                    f"a tensor in this checkpoint has dtype {body['dtype']}, unknown to torch {torch.__version__}",
+                    f"a tensor in this checkpoint has dtype {body['dtype']}, unknown to torch "
+                    f"{torch.__version__}",
                     "load it with the torch version that saved it",
                 )
             return tensors[body["key"]].view(dtype).reshape(body["shape"])
@@ -180,7 +185,8 @@ def decode(value: Any, tensors: dict) -> Any:
 
 
 def encode_state(value: Any) -> dict:
-    """`value` (RNG states, nested numbers, arrays, tensors) as plain dicts, lists, numbers and tensors.
+    """`value` (RNG states, nested numbers, arrays, tensors) as plain dicts, lists, numbers and
+    tensors.
 
     For state that travels inside another framework's checkpoint (Lightning, the Hugging Face
     Trainer): it survives torch.load(weights_only=True), which refuses NumPy arrays and tuples of

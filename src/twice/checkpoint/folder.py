@@ -1,4 +1,5 @@
-"""One checkpoint folder on disk: its files, how they are written atomically, and how they are verified.
+"""One checkpoint folder on disk: its files, how they are written atomically, and how they are
+verified.
 
     step-00000400/
       tensors.safetensors     every tensor of every entry (code-free format: never unpickled)
@@ -175,11 +176,15 @@ def _sweep_stale_temporaries(parent: Path) -> None:
 def verify(directory: str | Path) -> dict:
     """Check that `directory` is a complete, undamaged twice checkpoint; return its index."""
     directory = Path(directory)
-    hint_restore = "restore an earlier checkpoint (twice.checkpoint.latest skips damaged ones), or re-create it"
+    hint_restore = (
+        "restore an earlier checkpoint (twice.checkpoint.latest skips damaged ones), "
+        "or re-create it"
+    )
     if directory.is_file():
         raise CheckpointError(
             f"{directory} is a file, not a twice checkpoint folder",
-            "twice checkpoints are folders written by twice.checkpoint.save; it never loads pickles",
+            "twice checkpoints are folders written by twice.checkpoint.save; it never loads "
+            "pickles",
         )
     if not directory.is_dir():
         raise CheckpointError(
@@ -198,7 +203,8 @@ def verify(directory: str | Path) -> dict:
         return _verify_ranks(directory, index, hint_restore)
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise CheckpointError(
-            f"{directory} has an unknown format {index.get('format') if isinstance(index, dict) else None!r}",
+            f"{directory} has an unknown format "
+            f"{index.get('format') if isinstance(index, dict) else None!r}",
             f"this twice reads {FORMAT}",
         )
     entries = index.get("entries")
@@ -220,7 +226,8 @@ def verify(directory: str | Path) -> dict:
         size = path.stat().st_size
         if size != meta["size"]:
             raise CheckpointError(
-                f"checkpoint file {path} is truncated or extended: {size} bytes, expected {meta['size']}",
+                f"checkpoint file {path} is truncated or extended: {size} bytes, expected "
+                f"{meta['size']}",
                 hint_restore,
             )
         if _digest_file(path) != meta["digest"]:

@@ -38,7 +38,8 @@ def _is_numpy_generator(obj: Any) -> bool:
 
 
 def _is_zero(obj: Any) -> bool:
-    """torch.distributed.optim.ZeroRedundancyOptimizer: each rank holds the state of its shard only."""
+    """torch.distributed.optim.ZeroRedundancyOptimizer: each rank holds the state of its shard
+    only."""
     return (
         type(obj).__name__ == "ZeroRedundancyOptimizer"
         and type(obj).__module__.startswith("torch.distributed")
@@ -75,14 +76,17 @@ def _zero_state(optimizer: Any) -> dict:
 def _restore_zero(obj: Any, state: Any, name: str) -> None:
     if not _is_zero(obj):
         raise CheckpointError(
-            f"entry {name!r} is a ZeroRedundancyOptimizer's shard; it is restored into a {type(obj).__name__}",
+            f"entry {name!r} is a ZeroRedundancyOptimizer's shard; it is restored into a "
+            f"{type(obj).__name__}",
             "restore it into the ZeroRedundancyOptimizer it was saved from",
         )
     if state["world_size"] != _zero_world():
         raise CheckpointError(
-            f"entry {name!r} holds a ZeroRedundancyOptimizer shard of {state['world_size']} processes; "
+            f"entry {name!r} holds a ZeroRedundancyOptimizer shard of {state['world_size']} "
+            f"processes; "
             f"this run has {_zero_world()}",
-            "resume with the world size it was saved at: the shards partition the parameters by rank",
+            "resume with the world size it was saved at: the shards partition the parameters by "
+            "rank",
         )
     _load_state(obj.optim, state["shard"], name)
     # The hyperparameters (a scheduled learning rate) as saved, in the wrapper's groups too,
@@ -127,12 +131,14 @@ def _fit_hint(obj: Any, state: Any) -> str:
     for prefix, wrapper in _WRAPPER_PREFIXES.items():
         if saved and saved == {prefix + key for key in wanted}:
             return (
-                f"the checkpoint was saved from a {wrapper} wrapper (its keys start with {prefix!r}) and is "
+                f"the checkpoint was saved from a {wrapper} wrapper (its keys start with "
+                f"{prefix!r}) and is "
                 "restored into the bare module: track the wrapped model, as when it was saved"
             )
         if wanted and wanted == {prefix + key for key in saved}:
             return (
-                f"the checkpoint was saved from a bare module and is restored into a {wrapper} wrapper "
+                f"the checkpoint was saved from a bare module and is restored into a {wrapper} "
+                f"wrapper "
                 f"(its keys start with {prefix!r}): track the model as it was when saved"
             )
     return plain
@@ -166,7 +172,8 @@ def kind_named(name: Any, entry: str, where: Any) -> EntryKind:
     kind = _BY_NAME.get(name) if isinstance(name, str) else None
     if kind is None:
         raise CheckpointError(
-            f"checkpoint {where} records entry {entry!r} as {name!r}, which is not a kind twice writes "
+            f"checkpoint {where} records entry {entry!r} as {name!r}, which is not a kind twice "
+            f"writes "
             f"({', '.join(_BY_NAME)})",
             "the index is damaged or was edited: restore an earlier checkpoint, or re-create it",
         )

@@ -51,7 +51,8 @@ def _agree(dist, failure: str | None, what: str, value: Any = None) -> list:
         rank, message = bad[0]
         raise CheckpointError(
             f"{what} failed on rank {rank}: {message}",
-            "the previous checkpoint is intact; fix the cause (disk space, permissions) and save again",
+            "the previous checkpoint is intact; fix the cause (disk space, permissions) and save "
+            "again",
         )
     return [v for _, v in results]
 
@@ -72,7 +73,8 @@ def save_ranks(directory: Path, dist, entries: dict) -> None:
     mine = None
     try:
         _save_one(staging / part_name(rank), entries)
-        # Each part's own index already holds the digest of every file in it, taken as it was written.
+        # Each part's own index already holds the digest of every file in it, taken as it was
+        # written.
         mine = _digest_file(staging / part_name(rank) / INDEX)
     except (OSError, CheckpointError) as exc:
         failure = str(exc)

@@ -36,7 +36,8 @@ __all__ = ["save", "load", "latest", "list_checkpoints", "step_dir"]
 def save(
     directory: str | Path, *, keep_last: int | None = None, collective: bool = False, **entries: Any
 ) -> Path:
-    """Write `entries` (models, optimizers, schedulers, GradScalers, generators, plain values) to `directory`.
+    """Write `entries` (models, optimizers, schedulers, GradScalers, generators, plain values) to
+    `directory`.
 
     The checkpoint appears complete or not at all. With `keep_last=N`, older `step-*` siblings
     beyond the newest N are removed afterwards.
@@ -45,7 +46,7 @@ def save(
     writes its own part (`rank-00000/`, ... each a complete checkpoint of that rank's entries), and
     rank 0 writes the index that makes the whole complete only after every part is in.
 
-    >>> twice.checkpoint.save("ckpt/step-00000100", model=model, optimizer=opt, extra={"epoch": 3})  # doctest: +SKIP
+    >>> twice.checkpoint.save("ckpt/step-00000100", model=model, optimizer=opt)  # doctest: +SKIP
     """
     directory = Path(directory)
     try:
@@ -71,7 +72,8 @@ _SAVE_HINT = "save into a folder you can write to"
 _SAVE_HINTS = {
     errno.ENOSPC: "free some space on that disk, or save elsewhere",
     errno.EDQUOT: "your disk quota is used up: free some space, or save elsewhere",
-    errno.EFBIG: "a file is larger than this process may write (ulimit -f) or the filesystem holds: raise the limit, or save elsewhere",  # noqa: E501
+    errno.EFBIG: "a file is larger than this process may write (ulimit -f) or the filesystem "
+    "holds: raise the limit, or save elsewhere",
     errno.EROFS: "that filesystem is read-only: save elsewhere",
     errno.EEXIST: "a part of the path is a file, not a folder: choose another path",
     errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path",
@@ -93,14 +95,16 @@ def load(
     world_size_change: bool = False,
     **targets: Any,
 ) -> dict[str, Any]:
-    """Verify `directory`, restore each entry into the object passed under its name, and return all entries.
+    """Verify `directory`, restore each entry into the object passed under its name, and return all
+    entries.
 
     Entries without a target come back as plain values (tensors, numbers, dicts). In strict mode
     an entry in the checkpoint that is not asked for, or a target the checkpoint lacks, is an error
     naming it; `strict=False` restores what matches.
 
     A multi-rank checkpoint restores this process's rank's part (or `rank`'s). Resuming it at
-    another world size is refused unless `world_size_change=True`; then rank r takes part r (rank 0's
+    another world size is refused unless `world_size_change=True`; then rank r takes part r (rank
+    0's
     where there is none), with a warning that the result cannot be bitwise equal to the original.
     """
     from safetensors.torch import load_file
@@ -113,13 +117,16 @@ def load(
         saved = index["world_size"]
         if world != saved and not world_size_change:
             raise CheckpointError(
-                f"checkpoint {directory.name} was written by {saved} processes; this run has {world}",
+                f"checkpoint {directory.name} was written by {saved} processes; this run has "
+                f"{world}",
                 f"resume with the same world size ({saved}) for a bitwise continuation, or pass "
-                "world_size_change=True (twice.Run(resume_world_size_change=True)) to accept a non-bitwise one",
+                "world_size_change=True (twice.Run(resume_world_size_change=True)) to accept a "
+                "non-bitwise one",
             )
         if world != saved:
             warnings.warn(
-                f"twice: resuming a {saved}-process checkpoint in {world} processes: data order, RNG streams "
+                f"twice: resuming a {saved}-process checkpoint in {world} processes: data order, "
+                f"RNG streams "
                 "and reduction order change, so the run cannot match the original bit for bit",
                 RuntimeWarning,
                 stacklevel=2,
@@ -139,7 +146,8 @@ def load(
     unexpected = sorted(stateful - set(targets))
     if strict and unexpected:
         raise CheckpointError(
-            f"checkpoint {directory.name} has state for {', '.join(map(repr, unexpected))} that nothing restores",
+            f"checkpoint {directory.name} has state for {', '.join(map(repr, unexpected))} that "
+            f"nothing restores",
             "pass those objects too (under twice.Run: run.track(name=obj) before run.resume()), "
             "or load with strict=False (run.resume(strict=False))",
         )
@@ -169,7 +177,8 @@ def list_checkpoints(parent: str | Path) -> list[Path]:
 
 
 def latest(parent: str | Path) -> Path | None:
-    """The newest checkpoint under `parent` that verifies; damaged or incomplete ones are skipped with a warning."""
+    """The newest checkpoint under `parent` that verifies; damaged or incomplete ones are skipped
+    with a warning."""
     for candidate in reversed(list_checkpoints(parent)):
         try:
             verify(candidate)

@@ -32,7 +32,7 @@ from twice.cli.group import _color, _err, _json, _out, _runs_dir_option, main
     help="Also write the HTML report here.",
 )
 def diff(a, b, runs_dir, steps, as_json, html_out):
-    """Compare two runs: the verdict, identity differences, the first divergence and its likely cause.
+    """Compare two runs: the verdict, identity differences, the first divergence and its cause.
 
     Exit 0 when identical, 1 when different.
 
@@ -61,7 +61,7 @@ def diff(a, b, runs_dir, steps, as_json, html_out):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--verbose", "-v", is_flag=True, help="Echo the re-runs' output.")
 def locate(a, b, runs_dir, as_json, verbose):
-    """The first operation whose inputs were identical and whose outputs differed between runs A and B.
+    """The first operation whose inputs were identical and whose outputs differed in runs A and B.
 
     Uses op logs recorded with `twice run --record-ops`, or re-runs both runs up to their first
     diverging step with op recording. Exit 0 when the runs do not diverge, 1 otherwise.

@@ -1,4 +1,4 @@
-"""The `twice` command group: how every command prints, and how every error becomes `error:`/`hint:`."""
+"""The `twice` command group: how commands print, and how every error becomes `error:`/`hint:`."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ class TwiceGroup(click.Group):
     """Renders every error as `error:` / `hint:` on stderr with exit code 2, never a traceback."""
 
     def main(self, args=None, prog_name="twice", **kwargs):
-        """Run the command line; every TwiceError and usage error becomes `error:`/`hint:` and its exit code."""
+        """Run the command line; every TwiceError and usage error becomes `error:`/`hint:` and its
+        exit code."""
         debug = "--debug" in (args if args is not None else sys.argv[1:])
         try:
             return super().main(args=args, prog_name=prog_name, standalone_mode=False, **kwargs)
@@ -48,7 +49,8 @@ class TwiceGroup(click.Group):
             hint = f"did you mean {' or '.join(exc.possibilities)}?" if exc.possibilities else None
             command = exc.ctx.command_path if exc.ctx else "twice"
             _err(
-                f"error: unknown option {exc.option_name}\nhint: {hint or f'see `{command} --help`'}"
+                f"error: unknown option {exc.option_name}\nhint: "
+                f"{hint or f'see `{command} --help`'}"
             )
             sys.exit(EXIT_USAGE)
         except click.exceptions.UsageError as exc:

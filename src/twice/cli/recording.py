@@ -45,7 +45,8 @@ from twice.store.layout import RunFolder
     "--params-every",
     type=click.IntRange(min=0),
     default=None,
-    help="Per-tensor digests every N steps (0: never)  [default: every step for models of at most 64 tensors, else every 100].",
+    help="Per-tensor digests every N steps (0: never)  [default: every step for models of at "
+    "most 64 tensors, else every 100].",
 )
 @click.option(
     "--numerics",
@@ -53,7 +54,8 @@ from twice.store.layout import RunFolder
     default=None,
     is_flag=False,
     flag_value="stop",
-    help="Check every operation for NaN/Inf; stop at the first (default) or warn. See `twice nan RUN`.",
+    help="Check every operation for NaN/Inf; stop at the first (default) or warn. See `twice nan "
+    "RUN`.",
 )
 @click.option(
     "--record-ops",
@@ -72,7 +74,8 @@ from twice.store.layout import RunFolder
     "resume_from",
     type=click.Path(path_type=Path),
     default=None,
-    help="A checkpoint, checkpoints folder or run whose latest checkpoint twice.Run.resume() starts from.",
+    help="A checkpoint, checkpoints folder or run whose latest checkpoint twice.Run.resume() "
+    "starts from.",
 )
 @click.option(
     "--mlflow",
@@ -178,7 +181,8 @@ def _steps_option(value: str | None) -> str | None:
     type=click.IntRange(min=1),
     default=None,
     metavar="STEP",
-    help="Instead, run RUN's command interrupted after STEP steps and resumed in a new process, and compare "
+    help="Instead, run RUN's command interrupted after STEP steps and resumed in a new process, "
+    "and compare "
     "it with RUN (as verify-resume, RUN being the uninterrupted run).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -266,8 +270,9 @@ def verify_resume_command(at, seed, runs_dir, determinism, as_json, command):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def audit(steps, seed, runs_dir, determinism, as_json, command):
-    """List the nondeterminism COMMAND really hits: ops that gave different bits from identical inputs
-    in two runs of its first steps, and ops it runs that are nondeterministic on CUDA. Exit 1 if any.
+    """List the nondeterminism COMMAND really hits: ops that gave different bits from identical
+    inputs in two runs of its first steps, and ops it runs that are nondeterministic on CUDA.
+    Exit 1 if any.
 
     \b
     Examples:

@@ -47,7 +47,8 @@ from twice.cli.group import CONTEXT, _err, _json, _out, _runs_dir_option, main
     type=click.Choice(["local", "ray"]),
     default="local",
     show_default=True,
-    help="local: processes on this machine; ray: Ray tasks (needs twice[ray], a shared filesystem).",
+    help="local: processes on this machine; ray: Ray tasks (needs twice[ray], a shared "
+    "filesystem).",
 )
 @click.option(
     "--ray-address", default=None, help="An existing Ray cluster (default: start a local one)."
@@ -74,7 +75,7 @@ def sweep(vary, seeds, jobs, metric, executor, ray_address, name, runs_dir, dete
     \b
     Examples:
       twice sweep --vary lr=0.1,0.01 --seeds 5 -- python train.py --lr {lr}
-      twice sweep --vary lr=0.1,0.01 --vary wd=0,1e-4 --seeds 3 -j 2 -- python train.py --lr {lr} --wd {wd}
+      twice sweep --vary lr=0.1,0.01 --vary wd=0,1e-4 -j 2 -- python t.py --lr {lr} --wd {wd}
     """
     from twice.app.launch import RunOptions
     from twice.app.sweep import parse_vary, plan_trials, run_sweep, sweep_folder
@@ -104,7 +105,8 @@ def sweep(vary, seeds, jobs, metric, executor, ray_address, name, runs_dir, dete
     if tty:
         click.echo("", err=True)
     _out(
-        f"sweep {folder}: {outcome.completed} trials completed ({outcome.skipped} from before), {len(outcome.failed)} failed"
+        f"sweep {folder}: {outcome.completed} trials completed ({outcome.skipped} from before), "
+        f"{len(outcome.failed)} failed"
     )
     for failure in outcome.failed:
         _out(f"  failed: {failure}")

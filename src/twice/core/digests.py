@@ -75,7 +75,8 @@ class Digester:
 
     def update(self, value: Any) -> Digester:
         """Feed one value (tensor, array, number, string, or a nesting of those)."""
-        # A value cannot be a tensor unless torch is loaded; not importing it keeps the launcher fast.
+        # A value cannot be a tensor unless torch is loaded; not importing it keeps the launcher
+        # fast.
         torch_module = sys.modules.get("torch")
         tensor_type = torch_module.Tensor if torch_module is not None else _NoTensor
         if isinstance(value, tensor_type):  # first: batches are mostly tensors
@@ -175,8 +176,10 @@ class Digester:
                 raise TypeError(
                     f"cannot digest a {tensor.layout} tensor; convert it with .to_dense() first"
                 )
-            # A sparse tensor (an nn.Embedding(sparse=True) gradient) as what it holds: its index and
-            # value tensors as they are, uncoalesced duplicates included, under its layout and shape.
+            # A sparse tensor (an nn.Embedding(sparse=True) gradient) as what it holds: its index
+            # and
+            # value tensors as they are, uncoalesced duplicates included, under its layout and
+            # shape.
             self._frame(
                 _TAG_SPARSE,
                 f"{tensor.layout}|{tensor.dtype}|{tuple(tensor.shape)}|{len(parts)}".encode(),
@@ -258,7 +261,8 @@ _NOT_OBJECTS = (
 
 
 def sparse_parts(tensor) -> tuple | None:
-    """The tensors that make up a sparse tensor, in a fixed order, or None for a layout not known here:
+    """The tensors that make up a sparse tensor, in a fixed order, or None for a layout not known
+    here:
     COO (indices, values); compressed layouts (compressed indices, plain indices, values)."""
     torch = _torch()
     layout = tensor.layout
@@ -314,7 +318,8 @@ def _mix64(x):
 
 
 def device_fold(tensor) -> bytes:
-    """Fold a tensor's bytes into 32 bytes on its own device (integer sums: order-independent, exact).
+    """Fold a tensor's bytes into 32 bytes on its own device (integer sums: order-independent,
+    exact).
 
     Works on any device, the CPU included, so that the device algorithm can be checked here.
     """
@@ -414,7 +419,8 @@ def _feed_head(update, tensor: Any, head: tuple) -> None:
 
 def _plain_head(tensor: Any) -> tuple | None:
     """The cached frame head of a dense, contiguous, real CPU tensor (made on first meeting its
-    dtype and shape), as `_plain_heads` holds it; None for any other tensor (digest() frames those)."""
+    dtype and shape), as `_plain_heads` holds it; None for any other tensor (digest() frames
+    those)."""
     if not _strided:
         _strided.append(_torch().strided)
     if not (
@@ -477,12 +483,14 @@ def digest_many(tensors: list, norms: bool = False) -> tuple[list[str], list[flo
 
 
 def hash_items(items: list) -> list[str] | None:
-    """Digests of `buffers_item`s and `tensor_item`s in one call to twice._native; None where it was not built."""
+    """Digests of `buffers_item`s and `tensor_item`s in one call to twice._native; None where it
+    was not built."""
     return None if _native is None else _native.hash(items)[0]
 
 
 def buffers_item(main: Any, tail: bytes | None = None) -> tuple:
-    """For `hash_items`: what `digest_buffers(main, tail)` digests, `main` a ctypes array (hashed where it lies)."""
+    """For `hash_items`: what `digest_buffers(main, tail)` digests, `main` a ctypes array (hashed
+    where it lies)."""
     size = len(main)
     return (
         _TAG_BYTES + (size + len(tail or b"")).to_bytes(8, "little"),
@@ -495,7 +503,8 @@ def buffers_item(main: Any, tail: bytes | None = None) -> tuple:
 
 def tensor_item(tensor: Any) -> tuple | None:
     """For `hash_items`: what `digest_tensor(tensor)` digests, for a plain CPU tensor (else None).
-    The item holds the tensor's address, not the tensor: keep the tensor alive until it is hashed."""
+    The item holds the tensor's address, not the tensor: keep the tensor alive until it is
+    hashed."""
     head = _plain_head(tensor)
     return None if head is None else (head[0], tensor.data_ptr(), head[2], 0, None)
 
@@ -546,7 +555,8 @@ _LANES = 32  # lanes_norm's running sums (as LANES in _native.c)
 
 
 def digest_pairs(pairs: list[tuple[str, str]]) -> str:
-    """Digest of (name, digest) pairs: the combined fingerprint of many tensors, in one hash call."""
+    """Digest of (name, digest) pairs: the combined fingerprint of many tensors, in one hash
+    call."""
     return xxhash.xxh3_128_hexdigest(
         "\n".join(map("\t".join, pairs)).encode("utf-8")
     )  # (name, digest): str pairs

@@ -72,7 +72,10 @@ def divergence_phrase(divergence: Divergence, resumed_at: int | None = None) -> 
     (forward))`, marked as the first resumed step where it is `resumed_at`."""
     where = "" if divergence.stream == "main" else f" in {divergence.stream}"
     resumed = " (the first resumed step)" if divergence.step == resumed_at else ""
-    return f"first divergence at step {divergence.step}{where}{resumed} ({FIELD_MEANING[divergence.first]})"
+    return (
+        f"first divergence at step {divergence.step}{where}{resumed} "
+        f"({FIELD_MEANING[divergence.first]})"
+    )
 
 
 def _as_floats(value: Any) -> list[float]:
@@ -98,7 +101,8 @@ def _ordered_bits32(value: float) -> int | None:
 
 
 def loss_gap(a: Any, b: Any) -> dict[str, Any]:
-    """Absolute difference of the first losses, and their distance in float32 ulps where both are float32."""
+    """Absolute difference of the first losses, and their distance in float32 ulps where both are
+    float32."""
     fa, fb = _as_floats(a), _as_floats(b)
     if not fa or not fb:
         return {}
@@ -157,7 +161,10 @@ def _argv_change(diff: Difference) -> str:
     only_a = [x for x in a if x not in b]
     only_b = [x for x in b if x not in a]
     if only_a or only_b:
-        return f"the command lines differ ({' '.join(only_a) or 'nothing'} vs {' '.join(only_b) or 'nothing'})"
+        return (
+            f"the command lines differ ({' '.join(only_a) or 'nothing'} vs "
+            f"{' '.join(only_b) or 'nothing'})"
+        )
     return "the command lines differ"
 
 
@@ -169,7 +176,8 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
     world = next((d for d in diffs if d.key == "distributed.world_size"), None)
     if world is not None:
         return (
-            f"the runs used world sizes {world.a} and {world.b}: gradients are reduced in another order, "
+            f"the runs used world sizes {world.a} and {world.b}: gradients are reduced in "
+            f"another order, "
             "so bits differ unless training is world-size invariant"
         )
     if "seeds" in by_group:
@@ -241,7 +249,8 @@ def explain(diffs: list[Difference], divergence: Divergence | None, observed: bo
         )
     if divergence.first == "params" and reason is None:
         stage = (
-            "batches and gradients identical, parameters differ: something other than this step's update "
+            "batches and gradients identical, parameters differ: something other than this "
+            "step's update "
             "changed them (another process writing shared parameters without a lock, or a race)"
         )
     sentence = f"{stage} at step {divergence.step}"
@@ -252,10 +261,16 @@ def explain(diffs: list[Difference], divergence: Divergence | None, observed: bo
         return f"{sentence}; {reason}"
     if observed and divergence.first in ("batch", "rng", "loss"):
         return (
-            f"{sentence}; the runs were recorded with --observe, so RNGs the script does not seed itself "
+            f"{sentence}; the runs were recorded with --observe, so RNGs the script does not "
+            f"seed itself "
             "start differently (run without --observe to seed every RNG)"
         )
+    source = (
+        "a nondeterministic data pipeline"
+        if divergence.first == "batch"
+        else "a nondeterministic kernel, a race or unsynchronised shared state"
+    )
     return (
         f"{sentence}; same code, seeds and settings: nondeterminism inside the run, not seeding "
-        f"({'a nondeterministic data pipeline' if divergence.first == 'batch' else 'a nondeterministic kernel, a race or unsynchronised shared state'})"  # noqa: E501
+        f"({source})"
     )

@@ -25,7 +25,8 @@ class TwiceError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        # In a traceback from library use, the hint shows beside the message, as on the command line.
+        # In a traceback from library use, the hint shows beside the message, as on the command
+        # line.
         return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
 
     def render(self) -> str:
@@ -53,4 +54,5 @@ class DeterminismError(TwiceError):
 
 
 class CheckpointError(TwiceError):
-    """A checkpoint that is incomplete, damaged, foreign, or does not match what is being restored."""
+    """A checkpoint that is incomplete, damaged, foreign, or does not match what is being
+    restored."""

@@ -1,4 +1,5 @@
-"""The run's manifest: an identity (what decides the result, compared) and a context (never compared)."""
+"""The run's manifest: an identity (what decides the result, compared) and a context (never
+compared)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ _MISSING = "<missing>"
 
 
 def compare_identity(a: dict, b: dict) -> list[Difference]:
-    """Every identity value that differs, grouped (GROUPS order) and sorted by key within a group."""
+    """Every identity value that differs, grouped (GROUPS order) and sorted by key within a
+    group."""
     flat_a: dict[str, Any] = {}
     flat_b: dict[str, Any] = {}
     _flatten(a, "", flat_a)
@@ -119,16 +121,32 @@ def _check(ok: bool, where: str, key: str, expected: str, value: Any) -> None:
         raise CorruptRecord(f"{where}: {key} must be {expected}, not {shown}", _HINT)
 
 
-# What twice reads of a manifest, each with the check it must pass: (part, key, expected, test, required).
+# What twice reads of a manifest, each with the check it must pass: (part, key, expected, test,
+# required).
 _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
-    ("identity", "argv", "a list of strings",
-     lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), True),
+    (
+        "identity",
+        "argv",
+        "a list of strings",
+        lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+        True,
+    ),
     ("identity", "seed", "an integer or null", lambda v: v is None or _is_int(v, 0, 2**64), False),
     ("identity", "observe", "true or false", lambda v: isinstance(v, bool), False),
-    ("identity", "determinism", "an object with a string 'mode'",
-     lambda v: isinstance(v, dict) and isinstance(v.get("mode", ""), str), False),
-    ("identity", "env", "an object of strings",
-     lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), False),
+    (
+        "identity",
+        "determinism",
+        "an object with a string 'mode'",
+        lambda v: isinstance(v, dict) and isinstance(v.get("mode", ""), str),
+        False,
+    ),
+    (
+        "identity",
+        "env",
+        "an object of strings",
+        lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+        False,
+    ),
     ("identity", "code", "an object", lambda v: isinstance(v, dict), False),
     ("context", "status", "a string", lambda v: isinstance(v, str), True),
     ("context", "exit_code", "an integer or null", lambda v: v is None or _is_int(v), False),
@@ -140,10 +158,18 @@ _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
     ("context", "ended", "a time or null", lambda v: v is None or _is_number(v), False),
     ("context", "cwd", "a path", lambda v: isinstance(v, str), False),
     ("context", "git_root", "a path or null", lambda v: v is None or isinstance(v, str), False),
-    ("context", "launcher", "an object with a process id",
-     lambda v: isinstance(v, dict) and (v.get("pid") is None or _is_int(v.get("pid"), 1, 2**22))
-     and (v.get("start_time") is None or _is_int(v.get("start_time"), 0)), False),
-)  # fmt: skip
+    (
+        "context",
+        "launcher",
+        "an object with a process id",
+        lambda v: (
+            isinstance(v, dict)
+            and (v.get("pid") is None or _is_int(v.get("pid"), 1, 2**22))
+            and (v.get("start_time") is None or _is_int(v.get("start_time"), 0))
+        ),
+        False,
+    ),
+)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Where two op logs of the same step part: the first operation that computed different bits (pure)."""
+"""Where two op logs of the same step part: the first operation that computed different bits
+(pure)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def first_op_difference(a: list[dict], b: list[dict]) -> OpFinding:
 
 
 def differing_ops(a: list[dict], b: list[dict]) -> list[OpFinding]:
-    """Every op (in order, while the sequences agree) with identical inputs and different outputs."""
+    """Every op (in order, while the sequences agree) with identical inputs and different
+    outputs."""
     found = []
     for index, (op_a, op_b) in enumerate(zip(a, b)):
         if op_a["op"] != op_b["op"]:
@@ -79,7 +81,8 @@ def differing_ops(a: list[dict], b: list[dict]) -> list[OpFinding]:
 
 
 def value_gap(x, y) -> dict[str, Any]:
-    """Largest absolute difference and largest distance in units in the last place of two tensors."""
+    """Largest absolute difference and largest distance in units in the last place of two
+    tensors."""
     import torch
 
     if x.shape != y.shape or x.dtype != y.dtype:

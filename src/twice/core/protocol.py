@@ -1,4 +1,4 @@
-"""The launcher <-> child contract: every TWICE_* variable `twice run` sets for the command it starts.
+"""The launcher <-> child contract: every TWICE_* variable `twice run` sets for its command.
 
 The launcher builds a `ChildSettings` and writes it with `to_env()`; each process of the command
 (the bootstrap, twice.Run, the data loader, twice.log_metric) reads it back with `from_env()`.

@@ -101,7 +101,8 @@ def summarize_arm(arm: str, values: dict[int, float]) -> ArmSummary:
 def seeds_for_power(
     effect_size: float, power: float = POWER, alpha: float = ALPHA, limit: int = 100_000
 ) -> int | None:
-    """Seeds a paired t test needs to detect `effect_size` (Cohen's d_z) with `power` at level `alpha`."""
+    """Seeds a paired t test needs to detect `effect_size` (Cohen's d_z) with `power` at level
+    `alpha`."""
     stats = _scipy()
     if not math.isfinite(effect_size) or effect_size == 0:
         return None
@@ -128,7 +129,8 @@ def compare_pair(a: ArmSummary, b: ArmSummary) -> PairComparison:
     seeds = sorted(set(a.values) & set(b.values))
     if len(seeds) < 2:
         raise UsageError(
-            f"arms {a.arm} and {b.arm} share {len(seeds)} seed(s); a paired comparison needs at least 2",
+            f"arms {a.arm} and {b.arm} share {len(seeds)} seed(s); a paired comparison needs at "
+            f"least 2",
             "run the sweep with --seeds 2 or more",
         )
     diffs = [b.values[s] - a.values[s] for s in seeds]

@@ -1,4 +1,5 @@
-"""Where a training step ends: a step is one round of optimizer updates (pure; ids in, decisions out).
+"""Where a training step ends: a step is one round of optimizer updates (pure: ids in, decisions
+out).
 
 With one optimizer a round is one `step()` call. With several (a GAN's discriminator and
 generator) the first round's end is only known when an optimizer that already stepped in it steps
@@ -26,7 +27,8 @@ class RoundClock:
         self.size: int | None = None
 
     def closes(self, key: int) -> bool:
-        """Optimizer `key` is about to step: does that close the open round (it stepped in it already)?"""
+        """Optimizer `key` is about to step: does that close the open round (it stepped in it
+        already)?"""
         if key in self.members:
             if self.size is None:
                 self.size = len(self.members)

@@ -30,7 +30,8 @@ __all__ = ["loader", "ResumableLoader"]
 
 
 class ResumableLoader:
-    """A DataLoader whose batches depend only on (seed, epoch, position), with state_dict/load_state_dict.
+    """A DataLoader whose batches depend only on (seed, epoch, position), with
+    state_dict/load_state_dict.
 
     Iterating starts the current epoch (or continues it after `load_state_dict`); finishing an
     epoch moves to the next. `set_epoch(e)` chooses an epoch explicitly.
@@ -53,8 +54,10 @@ class ResumableLoader:
             hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
         ):
             raise UsageError(
-                f"twice.data.loader needs a map-style dataset (__len__ and __getitem__), not a {type(dataset).__name__}",
-                "an iterable dataset's order and position are its own: seed it and save its position "
+                f"twice.data.loader needs a map-style dataset (__len__ and __getitem__), not a "
+                f"{type(dataset).__name__}",
+                "an iterable dataset's order and position are its own: seed it and save its "
+                "position "
                 "yourself, or give the loader a Dataset indexed by sample",
             )
         if seed is None:
@@ -69,21 +72,25 @@ class ResumableLoader:
         user_sampler = dataloader_kwargs.pop("sampler", None)
         if user_sampler is not None and shuffle:
             raise ValueError(
-                "sampler and shuffle=True both choose the order; remove shuffle (the sampler's order is used, "
+                "sampler and shuffle=True both choose the order; remove shuffle (the sampler's "
+                "order is used, "
                 "its randomness seeded per epoch)"
             )
         batch_sampler = dataloader_kwargs.pop("batch_sampler", None)
         if batch_sampler is not None:
             if user_sampler is not None or shuffle or drop_last or batch_size != 1:
                 raise ValueError(
-                    "batch_sampler chooses the batches: it excludes sampler, shuffle, drop_last and batch_size "
+                    "batch_sampler chooses the batches: it excludes sampler, shuffle, drop_last "
+                    "and batch_size "
                     "(as in DataLoader); remove those"
                 )
             user_sampler = batch_sampler
         if dataloader_kwargs.get("in_order", True) is False:
             raise ValueError(
-                "in_order=False lets DataLoader hand out batches in the order its workers finish them, "
-                "which differs from run to run; remove it (twice.data.loader keeps the sampler's order)"
+                "in_order=False lets DataLoader hand out batches in the order its workers finish "
+                "them, "
+                "which differs from run to run; remove it (twice.data.loader keeps the sampler's "
+                "order)"
             )
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
         self.sampler = EpochSampler(
@@ -98,7 +105,8 @@ class ResumableLoader:
         )
         # One for the loader's life: what it learns about the RNGs the dataset draws from (in the
         # main process; each worker learns again in its own copy) is kept across epochs.
-        # A collate_fn of the user's runs inside the batch fetch, where it can be seeded (batch_size=None
+        # A collate_fn of the user's runs inside the batch fetch, where it can be seeded
+        # (batch_size=None
         # has no collation of batches: DataLoader applies it to each sample as it is).
         collate = dataloader_kwargs.pop("collate_fn", None) if batch_size is not None else None
         self._samples = SeededSamples(dataset, seed, seed_every_rng, collate)
@@ -137,7 +145,8 @@ class ResumableLoader:
 
     @property
     def _per_item(self) -> int:
-        """Samples per item served: the batch size, or 1 with batch_size=None (DataLoader's unbatched
+        """Samples per item served: the batch size, or 1 with batch_size=None (DataLoader's
+        unbatched
         samples); under a user's batch sampler the position counts batches, so 1."""
         return 1 if self.batch_size is None or self.sampler.user_batches else self.batch_size
 
@@ -222,14 +231,17 @@ class ResumableLoader:
                 self.sampler, key, None
             ):
                 raise ValueError(
-                    f"loader {key} differs from the checkpoint's ({getattr(self, key, getattr(self.sampler, key, None))} "
+                    f"loader {key} differs from the checkpoint's "
+                    f"({getattr(self, key, getattr(self.sampler, key, None))} "
                     f"vs {state[key]}); resume with the same loader settings"
                 )
         # A dataset that grew or shrank since the checkpoint has another order, and the position
-        # would point into it silently. (States saved before "samples" was recorded are taken as they are.)
+        # would point into it silently. (States saved before "samples" was recorded are taken as
+        # they are.)
         if "samples" in state and state["samples"] != self.sampler.size:
             raise ValueError(
-                f"the dataset has {self.sampler.size} samples; the checkpoint's loader had {state['samples']}, "
+                f"the dataset has {self.sampler.size} samples; the checkpoint's loader had "
+                f"{state['samples']}, "
                 "so its position does not say where to continue; resume with the same dataset, "
                 "or start the loader afresh (its set_epoch) to train on the new one"
             )
@@ -237,11 +249,15 @@ class ResumableLoader:
             self.sampler.user is None
             or state["sampler_order"] != self._order_digest(state["epoch"])
         ):
+            mine = (
+                "has no sampler"
+                if self.sampler.user is None
+                else "sampler draws another order for the same epoch"
+            )
             raise ValueError(
-                "the checkpoint's loader drew its order from a sampler, and this loader's "
-                f"{'has no sampler' if self.sampler.user is None else 'sampler draws another order for the same epoch'}, "
-                "so its position does not say where to continue; resume with the same sampler (its weights "
-                "and length too), or start the loader afresh (its set_epoch)"
+                f"the checkpoint's loader drew its order from a sampler, and this loader's {mine}, "
+                "so its position does not say where to continue; resume with the same sampler "
+                "(its weights and length too), or start the loader afresh (its set_epoch)"
             )
         self.sampler.epoch = state["epoch"]
         self.batches_served = state["batches_served"]
@@ -266,13 +282,14 @@ def loader(
     seed_every_rng: bool = False,
     **dataloader_kwargs: Any,
 ) -> ResumableLoader:
-    """A deterministic, resumable DataLoader (see ResumableLoader); other keywords go to torch's DataLoader.
+    """A deterministic, resumable DataLoader (see ResumableLoader); other keywords go to torch's
+    DataLoader.
 
     The seed defaults to derive_seed(root, "data"), root being `twice run`'s seed (0 outside it).
     Only the RNGs the dataset is seen drawing from are seeded per sample (see SeededSamples);
     `seed_every_rng=True` seeds Python's, NumPy's and torch's for every sample regardless.
 
-    >>> data = twice.data.loader(dataset, batch_size=64, shuffle=True, num_workers=4)   # doctest: +SKIP
+    >>> data = twice.data.loader(dataset, batch_size=64, shuffle=True)   # doctest: +SKIP
     """
     return ResumableLoader(
         dataset,

@@ -35,7 +35,8 @@ def _split(lo: int, hi: int) -> int:
 
 
 def tree_nodes(lo: int, hi: int, owned: tuple[int, int]) -> list[tuple[int, int]]:
-    """The largest subtrees of the fixed pairwise tree over [lo, hi) that lie inside `owned`, left to right."""
+    """The largest subtrees of the fixed pairwise tree over [lo, hi) that lie inside `owned`,
+    left to right."""
     a, b = owned
     if b <= lo or hi <= a:
         return []
@@ -46,7 +47,8 @@ def tree_nodes(lo: int, hi: int, owned: tuple[int, int]) -> list[tuple[int, int]
 
 
 def _tree_sum(lo: int, hi: int, value: Callable[[int, int], Any | None]) -> Any:
-    """Sum of the leaves [lo, hi) in the fixed tree order; `value(lo, hi)` supplies known subtree sums."""
+    """Sum of the leaves [lo, hi) in the fixed tree order; `value(lo, hi)` supplies known subtree
+    sums."""
     known = value(lo, hi)
     if known is not None:
         return known
@@ -86,7 +88,8 @@ def _batch_size(batch: Any) -> int | None:
 
 
 class InvariantDataParallel:
-    """Wrap `module` for training whose result is bit-identical at any world size dividing `micro_batches`.
+    """Wrap `module` for training whose result is bit-identical at any world size dividing
+    `micro_batches`.
 
     Every rank passes the same *global* batch; each computes only its share of it.
 
@@ -118,8 +121,10 @@ class InvariantDataParallel:
         self.world_size = dist.get_world_size(process_group) if self.distributed else 1
         if micro_batches % self.world_size:
             raise ValueError(
-                f"micro_batches={micro_batches} is not a multiple of the world size {self.world_size}; "
-                "choose a micro-batch count that every world size you compare divides (e.g. 8 for 1, 2, 4, 8)"
+                f"micro_batches={micro_batches} is not a multiple of the world size "
+                f"{self.world_size}; "
+                "choose a micro-batch count that every world size you compare divides (e.g. 8 "
+                "for 1, 2, 4, 8)"
             )
         root = (ChildSettings.read(os.environ, "seed") or 0) if seed is None else seed
         self.seed = derive_seed(root, "micro-batches")
@@ -128,7 +133,8 @@ class InvariantDataParallel:
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) > 1:
             raise ValueError(
-                f"InvariantDataParallel needs parameters of one dtype, found {sorted(map(str, dtypes))}"
+                f"InvariantDataParallel needs parameters of one dtype, found "
+                f"{sorted(map(str, dtypes))}"
             )
         if self.distributed and self.world_size > 1:
             with torch.no_grad():
@@ -140,7 +146,8 @@ class InvariantDataParallel:
                     )
         share = micro_batches // self.world_size
         self.owned = (self.rank * share, (self.rank + 1) * share)
-        # The subtrees each rank adds by itself; the all-gather carries as many slots as the most any rank has.
+        # The subtrees each rank adds by itself; the all-gather carries as many slots as the most
+        # any rank has.
         self._rank_nodes = [
             tree_nodes(0, micro_batches, (r * share, (r + 1) * share))
             for r in range(self.world_size)
@@ -161,13 +168,15 @@ class InvariantDataParallel:
         return self.module.load_state_dict(state["module"])
 
     def _micro_gradient(self, batch: Any, index: int, loss_fn: Callable) -> Any:
-        """Flat [gradient..., loss] of micro-batch `index`, computed under that micro-batch's own RNG."""
+        """Flat [gradient..., loss] of micro-batch `index`, computed under that micro-batch's own
+        RNG."""
         import torch
 
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         seed = derive_seed(self.seed, self.steps, index)
         with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
-            # Not torch.manual_seed: without CUDA up it queues a lazy CUDA call, stack trace included, each time.
+            # Not torch.manual_seed: without CUDA up it queues a lazy CUDA call, stack trace
+            # included, each time.
             torch.default_generator.manual_seed(seed)
             if cuda:
                 torch.cuda.manual_seed(seed)
@@ -185,14 +194,16 @@ class InvariantDataParallel:
         return torch.cat(parts)
 
     def backward(self, batch: Any, loss_fn: Callable[[Any, Any], Any]) -> Any:
-        """Leave in every parameter's .grad the gradient of the mean loss over the global `batch`; return that loss."""
+        """Leave in every parameter's .grad the gradient of the mean loss over the global
+        `batch`; return that loss."""
         import torch
         import torch.distributed as dist
 
         size = _batch_size(batch)
         if size is None or size % self.micro_batches:
             raise ValueError(
-                f"a global batch of {size} samples does not split into {self.micro_batches} equal micro-batches"
+                f"a global batch of {size} samples does not split into {self.micro_batches} "
+                f"equal micro-batches"
             )
         leaves: dict[int, Any] = {}
 

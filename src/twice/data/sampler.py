@@ -1,4 +1,5 @@
-"""The loader's sampler: an order that is a function of (seed, epoch) only, the same for any worker count.
+"""The loader's sampler: an order that is a function of (seed, epoch) only, the same for any worker
+count.
 
 Each item is (epoch, index): the sample's key, from which its per-sample RNG states are made. A
 user's own sampler or batch sampler is drawn from under a seed of its own, so that its order too
@@ -27,7 +28,8 @@ _ABSENT = object()
 
 
 class EpochSampler(Sampler):
-    """Yields (stream, index) pairs: this rank's share of the epoch's order, from a given position on.
+    """Yields (stream, index) pairs: this rank's share of the epoch's order, from a given position
+    on.
 
     The stream names the per-sample RNG states of the sample (see SeededSamples): the epoch, or
     for the k-th repeat of an index within an epoch of a user's sampler (one drawing with
@@ -49,7 +51,8 @@ class EpochSampler(Sampler):
         self.user = (
             user  # a sampler of the user's (WeightedRandomSampler, a subset), drawn once per epoch
         )
-        self.user_batches = user_batches  # `user` is a batch sampler (bucketing by length): it yields lists of indices
+        # `user` is a batch sampler (bucketing by length): it yields lists of indices
+        self.user_batches = user_batches
         # (epoch, indices, streams, batch sizes or None) of the last draw
         self._drawn: tuple[int, list[int], list[int], list[int] | None] | None = None
         self.epoch = 0
@@ -68,7 +71,8 @@ class EpochSampler(Sampler):
 
     def _share(self, items: list) -> list:
         """This rank's share, like DistributedSampler: pad by wrapping around (or drop the tail) so
-        every rank gets the same number of samples, then every world_size-th from this rank's offset."""
+        every rank gets the same number of samples, then every world_size-th from this rank's
+        offset."""
         if self.world_size == 1:
             return items
         if self.drop_last:
@@ -103,7 +107,8 @@ class EpochSampler(Sampler):
             count = len(sampler)
         except TypeError:
             raise UsageError(
-                f"the {type(sampler).__name__} given to twice.data.loader has no length, so an epoch "
+                f"the {type(sampler).__name__} given to twice.data.loader has no length, so an "
+                f"epoch "
                 "of it has no end and no position to resume at",
                 "give the sampler a __len__ (the samples per epoch)",
             ) from None
@@ -133,7 +138,8 @@ class EpochSampler(Sampler):
                     and batch.dim() == 0
                 ):
                     raise UsageError(
-                        f"the batch_sampler given to twice.data.loader yielded {batch!r}, not a batch of indices",
+                        f"the batch_sampler given to twice.data.loader yielded {batch!r}, not a "
+                        f"batch of indices",
                         "pass a sampler of single indices as sampler= instead",
                     )
                 sizes.append(len(batch))
@@ -148,11 +154,13 @@ class EpochSampler(Sampler):
             except TypeError:
                 raise UsageError(
                     f"the {what} given to twice.data.loader yielded {item!r}, not a sample index",
-                    "pass a sampler of indices as sampler=, or one of lists of indices as batch_sampler=",
+                    "pass a sampler of indices as sampler=, or one of lists of indices as "
+                    "batch_sampler=",
                 ) from None
             if not 0 <= index < self.size:
                 raise UsageError(
-                    f"the {what} given to twice.data.loader yielded index {index}, outside the dataset's {self.size} samples",
+                    f"the {what} given to twice.data.loader yielded index {index}, outside the "
+                    f"dataset's {self.size} samples",
                     "give the sampler the dataset the loader reads",
                 )
             repeat = seen.get(index, 0)

@@ -114,7 +114,8 @@ class SeededSamples(Dataset):
             for call in calls:
                 call(row)
             append(dataset[index])
-            # Seeder.fits written out: read past the fresh words, or regenerated the block (new last words)
+            # Seeder.fits written out: read past the fresh words, or regenerated the block (new last
+            # words)
             for position, tail, expected, words, one in checks:
                 if position.value > words or tail.value != expected:
                     over[one.name] = max(over.get(one.name, 0), _needed(one, words))
@@ -183,7 +184,8 @@ class SeededSamples(Dataset):
             rng_restore(before)
         if get_worker_info() is None and self.used:
             # In the main process the training loop shares these RNGs: give back those seeded
-            # (the others were not drawn from), so that num_workers=0 trains exactly like num_workers=4.
+            # (the others were not drawn from), so that num_workers=0 trains exactly like
+            # num_workers=4.
             rng_restore(before, only=self.used)
         if self.collate is not None:
             return Collated(self._collate(keys, samples))
@@ -218,7 +220,8 @@ class SeededSamples(Dataset):
 
 
 class Collated:
-    """A batch collated inside __getitems__ (seeded there), passed through DataLoader's collate step."""
+    """A batch collated inside __getitems__ (seeded there), passed through DataLoader's collate
+    step."""
 
     __slots__ = ("batch",)
 
@@ -232,6 +235,7 @@ def collated(batch: Collated) -> Any:
 
 
 def _needed(one, words: int) -> int:
-    """Fresh words a sample that did not fit needed: its position, or all of them if it regenerated the block."""
+    """Fresh words a sample that did not fit needed: its position, or all of them if it
+    regenerated the block."""
     position = one.position()
     return position if position > words else MT_WORDS

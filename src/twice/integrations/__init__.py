@@ -1,8 +1,11 @@
 """Integrations with the tools people already train and track with; each is an optional extra.
 
-- `twice.integrations.lightning.Twice`: a PyTorch Lightning callback (`pip install 'twice[lightning]'`)
-- `twice.integrations.huggingface.TwiceCallback`: a Hugging Face Trainer callback (`twice[huggingface]`)
-- `twice.integrations.mlflow.export_run`: a recorded run into an MLflow tracking store (`twice[mlflow]`)
+- `twice.integrations.lightning.Twice`: a PyTorch Lightning callback (`pip install
+'twice[lightning]'`)
+- `twice.integrations.huggingface.TwiceCallback`: a Hugging Face Trainer callback
+(`twice[huggingface]`)
+- `twice.integrations.mlflow.export_run`: a recorded run into an MLflow tracking store
+(`twice[mlflow]`)
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ class MissingExtra(TwiceError, ImportError):
 
 
 def require(extra: str, *modules: str) -> ModuleType:
-    """The first of `modules` that imports, or MissingExtra naming the pip command that installs it."""
+    """The first of `modules` that imports, or MissingExtra naming the pip command that installs
+    it."""
     for name in modules:
         try:
             return importlib.import_module(name)

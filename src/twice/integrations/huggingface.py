@@ -59,7 +59,8 @@ class TwiceCallback(transformers.TrainerCallback):
         return self.run.dir if self.run is not None else None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Start the run (seeded, deterministic, recorded) once; note the step a resumed Trainer starts at."""
+        """Start the run (seeded, deterministic, recorded) once; note the step a resumed Trainer
+        starts at."""
         from twice.app.run import Run
 
         if self.run is None:
@@ -84,7 +85,8 @@ class TwiceCallback(transformers.TrainerCallback):
 
         recorder = hooks.active_recorder()
         if recorder is not None:
-            # The Trainer has fetched this step's batches already, after those it skipped to get there.
+            # The Trainer has fetched this step's batches already, after those it skipped to get
+            # there.
             recorder.resume_at(self._resume_step, keep_batches=args.gradient_accumulation_steps)
         self._resume_step = None
 

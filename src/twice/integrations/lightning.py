@@ -1,4 +1,5 @@
-"""PyTorch Lightning: `Trainer(callbacks=[Twice()])` records the run and makes its checkpoints resume bit for bit.
+"""PyTorch Lightning: `Trainer(callbacks=[Twice()])` records the run and makes its checkpoints
+resume bit for bit.
 
 Lightning checkpoints hold the model, optimizers, schedulers, loop counters and the state of
 dataloaders that have one, but no RNG state: a resumed run draws other dropout masks and random
@@ -25,7 +26,8 @@ FORMAT = "twice-lightning/1"
 
 
 class Twice(pl.Callback):
-    """Record the fit as a twice run (manifest, step trace) and keep every RNG in Lightning's checkpoints.
+    """Record the fit as a twice run (manifest, step trace) and keep every RNG in Lightning's
+    checkpoints.
 
     Under `twice run` the callback joins the launcher's run; on its own it creates a run folder
     under `runs_dir` and applies `determinism` (seeding every RNG with `seed`) when fitting starts.
@@ -108,7 +110,8 @@ class Twice(pl.Callback):
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        """After a resume: continue the trace at Lightning's global step and restore the RNG states."""
+        """After a resume: continue the trace at Lightning's global step and restore the RNG
+        states."""
         if self._pending is None:
             return
         from twice.record import hooks
@@ -116,7 +119,8 @@ class Twice(pl.Callback):
 
         recorder = hooks.active_recorder()
         if recorder is not None:
-            # The trace continues at the resumed step's number, with the batch Lightning already fetched.
+            # The trace continues at the resumed step's number, with the batch Lightning already
+            # fetched.
             recorder.resume_at(trainer.global_step, keep_batches=None)
         restore_rng(self._pending)
         self._pending = None

@@ -211,7 +211,8 @@ def export_run(
     experiment: str = "twice",
     checkpoints: bool = True,
 ) -> tuple[str, bool]:
-    """Put a finished twice run into MLflow; returns (the MLflow run id, whether it was created now).
+    """Put a finished twice run into MLflow; returns (the MLflow run id, whether it was created
+    now).
 
     A run exported before is found by its tag and not exported twice."""
     import time

@@ -1,1 +1,2 @@
-"""Recording a training run as it happens: step hooks, the recorder, op logs and numerical health."""
+"""Recording a training run as it happens: step hooks, the recorder, op logs and numerical
+health."""

@@ -21,7 +21,8 @@ __all__ = ["costed", "guarded", "stop_capture"]
 
 
 def costed(method):
-    """Adds the time spent in an event handler to the recorder's `cost` (what tracing costs the run)."""
+    """Adds the time spent in an event handler to the recorder's `cost` (what tracing costs the
+    run)."""
 
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
@@ -38,7 +39,8 @@ def guarded(method):
     """A zero-code event handler that never crashes the training it watches: an error of its own
     (a tensor it cannot read, a bug) stops the capture, with a warning and `capture_error.json` in
     the run folder naming the step and the error, and the training goes on; the trace holds the
-    steps before it. What twice raises on purpose (a stop after --max-steps, a replica desync) passes.
+    steps before it. What twice raises on purpose (a stop after --max-steps, a replica desync)
+    passes.
     The time spent in it is added to the recorder's `cost` (one wrapper rather than two nested
     ones: each call here runs four times a step, on code the step has evicted from the caches)."""
 

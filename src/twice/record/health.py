@@ -1,4 +1,5 @@
-"""Numerical health events: what went wrong at which step, how to fix it, and the always-on step checks.
+"""Numerical health events: what went wrong at which step, how to fix it, and the always-on step
+checks.
 
 `HealthLog` appends events to numerics.jsonl in the run folder. `StepHealth` is the cheap mode that
 runs with every traced step (loss, gradient norm, learning rate, parameter norm: values the trace
@@ -22,18 +23,26 @@ SKIPPED_STREAK = (
 )
 
 FIXES = {
-    "saturation": "logits or pre-activations grew until the function saturated: lower the learning rate, clip "
+    "saturation": "logits or pre-activations grew until the function saturated: lower the "
+    "learning rate, clip "
     "gradients, add weight decay or normalisation before it",
-    "zero_grad": "gradients are exactly zero (saturation, dead units): any division by their norm is 0/0",
-    "div_by_zero": "add an epsilon to the denominator (g / (g.norm() + 1e-12)), or skip the division when it is zero",
-    "exp_overflow": "exp overflowed: use a numerically stable op (logsumexp, log_softmax, softplus) or clamp its input",
+    "zero_grad": "gradients are exactly zero (saturation, dead units): any division by their "
+    "norm is 0/0",
+    "div_by_zero": "add an epsilon to the denominator (g / (g.norm() + 1e-12)), or skip the "
+    "division when it is zero",
+    "exp_overflow": "exp overflowed: use a numerically stable op (logsumexp, log_softmax, "
+    "softplus) or clamp its input",
     "log_of_zero": "log of zero: use log_softmax / logsigmoid, or add an epsilon (log(x + 1e-12))",
-    "loss_zero": "the loss is exactly zero: the model fits exactly, or the loss saturated; gradients vanish",
-    "grad_explosion": "the gradient norm jumped by orders of magnitude: clip gradients, lower the learning rate",
+    "loss_zero": "the loss is exactly zero: the model fits exactly, or the loss saturated; "
+    "gradients vanish",
+    "grad_explosion": "the gradient norm jumped by orders of magnitude: clip gradients, lower "
+    "the learning rate",
     "non_finite": "the first non-finite value: fix its cause listed before it",
-    "skipped_updates": "GradScaler skips every update: the gradients are inf/NaN even at a small loss scale; find "
+    "skipped_updates": "GradScaler skips every update: the gradients are inf/NaN even at a small "
+    "loss scale; find "
     "the first non-finite value with `twice run --numerics`",
-    "bad_scalar": "a scalar argument (learning rate, scale, epsilon) is itself infinite or NaN: check the configuration",
+    "bad_scalar": "a scalar argument (learning rate, scale, epsilon) is itself infinite or NaN: "
+    "check the configuration",
 }
 
 
@@ -75,7 +84,8 @@ class HealthLog:
 
     def add(self, event: Event, key: tuple | None = None) -> None:
         # One event per (kind, op, module, line) per step keeps the log readable.
-        """Append `event` unless one with the same key was logged (at most MAX_EVENTS per process)."""
+        """Append `event` unless one with the same key was logged (at most MAX_EVENTS per
+        process)."""
         key = key or (event.kind, event.op, event.module, event.line, event.step)
         if key in self._seen or len(self.events) >= MAX_EVENTS:
             return
@@ -107,7 +117,8 @@ class HealthLog:
             entry["last_step"] = last.step
             if last.step != event.step:
                 entry["summary"] += (
-                    f" (from step {event.step} on; at step {last.step}: {last.summary.split(': ', 1)[-1]})"
+                    f" (from step {event.step} on; at step {last.step}: "
+                    f"{last.summary.split(': ', 1)[-1]})"
                 )
             chain.append(entry)
         return chain + [fault.to_json()]
@@ -127,7 +138,8 @@ _CAUSAL_ORDER = {
 
 
 class StepHealth:
-    """The cheap always-on numerics checks of one process: loss, gradients and parameters, once per step."""
+    """The cheap always-on numerics checks of one process: loss, gradients and parameters, once
+    per step."""
 
     def __init__(self, run_dir: Path | None):
         self.log = HealthLog(run_dir)
@@ -166,7 +178,8 @@ class StepHealth:
                         "skipped_updates",
                         step,
                         f"GradScaler skipped the update at {SKIPPED_STREAK} "
-                        f"consecutive recorded steps ({self._skipped_since}-{step}): the gradients are inf/NaN "
+                        f"consecutive recorded steps ({self._skipped_since}-{step}): the "
+                        f"gradients are inf/NaN "
                         "at every loss scale tried, and the parameters have not changed since",
                     )
                 )
@@ -194,7 +207,8 @@ class StepHealth:
                         key=("zero_grad", tuple(zero)),
                     )
                 history = self._norm_history
-                # The median only when the norm is over 1000x the smallest recent one (it is then at least as large).
+                # The median only when the norm is over 1000x the smallest recent one (it is then at
+                # least as large).
                 median = (
                     sorted(history)[len(history) // 2]
                     if len(history) >= 10 and total > 1e3 * min(history)

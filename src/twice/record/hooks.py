@@ -1,4 +1,5 @@
-"""The patched torch entry points that feed the recorder: optimizer steps, backward, batches, GradScaler.
+"""The patched torch entry points that feed the recorder: optimizer steps, backward, batches,
+GradScaler.
 
 `install(recorder)` routes this process's events to one Recorder; `uninstall()` restores torch.
 Forked children get a recorder stream of their own (see Recorder.after_fork_in_child).
@@ -141,7 +142,8 @@ def _compiling_already() -> bool:
 
 
 def install(recorder: Recorder) -> Recorder:
-    """Route optimizer steps, backward calls and DataLoader batches of this process to `recorder`."""
+    """Route optimizer steps, backward calls and DataLoader batches of this process to
+    `recorder`."""
     global _recorder
     import torch
     from torch.utils.data import dataloader

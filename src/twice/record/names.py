@@ -15,7 +15,8 @@ PARAM_NAMES: weakref.WeakKeyDictionary[Any, tuple[dict[int, str], dict[int, tupl
 
 
 def param_names(optimizer) -> tuple[dict[int, str], dict[int, tuple[int, str]]]:
-    """Name each parameter by its path from the outermost module holding it ("encoder.layer3.weight").
+    """Name each parameter by its path from the outermost module holding it
+    ("encoder.layer3.weight").
 
     One pass over live modules builds a child -> parent map, so naming costs O(modules) rather
     than calling named_parameters() on every submodule.
@@ -52,7 +53,8 @@ def distinct_names(
     """Names from separate outermost modules can coincide (an encoder's and a decoder's "weight",
     or a GAN's two optimizers' models, `taken` holding the names given to the optimizers named
     before): those modules' names are then prefixed with their class ("Embedding.weight",
-    "Linear.weight"), numbered in the optimizer's order where classes coincide too ("Linear#2.weight")."""
+    "Linear.weight"), numbered in the optimizer's order where classes coincide too
+    ("Linear#2.weight")."""
     counts: dict[str, int] = dict.fromkeys(taken, 1)
     for name in names.values():
         counts[name] = counts.get(name, 0) + 1

@@ -1,4 +1,5 @@
-"""L2 norms of gradients and parameters for the step trace, cheap on the CPU and batched on accelerators."""
+"""L2 norms of gradients and parameters for the step trace, cheap on the CPU and batched on
+accelerators."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ __all__ = ["tensor_norm", "norms", "floats"]
 
 def tensor_norm(grad):
     """The L2 norm of one gradient (kept as a tensor: no device sync until the record is written);
-    of a sparse one, the norm of its values once duplicates are summed (what the dense tensor has)."""
+    of a sparse one, the norm of its values once duplicates are summed (what the dense tensor
+    has)."""
     import torch
 
     grad = grad.detach()
@@ -50,7 +52,8 @@ def norms(grads: list) -> list:
 
 
 def floats(values: list) -> list[float]:
-    """Python floats of 0-d tensors (and numbers): one device-to-host read where they share an accelerator."""
+    """Python floats of 0-d tensors (and numbers): one device-to-host read where they share an
+    accelerator."""
     import torch
 
     if (

@@ -31,10 +31,15 @@ class NonFiniteError(FloatingPointError):
     def __init__(self, report: dict):
         self.report = report
         fault = report["fault"]
-        where = f"{fault['op']} ({fault['phase']}{', ' + fault['module'] if fault.get('module') else ''})"
+        where = (
+            f"{fault['op']} "
+            f"({fault['phase']}{', ' + fault['module'] if fault.get('module') else ''})"
+        )
         super().__init__(
-            f"{fault['value']} first produced by {where} at {fault.get('line') or 'an unknown line'}, "
-            f"step {fault['step']}; causes: {'; '.join(e['summary'] for e in report['chain'][:-1]) or 'none recorded'}"
+            f"{fault['value']} first produced by {where} at "
+            f"{fault.get('line') or 'an unknown line'}, "
+            f"step {fault['step']}; causes: "
+            f"{'; '.join(e['summary'] for e in report['chain'][:-1]) or 'none recorded'}"
         )
 
 
@@ -91,7 +96,8 @@ _SATURATING = {
 
 
 class NumericsWatch(OpContext):
-    """Checks every op's outputs; see the module docstring. mode: "stop" raises, "warn" records and goes on."""
+    """Checks every op's outputs; see the module docstring. mode: "stop" raises, "warn" records
+    and goes on."""
 
     def __init__(self, mode: str = "stop", run_dir: Path | None = None, step_source=None):
         super().__init__(step=0, forward_lines=False)
@@ -122,7 +128,8 @@ class NumericsWatch(OpContext):
             and isinstance(args[0], torch.Tensor)
             and args[0].dtype.is_floating_point
         ):
-            # An in-place op overwrites its first input: keep a copy to say what it was if this op goes bad.
+            # An in-place op overwrites its first input: keep a copy to say what it was if this op
+            # goes bad.
             before = args[0].detach().clone()
         out = func(*args, **kwargs)
         if name.split(".")[0] in _ALLOCATING:
@@ -183,7 +190,8 @@ class NumericsWatch(OpContext):
                 self.log.add(
                     self._event(
                         "div_by_zero",
-                        f"division by {'an exact or subnormal zero' if zeros == 1 else f'{zeros} zeros'}",
+                        f"division by "
+                        f"{'an exact or subnormal zero' if zeros == 1 else f'{zeros} zeros'}",
                         name,
                         zeros=zeros,
                     )
@@ -211,7 +219,8 @@ class NumericsWatch(OpContext):
             self.log.add(
                 self._event(
                     "bad_scalar",
-                    f"scalar argument {', '.join(f'{k}={v}' for k, v in scalars.items())} of {name}",
+                    f"scalar argument {', '.join(f'{k}={v}' for k, v in scalars.items())} of "
+                    f"{name}",
                     name,
                     scalars={k: str(v) for k, v in scalars.items()},
                 )
@@ -266,7 +275,8 @@ class NumericsWatch(OpContext):
     def _zero_gradients(
         self, overwritten: torch.Tensor | None, before: torch.Tensor | None
     ) -> None:
-        """At the fault: which parameters' gradients are exactly zero (as they were before this op)."""
+        """At the fault: which parameters' gradients are exactly zero (as they were before this
+        op)."""
         from twice.record.hooks import active_recorder
 
         recorder = active_recorder()

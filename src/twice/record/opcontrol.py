@@ -1,4 +1,5 @@
-"""The dispatch modes that watch the user's operations during a step, and keeping twice's own work out.
+"""The dispatch modes that watch the user's operations during a step, and keeping twice's own work
+out.
 
 Two modes can watch: the op recorder of a step chosen with `--record-ops` (its log goes to ops/),
 and the numerics watch (`--numerics`). Both need the phase of the step (forward, backward, the
@@ -34,7 +35,8 @@ def numerics_watch():
 
 
 class OpControl:
-    """The op recorder of the step being recorded (if chosen) and the numerics watch, for one process."""
+    """The op recorder of the step being recorded (if chosen) and the numerics watch, for one
+    process."""
 
     def __init__(
         self,
@@ -81,14 +83,16 @@ class OpControl:
         self.stream, self._log, self.pid = stream, None, os.getpid()
 
     def modes(self) -> list:
-        """The dispatch modes watching the user's ops: the op log of this step, the numerics watch."""
+        """The dispatch modes watching the user's ops: the op log of this step, the numerics
+        watch."""
         watch = numerics_watch()
         if self.current is None:
             return [watch] if watch is not None else []
         return [self.current, watch] if watch is not None else [self.current]
 
     def paused(self):
-        """Our own tensor work (digests, norms) is not part of the user's step: keep it out of op logs."""
+        """Our own tensor work (digests, norms) is not part of the user's step: keep it out of op
+        logs."""
         modes = self.modes()
         if not modes:
             return _NOT_PAUSED

@@ -71,7 +71,8 @@ class OpContext(TorchDispatchMode):
         if short_lived and not _compiled_anything():
             # TorchDispatchMode wraps __torch_dispatch__ so that torch.compile never traces into
             # it, at ~5 us per op. Nothing has been compiled in this process, so there is no
-            # compiler to keep out: call the method directly (an instance attribute wins the lookup).
+            # compiler to keep out: call the method directly (an instance attribute wins the
+            # lookup).
             # Only for a mode that lives one step (the op log): one that watches a whole run (the
             # numerics watch) keeps the guard, since the program may compile something later.
             raw = getattr(type(self).__torch_dispatch__, "__wrapped__", None)
@@ -116,7 +117,8 @@ class OpContext(TorchDispatchMode):
         self._label_nodes()
 
     def remember_line(self, outputs: list, line: str | None) -> None:
-        """Label the autograd nodes that will be created for `outputs` with `line` (see __init__)."""
+        """Label the autograd nodes that will be created for `outputs` with `line` (see
+        __init__)."""
         if self.forward_lines and line is not None and outputs:
             self._unlabelled.append((outputs, line))
 
@@ -192,7 +194,8 @@ class OpRecorder(OpContext):
         self._digests: dict[int, tuple[Any, int, str]] = {}
 
     def on_op(self, func, args, kwargs):
-        """Record one operation: its name, module, line and the digests of its inputs and outputs."""
+        """Record one operation: its name, module, line and the digests of its inputs and
+        outputs."""
         op_digest = self.op_digest
         inputs = [
             op_digest(t) for t in (_tensors(args) + _tensors(kwargs) if kwargs else _tensors(args))
@@ -296,7 +299,8 @@ def _weak(tensor: torch.Tensor):
 
 
 def _permuted_digest(tensor: torch.Tensor) -> str | None:
-    """Digest of a dense tensor whose dimensions are stored in another order, or None for any other layout."""
+    """Digest of a dense tensor whose dimensions are stored in another order, or None for any
+    other layout."""
     import ctypes
 
     import xxhash
@@ -344,7 +348,8 @@ def _encode_record(record: dict) -> str:
     return (
         f'{{"i":{record["i"]},"op":{_json_text(record["op"])},"phase":{_json_text(record["phase"])},'
         f'"in":{_json_texts(record["in"])},"out":{_json_texts(record["out"])},'
-        f'"shapes":{repr(record["shapes"]).replace(" ", "")},"dtypes":{_json_texts(record["dtypes"])},'
+        f'"shapes":{repr(record["shapes"]).replace(" ", "")},'
+        f'"dtypes":{_json_texts(record["dtypes"])},'
         f'"module":{_json_text(record["module"])},"line":{_json_text(record["line"])}'
         + ("" if node is None else f',"node":{_json_text(node)}')
         + "}"

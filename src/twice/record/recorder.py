@@ -174,9 +174,11 @@ class Recorder:
 
         names, self._opaque_warned = OPAQUE_TYPES[self._opaque_warned :], len(OPAQUE_TYPES)
         warnings.warn_explicit(
-            f"twice: the batches hold {', '.join(names)}, which twice cannot read: the batch digest "
+            f"twice: the batches hold {', '.join(names)}, which twice cannot read: the batch "
+            f"digest "
             "covers its type only, so a difference in its contents goes unseen in the trace; yield "
-            "tensors, arrays, numbers, strings, or lists, dicts, dataclasses or plain objects of those",
+            "tensors, arrays, numbers, strings, or lists, dicts, dataclasses or plain objects of "
+            "those",
             RuntimeWarning,
             "twice",
             0,
@@ -210,7 +212,8 @@ class Recorder:
                 self._round.params_before = digest_pairs(
                     [(n, digest(p)) for n, p in self.names.of(optimizer)]
                 )
-        # A torch.optim step's ops all come from the line calling step(); a user's own optimizer's have lines of their own.
+        # A torch.optim step's ops all come from the line calling step(); a user's own optimizer's
+        # have lines of their own.
         self.set_phase(
             "optimizer", step_line_shared=type(optimizer).__module__.startswith("torch.")
         )
@@ -221,7 +224,8 @@ class Recorder:
 
     @guarded
     def post_step(self, optimizer, args, kwargs) -> None:
-        """An optimizer's step() has run: its parameters and learning rates; the step may end here."""
+        """An optimizer's step() has run: its parameters and learning rates; the step may end
+        here."""
         self.set_phase("forward")
         if self.explicit:
             return
@@ -254,7 +258,8 @@ class Recorder:
     def record_explicit(
         self, *, loss: Any = None, batch: Any = None, params: list[tuple[str, Any]] | None = None
     ) -> None:
-        """One step from a hand-written loop: the given loss, batch and named parameters (with .grad)."""
+        """One step from a hand-written loop: the given loss, batch and named parameters (with
+        .grad)."""
         import torch
 
         self._exit_if_stopping()
@@ -356,11 +361,13 @@ class Recorder:
         self._round.grad_squares.extend(norms)
 
     def _digests(self, tensors: list, norms: bool) -> tuple[list[str], list]:
-        """Digests of tensors and, with `norms`, their L2 norms (floats on the CPU, 0-d tensors on an
+        """Digests of tensors and, with `norms`, their L2 norms (floats on the CPU, 0-d tensors on
+        an
         accelerator): on the CPU through digests.digest_many, one pass over each tensor's bytes."""
         if self.ops.current is None:
             digests, found = digest_many(tensors, norms)
-        else:  # an op-recorded step: through the op log's cache (the same values: both use digest_tensor)
+        # an op-recorded step: through the op log's cache (the same values: both use digest_tensor)
+        else:
             digests, found = (
                 [self.ops.current.digest(t) for t in tensors],
                 [lanes_norm(t) for t in tensors] if norms else None,
@@ -421,7 +428,8 @@ class Recorder:
 
         `keep_batches` keeps that many of the batches read last: a framework that fetches the
         resumed step's batches before it restores state (Lightning, the Hugging Face Trainer) has
-        read them already, after any it skipped to reach the resumed position. None keeps them all."""
+        read them already, after any it skipped to reach the resumed position. None keeps them
+        all."""
         self.step_index = step
         self._round = _Round()
         self._clock.reset()

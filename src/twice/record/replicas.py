@@ -34,9 +34,12 @@ class ReplicaCheck:
     def after_step(
         self, step: int, params_digest: str | None, params: list[tuple[str, str]]
     ) -> None:
-        """Called as each recorded step ends: read the check in flight, start the next one when due."""
+        """Called as each recorded step ends: read the check in flight, start the next one when
+        due."""
         if self.pending is None and step % self.every:
-            return  # neither a check to read nor one due (most steps: before any call into torch.distributed)
+            # neither a check to read nor one due (most steps: before any call into
+            # torch.distributed)
+            return
         dist = sys.modules.get("torch.distributed")  # loaded with torch; not re-imported every step
         if (
             dist is None
@@ -49,7 +52,8 @@ class ReplicaCheck:
             return
         import torch
 
-        # The 128-bit digest as two int64 words: a tensor all-gather, far cheaper than pickled objects.
+        # The 128-bit digest as two int64 words: a tensor all-gather, far cheaper than pickled
+        # objects.
         value = int(params_digest, 16)
         words = [(value >> 64) & (2**64 - 1), value & (2**64 - 1)]
         device = (

@@ -1,1 +1,2 @@
-"""Every random number generator a training run draws from: seeding, snapshots, fingerprints, streams."""
+"""Every random number generator a training run draws from: seeding, snapshots, fingerprints,
+streams."""

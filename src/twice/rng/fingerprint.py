@@ -1,4 +1,5 @@
-"""Digests of every RNG's state: the step trace's cheap evidence that two runs drew the same numbers.
+"""Digests of every RNG's state: the step trace's cheap evidence that two runs drew the same
+numbers.
 
 Python's and NumPy's states are hashed where they lie (rng/layouts), torch's through its state
 tensor, the rest through their official get_state(); every step makes one call into the C module.
@@ -16,7 +17,8 @@ from twice.rng.seeding import RNG_SOURCES, RngSource, _torch
 
 __all__ = ["rng_digests"]
 
-_rng_plans: dict = {}  # id of a _state_views() tuple -> (it, the hash items rng_digests reuses every step: see _rng_plan)
+# id of a _state_views() tuple -> (it, the hash items rng_digests reuses every step: see _rng_plan)
+_rng_plans: dict = {}
 
 
 def _rng_plan(views: tuple) -> tuple | None:
@@ -51,7 +53,8 @@ def _rng_plan(views: tuple) -> tuple | None:
 
 
 def rng_digests() -> dict[str, str]:
-    """A digest of each available RNG's state: cheap evidence of whether two runs drew the same numbers."""
+    """A digest of each available RNG's state: cheap evidence of whether two runs drew the same
+    numbers."""
     views = _state_views()
     python_view, numpy_view, gauss_view = views
     plan = _rng_plan(views)

@@ -29,7 +29,8 @@ _numpy_state_address: dict[int, int] = {}
 
 
 def _numpy_state_bytes() -> bytes | None:
-    """The legacy global MT19937 state read in place (np.random.get_state() costs ~50 us per call)."""
+    """The legacy global MT19937 state read in place (np.random.get_state() costs ~50 us per
+    call)."""
     np = _numpy()
     try:
         generator = np.random.mtrand._rand._bit_generator
@@ -44,7 +45,8 @@ def _numpy_state_bytes() -> bytes | None:
         return None
 
 
-_python_state_offset: list = []  # [offset] once checked, [None] where the layout is not the one read here
+# [offset] once checked, [None] where the layout is not the one read here
+_python_state_offset: list = []
 
 
 def _python_state_bytes() -> bytes | None:
@@ -75,14 +77,16 @@ def _python_state_bytes() -> bytes | None:
     )
 
 
-_numpy_gauss_offset: list = []  # [offset of RandomState's (has_gauss, gauss)] once checked, [None] if not found
+# [offset of RandomState's (has_gauss, gauss)] once checked, [None] if not found
+_numpy_gauss_offset: list = []
 
 
 def _numpy_gauss_address() -> int | None:
     """Where the legacy global RandomState keeps its cached Gaussian (has_gauss, gauss), found once.
 
     NumPy's RandomState holds it in a C struct {bitgen_t *; int has_gauss; double gauss} that no
-    Python attribute exposes; get_state() reads it at ~40 us a call. The offset is found on a private
+    Python attribute exposes; get_state() reads it at ~40 us a call. The offset is found on a
+    private
     RandomState by planting two known values through set_state and reading them back."""
     np = _numpy()
     if not _numpy_gauss_offset:
@@ -112,14 +116,16 @@ def _numpy_gauss_address() -> int | None:
 
 
 MT_WORDS = 624  # an MT19937 state's 32-bit words
-_TORCH_STATE_SIZE = 5056  # torch's CPU get_state(): {i64 seed; i32 left, seeded; u64 next; u64 words[624]; normal caches}
+# torch's CPU get_state(): {i64 seed; i32 left, seeded; u64 next; u64 words[624]; normal caches}
+_TORCH_STATE_SIZE = 5056
 
 
 @dataclass(frozen=True)
 class TorchLayout:
     """Where a CPU torch.Generator keeps its state in memory, as offsets from its seed field (whose
     address torch_state_address() gives for the default generator): the region runs from the seed
-    over the position, the 624 words and the two cached normals, so one memcpy puts a whole state in place."""
+    over the position, the 624 words and the two cached normals, so one memcpy puts a whole state
+    in place."""
 
     size: int  # bytes of the region
     next: int  # uint32: index of the next word read (after i32 left, draws before regenerating)
@@ -127,7 +133,8 @@ class TorchLayout:
     template: bytes  # the region of a state at position 0 (left 624, next 0) with no cached normal
 
 
-_torch_layout: list = []  # [TorchLayout] once checked, [None] where the layout is not the one read here
+# [TorchLayout] once checked, [None] where the layout is not the one read here
+_torch_layout: list = []
 
 
 def _generator_impl(generator) -> int | None:
@@ -164,7 +171,8 @@ def _mt_init(seed: int) -> list[int]:
 
 
 def torch_state_bytes(seed: int, words, *, left: int = MT_WORDS, next_: int = 0) -> bytes:
-    """The get_state() bytes of a CPU generator holding `words` (624 uint32) at a position, no cached normal."""
+    """The get_state() bytes of a CPU generator holding `words` (624 uint32) at a position, no
+    cached normal."""
     out = bytearray(_TORCH_STATE_SIZE)
     struct.pack_into("<qiiQ", out, 0, seed - 2**64 if seed >= 2**63 else seed, left, 1, next_)
     struct.pack_into(f"<{MT_WORDS}Q", out, 24, *words)
@@ -210,7 +218,8 @@ def _find_torch_layout(torch) -> TorchLayout | None:
     if struct.unpack_from("<QiB3xI", memory, start) != (seed, 1, 1, 0):
         return None
     end = at + 4 * MT_WORDS
-    # The cached normals (std::optional<float>, std::optional<double>) follow: plant values, find them.
+    # The cached normals (std::optional<float>, std::optional<double>) follow: plant values, find
+    # them.
     state = bytearray(probe.get_state().numpy().tobytes())
     flags = {}
     for float_value, double_value in ((0.8125, -3.5 - 2.0**-37), (-1.25, 0.40625 + 2.0**-40)):

@@ -1,5 +1,6 @@
 """Per-sample RNG states for `twice.data.loader`: each global RNG a sample draws from is put, before
-the sample, in a state made from (key, sample index) alone, the key being the loader's per-epoch key.
+the sample, in a state made from (key, sample index) alone, the key being the loader's per-epoch
+key.
 
 The numbers come from one SplitMix64 sequence per key: sample i owns its counters i*1024 to
 i*1024+1023; counter 0 is its seed (what torch.initial_seed() says inside the sample), and each
@@ -55,7 +56,8 @@ _STEP = (
 
 class Seeder:
     """Puts one global RNG in each sample's state: `prepare(key, indices, words)` once a batch, then
-    per sample `put(row)` before it and `fits(words)` after it (False: it read beyond the fresh words).
+    per sample `put(row)` before it and `fits(words)` after it (False: it read beyond the fresh
+    words).
 
     In place, put(row) is `target[:] = rows[row]` plus `(view, data)` writes in `extra` and the
     attributes in `cleared` set to None: the loader's loop does those itself, saving a Python call
@@ -78,7 +80,8 @@ class Seeder:
         self.name = name
         self.template = np.frombuffer(template, dtype=np.uint8)
         self.words_at, self.seed_at = words_at, seed_at
-        self.address = target  # of the RNG's memory, where the layout was confirmed (the images are copied there)
+        # of the RNG's memory, where the layout was confirmed (the images are copied there)
+        self.address = target
         self._memory = (
             None
             if target is None
@@ -86,7 +89,8 @@ class Seeder:
         )
         # Per sample only the bytes up to the last fresh word are written: a sample that fits never
         # read the words after them, so they need not be fresh, or even known.
-        # (address, bytes) also written per sample: position, cached normals; and as (memoryview, bytes)
+        # (address, bytes) also written per sample: position, cached normals; and as (memoryview,
+        # bytes)
         self.extra_at = extra
         self.extra = tuple(
             (memoryview((ctypes.c_char * len(data)).from_address(at)).cast("B"), data)
@@ -108,7 +112,8 @@ class Seeder:
         self.check = (
             None  # in place: (position, last two words, their template value), as ctypes integers
         )
-        self._batch_extra: tuple = ()  # (memoryview, bytes) written once a batch while words are not all fresh
+        # (memoryview, bytes) written once a batch while words are not all fresh
+        self._batch_extra: tuple = ()
         self._batch_extra_at: tuple = ()  # the same as (address, bytes)
         if target is not None:
             tail_at = words_at + 4 * (MT_WORDS - 2)
@@ -119,13 +124,15 @@ class Seeder:
                 struct.unpack_from("<Q", template, tail_at)[0],
             )
             # The template's last two words go back in place before each batch: regenerating the
-            # block changes them all, which is how `fits` tells a sample that read 630 words from one that read 6.
+            # block changes them all, which is how `fits` tells a sample that read 630 words from
+            # one that read 6.
             self._batch_extra_at = ((target + tail_at, bytes(template[tail_at : tail_at + 8])),)
             self._batch_extra = tuple(
                 (memoryview((ctypes.c_char * 8).from_address(at)).cast("B"), data)
                 for at, data in self._batch_extra_at
             )
-        # counters (times the golden ratio, wrapping) of this RNG's pairs, and of the seed first if it has one
+        # counters (times the golden ratio, wrapping) of this RNG's pairs, and of the seed first if
+        # it has one
         offsets = ([0] if seed_at is not None else []) + list(
             range(OFFSETS[name], OFFSETS[name] + _PAIRS)
         )
@@ -159,12 +166,14 @@ class Seeder:
         prepare([(self, words)], key, indices)
 
     def _columns(self, words: int):
-        """The counters (times golden) this RNG needs for `words` fresh words: its seed's, then its pairs'."""
+        """The counters (times golden) this RNG needs for `words` fresh words: its seed's, then
+        its pairs'."""
         words = MT_WORDS if not self.in_place else min(MT_WORDS, words)
         return self._counters[: (words + 1) // 2 + (self.seed_at is not None)]
 
     def _fill(self, values, rows: int) -> None:
-        """Write the finished SplitMix64 `values` of `_columns` into the images and make the row views.
+        """Write the finished SplitMix64 `values` of `_columns` into the images and make the row
+        views.
 
         The images hold only what is written per sample (up to the last fresh word): 64 rows of a
         few dozen bytes stay in cache, where whole 2.5 kB states would not."""
@@ -189,7 +198,8 @@ class Seeder:
 
     def compiled_spec(self, words: int) -> tuple:
         """What twice._native needs to make and put this RNG's per-sample states itself, with
-        `words` fresh words (in place only): the same bytes `_fill` and `put` write, and the check."""
+        `words` fresh words (in place only): the same bytes `_fill` and `put` write, and the
+        check."""
         spec = self._specs.get(words)
         if spec is None:
             columns = self._columns(words)
@@ -327,8 +337,11 @@ def _fill_all(spans: list[tuple[int, Seeder]], values, rows: int) -> None:
         column += width
 
 
-_plans: dict = {}  # ((Seeder, words) pairs, rows) -> (counters, buffers, {key: counters + key}) for _values
-_tables: dict = {}  # ((Seeder, words) pairs, epoch key, samples) -> (key, every sample's values, column spans, {rows: buffer})
+# ((Seeder, words) pairs, rows) -> (counters, buffers, {key: counters + key}) for _values
+_plans: dict = {}
+# ((Seeder, words) pairs, epoch key, samples) -> (key, every sample's values, column spans, {rows:
+# buffer})
+_tables: dict = {}
 
 
 _seeders: dict = {}  # (name, ids of the RNG objects) -> Seeder
@@ -390,13 +403,15 @@ def _make(name: str) -> Seeder:
         )
     layout, target = layouts.torch_layout(), layouts.torch_state_address()
     if layout is None or target is None:
-        # The image layout of get_state() bytes is not used by the API path: only words and seed are read.
+        # The image layout of get_state() bytes is not used by the API path: only words and seed are
+        # read.
         template = bytes(8) + struct.pack("<iiI", MT_WORDS, 1, 0) + template_words
         return Seeder(name, template, 20, 0)
     words_end = (
         layout.words + 4 * MT_WORDS
     )  # after the words: the cached normals, cleared per sample
-    # The position read is `next` (the index of the next word); its `left` is written with it per sample.
+    # The position read is `next` (the index of the next word); its `left` is written with it per
+    # sample.
     return Seeder(
         name,
         layout.template,

@@ -33,7 +33,8 @@ class RngSource:
 
 
 def _numpy():
-    # NumPy is only touched if the program has imported it (or can): we never import it for seeding alone.
+    # NumPy is only touched if the program has imported it (or can): we never import it for seeding
+    # alone.
     return sys.modules.get("numpy")
 
 
@@ -141,7 +142,8 @@ def seed_everything(seed: int) -> dict[str, int]:
     """Seed Python's `random`, NumPy's global RNG, torch on the CPU and on every device.
 
     Returns the seed given to each source that exists in this process, e.g.
-    ``{"python": 0, "numpy": 0, "torch": 0}``. Sources for libraries the program has not imported are
+    ``{"python": 0, "numpy": 0, "torch": 0}``. Sources for libraries the program has not imported
+    are
     skipped; `twice run` seeds them the moment they are imported.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:

@@ -20,7 +20,8 @@ __all__ = ["rng_snapshot", "rng_restore", "rng_changed"]
 
 def rng_snapshot() -> tuple:
     """The global Python, NumPy and torch CPU RNG states, read in place where the layout was checked
-    (~0.6 us, against ~60 us through getstate()/get_state()), for `rng_restore` and `rng_changed`."""
+    (~0.6 us, against ~60 us through getstate()/get_state()), for `rng_restore` and
+    `rng_changed`."""
     return _rng_access()[0]()
 
 
@@ -43,7 +44,8 @@ def _rng_access() -> tuple[Callable[[], tuple], Callable[[tuple, Any], None]]:
     return access
 
 
-_snapshot_readers: dict = {}  # ids of random's generator, numpy and torch's default generator -> _snapshot_access()
+# ids of random's generator, numpy and torch's default generator -> _snapshot_access()
+_snapshot_readers: dict = {}
 
 
 def _snapshot_access() -> tuple[Callable[[], tuple], Callable[[tuple, Any], None]]:
@@ -116,7 +118,8 @@ def rng_changed(before: tuple, after: tuple) -> set[str]:
 
 
 def _in_place(state) -> bool:
-    """Whether a snapshot entry was read in place (bytes, extra) rather than through getstate()/get_state()."""
+    """Whether a snapshot entry was read in place (bytes, extra) rather than through
+    getstate()/get_state()."""
     return isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], bytes)
 
 

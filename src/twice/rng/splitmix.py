@@ -1,4 +1,5 @@
-"""SplitMix64's output function over NumPy arrays: the per-sample seeds of the loader's RNG states."""
+"""SplitMix64's output function over NumPy arrays: the per-sample seeds of the loader's RNG
+states."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111
 
 
 def splitmix_finish(z, reuse: bool = False):
-    """SplitMix64's output function, in place on `z` (a NumPy uint64 array of base + counter * golden,
+    """SplitMix64's output function, in place on `z` (a NumPy uint64 array of base + counter *
+    golden,
     wrapping): bijective in the counter. `reuse` keeps its scratch buffer for the next call."""
     np = _numpy()
     shifted = _scratch(("shifted", z.shape), z.shape, np.uint64) if reuse else np.empty_like(z)

@@ -1,4 +1,5 @@
-"""Named RNG streams: randomness for one purpose ("init", "data", "dropout") that other purposes cannot shift.
+"""Named RNG streams: randomness for one purpose ("init", "data", "dropout") that other purposes
+cannot shift.
 
 Inside `with twice.stream("init"):` the global RNGs (Python, NumPy, torch CPU and CUDA) draw from
 the "init" stream, seeded from derive_seed(root, "stream", "init") on first use and continued on
@@ -29,8 +30,9 @@ class stream:
     """A named RNG stream; a context manager, and a factory of generators for the same purpose.
 
     >>> with twice.stream("init"):                      # doctest: +SKIP
-    ...     model = Net()                              # initial weights depend only on (seed, "init")
-    >>> loader = DataLoader(data, shuffle=True, generator=twice.stream("data").generator())  # doctest: +SKIP
+    ...     model = Net()                # initial weights depend only on (seed, "init")
+    >>> data_order = twice.stream("data").generator()   # doctest: +SKIP
+    >>> loader = DataLoader(data, shuffle=True, generator=data_order)   # doctest: +SKIP
     """
 
     def __init__(self, name: str, seed: int | None = None):

@@ -1,1 +1,2 @@
-"""What runs inside the user's processes: the bootstrap, deterministic mode and environment facts."""
+"""What runs inside the user's processes: the bootstrap, deterministic mode and environment
+facts."""

@@ -1,9 +1,11 @@
-"""Runs at interpreter start in every process of a `twice run` command (via the _boot sitecustomize).
+"""Runs at interpreter start in every process of a `twice run` command (via the _boot
+sitecustomize).
 
 It reads the launcher's settings from TWICE_* variables, seeds Python's `random` at once, and seeds
 NumPy and torch (and switches torch to deterministic mode, and installs step capture) the moment
 they are imported, so that processes that never import torch pay nothing. Only the standard
-library and the launcher contract (core/protocol.py) are imported here; the rest of twice loads inside the torch import hook.
+library and the launcher contract (core/protocol.py) are imported here; the rest of twice loads
+inside the torch import hook.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def _local_sources() -> list[str]:
 
 
 def _watch_process_group(torch) -> None:
-    """Remember the backend and world size when the program sets up torch.distributed (gone by exit)."""
+    """Remember the backend and world size when the program sets up torch.distributed (gone by
+    exit)."""
     dist = torch.distributed
     if not dist.is_available():
         return

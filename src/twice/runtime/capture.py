@@ -58,7 +58,8 @@ _OWN_PREFIX = "TWICE_"
 
 
 def numeric_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment variables that change numerical results (thread counts, BLAS settings, ...)."""
+    """The environment variables that change numerical results (thread counts, BLAS settings,
+    ...)."""
     environ = os.environ if environ is None else environ
     return {
         k: v
@@ -145,7 +146,8 @@ def _git(args: list[str], cwd: Path, env: dict | None = None) -> str | None:
 
 
 def git_state(cwd: Path, exclude: list[Path] = ()) -> tuple[dict[str, Any] | None, str]:
-    """(facts, patch): commit, branch and dirty flag; the patch holds uncommitted and untracked changes.
+    """(facts, patch): commit, branch and dirty flag; the patch holds uncommitted and untracked
+    changes.
 
     Untracked files are included by diffing HEAD against a throw-away index that has every
     non-ignored file added, so the user's own index is never touched.
@@ -212,7 +214,8 @@ def _torch_config_value(config: str, key: str) -> str | None:
 
 
 def torch_facts(torch) -> dict[str, Any]:
-    """The build and runtime facts of the torch in this process (called where torch was imported)."""
+    """The build and runtime facts of the torch in this process (called where torch was
+    imported)."""
     config = torch.__config__.show()
     parallel = torch.__config__.parallel_info()
     cuda = torch.version.cuda

@@ -1,8 +1,10 @@
-"""Deterministic mode: one table of global settings that `deterministic()` applies, reports and restores.
+"""Deterministic mode: one table of global settings that `deterministic()` applies, reports and
+restores.
 
 Each setting says what was asked, what is now in effect, and why not when the two differ. Some
 settings only work when made before something else happens (PYTHONHASHSEED before the interpreter
-starts, CUBLAS_WORKSPACE_CONFIG before cuBLAS is used); those are checked, not silently set too late.
+starts, CUBLAS_WORKSPACE_CONFIG before cuBLAS is used); those are checked, not silently set too
+late.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class Setting:
 
 @dataclass
 class DeterminismReport:
-    """What `deterministic()` did. Also a context manager that undoes it (settings and RNG states)."""
+    """What `deterministic()` did. Also a context manager that undoes it (settings and RNG
+    states)."""
 
     mode: str
     seed: int | None
@@ -133,7 +136,8 @@ _inductor_hook_pending: list[bool] = []
 
 
 def _set_deterministic_algorithms(torch, enabled: bool, warn_only: bool) -> None:
-    """torch.use_deterministic_algorithms, without importing torch._inductor (1.3 s) just to set its flag.
+    """torch.use_deterministic_algorithms, without importing torch._inductor (1.3 s) just to set its
+    flag.
 
     The public function imports the inductor config to copy the flag there; we set it there when
     the program itself imports it (torch.compile), so the program starts as fast as without twice.
@@ -211,7 +215,8 @@ def _apply_torch(report: DeterminismReport, strict: bool) -> None:
         False,
         report,
     )
-    # TF32 rounds float32 inputs to 10-bit mantissas on Ampere and later: results then differ by device.
+    # TF32 rounds float32 inputs to 10-bit mantissas on Ampere and later: results then differ by
+    # device.
     _flag_setting(
         "cuda.matmul.allow_tf32",
         lambda: matmul.allow_tf32,
@@ -257,12 +262,14 @@ def _apply_cublas(report: DeterminismReport, strict: bool) -> None:
             name,
             CUBLAS_WORKSPACE,
             None,
-            "CUDA was initialised before CUBLAS_WORKSPACE_CONFIG was set; cuBLAS may already use a nondeterministic workspace",
+            "CUDA was initialised before CUBLAS_WORKSPACE_CONFIG was set; cuBLAS may already use "
+            "a nondeterministic workspace",
         )
         if strict:
             raise DeterminismError(
                 f"{setting.reason}",
-                "start the program with `twice run`, or set CUBLAS_WORKSPACE_CONFIG=:4096:8 before the first CUDA call",
+                "start the program with `twice run`, or set CUBLAS_WORKSPACE_CONFIG=:4096:8 "
+                "before the first CUDA call",
             )
         report.settings.append(setting)
         return
@@ -281,11 +288,15 @@ def _check_hash_seed(report: DeterminismReport, strict: bool) -> None:
     if in_effect is not None:
         report.settings.append(Setting("PYTHONHASHSEED", in_effect, in_effect))
         return
-    reason = "PYTHONHASHSEED was not fixed when the interpreter started; set and dict-of-str iteration order varies between runs"
+    reason = (
+        "PYTHONHASHSEED was not fixed when the interpreter started; set and dict-of-str "
+        "iteration order varies between runs"
+    )
     if strict:
         raise DeterminismError(
             reason,
-            'start the program with `twice run`, or export PYTHONHASHSEED=0 before starting Python; or pass mode="warn"',
+            "start the program with `twice run`, or export PYTHONHASHSEED=0 before starting "
+            'Python; or pass mode="warn"',
         )
     report.settings.append(Setting("PYTHONHASHSEED", "fixed", None, reason))
 

@@ -1,4 +1,5 @@
-"""This machine's determinism hazards: what would make two runs here (or here and elsewhere) differ."""
+"""This machine's determinism hazards: what would make two runs here (or here and elsewhere)
+differ."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Run a callback the moment a module finishes importing (standard library only: the bootstrap uses it)."""
+"""Run a callback the moment a module finishes importing (standard library only: the bootstrap
+uses it)."""
 
 from __future__ import annotations
 

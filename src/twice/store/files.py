@@ -26,7 +26,8 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a crash leaves either the old file or the new one, never half."""
+    """Write `data` to `path` so that a crash leaves either the old file or the new one, never
+    half."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -62,7 +62,8 @@ class RunFolder:
         )
 
     def traces(self) -> dict[str, Path]:
-        """The traces present, by stream: "main" for trace.jsonl, else the tag of trace.<tag>.jsonl."""
+        """The traces present, by stream: "main" for trace.jsonl, else the tag of
+        trace.<tag>.jsonl."""
         out = {}
         for path in sorted(self.path.glob("trace*.jsonl")):
             parts = path.name.split(".")
@@ -74,7 +75,8 @@ class RunFolder:
         return self.ops / (f"ops.{stream}.jsonl" if stream else "ops.jsonl")
 
     def location(self, other: str) -> Path:
-        """What `twice locate` found comparing this run with run `other` (shown by `twice report`)."""
+        """What `twice locate` found comparing this run with run `other` (shown by `twice
+        report`)."""
         return self.path / f"locate-{other}.json"
 
     def locations(self) -> list[Path]:

@@ -19,7 +19,8 @@ TRACE_METRICS = ("final_loss", "best_loss")
 
 
 def metrics_path() -> Path | None:
-    """Where this run's metrics go (a file a script may also write itself: metrics.json beside it)."""
+    """Where this run's metrics go (a file a script may also write itself: metrics.json beside
+    it)."""
     run_dir = ChildSettings.read(os.environ, "run_dir")
     return RunFolder(run_dir).metrics if run_dir else None
 
@@ -48,7 +49,8 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 def read_metric(run_dir: Path, name: str) -> float | None:
-    """A run's value of metric `name`: logged by the script, in its metrics.json, or from its trace."""
+    """A run's value of metric `name`: logged by the script, in its metrics.json, or from its
+    trace."""
     run_dir = Path(run_dir)
     logged = None
     if RunFolder(run_dir).metrics.is_file():

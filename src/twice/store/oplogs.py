@@ -52,7 +52,8 @@ def step_ops(run_dir: Path, step: int, stream: str | None = None) -> list[dict] 
 
 
 def steps_ops(run_dir: Path, steps, stream: str | None = None) -> dict[int, list[dict] | None]:
-    """The op records of each of `steps` (None for a step not recorded), from one read of the log."""
+    """The op records of each of `steps` (None for a step not recorded), from one read of the
+    log."""
     wanted = set(steps)
     found: dict[int, list[dict] | None] = dict.fromkeys(wanted)
     path = RunFolder(run_dir).op_log(stream)

@@ -1,4 +1,5 @@
-"""The run folder on disk: atomic JSON, time-sorted unique ids, listing, and liveness of running runs."""
+"""The run folder on disk: atomic JSON, time-sorted unique ids, listing, and liveness of running
+runs."""
 
 from __future__ import annotations
 
@@ -125,7 +126,8 @@ def list_runs(runs_dir: Path) -> Iterator[Path]:
 
 
 def process_start_time(pid: int) -> int | None:
-    """The kernel's start time of `pid` (clock ticks since boot), to tell a live process from a reused pid."""
+    """The kernel's start time of `pid` (clock ticks since boot), to tell a live process from a
+    reused pid."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -166,7 +168,8 @@ def read_manifest(run_dir: Path) -> Manifest:
 
 
 def effective_status(manifest: Manifest) -> str:
-    """The recorded status, except that a run still marked running whose launcher died is `crashed`."""
+    """The recorded status, except that a run still marked running whose launcher died is
+    `crashed`."""
     status = manifest.status
     if status != "running":
         return status

@@ -19,7 +19,8 @@ __all__ = ["TraceWriter", "read_trace", "trace_files"]
 
 
 class TraceWriter:
-    """Appends records to a JSONL file, one write() call each, so that a killed process loses at most one line."""
+    """Appends records to a JSONL file, one write() call each, so that a killed process loses at
+    most one line."""
 
     def __init__(self, path: Path, fsync_every: float = 5.0):
         self.path = Path(path)
@@ -51,7 +52,8 @@ class TraceWriter:
 
 
 def read_trace(path: Path) -> list[StepRecord]:
-    """Read a trace; a last line without its newline (a kill mid-write) is dropped, any other damage is an error."""
+    """Read a trace; a last line without its newline (a kill mid-write) is dropped, any other
+    damage is an error."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
