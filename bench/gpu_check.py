@@ -113,7 +113,7 @@ def check_late_cublas(device):
 
 
 def check_digests(device):
-    from twice.core.digests import device_fold
+    from twice.core.device_fold import device_fold
 
     dtypes = [
         torch.float32,

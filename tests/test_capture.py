@@ -14,7 +14,8 @@ from conftest import runs
 from conftest import twice as twice_cli
 
 import twice
-from twice.core.digests import lanes_norm
+from twice.core import fastpath
+from twice.core.fastpath import lanes_norm
 from twice.record import hooks, norms
 from twice.rng import fingerprint, layouts
 from twice.store import layout
@@ -523,10 +524,10 @@ def test_digests_and_norms_of_many_tensors_are_the_same_bits_compiled_or_not(mon
         -torch.ones(100, dtype=torch.float32).index_fill_(0, torch.tensor([5]), float("nan"))
     )
     expected_digests = [twice.digest(t) for t in tensors]
-    compiled = digests.digest_many(tensors, norms=True)
+    compiled = fastpath.digest_many(tensors, norms=True)
     if not native:
         monkeypatch.setattr(digests, "_native", None)
-    found, norms = digests.digest_many(tensors, norms=True)
+    found, norms = fastpath.digest_many(tensors, norms=True)
     assert found == expected_digests
     bits = lambda values: [None if n is None else struct.pack("<d", n).hex() for n in values]  # noqa: E731
     assert bits(norms) == bits(compiled[1])

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import twice
-from twice.core.digests import device_fold
+from twice.core.device_fold import device_fold
 
 DTYPES = [
     torch.float32,
@@ -162,7 +162,8 @@ def test_the_fast_tensor_digest_gives_exactly_digests_value(dtype):
 def test_the_fast_digests_hand_compressed_layouts_to_digest():
     """digest_tensor and digest_many (the step trace's) read a tensor's layout before asking whether
     it is contiguous, which a compressed layout cannot answer."""
-    from twice.core.digests import digest_many, digest_tensor
+    from twice.core.digests import digest_tensor
+    from twice.core.fastpath import digest_many
 
     dense = torch.arange(12.0).reshape(3, 4)
     for tensor in (dense.to_sparse_csr(), dense.to_sparse_csc(), dense.to_sparse()):

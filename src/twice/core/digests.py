@@ -24,7 +24,7 @@ try:  # the compiled part (see setup.py); where it was not built, the same value
 except ImportError:
     _native = None
 
-__all__ = ["digest", "Digester", "tensor_bytes_view", "device_fold"]
+__all__ = ["digest", "Digester", "tensor_bytes_view"]
 
 _TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = (
     b"N",
@@ -50,7 +50,6 @@ _TAG_OBJECT = b"R"
 OPAQUE_TYPES: list[str] = []
 
 # Elements per chunk on the device path: bounds the temporary key tensors to a few hundred MB.
-_DEVICE_CHUNK_WORDS = 1 << 24
 
 
 def _torch():
@@ -210,6 +209,8 @@ class Digester:
             self._hash.update(len(data).to_bytes(8, "little"))
             self._hash.update(data.buffer if isinstance(data, _Pinned) else data)
         else:
+            from twice.core.device_fold import device_fold
+
             words = device_fold(tensor)
             self._frame(_TAG_DEVICE_TENSOR, header + b"|" + words)
 
@@ -302,53 +303,6 @@ class _Pinned:
 
     def __len__(self):
         return len(self.buffer)
-
-
-def _mix64(x):
-    """splitmix64 finaliser on an int64 tensor (wrapping arithmetic, logical shifts emulated)."""
-
-    def shr(v, n):
-        return (v >> n) & ((1 << (64 - n)) - 1)
-
-    x = x ^ shr(x, 30)
-    x = x * -4658895280553007687  # 0xbf58476d1ce4e5b9 as a signed 64-bit integer
-    x = x ^ shr(x, 27)
-    x = x * -7723592293110705685  # 0x94d049bb133111eb
-    return x ^ shr(x, 31)
-
-
-def device_fold(tensor) -> bytes:
-    """Fold a tensor's bytes into 32 bytes on its own device (integer sums: order-independent,
-    exact).
-
-    Works on any device, the CPU included, so that the device algorithm can be checked here.
-    """
-    torch = _torch()
-    tensor = tensor.detach()
-    if tensor.is_conj():
-        tensor = tensor.resolve_conj()
-    if tensor.is_neg():
-        tensor = tensor.resolve_neg()
-    raw = tensor.contiguous().reshape(-1).view(torch.uint8)
-    nbytes = raw.numel()
-    pad = (-nbytes) % 8
-    if pad:
-        raw = torch.cat([raw, torch.zeros(pad, dtype=torch.uint8, device=raw.device)])
-    words = raw.view(torch.int64)
-    low_mask = (1 << 32) - 1
-    sums = torch.zeros(4, dtype=torch.int64, device=raw.device)
-    for start in range(0, words.numel(), _DEVICE_CHUNK_WORDS):
-        chunk = words[start : start + _DEVICE_CHUNK_WORDS]
-        index = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=raw.device)
-        low, high = chunk & low_mask, (chunk >> 32) & low_mask
-        for lane in range(2):
-            key = _mix64(index * 2 + lane * (1 << 40) + 0x5EED)
-            k_low, k_high = key & low_mask, (key >> 32) & low_mask
-            # NH: (a + k1 mod 2^32) * (b + k2 mod 2^32), summed mod 2^64; two lanes with other keys.
-            products = ((low + k_low) & low_mask) * ((high + k_high) & low_mask)
-            sums[lane] += products.sum()
-            sums[2 + lane] += (chunk ^ key).sum()
-    return struct.pack("<q", nbytes) + sums.cpu().numpy().astype("<i8").tobytes()
 
 
 def digest(value: Any, *, strict: bool = True) -> str:
@@ -446,112 +400,6 @@ def _plain_head(tensor: Any) -> tuple | None:
             kind,
         )
     return head
-
-
-def digest_many(tensors: list, norms: bool = False) -> tuple[list[str], list[float | None] | None]:
-    """`digest_tensor` of each tensor and, with `norms`, the L2 norm of each float32 or float64 CPU
-    tensor (None for the others: the caller takes torch's), in one pass over each tensor's bytes.
-
-    The step trace's hot path: it digests every gradient and parameter and takes the gradients'
-    norms after every step, where the Python and the torch calls around the hashing cost more
-    than the hashing (ten times their warm cost, on code the step has just evicted from the
-    caches). So plain CPU tensors go to twice._native in one call, which hashes each in 32 kB
-    pieces and sums the squares of each piece while it is in the L1 cache. The norm is twice's
-    own (`lanes_norm`), the same bits whether _native was built or not."""
-    if _native is None:
-        return [digest_tensor(t) for t in tensors], [
-            lanes_norm(t) for t in tensors
-        ] if norms else None
-    items, where, digests = [], [], [None] * len(tensors)
-    out: list[float | None] | None = [None] * len(tensors) if norms else None
-    for i, tensor in enumerate(tensors):
-        head = _plain_head(tensor)
-        if head is None:  # not plain: digest() frames it
-            digests[i] = digest(tensor)
-            if norms:
-                out[i] = lanes_norm(tensor)
-            continue
-        items.append((head[0], tensor.data_ptr(), head[2], head[3] if norms else 0, None))
-        where.append(i)
-    if items:
-        hashed, normed = _native.hash(items)
-        for i, value, norm in zip(where, hashed, normed):
-            digests[i] = value
-            if norms:
-                out[i] = norm
-    return digests, out
-
-
-def hash_items(items: list) -> list[str] | None:
-    """Digests of `buffers_item`s and `tensor_item`s in one call to twice._native; None where it
-    was not built."""
-    return None if _native is None else _native.hash(items)[0]
-
-
-def buffers_item(main: Any, tail: bytes | None = None) -> tuple:
-    """For `hash_items`: what `digest_buffers(main, tail)` digests, `main` a ctypes array (hashed
-    where it lies)."""
-    size = len(main)
-    return (
-        _TAG_BYTES + (size + len(tail or b"")).to_bytes(8, "little"),
-        ctypes.addressof(main),
-        size,
-        0,
-        tail,
-    )
-
-
-def tensor_item(tensor: Any) -> tuple | None:
-    """For `hash_items`: what `digest_tensor(tensor)` digests, for a plain CPU tensor (else None).
-    The item holds the tensor's address, not the tensor: keep the tensor alive until it is
-    hashed."""
-    head = _plain_head(tensor)
-    return None if head is None else (head[0], tensor.data_ptr(), head[2], 0, None)
-
-
-def lanes_norm(tensor: Any) -> float | None:
-    """The L2 norm of a float32 or float64 CPU tensor as the step trace records it: the squares in
-    double, in row-major order, summed into 32 running sums (element i into sum i mod 32), the
-    sums added pairwise, the square root taken. A definition of twice's own, so that the compiled
-    code (twice._native) and NumPy give the same bits; None for other tensors."""
-    torch = _torch()
-    if not (
-        tensor.is_cpu
-        and tensor.layout is torch.strided
-        and tensor.dtype in (torch.float32, torch.float64)
-    ):
-        return None
-    tensor = tensor.detach()
-    if not tensor.is_contiguous():
-        tensor = tensor.contiguous()
-    if _native is not None:
-        width = tensor.element_size()
-        return _native.hash(
-            [(b"", tensor.data_ptr(), tensor.numel() * width, 1 if width == 4 else 2, None)]
-        )[1][0]
-    import numpy as np
-
-    values = tensor.numpy().reshape(-1).astype(np.float64)
-    full = len(values) - len(values) % _LANES
-    # Along axis 0 NumPy adds row after row (its pairwise summation is for the contiguous axis):
-    # each lane's running sum in element order, as in C. A test holds the two together.
-    sums = (
-        np.zeros(_LANES)
-        if not full
-        else np.add.reduce(np.square(values[:full]).reshape(-1, _LANES), axis=0)
-    )
-    sums = [float(x) for x in sums]
-    for i in range(full, len(values)):
-        value = float(values[i])
-        sums[i % _LANES] += value * value
-    width = _LANES // 2
-    while width:  # added pairwise: 32 sums, 16, ..., 1
-        sums = [sums[2 * k] + sums[2 * k + 1] for k in range(width)]
-        width //= 2
-    return math.sqrt(sums[0])
-
-
-_LANES = 32  # lanes_norm's running sums (as LANES in _native.c)
 
 
 def digest_pairs(pairs: list[tuple[str, str]]) -> str:

@@ -14,7 +14,6 @@ import math
 import operator
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,10 @@ from twice.core.digests import (
     OPAQUE_TYPES,
     Digester,
     digest,
-    digest_many,
     digest_pairs,
     float_bits,
-    lanes_norm,
 )
+from twice.core.fastpath import digest_many, lanes_norm
 from twice.core.protocol import ChildSettings, parse_steps
 from twice.core.records import StepRecord
 from twice.core.steps import RoundClock
@@ -36,6 +34,7 @@ from twice.record.names import ParamNames
 from twice.record.norms import floats
 from twice.record.norms import norms as tensor_norms
 from twice.record.opcontrol import OpControl
+from twice.record.openstep import StepRound
 from twice.record.replicas import ReplicaCheck, ReplicaDesync
 from twice.rng.fingerprint import rng_digests
 from twice.rng.seeding import capture_rng
@@ -49,26 +48,6 @@ __all__ = ["Recorder", "ReplicaDesync"]
 AUTO_PARAMS_TENSORS = 64
 AUTO_PARAMS_INTERVAL = 100
 PARAM_CHECK_EVERY = 10
-
-
-@dataclass
-class _Round:
-    """What the optimizers of the current step have contributed so far."""
-
-    grads: list[tuple[str, str]] = field(default_factory=list)
-    params: list[tuple[str, str]] = field(default_factory=list)
-    grad_squares: list[Any] = field(default_factory=list)
-    lr: list[str] = field(default_factory=list)
-    losses: list[Any] = field(default_factory=list)
-    batch: Digester | None = None
-    batch_count: int = 0
-    rng: dict[str, str] = field(default_factory=dict)
-    params_before: str | None = None
-    param_norm: float | None = None
-    grad_norms: list[float] = field(default_factory=list)
-    grad_total: float | None = None  # the L2 norm of all gradients, from grad_norms
-    params_digest: str | None = None
-    skipped: bool = False  # an optimizer's update was skipped by GradScaler (inf/NaN gradients)
 
 
 class Recorder:
@@ -107,7 +86,7 @@ class Recorder:
         self._t0 = time.perf_counter()
         self.cost = 0.0  # seconds spent in the event handlers below
         self._writer = TraceWriter(RunFolder(self.run_dir).trace(stream))
-        self._round = _Round()
+        self._round = StepRound()
         self._clock = RoundClock()
         self._pending_losses: list[Any] = []
         self._pending_batches: list[
@@ -265,7 +244,7 @@ class Recorder:
         self._exit_if_stopping()
         self.explicit = True
         if self._tracing_this_step():
-            round_ = _Round()
+            round_ = StepRound()
             if loss is not None:
                 round_.losses.append(
                     loss.detach() if isinstance(loss, torch.Tensor) else float(loss)
@@ -289,7 +268,7 @@ class Recorder:
 
     def drop_open_step(self) -> None:
         """Forget the step in progress (its round, losses and batches)."""
-        self._round, self._pending_losses, self._pending_batches = _Round(), [], []
+        self._round, self._pending_losses, self._pending_batches = StepRound(), [], []
         self._clock.reset()
 
     def close_trace(self) -> None:
@@ -341,7 +320,7 @@ class Recorder:
             return
         if ended:
             self._clock.reset()
-            self._round = _Round()
+            self._round = StepRound()
             self._advance()
 
     # -- pieces -----------------------------------------------------------------------------------
@@ -400,7 +379,7 @@ class Recorder:
                 else math.hypot(self._round.param_norm, total)
             )
 
-    def _move_pending(self, round_: _Round) -> None:
+    def _move_pending(self, round_: StepRound) -> None:
         round_.losses.extend(self._pending_losses)
         self._pending_losses = []
         for digester in self._pending_batches:
@@ -420,7 +399,7 @@ class Recorder:
                 round_ = self._round
                 self._replicas.after_step(self.step_index, round_.params_digest, round_.params)
         self._clock.reset()
-        self._round = _Round()
+        self._round = StepRound()
         self._advance()
 
     def resume_at(self, step: int, *, keep_batches: int | None = 0) -> None:
@@ -431,7 +410,7 @@ class Recorder:
         read them already, after any it skipped to reach the resumed position. None keeps them
         all."""
         self.step_index = step
-        self._round = _Round()
+        self._round = StepRound()
         self._clock.reset()
         self._pending_losses = []
         if keep_batches is not None:
@@ -462,36 +441,13 @@ class Recorder:
             raise SystemExit(0)
 
     def _write_round(self) -> None:
-
         round_ = self._round
-        loss_values = floats(round_.losses)
-        losses = [float_bits(x) for x in loss_values]
-        round_.params_digest = digest_pairs(round_.params) if round_.params else None
-        # One device-to-host read of each gradient norm, shared by the record and the health checks.
-        norms = round_.grad_norms = floats(round_.grad_squares)
-        round_.grad_total = (
-            math.sqrt(sum(map(operator.mul, norms, norms))) if norms else None
-        )  # the squares in order
         per_tensor = self._per_tensor_due(len(round_.params))
-        record = StepRecord(
-            step=self.step_index,
-            loss=None if not losses else losses[0] if len(losses) == 1 else losses,
-            batch=round_.batch.hexdigest() if round_.batch is not None else None,
-            grads=digest_pairs(round_.grads) if round_.grads else None,
-            grad_norm=float_bits(round_.grad_total) if norms else None,
-            lr=round_.lr,
-            params=round_.params_digest,
-            rng=round_.rng,
-            params_before=round_.params_before,
-            skipped=True if round_.skipped else None,
-            param_digests=dict(round_.params) if per_tensor and round_.params else None,
-            grad_digests=dict(round_.grads) if per_tensor and round_.grads else None,
-            time=round(time.perf_counter() - self._t0, 6),
-        )
+        record, losses = round_.record(self.step_index, per_tensor, time.perf_counter() - self._t0)
         self._writer.write(record)
-        self._check_health(record, round_, loss_values)
+        self._check_health(record, round_, losses)
 
-    def _check_health(self, record: StepRecord, round_: _Round, losses: list[float]) -> None:
+    def _check_health(self, record: StepRecord, round_: StepRound, losses: list[float]) -> None:
         """The cheap always-on numerics mode: loss, gradients and parameters, once per step."""
         if self._health is None:
             self._health = StepHealth(self.run_dir)
@@ -526,7 +482,7 @@ class Recorder:
         ):
             if self._tracing_this_step():
                 self._write_round()
-            self._round = _Round()
+            self._round = StepRound()
             self._clock.reset()
         self._writer.close()
         self._replicas.finish()
@@ -539,7 +495,7 @@ class Recorder:
         self.stream = f"{self.stream + '.' if self.stream else ''}fork{index}"
         self._writer = TraceWriter(RunFolder(self.run_dir).trace(self.stream))
         self.ops.forked(self.stream)
-        self._round, self._pending_losses, self._pending_batches = _Round(), [], []
+        self._round, self._pending_losses, self._pending_batches = StepRound(), [], []
         self._clock = RoundClock()
         self._replicas = ReplicaCheck(self.run_dir, self._replicas.every, self._replicas.mode)
         self.fork_count = 0

@@ -11,6 +11,7 @@ import random
 import struct
 
 from twice.core import digests as _digests
+from twice.core import fastpath
 from twice.core.digests import digest, digest_buffers, digest_tensor
 from twice.rng.layouts import _state_views
 from twice.rng.seeding import RNG_SOURCES, RngSource, _torch
@@ -45,7 +46,7 @@ def _rng_plan(views: tuple) -> tuple | None:
         _rng_plans.clear()
     plan = (
         [name for name, _ in named],
-        [_digests.buffers_item(view) for _, view in named],
+        [fastpath.buffers_item(view) for _, view in named],
         tuple(source for source in RNG_SOURCES if source.name not in covered),
     )
     _rng_plans[id(views)] = (views, plan)
@@ -66,20 +67,20 @@ def rng_digests() -> dict[str, str]:
     names, items = list(names), list(items)
     gauss = random._inst.gauss_next if python_view is not None else None
     if gauss is not None:  # Python's state is the plan's first item where it is read in place
-        items[0] = _digests.buffers_item(python_view, struct.pack("<d", gauss))
+        items[0] = fastpath.buffers_item(python_view, struct.pack("<d", gauss))
     if (
         gauss_view is not None and gauss_view[:4] != b"\0\0\0\0"
     ):  # NumPy holds a Gaussian: {int has_gauss; double gauss}
-        items[-1] = _digests.buffers_item(numpy_view, bytes(gauss_view)[8:])
+        items[-1] = fastpath.buffers_item(numpy_view, bytes(gauss_view)[8:])
     torch = _torch()
     state = torch.default_generator.get_state() if torch is not None else None  # held until hashed
     item = (
-        _digests.tensor_item(state) if state is not None else None
+        fastpath.tensor_item(state) if state is not None else None
     )  # (the item holds its address only)
     if item is not None:
         names.append("torch")
         items.append(item)
-    out = dict(zip(names, _digests.hash_items(items)))
+    out = dict(zip(names, fastpath.hash_items(items)))
     if state is not None and item is None:
         out["torch"] = digest_tensor(state)
     for source in others:
