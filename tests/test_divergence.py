@@ -67,9 +67,33 @@ def test_explanation_combines_trace_and_manifest():
     )
     sentence = explain(diffs, first_divergence(a, b))
     assert sentence.startswith(
-        "batches and parameters identical, loss differs: the forward computation differs at step 1"
+        "batches and the RNG state identical, the loss differs: the forward computation differs "
+        "at step 1"
     )
     assert "the runs used 1 and 2 torch threads" in sentence
+
+
+def test_an_explanation_claims_identical_only_for_what_was_recorded():
+    """A loop whose trace holds no batches: the sentence says none were recorded, never that
+    batches were identical."""
+    a, b = trace(3), trace(3)
+    for record in a + b:
+        record.batch = None
+    b[2].grads = "other"
+    sentence = explain([], first_divergence(a, b))
+    assert "batches" not in sentence.split("(")[0]
+    assert sentence.startswith(
+        "the RNG state and the loss identical, gradients differ: the backward computation differs "
+        "(no batches were recorded for this loop) at step 2"
+    )
+    for record in a + b:
+        record.rng = {}
+    b[2].grads, b[1].loss = "g2", "other"
+    sentence = explain([], first_divergence(a, b))
+    assert sentence.startswith(
+        "the loss differs: the forward computation differs (no batches were recorded for this "
+        "loop) at step 1"
+    )
 
 
 def test_identity_differences_are_grouped():

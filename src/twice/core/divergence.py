@@ -11,6 +11,7 @@ from twice.core.manifest import Difference
 from twice.core.records import COMPARED_FIELDS, StepRecord
 
 __all__ = [
+    "explain_resumed",
     "Divergence",
     "first_divergence",
     "divergence_phrase",
@@ -42,6 +43,7 @@ class Divergence:
     loss_a: Any = None
     loss_b: Any = None
     identical_before: int = 0
+    recorded: tuple[str, ...] = COMPARED_FIELDS  # compared fields both records hold at this step
 
     @property
     def first(self) -> str:
@@ -119,6 +121,10 @@ def _differing(a: dict | None, b: dict | None) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
+def _held(value: Any) -> bool:
+    return value is not None and value != [] and value != {}
+
+
 def first_divergence(
     a: list[StepRecord], b: list[StepRecord], stream: str = "main"
 ) -> Divergence | None:
@@ -152,6 +158,11 @@ def first_divergence(
             loss_a=record_a.loss,
             loss_b=record_b.loss,
             identical_before=same,
+            recorded=tuple(
+                name
+                for name in COMPARED_FIELDS
+                if _held(getattr(record_a, name)) and _held(getattr(record_b, name))
+            ),
         )
     return None
 
@@ -222,15 +233,44 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
     return None
 
 
-_STAGE = {
-    "batch": "the batches differ",
-    "rng": "batches identical but the RNG state differs: the runs drew different random numbers",
-    "loss": "batches and parameters identical, loss differs: the forward computation differs",
-    "grads": "loss identical, gradients differ: the backward computation differs",
-    "grad_norm": "gradients identical, their norm differs: the norm computation differs",
-    "lr": "the learning rate differs: the schedule differs",
-    "params": "gradients identical, parameters differ: the update differs",
+# What each field is called in a sentence, and what its difference means.
+_NAMES = {
+    "batch": ("batches", "the batches differ"),
+    "rng": ("the RNG state", "the runs drew different random numbers"),
+    "loss": ("the loss", "the forward computation differs"),
+    "grads": ("gradients", "the backward computation differs"),
+    "grad_norm": ("the gradient norm", "the norm computation differs"),
+    "lr": ("the learning rate", "the schedule differs"),
+    "params": ("parameters", "the update differs"),
 }
+_NOT_RECORDED = {"batch": "no batches were recorded for this loop"}
+
+
+def _stage(divergence: Divergence, reason: str | None) -> str:
+    """What differed first, claiming "identical" only for what both records hold at that step."""
+    first = divergence.first
+    before = COMPARED_FIELDS[: COMPARED_FIELDS.index(first)]
+    same = [_NAMES[name][0] for name in before if name in divergence.recorded]
+    name, meaning = _NAMES[first]
+    verb = "differ" if name in ("batches", "gradients", "parameters") else "differs"
+    if first == "loss" and divergence.step == 0:
+        meaning = "the initial weights or the forward computation differ"
+    if first == "params" and reason is None and "grads" in divergence.recorded:
+        meaning = (
+            "something other than this step's update changed them (another process writing "
+            "shared parameters without a lock, or a race)"
+        )
+    stage = f"{name} {verb}" if first == "batch" else f"{name} {verb}: {meaning}"
+    if same:
+        stage = f"{_join(same)} identical, {stage}"
+    missing = [
+        _NOT_RECORDED[n] for n in before if n in _NOT_RECORDED and n not in divergence.recorded
+    ]
+    return f"{stage} ({'; '.join(missing)})" if missing else stage
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def explain(diffs: list[Difference], divergence: Divergence | None, observed: bool = False) -> str:
@@ -242,17 +282,7 @@ def explain(diffs: list[Difference], divergence: Divergence | None, observed: bo
             if reason
             else "traces agree on every common step"
         )
-    stage = _STAGE[divergence.first]
-    if divergence.first == "loss" and divergence.step == 0:
-        stage = (
-            "batches identical, loss differs: the initial weights or the forward computation differ"
-        )
-    if divergence.first == "params" and reason is None:
-        stage = (
-            "batches and gradients identical, parameters differ: something other than this "
-            "step's update "
-            "changed them (another process writing shared parameters without a lock, or a race)"
-        )
+    stage = _stage(divergence, reason)
     sentence = f"{stage} at step {divergence.step}"
     names = divergence.tensors.get(divergence.first, [])
     if names:
@@ -273,4 +303,37 @@ def explain(diffs: list[Difference], divergence: Divergence | None, observed: bo
     return (
         f"{sentence}; same code, seeds and settings: nondeterminism inside the run, not seeding "
         f"({source})"
+    )
+
+
+# What a resume failed to restore, by the first field that differs at the first resumed step.
+_NOT_RESTORED = {
+    "batch": "the data position (the loader's or sampler's state)",
+    "rng": "the RNG state",
+    "loss": "the model's state, or something else the forward pass reads",
+    "grads": "the model's state, or something else the backward pass reads",
+    "grad_norm": "the gradient clipping or scaling state",
+    "lr": "the learning-rate scheduler's state",
+    "params": "the optimizer's state",
+}
+
+
+def explain_resumed(label: str, checkpoint: str, at: int, divergence: Divergence | None) -> str:
+    """The explanation when run `label` resumed from `checkpoint` at step `at`: a difference at the
+    first resumed step is state the resume did not restore, never "same code, seeds and
+    settings"."""
+    resumed = f"run {label} resumed from {checkpoint}"
+    if divergence is None:
+        return f"{resumed}; the runs agree from step {at} on"
+    if divergence.step <= at:
+        return (
+            f"{resumed}; first divergence at the first resumed step: the resume did not restore "
+            f"{_NOT_RESTORED[divergence.first]} ({_NAMES[divergence.first][0]} differ first)"
+        )
+    after = divergence.step - at
+    return (
+        f"{resumed} at step {at}; first divergence {after} step{'s' if after > 1 else ''} later, "
+        f"at step {divergence.step} ({_NAMES[divergence.first][0]} differ first): state the "
+        "checkpoint does not hold (a counter, a cache, a schedule kept outside tracked objects), "
+        "or nondeterminism inside the run"
     )

@@ -7,6 +7,7 @@ compare bit for bit.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,14 +50,98 @@ class StepRecord:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> StepRecord:
-        """A record from a trace line's JSON object (fields this version does not know are
-        ignored)."""
-        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+    def from_json(cls, data: Any) -> StepRecord:
+        """A record from a trace line's JSON value, every field checked for its type; fields this
+        version does not know are ignored. Raises ValueError naming the field at fault."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, found {_kind(data)}")
+        known = {}
+        for name, check in _CHECKS.items():
+            if name in data:
+                value = data[name]
+                if not check(value):
+                    raise ValueError(
+                        f"field {name!r}: expected {_EXPECTED[name]}, found {_kind(value)}"
+                    )
+                known[name] = value
+        if "step" not in known:
+            raise ValueError("field 'step' is missing")
         return cls(**known)
 
 
 _FIELD_NAMES = tuple(StepRecord.__dataclass_fields__)
+
+# A step number a trace may hold: an int (not a bool), from 0 to the largest 64-bit one.
+_MAX_STEP = 2**63 - 1
+
+
+def _is_step(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= _MAX_STEP
+
+
+def _is_text(value: Any) -> bool:
+    return type(value) is str
+
+
+def _is_optional_text(value: Any) -> bool:
+    return value is None or type(value) is str
+
+
+def _is_texts(value: Any) -> bool:
+    return type(value) is list and all(type(item) is str for item in value)
+
+
+def _is_text_map(value: Any) -> bool:
+    return type(value) is dict and all(type(item) is str for item in value.values())
+
+
+def _is_loss(value: Any) -> bool:
+    return value is None or type(value) is str or _is_texts(value)
+
+
+def _is_time(value: Any) -> bool:
+    return value is None or (type(value) in (int, float) and math.isfinite(value) and value >= 0)
+
+
+_CHECKS = {
+    "step": _is_step,
+    "loss": _is_loss,
+    "batch": _is_optional_text,
+    "grads": _is_optional_text,
+    "grad_norm": _is_optional_text,
+    "lr": _is_texts,
+    "params": _is_optional_text,
+    "rng": _is_text_map,
+    "param_digests": lambda v: v is None or _is_text_map(v),
+    "grad_digests": lambda v: v is None or _is_text_map(v),
+    "params_before": _is_optional_text,
+    "skipped": lambda v: v is None or type(v) is bool,
+    "time": _is_time,
+}
+_EXPECTED = {
+    "step": f"a whole number from 0 to {_MAX_STEP}",
+    "loss": "a float.hex string, a list of them, or null",
+    "lr": "a list of float.hex strings",
+    "rng": "an object of digest strings",
+    "param_digests": "an object of digest strings",
+    "grad_digests": "an object of digest strings",
+    "skipped": "true, false or null",
+    "time": "a finite number of seconds, at least 0",
+}
+_EXPECTED.update({name: "a digest string or null" for name in _CHECKS if name not in _EXPECTED})
+assert set(_CHECKS) == set(_FIELD_NAMES)
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, for an error message (never the whole value: it may be huge)."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        text = repr(value)
+        return text if len(text) <= 24 else f"a number of {len(text)} digits"
+    names = {str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
 
 # One encoder for all records: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))

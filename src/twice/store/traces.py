@@ -66,17 +66,26 @@ def read_trace(path: Path) -> list[StepRecord]:
     lines = text.split("\n")
     if lines and lines[-1] != "":
         lines = lines[:-1]  # cut short by a kill: the record was never complete
-    records = []
+    records: list[StepRecord] = []
     for number, line in enumerate(lines, start=1):
         if not line:
             continue
         try:
-            records.append(StepRecord.from_json(json.loads(line)))
-        except (json.JSONDecodeError, TypeError) as exc:
+            record = StepRecord.from_json(json.loads(line))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+            problem = "nested too deeply" if isinstance(exc, RecursionError) else exc
             raise CorruptRecord(
-                f"trace {path} line {number} is not a step record: {exc}",
-                "the trace is damaged; re-record the run",
-            ) from exc
+                f"trace {path} line {number} is not a step record: {problem}",
+                "the trace is damaged or was edited; re-record the run",
+            ) from None
+        if records and record.step <= records[-1].step:
+            raise CorruptRecord(
+                f"trace {path} line {number}: step {record.step} follows step "
+                f"{records[-1].step}; a trace's steps must strictly increase",
+                "the trace was edited, or several processes wrote to one trace; re-record the "
+                "run (each process writes a trace of its own)",
+            )
+        records.append(record)
     return records
 
 
