@@ -1,3 +1,4 @@
+import json
 import pickle
 import random
 
@@ -354,18 +355,29 @@ def test_a_state_saved_through_a_wrapper_and_restored_into_the_bare_module_names
     )
 
 
+def _reseal(target, edit):
+    """Edit a checkpoint's index as a crafter would: change it, then recompute its own digest."""
+    from twice.checkpoint.index import index_bytes
+
+    index = json.loads((target / "checkpoint.json").read_text())
+    index.pop("self")
+    edit(index)
+    (target / "checkpoint.json").write_bytes(index_bytes(index))
+
+
 @pytest.mark.parametrize("kind", ["statefum", "", None, 3, ["stateful"]])
 def test_an_entry_kind_twice_does_not_write_is_refused_not_left_at_its_fresh_state(tmp_path, kind):
     """One flipped byte in the index ("stateful" -> "statefum") once loaded as success with the
-    model untouched. Kinds come from one table: a name outside it is a CheckpointError
-    everywhere."""
-    import json
-
+    model untouched. The index's own digest catches the flip; resealed, the kind is still refused:
+    kinds come from one table and a name outside it is a CheckpointError everywhere."""
     model, opt, _ = trained()
     target = checkpoint.save(tmp_path / "step-00000001", model=model, optimizer=opt)
     index = json.loads((target / "checkpoint.json").read_text())
     index["entries"]["model"] = kind
     (target / "checkpoint.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="do not match its own digest"):
+        checkpoint.verify(target)
+    _reseal(target, lambda index: index["entries"].__setitem__("model", kind))
     with pytest.raises(CheckpointError, match="'model'"):
         checkpoint.verify(target)
     fresh = Model()
@@ -375,6 +387,42 @@ def test_an_entry_kind_twice_does_not_write_is_refused_not_left_at_its_fresh_sta
     assert (
         result.returncode == 2 and "error: " in result.stderr and "Traceback" not in result.stderr
     )
+
+
+def test_one_flipped_bit_anywhere_in_the_index_is_refused(tmp_path):
+    """Every single-bit flip of checkpoint.json (sampled across its bytes) is an error, never
+    `valid`."""
+    model, opt, _ = trained()
+    target = checkpoint.save(tmp_path / "step-00000001", model=model, optimizer=opt)
+    original = (target / "checkpoint.json").read_bytes()
+    for position in range(0, len(original), max(1, len(original) // 97)):
+        for bit in (0, 3, 6):
+            flipped = bytearray(original)
+            flipped[position] ^= 1 << bit
+            (target / "checkpoint.json").write_bytes(bytes(flipped))
+            try:
+                checkpoint.verify(target)
+            except CheckpointError:
+                continue
+            # whitespace that JSON ignores may flip to other whitespace: the same index
+            assert json.loads(bytes(flipped)) == json.loads(original), (position, bit)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda i: i["files"].__setitem__("../x", i["files"].pop("state.json")), "files"),
+        (lambda i: i["files"].__setitem__("/etc/passwd", {"size": 1, "digest": "0" * 32}), "files"),
+        (lambda i: i["entries"].pop("model"), "nothing restores|no state for"),
+    ],
+)
+def test_a_crafted_index_cannot_point_outside_its_folder_or_drop_an_entry(tmp_path, edit, message):
+    model, opt, _ = trained()
+    target = checkpoint.save(tmp_path / "step-00000001", model=model, optimizer=opt)
+    _reseal(target, edit)
+    fresh = Model()
+    with pytest.raises(CheckpointError, match=message):
+        checkpoint.load(target, model=fresh, optimizer=torch.optim.Adam(fresh.parameters()))
 
 
 def test_every_kind_in_the_table_round_trips_through_save_and_load(tmp_path):
@@ -401,3 +449,70 @@ def test_every_kind_in_the_table_round_trips_through_save_and_load(tmp_path):
     )
     assert torch.equal(torch.rand(4, generator=new_generator), expected_torch)
     assert np.array_equal(new_rng.random(4), expected_np)
+
+
+def test_keep_last_deletes_only_checkpoints_twice_wrote(tmp_path):
+    """A foreign `step-1/` (someone's notes) beside the checkpoints is never deleted by
+    retention."""
+    foreign = tmp_path / "step-1"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    model, _, _ = trained()
+    for step in range(2, 6):
+        checkpoint.save(tmp_path / f"step-{step:08d}", keep_last=2, model=model)
+    assert (foreign / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000004",
+        "step-00000005",
+        "step-1",
+    ]
+
+
+_SAVER = """
+import sys, torch
+from twice import checkpoint
+model = torch.nn.Linear(256, 256)
+step = int(sys.argv[2])
+print("ready", flush=True)
+while True:
+    checkpoint.save(f"{sys.argv[1]}/step-{step:08d}", keep_last=2, model=model)
+    step += 1
+    print(step, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_retention_survives_kills_and_the_next_save_cleans_what_they_left(tmp_path):
+    """SIGKILL a process that saves with keep_last=2 at moments spread over its saves: every
+    `step-*` folder left is a whole, valid checkpoint, and the next save removes every leftover
+    (temporaries, folders moved aside or half deleted)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "saver.py"
+    script.write_text(_SAVER)
+    folder = tmp_path / "ckpt"
+    step = 0
+    for attempt in range(12):
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(folder), str(step)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout.readline().strip() == "ready"
+        for _ in range(3):  # let a few saves (and deletions) complete
+            proc.stdout.readline()
+        time.sleep(0.003 * attempt)  # then kill at a moment that moves with each attempt
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        step += 10  # the next process starts further on (or overwrites: both are tested)
+        for path in checkpoint.list_checkpoints(folder):
+            checkpoint.verify(path)  # raises for a half-written or half-deleted checkpoint
+    model = torch.nn.Linear(256, 256)
+    checkpoint.save(folder / f"step-{step + 1000:08d}", keep_last=2, model=model)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        p.name for p in checkpoint.list_checkpoints(folder)
+    ]
+    assert len(checkpoint.list_checkpoints(folder)) == 2

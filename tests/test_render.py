@@ -160,10 +160,10 @@ def test_resume_checks_bisection_and_checkpoints():
         format_bisect(found)
         == "first divergence at step 7 (between recorded steps 5 and 10; 3 replays)"
     )
-    assert format_checkpoint("c", {"entries": {"opt": "stateful", "model": "stateful"}}) == (
+    from twice.checkpoint.index import CheckpointIndex, RanksIndex
+
+    assert format_checkpoint("c", CheckpointIndex({"opt": None, "model": None}, {})) == (
         "checkpoint c: valid (model, opt)"
     )
-    assert (
-        format_checkpoint("c", {"parts": {}, "world_size": 2})
-        == "checkpoint c: valid, 2 rank parts"
-    )
+    parts = RanksIndex(2, {"rank-00000": "0" * 32, "rank-00001": "0" * 32})
+    assert format_checkpoint("c", parts) == "checkpoint c: valid, 2 rank parts"

@@ -332,8 +332,8 @@ def format_locate(result) -> str:
     return "\n".join(lines)
 
 
-def format_checkpoint(path, index: dict) -> str:
+def format_checkpoint(path, index) -> str:
     """`twice checkpoint verify`: a valid checkpoint and what it holds."""
-    if "parts" in index:
-        return f"checkpoint {path}: valid, {index['world_size']} rank parts"
-    return f"checkpoint {path}: valid ({', '.join(sorted(index['entries']))})"
+    if hasattr(index, "parts"):
+        return f"checkpoint {path}: valid, {index.world_size} rank parts"
+    return f"checkpoint {path}: valid ({', '.join(sorted(index.entries))})"

@@ -141,8 +141,21 @@ def _decode_sparse(body: dict, tensors: dict) -> Any:
         parts["plain"],
         parts["values"],
         body["size"],
-        layout=getattr(torch, body["layout"]),
+        layout=_layout(body["layout"]),
     )
+
+
+def _layout(name: Any) -> Any:
+    import torch
+
+    layout = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(layout, torch.layout):
+        raise CheckpointError(
+            f"a sparse tensor in this checkpoint names the layout {str(name)[:40]!r}, unknown to "
+            "torch",
+            "the checkpoint is damaged or crafted, or needs the torch version that saved it",
+        )
+    return layout
 
 
 def decode(value: Any, tensors: dict) -> Any:
@@ -178,7 +191,14 @@ def decode(value: Any, tensors: dict) -> Any:
             raw = base64.b64decode(body["data"])
             return np.frombuffer(raw, dtype=np.dtype(body["dtype"])).reshape(body["shape"]).copy()
         if tag == "__dtype__":
-            return getattr(torch, body)
+            dtype = getattr(torch, body, None) if isinstance(body, str) else None
+            if not isinstance(dtype, torch.dtype):
+                raise CheckpointError(
+                    f"a value in this checkpoint names the dtype {str(body)[:40]!r}, which torch "
+                    f"{torch.__version__} does not have",
+                    "the checkpoint is damaged or crafted, or needs the torch that saved it",
+                )
+            return dtype
         if tag == "__sparse__":
             return _decode_sparse(body, tensors)
     return {k: decode(v, tensors) for k, v in value.items()}

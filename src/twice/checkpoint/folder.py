@@ -23,25 +23,37 @@ from pathlib import Path
 import xxhash
 
 from twice.checkpoint.codec import encode, safetensors_dtypes
-from twice.checkpoint.kinds import kind_named, kind_of
+from twice.checkpoint.index import (
+    FILES,
+    FORMAT,
+    INDEX,
+    RANKS_FORMAT,
+    STATE,
+    TENSORS,
+    CheckpointIndex,
+    RanksIndex,
+    index_bytes,
+    part_name,
+    read_index,
+)
+from twice.checkpoint.kinds import kind_of
 from twice.core.errors import CheckpointError
+from twice.store.files import current_umask
 from twice.store.files import fsync_dir as _fsync_dir
 
-__all__ = ["FORMAT", "RANKS_FORMAT", "INDEX", "TENSORS", "STATE", "RNG_ENTRY", "verify"]
+__all__ = [
+    "FORMAT",
+    "RANKS_FORMAT",
+    "INDEX",
+    "TENSORS",
+    "STATE",
+    "RNG_ENTRY",
+    "verify",
+    "part_name",
+]
 
-FORMAT = "twice-checkpoint/1"
-RANKS_FORMAT = "twice-checkpoint-ranks/1"
-INDEX = "checkpoint.json"
-TENSORS = "tensors.safetensors"
-STATE = "state.json"
-FILES = (TENSORS, STATE)
 RNG_ENTRY = "__rng__"
 STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-def part_name(rank: int) -> str:
-    """The folder of one rank's part in a multi-process checkpoint."""
-    return f"rank-{rank:05d}"
 
 
 def _digest_file(path: Path) -> str:
@@ -117,11 +129,7 @@ def _save_one(directory: Path, entries: dict) -> None:
         kinds[name] = kind.name
         encoded[name] = encode(kind.state_of(obj), tensors, name)
     # The writer's pid in the name lets a later save remove what a killed writer left behind.
-    tmp = Path(
-        tempfile.mkdtemp(
-            prefix=f".{directory.name}.{os.getpid()}.", suffix=".tmp", dir=directory.parent
-        )
-    )
+    tmp = _private_folder(directory, ".tmp")
     try:
         digests = {TENSORS: _save_tensors(tmp / TENSORS, tensors)}
         state_bytes = json.dumps({"entries": encoded}, sort_keys=True).encode("utf-8")
@@ -135,7 +143,7 @@ def _save_one(directory: Path, entries: dict) -> None:
                 for name in FILES
             },
         }
-        _write_file(tmp / INDEX, json.dumps(index, sort_keys=True, indent=2).encode("utf-8"))
+        _write_file(tmp / INDEX, index_bytes(index))
         _fsync_dir(tmp)
         _move_into_place(tmp, directory)
     except BaseException:
@@ -143,13 +151,24 @@ def _save_one(directory: Path, entries: dict) -> None:
         raise
 
 
+def _private_folder(directory: Path, suffix: str) -> Path:
+    """A hidden sibling of `directory` for work in progress, named with this process's pid (so a
+    later save can tell a dead writer's leftovers from a live one's) and given the permissions a
+    new folder gets (mkdtemp's are 0700)."""
+    path = Path(
+        tempfile.mkdtemp(
+            prefix=f".{directory.name}.{os.getpid()}.", suffix=suffix, dir=directory.parent
+        )
+    )
+    os.chmod(path, 0o777 & ~current_umask())
+    return path
+
+
 def _move_into_place(tmp: Path, directory: Path) -> None:
     if directory.exists():
         # Replace an old checkpoint of the same name: move it aside first, so that a crash
         # leaves one of the two complete and "latest" never sees a half-written folder.
-        trash = Path(
-            tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old", dir=directory.parent)
-        )
+        trash = _private_folder(directory, ".old")
         os.replace(directory, trash / "old")
         os.replace(tmp, directory)
         shutil.rmtree(trash, ignore_errors=True)
@@ -158,28 +177,66 @@ def _move_into_place(tmp: Path, directory: Path) -> None:
     _fsync_dir(directory.parent)
 
 
+def remove_checkpoint(directory: Path) -> bool:
+    """Delete a checkpoint twice wrote, crash-safely: renamed to a hidden `.deleting` folder first
+    (one atomic step), then removed, so a kill leaves the checkpoint whole or a leftover the next
+    save sweeps. A folder holding anything twice does not write is left alone; returns whether
+    it was removed."""
+    if not is_twice_folder(directory):
+        return False
+    trash = _private_folder(directory, ".deleting")
+    os.replace(directory, trash / directory.name)
+    _fsync_dir(directory.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
+
+
+def is_twice_folder(directory: Path) -> bool:
+    """Whether `directory` holds only what twice writes into a checkpoint (its index, its files,
+    rank parts of the same), complete or not: what retention may delete."""
+    try:
+        children = list(directory.iterdir())
+    except OSError:
+        return False
+    for child in children:
+        if child.is_symlink():
+            return False
+        if child.name in (INDEX, *FILES) and child.is_file():
+            continue
+        if _PART.match(child.name) and child.is_dir() and is_twice_folder(child):
+            continue
+        return False
+    return True
+
+
+_PART = re.compile(r"^rank-\d{5}$")
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]*\.(tmp|old|deleting)$")
+
+
 def _sweep_stale_temporaries(parent: Path) -> None:
-    """Remove temporary folders of writers that died mid-save (their pid is gone)."""
-    for path in parent.glob(".*.tmp"):
-        parts = path.name.split(".")
-        if len(parts) >= 4 and parts[-3].isdigit():
-            pid = int(parts[-3])
-            try:
-                os.kill(pid, 0)
-                continue  # still writing
-            except ProcessLookupError:
-                shutil.rmtree(path, ignore_errors=True)
-            except PermissionError:
-                continue
+    """Remove what writers that died mid-save or mid-delete left (temporary folders, checkpoints
+    moved aside or half deleted): only those whose pid is gone."""
+    try:
+        leftovers = [p for p in parent.iterdir() if _LEFTOVER.match(p.name)]
+    except OSError:
+        return
+    for path in leftovers:
+        pid = int(_LEFTOVER.match(path.name).group("pid"))
+        try:
+            os.kill(pid, 0)
+            continue  # still writing
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            continue
 
 
-def verify(directory: str | Path) -> dict:
-    """Check that `directory` is a complete, undamaged twice checkpoint; return its index."""
+def verify(directory: str | Path) -> CheckpointIndex | RanksIndex:
+    """Check that `directory` is a complete, undamaged twice checkpoint; return its index.
+
+    The index is checked first (its own digest, then every field), then the folder holds exactly
+    the files it lists, each of the size and digest it records."""
     directory = Path(directory)
-    hint_restore = (
-        "restore an earlier checkpoint (twice.checkpoint.latest skips damaged ones), "
-        "or re-create it"
-    )
     if directory.is_file():
         raise CheckpointError(
             f"{directory} is a file, not a twice checkpoint folder",
@@ -190,71 +247,44 @@ def verify(directory: str | Path) -> dict:
         raise CheckpointError(
             f"no checkpoint at {directory}", "check the path; `twice checkpoint ls RUN` lists them"
         )
-    index_path = directory / INDEX
-    if not index_path.is_file():
-        raise CheckpointError(
-            f"{directory} is incomplete or not a twice checkpoint: it has no {INDEX}", hint_restore
-        )
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{index_path} is damaged: {exc}", hint_restore) from exc
-    if isinstance(index, dict) and index.get("format") == RANKS_FORMAT:
-        return _verify_ranks(directory, index, hint_restore)
-    if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise CheckpointError(
-            f"{directory} has an unknown format "
-            f"{index.get('format') if isinstance(index, dict) else None!r}",
-            f"this twice reads {FORMAT}",
-        )
-    entries = index.get("entries")
-    if not isinstance(entries, dict):
-        raise CheckpointError(f"{index_path} lists no entries", hint_restore)
-    for entry, kind in entries.items():
-        kind_named(kind, entry, directory.name)
-    expected = set(index.get("files", {})) | {INDEX}
+    index = read_index(directory)
+    expected = set(index.parts if isinstance(index, RanksIndex) else index.files) | {INDEX}
     foreign = sorted(p.name for p in directory.iterdir() if p.name not in expected)
     if foreign:
         raise CheckpointError(
             f"{directory} holds files twice did not write: {', '.join(foreign)}",
             "twice never loads them (a pickle can run code); remove them or use a clean copy",
         )
-    for name, meta in index["files"].items():
+    if isinstance(index, RanksIndex):
+        for name, digest in sorted(index.parts.items()):
+            part = directory / name
+            if part.is_symlink() or not part.is_dir():
+                raise CheckpointError(f"rank part {part} is missing", _RESTORE_HINT)
+            verify(part)
+            if _digest_file(part / INDEX) != digest:
+                raise CheckpointError(
+                    f"rank part {part} is not the one this checkpoint was completed with",
+                    _RESTORE_HINT,
+                )
+        return index
+    for name, meta in index.files.items():
         path = directory / name
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint file {path} is missing", hint_restore)
+        if path.is_symlink() or not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} is missing", _RESTORE_HINT)
         size = path.stat().st_size
-        if size != meta["size"]:
+        if size != meta.size:
             raise CheckpointError(
                 f"checkpoint file {path} is truncated or extended: {size} bytes, expected "
-                f"{meta['size']}",
-                hint_restore,
+                f"{meta.size}",
+                _RESTORE_HINT,
             )
-        if _digest_file(path) != meta["digest"]:
+        if _digest_file(path) != meta.digest:
             raise CheckpointError(
-                f"checkpoint file {path} is corrupt: its digest does not match", hint_restore
+                f"checkpoint file {path} is corrupt: its digest does not match", _RESTORE_HINT
             )
     return index
 
 
-def _verify_ranks(directory: Path, index: dict, hint_restore: str) -> dict:
-    parts = index.get("parts", {})
-    if len(parts) != index.get("world_size"):
-        raise CheckpointError(
-            f"{directory} indexes {len(parts)} rank parts for world size {index.get('world_size')}",
-            hint_restore,
-        )
-    foreign = sorted(p.name for p in directory.iterdir() if p.name not in set(parts) | {INDEX})
-    if foreign:
-        raise CheckpointError(
-            f"{directory} holds files twice did not write: {', '.join(foreign)}",
-            "twice never loads them (a pickle can run code); remove them or use a clean copy",
-        )
-    for name, digest in sorted(parts.items()):
-        verify(directory / name)
-        if _digest_file(directory / name / INDEX) != digest:
-            raise CheckpointError(
-                f"rank part {directory / name} is not the one this checkpoint was completed with",
-                hint_restore,
-            )
-    return index
+_RESTORE_HINT = (
+    "restore an earlier checkpoint (twice.checkpoint.latest skips damaged ones), or re-create it"
+)

@@ -6,7 +6,6 @@ each stage's success, so that all raise together rather than hang in a barrier.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -21,8 +20,8 @@ from twice.checkpoint.folder import (
     _save_one,
     _sweep_stale_temporaries,
     _write_file,
-    part_name,
 )
+from twice.checkpoint.index import index_bytes, part_name
 from twice.core.errors import CheckpointError
 
 __all__ = ["process_group", "save_ranks", "current_rank"]
@@ -83,9 +82,7 @@ def save_ranks(directory: Path, dist, entries: dict) -> None:
         try:
             parts = {part_name(r): digest for r, digest in enumerate(indexes)}
             index = {"format": RANKS_FORMAT, "world_size": world, "parts": parts}
-            _write_file(
-                staging / INDEX, json.dumps(index, sort_keys=True, indent=2).encode("utf-8")
-            )
+            _write_file(staging / INDEX, index_bytes(index))
             _fsync_dir(staging)
             _move_into_place(staging, directory)
         except (OSError, CheckpointError) as exc:

@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 from twice.checkpoint.codec import decode
 from twice.checkpoint.folder import (
-    RANKS_FORMAT,
     STATE,
     STEP_DIR,
     TENSORS,
     _save_one,
     _sweep_stale_temporaries,
     part_name,
+    remove_checkpoint,
     verify,
 )
-from twice.checkpoint.kinds import kind_named
+from twice.checkpoint.index import RanksIndex
 from twice.checkpoint.ranks import current_rank, process_group, save_ranks
 from twice.core.errors import CheckpointError
 
@@ -84,7 +83,7 @@ def _retain(parent: Path, keep_last: int) -> None:
     if keep_last < 1:
         raise ValueError("keep_last must be at least 1")
     for old in list_checkpoints(parent)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_checkpoint(old)  # only what twice wrote; a foreign step-N folder stays
 
 
 def load(
@@ -107,14 +106,12 @@ def load(
     0's
     where there is none), with a warning that the result cannot be bitwise equal to the original.
     """
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     index = verify(directory)
-    if index["format"] == RANKS_FORMAT:
+    if isinstance(index, RanksIndex):
         here, world = current_rank()
         rank = here if rank is None else rank
-        saved = index["world_size"]
+        saved = index.world_size
         if world != saved and not world_size_change:
             raise CheckpointError(
                 f"checkpoint {directory.name} was written by {saved} processes; this run has "
@@ -131,11 +128,9 @@ def load(
                 RuntimeWarning,
                 stacklevel=2,
             )
-        part = part_name(rank) if part_name(rank) in index["parts"] else part_name(0)
+        part = part_name(rank) if part_name(rank) in index.parts else part_name(0)
         return load(directory / part, strict=strict, **targets)
-    kinds = {
-        name: kind_named(kind, name, directory.name) for name, kind in index["entries"].items()
-    }
+    kinds = index.entries
     missing = sorted(set(targets) - set(kinds))
     if missing:
         raise CheckpointError(
@@ -151,8 +146,7 @@ def load(
             "pass those objects too (under twice.Run: run.track(name=obj) before run.resume()), "
             "or load with strict=False (run.resume(strict=False))",
         )
-    tensors = load_file(str(directory / TENSORS))
-    state = decode(json.loads((directory / STATE).read_text(encoding="utf-8"))["entries"], tensors)
+    state = _read_state(directory, kinds)
     restored = {}
     for name, kind in kinds.items():
         if name in targets:
@@ -161,6 +155,45 @@ def load(
         else:
             restored[name] = state[name]
     return restored
+
+
+def _read_state(directory: Path, kinds: dict) -> dict:
+    """The decoded entries of a verified folder. Its files match their digests, but a crafted
+    folder has digests to match: whatever they hold that twice would not write is a
+    CheckpointError, never another exception."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(directory / TENSORS))
+        raw = json.loads((directory / STATE).read_bytes())
+        if not isinstance(raw, dict) or not isinstance(raw.get("entries"), dict):
+            raise ValueError("state.json holds no entries")
+        state = decode(raw["entries"], tensors)
+        if set(state) != set(kinds):
+            raise ValueError(
+                f"state.json holds entries {sorted(state)}, the index lists {sorted(kinds)}"
+            )
+    except CheckpointError:
+        raise
+    except (
+        SafetensorError,
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        RecursionError,
+        OverflowError,
+        MemoryError,
+        RuntimeError,
+    ) as exc:  # noqa: B014 - each names a way a crafted file fails
+        raise CheckpointError(
+            f"checkpoint {directory.name} cannot be read: {type(exc).__name__}: {str(exc)[:200]}",
+            "the checkpoint is damaged or was not written by twice: restore an earlier one, "
+            "or re-create it",
+        ) from None
+    return state
 
 
 def list_checkpoints(parent: str | Path) -> list[Path]:
