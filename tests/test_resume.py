@@ -187,3 +187,89 @@ def test_verify_resume_at_on_a_recorded_run_uses_it_as_the_uninterrupted_run(tmp
         outside.returncode == 2
         and "error: --resume-at 40 is outside the run's 12 steps" in outside.stderr
     )
+
+
+def test_step_index_counts_completed_steps_and_every_checkpoint_resumes_to_the_same_weights(
+    tmp_path,
+):
+    """`run.step_index` is 0 before the first optimizer step and 1 after it (it once read 0, 2,
+    3, ...); so `step-0000000N` holds the state after N updates, and resuming from *each*
+    checkpoint the straight run wrote gives its final weights bit for bit."""
+    script("every_checkpoint.py", tmp_path)
+    straight = twice(
+        "run", "--name", "straight", "--", sys.executable, "every_checkpoint.py", cwd=tmp_path
+    )
+    assert straight.returncode == 0, straight.stderr
+    (folder,) = runs(tmp_path)
+    assert json.loads((folder / "indexes.json").read_text()) == list(range(11))
+    checkpoints = sorted(p.name for p in (folder / "checkpoints").iterdir())
+    assert checkpoints == [f"step-{n:08d}" for n in (2, 4, 6, 8, 10)]
+    final = torch.load(folder / "final.pt")
+    for name in checkpoints[:-1]:
+        resumed = twice(
+            "run",
+            "--name",
+            f"from-{name}",
+            "--resume",
+            folder / "checkpoints" / name,
+            "--",
+            sys.executable,
+            "every_checkpoint.py",
+            cwd=tmp_path,
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        (other,) = [p for p in runs(tmp_path) if p.name.endswith(f"from-{name}")]
+        start = int(name.split("-")[1])
+        assert json.loads((other / "indexes.json").read_text()) == list(range(start, 11))
+        weights = torch.load(other / "final.pt")
+        assert all(torch.equal(final[k], weights[k]) for k in final), name
+        compared = twice("diff", folder, other, cwd=tmp_path)
+        assert compared.returncode == 0, compared.stdout
+
+
+def test_step_index_with_two_optimizers_counts_rounds(tmp_path):
+    """A GAN-like loop (two optimizers a step): the index counts rounds, 1 after the first."""
+    import twice
+
+    seen = []
+    with twice.Run(runs_dir=tmp_path, determinism="warn") as run:
+        d, g = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+        od, og = torch.optim.SGD(d.parameters(), lr=0.1), torch.optim.SGD(g.parameters(), lr=0.1)
+        seen.append(run.step_index)
+        for _ in range(3):
+            for model, opt in ((d, od), (g, og)):
+                opt.zero_grad()
+                model(torch.ones(1, 2)).sum().backward()
+                opt.step()
+            seen.append(run.step_index)
+    assert seen == [0, 1, 2, 3]
+
+
+def test_diff_of_a_resumed_run_names_the_resume_not_nondeterminism(tmp_path):
+    """B resumed from a checkpoint without its optimizer: the diff says B resumed, and that the
+    first resumed step shows what the resume did not restore."""
+    script("every_checkpoint.py", tmp_path)
+    twice("run", "--name", "straight", "--", sys.executable, "every_checkpoint.py", cwd=tmp_path)
+    (straight,) = runs(tmp_path)
+    (tmp_path / "forget-optimizer").touch()
+    twice(
+        "run",
+        "--name",
+        "resumed",
+        "--resume",
+        straight / "checkpoints" / "step-00000004",
+        "--",
+        sys.executable,
+        "every_checkpoint.py",
+        cwd=tmp_path,
+    )
+    (resumed,) = [p for p in runs(tmp_path) if p != straight]
+    result = twice("diff", straight, resumed, "--json", cwd=tmp_path)
+    outcome = json.loads(result.stdout)
+    assert result.returncode == 1
+    assert outcome["divergence"]["step"] == 4 and outcome["divergence"]["first"] == "params"
+    assert outcome["explanation"] == (
+        "run B resumed from step-00000004; first divergence at the first resumed step: the resume "
+        "did not restore the optimizer's state (parameters differ first)"
+    )
+    assert "nondeterminism" not in outcome["explanation"]

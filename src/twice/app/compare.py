@@ -9,12 +9,14 @@ from twice.core.divergence import (
     Divergence,
     divergence_phrase,
     explain,
+    explain_resumed,
     first_divergence,
     loss_gap,
 )
 from twice.core.manifest import Difference, compare_identity
 from twice.store.faults import first_fault
 from twice.store.layout import CAPTURE_ERROR
+from twice.store.resumes import read_resume
 from twice.store.runs import effective_status, read_json, read_manifest
 from twice.store.traces import read_trace, trace_files
 
@@ -60,8 +62,14 @@ class Comparison:
         }
 
 
-def _limit(records, steps):
-    return records if steps is None else [r for r in records if r.step < steps]
+def _limit(records, steps, start=0):
+    return [r for r in records if start <= r.step and (steps is None or r.step < steps)]
+
+
+def _identity_cause(diffs: list[Difference]) -> bool:
+    """Whether the manifests differ in something that changes results by itself (then that, not
+    the resume, is the explanation)."""
+    return any(d.group != "environment" for d in diffs)
 
 
 def compare_runs(
@@ -86,6 +94,10 @@ def compare_runs(
         if not d.key.startswith(_IGNORED)
     ]
     traces_a, traces_b = trace_files(a), trace_files(b)
+    # A resumed run never ran the steps before its checkpoint: compare from where both ran.
+    resumes = {label: read_resume(path) for label, path in (("A", a), ("B", b))}
+    resumes = {label: resume for label, resume in resumes.items() if resume is not None}
+    start = max((resume.step for resume in resumes.values()), default=0)
     divergences: list[Divergence] = []
     skipped: dict[
         str, tuple[set[int], set[int]]
@@ -93,8 +105,8 @@ def compare_runs(
     lengths: dict[str, tuple[int, int]] = {}
     compared = 0
     for stream in sorted(set(traces_a) | set(traces_b)):
-        records_a = _limit(read(traces_a[stream]) if stream in traces_a else [], steps)
-        records_b = _limit(read(traces_b[stream]) if stream in traces_b else [], steps)
+        records_a = _limit(read(traces_a[stream]) if stream in traces_a else [], steps, start)
+        records_b = _limit(read(traces_b[stream]) if stream in traces_b else [], steps, start)
         lengths[stream] = (len(records_a), len(records_b))
         found = first_divergence(records_a, records_b, stream)
         if found is not None:
@@ -112,6 +124,9 @@ def compare_runs(
     statuses = (effective_status(manifest_a), effective_status(manifest_b))
     observed = manifest_a.observe or manifest_b.observe
     explanation = explain(diffs, first, observed=observed)
+    if resumes and not (first is not None and _identity_cause(diffs)):
+        label, resume = max(resumes.items(), key=lambda item: item[1].step)
+        explanation = explain_resumed(label, resume.name, resume.step, first)
     faults = {label: first_fault(path) for label, path in (("A", Path(a)), ("B", Path(b)))}
     faults = {label: fault for label, fault in faults.items() if fault is not None}
     if faults:
@@ -160,6 +175,14 @@ def compare_runs(
     else:
         verdict = f"runs are bit-identical: {compared} steps compared"
         identical = True
+    if resumes and first is None and compared:
+        verdict += (
+            "; "
+            + "; ".join(
+                f"{label} resumed from {resume.name}" for label, resume in sorted(resumes.items())
+            )
+            + (f", so steps from {start} on" if start else "")
+        )
     for label, path in (("A", Path(a)), ("B", Path(b))):
         stopped = read_json(path / CAPTURE_ERROR) if (path / CAPTURE_ERROR).exists() else None
         if (

@@ -77,8 +77,10 @@ class Run:
 
     @property
     def step_index(self) -> int:
-        """How many steps have been recorded so far (the index of the next step)."""
-        return self._recorder.step_index if self._recorder is not None else 0
+        """How many steps (rounds of optimizer updates) have completed: 0 before the first
+        `optimizer.step()`, 1 after it; also the index of the next step. A checkpoint taken now
+        is named after it and resumes at it."""
+        return self._recorder.completed_steps if self._recorder is not None else 0
 
     def __enter__(self) -> Run:
         from twice.app.manifests import start_manifest
@@ -220,7 +222,7 @@ class Run:
         counters = restored["__counters__"]
         self.epoch = counters["epoch"]
         if self._recorder is not None:
-            self._recorder.resume_at(counters["step"])
+            self._recorder.resume_at(counters["step"], source=path)
         # RNGs last: restoring other objects must not consume random numbers after them.
         restore_rng(restored["__rng__"])
         self._resumed_from = path

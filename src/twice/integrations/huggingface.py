@@ -87,7 +87,11 @@ class TwiceCallback(transformers.TrainerCallback):
         if recorder is not None:
             # The Trainer has fetched this step's batches already, after those it skipped to get
             # there.
-            recorder.resume_at(self._resume_step, keep_batches=args.gradient_accumulation_steps)
+            recorder.resume_at(
+                self._resume_step,
+                keep_batches=args.gradient_accumulation_steps,
+                source=f"checkpoint-{self._resume_step}",  # the Trainer's name for it
+            )
         self._resume_step = None
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -121,6 +121,10 @@ class Twice(pl.Callback):
         if recorder is not None:
             # The trace continues at the resumed step's number, with the batch Lightning already
             # fetched.
-            recorder.resume_at(trainer.global_step, keep_batches=None)
+            recorder.resume_at(
+                trainer.global_step,
+                keep_batches=None,
+                source=getattr(trainer, "ckpt_path", None) or f"step {trainer.global_step}",
+            )
         restore_rng(self._pending)
         self._pending = None

@@ -39,6 +39,7 @@ from twice.record.replicas import ReplicaCheck, ReplicaDesync
 from twice.rng.fingerprint import rng_digests
 from twice.rng.seeding import capture_rng
 from twice.store.layout import RunFolder
+from twice.store.resumes import write_resume
 from twice.store.traces import TraceWriter
 
 __all__ = ["Recorder", "ReplicaDesync"]
@@ -402,13 +403,26 @@ class Recorder:
         self._round = StepRound()
         self._advance()
 
-    def resume_at(self, step: int, *, keep_batches: int | None = 0) -> None:
+    @property
+    def completed_steps(self) -> int:
+        """Steps completed so far: 0 before the first optimizer step, 1 after it. The first round
+        stays open until an optimizer steps a second time (only then is the number of optimizers
+        in a round known), so an open first round with an update in it counts as done."""
+        first_round_open = self._clock.size is None and bool(self._clock.members)
+        return self.step_index + (1 if first_round_open and not self.explicit else 0)
+
+    def resume_at(
+        self, step: int, *, keep_batches: int | None = 0, source: str | Path | None = None
+    ) -> None:
         """Continue numbering at `step` (after a checkpoint restore); the open round is dropped.
 
         `keep_batches` keeps that many of the batches read last: a framework that fetches the
         resumed step's batches before it restores state (Lightning, the Hugging Face Trainer) has
         read them already, after any it skipped to reach the resumed position. None keeps them
-        all."""
+        all. `source` (the checkpoint restored) is recorded in the run folder for verdicts to
+        name."""
+        if source is not None:
+            write_resume(self.run_dir, source, step)
         self.step_index = step
         self._round = StepRound()
         self._clock.reset()

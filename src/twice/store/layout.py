@@ -10,6 +10,7 @@ runs/<id>/
   numerics.jsonl         numerical warnings; numerics.json: the NaN/Inf report
   capture_error.json     when an error of twice's own stopped the step capture
   replicas.json          when data-parallel replicas fell out of sync
+  resumed.json           when the run restored a checkpoint: which, and the step it went on from
   checkpoints/step-<n>/  see twice.checkpoint
   ops/ops[.<stream>].jsonl  op-level logs of chosen steps, and dumped op outputs
 """
@@ -49,6 +50,7 @@ class RunFolder:
     numerics_report = property(lambda self: self.path / "numerics.json")
     capture_error = property(lambda self: self.path / CAPTURE_ERROR)
     replicas = property(lambda self: self.path / "replicas.json")
+    resumed = property(lambda self: self.path / "resumed.json")
     checkpoints = property(lambda self: self.path / "checkpoints")
     ops = property(lambda self: self.path / "ops")
     procs = property(
