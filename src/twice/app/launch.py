@@ -18,9 +18,10 @@ from typing import IO
 
 from twice.app.manifests import finish_manifest, start_manifest
 from twice.app.options import DEFAULT_SEED, RunOptions
-from twice.core.errors import UsageError
+from twice.core.errors import CheckpointError, UsageError, from_os_error
 from twice.core.protocol import PER_RUN, ChildSettings
 from twice.runtime.determinism import CUBLAS_WORKSPACE, MODES
+from twice.runtime.orphans import parent_death_hook
 from twice.store.layout import RunFolder
 from twice.store.runs import (
     MANIFEST,
@@ -115,6 +116,26 @@ def _tee(source: IO[bytes], sinks: list) -> None:
     source.close()
 
 
+def check_resume_source(path: Path) -> None:
+    """`--resume PATH` is checked before the command starts: a checkpoint that verifies, or a
+    checkpoints folder holding one. Anything else is an error now, not a traceback later."""
+    from twice.checkpoint import latest, list_checkpoints, verify
+    from twice.checkpoint.folder import INDEX
+
+    if not path.exists():
+        raise UsageError(
+            f"--resume {path}: no such checkpoint", "`twice checkpoint ls RUN` lists a run's"
+        )
+    if path.is_dir() and not (path / INDEX).exists() and list_checkpoints(path):
+        if latest(path) is None:
+            raise CheckpointError(
+                f"--resume {path}: none of its checkpoints verifies",
+                "`twice checkpoint ls` says why each is damaged; resume from an earlier run",
+            )
+        return
+    verify(path)
+
+
 def run_command(command: list[str], options: RunOptions | None = None) -> tuple[int, Path]:
     """Run `command` under twice and return (its exit code, the run folder)."""
     options = options or RunOptions()
@@ -131,16 +152,22 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
         argv, script = resolve_command(command)
     finally:
         os.chdir(saved)
+    if options.resume_from is not None:
+        check_resume_source(Path(options.resume_from))
     runs_dir = options.runs_dir if Path(options.runs_dir).is_absolute() else cwd / options.runs_dir
     run_dir = new_run_dir(runs_dir, options.name)
-    env = child_environment(options, run_dir)
-
-    manifest = start_manifest(run_dir, list(command), script, cwd, options, env, runs_dir)
-    context = manifest["context"]
-    context["executable"] = argv
-
-    stdout_log = open(RunFolder(run_dir).stdout, "wb")
-    stderr_log = open(RunFolder(run_dir).stderr, "wb")
+    try:
+        env = child_environment(options, run_dir)
+        manifest = start_manifest(run_dir, list(command), script, cwd, options, env, runs_dir)
+        context = manifest["context"]
+        context["executable"] = argv
+        stdout_log = open(RunFolder(run_dir).stdout, "wb")
+        stderr_log = open(RunFolder(run_dir).stderr, "wb")
+    except BaseException as exc:  # nothing ran: leave no empty or half-made run folder behind
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise from_os_error(exc, f"write run folder {run_dir}") from None
+        raise
     interrupted = False
     returncode = None
     try:
@@ -150,7 +177,12 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
             )  # before the command starts: a tracking store that fails stops nothing
         try:
             child = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                argv,
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=parent_death_hook(),  # killed with the launcher, never left running
             )
         except OSError as exc:
             raise UsageError(

@@ -282,7 +282,13 @@ def build_report(paths: list[Path]) -> str:
 def write_report(paths: list[Path], output: Path) -> Path:
     """Write one self-contained HTML page about `paths` (runs, or a sweep folder) to `output`;
     return its path."""
-    from twice.store.files import write_bytes_atomic
+    from twice.core.errors import from_os_error
+    from twice.store.files import check_output_path, write_bytes_atomic
 
-    write_bytes_atomic(Path(output), build_report(paths).encode("utf-8"))
+    check_output_path(Path(output), "report")
+    page = build_report(paths).encode("utf-8")
+    try:
+        write_bytes_atomic(Path(output), page)
+    except OSError as exc:
+        raise from_os_error(exc, f"write the report {output}") from None
     return Path(output)

@@ -42,15 +42,18 @@ def diff(a, b, runs_dir, steps, as_json, html_out):
       twice diff <id-a> <id-b> --json
     """
     from twice.app.compare import compare_runs
+    from twice.store.files import check_output_path
     from twice.store.runs import find_run
 
+    if html_out is not None:  # refused before the verdict: a verdict's exit code is its own
+        check_output_path(html_out, "report")
     result = compare_runs(find_run(a, runs_dir), find_run(b, runs_dir), steps=steps)
-    _out(_json(result.to_json()) if as_json else format_comparison(result, _color()))
     if html_out is not None:
         from twice.app.report import write_report
 
         write_report([result.a, result.b], html_out)
         _err(f"twice: report written to {html_out}")
+    _out(_json(result.to_json()) if as_json else format_comparison(result, _color()))
     sys.exit(result.exit_code)
 
 

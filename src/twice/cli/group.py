@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from twice.core.errors import EXIT_USAGE, TwiceError
+from twice.core.errors import EXIT_USAGE, TwiceError, from_os_error
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -45,6 +45,11 @@ class TwiceGroup(click.Group):
                 raise
             _err(exc.render())
             sys.exit(exc.exit_code)
+        except OSError as exc:  # a write or read the command could not do (full disk, a file in
+            if debug:  # the way, a read-only folder): what and where, exit 2, no traceback
+                raise
+            _err(from_os_error(exc, "read or write a file").render())
+            sys.exit(EXIT_USAGE)
         except click.exceptions.NoSuchOption as exc:
             hint = f"did you mean {' or '.join(exc.possibilities)}?" if exc.possibilities else None
             command = exc.ctx.command_path if exc.ctx else "twice"

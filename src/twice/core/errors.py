@@ -9,6 +9,8 @@ TwiceError                 exit 2: usage or tool error (rendered as error:/hint:
 
 from __future__ import annotations
 
+import errno
+
 EXIT_SAME = 0
 EXIT_DIFFERENT = 1
 EXIT_USAGE = 2
@@ -56,3 +58,28 @@ class DeterminismError(TwiceError):
 class CheckpointError(TwiceError):
     """A checkpoint that is incomplete, damaged, foreign, or does not match what is being
     restored."""
+
+
+_OS_HINTS = {
+    errno.ENOSPC: "free some space on that disk, or write elsewhere",
+    errno.EDQUOT: "your disk quota is used up: free some space, or write elsewhere",
+    errno.EROFS: "that filesystem is read-only: write elsewhere",
+    errno.EACCES: "you may not write there: choose a folder you own, or fix its permissions",
+    errno.EPERM: "you may not write there: choose a folder you own, or fix its permissions",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path",
+    errno.EEXIST: "a file is in the way where a folder belongs: choose another path",
+    errno.EISDIR: "that path is a folder: give a file name",
+    errno.ENOENT: "a folder on the path does not exist: create it first, or choose another path",
+    errno.EFBIG: "the file is larger than this process may write (ulimit -f): raise the limit",
+    errno.ENAMETOOLONG: "the path is too long: choose a shorter one",
+}
+
+
+def from_os_error(exc: OSError, doing: str) -> TwiceError:
+    """A failed read or write as a TwiceError: what was being done, the system's reason, the path,
+    and a hint for the usual causes."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return UsageError(
+        f"cannot {doing}: {exc.strerror or exc}{where}",
+        _OS_HINTS.get(exc.errno or 0, "check the path and its permissions"),
+    )

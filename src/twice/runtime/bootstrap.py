@@ -186,6 +186,11 @@ def boot() -> None:
         cwd=os.getcwd(),
         settings=settings,
     )
+    # Killed with the process that started it (a torchrun agent, the script that spawned it),
+    # as the launcher's own child is: no process of the run outlives the launcher.
+    from twice.runtime.orphans import die_with_parent
+
+    die_with_parent(os.getppid())
     if not settings.observe:
         seed = settings.seed if settings.seed is not None else 0
         rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
