@@ -231,3 +231,78 @@ def test_a_sweep_runs_its_trials_as_ray_tasks_on_a_local_ray_instance(tmp_path):
     assert {a["arm"] for a in report["arms"]} == {"lr=0.05", "lr=0.2"} and all(
         a["n"] == 2 for a in report["arms"]
     )
+
+
+@pytest.mark.parametrize("name", ["../../x", "/tmp/abs", "..", ".hidden", "a/b"])
+def test_a_sweep_name_that_is_a_path_is_refused(tmp_path, name):
+    (tmp_path / "t.py").write_text("pass\n")
+    result = twice_cli(
+        "sweep",
+        "--name",
+        name,
+        "--vary",
+        "lr=1,2",
+        "--",
+        sys.executable,
+        "t.py",
+        "{lr}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and "error: invalid run name" in result.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "x").exists()
+
+
+def test_two_sweeps_on_one_folder_never_run_a_trial_twice_or_mix_grids(tmp_path):
+    """Started together, two `twice sweep`s share the trials between them; a third with another
+    grid on the same folder is refused."""
+    import subprocess
+
+    from conftest import clean_env
+
+    (tmp_path / "t.py").write_text(
+        "import os, sys, time\n"
+        "with open('log.txt', 'a') as log:\n"
+        "    log.write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "time.sleep(0.5)\n"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "twice",
+        "sweep",
+        "--name",
+        "s",
+        "--vary",
+        "lr=1,2,3",
+        "--seeds",
+        "2",
+        "--",
+        sys.executable,
+        "t.py",
+        "{lr}",
+        "{seed}",
+    ]
+    procs = [
+        subprocess.Popen(command, cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    lines = (tmp_path / "log.txt").read_text().splitlines()
+    assert sorted(lines) == sorted(f"{lr} {seed}" for lr in (1, 2, 3) for seed in (0, 1))
+    other = twice_cli(
+        "sweep",
+        "--name",
+        "s",
+        "--vary",
+        "lr=4,5",
+        "--seeds",
+        "2",
+        "--",
+        sys.executable,
+        "t.py",
+        "{lr}",
+        "{seed}",
+        cwd=tmp_path,
+    )
+    assert other.returncode == 2 and "holds a different sweep" in other.stderr

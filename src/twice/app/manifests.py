@@ -14,6 +14,7 @@ from pathlib import Path
 
 from twice.app.options import RunOptions
 from twice.core.digests import digest
+from twice.core.errors import CorruptRecord
 from twice.runtime.capture import (
     gather_context_facts,
     gather_identity_facts,
@@ -21,6 +22,7 @@ from twice.runtime.capture import (
     numeric_env,
 )
 from twice.store.layout import MANIFEST, RunFolder
+from twice.store.procs import ProcessRecord, read_processes
 from twice.store.runs import process_start_time, read_json, write_bytes_atomic, write_json_atomic
 
 __all__ = ["start_manifest", "finish_manifest", "SCHEMA"]
@@ -40,17 +42,11 @@ def _status_for(returncode: int | None, interrupted: bool) -> str:
 
 def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
     """Fold what each Python process of the command recorded (procs/<pid>.json) into the
-    identity."""
-    procs = []
-    for path in sorted(RunFolder(run_dir).procs.glob("*.json")):
-        try:
-            procs.append(read_json(path))
-        except Exception:  # noqa: BLE001 - a process killed mid-write leaves nothing usable; skip it
-            continue
-    procs.sort(key=lambda p: p.get("started", 0))
+    identity; a record a process left damaged is skipped and named in the context."""
+    procs, refused = read_processes(run_dir)
     sources = {}
     for proc in procs:
-        for source in proc.get("sources", []):
+        for source in proc.sources:
             path = Path(source)
             try:
                 key = path.relative_to(base).as_posix()
@@ -62,57 +58,53 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
                 sources[key] = None
     identity["code"]["sources"] = dict(sorted(sources.items()))
     ranks = [
-        p["distributed"]
-        for p in procs
-        if p.get("distributed") and p["distributed"].get("rank") is not None
+        p.distributed for p in procs if p.distributed and p.distributed.get("rank") is not None
     ]
     if ranks:
         identity["distributed"] = {
-            "world_size": max(r["world_size"] for r in ranks),
+            "world_size": max(r.get("world_size", 1) for r in ranks),
             "backend": next((r.get("backend") for r in ranks if r.get("backend")), None),
             "ranks_recorded": sorted(r["rank"] for r in ranks),
         }
-    main = next((p for p in procs if p.get("torch") and p.get("steps")), None) or next(
-        (p for p in procs if p.get("torch")), None
+    main = next((p for p in procs if p.torch and p.steps), None) or next(
+        (p for p in procs if p.torch), None
     )
     if main is not None:
-        identity["torch"] = main["torch"]
-        runtime = main.get("torch_runtime") or {}
+        identity["torch"] = main.torch
+        runtime = main.torch_runtime
         identity["threads"] = {
             k: runtime[k] for k in ("intra_op_threads", "inter_op_threads") if k in runtime
         }
         if "cuda_devices" in runtime:
             identity["cuda_devices"] = runtime["cuda_devices"]
-        if main.get("determinism"):
-            settings = main["determinism"]["settings"]
+        if main.determinism and main.determinism.get("settings"):
+            settings = main.determinism["settings"]
             identity["determinism"]["in_effect"] = {k: v["in_effect"] for k, v in settings.items()}
-            problems = {k: v["reason"] for k, v in settings.items() if v["reason"]}
+            problems = {k: v["reason"] for k, v in settings.items() if v.get("reason")}
             if problems:
                 identity["determinism"]["problems"] = problems
-    return {
+    summary = {
         "processes": len(procs),
-        "steps": main.get("steps") if main else None,
-        "stopped_after": main.get("stopped_after") if main else None,
+        "steps": main.steps if main else None,
+        "stopped_after": main.stopped_after if main else None,
         "trace_cost": _trace_cost(main),
     }
+    if refused:
+        summary["damaged_process_records"] = refused
+    return summary
 
 
-def _trace_cost(proc: dict | None) -> dict | None:
+def _trace_cost(proc: ProcessRecord | None) -> dict | None:
     """Time the training process spent in twice's trace hooks, against its whole life."""
-    if (
-        not proc
-        or proc.get("trace_cost_s") is None
-        or not proc.get("ended")
-        or not proc.get("started")
-    ):
+    if not proc or proc.trace_cost_s is None or not proc.ended or not proc.started:
         return None
     wall = max(
-        round(proc["ended"] - proc["started"], 3), 1e-3
+        round(proc.ended - proc.started, 3), 1e-3
     )  # the share is of the wall time as recorded
     return {
-        "hooks_s": proc["trace_cost_s"],
+        "hooks_s": proc.trace_cost_s,
         "wall_s": wall,
-        "share": round(proc["trace_cost_s"] / wall, 4),
+        "share": round(proc.trace_cost_s / wall, 4),
     }
 
 
@@ -137,6 +129,7 @@ def start_manifest(
         else {
             **{k: git[k] for k in ("commit", "branch", "dirty")},
             "patch": digest(patch) if patch else None,
+            "untracked_by_digest": git["untracked_by_digest"],
         }
     }
     if script is not None:
@@ -183,7 +176,10 @@ def finish_manifest(
     summary = _merge_processes(run_dir, identity, Path(context.get("git_root") or context["cwd"]))
     config_path = RunFolder(run_dir).config
     if config_path.is_file():
-        identity["config"] = read_json(config_path)
+        try:
+            identity["config"] = read_json(config_path)
+        except CorruptRecord:  # the manifest must still be finished: say so, do not crash
+            summary["damaged_config"] = True
     context.update(
         ended=time.time(),
         exit_code=returncode,

@@ -11,21 +11,24 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from twice.app.launch import RunOptions, run_command
 from twice.core.errors import UsageError
 from twice.store.layout import RunFolder
-from twice.store.runs import effective_status, read_json, read_manifest, write_json_atomic
+from twice.store.runs import effective_status, read_manifest, write_json_atomic
+from twice.store.sweeps import SETTING_NAME, SWEEP_FILE, SweepSpec, read_sweep
 
-__all__ = ["parse_vary", "Trial", "plan_trials", "run_sweep", "sweep_results", "SWEEP_FILE"]
-
-SWEEP_FILE = "sweep.json"
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def sweep_folder(runs_dir: Path, grid: dict[str, list[str]], name: str | None = None) -> Path:
-    """Where a sweep's trials go: `name` under runs_dir, else a name made from the varied
-    settings."""
-    return Path(runs_dir) / (name or re.sub(r"[^A-Za-z0-9_.=-]", "_", "sweep-" + "-".join(grid)))
+__all__ = [
+    "parse_vary",
+    "Trial",
+    "plan_trials",
+    "run_sweep",
+    "sweep_results",
+    "read_sweep",
+    "SweepSpec",
+    "SWEEP_FILE",
+]
 
 
 def parse_vary(specs: list[str]) -> dict[str, list[str]]:
@@ -34,7 +37,7 @@ def parse_vary(specs: list[str]) -> dict[str, list[str]]:
     for spec in specs:
         name, sep, values = spec.partition("=")
         parts = [v.strip() for v in values.split(",")]
-        if not sep or not _NAME.match(name) or not values or any(not v for v in parts):
+        if not sep or not SETTING_NAME.match(name) or not values or any(not v for v in parts):
             raise UsageError(
                 f"--vary {spec!r} is not NAME=VALUE[,VALUE...]", "e.g. --vary lr=0.1,0.01"
             )
@@ -115,6 +118,22 @@ def plan_trials(grid: dict[str, list[str]], seeds: int, command: list[str]) -> l
     return [Trial(arm, seed) for seed in range(seeds) for arm in arms]
 
 
+def _claim(trials_dir: Path, trial: Trial) -> FileLock | None:
+    """Claim `trial` for this process: an OS lock (released if the process dies), taken without
+    waiting; None when another sweep holds it or the trial completed meanwhile."""
+    locks = trials_dir.parent / ".claims"
+    locks.mkdir(parents=True, exist_ok=True)
+    claim = FileLock(locks / f"{trial.name}.lock")
+    try:
+        claim.acquire(timeout=0)
+    except Timeout:
+        return None
+    if trial.name in _completed(trials_dir):
+        claim.release()
+        return None
+    return claim
+
+
 def _completed(trials_dir: Path) -> dict[str, Path]:
     done: dict[str, Path] = {}
     if not trials_dir.is_dir():
@@ -137,15 +156,18 @@ class SweepOutcome:
     failed: list[str] = field(default_factory=list)
     skipped: int = 0
     interrupted: bool = False
+    elsewhere: int = 0  # trials another `twice sweep` on the same folder ran
 
     @property
     def exit_code(self) -> int:
         """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
         return 130 if self.interrupted else (1 if self.failed else 0)
 
-    def record(self, trial: Trial, code: int) -> None:
-        """Count one trial's outcome."""
-        if code == 0:
+    def record(self, trial: Trial, code: int | None) -> None:
+        """Count one trial's outcome (None: another sweep on the folder claimed it)."""
+        if code is None:
+            self.elsewhere += 1
+        elif code == 0:
             self.completed += 1
         else:
             self.failed.append(f"{trial.arm_label} seed {trial.seed} (exit {code})")
@@ -214,17 +236,17 @@ def run_sweep(
     trials = plan_trials(grid, seeds, command)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    spec = {"grid": grid, "seeds": seeds, "command": command, "metric": metric}
-    if (folder / SWEEP_FILE).is_file():
-        recorded = read_json(folder / SWEEP_FILE)
-        if {k: recorded.get(k) for k in ("grid", "seeds", "command")} != {
-            k: spec[k] for k in ("grid", "seeds", "command")
-        }:
-            raise UsageError(
-                f"{folder} holds a different sweep",
-                "use another --name, or the same --vary/--seeds/command",
-            )
-    write_json_atomic(folder / SWEEP_FILE, spec)
+    spec = SweepSpec(grid, seeds, list(command), metric)
+    # One sweep spec per folder: a second `twice sweep` on it checks the spec under the lock.
+    with FileLock(folder / ".sweep.lock"):
+        if (folder / SWEEP_FILE).is_file():
+            recorded = read_sweep(folder)
+            if (recorded.grid, recorded.seeds, recorded.command) != (grid, seeds, list(command)):
+                raise UsageError(
+                    f"{folder} holds a different sweep",
+                    "use another --name, or the same --vary/--seeds/command",
+                )
+        write_json_atomic(folder / SWEEP_FILE, spec.to_json())
     trials_dir = folder / "trials"
     done = _completed(trials_dir)
     todo = [t for t in trials if t.name not in done]
@@ -238,6 +260,9 @@ def run_sweep(
     def one(trial: Trial) -> tuple[Trial, int]:
         from dataclasses import replace
 
+        claim = _claim(trials_dir, trial)
+        if claim is None:  # another `twice sweep` on this folder runs it, or has completed it
+            return trial, None
         with lock:
             state["running"] += 1
         start = time.time()
@@ -253,6 +278,7 @@ def run_sweep(
                 ),
             )
         finally:
+            claim.release()
             with lock:
                 state["running"] -= 1
                 state["durations"].append(time.time() - start)
@@ -322,14 +348,9 @@ def sweep_results(
     from twice.store.metrics import read_metric, require_metric
 
     folder = Path(folder)
-    if not (folder / SWEEP_FILE).is_file():
-        raise UsageError(
-            f"{folder} is not a sweep folder (it has no {SWEEP_FILE})",
-            "pass the folder `twice sweep` printed",
-        )
-    spec = read_json(folder / SWEEP_FILE)
-    metric = metric or spec.get("metric", "final_loss")
-    trials = plan_trials(spec["grid"], spec["seeds"], spec["command"])
+    spec = read_sweep(folder)
+    metric = metric or spec.metric
+    trials = plan_trials(spec.grid, spec.seeds, spec.command)
     done = _completed(folder / "trials")
     require_metric(list(done.values()), metric)
     values: dict[str, dict[int, float]] = {}
@@ -338,4 +359,4 @@ def sweep_results(
             value = read_metric(done[trial.name], metric)
             if value is not None:
                 values.setdefault(trial.arm_label, {})[trial.seed] = value
-    return {**spec, "metric": metric}, values
+    return {**spec.to_json(), "metric": metric}, values

@@ -78,7 +78,8 @@ def sweep(vary, seeds, jobs, metric, executor, ray_address, name, runs_dir, dete
       twice sweep --vary lr=0.1,0.01 --vary wd=0,1e-4 -j 2 -- python t.py --lr {lr} --wd {wd}
     """
     from twice.app.launch import RunOptions
-    from twice.app.sweep import parse_vary, plan_trials, run_sweep, sweep_folder
+    from twice.app.sweep import parse_vary, plan_trials, run_sweep
+    from twice.store.sweeps import sweep_folder
 
     grid = parse_vary(list(vary))
     plan_trials(grid, seeds, list(command))  # validate before creating anything
@@ -107,6 +108,7 @@ def sweep(vary, seeds, jobs, metric, executor, ray_address, name, runs_dir, dete
     _out(
         f"sweep {folder}: {outcome.completed} trials completed ({outcome.skipped} from before), "
         f"{len(outcome.failed)} failed"
+        + (f", {outcome.elsewhere} run by another sweep" if outcome.elsewhere else "")
     )
     for failure in outcome.failed:
         _out(f"  failed: {failure}")

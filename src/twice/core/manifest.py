@@ -123,6 +123,21 @@ def _check(ok: bool, where: str, key: str, expected: str, value: Any) -> None:
 
 # What twice reads of a manifest, each with the check it must pass: (part, key, expected, test,
 # required).
+def _is_git_facts(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, dict):
+        return False
+    untracked = value.get("untracked_by_digest", [])
+    return isinstance(untracked, list) and all(
+        isinstance(entry, dict)
+        and isinstance(entry.get("path"), str)
+        and _is_int(entry.get("size"), 0)
+        and isinstance(entry.get("xxh3"), str)
+        for entry in untracked
+    )
+
+
 _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
     (
         "identity",
@@ -147,7 +162,13 @@ _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
         lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
         False,
     ),
-    ("identity", "code", "an object", lambda v: isinstance(v, dict), False),
+    (
+        "identity",
+        "code",
+        "an object whose 'git' is null or an object listing untracked files by digest",
+        lambda v: isinstance(v, dict) and _is_git_facts(v.get("git")),
+        False,
+    ),
     ("context", "status", "a string", lambda v: isinstance(v, str), True),
     ("context", "exit_code", "an integer or null", lambda v: v is None or _is_int(v), False),
     ("context", "steps", "a count or null", lambda v: v is None or _is_int(v, 0), False),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,16 +88,33 @@ def _is_optional_text(value: Any) -> bool:
     return value is None or type(value) is str
 
 
-def _is_texts(value: Any) -> bool:
-    return type(value) is list and all(type(item) is str for item in value)
-
-
 def _is_text_map(value: Any) -> bool:
     return type(value) is dict and all(type(item) is str for item in value.values())
 
 
+_NAN_BITS = re.compile(r"^nan:[0-9a-f]{16}$")
+
+
+def _is_hex_float(value: Any) -> bool:
+    """A float as digests.float_bits writes it: float.hex, 'inf', '-inf', or 'nan:' and the
+    payload's 16 hex digits; of a sane length."""
+    if type(value) is not str or not 0 < len(value) <= 40:
+        return False
+    if value.startswith("nan"):
+        return bool(_NAN_BITS.match(value))
+    try:
+        float.fromhex(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _is_loss(value: Any) -> bool:
-    return value is None or type(value) is str or _is_texts(value)
+    return (
+        value is None
+        or _is_hex_float(value)
+        or (type(value) is list and all(_is_hex_float(item) for item in value))
+    )
 
 
 def _is_time(value: Any) -> bool:
@@ -108,8 +126,8 @@ _CHECKS = {
     "loss": _is_loss,
     "batch": _is_optional_text,
     "grads": _is_optional_text,
-    "grad_norm": _is_optional_text,
-    "lr": _is_texts,
+    "grad_norm": lambda v: v is None or _is_hex_float(v),
+    "lr": lambda v: type(v) is list and all(_is_hex_float(item) for item in v),
     "params": _is_optional_text,
     "rng": _is_text_map,
     "param_digests": lambda v: v is None or _is_text_map(v),
@@ -120,8 +138,9 @@ _CHECKS = {
 }
 _EXPECTED = {
     "step": f"a whole number from 0 to {_MAX_STEP}",
-    "loss": "a float.hex string, a list of them, or null",
-    "lr": "a list of float.hex strings",
+    "loss": "a float's exact text (float.hex), a list of them, or null",
+    "lr": "a list of floats' exact texts (float.hex)",
+    "grad_norm": "a float's exact text (float.hex) or null",
     "rng": "an object of digest strings",
     "param_digests": "an object of digest strings",
     "grad_digests": "an object of digest strings",

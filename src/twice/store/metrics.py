@@ -6,14 +6,24 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from twice.core.errors import UsageError
+from twice.core.errors import CorruptRecord, UsageError
 from twice.core.protocol import ChildSettings
 from twice.store.layout import RunFolder
 from twice.store.traces import read_trace
 
-__all__ = ["log_metric", "metrics_path", "read_metric", "TRACE_METRICS"]
+__all__ = [
+    "log_metric",
+    "metrics_path",
+    "read_metric",
+    "read_logged",
+    "read_final",
+    "LoggedMetric",
+    "TRACE_METRICS",
+]
 
 TRACE_METRICS = ("final_loss", "best_loss")
 
@@ -48,22 +58,101 @@ def _losses(run_dir: Path) -> list[float]:
     return values
 
 
+@dataclass(frozen=True)
+class LoggedMetric:
+    """One value a script logged with `twice.log_metric`."""
+
+    name: str
+    value: float
+    step: int | None = None
+    time: float | None = None  # seconds since the epoch, when logged
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def read_logged(run_dir: Path) -> list[LoggedMetric]:
+    """metrics.jsonl, validated line by line (a last line cut short by a kill is dropped)."""
+    path = RunFolder(run_dir).metrics
+    text = _text(path)
+    if text is None:
+        return []
+    lines = text.split("\n")
+    if lines[-1] != "":
+        lines = lines[:-1]
+    out = []
+    for number, line in enumerate(lines, start=1):
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            record = None
+        ok = (
+            isinstance(record, dict)
+            and isinstance(record.get("name"), str)
+            and _number(record.get("value"))
+            and (record.get("step") is None or type(record.get("step")) is int)
+            and (record.get("time") is None or _number(record.get("time")))
+        )
+        if not ok:
+            raise CorruptRecord(
+                f"{path} line {number} is not a metric record: expected an object with 'name' "
+                "(a string), 'value' (a number) and 'step' (a whole number or null)",
+                "the file is damaged or was edited; log metrics with twice.log_metric",
+            )
+        when = record.get("time")
+        out.append(
+            LoggedMetric(
+                record["name"],
+                float(record["value"]),
+                record.get("step"),
+                float(when) if when is not None and math.isfinite(when) else None,
+            )
+        )
+    return out
+
+
+def read_final(run_dir: Path) -> dict[str, float]:
+    """metrics.json (final values a script wrote itself), validated: names to numbers."""
+    path = RunFolder(run_dir).final_metrics
+    text = _text(path)
+    if text is None:
+        return {}
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or not all(_number(v) for v in data.values()):
+        raise CorruptRecord(
+            f"{path} is not a metrics file: expected an object of metric names to numbers",
+            'write it as {"name": value, ...}, or log metrics with twice.log_metric',
+        )
+    return {name: float(value) for name, value in data.items()}
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorruptRecord(
+            f"cannot read {path}: {type(exc).__name__}", "the run folder is damaged"
+        ) from None
+
+
 def read_metric(run_dir: Path, name: str) -> float | None:
     """A run's value of metric `name`: logged by the script, in its metrics.json, or from its
     trace."""
     run_dir = Path(run_dir)
-    logged = None
-    if RunFolder(run_dir).metrics.is_file():
-        for line in RunFolder(run_dir).metrics.read_text().splitlines():
-            record = json.loads(line)
-            if record["name"] == name:
-                logged = record["value"]
-    if logged is not None:
-        return logged
-    if RunFolder(run_dir).final_metrics.is_file():
-        data = json.loads(RunFolder(run_dir).final_metrics.read_text())
-        if name in data:
-            return float(data[name])
+    logged = [m.value for m in read_logged(run_dir) if m.name == name]
+    if logged:
+        return logged[-1]
+    final = read_final(run_dir)
+    if name in final:
+        return final[name]
     if name in TRACE_METRICS:
         losses = [x for x in _losses(run_dir) if not math.isnan(x)]
         if not losses:
@@ -74,17 +163,8 @@ def read_metric(run_dir: Path, name: str) -> float | None:
 
 def available_metrics(run_dir: Path) -> set[str]:
     """The metrics a run can be compared on: from its trace, and what it logged."""
-    names = set(TRACE_METRICS)
-    run_dir = Path(run_dir)
-    if RunFolder(run_dir).metrics.is_file():
-        names |= {
-            json.loads(line)["name"]
-            for line in RunFolder(run_dir).metrics.read_text().splitlines()
-            if line
-        }
-    if RunFolder(run_dir).final_metrics.is_file():
-        names |= set(json.loads(RunFolder(run_dir).final_metrics.read_text()))
-    return names
+    names = set(TRACE_METRICS) | {m.name for m in read_logged(run_dir)}
+    return names | set(read_final(run_dir))
 
 
 def require_metric(run_dirs: list[Path], name: str) -> None:

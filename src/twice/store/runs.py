@@ -22,6 +22,7 @@ __all__ = [
     "read_manifest",
     "summarize_run",
     "new_run_dir",
+    "check_run_name",
     "find_run",
     "list_runs",
     "effective_status",
@@ -50,6 +51,11 @@ def new_run_id(name: str | None = None, now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"-{int(now * 1000) % 1000:03d}"
     run_id = f"{stamp}-{secrets.token_hex(3)}"
     return f"{run_id}-{name}" if name else run_id
+
+
+def check_run_name(name: str) -> None:
+    """Refuse a run or sweep name that is not one plain folder name (no path, no dot first)."""
+    _check_name(name)
 
 
 def _check_name(name: str) -> None:

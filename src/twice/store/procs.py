@@ -1,0 +1,126 @@
+"""procs/<pid>.json: what one Python process of a run recorded at its exit (its sources, torch
+facts, determinism settings, steps, distributed rank), with its one reader.
+
+The launcher folds these into the manifest when the command ends; a record a process left
+damaged (killed mid-write, edited) must not take the run's manifest down with it, so the reader
+validates every field twice reads and the caller skips what it refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from twice.core.errors import CorruptRecord
+from twice.store.layout import RunFolder
+
+__all__ = ["ProcessRecord", "read_process", "read_processes"]
+
+
+def _count(value: Any) -> bool:
+    return value is None or (type(value) is int and 0 <= value < 2**63)
+
+
+def _time(value: Any) -> bool:
+    return value is None or (type(value) in (int, float) and math.isfinite(value) and value >= 0)
+
+
+def _distributed(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, dict)
+        and _count(value.get("rank"))
+        and type(value.get("world_size", 1)) is int
+        and value.get("world_size", 1) >= 1
+        and (value.get("backend") is None or isinstance(value.get("backend"), str))
+    )
+
+
+def _determinism(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, dict)
+        and isinstance(value.get("settings", {}), dict)
+        and all(
+            isinstance(setting, dict)
+            and "in_effect" in setting
+            and (setting.get("reason") is None or isinstance(setting["reason"], str))
+            for setting in value.get("settings", {}).values()
+        )
+    )
+
+
+_FIELDS = {
+    "started": _time,
+    "ended": _time,
+    "sources": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "steps": _count,
+    "stopped_after": _count,
+    "trace_cost_s": _time,
+    "distributed": _distributed,
+    "determinism": _determinism,
+    "torch": lambda v: v is None or isinstance(v, dict),
+    "torch_runtime": lambda v: v is None or isinstance(v, dict),
+}
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """One process's record, validated: the fields the manifest takes from it."""
+
+    started: float | None
+    ended: float | None
+    sources: list[str]
+    steps: int | None
+    stopped_after: int | None
+    trace_cost_s: float | None
+    distributed: dict | None
+    determinism: dict | None
+    torch: dict | None
+    torch_runtime: dict
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> ProcessRecord:
+        """The record from its file's JSON value; a field of the wrong shape is a CorruptRecord."""
+        if not isinstance(data, dict):
+            raise CorruptRecord(f"{where} is not a process record (not a JSON object)")
+        for key, test in _FIELDS.items():
+            if not test(data.get(key, [] if key == "sources" else None)):
+                raise CorruptRecord(
+                    f"{where} is not a process record: '{key}' has the wrong shape",
+                    "the process was killed while writing it, or the file was edited",
+                )
+        return cls(
+            data.get("started"),
+            data.get("ended"),
+            data.get("sources", []),
+            data.get("steps"),
+            data.get("stopped_after"),
+            data.get("trace_cost_s"),
+            data.get("distributed"),
+            data.get("determinism"),
+            data.get("torch"),
+            data.get("torch_runtime") or {},
+        )
+
+
+def read_process(path: Path) -> ProcessRecord:
+    """The validated record in `path`; unreadable or malformed is a CorruptRecord."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CorruptRecord(f"cannot read {path}: {type(exc).__name__}") from None
+    return ProcessRecord.from_json(data, str(path))
+
+
+def read_processes(run_dir: Path) -> tuple[list[ProcessRecord], list[str]]:
+    """(the records of every process of the run, by start time; the names of those refused)."""
+    records, refused = [], []
+    for path in sorted(RunFolder(run_dir).procs.glob("*.json")):
+        try:
+            records.append(read_process(path))
+        except CorruptRecord:
+            refused.append(path.name)
+    records.sort(key=lambda record: record.started or 0)
+    return records, refused
