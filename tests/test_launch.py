@@ -146,6 +146,38 @@ def test_manifest_records_git_dirty_state_and_a_patch_with_untracked_files(tmp_p
     assert "?? notes_untracked.py" in status
 
 
+def _tree_bytes(root):
+    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
+
+
+def test_a_large_untracked_file_is_recorded_by_digest_and_git_is_not_written(tmp_path):
+    import xxhash
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    git("init", "-q", "-b", "main", cwd=tmp_path)
+    git("add", ".", cwd=tmp_path)
+    git("commit", "-qm", "first", cwd=tmp_path)
+    big = os.urandom(1 << 20) * 50  # 50 MB that no compressor can shrink much past 1 MB
+    (tmp_path / "weights.bin").write_bytes(big)
+    (tmp_path / "small.bin").write_bytes(b"\x00\x01binary")  # small but binary
+    (tmp_path / "notes.py").write_text("NOTE = 1\n")
+    before = _tree_bytes(tmp_path / ".git")
+    result = twice("run", "train.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert _tree_bytes(tmp_path / ".git") == before  # not one object written into the repo
+    run = runs(tmp_path)[0]
+    patch = (run / "code.patch").read_bytes()
+    assert len(patch) < 10_000 and b"+NOTE = 1" in patch and b"weights.bin" not in patch
+    git_facts = manifest(run)["identity"]["code"]["git"]
+    assert git_facts["dirty"] is True
+    assert git_facts["untracked_by_digest"] == [
+        {"path": "small.bin", "size": 8, "xxh3": xxhash.xxh3_64(b"\x00\x01binary").hexdigest()},
+        {"path": "weights.bin", "size": len(big), "xxh3": xxhash.xxh3_64(big).hexdigest()},
+    ]
+    shown = twice("show", run.name, cwd=tmp_path)
+    assert "untracked, by digest: weights.bin (52428800 bytes" in shown.stdout
+
+
 def test_manifest_has_identity_and_context_written_sorted(tmp_path):
     path = script("tiny_train.py", tmp_path)
     twice("run", "--seed", "7", "--", sys.executable, path, "w.pt", cwd=tmp_path)
@@ -229,6 +261,29 @@ def test_a_command_killed_with_sigkill_is_recorded_as_crashed(tmp_path):
     assert context["status"] == "crashed" and context["signal"] == "SIGKILL"
 
 
+def as_foreground_job():
+    """SIGINT at its default, as in a terminal's foreground job (a test run started in the
+    background of a script inherits it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_a_launcher_started_with_sigint_ignored_lets_the_command_finish(tmp_path):
+    (tmp_path / "short.py").write_text("import time\ntime.sleep(3)\nprint('done')\n")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "twice", "run", "short.py"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    run, _ = wait_for_status(tmp_path, "running")
+    launcher.send_signal(signal.SIGINT)
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0 and b"done" in out
+    assert manifest(run)["context"]["status"] == "completed"
+
+
 def test_ctrl_c_marks_the_run_interrupted(tmp_path):
     (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(60)\n")
     launcher = subprocess.Popen(
@@ -237,6 +292,7 @@ def test_ctrl_c_marks_the_run_interrupted(tmp_path):
         env=clean_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=as_foreground_job,
     )
     run, _ = wait_for_status(tmp_path, "running")
     launcher.send_signal(signal.SIGINT)
@@ -255,6 +311,7 @@ def test_ctrl_c_the_moment_the_command_starts_still_marks_the_run_interrupted(tm
             env=clean_env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=as_foreground_job,
         )
         path = tmp_path / "runs"
         deadline = time.time() + 60

@@ -203,8 +203,14 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
 
         forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
         main = threading.current_thread() is threading.main_thread()
+        # Started with SIGINT ignored (a background job of a script), the child ignores it too:
+        # catching it here would mark the run interrupted while the command runs on.
+        ignored = main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         previous = (
-            (signal.signal(signal.SIGINT, interrupt), signal.signal(signal.SIGTERM, forward))
+            (
+                signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else interrupt),
+                signal.signal(signal.SIGTERM, forward),
+            )
             if main
             else None
         )

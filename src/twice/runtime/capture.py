@@ -145,12 +145,44 @@ def _git(args: list[str], cwd: Path, env: dict | None = None) -> str | None:
     return result.stdout.decode("utf-8", "surrogateescape") if result.returncode == 0 else None
 
 
+# An untracked file larger than this, or with a NUL byte in its first 8 KB, is recorded by its
+# digest instead of being copied into code.patch.
+UNTRACKED_PATCH_LIMIT = 1 << 20
+_BINARY_PROBE = 8192
+
+
+def _untracked_by_digest(top: Path, paths: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Split untracked files into those the patch carries and those recorded by path, size and
+    xxh3-64 digest (large or binary files)."""
+    import xxhash
+
+    small, recorded = [], []
+    for name in paths:
+        path = top / name
+        try:
+            size = path.stat().st_size
+            with path.open("rb") as handle:
+                head = handle.read(_BINARY_PROBE)
+                if size <= UNTRACKED_PATCH_LIMIT and b"\0" not in head:
+                    small.append(name)
+                    continue
+                hasher = xxhash.xxh3_64(head)
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    hasher.update(block)
+        except OSError:
+            continue  # unreadable or gone: git would not capture it either
+        recorded.append({"path": name, "size": size, "xxh3": hasher.hexdigest()})
+    return small, recorded
+
+
 def git_state(cwd: Path, exclude: list[Path] = ()) -> tuple[dict[str, Any] | None, str]:
     """(facts, patch): commit, branch and dirty flag; the patch holds uncommitted and untracked
     changes.
 
-    Untracked files are included by diffing HEAD against a throw-away index that has every
-    non-ignored file added, so the user's own index is never touched.
+    Untracked files are included by diffing HEAD against a throw-away index, and the blobs that
+    needs are written to a throw-away object store that borrows the repository's own as an
+    alternate: neither the user's index nor their `.git/objects` is touched. Large or binary
+    untracked files are listed in `untracked_by_digest` (path, size, xxh3) instead of the patch.
     """
     import tempfile
 
@@ -158,6 +190,7 @@ def git_state(cwd: Path, exclude: list[Path] = ()) -> tuple[dict[str, Any] | Non
     if top is None:
         return None, ""
     top_path = Path(top.strip())
+    objects = (_git(["rev-parse", "--git-path", "objects"], top_path) or "").strip()
     commit = (_git(["rev-parse", "--verify", "-q", "HEAD"], cwd) or "").strip() or None
     branch = (_git(["rev-parse", "--abbrev-ref", "HEAD"], cwd) or "").strip() or None
     pathspec = ["--", "."]
@@ -167,11 +200,29 @@ def git_state(cwd: Path, exclude: list[Path] = ()) -> tuple[dict[str, Any] | Non
         except ValueError:
             continue
         pathspec.append(f":(exclude){relative.as_posix()}")
+    untracked = (
+        _git(["ls-files", "--others", "--exclude-standard", "-z", *pathspec], top_path) or ""
+    ).split("\0")
+    small, recorded = _untracked_by_digest(top_path, [name for name in untracked if name])
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, GIT_INDEX_FILE=str(Path(tmp) / "index"))
+        env.pop("GIT_LITERAL_PATHSPECS", None)
+        if objects:
+            (Path(tmp) / "objects").mkdir()
+            env["GIT_OBJECT_DIRECTORY"] = str(Path(tmp) / "objects")
+            env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = str((top_path / objects).resolve())
         if commit:
             _git(["read-tree", "HEAD"], top_path, env)
-        _git(["add", "-A", *pathspec], top_path, env)
+        _git(["add", "-u", *pathspec], top_path, env)
+        if small:
+            listing = Path(tmp) / "untracked"
+            listing.write_bytes(
+                b"\0".join(name.encode("utf-8", "surrogateescape") for name in small)
+            )
+            literal = dict(env, GIT_LITERAL_PATHSPECS="1")
+            _git(
+                ["add", f"--pathspec-from-file={listing}", "--pathspec-file-nul"], top_path, literal
+            )
         base = commit or _git(["hash-object", "-t", "tree", "/dev/null"], top_path, env).strip()
         patch = (
             _git(
@@ -181,7 +232,8 @@ def git_state(cwd: Path, exclude: list[Path] = ()) -> tuple[dict[str, Any] | Non
             )
             or ""
         )
-    return {"commit": commit, "branch": branch, "dirty": bool(patch), "root": str(top_path)}, patch
+    facts = {"commit": commit, "branch": branch, "dirty": bool(patch or recorded)}
+    return {**facts, "root": str(top_path), "untracked_by_digest": recorded}, patch
 
 
 def gather_identity_facts() -> dict[str, Any]:
