@@ -364,3 +364,18 @@ def test_bisection_finds_the_step_full_tracing_finds_in_log2_replays(tmp_path):
     assert found.returncode == 1 and report["step"] == expected
     low, high = report["interval"]
     assert report["replays"] <= math.ceil(math.log2(high - low)) + 2
+
+
+def test_audit_passes_a_cpu_run_with_cuda_only_hazards_and_lists_every_call_site(tmp_path):
+    """An embedding model on the CPU: nothing differed, so the gate passes; the CUDA hazard is
+    listed with both lines that ran it, and --for cuda fails on it."""
+    script("embeddings.py", tmp_path)
+    here = twice("audit", "--json", "--", sys.executable, "embeddings.py", cwd=tmp_path)
+    assert here.returncode == 0, here.stdout + here.stderr
+    report = json.loads(here.stdout)
+    assert report["nondeterministic_here"] == []
+    sites = report["cuda_nondeterministic"]["aten::embedding_dense_backward"]["sites"]
+    assert {site["line"] for site in sites} >= {"embeddings.py:9", "embeddings.py:10"}, sites
+    cuda = twice("audit", "--for", "cuda", "--", sys.executable, "embeddings.py", cwd=tmp_path)
+    assert cuda.returncode == 1
+    assert "fails this audit (--for cuda)" in cuda.stdout and "embeddings.py:10" in cuda.stdout

@@ -18,7 +18,11 @@ def test_gradient_normalisation_nan_is_traced_to_its_line_with_saturation_and_ze
 ):
     script("gradnorm.py", tmp_path)
     result = twice("run", "--numerics", "--", sys.executable, "gradnorm.py", cwd=tmp_path)
-    assert result.returncode == 1 and "NonFiniteError" in result.stderr
+    # One clear line and exit 3, not a traceback through the dispatch machinery.
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
+    assert "twice: stopped at step " in result.stderr and "`twice nan " in result.stderr
+    events = (runs(tmp_path)[0] / "numerics.jsonl").read_text().splitlines()
+    assert len(events) == len(set(events))  # no event written twice
     shown = twice("nan", runs(tmp_path)[0], "--json", cwd=tmp_path)
     assert shown.returncode == 1
     report = json.loads(shown.stdout)["report"]

@@ -8,65 +8,22 @@ from pathlib import Path
 from typing import Any
 
 from twice.app.compare import compare_runs
-from twice.app.launch import RunOptions, run_command
+from twice.app.launch import run_command
+from twice.app.trust import require_trust
 from twice.app.verify import rerun_options
 from twice.core.errors import UsageError
-from twice.core.opdiff import OpFinding, differing_ops, first_op_difference, value_gap
+from twice.core.opdiff import OpFinding, first_op_difference, value_gap
 from twice.core.protocol import ChildSettings
 from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
-from twice.store.oplogs import step_ops, steps_ops
+from twice.store.oplogs import step_ops
+from twice.store.runs import read_manifest
 
-__all__ = ["Location", "locate_runs", "audit_command", "AuditReport", "CUDA_NONDETERMINISTIC"]
-
-# Operations PyTorch documents as nondeterministic on CUDA, and what to do about each.
-# https://pytorch.org/docs/stable/generated/torch.use_deterministic_algorithms.html
-CUDA_NONDETERMINISTIC = {
-    "aten::index_add": "uses atomicAdd on CUDA; deterministic algorithms mode selects a sorted "
-    "implementation",
-    "aten::index_add_": "uses atomicAdd on CUDA; deterministic algorithms mode selects a sorted "
-    "implementation",
-    "aten::scatter_add": "atomicAdd on CUDA; use deterministic algorithms mode (sorted scatter) "
-    "or a one-hot matmul",
-    "aten::scatter_add_": "atomicAdd on CUDA; use deterministic algorithms mode (sorted scatter) "
-    "or a one-hot matmul",
-    "aten::scatter_reduce": "atomic reductions on CUDA; deterministic algorithms mode, or reduce "
-    "with sorted segments",
-    "aten::index_put_": "with accumulate=True uses atomics on CUDA; deterministic algorithms "
-    "mode sorts first",
-    "aten::_index_put_impl_": "with accumulate=True uses atomics on CUDA; deterministic "
-    "algorithms mode sorts first",
-    "aten::put_": "with accumulate=True uses atomics on CUDA",
-    "aten::embedding_dense_backward": "atomicAdd on CUDA; deterministic algorithms mode uses a "
-    "sorted kernel",
-    "aten::_embedding_bag_backward": "atomicAdd on CUDA; no deterministic CUDA kernel: run it on "
-    "the CPU or avoid mode='max'",
-    "aten::convolution_backward": "cuDNN may choose a nondeterministic algorithm; set "
-    "cudnn.deterministic=True (twice run does)",
-    "aten::cudnn_convolution": "cuDNN benchmark mode may pick different algorithms per run; "
-    "cudnn.benchmark=False (twice run does)",
-    "aten::upsample_bilinear2d_backward": "atomicAdd on CUDA; no deterministic kernel: consider "
-    "nearest or a transposed conv",
-    "aten::upsample_linear1d_backward": "atomicAdd on CUDA; no deterministic kernel",
-    "aten::upsample_trilinear3d_backward": "atomicAdd on CUDA; no deterministic kernel",
-    "aten::adaptive_avg_pool2d_backward": "atomicAdd on CUDA; no deterministic kernel",
-    "aten::adaptive_max_pool2d_backward": "atomicAdd on CUDA; no deterministic kernel",
-    "aten::avg_pool3d_backward": "atomicAdd on CUDA; no deterministic kernel",
-    "aten::max_pool3d_with_indices_backward": "atomicAdd on CUDA; no deterministic kernel",
-    "aten::nll_loss2d_forward": "nondeterministic on CUDA; no deterministic kernel",
-    "aten::ctc_loss": "the CUDA backward is nondeterministic",
-    "aten::_ctc_loss_backward": "nondeterministic on CUDA",
-    "aten::histc": "atomicAdd on CUDA; compute on the CPU, or use torch.bincount with "
-    "deterministic mode",
-    "aten::bincount": "with weights, atomicAdd on CUDA; deterministic algorithms mode",
-    "aten::kthvalue": "nondeterministic on CUDA",
-    "aten::median": "the CUDA index output is nondeterministic",
-    "aten::grid_sampler_2d_backward": "atomicAdd on CUDA; no deterministic kernel",
-    "aten::cumsum": "nondeterministic on CUDA for some dtypes; deterministic algorithms mode",
-}
+__all__ = ["Location", "locate_runs", "bisect_divergence", "describe_op"]
 
 
-def _describe(op: dict | None) -> dict:
+def describe_op(op: dict | None) -> dict:
+    """The fields of a recorded op that name it to a reader."""
     if op is None:
         return {}
     return {
@@ -100,8 +57,8 @@ class Location:
             if self.finding is None
             else {
                 **self.finding.to_json(),
-                "a": _describe(self.finding.a),
-                "b": _describe(self.finding.b),
+                "a": describe_op(self.finding.a),
+                "b": describe_op(self.finding.b),
             },
         }
 
@@ -116,6 +73,7 @@ def _op_log(run_dir: Path, step: int, label: str, quiet: bool) -> tuple[list[dic
         Path(run_dir),
         name=f"locate-{label}-{Path(run_dir).name[:26]}",
         steps=step + 1,
+        yes=True,  # checked by locate_runs
         quiet=quiet,
         record_ops=str(step),
     )
@@ -137,6 +95,7 @@ def _dumped_output(run_dir: Path, step: int, index: int, output: int, label: str
         Path(run_dir),
         name=f"locate-dump-{label}-{Path(run_dir).name[:26]}",
         steps=step + 1,
+        yes=True,  # checked by locate_runs
         quiet=quiet,
         record_ops=str(step),
     )
@@ -185,8 +144,8 @@ def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
     from twice.store.traces import read_trace
 
     command, options = rerun_options(
-        Path(run_dir), name=f"bisect-{label}-{step}", steps=step + 1, quiet=quiet
-    )
+        Path(run_dir), name=f"bisect-{label}-{step}", steps=step + 1, quiet=quiet, yes=True
+    )  # trust checked by bisect_divergence
     options.env = {**options.env, **ChildSettings(trace_steps=str(step)).to_env()}
     earlier = [
         p
@@ -204,7 +163,12 @@ def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
     return record
 
 
-def bisect_divergence(a: Path, b: Path, quiet: bool = True) -> Bisection:
+def _check_trust(yes: bool, *run_dirs: Path) -> None:
+    for run_dir in run_dirs:
+        require_trust(Path(run_dir), read_manifest(run_dir), yes)
+
+
+def bisect_divergence(a: Path, b: Path, quiet: bool = True, yes: bool = False) -> Bisection:
     """First diverging step of runs whose traces are coarse (--trace-every K), in ceil(log2(K))
     replays.
 
@@ -214,6 +178,7 @@ def bisect_divergence(a: Path, b: Path, quiet: bool = True) -> Bisection:
     from twice.core.divergence import first_divergence
     from twice.store.traces import read_trace
 
+    _check_trust(yes, a, b)
     comparison = compare_runs(a, b)
     if comparison.divergence is None:
         return Bisection(None, 0)
@@ -233,9 +198,11 @@ def bisect_divergence(a: Path, b: Path, quiet: bool = True) -> Bisection:
     return Bisection(high, replays, interval)
 
 
-def locate_runs(a: Path, b: Path, quiet: bool = True) -> Location:
+def locate_runs(a: Path, b: Path, quiet: bool = True, yes: bool = False) -> Location:
     """Find the first diverging step of runs A and B, then the first operation in it that differs;
-    the finding is kept in A's folder (`twice report` shows it)."""
+    the finding is kept in A's folder (`twice report` shows it). Folders recorded elsewhere need
+    `yes` (their commands are re-run)."""
+    _check_trust(yes, a, b)
     result = _locate(Path(a), Path(b), quiet)
     write_json_atomic(RunFolder(a).location(Path(b).name), result.to_json())
     return result
@@ -325,69 +292,3 @@ def _locate(a: Path, b: Path, quiet: bool) -> Location:
         gap,
         logs,
     )
-
-
-@dataclass
-class AuditReport:
-    """What `audit_command` found: ops that were nondeterministic here, and ops known to be on
-    CUDA."""
-
-    differing: list[OpFinding]
-    cuda_hazards: dict[str, dict]
-    steps: int
-    runs: tuple[str, str]
-
-    @property
-    def exit_code(self) -> int:
-        """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
-        return 1 if self.differing or self.cuda_hazards else 0
-
-    def to_json(self) -> dict:
-        """As plain JSON values (what `--json` prints and reports read)."""
-        return {
-            "steps": self.steps,
-            "runs": list(self.runs),
-            "nondeterministic_here": [
-                {**_describe(f.a), "step": f.a.get("step")} for f in self.differing
-            ],
-            "cuda_nondeterministic": self.cuda_hazards,
-        }
-
-
-def audit_command(command: list[str], options: RunOptions, steps: int = 2) -> AuditReport:
-    """Run the first `steps` steps twice with every op recorded; list ops that differed from
-    identical inputs."""
-    from dataclasses import replace
-
-    record = f"0-{steps - 1}"
-    dirs = []
-    for label in ("audit-a", "audit-b"):
-        code, run_dir = run_command(
-            command, replace(options, name=label, stop_after=steps, record_ops=record)
-        )
-        dirs.append(run_dir)
-    differing, hazards = [], {}
-    logs_a, logs_b = (steps_ops(run_dir, range(steps)) for run_dir in dirs)  # each log read once
-    for step in range(steps):
-        log_a, log_b = logs_a[step], logs_b[step]
-        if log_a is None or log_b is None:
-            continue
-        for finding in differing_ops(log_a, log_b):
-            finding.a["step"] = step
-            differing.append(finding)
-        for op in log_a:
-            name = op["op"].split(".")[0]
-            if name in CUDA_NONDETERMINISTIC and name not in hazards:
-                hazards[name] = {
-                    "fix": CUDA_NONDETERMINISTIC[name],
-                    "module": op.get("module"),
-                    "line": op.get("line"),
-                    "phase": op["phase"],
-                    "step": step,
-                }
-    if not any(RunFolder(d).ops.is_dir() for d in dirs):
-        raise UsageError(
-            "the command recorded no training step",
-            "audit needs a script that trains with torch.optim or twice.Run",
-        )
-    return AuditReport(differing, hazards, steps, (str(dirs[0]), str(dirs[1])))

@@ -190,6 +190,11 @@ def format_run(row: dict, identity: dict) -> str:
     if git:
         dirty = " (dirty: code.patch saved)" if git.get("dirty") else ""
         lines.append(f"  git: {git.get('commit') or 'no commit'} on {git.get('branch')}{dirty}")
+        for entry in git.get("untracked_by_digest") or []:
+            lines.append(
+                f"    untracked, by digest: {entry['path']} "
+                f"({entry['size']} bytes, xxh3 {entry['xxh3']})"
+            )
     lines.append(f"  sources: {len(code.get('sources', {}))} local files digested")
     lines.append(
         f"  python {identity.get('python', {}).get('version')}, "
@@ -237,14 +242,23 @@ def format_audit(report, steps: int) -> str:
         head = f"no operation gave different bits from identical inputs in {steps} steps run twice"
     lines = [head, *rows]
     if report.cuda_hazards:
+        gate = (
+            "fails this audit (--for cuda)"
+            if report.target == "cuda"
+            else "not observed here; --for cuda fails on them"
+        )
         lines.append(
-            f"{len(report.cuda_hazards)} operation(s) this model runs are nondeterministic on CUDA:"
+            f"{_plural(len(report.cuda_hazards), 'operation')} this model runs "
+            f"{'is' if len(report.cuda_hazards) == 1 else 'are'} nondeterministic on CUDA "
+            f"({gate}):"
         )
         for name, info in sorted(report.cuda_hazards.items()):
-            lines.append(
-                f"  {name} in {info.get('module') or '?'} at {info.get('line') or '?'}: "
-                f"{info['fix']}"
-            )
+            lines.append(f"  {name}: {info['fix']}")
+            for site in info["sites"]:
+                lines.append(
+                    f"    at {site.get('line') or '?'} in {site.get('module') or '?'} "
+                    f"({site['phase']})"
+                )
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from twice.app.compare import Comparison, compare_runs
 from twice.app.launch import RunOptions, run_command
+from twice.app.trust import replayable_env, require_trust
 from twice.core.divergence import divergence_phrase
 from twice.core.errors import UsageError
 from twice.core.protocol import ChildSettings
@@ -24,12 +25,15 @@ def rerun_options(
     steps: int | None = None,
     quiet: bool = False,
     record_ops: str | None = None,
+    yes: bool = False,
 ) -> tuple[list[str], RunOptions]:
-    """The command and options that re-execute a recorded run as it was recorded."""
+    """The command and options that re-execute a recorded run as it was recorded. A folder not
+    recorded by this user on this machine needs `yes` (see app/trust.py)."""
     import os
 
     manifest = read_manifest(run_dir)
-    recorded_env = manifest.env
+    require_trust(Path(run_dir), manifest, yes)
+    recorded_env = replayable_env(manifest.env)
     # The re-run gets the recorded numerics-relevant variables and none that the original lacked.
     unset = tuple(k for k in numeric_env(dict(os.environ)) if k not in recorded_env)
     options = RunOptions(
@@ -56,7 +60,7 @@ def rerun_options(
 
 
 def verify_run(
-    run_dir: Path, steps: int | None = None, quiet: bool = False
+    run_dir: Path, steps: int | None = None, quiet: bool = False, yes: bool = False
 ) -> tuple[Comparison, Path]:
     """Re-execute the run in `run_dir` into a new run beside it; compare the first `steps` steps
     (or all)."""
@@ -66,7 +70,7 @@ def verify_run(
             f"--steps must be at least 1, not {steps}", "give the number of steps to verify"
         )
     command, options = rerun_options(
-        run_dir, name=f"verify-{run_dir.name[:26]}", steps=steps, quiet=quiet
+        run_dir, name=f"verify-{run_dir.name[:26]}", steps=steps, quiet=quiet, yes=yes
     )
     _, new_dir = run_command(command, options)
     return compare_runs(run_dir, new_dir, steps=steps), new_dir
@@ -244,7 +248,7 @@ def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck
     return ResumeCheck(False, verdict, cause, at, runs, found.to_json())
 
 
-def verify_resume_of_run(run_dir: Path, at: int) -> ResumeCheck:
+def verify_resume_of_run(run_dir: Path, at: int, yes: bool = False) -> ResumeCheck:
     """`twice verify RUN --resume-at STEP`: verify-resume with RUN as the uninterrupted run."""
     manifest = read_manifest(run_dir)
     status, stopped = effective_status(manifest), manifest.stopped_after
@@ -256,7 +260,9 @@ def verify_resume_of_run(run_dir: Path, at: int) -> ResumeCheck:
             "record the run to its end, or use `twice verify-resume -- COMMAND`, which runs it "
             "straight first",
         )
-    command, options = rerun_options(run_dir, name=f"resume-{Path(run_dir).name[:26]}", quiet=True)
+    command, options = rerun_options(
+        run_dir, name=f"resume-{Path(run_dir).name[:26]}", quiet=True, yes=yes
+    )
     return verify_resume(
         command, options, at=at, straight=Path(run_dir).resolve(), at_flag="--resume-at"
     )

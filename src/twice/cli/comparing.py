@@ -13,7 +13,16 @@ from twice.app.render import (
     format_locate,
     format_nan,
 )
-from twice.cli.group import _color, _err, _json, _out, _runs_dir_option, main
+from twice.cli.group import (
+    _color,
+    _err,
+    _json,
+    _out,
+    _runs_dir_option,
+    _trusting,
+    _yes_option,
+    main,
+)
 
 
 @main.command()
@@ -63,7 +72,8 @@ def diff(a, b, runs_dir, steps, as_json, html_out):
 @_runs_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--verbose", "-v", is_flag=True, help="Echo the re-runs' output.")
-def locate(a, b, runs_dir, as_json, verbose):
+@_yes_option
+def locate(a, b, runs_dir, as_json, verbose, yes):
     """The first operation whose inputs were identical and whose outputs differed in runs A and B.
 
     Uses op logs recorded with `twice run --record-ops`, or re-runs both runs up to their first
@@ -77,7 +87,8 @@ def locate(a, b, runs_dir, as_json, verbose):
     from twice.app.locate import locate_runs
     from twice.store.runs import find_run
 
-    result = locate_runs(find_run(a, runs_dir), find_run(b, runs_dir), quiet=not verbose)
+    run_a, run_b = find_run(a, runs_dir), find_run(b, runs_dir)
+    result = _trusting(lambda ok: locate_runs(run_a, run_b, quiet=not verbose, yes=ok), yes)
     _out(_json(result.to_json()) if as_json else format_locate(result))
     sys.exit(result.exit_code)
 
@@ -97,9 +108,11 @@ def nan(run_ref, runs_dir, as_json):
       twice nan <id> --json
     """
     from twice.store.faults import read_numerics
-    from twice.store.runs import find_run
+    from twice.store.runs import find_run, read_manifest
 
-    report, events = read_numerics(find_run(run_ref, runs_dir))
+    run_dir = find_run(run_ref, runs_dir)
+    read_manifest(run_dir)  # a damaged run folder is an error, not "no NaN recorded"
+    report, events = read_numerics(run_dir)
     faulty = report is not None or any(e["kind"] == "non_finite" for e in events)
     _out(
         _json({"report": report, "events": events})
@@ -114,7 +127,8 @@ def nan(run_ref, runs_dir, as_json):
 @click.argument("b")
 @_runs_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def bisect(a, b, runs_dir, as_json):
+@_yes_option
+def bisect(a, b, runs_dir, as_json, yes):
     """The first diverging step of runs recorded with a coarse trace (--trace-every K), by replays.
 
     Each replay re-runs both runs up to a middle step (from a checkpoint before it when there is
@@ -128,6 +142,7 @@ def bisect(a, b, runs_dir, as_json):
     from twice.app.locate import bisect_divergence
     from twice.store.runs import find_run
 
-    result = bisect_divergence(find_run(a, runs_dir), find_run(b, runs_dir))
+    run_a, run_b = find_run(a, runs_dir), find_run(b, runs_dir)
+    result = _trusting(lambda ok: bisect_divergence(run_a, run_b, yes=ok), yes)
     _out(_json(result.to_json()) if as_json else format_bisect(result))
     sys.exit(0 if result.step is None else 1)

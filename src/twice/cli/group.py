@@ -91,3 +91,29 @@ def _runs_dir_option(function):
         show_default=True,
         help="Folder holding run folders.",
     )(function)
+
+
+def _yes_option(function):
+    return click.option(
+        "--yes",
+        "-y",
+        is_flag=True,
+        help="Re-run the command of a run folder recorded by another user or on another machine "
+        "(without it: asked on a terminal, refused otherwise).",
+    )(function)
+
+
+def _trusting(call, yes: bool):
+    """`call(yes)`; a run folder from elsewhere is confirmed on a terminal (its command shown),
+    refused with a hint otherwise."""
+    from twice.app.trust import UntrustedRun
+
+    try:
+        return call(yes)
+    except UntrustedRun as exc:
+        if yes or not sys.stdin.isatty():
+            raise
+        _err(exc.message)
+        if not click.confirm("run it?", default=False, err=True):
+            raise
+        return call(True)

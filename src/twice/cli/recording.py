@@ -13,7 +13,17 @@ from twice.app.render import (
     format_trace_cost_note,
     format_verify,
 )
-from twice.cli.group import CONTEXT, _color, _err, _json, _out, _runs_dir_option, main
+from twice.cli.group import (
+    CONTEXT,
+    _color,
+    _err,
+    _json,
+    _out,
+    _runs_dir_option,
+    _trusting,
+    _yes_option,
+    main,
+)
 from twice.core.errors import UsageError
 from twice.store.layout import RunFolder
 
@@ -118,6 +128,7 @@ def run(
         from twice.integrations.mlflow import LiveExport
 
         live = LiveExport(mlflow_uri)
+        live.open()
     if observe and seed is not None:
         raise UsageError(
             "--observe records the run as it is and cannot also seed it", "drop --seed or --observe"
@@ -187,7 +198,8 @@ def _steps_option(value: str | None) -> str | None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not echo the re-run's output.")
-def verify(run_ref, runs_dir, steps, resume_at, as_json, quiet):
+@_yes_option
+def verify(run_ref, runs_dir, steps, resume_at, as_json, quiet, yes):
     """Run RUN's command again with its seed and settings; exit 0 if every step is bit-identical.
 
     \b
@@ -203,10 +215,12 @@ def verify(run_ref, runs_dir, steps, resume_at, as_json, quiet):
     if resume_at is not None:
         if steps is not None:
             raise UsageError("--steps and --resume-at check different things", "give one of them")
-        check = verify_resume_of_run(run_dir, resume_at)
+        check = _trusting(lambda ok: verify_resume_of_run(run_dir, resume_at, yes=ok), yes)
         _out(_json(check.to_json()) if as_json else format_resume_check(check, _color()))
         sys.exit(check.exit_code)
-    result, new_dir = verify_run(run_dir, steps=steps, quiet=quiet or as_json)
+    result, new_dir = _trusting(
+        lambda ok: verify_run(run_dir, steps=steps, quiet=quiet or as_json, yes=ok), yes
+    )
     _err(f"twice: re-run recorded in {new_dir}")
     _out(_json(result.to_json()) if as_json else format_verify(result, _color()))
     sys.exit(result.exit_code)
@@ -267,25 +281,37 @@ def verify_resume_command(at, seed, runs_dir, determinism, as_json, command):
     show_default=True,
     help="warn (default) lets nondeterministic kernels run so that they can be seen.",
 )
+@click.option(
+    "--for",
+    "target",
+    type=click.Choice(["here", "cuda"]),
+    default="here",
+    show_default=True,
+    help="here: exit 1 only for ops that gave different bits in this audit; cuda: also for ops "
+    "this model runs that are nondeterministic on CUDA.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def audit(steps, seed, runs_dir, determinism, as_json, command):
+def audit(steps, seed, runs_dir, determinism, target, as_json, command):
     """List the nondeterminism COMMAND really hits: ops that gave different bits from identical
-    inputs in two runs of its first steps, and ops it runs that are nondeterministic on CUDA.
-    Exit 1 if any.
+    inputs in two runs of its first steps, and every call site of an op it runs that is
+    nondeterministic on CUDA. Exit 1 for what was observed (with --for cuda, also for what would
+    be on a GPU).
 
     \b
     Examples:
       twice audit -- python train.py
       twice audit --steps 3 -- python train.py --lr 0.1
+      twice audit --for cuda -- python train.py
     """
+    from twice.app.audit import audit_command
     from twice.app.launch import RunOptions
-    from twice.app.locate import audit_command
 
     report = audit_command(
         list(command),
         RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True),
         steps=steps,
+        target=target,
     )
     _out(_json(report.to_json()) if as_json else format_audit(report, steps))
     sys.exit(report.exit_code)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +75,9 @@ class Event:
         }
 
 
+_WRITTEN: dict[int, set[str]] = {}  # per process: the event lines it wrote to numerics.jsonl
+
+
 class HealthLog:
     """Events of one process, appended to numerics.jsonl in the run folder (when there is one)."""
 
@@ -92,8 +96,15 @@ class HealthLog:
         self._seen.add(key)
         self.events.append(event)
         if self.run_dir is not None:
+            line = json.dumps(event.to_json(), sort_keys=True) + "\n"
+            # Both checks of a process (the step's and the op watch) log here: a line is written
+            # once per process, whichever logs it first.
+            written = _WRITTEN.setdefault(os.getpid(), set())
+            if line in written:
+                return
+            written.add(line)
             with open(RunFolder(self.run_dir).numerics_events, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(event.to_json(), sort_keys=True) + "\n")
+                handle.write(line)
 
     def chain(self, fault: Event) -> list[dict]:
         """The warnings that plausibly led to `fault`, first cause first, then the fault.

@@ -99,11 +99,20 @@ class NumericsWatch(OpContext):
     """Checks every op's outputs; see the module docstring. mode: "stop" raises, "warn" records
     and goes on."""
 
-    def __init__(self, mode: str = "stop", run_dir: Path | None = None, step_source=None):
+    def __init__(
+        self,
+        mode: str = "stop",
+        run_dir: Path | None = None,
+        step_source=None,
+        exit_on_fault: bool = False,
+    ):
         super().__init__(step=0, forward_lines=False)
         if mode not in ("stop", "warn"):
             raise ValueError(f"mode must be 'stop' or 'warn', not {mode!r}")
         self.mode = mode
+        # Under `twice run --numerics stop`: end the process with one line, not a traceback
+        # through the dispatch machinery (library use gets the NonFiniteError to catch).
+        self.exit_on_fault = exit_on_fault
         self.log = HealthLog(run_dir)
         self.report: dict | None = None
         self._step_source = step_source
@@ -270,7 +279,22 @@ class NumericsWatch(OpContext):
 
             write_json_atomic(RunFolder(self.log.run_dir).numerics_report, self.report)
         if self.mode == "stop":
+            if self.exit_on_fault:
+                self.stop_process(fault)
             raise NonFiniteError(self.report)
+
+    def stop_process(self, fault: Event) -> None:
+        """End the process at the fault: one line on stderr, exit status 3, no traceback."""
+        import sys
+
+        where = f" at {fault.line}" if fault.line else ""
+        run = f" {self.log.run_dir}" if self.log.run_dir is not None else ""
+        sys.stderr.write(
+            f"twice: stopped at step {fault.step}: {fault.summary}{where}; "
+            f"`twice nan{run}` tells the story\n"
+        )
+        sys.stderr.flush()
+        raise SystemExit(3)
 
     def _zero_gradients(
         self, overwritten: torch.Tensor | None, before: torch.Tensor | None
@@ -318,13 +342,18 @@ class watch:
     ...     train()
     """
 
-    def __init__(self, mode: str = "stop", run_dir: str | Path | None = None):
+    def __init__(
+        self, mode: str = "stop", run_dir: str | Path | None = None, exit_on_fault: bool = False
+    ):
         from twice.record.hooks import active_recorder
 
         recorder = active_recorder()
         run_dir = run_dir or (recorder.run_dir if recorder is not None else None)
         self.mode = NumericsWatch(
-            mode, run_dir, step_source=(lambda: recorder.step_index) if recorder else None
+            mode,
+            run_dir,
+            step_source=(lambda: recorder.step_index) if recorder else None,
+            exit_on_fault=exit_on_fault,
         )
         self._recorder = recorder
 

@@ -56,7 +56,7 @@ def _on_torch(torch) -> None:
         if numerics_mode:
             from twice.record import numerics
 
-            numerics.watch(mode=numerics_mode).start()
+            numerics.watch(mode=numerics_mode, exit_on_fault=True).start()
 
 
 def _local_sources() -> list[str]:
