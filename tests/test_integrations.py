@@ -168,9 +168,46 @@ def test_a_run_goes_into_a_real_mlflow_store_live_and_by_export(tmp_path):
     bad = twice("export", "mlflow", run, "--tracking-uri", "nonsense://x", cwd=tmp_path)
     assert (
         bad.returncode == 2
-        and bad.stderr.startswith("error: MLflow refused the export")
+        and bad.stderr.startswith("error: MLflow cannot use the tracking URI 'nonsense://x'")
         and "hint:" in bad.stderr
     )
+
+
+def _closed_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "uri, message",
+    [
+        ("nonsense://x", "MLflow cannot use the tracking URI 'nonsense://x'"),
+        ("sqlite:///{tmp}/absent/m.db", "its folder {tmp}/absent does not exist"),
+        ("sqlite:///{tmp}", "is a folder, not a database file"),  # MLflow retried for 106 s
+        ("sqlite:///{tmp}/train.py", "is not an SQLite database"),
+        ("http://127.0.0.1:{port}", "cannot open the MLflow tracking store http://127.0.0.1:"),
+    ],
+)
+def test_a_tracking_store_that_cannot_be_opened_is_an_error_before_anything_runs(
+    tmp_path, uri, message
+):
+    pytest.importorskip("mlflow")
+    import time
+
+    (tmp_path / "train.py").write_text("open('ran', 'w').write('yes')\n")
+    port = _closed_port()
+    uri, message = (x.format(tmp=tmp_path, port=port) for x in (uri, message))
+    started = time.monotonic()
+    result = twice("run", "--mlflow", uri, "--", sys.executable, "train.py", cwd=tmp_path)
+    assert time.monotonic() - started < 60  # no minutes of retries
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+    assert "hint: " in result.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "runs").exists()
+    assert not (tmp_path / "absent").exists()  # MLflow would have made the folder
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from typing import Any
 
 from twice.core.manifest import Manifest
 from twice.integrations import require
+from twice.integrations.mlflow_store import mlflow_failure, open_store
 from twice.store.layout import RunFolder
 
 mlflow = require("mlflow", "mlflow")
@@ -34,12 +35,6 @@ _SKIPPED_IDENTITY = (
     "packages",
     "env",
 )  # hundreds of entries: they travel in manifest.json as an artifact
-
-
-def _client(tracking_uri: str | None):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri)
 
 
 def _flatten(value: Any, prefix: str, out: dict) -> None:
@@ -138,22 +133,17 @@ class _TraceTail:
 def _logged_metrics(run_dir: Path, timestamp: int) -> list:
     from mlflow.entities import Metric
 
-    path = RunFolder(run_dir).metrics
-    if not path.is_file():
-        return []
-    out = []
-    for index, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        record = json.loads(line)
-        step = record.get("step")
-        out.append(
-            Metric(
-                record["name"],
-                float(record["value"]),
-                int(record.get("time", 0) * 1000) or timestamp,
-                index if step is None else int(step),
-            )
+    from twice.store.metrics import read_logged
+
+    return [
+        Metric(
+            metric.name,
+            metric.value,
+            int(metric.time * 1000) if metric.time else timestamp,
+            index if metric.step is None else metric.step,
         )
-    return out
+        for index, metric in enumerate(read_logged(run_dir))
+    ]
 
 
 def _log(
@@ -175,11 +165,6 @@ def _log(
         client.log_batch(run_id, tags=tags_list[i : i + 100])
     for i in range(0, len(metrics), 1000):
         client.log_batch(run_id, metrics=metrics[i : i + 1000])
-
-
-def _experiment(client: Any, name: str) -> str:
-    found = client.get_experiment_by_name(name)
-    return found.experiment_id if found is not None else client.create_experiment(name)
 
 
 def existing_export(client: Any, experiment_id: str, run_dir: Path) -> str | None:
@@ -221,8 +206,7 @@ def export_run(
 
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
-    client = _client(tracking_uri)
-    experiment_id = _experiment(client, experiment)
+    client, experiment_id = open_store(tracking_uri, experiment)
     found = existing_export(client, experiment_id, run_dir)
     if found is not None:
         return found, False
@@ -248,10 +232,16 @@ class LiveExport:
     def __init__(self, tracking_uri: str | None, experiment: str = "twice", every: float = 5.0):
         self.tracking_uri, self.experiment, self.every = tracking_uri, experiment, every
         self.client: Any = None
+        self.experiment_id: str | None = None
         self.run_id: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tail: _TraceTail | None = None
+
+    def open(self) -> None:
+        """Open the tracking store and its experiment: a UsageError, before the command starts,
+        if it cannot be opened."""
+        self.client, self.experiment_id = open_store(self.tracking_uri, self.experiment)
 
     def start(self, run_dir: Path) -> None:
         """Create the MLflow run and start following the trace as the command runs."""
@@ -260,13 +250,25 @@ class LiveExport:
         from twice.store.runs import read_manifest
 
         manifest = read_manifest(run_dir)
-        self.client = _client(self.tracking_uri)
-        experiment_id = _experiment(self.client, self.experiment)
-        self.run_id = self.client.create_run(
-            experiment_id, start_time=int(time.time() * 1000), tags=_tags(run_dir, manifest)
-        ).info.run_id
-        # Identity facts the training process adds later (torch's) come with the final params.
-        _log(self.client, self.run_id, params=_params(run_dir, manifest))
+        if self.client is None:
+            self.open()
+        try:
+            self.run_id = self.client.create_run(
+                self.experiment_id,
+                start_time=int(time.time() * 1000),
+                tags=_tags(run_dir, manifest),
+            ).info.run_id
+            # Identity facts the training process adds later (torch's) come with the final params.
+            _log(self.client, self.run_id, params=_params(run_dir, manifest))
+        except Exception as exc:  # the store went away since open(): the run goes on without it
+            if not mlflow_failure(exc):
+                raise
+            _warn(
+                f"logging to MLflow failed ({exc}); "
+                f"`twice export mlflow {run_dir}` puts the run there later"
+            )
+            self.run_id = None
+            return
         self._tail = _TraceTail(run_dir)
         self._thread = threading.Thread(target=self._follow, daemon=True, name="twice-mlflow")
         self._thread.start()
