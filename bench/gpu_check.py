@@ -141,7 +141,18 @@ def check_digests(device):
         correct[str(dtype)] = device_fold(on_device) == device_fold(cpu) and device_fold(
             on_device.t()
         ) == device_fold(cpu.t())
-    result = {"correct_for_every_dtype": all(correct.values()), "per_dtype": correct}
+    from twice.core.device_fold import _triton_fold, device_fold_many
+
+    tensors = [
+        torch.randn(n, generator=torch.Generator().manual_seed(n)).to(device)
+        for n in (1, 7, 4096, 5000, 100_003)
+    ]
+    correct["many_at_once"] = device_fold_many(tensors) == [device_fold(t) for t in tensors]
+    result = {
+        "correct_for_every_dtype": all(correct.values()),
+        "per_dtype": correct,
+        "triton_kernel": device == "cuda" and _triton_fold() is not None,
+    }
     if device == "cuda":
         big = torch.randint(
             -(2**31), 2**31 - 1, (2**30,), dtype=torch.int32, device="cuda"
@@ -152,10 +163,13 @@ def check_digests(device):
             big.clone()
         torch.cuda.synchronize()
         copy_bandwidth = 3 * 2 * big.numel() * 4 / (time.perf_counter() - start)  # read + write
-        start = time.perf_counter()
-        device_fold(big)
+        device_fold(big[: 1 << 20])  # compiles the kernel (Triton) outside the timing
         torch.cuda.synchronize()
-        digest_rate = big.numel() * 4 / (time.perf_counter() - start)
+        start = time.perf_counter()
+        for _ in range(3):
+            device_fold(big)
+        torch.cuda.synchronize()
+        digest_rate = 3 * big.numel() * 4 / (time.perf_counter() - start)
         result.update(
             copy_gbps=copy_bandwidth / 1e9,
             digest_gbps=digest_rate / 1e9,
@@ -274,10 +288,104 @@ def check_cpu_vs_gpu(device):
         # float32 reduction-order differences stay near 1e-6 relative after a few steps; TF32 is off
         # here.
         results[key] = {
+            "max_abs": float((cpu - gpu).abs().max()),
             "max_relative": relative,
             "verdict": "expected (reduction order)" if relative < 1e-4 else "suspicious",
         }
     return results
+
+
+def judge(report, device):
+    """(checks, targets): each a list of (name, passed or None when not measured here, detail).
+
+    A failed check is a wrong result and fails the script; a target is a speed figure to publish."""
+    checks, targets = [], []
+    det = report.get("determinism", {})
+    checks.append(
+        (
+            "two strict runs are bit-identical",
+            det.get("strict_runs_identical") is True,
+            str(det.get("diff_verdict"))[:120],
+        )
+    )
+    digests = report.get("digests", {})
+    checks.append(
+        (
+            "on-device digests equal the CPU's for every dtype",
+            digests.get("correct_for_every_dtype") is True,
+            ", ".join(k for k, ok in digests.get("per_dtype", {}).items() if not ok) or "all",
+        )
+    )
+    if device == "cuda":
+        cublas = report.get("late_cublas", {})
+        checks.append(
+            (
+                "late CUBLAS_WORKSPACE_CONFIG refused in strict mode",
+                cublas.get("refused") is True,
+                cublas.get("output", "")[:120],
+            )
+        )
+        found = det.get("audit", {})
+        checks.append(
+            (
+                "the audit names the nondeterministic CUDA ops it hit",
+                any(
+                    "index_add" in op or "scatter_add" in op
+                    for op in found.get("cuda_nondeterministic") or {}
+                ),
+                ", ".join(found.get("cuda_nondeterministic") or {}) or str(found)[:160],
+            )
+        )
+        share = digests.get("share_of_copy_bandwidth")
+        targets.append(
+            (
+                "GPU digest at >= 40% of copy bandwidth",
+                None if share is None else share >= 0.4,
+                f"{digests.get('digest_gbps', 0):.0f} GB/s of {digests.get('copy_gbps', 0):.0f}",
+            )
+        )
+    for name, figures in (report.get("price") or {}).items():
+        if isinstance(figures, dict) and "tracing_overhead" in figures:
+            targets.append(
+                (
+                    f"{name}: tracing overhead <= 3%",
+                    figures["tracing_overhead"] <= 0.03,
+                    f"determinism costs {figures['determinism_cost']:+.1%}, "
+                    f"tracing {figures['tracing_overhead']:+.1%}",
+                )
+            )
+    for name in ("determinism", "late_cublas", "digests", "price", "cpu_vs_gpu"):
+        if "error" in report.get(name, {}):
+            checks.append((f"{name} ran", False, report[name]["error"][:200]))
+    return checks, targets
+
+
+def markdown(report, checks, targets):
+    """The report as Markdown: the checks, the targets and the step times."""
+    mark = {True: "pass", False: "FAIL", None: "not measured"}
+    lines = [
+        f"# GPU check: {report['device']}, torch {report['torch']} "
+        f"(CUDA {report.get('cuda')}), {report['date']}",
+        "",
+        "| check | result | detail |",
+        "| --- | --- | --- |",
+    ]
+    checks = [(name, ok, " ".join(str(detail).split())) for name, ok, detail in checks]
+    lines += [f"| {name} | {mark[ok]} | {detail} |" for name, ok, detail in checks]
+    lines += ["", "| target | met | figure |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {mark[ok]} | {detail} |" for name, ok, detail in targets]
+    lines += [
+        "",
+        "| model | default ms | deterministic ms | traced ms |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, f in (report.get("price") or {}).items():
+        if isinstance(f, dict) and "default_ms" in f:
+            lines.append(
+                f"| {name} | {f['default_ms']:.2f} | {f['deterministic_ms']:.2f} | "
+                f"{f['traced_ms']:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def main():
@@ -289,7 +397,12 @@ def main():
     )
     args = parser.parse_args()
     card = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    report = {"device": card, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    report = {
+        "device": card,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name, check in (
             ("determinism", lambda: check_determinism(args.device, Path(tmp))),
@@ -305,8 +418,18 @@ def main():
                 report[name] = {"error": f"{type(exc).__name__}: {exc}"}
             report[name + "_seconds"] = round(time.perf_counter() - start, 1)
             print(f"{name}: {json.dumps(report[name], default=str)[:600]}", flush=True)
+    checks, targets = judge(report, args.device)
+    report["checks"] = [{"check": n, "passed": ok, "detail": d} for n, ok, d in checks]
+    report["targets"] = [{"target": n, "met": ok, "figure": d} for n, ok, d in targets]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+    text = markdown(report, checks, targets)
+    (Path(args.out) / "gpu_check.md").write_text(text)
+    print(text)
+    failed = [name for name, ok, _ in checks if ok is False]
+    if failed:
+        print(f"gpu_check: {len(failed)} check(s) failed: {'; '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -65,9 +65,10 @@ class _NoTensor:  # stands in for torch.Tensor when torch is not imported: nothi
 class Digester:
     """Incremental digest over a sequence of values (see `digest`)."""
 
-    def __init__(self, strict: bool = True):
+    def __init__(self, strict: bool = True, folds: dict | None = None):
         self._hash = xxhash.xxh3_128()
         self._strict = strict
+        self._folds = folds or {}  # id(tensor) -> its device_fold, made for many at once
 
     def _frame(self, tag: bytes, payload: bytes) -> None:
         self._hash.update(tag + len(payload).to_bytes(8, "little") + payload)
@@ -209,9 +210,11 @@ class Digester:
             self._hash.update(len(data).to_bytes(8, "little"))
             self._hash.update(data.buffer if isinstance(data, _Pinned) else data)
         else:
-            from twice.core.device_fold import device_fold
+            words = self._folds.get(id(tensor))
+            if words is None:
+                from twice.core.device_fold import device_fold
 
-            words = device_fold(tensor)
+                words = device_fold(tensor)
             self._frame(_TAG_DEVICE_TENSOR, header + b"|" + words)
 
     def _update_array(self, array) -> None:
