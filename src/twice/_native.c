@@ -17,6 +17,16 @@
            element i into sum i mod 32, then added pairwise) in the same pass, so each gradient
            is read once. digests.lanes_norm computes the same bits in NumPy.
 
+   same_lines  the trace comparison's fast path (store.tracescan): walks two traces' lines in step,
+           while each pair is equal apart from its "time" and each line ends with the canonical
+           `"step":N` (then `,"time":T`) and `}`, its step above the last; stops at the first line
+           that is not so, for the Python code to parse and judge. tracescan's Python walk does
+           the same (a test holds the two together).
+
+   losses  each canonical trace line's step and loss (the first, where backward ran several
+           times) as int64 and float64 arrays, for plots of long runs (store.traceseries); stops
+           at the first line it cannot read, for the Python code to parse and judge.
+
    xxHash is vendored as a header (vendor/xxhash, BSD 2-Clause), compiled inline into this module. */
 
 #define PY_SSIZE_T_CLEAN
@@ -24,6 +34,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <ctype.h>
 
 #define XXH_STATIC_LINKING_ONLY  /* XXH3_state_t */
 #include "xxhash.h"
@@ -466,9 +477,153 @@ fail:
     return NULL;
 }
 
+/* The body of a trace line (all but its time) and its step: 0 when the line does not end in
+   `"step":N}` or `"step":N,"time":T}` (the canonical order: keys sorted, "time" last). */
+static int line_body(const char *line, const char *end, const char **body_end, unsigned long long *step) {
+    const char *close = end - 1; /* at the '}' before the newline */
+    if (close <= line || *close != '}' || *line != '{')
+        return 0;
+    const char *p = close;
+    while (p > line && (isdigit((unsigned char)p[-1]) || p[-1] == '.' || p[-1] == '-' || p[-1] == '+' ||
+                        p[-1] == 'e' || p[-1] == 'E'))
+        p--;
+    const char *body = close;
+    if (p - line >= 8 && memcmp(p - 8, ",\"time\":", 8) == 0)
+        body = p - 8;
+    const char *q = body;
+    while (q > line && isdigit((unsigned char)q[-1]))
+        q--;
+    if (q == body || body - q > 19 || q - line < 7 || memcmp(q - 7, "\"step\":", 7) != 0)
+        return 0;
+    if (body - q > 1 && *q == '0')
+        return 0; /* a leading zero is not JSON */
+    unsigned long long value = 0;
+    for (const char *d = q; d < body; d++)
+        value = value * 10 + (unsigned long long)(*d - '0');
+    if (value > 0x7FFFFFFFFFFFFFFFULL)
+        return 0;
+    *body_end = body;
+    *step = value;
+    return 1;
+}
+
+static PyObject *same_lines(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer a, b;
+    Py_ssize_t at_a, at_b;
+    long long last_a, last_b, limit;
+    if (!PyArg_ParseTuple(args, "y*y*nnLLL", &a, &b, &at_a, &at_b, &last_a, &last_b, &limit))
+        return NULL;
+    const char *base_a = a.buf, *base_b = b.buf;
+    const char *pa = base_a + at_a, *pb = base_b + at_b;
+    const char *end_a = base_a + a.len, *end_b = base_b + b.len;
+    long long last = last_a > last_b ? last_a : last_b, lines = 0;
+    if (at_a < 0 || at_b < 0 || at_a > a.len || at_b > b.len) {
+        PyBuffer_Release(&a);
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "a position is outside its buffer");
+        return NULL;
+    }
+    for (;;) {
+        const char *na = memchr(pa, '\n', (size_t)(end_a - pa)), *nb = memchr(pb, '\n', (size_t)(end_b - pb));
+        if (!na || !nb)
+            break;
+        const char *body_a, *body_b;
+        unsigned long long step_a, step_b;
+        if (!line_body(pa, na, &body_a, &step_a) || !line_body(pb, nb, &body_b, &step_b))
+            break;
+        if (step_a != step_b || (long long)step_a <= last || (long long)step_a >= limit)
+            break;
+        if (body_a - pa != body_b - pb || memcmp(pa, pb, (size_t)(body_a - pa)) != 0)
+            break;
+        last = (long long)step_a;
+        lines++;
+        pa = na + 1;
+        pb = nb + 1;
+    }
+    PyObject *result = Py_BuildValue("LnnL", lines, (Py_ssize_t)(pa - base_a), (Py_ssize_t)(pb - base_b), last);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return result;
+}
+
+static PyObject *losses(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer data;
+    Py_ssize_t at;
+    long long last;
+    if (!PyArg_ParseTuple(args, "y*nL", &data, &at, &last))
+        return NULL;
+    const char *base = data.buf, *p = base + (at < 0 ? 0 : at), *end = base + data.len;
+    Py_ssize_t capacity = 0;
+    for (const char *c = p; c < end && (c = memchr(c, '\n', (size_t)(end - c))); c++)
+        capacity++;
+    PyObject *steps = PyBytes_FromStringAndSize(NULL, capacity * 8), *values = PyBytes_FromStringAndSize(NULL, capacity * 8);
+    if (!steps || !values) {
+        Py_XDECREF(steps);
+        Py_XDECREF(values);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    long long *step_out = (long long *)PyBytes_AS_STRING(steps);
+    double *value_out = (double *)PyBytes_AS_STRING(values);
+    Py_ssize_t count = 0;
+    for (;;) {
+        const char *newline = memchr(p, '\n', (size_t)(end - p));
+        if (!newline)
+            break;
+        const char *body;
+        unsigned long long step;
+        if (!line_body(p, newline, &body, &step) || (long long)step <= last)
+            break;
+        const char *key = NULL;
+        for (const char *c = p; c + 8 <= body; c++) {
+            if (*c == '"' && memcmp(c, "\"loss\":", 7) == 0) {
+                key = c + 7;
+                break;
+            }
+        }
+        double value = NAN;
+        if (key) {
+            if (*key == '[')
+                key++;
+            if (*key != '"')
+                break;
+            key++;
+            const char *close = memchr(key, '"', (size_t)(body - key));
+            if (!close || close - key > 60)
+                break;
+            char text[64];
+            memcpy(text, key, (size_t)(close - key));
+            text[close - key] = 0;
+            if (strncmp(text, "nan", 3) == 0)
+                value = NAN;
+            else {
+                char *stop;
+                value = strtod(text, &stop);
+                if (stop == text || *stop != 0)
+                    break;
+            }
+            step_out[count] = (long long)step;
+            value_out[count] = value;
+            count++;
+        }
+        last = (long long)step;
+        p = newline + 1;
+    }
+    PyObject *result = Py_BuildValue("(y#y#nL)", PyBytes_AS_STRING(steps), count * 8, PyBytes_AS_STRING(values),
+                                     count * 8, (Py_ssize_t)(p - base), last);
+    Py_DECREF(steps);
+    Py_DECREF(values);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"fetch", fetch, METH_VARARGS, "twice.data's seeded per-sample fetch (see data.py and sample_rng.py)."},
     {"hash", hash, METH_O, "XXH3-128 digests (and float norms) of many buffers (see digests.digest_many)."},
+    {"losses", losses, METH_VARARGS, "Steps and losses of canonical trace lines (see store.traceseries)."},
+    {"same_lines", same_lines, METH_VARARGS, "Equal trace lines of two buffers, walked in step (see store.tracescan)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from twice.core.divergence import (
@@ -15,10 +15,11 @@ from twice.core.divergence import (
 )
 from twice.core.manifest import Difference, compare_identity
 from twice.store.faults import first_fault
-from twice.store.layout import CAPTURE_ERROR
+from twice.store.layout import CAPTURE_ERROR, RunFolder
 from twice.store.resumes import read_resume
 from twice.store.runs import effective_status, read_json, read_manifest
-from twice.store.traces import read_trace, trace_files
+from twice.store.traces import trace_files
+from twice.store.tracescan import scan_pair
 
 __all__ = ["Comparison", "compare_runs"]
 
@@ -62,10 +63,6 @@ class Comparison:
         }
 
 
-def _limit(records, steps, start=0):
-    return [r for r in records if start <= r.step and (steps is None or r.step < steps)]
-
-
 def _identity_cause(diffs: list[Difference]) -> bool:
     """Whether the manifests differ in something that changes results by itself (then that, not
     the resume, is the explanation)."""
@@ -77,15 +74,9 @@ def compare_runs(
 ) -> Comparison:
     """Compare runs A and B (the first `steps` steps only, when given).
 
-    `cache` (path -> records, read-only) lets callers comparing many runs read each trace once.
+    The traces are streamed (store.tracescan): memory stays small whatever their length, and only
+    lines whose bytes differ are parsed. `cache` is accepted for callers that pass one, and unused.
     """
-
-    def read(path: Path):
-        if cache is None:
-            return read_trace(path)
-        if path not in cache:
-            cache[path] = read_trace(path)
-        return cache[path]
 
     manifest_a, manifest_b = read_manifest(a), read_manifest(b)
     diffs = [
@@ -105,17 +96,18 @@ def compare_runs(
     lengths: dict[str, tuple[int, int]] = {}
     compared = 0
     for stream in sorted(set(traces_a) | set(traces_b)):
-        records_a = _limit(read(traces_a[stream]) if stream in traces_a else [], steps, start)
-        records_b = _limit(read(traces_b[stream]) if stream in traces_b else [], steps, start)
-        lengths[stream] = (len(records_a), len(records_b))
-        found = first_divergence(records_a, records_b, stream)
-        if found is not None:
-            divergences.append(found)
+        missing = RunFolder(a).path / "no-such-trace"
+        scan = scan_pair(traces_a.get(stream, missing), traces_b.get(stream, missing), steps, start)
+        lengths[stream] = tuple(scan.counts)
+        if scan.first is not None:
+            record_a, record_b = scan.first
+            found = first_divergence([record_a], [record_b], stream)
+            divergences.append(replace(found, identical_before=scan.same_before))
             skipped[stream] = (
-                {r.step for r in records_a if r.skipped},
-                {r.step for r in records_b if r.skipped},
+                {record_a.step} if record_a.skipped else set(),
+                {record_b.step} if record_b.skipped else set(),
             )
-        compared += len({r.step for r in records_a} & {r.step for r in records_b})
+        compared += scan.common
     first = (
         min(divergences, key=lambda d: (d.step, d.stream != "main", d.stream))
         if divergences

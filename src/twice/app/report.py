@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import io
 import json
-import math
 from itertools import combinations
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from twice.core.errors import UsageError
 from twice.core.records import COMPARED_FIELDS
 from twice.store.layout import RunFolder
 from twice.store.runs import effective_status, read_manifest
-from twice.store.traces import read_trace
 
 __all__ = ["build_report", "write_report"]
 
@@ -56,15 +54,39 @@ def _pyplot():
     return plt
 
 
-def _losses(records) -> tuple[list[int], list[float]]:
-    steps, values = [], []
-    for record in records:
-        loss = record.loss[0] if isinstance(record.loss, list) else record.loss
-        if loss is None:
-            continue
-        steps.append(record.step)
-        values.append(float("nan") if str(loss).startswith("nan") else float.fromhex(loss))
-    return steps, values
+PLOT_POINTS = 2000  # per curve: LTTB keeps the extremes, the turns and the divergence
+
+
+def _losses(path: Path, keep: list[int]) -> tuple:
+    """(steps, losses) of a trace, cut to PLOT_POINTS by LTTB (the steps in `keep` kept)."""
+    from twice.core.downsample import lttb
+    from twice.store.traceseries import loss_series
+
+    steps, values = loss_series(path)
+    chosen = lttb(steps, values, PLOT_POINTS, keep=keep)
+    return steps[chosen], values[chosen]
+
+
+STRIP_COLUMNS = 2000  # a column is marked when a field differs at any step it covers
+
+
+def _difference_strip(base: Path, other: Path):
+    """(grid [fields x columns] of 0/1, first step, last step) of where `other`'s compared
+    fields differ from `base`'s over their common steps; None when they share no step."""
+    import numpy as np
+
+    from twice.store.traceseries import difference_steps
+
+    first, last, steps, masks = difference_steps(base, other)
+    if first is None:
+        return None
+    columns = int(min(STRIP_COLUMNS, last - first + 1))
+    grid = np.zeros((len(COMPARED_FIELDS), columns))
+    where = ((steps - first) * columns // (last - first + 1)).astype(np.int64)
+    for i in range(len(COMPARED_FIELDS)):
+        hit = (masks >> i) & 1 == 1
+        grid[i, where[hit]] = 1.0
+    return grid, first, last
 
 
 def _page(title: str, body: str) -> str:
@@ -76,7 +98,7 @@ def _page(title: str, body: str) -> str:
     )
 
 
-def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict) -> str:
+def _runs_body(run_dirs: list[Path], comparisons: list[Comparison]) -> str:
     plt = _pyplot()
     parts = [f"<h1>twice report: {len(run_dirs)} runs</h1>"]
     for comparison in comparisons:
@@ -130,41 +152,38 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
     statuses = "".join(f"<td>{html.escape(effective_status(m))}</td>" for m in manifests)
     parts.append(f"<tr><td>context</td><td>status</td>{statuses}</tr></table>")
     # Loss curves with the first divergence marked.
-    traces = [cache.get(RunFolder(d).trace()) or read_trace(RunFolder(d).trace()) for d in run_dirs]
+    import numpy as np
+
+    diverged = sorted({c.divergence.step for c in comparisons if c.divergence is not None})
     figure, axes = plt.subplots(figsize=(10, 3.6))
-    for run_dir, records in zip(run_dirs, traces):
-        steps, values = _losses(records)
+    positive = False
+    for run_dir in run_dirs:
+        steps, values = _losses(RunFolder(run_dir).trace(), diverged)
+        positive = positive or bool((values[np.isfinite(values)] > 0).any())
         axes.plot(steps, values, linewidth=1, label=run_dir.name[-30:])
-    marked = set()
-    for comparison in comparisons:
-        if comparison.divergence is not None and comparison.divergence.step not in marked:
-            marked.add(comparison.divergence.step)
-            axes.axvline(comparison.divergence.step, color="#c0392b", linestyle="--", linewidth=1)
-            axes.annotate(
-                f"first divergence: step {comparison.divergence.step}",
-                (comparison.divergence.step, 0.95),
-                xycoords=("data", "axes fraction"),
-                color="#c0392b",
-                fontsize=8,
-            )
+    for step in diverged:
+        axes.axvline(step, color="#c0392b", linestyle="--", linewidth=1)
+        axes.annotate(
+            f"first divergence: step {step}",
+            (step, 0.95),
+            xycoords=("data", "axes fraction"),
+            color="#c0392b",
+            fontsize=8,
+        )
     axes.set_xlabel("step")
     axes.set_ylabel("loss")
-    if any(v > 0 for records in traces for v in _losses(records)[1] if not math.isnan(v)):
+    if positive:
         axes.set_yscale("log")
     axes.legend(fontsize=7, loc="upper right")
     parts.append("<h2>Loss</h2>" + _svg(figure))
     # Per step, which parts of the record differ from the first run.
     if len(run_dirs) >= 2:
         parts.append("<h2>What differs, step by step (vs the first run)</h2>")
-        base = {r.step: r for r in traces[0]}
-        for run_dir, records in zip(run_dirs[1:], traces[1:]):
-            common = [r for r in records if r.step in base]
-            if not common:
+        for run_dir in run_dirs[1:]:
+            strip = _difference_strip(RunFolder(run_dirs[0]).trace(), RunFolder(run_dir).trace())
+            if strip is None:
                 continue
-            grid = [
-                [1.0 if getattr(r, name) != getattr(base[r.step], name) else 0.0 for r in common]
-                for name in COMPARED_FIELDS
-            ]
+            grid, first, last = strip
             figure, axes = plt.subplots(figsize=(10, 1.6))
             axes.imshow(
                 grid,
@@ -173,12 +192,7 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison], cache: dict)
                 vmin=0,
                 vmax=1,
                 interpolation="nearest",
-                extent=(
-                    common[0].step - 0.5,
-                    common[-1].step + 0.5,
-                    len(COMPARED_FIELDS) - 0.5,
-                    -0.5,
-                ),
+                extent=(first - 0.5, last + 0.5, len(COMPARED_FIELDS) - 0.5, -0.5),
             )
             axes.set_yticks(
                 range(len(COMPARED_FIELDS)),
@@ -274,9 +288,8 @@ def build_report(paths: list[Path]) -> str:
         return _page(f"twice sweep {paths[0].name}", _sweep_body(paths[0]))
     if not paths:
         raise UsageError("nothing to report on", "give run folders or a sweep folder")
-    cache: dict = {}
-    comparisons = [compare_runs(paths[0], other, cache=cache) for other in paths[1:]]
-    return _page("twice report", _runs_body(paths, comparisons, cache))
+    comparisons = [compare_runs(paths[0], other) for other in paths[1:]]
+    return _page("twice report", _runs_body(paths, comparisons))
 
 
 def write_report(paths: list[Path], output: Path) -> Path:

@@ -1,0 +1,107 @@
+"""Series read from long traces for plots, streamed: each run's loss per step, and the steps at
+which one run's compared fields differ from another's. A million-step trace is read in blocks by
+twice._native where it was built (a line that it cannot read, and every line without it, is
+parsed and validated as `read_trace` would), never held whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from twice.core.records import COMPARED_FIELDS
+from twice.store.tracescan import NO_LIMIT, TraceLines, same_lines
+
+__all__ = ["loss_series", "difference_steps"]
+
+
+def _first_loss(record) -> float | None:
+    loss = record.loss[0] if isinstance(record.loss, list) and record.loss else record.loss
+    if not isinstance(loss, str):
+        return None
+    return float("nan") if loss.startswith("nan") else float.fromhex(loss)
+
+
+def loss_series(path: Path):
+    """(steps, losses) of a trace as int64 and float64 arrays (NaN for a NaN loss; steps without
+    a loss left out)."""
+    import numpy as np
+
+    from twice.core import digests
+
+    native = getattr(digests._native, "losses", None)
+    lines = TraceLines(Path(path))
+    steps, values = [], []
+    try:
+        while lines.line() is not None:
+            if native is not None:
+                found_steps, found_values, pos, last = native(
+                    memoryview(lines.buffer)[: lines.end], lines.pos, lines.last_step
+                )
+                if pos > lines.pos:
+                    lines.number += lines.buffer.count(b"\n", lines.pos, pos)
+                    lines.pos, lines.last_step = pos, last
+                    steps.append(np.frombuffer(found_steps, dtype=np.int64))
+                    values.append(np.frombuffer(found_values, dtype=np.float64))
+                    continue
+            record = lines.record()
+            loss = _first_loss(record)
+            if loss is not None:
+                steps.append(np.array([record.step], dtype=np.int64))
+                values.append(np.array([loss], dtype=np.float64))
+    finally:
+        lines.close()
+    if not steps:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    return np.concatenate(steps), np.concatenate(values)
+
+
+def difference_steps(path_a: Path, path_b: Path):
+    """(first common step, last common step, steps, masks): the common steps whose compared fields
+    differ, each with a bit per COMPARED_FIELDS entry (bit i: field i differs). Equal stretches
+    are skipped as bytes; only lines that differ are parsed."""
+    import numpy as np
+
+    a, b = TraceLines(Path(path_a)), TraceLines(Path(path_b))
+    first = last = None
+    steps, masks = [], []
+    try:
+        while True:
+            if a.line() is not None and b.line() is not None:
+                head = a.step()
+                lines, a.pos, b.pos, step = same_lines(
+                    memoryview(a.buffer)[: a.end],
+                    memoryview(b.buffer)[: b.end],
+                    a.pos,
+                    b.pos,
+                    a.last_step,
+                    b.last_step,
+                    NO_LIMIT,
+                )
+                if lines:
+                    first = head if first is None else first
+                    a.number += lines
+                    b.number += lines
+                    a.last_step = b.last_step = last = step
+                    continue
+            step_a, step_b = a.step(), b.step()
+            if step_a is None or step_b is None:
+                break
+            if step_a < step_b:
+                a.record()
+            elif step_b < step_a:
+                b.record()
+            else:
+                record_a, record_b = a.record(), b.record()
+                first = step_a if first is None else first
+                last = step_a
+                mask = sum(
+                    1 << i
+                    for i, name in enumerate(COMPARED_FIELDS)
+                    if getattr(record_a, name) != getattr(record_b, name)
+                )
+                if mask:
+                    steps.append(step_a)
+                    masks.append(mask)
+    finally:
+        a.close()
+        b.close()
+    return first, last, np.asarray(steps, dtype=np.int64), np.asarray(masks, dtype=np.int64)
