@@ -516,3 +516,23 @@ def test_retention_survives_kills_and_the_next_save_cleans_what_they_left(tmp_pa
         p.name for p in checkpoint.list_checkpoints(folder)
     ]
     assert len(checkpoint.list_checkpoints(folder)) == 2
+
+
+def test_a_resumed_optimizer_saves_the_same_bytes_as_the_straight_one(tmp_path):
+    """Adam fills its per-parameter state 'step' first; a loaded state lists it in key order.
+    Tensors are keyed in key order, so saving what was loaded gives the same files."""
+    import twice.checkpoint
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    twice.checkpoint.save(tmp_path / "straight", model=model, optimizer=opt)
+    again = torch.optim.Adam(model.parameters(), lr=0.1)
+    twice.checkpoint.load(tmp_path / "straight", model=model, optimizer=again)
+    assert list(again.state_dict()["state"][0]) != list(opt.state_dict()["state"][0])
+    twice.checkpoint.save(tmp_path / "resumed", model=model, optimizer=again)
+    for name in ("state.json", "tensors.safetensors"):
+        assert (tmp_path / "straight" / name).read_bytes() == (
+            tmp_path / "resumed" / name
+        ).read_bytes()

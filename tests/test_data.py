@@ -825,3 +825,19 @@ def test_a_batch_sampler_beside_batch_size_or_shuffle_or_yielding_indices_is_ref
         match="batch_sampler given to twice.data.loader yielded 0, not a batch of indices",
     ):
         list(twice.data.loader(Sequences(), batch_sampler=list(range(40)), seed=1))
+
+
+def test_an_epoch_served_to_its_end_is_saved_as_the_next_epochs_start():
+    """A loop that checkpoints after the last batch and one that stops at the next fetch (a
+    stopped or resumed run) save the same state, and both go on with the same batches."""
+    data = torch.utils.data.TensorDataset(torch.arange(12.0))
+    loader = twice.data.loader(data, batch_size=4, shuffle=True, seed=3)
+    seen = [batch[0].tolist() for batch in loader]  # epoch 0: three batches
+    inside = twice.data.loader(data, batch_size=4, shuffle=True, seed=3)
+    for _ in inside:
+        state = inside.state_dict()  # the last one: after the epoch's last batch
+    assert state["epoch"] == 1 and state["batches_served"] == 0
+    after = twice.data.loader(data, batch_size=4, shuffle=True, seed=3)
+    after.load_state_dict(state)
+    straight = [batch[0].tolist() for batch in loader]  # epoch 1, continued
+    assert [batch[0].tolist() for batch in after] == straight and seen != straight

@@ -66,6 +66,7 @@ class Run:
         self._report = None
         self._tracked: dict[str, Any] = {}
         self.keep_last = keep_last
+        self._saved_step: int | None = None  # the step of the loop's last checkpoint()
         self.epoch = 0
         self._resumed_from: Path | None = None
         self.resume_world_size_change = resume_world_size_change
@@ -178,6 +179,7 @@ class Run:
 
         if self.dir is None:
             raise RuntimeError("Run.checkpoint() called outside `with twice.Run(...)`")
+        self._saved_step = self.step_index
         return self._save(extras, capture_rng())
 
     def _save(self, extras: dict, rng: dict) -> Path:
@@ -229,7 +231,10 @@ class Run:
         return restored.get("__extras__", {})
 
     def _checkpoint_at_stop(self) -> None:
-        if self._tracked:
+        # The loop's own checkpoint of this step, if it made one, stands: it is the one the
+        # uninterrupted run wrote too (taken where the script takes it, after any draws the step
+        # makes past optimizer.step()), so a stopped run's checkpoints match the straight run's.
+        if self._tracked and self._saved_step != self.step_index:
             # The RNGs as the last step ended (see Recorder.rng_at_stop), the rest as it is now.
             from twice.rng.seeding import capture_rng
 

@@ -90,7 +90,10 @@ def encode(value: Any, tensors: dict, path: str) -> Any:
         if all(isinstance(k, str) for k in value) and not any(
             k.startswith("__") and k.endswith("__") for k in value
         ):
-            return {k: encode(v, tensors, f"{path}.{k}") for k, v in value.items()}
+            # In key order, as state.json lists them: tensor keys then follow the content, not
+            # the order the dict was filled in (Adam fills 'step' first; a loaded state has it
+            # last), so a resumed run saves the same bytes as the straight one.
+            return {k: encode(value[k], tensors, f"{path}.{k}") for k in sorted(value)}
         return {
             "__items__": [
                 [encode(k, tensors, path), encode(v, tensors, f"{path}[{k!r}]")]

@@ -188,10 +188,15 @@ class ResumableLoader:
         return inner
 
     def state_dict(self) -> dict:
-        """Where the loader is: epoch and batches already yielded, for a checkpoint."""
+        """Where the loader is: epoch and batches already yielded, for a checkpoint. An epoch
+        served to its end is saved as the next epoch's start (the same position): a loop that
+        stops and one that asks for the next batch save the same state."""
+        epoch, served = self.sampler.epoch, self.batches_served
+        if served and served >= len(self):
+            epoch, served = epoch + 1, 0
         state = {
-            "epoch": self.sampler.epoch,
-            "batches_served": self.batches_served,
+            "epoch": epoch,
+            "batches_served": served,
             "seed": self.seed,
             "batch_size": self.batch_size,
             "rank": self.sampler.rank,
@@ -199,7 +204,7 @@ class ResumableLoader:
             "samples": self.sampler.size,
         }
         if self.sampler.user is not None:
-            state["sampler_order"] = self._order_digest(self.sampler.epoch)
+            state["sampler_order"] = self._order_digest(epoch)
         return state
 
     def _order_digest(self, epoch: int) -> str:
