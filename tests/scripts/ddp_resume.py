@@ -1,7 +1,8 @@
 # DDP training (gloo, CPU) that checkpoints and resumes through twice.Run, each rank reading its
 # shard through twice's resumable loader; dropout and input noise draw from each rank's own RNG,
 # so a bitwise resume needs every rank's RNG state and data position back. With argument "zero" the
-# optimizer is a ZeroRedundancyOptimizer (each rank holds its shard of Adam's state) under a scheduler.
+# optimizer is a ZeroRedundancyOptimizer (each rank holds its shard of Adam's state) under a scheduler;
+# with "every3" it checkpoints every 3 steps.
 import sys
 
 import torch
@@ -17,7 +18,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Dropout(0.2),
                                                     torch.nn.Linear(16, 1)))
-if sys.argv[1:] == ["zero"]:
+if "zero" in sys.argv[1:]:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
@@ -36,6 +37,8 @@ with twice.Run() as run:
             model(x).pow(2).mean().backward()
             opt.step()
             schedule.step()
+            if "every3" in sys.argv and run.step_index % 3 == 0:
+                run.checkpoint()
             if run.step_index == 10:
                 break
 dist.destroy_process_group()

@@ -219,6 +219,15 @@ def format_resume_check(result, color: bool = False) -> str:
     return "\n".join(lines)
 
 
+def format_segments(check, color: bool = False) -> str:
+    """`twice verify --segments`: the verdict, then each segment re-run with its own."""
+    lines = [_verdict(check.verdict(), check.identical, color)]
+    for segment in check.checked:
+        mark = "same" if segment.identical else "DIFFERS"
+        lines.append(f"  steps {segment.start}-{segment.end}: {mark}: {segment.verdict}")
+    return "\n".join(lines)
+
+
 def format_audit(report, steps: int) -> str:
     """`twice audit`: each op that gave different bits (once per op, module and line), then the ops
     this model runs that are nondeterministic on CUDA."""

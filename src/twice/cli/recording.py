@@ -10,6 +10,7 @@ import click
 from twice.app.render import (
     format_audit,
     format_resume_check,
+    format_segments,
     format_trace_cost_note,
     format_verify,
 )
@@ -196,10 +197,36 @@ def _steps_option(value: str | None) -> str | None:
     "and compare "
     "it with RUN (as verify-resume, RUN being the uninterrupted run).",
 )
+@click.option(
+    "--segments",
+    metavar="K|all",
+    default=None,
+    help="Instead, re-run K segments between RUN's checkpoints (the first and last always, the "
+    "rest drawn with --seed) and compare each with the recorded steps and checkpoints.",
+)
+@click.option(
+    "--seed",
+    "segment_seed",
+    type=int,
+    default=None,
+    help="Seed of the segments' draw  [default: a fresh one, printed and recorded].",
+)
+@click.option(
+    "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Segments at a time."
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where segments run: here, or as Ray tasks (RAY_ADDRESS's cluster, else a local one).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not echo the re-run's output.")
 @_yes_option
-def verify(run_ref, runs_dir, steps, resume_at, as_json, quiet, yes):
+def verify(
+    run_ref, runs_dir, steps, resume_at, segments, segment_seed, jobs, executor, as_json, quiet, yes
+):
     """Run RUN's command again with its seed and settings; exit 0 if every step is bit-identical.
 
     \b
@@ -207,11 +234,30 @@ def verify(run_ref, runs_dir, steps, resume_at, as_json, quiet, yes):
       twice verify runs/<id>
       twice verify <id> --steps 100
       twice verify <id> --resume-at 50
+      twice verify <id> --segments 4 --jobs 2
     """
     from twice.app.verify import verify_resume_of_run, verify_run
     from twice.store.runs import find_run
 
     run_dir = find_run(run_ref, runs_dir)
+    if segments is not None:
+        from twice.app.segments import verify_segments
+
+        if steps is not None or resume_at is not None:
+            raise UsageError(
+                "--segments re-runs parts of the whole run", "drop --steps and --resume-at"
+            )
+        if segments != "all" and not segments.isdigit():
+            raise UsageError(f"--segments takes a count or 'all', not {segments!r}", "e.g. 4")
+        count = None if segments == "all" else int(segments)
+        check = _trusting(
+            lambda ok: verify_segments(
+                run_dir, count, segment_seed, jobs=jobs, executor=executor, yes=ok
+            ),
+            yes,
+        )
+        _out(_json(check.to_json()) if as_json else format_segments(check, _color()))
+        sys.exit(check.exit_code)
     if resume_at is not None:
         if steps is not None:
             raise UsageError("--steps and --resume-at check different things", "give one of them")
