@@ -173,3 +173,21 @@ def test_the_cheap_mode_flags_a_non_finite_learning_rate_and_a_gradient_explosio
     events = {(e.kind, e.step) for e in recorder._health.log.events}
     assert ("grad_explosion", 12) in events and ("bad_scalar", 13) in events
     assert not any(kind in ("grad_explosion", "bad_scalar") and step < 12 for kind, step in events)
+
+
+def test_a_loss_gone_non_finite_is_named_by_run_ls_show_verify_and_nan(tmp_path):
+    """Recorded without --numerics: the trace's losses alone say where the run went non-finite."""
+    script("goes_inf.py", tmp_path)
+    result = twice("run", "--", sys.executable, "goes_inf.py", cwd=tmp_path)
+    phrase = "loss non-finite from step 4 (inf), NaN from step 5"
+    assert (
+        result.returncode == 0 and f"completed (exit 0); {phrase}: see `twice nan" in result.stderr
+    )
+    run = runs(tmp_path)[-1]
+    assert phrase in twice("ls", cwd=tmp_path).stdout
+    assert f"{phrase}: see `twice nan {run.name}`" in twice("show", run.name, cwd=tmp_path).stdout
+    nan = twice("nan", run.name, cwd=tmp_path)
+    assert nan.returncode == 1 and "run with `twice run --numerics`" in nan.stdout
+    assert phrase in nan.stdout or "non-finite values recorded from step 4" in nan.stdout
+    verify = twice("verify", run.name, "-q", cwd=tmp_path)
+    assert verify.returncode == 0 and f"note: the run's {phrase}" in verify.stdout

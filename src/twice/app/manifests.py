@@ -24,6 +24,7 @@ from twice.runtime.capture import (
 from twice.store.layout import MANIFEST, RunFolder
 from twice.store.procs import ProcessRecord, read_processes
 from twice.store.runs import process_start_time, read_json, write_bytes_atomic, write_json_atomic
+from twice.store.traceseries import loss_fault
 
 __all__ = ["start_manifest", "finish_manifest", "SCHEMA"]
 
@@ -175,6 +176,12 @@ def finish_manifest(
     identity, context = manifest["identity"], manifest["context"]
     summary = _merge_processes(run_dir, identity, Path(context.get("git_root") or context["cwd"]))
     config_path = RunFolder(run_dir).config
+    try:
+        fault = loss_fault(run_dir)
+    except CorruptRecord:  # the trace's own damage is diff's and verify's to report
+        fault = None
+    if fault is not None:
+        summary["loss_fault"] = fault
     if config_path.is_file():
         try:
             identity["config"] = read_json(config_path)

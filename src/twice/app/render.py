@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from twice.core.divergence import FIELD_MEANING, loss_gap
+from twice.store.traceseries import loss_fault_phrase
 
 __all__ = [
     "format_comparison",
@@ -103,10 +104,13 @@ def _divergence_lines(divergence) -> list[str]:
     return lines
 
 
-def format_verify(result, color: bool = False) -> str:
+def format_verify(result, color: bool = False, loss_fault: dict | None = None) -> str:
     """`twice verify`: reproducible or not, then the comparison of the re-run with the run."""
     verdict = "reproducible" if result.identical else "NOT reproducible"
-    return _verdict(verdict, result.identical, color) + "\n" + format_comparison(result, color)
+    text = _verdict(verdict, result.identical, color) + "\n" + format_comparison(result, color)
+    if loss_fault:
+        text += f"\nnote: the run's {loss_fault_phrase(loss_fault)}: see `twice nan`"
+    return text
 
 
 def format_trace_cost_note(
@@ -169,8 +173,10 @@ def format_run_table(rows: list[dict]) -> str:
             else "?"
         )
         steps = "-" if row["steps"] is None else row["steps"]
+        fault = f"  [{loss_fault_phrase(row['loss_fault'])}]" if row.get("loss_fault") else ""
         lines.append(
             f"{row['id']:<44} {row['status']:<11} {started}  steps {steps:<6} {row['command']}"
+            + fault
         )
     return "\n".join(lines)
 
@@ -187,6 +193,8 @@ def format_run(row: dict, identity: dict) -> str:
         f"  seed: {row['seed']}, determinism: {identity.get('determinism', {}).get('mode')}",
         f"  steps recorded: {row['steps'] if row['steps'] is not None else 'unknown'}",
     ]
+    if row.get("loss_fault"):
+        lines.append(f"  {loss_fault_phrase(row['loss_fault'])}: see `twice nan {row['id']}`")
     if git:
         dirty = " (dirty: code.patch saved)" if git.get("dirty") else ""
         lines.append(f"  git: {git.get('commit') or 'no commit'} on {git.get('branch')}{dirty}")

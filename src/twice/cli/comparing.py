@@ -111,15 +111,22 @@ def nan(run_ref, runs_dir, as_json):
     from twice.store.runs import find_run, read_manifest
 
     run_dir = find_run(run_ref, runs_dir)
-    read_manifest(run_dir)  # a damaged run folder is an error, not "no NaN recorded"
+    manifest = read_manifest(run_dir)  # a damaged run folder is an error, not "no NaN recorded"
     report, events = read_numerics(run_dir)
     faulty = report is not None or any(e["kind"] == "non_finite" for e in events)
-    _out(
-        _json({"report": report, "events": events})
-        if as_json
-        else format_nan(report, events, _color())
-    )
-    sys.exit(1 if faulty else 0)
+    loss = manifest.loss_fault
+    if as_json:
+        _out(_json({"report": report, "events": events, "loss_fault": loss}))
+    elif not faulty and loss is not None:  # seen in the trace's losses, not by a health check
+        from twice.store.traceseries import loss_fault_phrase
+
+        _out(
+            f"{loss_fault_phrase(loss)} (from the trace)\n"
+            "(run with `twice run --numerics` to find the operation and line)"
+        )
+    else:
+        _out(format_nan(report, events, _color()))
+    sys.exit(1 if faulty or loss is not None else 0)
 
 
 @main.command()

@@ -27,6 +27,7 @@ from twice.cli.group import (
 )
 from twice.core.errors import UsageError
 from twice.store.layout import RunFolder
+from twice.store.traceseries import loss_fault_phrase
 
 
 @main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
@@ -160,7 +161,11 @@ def run(
     from twice.store.runs import read_manifest
 
     context = read_manifest(run_dir).context
-    _err(f"twice: run {run_dir} {context['status']} (exit {code})")
+    fault = context.get("loss_fault")
+    _err(
+        f"twice: run {run_dir} {context['status']} (exit {code})"
+        + (f"; {loss_fault_phrase(fault)}: see `twice nan {run_dir}`" if fault else "")
+    )
     note = format_trace_cost_note(context, trace_every)
     if note:
         _err(note)
@@ -237,7 +242,7 @@ def verify(
       twice verify <id> --segments 4 --jobs 2
     """
     from twice.app.verify import verify_resume_of_run, verify_run
-    from twice.store.runs import find_run
+    from twice.store.runs import find_run, read_manifest
 
     run_dir = find_run(run_ref, runs_dir)
     if segments is not None:
@@ -268,7 +273,8 @@ def verify(
         lambda ok: verify_run(run_dir, steps=steps, quiet=quiet or as_json, yes=ok), yes
     )
     _err(f"twice: re-run recorded in {new_dir}")
-    _out(_json(result.to_json()) if as_json else format_verify(result, _color()))
+    fault = read_manifest(run_dir).loss_fault
+    _out(_json(result.to_json()) if as_json else format_verify(result, _color(), fault))
     sys.exit(result.exit_code)
 
 

@@ -181,6 +181,18 @@ _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
     ("context", "git_root", "a path or null", lambda v: v is None or isinstance(v, str), False),
     (
         "context",
+        "loss_fault",
+        "an object with a step, a value and nan_from",
+        lambda v: (
+            isinstance(v, dict)
+            and _is_int(v.get("step"), 0)
+            and v.get("value") in ("inf", "-inf", "nan")
+            and (v.get("nan_from") is None or _is_int(v.get("nan_from"), 0))
+        ),
+        False,
+    ),
+    (
+        "context",
         "launcher",
         "an object with a process id",
         lambda v: (
@@ -234,4 +246,5 @@ class Manifest:
     started = property(lambda self: self.context.get("started"))
     cwd = property(lambda self: self.context.get("cwd", "."))
     git_root = property(lambda self: self.context.get("git_root"))
+    loss_fault = property(lambda self: self.context.get("loss_fault"))
     launcher = property(lambda self: self.context.get("launcher", {}))

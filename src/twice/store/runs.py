@@ -200,4 +200,5 @@ def summarize_run(run_dir: Path) -> dict:
         "seed": manifest.seed,
         "started": manifest.started,
         "command": " ".join(manifest.argv),
+        "loss_fault": manifest.loss_fault,
     }

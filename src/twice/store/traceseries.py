@@ -10,7 +10,7 @@ from pathlib import Path
 from twice.core.records import COMPARED_FIELDS
 from twice.store.tracescan import NO_LIMIT, TraceLines, same_lines
 
-__all__ = ["loss_series", "difference_steps"]
+__all__ = ["loss_series", "difference_steps", "loss_fault", "loss_fault_phrase"]
 
 
 def _first_loss(record) -> float | None:
@@ -105,3 +105,37 @@ def difference_steps(path_a: Path, path_b: Path):
         a.close()
         b.close()
     return first, last, np.asarray(steps, dtype=np.int64), np.asarray(masks, dtype=np.int64)
+
+
+def loss_fault(run_dir: Path) -> dict | None:
+    """Where the run's loss stopped being finite, from its traces (one C pass each): {"step",
+    "value" ("inf", "-inf" or "nan"), "nan_from" (a step or None)}, or None when every recorded
+    loss is finite."""
+    import math
+
+    from twice.store.layout import RunFolder
+
+    found = None
+    for path in RunFolder(run_dir).traces().values():
+        steps, values = loss_series(path)
+        bad = [(int(s), float(v)) for s, v in zip(steps, values) if not math.isfinite(v)]
+        if not bad:
+            continue
+        step, value = bad[0]
+        nan_from = next((s for s, v in bad if math.isnan(v)), None)
+        fault = {
+            "step": step,
+            "value": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"),
+            "nan_from": nan_from,
+        }
+        if found is None or fault["step"] < found["step"]:
+            found = fault
+    return found
+
+
+def loss_fault_phrase(fault: dict) -> str:
+    """ "loss non-finite from step 44 (inf), NaN from step 46"."""
+    phrase = f"loss non-finite from step {fault['step']} ({fault['value']})"
+    if fault.get("nan_from") is not None and fault["nan_from"] != fault["step"]:
+        phrase += f", NaN from step {fault['nan_from']}"
+    return phrase
