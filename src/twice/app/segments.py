@@ -22,6 +22,7 @@ from pathlib import Path
 
 from twice.app.compare import compare_runs
 from twice.app.launch import run_command
+from twice.app.trust import require_trust
 from twice.app.verify import rerun_options
 from twice.core.errors import CheckpointError, UsageError
 from twice.store.files import write_json_atomic
@@ -178,11 +179,11 @@ def _check(run_dir: Path, segment: Segment, quiet: bool, yes: bool) -> Segment:
     code, new_dir = run_command(command, options)
     segment.rerun = str(new_dir)
     status = effective_status(read_manifest(new_dir))
-    comparison = compare_runs(run_dir, new_dir, steps=segment.end)
     if status not in ("completed", "stopped"):
         segment.identical = False
         segment.verdict = f"the re-run {status} (exit {code}) before the segment's end"
         return segment
+    comparison = compare_runs(run_dir, new_dir, steps=segment.end)
     segment.identical, segment.verdict = comparison.identical, comparison.verdict
     if comparison.identical and segment.end_checkpoint is not None:
         mine = RunFolder(new_dir).checkpoints / segment.end_checkpoint.name
@@ -214,7 +215,7 @@ def verify_segments(
     run_dir = Path(run_dir)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     chosen, total, steps = plan_segments(run_dir, count, seed)
-    rerun_options(run_dir, name="trust-check", yes=yes)  # refuse a foreign folder before running
+    require_trust(run_dir, read_manifest(run_dir), yes)  # a foreign folder: refused before any run
     check = SegmentsCheck(str(run_dir), seed, total, steps)
     if executor == "ray":
         check.checked = _on_ray(run_dir, chosen)

@@ -66,9 +66,10 @@ def _triton_fold():
 def _fold_sums(raw):
     """The four sums of device_fold for a tensor's bytes, left on the device (no sync)."""
     torch = _torch()
-    if raw.is_cuda and _triton_fold() is not None:
+    fold = _triton_fold() if raw.is_cuda else None
+    if fold is not None:
         try:
-            return _triton_fold()(raw)
+            return fold(raw)
         except Exception as exc:  # noqa: BLE001 - a Triton that cannot compile here: torch's path
             import warnings
 

@@ -38,16 +38,20 @@ def digest_many(tensors: list, norms: bool = False) -> tuple[list[str], list[flo
         ], [lanes_norm(t) for t in tensors] if norms else None
     items, where, digests = [], [], [None] * len(tensors)
     out: list[float | None] | None = [None] * len(tensors) if norms else None
-    folds = _device_folds(tensors)
+    framed = []  # not plain: digest() frames them (device tensors folded together first)
     for i, tensor in enumerate(tensors):
         head = _digests._plain_head(tensor)
-        if head is None:  # not plain: digest() frames it
-            digests[i] = _digests.Digester(folds=folds).update(tensor).hexdigest()
-            if norms:
-                out[i] = lanes_norm(tensor)
+        if head is None:
+            framed.append(i)
             continue
         items.append((head[0], tensor.data_ptr(), head[2], head[3] if norms else 0, None))
         where.append(i)
+    if framed:
+        folds = _device_folds([tensors[i] for i in framed])
+        for i in framed:
+            digests[i] = _digests.Digester(folds=folds).update(tensors[i]).hexdigest()
+            if norms:
+                out[i] = lanes_norm(tensors[i])
     if items:
         hashed, normed = _digests._native.hash(items)
         for i, value, norm in zip(where, hashed, normed):

@@ -19,7 +19,7 @@ from pathlib import Path
 from twice.core.errors import CorruptRecord
 from twice.core.records import COMPARED_FIELDS, StepRecord
 
-__all__ = ["PairScan", "scan_pair", "same_lines", "TraceLines", "line_step"]
+__all__ = ["PairScan", "scan_pair", "same_lines", "take_equal", "TraceLines", "line_step"]
 
 BLOCK = 1 << 23
 NO_LIMIT = 2**63 - 1
@@ -181,6 +181,27 @@ class TraceLines:
         return record
 
 
+def take_equal(a: TraceLines, b: TraceLines, limit: int = NO_LIMIT) -> int:
+    """Take the lines of `a` and `b` that are equal apart from their times (see same_lines), up to
+    `limit`; returns how many pairs were taken."""
+    if a.line() is None or b.line() is None:
+        return 0
+    lines, a.pos, b.pos, last = same_lines(
+        memoryview(a.buffer)[: a.end],
+        memoryview(b.buffer)[: b.end],
+        a.pos,
+        b.pos,
+        a.last_step,
+        b.last_step,
+        limit,
+    )
+    if lines:
+        a.number += lines
+        b.number += lines
+        a.last_step = b.last_step = last
+    return lines
+
+
 def scan_pair(path_a: Path, path_b: Path, steps: int | None = None, start: int = 0) -> PairScan:
     """Compare two traces of one stream over steps [start, steps): counts, common steps, and the
     records at the first step whose compared fields differ."""
@@ -189,20 +210,9 @@ def scan_pair(path_a: Path, path_b: Path, steps: int | None = None, start: int =
     limit = NO_LIMIT if steps is None else steps
     try:
         while True:
-            if a.line() is not None and b.line() is not None and a.last_step + 1 >= start:
-                lines, a.pos, b.pos, last = same_lines(
-                    memoryview(a.buffer)[: a.end],
-                    memoryview(b.buffer)[: b.end],
-                    a.pos,
-                    b.pos,
-                    a.last_step,
-                    b.last_step,
-                    limit,
-                )
+            if a.last_step + 1 >= start:
+                lines = take_equal(a, b, limit)
                 if lines:
-                    a.number += lines
-                    b.number += lines
-                    a.last_step = b.last_step = last
                     scan.counts[0] += lines
                     scan.counts[1] += lines
                     scan.common += lines

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from twice.core.records import COMPARED_FIELDS
-from twice.store.tracescan import NO_LIMIT, TraceLines, same_lines
+from twice.store.tracescan import TraceLines, take_equal
 
 __all__ = ["loss_series", "difference_steps", "loss_fault", "loss_fault_phrase"]
 
@@ -65,23 +65,11 @@ def difference_steps(path_a: Path, path_b: Path):
     steps, masks = [], []
     try:
         while True:
-            if a.line() is not None and b.line() is not None:
-                head = a.step()
-                lines, a.pos, b.pos, step = same_lines(
-                    memoryview(a.buffer)[: a.end],
-                    memoryview(b.buffer)[: b.end],
-                    a.pos,
-                    b.pos,
-                    a.last_step,
-                    b.last_step,
-                    NO_LIMIT,
-                )
-                if lines:
-                    first = head if first is None else first
-                    a.number += lines
-                    b.number += lines
-                    a.last_step = b.last_step = last = step
-                    continue
+            head = a.step() if first is None and a.line() is not None else None
+            if take_equal(a, b):
+                first = head if first is None else first
+                last = a.last_step
+                continue
             step_a, step_b = a.step(), b.step()
             if step_a is None or step_b is None:
                 break
@@ -113,20 +101,22 @@ def loss_fault(run_dir: Path) -> dict | None:
     loss is finite."""
     import math
 
+    import numpy as np
+
     from twice.store.layout import RunFolder
 
     found = None
     for path in RunFolder(run_dir).traces().values():
         steps, values = loss_series(path)
-        bad = [(int(s), float(v)) for s, v in zip(steps, values) if not math.isfinite(v)]
-        if not bad:
+        bad = np.flatnonzero(~np.isfinite(values))
+        if not len(bad):
             continue
-        step, value = bad[0]
-        nan_from = next((s for s, v in bad if math.isnan(v)), None)
+        step, value = int(steps[bad[0]]), float(values[bad[0]])
+        nans = np.flatnonzero(np.isnan(values))
         fault = {
             "step": step,
             "value": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"),
-            "nan_from": nan_from,
+            "nan_from": int(steps[nans[0]]) if len(nans) else None,
         }
         if found is None or fault["step"] < found["step"]:
             found = fault
