@@ -62,7 +62,18 @@ CASES = [
     ("CNN 0.02M params, 32x32 images, batch 32", cnn, 32, 1, 1),
     ("MLP 0.40M params, batch 64, --trace-every 10", mlp, 64, 10, 1),
     (f"CNN as above, torch's default {THREADS} threads", cnn, 32, 1, THREADS),
+    # No torch.optim: `p.add_(p.grad, alpha=-lr)` under no_grad, then zero_grad (issue 26).
+    ("MLP 0.40M params, batch 64, updated by hand", mlp, 64, 1, 1),
+    ("CNN 0.02M params, 32x32 images, batch 32, updated by hand", cnn, 32, 1, 1),
 ]
+
+
+def hand_step(model):
+    """The update of a loop without torch.optim, as tutorials write it."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(param.grad, alpha=-1e-3)
+    model.zero_grad()
 
 
 def setup(build, batch):
@@ -73,7 +84,7 @@ def setup(build, batch):
     return model, optimizer, data
 
 
-def loop(model, optimizer, data, batch):
+def loop(model, optimizer, data, batch, hand=False):
     """(CPU seconds, wall seconds, seconds in twice's handlers) of one pass over the data, its first
     step left out (TIMED steps):
     in a traced block that step also opens the trace and names the parameters for the new
@@ -87,6 +98,10 @@ def loop(model, optimizer, data, batch):
                 time.perf_counter(),
                 recorder.cost if recorder else 0.0,
             )
+        if hand:
+            nn.functional.cross_entropy(model(x), y).backward()
+            hand_step(model)
+            continue
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
@@ -117,7 +132,8 @@ def main():
             continue
         torch.set_num_threads(threads)
         model, optimizer, data = setup(build, batch)
-        loop(model, optimizer, data, batch)  # warm-up
+        hand = "by hand" in label
+        loop(model, optimizer, data, batch, hand)  # warm-up
         plain, traced, shares = [], [], []
         with run_folder() as tmp:
             start = time.process_time()
@@ -127,11 +143,11 @@ def main():
                 order = ("plain", "traced") if round_ % 2 == 0 else ("traced", "plain")
                 for kind in order:
                     if kind == "plain":
-                        plain.append(loop(model, optimizer, data, batch))
+                        plain.append(loop(model, optimizer, data, batch, hand))
                         continue
                     hooks.install(Recorder(f"{tmp}/{round_}", trace_every=every))
                     try:
-                        traced.append(loop(model, optimizer, data, batch))
+                        traced.append(loop(model, optimizer, data, batch, hand))
                     finally:
                         hooks.uninstall()
                     shares.append(

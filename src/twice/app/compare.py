@@ -13,9 +13,10 @@ from twice.core.divergence import (
     first_divergence,
     loss_gap,
 )
-from twice.core.manifest import Difference, compare_identity
+from twice.core.manifest import Difference, Manifest, compare_identity
 from twice.store.faults import first_fault
 from twice.store.layout import CAPTURE_ERROR, RunFolder
+from twice.store.outputs import compare_outputs, outputs_phrase
 from twice.store.resumes import read_resume
 from twice.store.runs import effective_status, read_json, read_manifest
 from twice.store.traces import trace_files
@@ -41,11 +42,14 @@ class Comparison:
     steps: dict[str, tuple[int, int]] = field(default_factory=dict)
     statuses: tuple[str, str] = ("", "")
     compared_steps: int = 0
+    outputs: dict[str, list[str]] = field(default_factory=dict)  # store.outputs.compare_outputs
+    judged: bool = True  # False: neither run has a step to compare (exit 2, cannot judge)
 
     @property
     def exit_code(self) -> int:
-        """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
-        return 0 if self.identical else 1
+        """The command's exit code: 0 when nothing differs, 1 when something does, 2 when no
+        step was recorded to judge by."""
+        return 2 if not self.judged else 0 if self.identical else 1
 
     def to_json(self) -> dict:
         """As plain JSON values (what `--json` prints and reports read)."""
@@ -60,7 +64,46 @@ class Comparison:
             "steps": {k: list(v) for k, v in self.steps.items()},
             "status": list(self.statuses),
             "compared_steps": self.compared_steps,
+            "outputs": self.outputs,
+            "judged": self.judged,
         }
+
+
+def _events_phrase(manifest: Manifest) -> str:
+    events = manifest.events
+    if events is None:
+        return "no process was recorded"
+    return (
+        f"{events.get('batches', 0)} DataLoader batches read, "
+        f"{events.get('backward_calls', 0)} backward calls, "
+        f"{events.get('optimizer_steps', 0)} optimizer steps"
+    )
+
+
+def _unjudged(
+    manifest_a: Manifest, manifest_b: Manifest, lengths: dict, diffs: list[Difference]
+) -> tuple[str, str]:
+    """The verdict and explanation when no step was recorded in both runs: what the hooks saw,
+    how steps are found, and what was compared instead."""
+    empty = [
+        label
+        for label, index in (("A", 0), ("B", 1))
+        if not any(counts[index] for counts in lengths.values())
+    ]
+    who = " and ".join(empty) if empty else "A and B in common"
+    verdict = f"cannot judge: no training step was recognised in {who}"
+    seen = "; ".join(
+        f"{label}: {_events_phrase(manifest)}"
+        for label, manifest in (("A", manifest_a), ("B", manifest_b))
+    )
+    explanation = (
+        f"the hooks saw {seen}. twice ends a step at an optimizer's step() or, in a loop without "
+        "one, when the tensors a backward produced gradients for are updated; mark the steps of "
+        "any other loop with twice.Run.step. Compared instead: the manifests ("
+        + (f"{len(diffs)} differences, listed below" if diffs else "identical")
+        + ")"
+    )
+    return verdict, explanation
 
 
 def _identity_cause(diffs: list[Difference]) -> bool:
@@ -153,7 +196,7 @@ def compare_runs(
             )
         identical = False
     elif compared == 0:
-        verdict = "nothing to compare: no step was recorded in both runs"
+        verdict, explanation = _unjudged(manifest_a, manifest_b, lengths, diffs)
         identical = False
     elif uneven:
         stream, (na, nb) = next(iter(uneven.items()))
@@ -184,7 +227,12 @@ def compare_runs(
                 f"; {label}'s step capture stopped at step {stopped['step']} "
                 f"({stopped['error']}): its trace ends there"
             )
+    outputs = compare_outputs(manifest_a.outputs, manifest_b.outputs)
+    if compared == 0 and first is None:
+        explanation += "; " + outputs_phrase(outputs)
     return Comparison(
+        outputs=outputs,
+        judged=compared > 0 or first is not None,
         a=Path(a),
         b=Path(b),
         identical=identical,

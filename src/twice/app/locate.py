@@ -251,6 +251,20 @@ def _locate(a: Path, b: Path, quiet: bool) -> Location:
             finding,
             logs=logs,
         )
+    if finding.kind == "argument":
+        values = [
+            f"{_number(x)} vs {_number(y)}"
+            for x, y in zip(finding.a.get("sc", []), finding.b.get("sc", []))
+            if x != y
+        ]
+        return Location(
+            f"step {step}: {_where(op)} was given different numbers "
+            f"({', '.join(values) or 'a different count of them'}) with identical tensors: the "
+            "program asked for different arithmetic (a changed setting), not a nondeterministic op",
+            step,
+            finding,
+            logs=logs,
+        )
     if finding.kind == "input":
         source = (
             "a value from outside the recorded operations (a parameter, buffer or tensor "
@@ -292,3 +306,11 @@ def _locate(a: Path, b: Path, quiet: bool) -> Location:
         gap,
         logs,
     )
+
+
+def _number(text: str) -> str:
+    """An op log's scalar as a person writes it (floats are kept in hex there)."""
+    try:
+        return f"{float.fromhex(text):.6g}" if "p" in text else text
+    except ValueError:
+        return text

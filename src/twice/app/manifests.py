@@ -22,6 +22,7 @@ from twice.runtime.capture import (
     numeric_env,
 )
 from twice.store.layout import MANIFEST, RunFolder
+from twice.store.outputs import written_files
 from twice.store.procs import ProcessRecord, read_processes
 from twice.store.runs import process_start_time, read_json, write_bytes_atomic, write_json_atomic
 from twice.store.traceseries import loss_fault
@@ -89,10 +90,36 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
         "steps": main.steps if main else None,
         "stopped_after": main.stopped_after if main else None,
         "trace_cost": _trace_cost(main),
+        "events": _events(procs),
     }
     if refused:
         summary["damaged_process_records"] = refused
     return summary
+
+
+def _outputs(run_dir: Path, context: dict) -> dict:
+    """The files the command wrote under its working folder (store/outputs.py), leaving out the
+    runs folder (or only this run's, when the runs folder holds the working folder)."""
+    cwd, runs = Path(context["cwd"]).resolve(), run_dir.resolve().parent
+    exclude = [run_dir] if cwd == runs or runs in cwd.parents else [runs]
+    try:
+        return written_files(cwd, float(context.get("started") or time.time()), exclude)
+    except OSError:
+        return {}
+
+
+def _events(procs: list[ProcessRecord]) -> dict | None:
+    """What the recorder's hooks saw, summed over the run's processes (None: no process was
+    recorded): a run with no step says from this which hooks fired."""
+    seen = [proc.events for proc in procs if proc.events is not None]
+    if not seen:
+        return None
+    total = {key: sum(events.get(key, 0) for events in seen) for key in _EVENT_COUNTS}
+    total["hand_updated"] = any(events.get("hand_updated") for events in seen)
+    return total
+
+
+_EVENT_COUNTS = ("batches", "backward_calls", "optimizer_steps", "steps")
 
 
 def _trace_cost(proc: ProcessRecord | None) -> dict | None:
@@ -182,6 +209,7 @@ def finish_manifest(
         fault = None
     if fault is not None:
         summary["loss_fault"] = fault
+    summary["outputs"] = _outputs(run_dir, context)
     if config_path.is_file():
         try:
             identity["config"] = read_json(config_path)

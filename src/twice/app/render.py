@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from twice.core.divergence import FIELD_MEANING, loss_gap
+from twice.store.outputs import outputs_phrase
 from twice.store.traceseries import loss_fault_phrase
 
 __all__ = [
@@ -81,6 +82,8 @@ def format_comparison(result, color: bool = False) -> str:
         f"\nrecorded steps: {steps or 'none'}; status: A {result.statuses[0]}, B "
         f"{result.statuses[1]}"
     )
+    if result.judged and any(result.outputs.values()):
+        lines.append(outputs_phrase(result.outputs))
     return "\n".join(lines)
 
 

@@ -193,6 +193,36 @@ _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
     ),
     (
         "context",
+        "outputs",
+        "an object of files, each with a size and an xxh3 digest or null",
+        lambda v: (
+            isinstance(v, dict)
+            and all(
+                isinstance(entry, dict)
+                and _is_int(entry.get("size"), 0)
+                and (entry.get("xxh3") is None or isinstance(entry.get("xxh3"), str))
+                for entry in v.values()
+            )
+        ),
+        False,
+    ),
+    (
+        "context",
+        "events",
+        "an object of event counts",
+        lambda v: (
+            v is None
+            or (
+                isinstance(v, dict)
+                and all(_is_int(v.get(k, 0), 0) for k in ("batches", "backward_calls", "steps"))
+                and _is_int(v.get("optimizer_steps", 0), 0)
+                and type(v.get("hand_updated", False)) is bool
+            )
+        ),
+        False,
+    ),
+    (
+        "context",
         "launcher",
         "an object with a process id",
         lambda v: (
@@ -247,4 +277,6 @@ class Manifest:
     cwd = property(lambda self: self.context.get("cwd", "."))
     git_root = property(lambda self: self.context.get("git_root"))
     loss_fault = property(lambda self: self.context.get("loss_fault"))
+    events = property(lambda self: self.context.get("events"))
+    outputs = property(lambda self: self.context.get("outputs") or {})
     launcher = property(lambda self: self.context.get("launcher", {}))

@@ -18,7 +18,9 @@ class OpFinding:
     - "operation": op `index` got identical inputs and produced different outputs;
     - "input": op `index` is the first to see different inputs, and that input came from outside
       the recorded operations (the batch, a parameter, an RNG state set outside torch);
-    - "sequence": the op sequences part at `index` (a data-dependent branch, another code path).
+    - "sequence": the op sequences part at `index` (a data-dependent branch, another code path);
+    - "argument": op `index` got identical tensors but different Python numbers (a learning rate,
+      a clipping threshold): the program asked for different arithmetic.
     """
 
     kind: str
@@ -52,6 +54,8 @@ def first_op_difference(a: list[dict], b: list[dict]) -> OpFinding:
             outside = [j for j in differing_inputs if op_a["in"][j] not in produced_a]
             if outside:
                 return OpFinding("input", index, op_a, op_b, inputs=outside)
+        elif op_a.get("sc") != op_b.get("sc"):
+            return OpFinding("argument", index, op_a, op_b)
         elif op_a["out"] != op_b["out"]:
             differing = [j for j, (x, y) in enumerate(zip(op_a["out"], op_b["out"])) if x != y]
             return OpFinding("operation", index, op_a, op_b, outputs=differing)
@@ -74,7 +78,11 @@ def differing_ops(a: list[dict], b: list[dict]) -> list[OpFinding]:
     for index, (op_a, op_b) in enumerate(zip(a, b)):
         if op_a["op"] != op_b["op"]:
             break
-        if op_a["in"] == op_b["in"] and op_a["out"] != op_b["out"]:
+        if (
+            op_a["in"] == op_b["in"]
+            and op_a.get("sc") == op_b.get("sc")
+            and op_a["out"] != op_b["out"]
+        ):
             outputs = [j for j, (x, y) in enumerate(zip(op_a["out"], op_b["out"])) if x != y]
             found.append(OpFinding("operation", index, op_a, op_b, outputs=outputs))
     return found

@@ -60,6 +60,8 @@ def _backward_starts(tensors) -> Recorder | None:
 
 def _backward_ends(recorder: Recorder) -> None:
     recorder.set_phase("user")  # between backward and the optimizer: gradient edits, clipping
+    if recorder._hand is not None:  # no optimizer has stepped: the loop may update by hand
+        recorder.after_backward()
 
 
 def _batch_read(batch) -> None:

@@ -127,8 +127,13 @@ class ParamNames:
         names = distinct_names(
             *found, [id(p) for group in optimizer.param_groups for p in group["params"]], taken
         )
+        unnamed = getattr(optimizer, "twice_unnamed", None)  # a hand loop's tensors: "tensor3"
         pairs = [
-            (names.get(id(param)) or f"optimizer{index}.group{g}.param{p}", param)
+            (
+                names.get(id(param))
+                or (f"{unnamed}{p}" if unnamed else f"optimizer{index}.group{g}.param{p}"),
+                param,
+            )
             for g, group in enumerate(optimizer.param_groups)
             for p, param in enumerate(group["params"])
         ]

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from twice.record.health import Event, HealthLog
-from twice.record.oplog import OpContext, _tensors
+from twice.record.opargs import op_tensors as _tensors
+from twice.record.oplog import OpContext
 from twice.store.layout import RunFolder
 
 __all__ = ["watch", "NumericsWatch", "NonFiniteError", "active_watch"]

@@ -21,6 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from twice.core.digests import digest_tensor
 from twice.record.callsite import line_from_traceback, module_names, user_line
+from twice.record.opargs import op_scalars as _scalars
+from twice.record.opargs import op_tensors as _tensors
 from twice.store.layout import RunFolder
 
 __all__ = ["OpContext", "OpLog", "OpRecorder"]
@@ -212,6 +214,9 @@ class OpRecorder(OpContext):
             "shapes": [list(t.shape) for t in outputs],
             "dtypes": [_dtype_name(t.dtype) for t in outputs],
         }
+        scalars = _scalars(args, kwargs)
+        if scalars:  # a learning rate, an alpha: part of what the op was given
+            record["sc"] = scalars
         record.update(self.where())
         if record["phase"] != "backward":
             self.remember_line(outputs, record["line"])
@@ -323,7 +328,7 @@ _NAMES: dict[int, tuple[Any, str]] = {}  # id -> (weak reference, path)
 # order on_op builds each record in, the same in every run, so it needs no sorting.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _DTYPE_NAMES: dict[Any, str] = {}
-_RECORD_KEYS = {"i", "op", "phase", "in", "out", "shapes", "dtypes", "module", "line", "node"}
+_RECORD_KEYS = {"i", "op", "phase", "in", "out", "shapes", "dtypes", "module", "line", "node", "sc"}
 
 
 def _json_text(value: str | None) -> str:
@@ -342,15 +347,16 @@ def _json_texts(values: list[str]) -> str:
 def _encode_record(record: dict) -> str:
     """One op record as a JSON line, written out by hand: about half the time of json's encoder,
     which a recorded step pays once per op. Any other shape of record goes through json."""
-    if record.keys() - _RECORD_KEYS or not _RECORD_KEYS - {"node"} <= record.keys():
+    if record.keys() - _RECORD_KEYS or not _RECORD_KEYS - {"node", "sc"} <= record.keys():
         return _ENCODER.encode(record)
-    node = record.get("node")
+    node, scalars = record.get("node"), record.get("sc")
     return (
         f'{{"i":{record["i"]},"op":{_json_text(record["op"])},"phase":{_json_text(record["phase"])},'
         f'"in":{_json_texts(record["in"])},"out":{_json_texts(record["out"])},'
         f'"shapes":{repr(record["shapes"]).replace(" ", "")},'
         f'"dtypes":{_json_texts(record["dtypes"])},'
         f'"module":{_json_text(record["module"])},"line":{_json_text(record["line"])}'
+        + ("" if scalars is None else f',"sc":{_json_texts(scalars)}')
         + ("" if node is None else f',"node":{_json_text(node)}')
         + "}"
     )
@@ -367,27 +373,3 @@ _SKIPPED = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
 _SKIP: dict[
     Any, bool
 ] = {}  # op -> not recorded (views, detach, profiler markers), decided once per op
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    tensor_type = torch.Tensor
-    if isinstance(value, tensor_type):
-        return [value]  # most ops return one tensor
-    if type(value) is tuple and all(
-        type(item) is not list and type(item) is not tuple and type(item) is not dict
-        for item in value
-    ):
-        return [
-            item for item in value if isinstance(item, tensor_type)
-        ]  # the usual flat case, in one pass
-    out: list[torch.Tensor] = []
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            out.append(item)
-        elif isinstance(item, (list, tuple)):
-            stack.extend(reversed(item))
-        elif isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
-    return out

@@ -3,8 +3,10 @@
 A "step" is one round of optimizer updates: with one optimizer, one `step()` call; with several
 (a GAN's discriminator and generator) the round ends when an optimizer that already stepped in it
 steps again. Everything consumed in between (batches from DataLoader iterators, losses passed to
-backward) belongs to that step. Loops without torch.optim call `Recorder.record_explicit` through
-`twice.Run.step`, which then replaces the hooks for that process. The events come from
+backward) belongs to that step. In a loop without torch.optim a step ends when the tensors its
+backward produced gradients for have been updated by hand (record/handsteps.py). A script may mark
+its steps itself (`twice.Run.step`, through `Recorder.record_explicit`), which then replaces the
+hooks for that process. The events come from
 record/hooks.py; where a round ends is core/steps.py's RoundClock.
 """
 
@@ -29,6 +31,7 @@ from twice.core.protocol import ChildSettings, parse_steps
 from twice.core.records import StepRecord
 from twice.core.steps import RoundClock
 from twice.record.guard import costed, guarded
+from twice.record.handsteps import HandSteps
 from twice.record.health import StepHealth
 from twice.record.names import ParamNames
 from twice.record.norms import floats
@@ -114,6 +117,21 @@ class Recorder:
         self._opaque_warned = len(
             OPAQUE_TYPES
         )  # types in batches already warned about (by an earlier recorder too)
+        # Until an optimizer steps, steps may be hand updates (record/handsteps.py).
+        self._hand: HandSteps | None = HandSteps()
+        self.batches_read = 0
+        self.backward_calls = 0
+
+    def events(self) -> dict[str, int]:
+        """What this process's hooks saw: batches read, backward calls, optimizer steps, and the
+        steps recorded (the process record keeps them, to say why a run has no step)."""
+        return {
+            "batches": self.batches_read,
+            "backward_calls": self.backward_calls,
+            "optimizer_steps": self.steps_seen,
+            "hand_updated": self._hand is not None and self.step_index > 0,
+            "steps": self.step_index,
+        }
 
     @classmethod
     def from_settings(
@@ -141,6 +159,9 @@ class Recorder:
         """A DataLoader iterator yielded `batch`: it belongs to the step in progress."""
         if self._exit_pending:  # (a check before the call: three events a step, traced or not)
             self._exit_if_stopping()
+        self.batches_read += 1
+        if self._hand is not None and self._hand.open:
+            self._hand_check(False)
         self.set_phase("forward")
         if self.explicit or not self._tracing_this_step():
             return
@@ -170,6 +191,11 @@ class Recorder:
         """`backward` was called on `tensors`: a scalar one is a loss of the step in progress."""
         if self._exit_pending:
             self._exit_if_stopping()
+        self.backward_calls += 1
+        if self._hand is not None and not self.explicit and self._stepping is None:
+            if self._hand.open:
+                self._hand_check(True)
+            self._hand.backward_starts(tensors)
         if self.explicit or not self._tracing_this_step():
             return
         if isinstance(tensors, tensor_type[0]) and tensors.numel() == 1:
@@ -180,6 +206,9 @@ class Recorder:
         """An optimizer's step() is about to run: its gradients, as the update will use them."""
         if self._exit_pending:
             self._exit_if_stopping()
+        if self._hand is not None:  # an optimizer loop: its steps are the optimizer's
+            self._hand.unwatch()
+            self._hand = None
         if self.explicit:
             return
         if self._clock.closes(id(optimizer)):
@@ -244,6 +273,9 @@ class Recorder:
 
         self._exit_if_stopping()
         self.explicit = True
+        if self._hand is not None:
+            self._hand.unwatch()
+            self._hand = None
         if self._tracing_this_step():
             round_ = StepRound()
             if loss is not None:
@@ -271,6 +303,67 @@ class Recorder:
         """Forget the step in progress (its round, losses and batches)."""
         self._round, self._pending_losses, self._pending_batches = StepRound(), [], []
         self._clock.reset()
+        if self._hand is not None:
+            self._hand.close()
+
+    # -- hand-updated loops (record/handsteps.py) --------------------------------------------------
+    @guarded
+    def after_backward(self) -> None:
+        """A backward call ended in a loop that has no optimizer (yet): its gradients, as the
+        update will read them, and the counters that show the update."""
+        hand = self._hand
+        if hand is None or self.explicit or self._stepping is not None or hand.leaves is None:
+            return
+        with self._paused():
+            named = [(n, p.grad) for n, p in self.names.of(hand.leaves) if p.grad is not None]
+            digests, hand.grad_squares = self._digests([grad for _, grad in named], True)
+            hand.grad_digests = [(name, value) for (name, _), value in zip(named, digests)]
+        hand.backward_ended(len(self._pending_losses), len(self._pending_batches))
+        hand.watch_forward(self._hand_forward)
+
+    @guarded
+    def _hand_forward(self) -> None:
+        """The first module forward after a backward: the step ends here if it was updated."""
+        hand = self._hand
+        if hand is not None:
+            hand.unwatch()
+            if hand.open:
+                self._hand_check(False)
+
+    def _hand_check(self, before_backward: bool) -> None:
+        """End the open hand step if its tensors were updated; before the next backward, whose
+        accumulation would hide it, also if its gradients' bytes changed (an update and a
+        zeroing through `.data` move no counter)."""
+        hand = self._hand
+        if not hand.updated():
+            if not before_backward:
+                return
+            with self._paused():
+                named = [(n, p.grad) for n, p in self.names.of(hand.leaves) if p.grad is not None]
+                now, _ = self._digests([grad for _, grad in named], False)
+            if [(name, value) for (name, _), value in zip(named, now)] == hand.grad_digests:
+                return  # gradient accumulation: the same step goes on
+        self._end_hand_step()
+        self._exit_if_stopping()
+
+    def _end_hand_step(self) -> None:
+        hand = self._hand
+        if self._tracing_this_step():
+            round_ = self._round = StepRound()
+            round_.grads.extend(hand.grad_digests)
+            round_.grad_squares.extend(hand.grad_squares)
+            with self._paused():
+                self._take_params(hand.leaves)
+                self._move_pending(round_, hand.losses, hand.batches)
+                round_.rng = rng_digests()
+            self._write_round()
+            with self._paused():
+                self._replicas.after_step(self.step_index, round_.params_digest, round_.params)
+        else:
+            del self._pending_losses[: hand.losses], self._pending_batches[: hand.batches]
+        hand.close()
+        self._round = StepRound()
+        self._advance()
 
     def close_trace(self) -> None:
         """Close this process's trace file."""
@@ -380,16 +473,22 @@ class Recorder:
                 else math.hypot(self._round.param_norm, total)
             )
 
-    def _move_pending(self, round_: StepRound) -> None:
-        round_.losses.extend(self._pending_losses)
-        self._pending_losses = []
-        for digester in self._pending_batches:
+    def _move_pending(
+        self, round_: StepRound, losses: int | None = None, batches: int | None = None
+    ) -> None:
+        """Move the pending losses and batches (the first `losses` and `batches` of them, when
+        given) into `round_`."""
+        losses = len(self._pending_losses) if losses is None else losses
+        batches = len(self._pending_batches) if batches is None else batches
+        round_.losses.extend(self._pending_losses[:losses])
+        del self._pending_losses[:losses]
+        for digester in self._pending_batches[:batches]:
             if round_.batch is None:
                 round_.batch = digester
             else:
                 round_.batch.update(digester.hexdigest())
-        round_.batch_count += len(self._pending_batches)
-        self._pending_batches = []
+        round_.batch_count += batches
+        del self._pending_batches[:batches]
 
     def _finish_round(self) -> None:
         if not self._clock.members:
@@ -426,6 +525,8 @@ class Recorder:
         self.step_index = step
         self._round = StepRound()
         self._clock.reset()
+        if self._hand is not None:
+            self._hand.close()
         self._pending_losses = []
         if keep_batches is not None:
             self._pending_batches = (
@@ -486,6 +587,10 @@ class Recorder:
         """Write the step still open (the last one) and close the trace."""
         if os.getpid() != self.pid:
             return
+        hand = self._hand
+        if hand is not None and hand.open and not self.stopped and self.capture_error is None:
+            # The last backward of a loop that updates by hand: the loop ended, so it did.
+            self._end_hand_step()
         self.ops.stop(self.step_index)
         self.ops.close()
         if (
@@ -511,6 +616,9 @@ class Recorder:
         self.ops.forked(self.stream)
         self._round, self._pending_losses, self._pending_batches = StepRound(), [], []
         self._clock = RoundClock()
+        if self._hand is not None:
+            self._hand.unwatch()
+            self._hand = HandSteps()
         self._replicas = ReplicaCheck(self.run_dir, self._replicas.every, self._replicas.mode)
         self.fork_count = 0
         self.step_index = 0

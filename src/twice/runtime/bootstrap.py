@@ -147,6 +147,7 @@ def _at_exit() -> None:
         "steps": recorder.step_index if recorder is not None else None,
         "trace_cost_s": round(recorder.cost, 6) if recorder is not None else None,
         "stopped_after": recorder.stop_after if recorder is not None and recorder.stopped else None,
+        "events": recorder.events() if recorder is not None else None,
         "distributed": _distributed_facts(),
     }
     torch = sys.modules.get("torch")

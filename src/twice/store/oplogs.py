@@ -28,6 +28,22 @@ def _parse(line: str, path: Path, number: int) -> dict:
     return value
 
 
+def _op(line: str, path: Path, number: int) -> dict:
+    """One op record, its compared fields checked: a name, digests in and out, numbers as text."""
+    op = _parse(line, path, number)
+    digests_ok = all(
+        isinstance(op.get(key), list)
+        and all(item is None or isinstance(item, str) for item in op[key])
+        for key in ("in", "out")
+    )
+    numbers_ok = "sc" not in op or (
+        isinstance(op["sc"], list) and all(isinstance(item, str) for item in op["sc"])
+    )
+    if not (isinstance(op.get("op"), str) and digests_ok and numbers_ok):
+        raise CorruptRecord(f"{path} line {number} is not an op record", _HINT)
+    return op
+
+
 def _header(line: str, path: Path, number: int) -> tuple[int, int]:
     header = _parse(line, path, number)
     step, count = header.get("step"), header.get("ops")
@@ -78,7 +94,7 @@ def steps_ops(run_dir: Path, steps, stream: str | None = None) -> dict[int, list
             # Complete only if every line arrived, the last one with its newline.
             complete = len(block) == count and position < len(lines)
             found[step] = (
-                [_parse(record, path, start + i + 1) for i, record in enumerate(block)]
+                [_op(record, path, start + i + 1) for i, record in enumerate(block)]
                 if complete
                 else None
             )
@@ -102,7 +118,7 @@ def recorded_steps(run_dir: Path, stream: str | None = None) -> list[int]:
 def read_oplog(path: Path) -> list[dict]:
     """The op records of an old-style one-file-per-step op log."""
     return [
-        _parse(line, Path(path), number)
+        _op(line, Path(path), number)
         for number, line in enumerate(_read(Path(path)).splitlines(), start=1)
         if line
     ]

@@ -38,6 +38,17 @@ def _distributed(value: Any) -> bool:
     )
 
 
+_EVENTS = ("batches", "backward_calls", "optimizer_steps", "steps")
+
+
+def _events(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, dict)
+        and all(_count(value.get(key, 0)) for key in _EVENTS)
+        and type(value.get("hand_updated", False)) is bool
+    )
+
+
 def _determinism(value: Any) -> bool:
     return value is None or (
         isinstance(value, dict)
@@ -59,6 +70,7 @@ _FIELDS = {
     "stopped_after": _count,
     "trace_cost_s": _time,
     "distributed": _distributed,
+    "events": _events,
     "determinism": _determinism,
     "torch": lambda v: v is None or isinstance(v, dict),
     "torch_runtime": lambda v: v is None or isinstance(v, dict),
@@ -79,6 +91,7 @@ class ProcessRecord:
     determinism: dict | None
     torch: dict | None
     torch_runtime: dict
+    events: dict | None = None  # what the recorder's hooks saw (Recorder.events)
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> ProcessRecord:
@@ -102,6 +115,7 @@ class ProcessRecord:
             data.get("determinism"),
             data.get("torch"),
             data.get("torch_runtime") or {},
+            data.get("events"),
         )
 
 
