@@ -42,6 +42,10 @@ def test_gradient_normalisation_nan_is_traced_to_its_line_with_saturation_and_ze
     assert text.startswith(
         f"NaN at step {fault['step']}: aten::div_.Tensor (user) at gradnorm.py:19"
     )
+    # The whole story in the script's own words: vanishing gradients, then 0/0 at its line.
+    assert "the gradients of `0.weight`, `0.bias`" in text and "norm underflows to 0" in text
+    assert "`p.grad.norm()` is zero and `p.grad` holds" in text and "0/0 is NaN" in text
+    assert "input 0 (`p.grad`)" in text and "input 1 (`p.grad.norm()`): all zero" in text
     # What detect_anomaly says about the same script: a backward function, one step later.
     anomaly = subprocess.run(
         [sys.executable, "gradnorm.py", "anomaly"],
@@ -191,3 +195,32 @@ def test_a_loss_gone_non_finite_is_named_by_run_ls_show_verify_and_nan(tmp_path)
     assert phrase in nan.stdout or "non-finite values recorded from step 4" in nan.stdout
     verify = twice("verify", run.name, "-q", cwd=tmp_path)
     assert verify.returncode == 0 and f"note: the run's {phrase}" in verify.stdout
+
+
+DEAD_RELU = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+with torch.no_grad():
+    model[0].bias.fill_(-100.0)  # every unit dead: no gradient reaches layer 0
+x = torch.randn(16, 4)
+for step in range(3):
+    model.zero_grad()
+    model(x).pow(2).mean().backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            g = p.grad.div(p.grad.norm())
+            p -= 0.1 * g
+"""
+
+
+def test_exactly_zero_gradients_are_named_with_the_division_that_reads_them(tmp_path):
+    (tmp_path / "dead.py").write_text(DEAD_RELU)
+    result = twice("run", "--numerics", "--", sys.executable, "dead.py", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    text = twice("nan", runs(tmp_path)[0], cwd=tmp_path).stdout
+    assert (
+        "the gradients of `0.bias`, `0.weight` and `2.weight` are exactly zero at step 0 "
+        "(every element)" in text
+    ), text
+    assert "`p.grad.norm()` is zero and `p.grad` is all zero: 0/0 is NaN at dead.py:13" in text

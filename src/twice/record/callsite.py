@@ -7,8 +7,10 @@ the forward traceback anomaly mode stored. Module paths run from the outermost m
 
 from __future__ import annotations
 
+import ast
 import functools
 import gc
+import linecache
 import os
 import sys
 import weakref
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["user_line", "line_from_traceback", "module_names"]
+__all__ = ["user_line", "line_from_traceback", "module_names", "division_operands"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _TWICE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the twice package
@@ -92,3 +94,34 @@ def module_names() -> dict[int, tuple[Any, str]]:
             ".".join([root, *reversed(parts)]) if parts else root,
         )
     return names
+
+
+def division_operands(where: str | None) -> tuple[str, str] | None:
+    """The numerator and denominator, as written, of the one division on the source line `where`
+    ("train.py:19", as user_line gives it): `a / b`, `a /= b`, `a.div(b)`, `a.div_(b)`,
+    `torch.div(a, b)`. None when the line cannot be read or holds no division or several."""
+    if not where or ":" not in where:
+        return None
+    filename, _, number = where.rpartition(":")
+    if not number.isdigit():
+        return None
+    text = linecache.getline(os.path.abspath(filename), int(number)).strip()
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            found.append((node.left, node.right))
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div):
+            found.append((node.target, node.value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name, args = node.func.attr, node.args
+            if name in ("div", "div_", "true_divide") and len(args) == 2:  # torch.div(a, b)
+                found.append((args[0], args[1]))
+            elif name in ("div", "div_", "true_divide") and len(args) == 1:  # a.div_(b)
+                found.append((node.func.value, args[0]))
+    if len(found) != 1:
+        return None
+    return ast.unparse(found[0][0]), ast.unparse(found[0][1])

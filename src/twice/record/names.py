@@ -6,7 +6,7 @@ import gc
 import weakref
 from typing import Any
 
-__all__ = ["ParamNames", "param_names", "distinct_names", "PARAM_NAMES"]
+__all__ = ["ParamNames", "param_names", "distinct_names", "names_in_words", "PARAM_NAMES"]
 
 # optimizer -> (parameter id -> name, parameter id -> (id, class name) of its outermost module)
 PARAM_NAMES: weakref.WeakKeyDictionary[Any, tuple[dict[int, str], dict[int, tuple[int, str]]]] = (
@@ -167,3 +167,11 @@ class _Strong:
 
     def __call__(self) -> Any:
         return self.value
+
+
+def names_in_words(names: list[str]) -> str:
+    """`a`, `b` and `c` (six at most, then "and N more")."""
+    shown = [f"`{name}`" for name in names[:6]]
+    if len(names) > 6:
+        return ", ".join(shown) + f" and {len(names) - 6} more"
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]

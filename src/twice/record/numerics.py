@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
+from twice.record.callsite import division_operands
 from twice.record.health import Event, HealthLog
+from twice.record.numlinks import name_operands, zero_gradients
 from twice.record.opargs import op_tensors as _tensors
 from twice.record.oplog import OpContext
 from twice.store.layout import RunFolder
@@ -150,7 +152,7 @@ class NumericsWatch(OpContext):
         if base in _SATURATING or base == "aten::_log_softmax":
             self._check_saturation(base, outputs[0])
         if base in ("aten::div", "aten::div_"):
-            self._check_division(name, args)
+            self._check_division(name, args, before)
         # One sum per output: finite values sum to a finite number unless they overflow, which the
         # exact check then rules out. Much cheaper than materialising isfinite() for every op.
         bad = next(
@@ -192,20 +194,20 @@ class NumericsWatch(OpContext):
             )
             self.log.add(event)
 
-    def _check_division(self, name: str, args) -> None:
+    def _check_division(self, name: str, args, before: torch.Tensor | None) -> None:
         if len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].dtype.is_floating_point:
             divisor = args[1].detach()
             zeros = int((divisor.abs() < torch.finfo(divisor.dtype).tiny).sum())
             if zeros:
-                self.log.add(
-                    self._event(
-                        "div_by_zero",
-                        f"division by "
-                        f"{'an exact or subnormal zero' if zeros == 1 else f'{zeros} zeros'}",
-                        name,
-                        zeros=zeros,
-                    )
+                event = self._event(
+                    "div_by_zero",
+                    f"division by "
+                    f"{'an exact or subnormal zero' if zeros == 1 else f'{zeros} zeros'}",
+                    name,
+                    zeros=zeros,
                 )
+                name_operands(event, before if before is not None else args[0])
+                self.log.add(event)
 
     def _fault(
         self, name: str, args, kwargs, bad: torch.Tensor, before: torch.Tensor | None
@@ -245,9 +247,18 @@ class NumericsWatch(OpContext):
                     name,
                 )
             )
-        self._zero_gradients(args[0] if before is not None else None, before)
+        event = zero_gradients(self.current_step, args[0] if before is not None else None, before)
+        if event is not None:
+            self.log.add(event)
+        operands = division_operands(where.get("line")) if base.startswith("aten::div") else None
         culprit = (
-            "; ".join(f"input {i['index']}: {', '.join(i['flags'])}" for i in inputs if i["flags"])
+            "; ".join(
+                f"input {i['index']}"
+                + (f" (`{operands[i['index']]}`)" if operands and i["index"] < 2 else "")
+                + f": {', '.join(i['flags'])}"
+                for i in inputs
+                if i["flags"]
+            )
             or "inputs all finite and non-zero"
         )
         fault = Event(
@@ -296,36 +307,6 @@ class NumericsWatch(OpContext):
         )
         sys.stderr.flush()
         raise SystemExit(3)
-
-    def _zero_gradients(
-        self, overwritten: torch.Tensor | None, before: torch.Tensor | None
-    ) -> None:
-        """At the fault: which parameters' gradients are exactly zero (as they were before this
-        op)."""
-        from twice.record.hooks import active_recorder
-
-        recorder = active_recorder()
-        named = recorder.names.all() if recorder is not None else []
-        zero = []
-        for name, param in named:
-            grad = param.grad
-            if grad is None:
-                continue
-            if overwritten is not None and grad is overwritten:
-                grad = before
-            # Exactly zero, or so small (subnormal) that the squares underflow and the norm is 0.
-            if float(torch.linalg.vector_norm(grad)) == 0.0:
-                zero.append(name)
-        if zero:
-            self.log.add(
-                Event(
-                    "zero_grad",
-                    self.current_step,
-                    "gradients exactly zero or vanishing (norm 0): "
-                    f"{', '.join(zero[:6])}" + (" ..." if len(zero) > 6 else ""),
-                    details={"parameters": zero},
-                )
-            )
 
 
 _active: NumericsWatch | None = None
