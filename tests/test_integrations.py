@@ -29,7 +29,7 @@ def _trace(folder, name):
 
 
 def test_lightning_resumes_bit_for_bit_with_the_callback_and_not_without(
-    tmp_path, monkeypatch, scripts_importable
+    tmp_path, monkeypatch, scripts_importable, capfd
 ):
     pytest.importorskip("pytorch_lightning")
     from lightning_train import fit
@@ -37,7 +37,11 @@ def test_lightning_resumes_bit_for_bit_with_the_callback_and_not_without(
     from twice.integrations.lightning import Twice
 
     monkeypatch.chdir(tmp_path)
-    straight = fit(12, callbacks=[Twice(name="straight")])
+    callback = Twice(name="straight")
+    straight = fit(12, callbacks=[callback])
+    # The run folder stays known after fit, and fit said where it is.
+    assert callback.run_dir is not None and callback.run_dir.name.endswith("-straight")
+    assert f"twice: run recorded in {callback.run_dir}" in capfd.readouterr().err
     fit(5, callbacks=[Twice(name="stopped")], ckpt_dir="ck", every=5)
     (checkpoint,) = Path("ck").glob("*step=5.ckpt")
     resumed = fit(12, callbacks=[Twice(name="resumed")], resume=str(checkpoint))
@@ -103,6 +107,13 @@ def test_hf_trainer_resume_matches_the_uninterrupted_run_and_the_trace_shows_a_l
     )
     found = first_divergence([r for r in full if r.step >= 4], _trace(tmp_path, "noskip"))
     assert (found.step, found.first) == (4, "batch")
+
+    # The Trainer's own seed is the run's seed, and the folder stays known after training.
+    callback = TwiceCallback(name="seeded")
+    fit("e", 2, seed=42, callbacks=[callback])
+    assert callback.run_dir is not None and callback.run_dir.name.endswith("-seeded")
+    manifest = json.loads((callback.run_dir / "manifest.json").read_text())
+    assert manifest["identity"]["seed"] == 42
 
 
 # -- MLflow ---------------------------------------------------------------------------------------

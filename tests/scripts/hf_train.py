@@ -29,7 +29,7 @@ class StopAt(TrainerCallback):
             control.should_save = control.should_training_stop = True
 
 
-def fit(output_dir, max_steps, *, callbacks=(), stop_at=None, resume=None, **overrides):
+def fit(output_dir, max_steps, *, callbacks=(), stop_at=None, resume=None, seed=0, **overrides):
     """Train a fresh tiny GPT-2 for `max_steps` steps (or stop after `stop_at`, saving); return its parameters."""
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.1,
@@ -38,7 +38,7 @@ def fit(output_dir, max_steps, *, callbacks=(), stop_at=None, resume=None, **ove
     args = TrainingArguments(output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=8,
                              learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=2, logging_strategy="no",
                              save_strategy="no",
-                             report_to=[], seed=0, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+                             report_to=[], seed=seed, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
                              **overrides)
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=list(callbacks) + ([StopAt(stop_at)] if stop_at else []))
     trainer.train(resume_from_checkpoint=resume)

@@ -116,9 +116,14 @@ class ResumableLoader:
         self._kwargs = dataloader_kwargs
         self._drop_last_batch = drop_last
         self.batches_served = 0
+        self._served_epoch = 0  # the epoch batches_served counts in (see _position)
         self._persistent: DataLoader | None = (
             None  # with persistent_workers: one DataLoader, its workers kept
         )
+
+    # DataLoader's attribute, which trainers read beside `sampler` (Lightning, to warn about
+    # shuffled validation data): the batches are made inside, from `sampler`'s order.
+    batch_sampler = None
 
     @property
     def epoch(self) -> int:
@@ -128,6 +133,18 @@ class ResumableLoader:
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` next (its order is a function of the seed and the epoch only)."""
         self.sampler.epoch, self.sampler.start, self.batches_served = epoch, 0, 0
+        self._served_epoch = epoch
+
+    def _position(self) -> None:
+        """Settle where the next pass starts. A trainer may have set the sampler's epoch
+        (Lightning calls `loader.sampler.set_epoch(e)` as each epoch starts): that epoch, from its
+        start, unless it is the one in progress (a resumed position is kept). A pass served to its
+        end but never asked for one more batch (a loop that stops at len(loader), as Lightning
+        does) is over: the next epoch starts."""
+        if self.sampler.epoch != self._served_epoch:
+            self.set_epoch(self.sampler.epoch)
+        elif self.batches_served and self.batches_served >= len(self):
+            self.set_epoch(self.sampler.epoch + 1)
 
     def __len__(self) -> int:
         if self.sampler.user_batches:
@@ -137,6 +154,7 @@ class ResumableLoader:
         return samples // per if self._drop_last_batch else math.ceil(samples / per)
 
     def __iter__(self) -> Iterator[Any]:
+        self._position()
         self.sampler.start = self.batches_served * self._per_item
         for batch in self._inner():
             self.batches_served += 1
@@ -191,6 +209,7 @@ class ResumableLoader:
         """Where the loader is: epoch and batches already yielded, for a checkpoint. An epoch
         served to its end is saved as the next epoch's start (the same position): a loop that
         stops and one that asks for the next batch save the same state."""
+        self._position()
         epoch, served = self.sampler.epoch, self.batches_served
         if served and served >= len(self):
             epoch, served = epoch + 1, 0
@@ -264,7 +283,7 @@ class ResumableLoader:
                 "so its position does not say where to continue; resume with the same sampler "
                 "(its weights and length too), or start the loader afresh (its set_epoch)"
             )
-        self.sampler.epoch = state["epoch"]
+        self.sampler.epoch = self._served_epoch = state["epoch"]
         self.batches_served = state["batches_served"]
 
 

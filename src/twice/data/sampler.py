@@ -58,6 +58,11 @@ class EpochSampler(Sampler):
         self.epoch = 0
         self.start = 0  # samples of this rank's share already served (batches, for a batch sampler)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Serve `epoch` next (DistributedSampler's interface, which trainers call as each epoch
+        starts; the loader holding this sampler settles the position at its next pass)."""
+        self.epoch = int(epoch)
+
     def order(self, epoch: int) -> list[int]:
         """The indices of `epoch` in the order they are served (this rank's share)."""
         if self.user is not None:

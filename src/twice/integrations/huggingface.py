@@ -36,13 +36,14 @@ class TwiceCallback(transformers.TrainerCallback):
     """Record training as a twice run (manifest, config, step trace) and resume it bit for bit.
 
     Under `twice run` the callback joins the launcher's run; on its own it creates a run folder
-    under `runs_dir` and applies `determinism` when training begins.
+    under `runs_dir` and applies `determinism` when training begins, seeding with `seed` or, by
+    default, the Trainer's own `TrainingArguments.seed`.
     """
 
     def __init__(
         self,
         *,
-        seed: int = 0,
+        seed: int | None = None,
         runs_dir: str | Path = "runs",
         name: str | None = None,
         determinism: str = "warn",
@@ -51,12 +52,13 @@ class TwiceCallback(transformers.TrainerCallback):
         self.seed, self.runs_dir, self.name = seed, runs_dir, name
         self.determinism, self.trace_every = determinism, trace_every
         self.run: Any = None
+        self._dir: Path | None = None
         self._resume_step: int | None = None
 
     @property
     def run_dir(self) -> Path | None:
         """The run folder this training is recorded into (kept after training ends)."""
-        return self.run.dir if self.run is not None else None
+        return self.run.dir if self.run is not None else self._dir
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Start the run (seeded, deterministic, recorded) once; note the step a resumed Trainer
@@ -66,7 +68,7 @@ class TwiceCallback(transformers.TrainerCallback):
         if self.run is None:
             self.run = Run(
                 config=_config_of(args),
-                seed=self.seed,
+                seed=self.seed if self.seed is not None else int(args.seed),
                 runs_dir=self.runs_dir,
                 name=self.name,
                 determinism=self.determinism,
@@ -74,6 +76,7 @@ class TwiceCallback(transformers.TrainerCallback):
                 keep_last=None,
             )
             self.run.__enter__()
+            self._dir = self.run.dir
         if state.global_step > 0:
             self._resume_step = state.global_step
 

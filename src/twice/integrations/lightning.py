@@ -18,14 +18,29 @@ from typing import Any
 
 from twice.integrations import require
 
-pl = require("lightning", "pytorch_lightning", "lightning.pytorch")
+pl = require("lightning", "lightning.pytorch", "pytorch_lightning")
 
 __all__ = ["Twice"]
 
 FORMAT = "twice-lightning/1"
 
 
-class Twice(pl.Callback):
+def _callback_bases() -> tuple[type, ...]:
+    """Lightning's Callback class under each name installed: `lightning.pytorch` (the package
+    `lightning`) and the legacy `pytorch_lightning`. Each Trainer accepts only its own package's
+    callbacks, so with both installed the callback is both."""
+    import importlib
+
+    bases = []
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            bases.append(importlib.import_module(name).Callback)
+        except ImportError:
+            continue
+    return tuple(dict.fromkeys(bases)) or (pl.Callback,)
+
+
+class Twice(*_callback_bases()):
     """Record the fit as a twice run (manifest, step trace) and keep every RNG in Lightning's
     checkpoints.
 
@@ -47,6 +62,7 @@ class Twice(pl.Callback):
         self.seed, self.runs_dir, self.name = seed, runs_dir, name
         self.determinism, self.trace_every, self.config = determinism, trace_every, config
         self.run: Any = None
+        self._dir: Path | None = None
         self._pending: dict | None = None
 
     @property
@@ -57,7 +73,7 @@ class Twice(pl.Callback):
     @property
     def run_dir(self) -> Path | None:
         """The run folder this training is recorded into (kept after fit returns)."""
-        return self.run.dir if self.run is not None else None
+        return self.run.dir if self.run is not None else self._dir
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Start the run (seeded, deterministic, recorded) when fitting starts."""
@@ -80,18 +96,21 @@ class Twice(pl.Callback):
             keep_last=None,
         )
         self.run.__enter__()
+        self._dir = self.run.dir
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Finish the run when fitting ends."""
         if stage == "fit" and self.run is not None:
             run, self.run = self.run, None
             run.__exit__(None, None, None)
+            _say_where(run)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Mark the run failed and finish it when fitting raises."""
         if self.run is not None:
             run, self.run = self.run, None
             run.__exit__(type(exception), exception, exception.__traceback__)
+            _say_where(run)
 
     def state_dict(self) -> dict:
         """Every RNG's state, for Lightning's checkpoint (restored by load_state_dict)."""
@@ -128,3 +147,12 @@ class Twice(pl.Callback):
             )
         restore_rng(self._pending)
         self._pending = None
+
+
+def _say_where(run: Any) -> None:
+    """One line on stderr naming the run folder, as `twice run` ends with (not under `twice run`,
+    which says it itself)."""
+    import sys
+
+    if not run.under_launcher:
+        sys.stderr.write(f"twice: run recorded in {run.dir}\n")
