@@ -19,6 +19,7 @@ from twice.store.layout import CAPTURE_ERROR, RunFolder
 from twice.store.outputs import compare_outputs, outputs_phrase
 from twice.store.resumes import read_resume
 from twice.store.runs import effective_status, read_json, read_manifest
+from twice.store.tracealign import Alignment, content_alignment, scan_offset
 from twice.store.traces import trace_files
 from twice.store.tracescan import scan_pair
 
@@ -106,6 +107,19 @@ def _unjudged(
     return verdict, explanation
 
 
+def _alignment(
+    traces_a: dict, traces_b: dict, offset: int | None, resumed: bool
+) -> Alignment | None:
+    """How the steps of A and B correspond: as given (`--offset`), or, when neither resumed
+    through twice, by content (a script that resumed itself), else None (by number)."""
+    if offset is not None:
+        return Alignment(offset, False)
+    main_a, main_b = traces_a.get("main"), traces_b.get("main")
+    if resumed or main_a is None or main_b is None:
+        return None
+    return content_alignment(main_a, main_b)
+
+
 def _identity_cause(diffs: list[Difference]) -> bool:
     """Whether the manifests differ in something that changes results by itself (then that, not
     the resume, is the explanation)."""
@@ -113,9 +127,17 @@ def _identity_cause(diffs: list[Difference]) -> bool:
 
 
 def compare_runs(
-    a: Path, b: Path, steps: int | None = None, cache: dict | None = None
+    a: Path,
+    b: Path,
+    steps: int | None = None,
+    cache: dict | None = None,
+    offset: int | None = None,
 ) -> Comparison:
     """Compare runs A and B (the first `steps` steps only, when given).
+
+    Steps are matched by number, unless one run resumed itself (its trace starts at 0 from
+    another run's later state: store/tracealign.py finds where) or `offset` says that B's step 0
+    is A's step `offset`.
 
     The traces are streamed (store.tracescan): memory stays small whatever their length, and only
     lines whose bytes differ are parsed. `cache` is accepted for callers that pass one, and unused.
@@ -132,6 +154,7 @@ def compare_runs(
     resumes = {label: read_resume(path) for label, path in (("A", a), ("B", b))}
     resumes = {label: resume for label, resume in resumes.items() if resume is not None}
     start = max((resume.step for resume in resumes.values()), default=0)
+    alignment = _alignment(traces_a, traces_b, offset, bool(resumes))
     divergences: list[Divergence] = []
     skipped: dict[
         str, tuple[set[int], set[int]]
@@ -140,7 +163,12 @@ def compare_runs(
     compared = 0
     for stream in sorted(set(traces_a) | set(traces_b)):
         missing = RunFolder(a).path / "no-such-trace"
-        scan = scan_pair(traces_a.get(stream, missing), traces_b.get(stream, missing), steps, start)
+        path_a, path_b = traces_a.get(stream, missing), traces_b.get(stream, missing)
+        scan = (
+            scan_offset(path_a, path_b, alignment.offset, steps)
+            if alignment is not None
+            else scan_pair(path_a, path_b, steps, start)
+        )
         lengths[stream] = tuple(scan.counts)
         if scan.first is not None:
             record_a, record_b = scan.first
@@ -159,6 +187,13 @@ def compare_runs(
     statuses = (effective_status(manifest_a), effective_status(manifest_b))
     observed = manifest_a.observe or manifest_b.observe
     explanation = explain(diffs, first, observed=observed)
+    if alignment is not None and alignment.offset:
+        # A resume that lost state shows at its first step, whatever else the command changed
+        # (its resume flag, at least): say that first.
+        later = "B" if alignment.offset > 0 else "A"
+        explanation = explain_resumed(
+            later, "", abs(alignment.offset), first, lead=alignment.phrase()
+        ) + ("; the manifests differ too (below)" if diffs else "")
     if resumes and not (first is not None and _identity_cause(diffs)):
         label, resume = max(resumes.items(), key=lambda item: item[1].step)
         explanation = explain_resumed(label, resume.name, resume.step, first)
@@ -196,7 +231,14 @@ def compare_runs(
             )
         identical = False
     elif compared == 0:
-        verdict, explanation = _unjudged(manifest_a, manifest_b, lengths, diffs)
+        streams = [sorted(s for s, counts in lengths.items() if counts[side]) for side in (0, 1)]
+        if streams[0] and streams[1]:  # both recorded steps, in different processes' streams
+            verdict = (
+                "cannot judge: the runs recorded their steps in different streams "
+                f"(A: {', '.join(streams[0])}; B: {', '.join(streams[1])})"
+            )
+        else:
+            verdict, explanation = _unjudged(manifest_a, manifest_b, lengths, diffs)
         identical = False
     elif uneven:
         stream, (na, nb) = next(iter(uneven.items()))
@@ -210,6 +252,8 @@ def compare_runs(
     else:
         verdict = f"runs are bit-identical: {compared} steps compared"
         identical = True
+    if alignment is not None and alignment.offset:
+        verdict += f"; {alignment.phrase()}, compared from there"
     if resumes and first is None and compared:
         verdict += (
             "; "

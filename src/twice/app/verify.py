@@ -123,6 +123,7 @@ def verify_resume(
     at: int | None = None,
     straight: Path | None = None,
     at_flag: str = "--at",
+    resume_command: list[str] | None = None,
 ) -> ResumeCheck:
     """Run `command` straight; again, stopped after `at` steps (default: half); then resumed in a
     new
@@ -132,7 +133,9 @@ def verify_resume(
     A script using twice.Run resumes through `run.resume()`; a script that checkpoints by itself
     finds its checkpoints in twice.checkpoint_dir(), which the interrupted and resumed runs share.
     Given `straight` (a recorded run of `command`, as `twice verify RUN --resume-at`), that run is
-    the uninterrupted one and is not run again.
+    the uninterrupted one and is not run again. Given `resume_command`, the resumed run is that
+    command instead (a script that resumes through its own flag, from its own checkpoint): where
+    it starts is found by its parameters before its first update.
     """
     from dataclasses import replace
 
@@ -168,8 +171,15 @@ def verify_resume(
         **ChildSettings(resume_probe=True).to_env(),
     }
     code, resumed = run_command(
-        command, replace(options, name=f"resumed-from-{at}", env=env, resume_from=resume_from)
+        resume_command or command,
+        replace(options, name=f"resumed-from-{at}", env=env, resume_from=resume_from),
     )
+    if code != 0 and resume_command:
+        raise UsageError(
+            f"the resume command failed (exit {code})",
+            f"run it by hand after the interrupted run to see why; its output: "
+            f"{resumed}/stderr.log",
+        )
     runs = {"straight": str(straight), "interrupted": str(interrupted), "resumed": str(resumed)}
     # Multi-process runs: every rank's trace must continue exactly; report the rank that parts
     # first.
@@ -194,8 +204,20 @@ def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck
     run."""
     from twice.core.divergence import first_divergence
 
-    # A script resuming by itself restarts twice's step count at 0: align it with the straight run.
-    offset = at if after and after[0].step == 0 else 0
+    # A script resuming by itself restarts twice's step count at 0: align it with the straight run,
+    # where its parameters before its first update occur (its own checkpoint may be older than
+    # the interruption), else at the interruption.
+    offset = 0
+    if after and after[0].step == 0 and at > 0:
+        offset = next(
+            (
+                r.step + 1
+                for r in full
+                if r.params is not None and r.params == after[0].params_before
+            ),
+            at,
+        )
+        at = offset
     for record in after:
         record.step += offset
     tail = [r for r in full if r.step >= at]

@@ -32,6 +32,13 @@ from twice.cli.group import (
 @click.option(
     "--steps", type=click.IntRange(min=1), default=None, help="Compare only the first N steps."
 )
+@click.option(
+    "--offset",
+    type=int,
+    default=None,
+    help="B's step 0 is A's step N (negative: A's step 0 is B's step -N)  [default: by step "
+    "number, or where B's starting parameters occur in A when B resumed itself].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--html",
@@ -40,15 +47,16 @@ from twice.cli.group import (
     default=None,
     help="Also write the HTML report here.",
 )
-def diff(a, b, runs_dir, steps, as_json, html_out):
+def diff(a, b, runs_dir, steps, offset, as_json, html_out):
     """Compare two runs: the verdict, identity differences, the first divergence and its cause.
 
-    Exit 0 when identical, 1 when different.
+    Exit 0 when identical, 1 when different, 2 when no step was recorded to judge by.
 
     \b
     Examples:
       twice diff runs/<a> runs/<b>
       twice diff <id-a> <id-b> --json
+      twice diff straight resumed --offset 50   # resumed's step 0 is straight's step 50
     """
     from twice.app.compare import compare_runs
     from twice.store.files import check_output_path
@@ -56,7 +64,7 @@ def diff(a, b, runs_dir, steps, as_json, html_out):
 
     if html_out is not None:  # refused before the verdict: a verdict's exit code is its own
         check_output_path(html_out, "report")
-    result = compare_runs(find_run(a, runs_dir), find_run(b, runs_dir), steps=steps)
+    result = compare_runs(find_run(a, runs_dir), find_run(b, runs_dir), steps=steps, offset=offset)
     if html_out is not None:
         from twice.app.report import write_report
 

@@ -293,9 +293,16 @@ def verify(
     default="strict",
     show_default=True,
 )
+@click.option(
+    "--resume-command",
+    default=None,
+    metavar="'COMMAND'",
+    help="Resume with this command instead (a script that resumes through its own flag, e.g. "
+    "'python train.py --resume ckpt.pt'); where it starts is found by its parameters.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def verify_resume_command(at, seed, runs_dir, determinism, as_json, command):
+def verify_resume_command(at, seed, runs_dir, determinism, resume_command, as_json, command):
     """Check that an interrupted and resumed COMMAND equals the uninterrupted one, bit for bit.
 
     Runs COMMAND straight; again, stopped after --at steps (a real separate process); then resumed
@@ -306,12 +313,23 @@ def verify_resume_command(at, seed, runs_dir, determinism, as_json, command):
     Examples:
       twice verify-resume -- python train.py
       twice verify-resume --at 100 -- python train.py --epochs 2
+      twice verify-resume --resume-command 'python train.py --resume ckpt.pt' -- python train.py
     """
+    import shlex
+
     from twice.app.launch import RunOptions
     from twice.app.verify import verify_resume
 
     options = RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True)
-    check = verify_resume(list(command), options, at=at)
+    try:
+        resume = shlex.split(resume_command) if resume_command is not None else None
+    except ValueError as exc:
+        raise UsageError(
+            f"--resume-command is not a command line: {exc}", "quote it as a shell would"
+        ) from None
+    if resume is not None and not resume:
+        raise UsageError("--resume-command is empty", "give the command that resumes the script")
+    check = verify_resume(list(command), options, at=at, resume_command=resume)
     _out(_json(check.to_json()) if as_json else format_resume_check(check, _color()))
     sys.exit(check.exit_code)
 

@@ -318,11 +318,13 @@ _NOT_RESTORED = {
 }
 
 
-def explain_resumed(label: str, checkpoint: str, at: int, divergence: Divergence | None) -> str:
+def explain_resumed(
+    label: str, checkpoint: str, at: int, divergence: Divergence | None, lead: str | None = None
+) -> str:
     """The explanation when run `label` resumed from `checkpoint` at step `at`: a difference at the
     first resumed step is state the resume did not restore, never "same code, seeds and
-    settings"."""
-    resumed = f"run {label} resumed from {checkpoint}"
+    settings". `lead` replaces the opening "run B resumed from ..." """
+    resumed = lead or f"run {label} resumed from {checkpoint}"
     if divergence is None:
         return f"{resumed}; the runs agree from step {at} on"
     if divergence.step <= at:

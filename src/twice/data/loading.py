@@ -155,11 +155,13 @@ class ResumableLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self._position()
+        epoch = self.sampler.epoch
         self.sampler.start = self.batches_served * self._per_item
         for batch in self._inner():
             self.batches_served += 1
             yield batch
-        self.set_epoch(self.sampler.epoch + 1)
+        if self.sampler.epoch == self._served_epoch == epoch:  # (unless moved meanwhile)
+            self.set_epoch(epoch + 1)
 
     @property
     def _per_item(self) -> int:
@@ -209,8 +211,9 @@ class ResumableLoader:
         """Where the loader is: epoch and batches already yielded, for a checkpoint. An epoch
         served to its end is saved as the next epoch's start (the same position): a loop that
         stops and one that asks for the next batch save the same state."""
-        self._position()
         epoch, served = self.sampler.epoch, self.batches_served
+        if epoch != self._served_epoch:  # set_epoch on the sampler: that epoch's start
+            served = 0
         if served and served >= len(self):
             epoch, served = epoch + 1, 0
         state = {

@@ -67,9 +67,11 @@ class HandSteps:
     def __init__(self) -> None:
         self.leaves: _Leaves | None = None
         self.open = False  # a backward has ended since the last step ended
+        self.confirmed = False  # a step has ended by a hand update: this is a hand loop
         self._marks: list[tuple[int, int, int]] = []
         self.grad_digests: list[tuple[str, str]] = []
         self.grad_squares: list = []
+        self.params_before: str | None = None  # the first step's parameters before its update
         self.losses = 0  # of the recorder's pending losses and batches, how many are this step's
         self.batches = 0
         self.backward_calls = 0
@@ -130,4 +132,6 @@ def _mark(tensor) -> tuple[int, int, int]:
     grad = tensor.grad
     if grad is None:
         return (tensor._version, 0, -1)
-    return (tensor._version, grad.data_ptr(), grad._version)
+    # A sparse gradient (nn.Embedding(sparse=True)) has no data pointer of its own: its identity.
+    where = id(grad) if grad.is_sparse else grad.data_ptr()
+    return (tensor._version, where, grad._version)

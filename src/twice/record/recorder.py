@@ -75,7 +75,9 @@ class Recorder:
         """Record into `run_dir`'s trace of `stream`. The keywords are the launcher's settings
         (core/protocol.py's ChildSettings): probe_params records the parameters as loaded before
         the first step after a resume; only_steps records only those steps (bisection's replays);
-        dump_ops saves the outputs of op INDEX of STEP ({STEP: INDEX}, for twice locate)."""
+        dump_ops saves the outputs of op INDEX of STEP ({STEP: INDEX}, for twice locate).
+        The parameters before the first update are recorded in every process, probe_params or
+        not (it is kept for the launcher's settings)."""
         self.run_dir = Path(run_dir)
         self.trace_every = max(1, int(trace_every))
         self.params_every = params_every
@@ -99,7 +101,9 @@ class Recorder:
         self.names = ParamNames()  # per optimizer: (name, parameter) pairs
         self.on_stop: list = []  # called when stop_after is reached, before the process exits
         self.rng_at_stop: dict | None = None
-        self.probe_params = probe_params
+        # Every process records its parameters before its first update (params_before): a run
+        # resumed by the script itself is found in another run by it (store/tracealign.py).
+        self.probe_params = True
         self.only_steps: set[int] | None = only_steps
         self.ops = OpControl(self.run_dir, stream, record_ops, dump_ops)
         # Called several times a step: straight to the op control's methods, no call in between.
@@ -314,10 +318,27 @@ class Recorder:
         hand = self._hand
         if hand is None or self.explicit or self._stepping is not None or hand.leaves is None:
             return
+        if not hand.confirmed:
+            # Not yet known to be a hand loop (most first backward calls come before an
+            # optimizer's step): what the watch cannot read ends the watch, not the capture.
+            try:
+                self._watch_backward(hand)
+            except Exception:  # noqa: BLE001 - the optimizer hooks may still record this loop
+                hand.unwatch()
+                self._hand = None
+            return
+        self._watch_backward(hand)
+
+    def _watch_backward(self, hand: HandSteps) -> None:
         with self._paused():
             named = [(n, p.grad) for n, p in self.names.of(hand.leaves) if p.grad is not None]
             digests, hand.grad_squares = self._digests([grad for _, grad in named], True)
             hand.grad_digests = [(name, value) for (name, _), value in zip(named, digests)]
+        if self.probe_params and hand.params_before is None:  # before the first update
+            leaves = self.names.of(hand.leaves)
+            with self._paused():
+                digests, _ = self._digests(list(map(_second, leaves)), False)
+            hand.params_before = digest_pairs(list(zip(map(_first, leaves), digests)))
         hand.backward_ended(len(self._pending_losses), len(self._pending_batches))
         hand.watch_forward(self._hand_forward)
 
@@ -350,6 +371,8 @@ class Recorder:
         hand = self._hand
         if self._tracing_this_step():
             round_ = self._round = StepRound()
+            round_.params_before, hand.params_before = hand.params_before, None
+            self.probe_params = False
             round_.grads.extend(hand.grad_digests)
             round_.grad_squares.extend(hand.grad_squares)
             with self._paused():
@@ -362,6 +385,7 @@ class Recorder:
         else:
             del self._pending_losses[: hand.losses], self._pending_batches[: hand.batches]
         hand.close()
+        hand.confirmed = True
         self._round = StepRound()
         self._advance()
 
