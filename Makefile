@@ -9,14 +9,20 @@ TORCH_PIN ?= torch==2.13.0
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py src/twice/_native.c $(wildcard vendor/xxhash/*) Makefile
+# The core package alone: what the demo needs.
+$(VENV)/.core: pyproject.toml setup.py src/twice/_native.c $(wildcard vendor/xxhash/*) Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e .
+	touch $@
+
+# Everything the tests use (every integration's library, the linters).
+$(VENV)/.installed: $(VENV)/.core
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-demo: setup
+demo: $(VENV)/.core
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
 
 # The browser tests use Debian's chromium; installed here where apt can, skipped (with a reason) elsewhere.

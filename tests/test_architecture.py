@@ -27,6 +27,7 @@ TOP_LEVEL = {
     "cli": len(LAYERS),
     "__main__": len(LAYERS),
     "testing": len(LAYERS),
+    "pytest_plugin": -1,  # imports nothing of twice's (pytest loads it in every session)
     "numerics": len(LAYERS),
     "parallel": len(LAYERS),
     "__init__": len(LAYERS),

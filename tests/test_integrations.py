@@ -138,7 +138,19 @@ def test_a_run_goes_into_a_real_mlflow_store_live_and_by_export(tmp_path):
     (tmp_path / "train.py").write_text(LOGGING_SCRIPT)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = twice(
-        "run", "--name", "live", "--mlflow", uri, "--", sys.executable, "train.py", cwd=tmp_path
+        "run",
+        "--name",
+        "live",
+        "--mlflow",
+        uri,
+        "--",
+        sys.executable,
+        "train.py",
+        "--batch-size",
+        "8",
+        "--fast",
+        "--lr=0.5",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(tmp_path)
@@ -149,7 +161,8 @@ def test_a_run_goes_into_a_real_mlflow_store_live_and_by_export(tmp_path):
     def check(experiment):
         (exported,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
         data = exported.data
-        assert data.params["lr"] == "0.1" and data.params["layers"] == "[4, 1]"
+        assert data.params["lr"] == "0.1" and data.params["layers"] == "[4, 1]"  # config wins
+        assert data.params["batch_size"] == "8" and data.params["fast"] == "true"
         assert (
             data.params["twice.seed"] == "0" and data.params["twice.determinism.mode"] == "strict"
         )
@@ -171,6 +184,18 @@ def test_a_run_goes_into_a_real_mlflow_store_live_and_by_export(tmp_path):
     assert exported.returncode == 0, exported.stderr
     after_id = check("after")
     assert after_id != live_id and after_id in exported.stdout
+    # Exported after the fact, the MLflow run keeps the recorded times, not the export's.
+    manifest = json.loads((run / "manifest.json").read_text())["context"]
+    info = client.get_run(after_id).info
+    assert info.start_time == int(manifest["started"] * 1000)
+    assert info.end_time == int(manifest["ended"] * 1000)
+    stamps = [
+        m.timestamp
+        for m in sorted(client.get_metric_history(after_id, "loss"), key=lambda m: m.step)
+    ]
+    times = [r.time for r in read_trace(run / "trace.jsonl")]
+    assert stamps == [int(manifest["started"] * 1000) + int(t * 1000) for t in times]
+    assert len(set(stamps)) > 1
     again = twice(
         "export", "mlflow", run, "--tracking-uri", uri, "--experiment", "after", cwd=tmp_path
     )

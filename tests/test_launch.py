@@ -400,13 +400,37 @@ def test_env_reports_hazards_as_text_and_json(tmp_path):
         assert pinned["facts"]["env"]["MKL_CBWR"] == "COMPATIBLE"
 
 
-def test_ls_and_show_list_runs(tmp_path):
+def test_ls_and_show_list_runs_and_take_names_and_latest(tmp_path):
     (tmp_path / "ok.py").write_text("pass\n")
     twice("run", "--name", "hello", "ok.py", cwd=tmp_path)
-    rows = json.loads(twice("ls", "--json", cwd=tmp_path).stdout)
+    rows = json.loads(twice("ls", "--json", cwd=tmp_path).stdout)["runs"]
     assert len(rows) == 1 and rows[0]["status"] == "completed" and rows[0]["id"].endswith("-hello")
+    assert rows[0]["name"] == "hello" and rows[0]["duration"] > 0 and rows[0]["rerun_of"] is None
     shown = twice("show", rows[0]["id"][:15], cwd=tmp_path)
     assert shown.returncode == 0 and shown.stdout.startswith(f"run {rows[0]['id']}: completed")
+    # A run is named by its --name, or `latest`, wherever a run is taken.
+    assert twice("show", "hello", cwd=tmp_path).stdout == shown.stdout
+    assert twice("show", "latest", cwd=tmp_path).stdout == shown.stdout
+    twice("run", "--name", "hello", "ok.py", cwd=tmp_path)
+    twice("verify", "latest", cwd=tmp_path)
+    two = twice("show", "hello", cwd=tmp_path)
+    assert two.returncode == 2 and two.stderr.startswith("error: 2 runs are named 'hello': ")
+    # --runs-dir as every command takes it, the positional folder kept; a header; re-runs marked.
+    table = twice("ls", "--runs-dir", tmp_path / "runs", cwd=tmp_path.parent).stdout
+    assert table == twice("ls", tmp_path / "runs", cwd=tmp_path.parent).stdout
+    header, _, *lines = table.splitlines()
+    assert header.split() == [
+        "run",
+        "id",
+        "status",
+        "started",
+        "took",
+        "steps",
+        "final",
+        "loss",
+        "command",
+    ]
+    assert len(lines) == 3 and lines[2].startswith("[verify of hello]")
 
 
 def test_forked_children_draw_the_same_python_random_numbers_in_every_run(tmp_path):

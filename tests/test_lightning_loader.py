@@ -98,3 +98,34 @@ def test_a_mid_epoch_resume_continues_with_the_batches_of_the_uninterrupted_run(
     )
     assert trainer.global_step == 16
     assert resumed.seen == straight.seen[3:]  # from step 3 on, batch for batch
+
+
+def test_the_callback_is_accepted_by_the_lightning_package_and_the_legacy_one(tmp_path):
+    lightning = pytest.importorskip("lightning.pytorch")
+    from twice.integrations.lightning import Twice
+
+    class Net(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    callback = Twice(runs_dir=tmp_path / "runs", name="new")
+    assert isinstance(callback, lightning.Callback) and isinstance(callback, pl.Callback)
+    trainer = lightning.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[callback],
+    )
+    trainer.fit(Net(), train_dataloaders=_loader("twice"))
+    trace = (callback.run_dir / "trace.jsonl").read_text().splitlines()
+    assert len(trace) == 3

@@ -54,6 +54,7 @@ def resolve_command(command: list[str]) -> tuple[list[str], Path | None]:
         raise UsageError(f"command not found: {argv[0]}", hint)
     script = None
     if Path(argv[0]).name.startswith("python"):
+        check_interpreter(executable)
         rest = argv[1:]
         while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):
             rest = rest[1:]
@@ -65,6 +66,36 @@ def resolve_command(command: list[str]) -> tuple[list[str], Path | None]:
                     "check the path; it is relative to the current folder",
                 )
     return argv, script
+
+
+# What a recorded process imports besides twice itself (which the bootstrap finds either way).
+_NEEDED = ("xxhash", "numpy", "safetensors", "torch")
+
+
+def check_interpreter(executable: str) -> None:
+    """The command's Python must be able to record itself: when it is not the interpreter twice
+    runs in, ask it (without importing anything) whether it has what a recorded process imports.
+    Otherwise the run would start, train unrecorded and fail with a ModuleNotFoundError."""
+    if os.path.realpath(executable) == os.path.realpath(sys.executable):
+        return
+    probe = (
+        "import importlib.util as u, sys; "
+        f"print(','.join(m for m in {_NEEDED!r} if u.find_spec(m) is None))"
+    )
+    try:
+        found = subprocess.run(
+            [executable, "-c", probe], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return  # not a Python we can ask: let the run say what it says
+    missing = found.stdout.strip()
+    if found.returncode == 0 and missing:
+        raise UsageError(
+            f"the command's python ({executable}) lacks {missing.replace(',', ', ')}, so its "
+            "process could not be recorded (or would not start)",
+            f"use the python twice runs in: `twice run -- {sys.executable} ...`, or activate "
+            "that environment first (then `python` is that one)",
+        )
 
 
 def child_environment(options: RunOptions, run_dir: Path) -> dict[str, str]:

@@ -7,7 +7,6 @@ hold their output byte for byte (tests/test_render.py).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import click
@@ -21,7 +20,6 @@ __all__ = [
     "format_verify",
     "format_trace_cost_note",
     "format_env",
-    "format_run_table",
     "format_run",
     "format_resume_check",
     "format_audit",
@@ -166,38 +164,34 @@ def format_env(hazards: list, facts: dict, color: bool = False) -> str:
     return "\n".join(lines)
 
 
-def format_run_table(rows: list[dict]) -> str:
-    """`twice ls`: one line per run summary (store.runs.summarize_run)."""
-    lines = []
-    for row in rows:
-        started = (
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"]))
-            if row["started"]
-            else "?"
-        )
-        steps = "-" if row["steps"] is None else row["steps"]
-        fault = f"  [{loss_fault_phrase(row['loss_fault'])}]" if row.get("loss_fault") else ""
-        lines.append(
-            f"{row['id']:<44} {row['status']:<11} {started}  steps {steps:<6} {row['command']}"
-            + fault
-        )
-    return "\n".join(lines)
-
-
 def format_run(row: dict, identity: dict) -> str:
     """`twice show`: one run's summary and the identity facts a reader looks for first."""
     torch_facts = identity.get("torch", {})
     code = identity.get("code", {})
     git = code.get("git") or {}
     exit_code = f" (exit {row['exit_code']})" if row["exit_code"] is not None else ""
+    took = f", took {row['duration']:.1f} s" if row.get("duration") is not None else ""
+    final = f", final loss {row['final_loss']:.6g}" if row.get("final_loss") is not None else ""
     lines = [
-        f"run {row['id']}: {row['status']}{exit_code}",
+        f"run {row['id']}: {row['status']}{exit_code}{took}",
         f"  command: {row['command']}",
         f"  seed: {row['seed']}, determinism: {identity.get('determinism', {}).get('mode')}",
-        f"  steps recorded: {row['steps'] if row['steps'] is not None else 'unknown'}",
+        f"  steps recorded: {row['steps'] if row['steps'] is not None else 'unknown'}{final}",
     ]
+    if row.get("rerun_of"):
+        lines.append(f"  made by twice: {row['rerun_of']}")
     if row.get("loss_fault"):
         lines.append(f"  {loss_fault_phrase(row['loss_fault'])}: see `twice nan {row['id']}`")
+    if row.get("capture_error"):
+        lines.append("  step capture stopped early: see capture_error.json in the run folder")
+    config = identity.get("config")
+    if isinstance(config, dict) and config:
+        shown = list(config.items())[:12]
+        lines.append(
+            "  config: "
+            + ", ".join(f"{key}={value!r}" for key, value in shown)
+            + (f", ... ({len(config)} values)" if len(config) > len(shown) else "")
+        )
     if git:
         dirty = " (dirty: code.patch saved)" if git.get("dirty") else ""
         lines.append(f"  git: {git.get('commit') or 'no commit'} on {git.get('branch')}{dirty}")
@@ -324,9 +318,16 @@ def format_nan(report: dict | None, events: list[dict], color: bool = False) -> 
     return "\n".join(lines)
 
 
+_METRIC_MEANING = {
+    "final_loss": " (the training loss of the last minibatch, from the trace: noisy; log a "
+    "validation metric with twice.log_metric('val_loss', v) and pass --metric val_loss)",
+    "best_loss": " (the lowest minibatch training loss in the trace)",
+}
+
+
 def format_stats(metric: str, arms: list, pairs: list) -> str:
     """`twice stats`: each arm's mean and interval, then each pair's verdict against seed noise."""
-    lines = [f"metric: {metric}"]
+    lines = [f"metric: {metric}" + _METRIC_MEANING.get(metric, "")]
     for arm in arms:
         lines.append(
             f"  {arm.arm:<30} n={arm.n}  mean {arm.mean:.6g}  sd {arm.std:.3g}  "

@@ -170,7 +170,26 @@ class SweepOutcome:
         elif code == 0:
             self.completed += 1
         else:
-            self.failed.append(f"{trial.arm_label} seed {trial.seed} (exit {code})")
+            self.failed.append(
+                f"{trial.arm_label} seed {trial.seed} (exit {code})"
+                + _failure_tail(self.folder / "trials", trial.name)
+            )
+
+
+def _failure_tail(trials_dir: Path, name: str, lines: int = 5) -> str:
+    """The last lines of a failed trial's stderr and the path of its log, indented under it."""
+    from twice.store.runs import run_name
+
+    tried = sorted(p for p in trials_dir.glob(f"*-{name}") if run_name(p) == name)
+    if not tried:
+        return ""
+    log = RunFolder(tried[-1]).path / "stderr.log"
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        tail = []
+    shown = "".join(f"\n      | {line}" for line in tail)
+    return f"{shown}\n      log: {log}"
 
 
 def _ray_trial(command: list[str], options: dict) -> int:

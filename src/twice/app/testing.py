@@ -10,10 +10,12 @@
         twice.Run
 
     def test_training_matches_the_golden_trace(twice_update_golden):
-        assert_matches_golden(train, "tests/golden/train.jsonl", steps=20,
+        assert_matches_golden(train, "golden/train.jsonl", steps=20,
         update=twice_update_golden)
 
-`pytest --twice-update-golden` rewrites golden traces instead of comparing with them.
+A relative golden path is taken from the folder of the test file that calls
+assert_matches_golden, wherever pytest runs from. `pytest --twice-update-golden` (the plugin in
+twice.pytest_plugin) rewrites golden traces instead of comparing with them.
 """
 
 from __future__ import annotations
@@ -121,10 +123,16 @@ def assert_matches_golden(
     update: bool = False,
 ) -> None:
     """Compare `train_fn`'s trace with a golden trace kept in the repository (`update=True`
-    rewrites it)."""
+    rewrites it). A relative `golden` is relative to the calling file's folder."""
+    import sys
+
     from twice.store.files import write_bytes_atomic
 
     golden = Path(golden)
+    if not golden.is_absolute():  # beside the test that names it, not where pytest was started
+        caller = Path(sys._getframe(1).f_code.co_filename)
+        if caller.is_file():
+            golden = caller.resolve().parent / golden
     records = record_trace(train_fn, steps, seed)
     if update or not golden.exists():
         import json
@@ -192,34 +200,3 @@ def assert_bitwise_resume(
             raise AssertionError(f"{check.verdict}: {check.cause}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-# -- pytest plugin (registered through the pytest11 entry point)
-# ------------------------------------
-
-
-def pytest_addoption(parser) -> None:
-    """The plugin's option: `--twice-update-golden` rewrites golden traces instead of comparing."""
-    parser.addoption(
-        "--twice-update-golden",
-        action="store_true",
-        default=False,
-        help="twice: rewrite golden traces instead of comparing with them",
-    )
-
-
-def _fixture():
-    import pytest
-
-    @pytest.fixture
-    def twice_update_golden(request) -> bool:
-        """True when pytest runs with --twice-update-golden."""
-        return bool(request.config.getoption("--twice-update-golden"))
-
-    return twice_update_golden
-
-
-try:  # the fixture exists only where pytest does; twice itself does not need pytest
-    twice_update_golden = _fixture()
-except ImportError:  # pragma: no cover
-    pass

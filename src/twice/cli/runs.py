@@ -10,7 +10,6 @@ from twice.app.render import (
     format_checkpoint,
     format_env,
     format_run,
-    format_run_table,
 )
 from twice.cli.group import _color, _json, _out, _runs_dir_option, main
 from twice.core.errors import TwiceError, UsageError
@@ -37,28 +36,34 @@ def env(as_json):
 
 
 @main.command(name="ls")
-@click.argument("runs_dir", required=False, type=click.Path(path_type=Path), default=Path("runs"))
+@click.argument("folder", required=False, type=click.Path(path_type=Path), default=None)
+@_runs_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_command(runs_dir, as_json):
-    """List the runs in RUNS_DIR (default: runs), oldest first.
+def list_command(folder, runs_dir, as_json):
+    """List the runs in the runs folder (--runs-dir, or FOLDER), oldest first, then its sweeps.
+
+    Runs that twice's own commands started (verify, locate, bisect re-runs) are marked.
 
     \b
     Examples:
       twice ls
-      twice ls experiments/runs --json
+      twice ls --runs-dir experiments/runs --json
     """
+    from twice.app.listing import format_run_table, summarize_sweeps
     from twice.store.runs import list_runs, summarize_run
 
+    runs_dir = folder if folder is not None else runs_dir
     if not runs_dir.is_dir():
         raise UsageError(
             f"no runs folder {runs_dir}",
-            "start a run with `twice run`, or pass the folder that holds runs",
+            "start a run with `twice run`, or pass the folder that holds runs (--runs-dir)",
         )
     rows = [summarize_run(path) for path in list_runs(runs_dir)]
-    if rows:
-        _out(_json(rows) if as_json else format_run_table(rows))
-    elif as_json:
-        _out("[]")
+    sweeps = summarize_sweeps(runs_dir)
+    if as_json:
+        _out(_json({"runs": rows, "sweeps": sweeps}))
+    elif rows or sweeps:
+        _out(format_run_table(rows, sweeps))
 
 
 @main.command()

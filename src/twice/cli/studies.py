@@ -83,11 +83,16 @@ def sweep(vary, seeds, jobs, metric, executor, ray_address, name, runs_dir, dete
 
     grid = parse_vary(list(vary))
     plan_trials(grid, seeds, list(command))  # validate before creating anything
-    folder = sweep_folder(runs_dir, grid, name)
+    folder = sweep_folder(runs_dir, grid, name, seeds, list(command))
     tty = sys.stderr.isatty()
+    last: list[tuple] = [()]
 
     def progress(done, total, running, failed, eta):
-        left = f", ~{eta:.0f} s left" if eta is not None else ""
+        # On a terminal one line redrawn; in a log a line only when a trial starts or ends.
+        if not tty and (done, running, failed) == last[0]:
+            return
+        last[0] = (done, running, failed)
+        left = f", ~{eta:.0f} s left" if eta is not None and tty else ""
         line = f"twice sweep: {done}/{total} done, {running} running, {failed} failed{left}"
         click.echo(("\r" + line + " " * 8) if tty else line, err=True, nl=not tty)
 

@@ -46,11 +46,35 @@ def _flatten(value: Any, prefix: str, out: dict) -> None:
     out[prefix] = text[:MAX_VALUE]
 
 
+def argv_params(argv: list[str]) -> dict[str, str]:
+    """The `--key value`, `--key=value` and `--flag` options of a command line (an argparse
+    script's hyperparameters), as {"key": "value"} ("true" for a flag); dashes in names become
+    underscores, as argparse makes them."""
+    out: dict[str, str] = {}
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        index += 1
+        if not token.startswith("--") or token == "--" or len(token) == 2:
+            continue
+        name, equals, value = token[2:].partition("=")
+        if not equals:
+            if index < len(argv) and not argv[index].startswith("--"):
+                value, index = argv[index], index + 1
+            else:
+                value = "true"
+        out[name.replace("-", "_")] = value[:MAX_VALUE]
+    return out
+
+
 def _params(run_dir: Path, manifest: Manifest) -> dict[str, str]:
     out: dict[str, str] = {}
     config = RunFolder(run_dir).config
     if config.is_file():
         _flatten(json.loads(config.read_text(encoding="utf-8")), "", out)
+    # A script configured by its command line: its options, unless its config says them.
+    for key, value in argv_params(manifest.argv[1:]).items():
+        out.setdefault(key, value)
     identity = {k: v for k, v in manifest.identity.items() if k not in _SKIPPED_IDENTITY}
     packages = manifest.identity.get("packages", {})
     identity["packages"] = {
@@ -89,9 +113,13 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
-def _step_metrics(record: Any, suffix: str, timestamp: int) -> list:
+def _step_metrics(record: Any, suffix: str, timestamp: int, recorded: int | None = None) -> list:
+    """The record's loss, gradient norm and learning rates as MLflow metrics, stamped `timestamp`
+    or, given `recorded` (the run's start, ms), the start plus the record's own time."""
     from mlflow.entities import Metric
 
+    if recorded is not None and record.time is not None:
+        timestamp = recorded + int(record.time * 1000)
     values = {"loss": _as_float(record.loss), "grad_norm": _as_float(record.grad_norm)}
     for group, lr in enumerate(record.lr or []):
         values["lr" if group == 0 else f"lr.{group}"] = _as_float(lr)
@@ -109,7 +137,7 @@ class _TraceTail:
         self.run_dir = run_dir
         self.offsets: dict[str, int] = {}
 
-    def new_metrics(self, timestamp: int) -> list:
+    def new_metrics(self, timestamp: int, recorded: int | None = None) -> list:
         from twice.core.records import StepRecord
         from twice.store.traces import trace_files
 
@@ -126,7 +154,7 @@ class _TraceTail:
                     record = StepRecord.from_json(json.loads(line))
                 except (ValueError, TypeError, KeyError):
                     continue
-                metrics.extend(_step_metrics(record, suffix, timestamp))
+                metrics.extend(_step_metrics(record, suffix, timestamp, recorded))
         return metrics
 
 
@@ -175,7 +203,14 @@ def existing_export(client: Any, experiment_id: str, run_dir: Path) -> str | Non
     return found[0].info.run_id if found else None
 
 
-def _finish(client: Any, run_id: str, run_dir: Path, manifest: Manifest, checkpoints: bool) -> None:
+def _finish(
+    client: Any,
+    run_id: str,
+    run_dir: Path,
+    manifest: Manifest,
+    checkpoints: bool,
+    recorded_end: bool = False,
+) -> None:
     client.set_tag(run_id, "twice.status", manifest.status)
     for item in sorted(run_dir.iterdir()):
         if item == RunFolder(run_dir).checkpoints and not checkpoints:
@@ -184,8 +219,12 @@ def _finish(client: Any, run_id: str, run_dir: Path, manifest: Manifest, checkpo
             client.log_artifacts(run_id, str(item), artifact_path=item.name)
         else:
             client.log_artifact(run_id, str(item))
+    ended = manifest.context.get("ended")
     client.set_terminated(
-        run_id, "FINISHED" if manifest.status in ("completed", "stopped") else "FAILED"
+        run_id,
+        "FINISHED" if manifest.status in ("completed", "stopped") else "FAILED",
+        # An export after the fact ends the MLflow run when the run ended, not now.
+        end_time=int(ended * 1000) if recorded_end and isinstance(ended, (int, float)) else None,
     )
 
 
@@ -214,9 +253,9 @@ def export_run(
     run_id = client.create_run(
         experiment_id, start_time=started, tags=_tags(run_dir, manifest)
     ).info.run_id
-    metrics = _TraceTail(run_dir).new_metrics(started) + _logged_metrics(run_dir, started)
+    metrics = _TraceTail(run_dir).new_metrics(started, started) + _logged_metrics(run_dir, started)
     _log(client, run_id, params=_params(run_dir, manifest), metrics=metrics)
-    _finish(client, run_id, run_dir, manifest, checkpoints)
+    _finish(client, run_id, run_dir, manifest, checkpoints, recorded_end=True)
     return run_id, True
 
 

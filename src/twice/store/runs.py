@@ -24,6 +24,7 @@ __all__ = [
     "new_run_dir",
     "check_run_name",
     "find_run",
+    "run_name",
     "list_runs",
     "effective_status",
     "process_start_time",
@@ -97,8 +98,16 @@ def is_run(path: Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
+def run_name(folder: Path) -> str | None:
+    """The `--name` a run folder was given: what follows its id's time and random parts
+    (`20261204-162038-444-120047-lr01` -> "lr01"), or None."""
+    parts = Path(folder).name.split("-", 4)
+    return parts[4] if len(parts) == 5 and parts[0].isdigit() and parts[4] else None
+
+
 def find_run(ref: str | Path, runs_dir: Path | None = None) -> Path:
-    """Resolve a run given as a path, an id, or a unique id prefix under `runs_dir`."""
+    """Resolve a run given as a path, an id, `latest` (the newest run), a run's `--name` (unique,
+    else the candidates are listed), or a unique id prefix under `runs_dir`."""
     path = Path(ref)
     if is_run(path):
         return path
@@ -107,7 +116,20 @@ def find_run(ref: str | Path, runs_dir: Path | None = None) -> Path:
         candidate = base / str(ref)
         if is_run(candidate):
             return candidate
-        matches = sorted(p for p in base.iterdir() if p.name.startswith(str(ref)) and is_run(p))
+        every = list(list_runs(base))
+        if str(ref) == "latest" and every:
+            return every[-1]
+        named = [p for p in every if run_name(p) == str(ref)]
+        if len(named) == 1:
+            return named[0]
+        if len(named) > 1:
+            listed = ", ".join(p.name for p in named[-5:])
+            raise RunNotFound(
+                f"{len(named)} runs are named {str(ref)!r}: {listed}"
+                + (" (the last 5)" if len(named) > 5 else ""),
+                "give the run's id (or a unique prefix of it) instead",
+            )
+        matches = sorted(p for p in every if p.name.startswith(str(ref)))
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
@@ -190,15 +212,44 @@ def effective_status(manifest: Manifest) -> str:
 
 def summarize_run(run_dir: Path) -> dict:
     """The facts `twice ls` and `twice show` print for a run, from its validated manifest."""
+    from twice.store.layout import RunFolder
+    from twice.store.traceseries import last_loss
+
     manifest = read_manifest(run_dir)
+    name = run_name(run_dir)
+    ended = manifest.context.get("ended")
+    final = last_loss(RunFolder(run_dir).trace(None))
     return {
         "id": Path(run_dir).name,
+        "name": name,
         "path": str(run_dir),
         "status": effective_status(manifest),
         "exit_code": manifest.exit_code,
         "steps": manifest.steps,
         "seed": manifest.seed,
         "started": manifest.started,
+        "duration": round(ended - manifest.started, 3)
+        if isinstance(ended, (int, float)) and manifest.started
+        else None,
+        "final_loss": final[1] if final else None,
         "command": " ".join(manifest.argv),
         "loss_fault": manifest.loss_fault,
+        "capture_error": (Path(run_dir) / "capture_error.json").is_file(),
+        "rerun_of": rerun_of(name),
     }
+
+
+# Runs that twice's own commands make, by the name they give them.
+_RERUNS = ("verify-", "resume-", "locate-dump-", "locate-", "bisect-")
+
+
+def rerun_of(name: str | None) -> str | None:
+    """What made a run that a twice command started ("verify of 20261204-162038-444-120047"),
+    from its name; None for a run of the user's."""
+    for prefix in _RERUNS:
+        if name and name.startswith(prefix):
+            of = name[len(prefix) :]
+            if prefix not in ("verify-", "resume-") and of[:2] in ("a-", "b-"):
+                of = of[2:]  # locate's and bisect's side of the pair
+            return f"{prefix.rstrip('-').replace('-', ' ')} of {of}"
+    return None

@@ -17,12 +17,27 @@ SWEEP_FILE = "sweep.json"
 SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def sweep_folder(runs_dir: Path, grid: dict[str, list[str]], name: str | None = None) -> Path:
+def sweep_folder(
+    runs_dir: Path,
+    grid: dict[str, list[str]],
+    name: str | None = None,
+    seeds: int = 1,
+    command: list[str] | None = None,
+) -> Path:
     """Where a sweep's trials go: `name` under runs_dir (one plain folder name: never a path out
-    of it), else a name made from the varied settings."""
+    of it), else a name made from the varied settings and a digest of the whole sweep (grid,
+    seeds, command): the same sweep run again continues in its folder, and another sweep over
+    the same settings never lands in it (`sweep-lr-3f2a9c1e`)."""
     if name is not None:
         check_run_name(name)
-    return Path(runs_dir) / (name or re.sub(r"[^A-Za-z0-9_.=-]", "_", "sweep-" + "-".join(grid)))
+        return Path(runs_dir) / name
+    import json
+
+    import xxhash
+
+    spec = json.dumps([grid, seeds, command or []], sort_keys=True)
+    label = re.sub(r"[^A-Za-z0-9_.=-]", "_", "sweep-" + "-".join(grid))
+    return Path(runs_dir) / f"{label}-{xxhash.xxh32_hexdigest(spec.encode())}"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from twice.core.records import COMPARED_FIELDS
 from twice.store.tracescan import TraceLines, take_equal
 
-__all__ = ["loss_series", "difference_steps", "loss_fault", "loss_fault_phrase"]
+__all__ = ["loss_series", "difference_steps", "loss_fault", "loss_fault_phrase", "last_loss"]
 
 
 def _first_loss(record) -> float | None:
@@ -18,6 +18,32 @@ def _first_loss(record) -> float | None:
     if not isinstance(loss, str):
         return None
     return float("nan") if loss.startswith("nan") else float.fromhex(loss)
+
+
+def last_loss(path: Path) -> tuple[int, float] | None:
+    """(step, loss) of the trace's last record that has a loss, read from the file's end (the
+    last 64 KiB), or None. A damaged last line is skipped, as a kill mid-write leaves one."""
+    import json
+
+    from twice.core.records import StepRecord
+
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - 65536))
+            tail = handle.read()
+    except OSError:
+        return None
+    for line in reversed(tail.split(b"\n")[1 if size > 65536 else 0 :]):
+        try:
+            record = StepRecord.from_json(json.loads(line))
+        except (ValueError, RecursionError):
+            continue
+        loss = record.loss[-1] if isinstance(record.loss, list) and record.loss else record.loss
+        if isinstance(loss, str):
+            return record.step, float("nan") if loss.startswith("nan") else float.fromhex(loss)
+    return None
 
 
 def loss_series(path: Path):
