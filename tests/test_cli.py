@@ -24,17 +24,14 @@ def test_ls_lists_runs_and_json_lists_their_summaries(tmp_path):
     path = _run_folder(runs)
     result = CliRunner().invoke(main, ["ls", str(runs)])
     assert result.exit_code == 0
-    assert result.output.split() == [
-        path.name,
-        "completed",
-        "?",
-        "steps",
-        "3",
-        "python",
-        "train.py",
-    ]
+    assert result.output == CliRunner().invoke(main, ["ls", "--runs-dir", str(runs)]).output
+    header, _, line = result.output.splitlines()
+    assert header.split()[:3] == ["run", "id", "status"]
+    short = "-".join(path.name.split("-", 4)[:4])  # the id; the run's name has its own column
+    assert line.split() == ["base", short, "completed", "?", "-", "3", "-", "python", "train.py"]
     listed = json.loads(CliRunner().invoke(main, ["ls", str(runs), "--json"]).output)
-    assert [row["id"] for row in listed] == [path.name] and listed[0]["steps"] == 3
+    assert [row["id"] for row in listed["runs"]] == [path.name] and listed["runs"][0]["steps"] == 3
+    assert listed["sweeps"] == []
 
 
 def test_show_prints_the_run_and_json_adds_its_effective_status(tmp_path):

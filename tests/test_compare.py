@@ -254,3 +254,23 @@ def test_diff_says_when_gradscaler_skipped_the_diverging_step_in_one_run_only(tm
         "; GradScaler skipped the update at step 0 in A only (its scaled gradients were inf/NaN)"
     )
     assert "the command lines differ (100 vs 60)" in result.stdout
+
+
+def test_diff_lists_the_settings_chosen_away_from_their_defaults_first(tmp_path):
+    """Where a run knows its settings' defaults (the Hugging Face callback records them), the
+    config differences that are not defaults come first."""
+    for name, config in (("a", {"alpha": 1, "zeta": 1}), ("b", {"alpha": 2, "zeta": 2})):
+        (tmp_path / f"{name}.py").write_text(
+            f"import twice\nwith twice.Run(config={config!r}):\n    pass\n"
+        )
+        assert twice("run", "--name", name, f"{name}.py", cwd=tmp_path).returncode == 0
+    folders = runs(tmp_path)
+    listed = lambda: [  # noqa: E731
+        d["key"]
+        for d in json.loads(twice("diff", *folders, "--json", cwd=tmp_path).stdout)["differences"]
+        if d["key"].startswith("config.")
+    ]
+    assert listed() == ["config.alpha", "config.zeta"]
+    for folder in folders:  # zeta was chosen, alpha left at its default (1) in run a
+        (folder / "config_defaults.json").write_text('{"alpha": 1, "zeta": 0}')
+    assert listed() == ["config.zeta", "config.alpha"]

@@ -94,6 +94,7 @@ def test_diff_explains_a_world_size_difference(tmp_path):
     assert not diff["identical"] and "world sizes 2 and 1" in diff["explanation"]
 
 
+@pytest.mark.slow
 def test_a_two_process_run_resumes_bit_exactly_and_refuses_another_world_size(tmp_path):
     script("ddp_resume.py", tmp_path)
     result = twice(

@@ -114,6 +114,13 @@ def test_hf_trainer_resume_matches_the_uninterrupted_run_and_the_trace_shows_a_l
     assert callback.run_dir is not None and callback.run_dir.name.endswith("-seeded")
     manifest = json.loads((callback.run_dir / "manifest.json").read_text())
     assert manifest["identity"]["seed"] == 42
+    # Of the ~100 TrainingArguments, `show` puts those not at their defaults first.
+    shown = twice("show", callback.run_dir, cwd=tmp_path).stdout.splitlines()
+    header = next(i for i, line in enumerate(shown) if line.startswith("  config ("))
+    assert "values not at their defaults" in shown[header]
+    chosen = shown[header + 1]
+    assert "learning_rate=0.001" in chosen and "max_steps=2" in chosen
+    assert "seed=" not in chosen  # 42 is the Trainer's default
 
 
 # -- MLflow ---------------------------------------------------------------------------------------

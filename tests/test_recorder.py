@@ -1,6 +1,7 @@
 """record: the recorder's step records on real optimizers in this process (hooks installed for
 real)."""
 
+import pytest
 import torch
 
 from twice.core.digests import digest, digest_pairs
@@ -38,6 +39,7 @@ def test_models_trained_one_after_another_are_recorded_with_their_own_parameters
     assert [r.params for r in records] == expected
 
 
+@pytest.mark.slow
 def test_a_new_optimizer_at_a_freed_ones_address_is_named_with_its_own_parameters():
     names, seen, reused = ParamNames(), set(), 0
     for _ in range(200):

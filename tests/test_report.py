@@ -139,3 +139,38 @@ def test_the_report_opens_in_a_headless_browser_without_console_errors(thread_ru
     assert shot.is_file() and shot.stat().st_size > 10_000, result.stderr[-2000:]
     console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
     assert console == [], console
+
+
+def test_the_report_has_a_panel_per_metric_a_runs_table_and_keeps_healthy_runs_readable(tmp_path):
+    script("report_train.py", tmp_path)
+    for name, lr in (("calm", "0.05"), ("wild", "2.0")):
+        result = twice(
+            "run", "--name", name, "--", sys.executable, "report_train.py", lr, cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stderr
+    page = tmp_path / "r.html"
+    assert twice("report", "calm", "wild", "-o", page, cwd=tmp_path).returncode == 0
+    again = tmp_path / "again.html"
+    assert twice("report", "calm", "wild", "-o", again, cwd=tmp_path).returncode == 0
+    assert page.read_bytes() == again.read_bytes()  # the same runs, the same bytes
+    html_text = page.read_text()
+    text, tags = parse(page)
+    # A panel per recorded metric, each with the divergence marked.
+    for title in ("Loss", "Learning rate", "Gradient norm", "Val_loss"):
+        assert f"<h2>{title}</h2>" in html_text, title
+    panels = html_text.split("<h2>")[1:]
+    plotted = [
+        p
+        for p in panels
+        if p.split("</h2>")[0] in ("Loss", "Learning rate", "Gradient norm", "Val_loss")
+    ]
+    assert all("first divergence: step 0" in p for p in plotted)
+    # The blown-up run is cut at the healthy range, and shown whole beside it.
+    loss_panel = plotted[0]
+    assert "the healthy runs" in loss_panel and "every run, its whole range" in loss_panel
+    # The runs table: names first, the fault in words, the config that differs.
+    table = html_text.split("<h2>Runs</h2>")[1].split("</table>")[0]
+    assert table.index(">calm") < table.index(">wild")
+    assert "loss non-finite from step" in table and "<code>lr</code>" in table
+    assert "<code>width</code>" not in table  # the same in both runs
+    assert "val_loss" in table and "script" not in tags

@@ -39,6 +39,7 @@ def test_resume_mid_epoch_with_workers_dropout_adam_scheduler_augmentation_match
     assert len(interrupted_checkpoints) == 1
 
 
+@pytest.mark.slow
 def test_everything_at_once_resumes_bit_for_bit_and_matches_across_worker_counts(tmp_path):
     """AMP GradScaler, clipping, AdamW + OneCycleLR, dropout, a Dataset drawing from three RNGs, a
     MixUp collate_fn and persistent workers: resumed mid-epoch bit for bit, and the same training

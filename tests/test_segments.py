@@ -33,6 +33,7 @@ def test_every_segment_of_a_deterministic_run_reproduces_with_its_checkpoints(tm
     assert json.loads((recorded / SEGMENTS_FILE).read_text())["seed"] == outcome["seed"]
 
 
+@pytest.mark.slow
 def test_sampled_segments_keep_the_first_and_last_and_say_what_they_show(tmp_path, recorded):
     result = _verify(tmp_path, recorded, "--segments", "3", "--seed", "5")
     outcome = json.loads(result.stdout)
@@ -46,6 +47,7 @@ def test_sampled_segments_keep_the_first_and_last_and_say_what_they_show(tmp_pat
     assert [s["steps"] for s in again["checked"]] == steps  # the seed decides the draw
 
 
+@pytest.mark.slow
 def test_a_difference_planted_inside_one_segment_is_found_there_only(tmp_path, recorded):
     (tmp_path / "plant").touch()  # step 7 draws one more random number in every re-run
     result = _verify(tmp_path, recorded, "--segments", "all", "--jobs", "2")

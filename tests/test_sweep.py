@@ -136,8 +136,16 @@ def test_an_interrupted_sweep_continues_and_failed_trials_are_retried(tmp_path):
     ]
     result = twice_cli(*failing, cwd=tmp_path)
     assert result.returncode == 1 and "1 failed" in result.stdout
-    again = twice_cli(*failing, cwd=tmp_path)
-    assert "1 trials completed (1 from before), 1 failed" in again.stdout  # the failure was retried
+    # The failure says why: the last lines of its stderr, and where its log is.
+    failure = result.stdout[result.stdout.index("  failed: ") :]
+    assert "      | " in failure and "      log: " in failure and "stderr.log" in failure
+    # Without a terminal, progress is a line per change, never the same line again.
+    progress = [line for line in result.stderr.splitlines() if line.startswith("twice sweep: ")]
+    assert progress and all(a != b for a, b in zip(progress, progress[1:]))
+    again = twice_cli(*failing[:1], "--json", *failing[1:], cwd=tmp_path)
+    outcome = json.loads(again.stdout)  # the failure was retried
+    assert (outcome["completed"], outcome["skipped"], len(outcome["failed"])) == (1, 1, 1)
+    assert again.returncode == 1
 
 
 def test_a_known_effect_is_found_and_no_effect_is_within_seed_noise():

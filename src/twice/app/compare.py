@@ -18,7 +18,7 @@ from twice.store.faults import first_fault
 from twice.store.layout import CAPTURE_ERROR, RunFolder
 from twice.store.outputs import compare_outputs, outputs_phrase
 from twice.store.resumes import read_resume
-from twice.store.runs import effective_status, read_json, read_manifest
+from twice.store.runs import config_not_default, effective_status, read_json, read_manifest
 from twice.store.tracealign import Alignment, content_alignment, scan_offset
 from twice.store.traces import trace_files
 from twice.store.tracescan import scan_pair
@@ -149,6 +149,13 @@ def compare_runs(
         for d in compare_identity(manifest_a.identity, manifest_b.identity)
         if not d.key.startswith(_IGNORED)
     ]
+    # Settings chosen away from their defaults (where the runs know them) first: those both runs
+    # chose, then those one did, then the rest.
+    chosen = config_not_default(a, manifest_a.identity.get("config")) + config_not_default(
+        b, manifest_b.identity.get("config")
+    )
+    if chosen:
+        diffs.sort(key=lambda d: -chosen.count(d.key[7:]) if d.key.startswith("config.") else 0)
     traces_a, traces_b = trace_files(a), trace_files(b)
     # A resumed run never ran the steps before its checkpoint: compare from where both ran.
     resumes = {label: read_resume(path) for label, path in (("A", a), ("B", b))}

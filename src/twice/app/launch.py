@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from twice.app import progress
 from twice.app.manifests import finish_manifest, start_manifest
 from twice.app.options import DEFAULT_SEED, RunOptions
 from twice.core.errors import CheckpointError, UsageError, from_os_error
@@ -201,6 +202,7 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
         raise
     interrupted = False
     returncode = None
+    progress.run_started(run_dir, options.name, options.stop_after or options.expected_steps)
     try:
         if options.live is not None:
             options.live.start(
@@ -281,6 +283,7 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
         finish_manifest(run_dir, manifest, returncode, interrupted)
         if options.live is not None:
             options.live.finish(run_dir)
+        progress.run_ended(run_dir, returncode)
     if returncode is None:
         returncode = 130 if interrupted else 1
     return (128 - returncode if returncode < 0 else returncode), run_dir

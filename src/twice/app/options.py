@@ -41,6 +41,8 @@ class RunOptions:
     """Where to run the command (default: here)."""
     quiet: bool = False
     """Save the command's output without also echoing it."""
+    expected_steps: int | None = None
+    """How many steps the run should take, for progress displays (a re-run: the original's)."""
     numerics: str | None = None
     """Full numerics watch in the command: "stop" at the first NaN/Inf, or "warn"."""
     record_ops: str | None = None

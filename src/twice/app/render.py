@@ -186,12 +186,20 @@ def format_run(row: dict, identity: dict) -> str:
         lines.append("  step capture stopped early: see capture_error.json in the run folder")
     config = identity.get("config")
     if isinstance(config, dict) and config:
-        shown = list(config.items())[:12]
-        lines.append(
-            "  config: "
-            + ", ".join(f"{key}={value!r}" for key, value in shown)
-            + (f", ... ({len(config)} values)" if len(config) > len(shown) else "")
-        )
+        changed = row.get("config_not_default") or []
+        if changed:  # the settings a person chose first, the defaults after
+            ordered = [k for k in changed if k in config] + [k for k in config if k not in changed]
+            lines.append(
+                f"  config ({len(changed)} of {len(config)} values not at their defaults):"
+            )
+        else:
+            ordered = list(config)
+            lines.append(f"  config ({len(config)} values):")
+        shown = [k for k in changed if k in config] or ordered[:12]
+        lines.append("    " + ", ".join(f"{key}={config[key]!r}" for key in shown))
+        if len(ordered) > len(shown):
+            rest = "at their defaults" if changed else "more"
+            lines.append(f"    ... and {len(ordered) - len(shown)} {rest} (`twice show --json`)")
     if git:
         dirty = " (dirty: code.patch saved)" if git.get("dirty") else ""
         lines.append(f"  git: {git.get('commit') or 'no commit'} on {git.get('branch')}{dirty}")

@@ -4,17 +4,18 @@ sweep."""
 from __future__ import annotations
 
 import html
-import io
 import json
 from itertools import combinations
 from pathlib import Path
 
 from twice.app.compare import Comparison, compare_runs
+from twice.app.reportplots import metric_panels, paired_seeds_plot, pyplot, svg
 from twice.core.divergence import FIELD_MEANING
 from twice.core.errors import UsageError
+from twice.core.manifest import group_of
 from twice.core.records import COMPARED_FIELDS
 from twice.store.layout import RunFolder
-from twice.store.runs import effective_status, read_manifest
+from twice.store.runs import read_manifest
 
 __all__ = ["build_report", "write_report"]
 
@@ -24,47 +25,18 @@ h1{font-size:1.5rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px soli
 .verdict{font-size:1.1rem;font-weight:600;padding:.6rem .8rem;border-radius:6px}
 .same{background:#e6f4ea;color:#1e6b34}.differ{background:#fde7e9;color:#8a1c1c}
 table{border-collapse:collapse;font-size:.85rem;width:100%} td,th{border:1px solid #ddd;padding:.25rem .4rem;text-align:left;vertical-align:top}
-tr.diff td{background:#fff4ce} code{font-size:.85em} .muted{color:#777} svg{max-width:100%;height:auto}
+td.num{text-align:right;font-variant-numeric:tabular-nums} .fault{color:#8a1c1c;font-weight:600}
+tr.diff td{background:#fff4ce} code{font-size:.85em} .muted{color:#777;font-size:.8em} svg{max-width:100%;height:auto}
 """
 
 
-def _svg(figure) -> str:
-    import matplotlib.pyplot as plt
-
-    buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
-    plt.close(figure)
-    text = buffer.getvalue()
-    return text[text.index("<svg") :]
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as exc:  # the `report` extra, to keep the core install light
-        raise UsageError("twice report needs matplotlib", "pip install 'twice[report]'") from exc
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams["svg.fonttype"] = "none"  # text as text: smaller files, selectable labels
-    plt.rcParams["svg.hashsalt"] = (
-        "twice"  # fixed element ids: the same runs give byte-identical reports
+def _page(title: str, body: str) -> str:
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, '
+        f'initial-scale=1"><title>{html.escape(title)}</title>'
+        f"<style>{_STYLE}</style></head><body>{body}</body></html>\n"
     )
-    return plt
-
-
-PLOT_POINTS = 2000  # per curve: LTTB keeps the extremes, the turns and the divergence
-
-
-def _losses(path: Path, keep: list[int]) -> tuple:
-    """(steps, losses) of a trace, cut to PLOT_POINTS by LTTB (the steps in `keep` kept)."""
-    from twice.core.downsample import lttb
-    from twice.store.traceseries import loss_series
-
-    steps, values = loss_series(path)
-    chosen = lttb(steps, values, PLOT_POINTS, keep=keep)
-    return steps[chosen], values[chosen]
 
 
 STRIP_COLUMNS = 2000  # a column is marked when a field differs at any step it covers
@@ -89,37 +61,69 @@ def _difference_strip(base: Path, other: Path):
     return grid, first, last
 
 
-def _page(title: str, body: str) -> str:
-    return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="viewport" content="width=device-width, '
-        f'initial-scale=1"><title>{html.escape(title)}</title>'
-        f"<style>{_STYLE}</style></head><body>{body}</body></html>\n"
-    )
+def _label(row: dict) -> str:
+    """A run as people name it: its --name first, then its id."""
+    short = "-".join(row["id"].split("-", 4)[:4])
+    return f"{row['name']} ({short})" if row.get("name") else row["id"]
 
 
-def _runs_body(run_dirs: list[Path], comparisons: list[Comparison]) -> str:
-    plt = _pyplot()
-    parts = [f"<h1>twice report: {len(run_dirs)} runs</h1>"]
-    for comparison in comparisons:
-        css = "same" if comparison.identical else "differ"
-        parts.append(
-            f'<p class="verdict {css}">{html.escape(comparison.b.name)} vs '
-            f"{html.escape(comparison.a.name)}: "
-            f"{html.escape(comparison.verdict)}</p>"
-        )
-        if not comparison.identical:
-            parts.append(f"<p>cause: {html.escape(comparison.explanation)}</p>")
-    # Manifests side by side: every identity value that differs between any two runs, then key
-    # facts.
-    manifests = [read_manifest(d) for d in run_dirs]
-    differing = sorted({(d.group, d.key) for c in comparisons for d in c.differences})
-    parts.append(
-        "<h2>Manifests (identity values that differ, "
-        "highlighted)</h2><table><tr><th>group</th><th>key</th>"
-        + "".join(f"<th>{html.escape(d.name)}</th>" for d in run_dirs)
+def _runs_table(rows: list[dict], manifests: list) -> str:
+    """Name, status (faults marked), steps, duration, final metrics, and the config values that
+    differ between the runs."""
+    from twice.store.traceseries import loss_fault_phrase
+
+    configs = [m.identity.get("config") or {} for m in manifests]
+    keys = sorted({k for c in configs for k in c})
+    differing = [
+        k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1
+    ]
+    logged = sorted({name for row in rows for name in row["last_logged"]})
+    head = (
+        "<tr><th>run</th><th>status</th><th>steps</th><th>took</th><th>final loss</th>"
+        + "".join(f"<th>{html.escape(n)}</th>" for n in logged)
+        + "".join(f"<th><code>{html.escape(k)}</code></th>" for k in differing)
         + "</tr>"
     )
+    body = []
+    for row, config in zip(rows, configs):
+        status = html.escape(row["status"])
+        if row.get("loss_fault"):
+            status += f'<br><span class="fault">{html.escape(loss_fault_phrase(row["loss_fault"]))}</span>'
+        if row.get("capture_error"):
+            status += '<br><span class="fault">step capture stopped early</span>'
+        took = "" if row.get("duration") is None else f"{row['duration']:.1f} s"
+        loss = "" if row.get("final_loss") is None else f"{row['final_loss']:.6g}"
+        name = html.escape(row.get("name") or "")
+        cells = [
+            f"<td>{name or html.escape(row['id'])}"
+            + (f'<br><span class="muted">{html.escape(row["id"])}</span>' if name else "")
+            + "</td>",
+            f"<td>{status}</td>",
+            f'<td class="num">{"" if row["steps"] is None else row["steps"]}</td>',
+            f'<td class="num">{took}</td>',
+            f'<td class="num">{loss}</td>',
+        ]
+        cells += [
+            f'<td class="num">{row["last_logged"][n]:.6g}</td>'
+            if n in row["last_logged"]
+            else "<td></td>"
+            for n in logged
+        ]
+        cells += [
+            f"<td><code>{html.escape(json.dumps(config.get(k), default=str))}</code></td>"
+            for k in differing
+        ]
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return "<h2>Runs</h2><table>" + head + "".join(body) + "</table>"
+
+
+def _manifest_table(run_dirs: list[Path], labels: list[str], manifests: list, comparisons) -> str:
+    """Every identity value that differs between any two runs (highlighted), then key facts."""
+    differing = sorted({(d.group, d.key) for c in comparisons for d in c.differences})
+    parts = [
+        "<h2>Manifests (identity values that differ, highlighted)</h2><table><tr><th>group</th>"
+        "<th>key</th>" + "".join(f"<th>{html.escape(label)}</th>" for label in labels) + "</tr>"
+    ]
 
     def lookup(identity: dict, key: str):
         value: object = identity
@@ -139,47 +143,49 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison]) -> str:
         "code.git.commit",
     ):
         if key not in {k for _, k, _ in rows}:
-            rows.append(("context", key, False))
+            rows.append((group_of(key), key, False))
     for group, key, diff in rows:
         cells = "".join(
             f"<td><code>{html.escape(json.dumps(lookup(m.identity, key), default=str))}</code></td>"
             for m in manifests
         )
         parts.append(
-            f"<tr "
-            f'class="{"diff" if diff else ""}"><td>{group}</td><td><code>{html.escape(key)}</code></td>{cells}</tr>'
+            f'<tr class="{"diff" if diff else ""}"><td>{group}</td>'
+            f"<td><code>{html.escape(key)}</code></td>{cells}</tr>"
         )
-    statuses = "".join(f"<td>{html.escape(effective_status(m))}</td>" for m in manifests)
-    parts.append(f"<tr><td>context</td><td>status</td>{statuses}</tr></table>")
-    # Loss curves with the first divergence marked.
-    import numpy as np
+    return "".join(parts) + "</table>"
 
-    diverged = sorted({c.divergence.step for c in comparisons if c.divergence is not None})
-    figure, axes = plt.subplots(figsize=(10, 3.6))
-    positive = False
-    for run_dir in run_dirs:
-        steps, values = _losses(RunFolder(run_dir).trace(), diverged)
-        positive = positive or bool((values[np.isfinite(values)] > 0).any())
-        axes.plot(steps, values, linewidth=1, label=run_dir.name[-30:])
-    for step in diverged:
-        axes.axvline(step, color="#c0392b", linestyle="--", linewidth=1)
-        axes.annotate(
-            f"first divergence: step {step}",
-            (step, 0.95),
-            xycoords=("data", "axes fraction"),
-            color="#c0392b",
-            fontsize=8,
+
+def _runs_body(run_dirs: list[Path], comparisons: list[Comparison]) -> str:
+    from twice.store.metrics import read_logged
+    from twice.store.runs import summarize_run
+
+    plt = pyplot()
+    rows = [summarize_run(d) for d in run_dirs]
+    for row, run_dir in zip(rows, run_dirs):
+        row["last_logged"] = {m.name: m.value for m in read_logged(run_dir)}
+    labels = [_label(row) for row in rows]
+    manifests = [read_manifest(d) for d in run_dirs]
+    parts = [f"<h1>twice report: {len(run_dirs)} runs</h1>"]
+    for comparison in comparisons:  # the verdicts first
+        css = "same" if comparison.identical else "differ"
+        a, b = labels[0], labels[run_dirs.index(comparison.b)]
+        parts.append(
+            f'<p class="verdict {css}">{html.escape(b)} vs {html.escape(a)}: '
+            f"{html.escape(comparison.verdict)}</p>"
         )
-    axes.set_xlabel("step")
-    axes.set_ylabel("loss")
-    if positive:
-        axes.set_yscale("log")
-    axes.legend(fontsize=7, loc="upper right")
-    parts.append("<h2>Loss</h2>" + _svg(figure))
-    # Per step, which parts of the record differ from the first run.
+        if not comparison.identical:
+            parts.append(f"<p>cause: {html.escape(comparison.explanation)}</p>")
+    parts.append(_runs_table(rows, manifests))
+    diverged = sorted({c.divergence.step for c in comparisons if c.divergence is not None})
+    faulty = [bool(row.get("loss_fault")) for row in rows]
+    for name, picture in metric_panels(
+        run_dirs, labels, diverged, faulty, [row["steps"] for row in rows]
+    ):
+        parts.append(f"<h2>{html.escape(name[:1].upper() + name[1:])}</h2>" + picture)
     if len(run_dirs) >= 2:
         parts.append("<h2>What differs, step by step (vs the first run)</h2>")
-        for run_dir in run_dirs[1:]:
+        for run_dir, label in zip(run_dirs[1:], labels[1:]):
             strip = _difference_strip(RunFolder(run_dirs[0]).trace(), RunFolder(run_dir).trace())
             if strip is None:
                 continue
@@ -199,15 +205,18 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison]) -> str:
                 [FIELD_MEANING[n].split(" (")[0] for n in COMPARED_FIELDS],
                 fontsize=7,
             )
+            for step in diverged:
+                axes.axvline(step, color="#c0392b", linestyle="--", linewidth=1)
             axes.set_xlabel("step", fontsize=8)
-            axes.set_title(run_dir.name, fontsize=8)
-            parts.append(_svg(figure))
+            axes.set_title(label, fontsize=8)
+            parts.append(svg(figure))
+    parts.append(_manifest_table(run_dirs, labels, manifests, comparisons))
     # Findings recorded in the runs: op-level localisation and numerical health.
-    for run_dir in run_dirs:
+    for run_dir, label in zip(run_dirs, labels):
         for located in RunFolder(run_dir).locations():
             parts.append(
-                f"<h2>Localisation "
-                f"({html.escape(run_dir.name)})</h2><p>{html.escape(json.loads(located.read_text())['sentence'])}</p>"
+                f"<h2>Localisation ({html.escape(label)})</h2>"
+                f"<p>{html.escape(json.loads(located.read_text())['sentence'])}</p>"
             )
         numerics = RunFolder(run_dir).numerics_report
         if numerics.is_file():
@@ -222,7 +231,7 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison]) -> str:
                 + "</li>"
                 for e in report["chain"]
             )
-            parts.append(f"<h2>Numerical health ({html.escape(run_dir.name)})</h2><ol>{items}</ol>")
+            parts.append(f"<h2>Numerical health ({html.escape(label)})</h2><ol>{items}</ol>")
     return "".join(parts)
 
 
@@ -230,38 +239,27 @@ def _sweep_body(folder: Path) -> str:
     from twice.app.sweep import sweep_results
     from twice.core.stats import compare_pair, summarize_arm
 
-    plt = _pyplot()
     spec, values = sweep_results(folder)
     arms = [summarize_arm(arm, per_seed) for arm, per_seed in values.items()]
     pairs = [compare_pair(a, b) for a, b in combinations(arms, 2)]
-    parts = [
-        f"<h1>twice report: sweep {html.escape(folder.name)}</h1>",
-        f"<p>metric <code>{html.escape(spec['metric'])}</code>, {spec['seeds']} seeds per arm, "
-        f"command "
-        f"<code>{html.escape(' '.join(spec['command']))}</code></p>",
-    ]
-    figure, axes = plt.subplots(figsize=(max(4, 1.6 * len(arms)), 3.6))
-    for x, arm in enumerate(arms):
-        axes.scatter(
-            [x] * len(arm.values), list(arm.values.values()), color="#7f8c8d", s=14, zorder=2
+    parts = [f"<h1>twice report: sweep {html.escape(folder.name)}</h1>"]
+    for pair in pairs:  # the verdicts first
+        css = "differ" if pair.verdict.startswith("effect") else "same"
+        parts.append(
+            f'<p class="verdict {css}">{html.escape(pair.b)} vs {html.escape(pair.a)}: '
+            f"{html.escape(pair.verdict)} (difference {pair.mean_difference:+.4g}, 95% CI "
+            f"[{pair.ci_low:.4g}, {pair.ci_high:.4g}])</p>"
         )
-        if arm.n > 1:
-            axes.errorbar(
-                [x + 0.15],
-                [arm.mean],
-                yerr=[[arm.mean - arm.ci_low], [arm.ci_high - arm.mean]],
-                fmt="o",
-                color="#2c3e50",
-                capsize=4,
-                zorder=3,
-            )
-    axes.set_xticks(range(len(arms)), [a.arm for a in arms], fontsize=8)
-    axes.set_ylabel(spec["metric"])
     parts.append(
-        "<h2>Each arm: the metric per seed, and the mean with its 95% CI</h2>" + _svg(figure)
+        f"<p>metric <code>{html.escape(spec['metric'])}</code>, {spec['seeds']} seeds per arm, "
+        f"command <code>{html.escape(' '.join(spec['command']))}</code></p>"
     )
     parts.append(
-        "<h2>Pairwise verdicts</h2><table><tr><th>comparison</th><th>verdict</th><th>difference "
+        "<h2>Each arm: the metric per seed (the same seed joined across arms), and the mean with "
+        "its 95% CI</h2>" + paired_seeds_plot(arms, spec["metric"])
+    )
+    parts.append(
+        "<h2>Pairwise tests</h2><table><tr><th>comparison</th><th>verdict</th><th>difference "
         "(95% CI)</th>"
         "<th>paired t p</th><th>Wilcoxon p</th><th>d_z</th><th>seeds for 80% power</th></tr>"
     )

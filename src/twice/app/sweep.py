@@ -163,6 +163,17 @@ class SweepOutcome:
         """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
         return 130 if self.interrupted else (1 if self.failed else 0)
 
+    def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints)."""
+        return {
+            "folder": str(self.folder),
+            "completed": self.completed,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "elsewhere": self.elsewhere,
+            "interrupted": self.interrupted,
+        }
+
     def record(self, trial: Trial, code: int | None) -> None:
         """Count one trial's outcome (None: another sweep on the folder claimed it)."""
         if code is None:
@@ -272,7 +283,7 @@ def run_sweep(
     outcome = SweepOutcome(
         folder, completed=len(trials) - len(todo), skipped=len(trials) - len(todo)
     )
-    base = options or RunOptions()
+    base = options or RunOptions(quiet=True)
     state = {"running": 0, "durations": []}
     lock = threading.Lock()
 
@@ -293,7 +304,6 @@ def run_sweep(
                     seed=trial.seed,
                     name=trial.name,
                     runs_dir=trials_dir.resolve(),
-                    quiet=True,
                 ),
             )
         finally:

@@ -50,6 +50,7 @@ def rerun_options(
         cwd=Path(manifest.cwd),
         quiet=quiet,
         record_ops=record_ops,
+        expected_steps=manifest.steps,
     )
     if not options.cwd.is_dir():
         raise UsageError(

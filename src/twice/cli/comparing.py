@@ -1,4 +1,5 @@
-"""Commands that judge recorded runs: `diff`, `locate`, `bisect`, `nan`."""
+"""Commands that judge runs: `diff`, `locate`, `bisect`, `nan`, and `audit` (which runs a
+command's first steps twice to see which operations differ)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,24 @@ from pathlib import Path
 import click
 
 from twice.app.render import (
+    format_audit,
     format_bisect,
     format_comparison,
     format_locate,
     format_nan,
 )
 from twice.cli.group import (
+    CONTEXT,
     _color,
     _err,
     _json,
+    _json_option,
     _out,
+    _quiet_option,
+    _reporting,
     _runs_dir_option,
     _trusting,
+    _verbose_option,
     _yes_option,
     main,
 )
@@ -39,7 +46,7 @@ from twice.cli.group import (
     help="B's step 0 is A's step N (negative: A's step 0 is B's step -N)  [default: by step "
     "number, or where B's starting parameters occur in A when B resumed itself].",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_json_option
 @click.option(
     "--html",
     "html_out",
@@ -78,10 +85,11 @@ def diff(a, b, runs_dir, steps, offset, as_json, html_out):
 @click.argument("a")
 @click.argument("b")
 @_runs_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--verbose", "-v", is_flag=True, help="Echo the re-runs' output.")
+@_json_option
+@_quiet_option
+@_verbose_option
 @_yes_option
-def locate(a, b, runs_dir, as_json, verbose, yes):
+def locate(a, b, runs_dir, as_json, quiet, verbose, yes):
     """The first operation whose inputs were identical and whose outputs differed in runs A and B.
 
     Uses op logs recorded with `twice run --record-ops`, or re-runs both runs up to their first
@@ -96,7 +104,8 @@ def locate(a, b, runs_dir, as_json, verbose, yes):
     from twice.store.runs import find_run
 
     run_a, run_b = find_run(a, runs_dir), find_run(b, runs_dir)
-    result = _trusting(lambda ok: locate_runs(run_a, run_b, quiet=not verbose, yes=ok), yes)
+    with _reporting("locate", quiet):
+        result = _trusting(lambda ok: locate_runs(run_a, run_b, quiet=not verbose, yes=ok), yes)
     _out(_json(result.to_json()) if as_json else format_locate(result))
     sys.exit(result.exit_code)
 
@@ -104,7 +113,7 @@ def locate(a, b, runs_dir, as_json, verbose, yes):
 @main.command()
 @click.argument("run_ref", metavar="RUN")
 @_runs_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_json_option
 def nan(run_ref, runs_dir, as_json):
     """Show RUN's numerical health: where its first NaN/Inf came from and the warnings before it.
 
@@ -141,9 +150,11 @@ def nan(run_ref, runs_dir, as_json):
 @click.argument("a")
 @click.argument("b")
 @_runs_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_json_option
+@_quiet_option
+@_verbose_option
 @_yes_option
-def bisect(a, b, runs_dir, as_json, yes):
+def bisect(a, b, runs_dir, as_json, quiet, verbose, yes):
     """The first diverging step of runs recorded with a coarse trace (--trace-every K), by replays.
 
     Each replay re-runs both runs up to a middle step (from a checkpoint before it when there is
@@ -158,6 +169,65 @@ def bisect(a, b, runs_dir, as_json, yes):
     from twice.store.runs import find_run
 
     run_a, run_b = find_run(a, runs_dir), find_run(b, runs_dir)
-    result = _trusting(lambda ok: bisect_divergence(run_a, run_b, yes=ok), yes)
+    with _reporting("bisect", quiet):
+        result = _trusting(
+            lambda ok: bisect_divergence(run_a, run_b, quiet=not verbose, yes=ok), yes
+        )
     _out(_json(result.to_json()) if as_json else format_bisect(result))
     sys.exit(0 if result.step is None else 1)
+
+
+@main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="How many steps to record twice.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
+@_runs_dir_option
+@click.option(
+    "--determinism",
+    type=click.Choice(["strict", "warn", "off"]),
+    default="warn",
+    show_default=True,
+    help="warn (default) lets nondeterministic kernels run so that they can be seen.",
+)
+@click.option(
+    "--for",
+    "target",
+    type=click.Choice(["here", "cuda"]),
+    default="here",
+    show_default=True,
+    help="here: exit 1 only for ops that gave different bits in this audit; cuda: also for ops "
+    "this model runs that are nondeterministic on CUDA.",
+)
+@_json_option
+@_quiet_option
+@_verbose_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def audit(steps, seed, runs_dir, determinism, target, as_json, quiet, verbose, command):
+    """List the nondeterminism COMMAND really hits: ops that gave different bits from identical
+    inputs in two runs of its first steps, and every call site of an op it runs that is
+    nondeterministic on CUDA. Exit 1 for what was observed (with --for cuda, also for what would
+    be on a GPU).
+
+    \b
+    Examples:
+      twice audit -- python train.py
+      twice audit --steps 3 -- python train.py --lr 0.1
+      twice audit --for cuda -- python train.py
+    """
+    from twice.app.audit import audit_command
+    from twice.app.launch import RunOptions
+
+    with _reporting("audit", quiet):
+        report = audit_command(
+            list(command),
+            RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=not verbose),
+            steps=steps,
+            target=target,
+        )
+    _out(_json(report.to_json()) if as_json else format_audit(report, steps))
+    sys.exit(report.exit_code)

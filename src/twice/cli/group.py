@@ -117,3 +117,45 @@ def _trusting(call, yes: bool):
         if not click.confirm("run it?", default=False, err=True):
             raise
         return call(True)
+
+
+# -- the flags every command spells the same way ---------------------------------------------------
+
+
+def _json_option(function):
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Machine-readable output on stdout."
+    )(function)
+
+
+def _quiet_option(function):
+    return click.option(
+        "--quiet", "-q", is_flag=True, help="Print the result only: no progress on stderr."
+    )(function)
+
+
+def _verbose_option(function):
+    return click.option(
+        "--verbose",
+        "-v",
+        is_flag=True,
+        help="Also echo the output of every process twice starts (always saved in its run folder).",
+    )(function)
+
+
+def _determinism_option(function):
+    return click.option(
+        "--determinism",
+        type=click.Choice(["strict", "warn", "off"]),
+        default="strict",
+        show_default=True,
+        help="strict: deterministic algorithms, an error for an op that has none; warn: run such "
+        "an op and list it (a warning, and in the manifest); off: seed only.",
+    )(function)
+
+
+def _reporting(command: str, quiet: bool):
+    """The progress display of `command` on stderr (app/progress.py), silenced by -q."""
+    from twice.app.progress import Reporter
+
+    return Reporter(command, quiet=quiet)

@@ -1,4 +1,4 @@
-"""Commands that run things: `run`, `verify`, `verify-resume`, `audit`."""
+"""Commands that run things: `run`, `verify`, `verify-resume`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from twice.app.render import (
-    format_audit,
     format_resume_check,
     format_segments,
     format_trace_cost_note,
@@ -17,11 +16,16 @@ from twice.app.render import (
 from twice.cli.group import (
     CONTEXT,
     _color,
+    _determinism_option,
     _err,
     _json,
+    _json_option,
     _out,
+    _quiet_option,
+    _reporting,
     _runs_dir_option,
     _trusting,
+    _verbose_option,
     _yes_option,
     main,
 )
@@ -34,13 +38,7 @@ from twice.store.traceseries import loss_fault_phrase
 @click.option("--seed", type=int, default=None, help="Root seed for every RNG  [default: 0].")
 @click.option("--name", help="A label appended to the run id.")
 @_runs_dir_option
-@click.option(
-    "--determinism",
-    type=click.Choice(["strict", "warn", "off"]),
-    default="strict",
-    show_default=True,
-    help="strict: refuse what cannot be made deterministic; warn: warn instead; off: seed only.",
-)
+@_determinism_option
 @click.option(
     "--observe",
     is_flag=True,
@@ -226,11 +224,23 @@ def _steps_option(value: str | None) -> str | None:
     show_default=True,
     help="Where segments run: here, or as Ray tasks (RAY_ADDRESS's cluster, else a local one).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--quiet", "-q", is_flag=True, help="Do not echo the re-run's output.")
+@_json_option
+@_quiet_option
+@_verbose_option
 @_yes_option
 def verify(
-    run_ref, runs_dir, steps, resume_at, segments, segment_seed, jobs, executor, as_json, quiet, yes
+    run_ref,
+    runs_dir,
+    steps,
+    resume_at,
+    segments,
+    segment_seed,
+    jobs,
+    executor,
+    as_json,
+    quiet,
+    verbose,
+    yes,
 ):
     """Run RUN's command again with its seed and settings; exit 0 if every step is bit-identical.
 
@@ -241,10 +251,21 @@ def verify(
       twice verify <id> --resume-at 50
       twice verify <id> --segments 4 --jobs 2
     """
-    from twice.app.verify import verify_resume_of_run, verify_run
-    from twice.store.runs import find_run, read_manifest
+    from twice.store.runs import find_run
 
     run_dir = find_run(run_ref, runs_dir)
+    with _reporting("verify", quiet):
+        _verify(
+            run_dir, steps, resume_at, segments, segment_seed, jobs, executor, as_json, verbose, yes
+        )
+
+
+def _verify(
+    run_dir, steps, resume_at, segments, segment_seed, jobs, executor, as_json, verbose, yes
+):
+    from twice.app.verify import verify_resume_of_run, verify_run
+    from twice.store.runs import read_manifest
+
     if segments is not None:
         from twice.app.segments import verify_segments
 
@@ -270,7 +291,7 @@ def verify(
         _out(_json(check.to_json()) if as_json else format_resume_check(check, _color()))
         sys.exit(check.exit_code)
     result, new_dir = _trusting(
-        lambda ok: verify_run(run_dir, steps=steps, quiet=quiet or as_json, yes=ok), yes
+        lambda ok: verify_run(run_dir, steps=steps, quiet=not verbose or as_json, yes=ok), yes
     )
     _err(f"twice: re-run recorded in {new_dir}")
     fault = read_manifest(run_dir).loss_fault
@@ -287,12 +308,7 @@ def verify(
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
 @_runs_dir_option
-@click.option(
-    "--determinism",
-    type=click.Choice(["strict", "warn", "off"]),
-    default="strict",
-    show_default=True,
-)
+@_determinism_option
 @click.option(
     "--resume-command",
     default=None,
@@ -300,9 +316,10 @@ def verify(
     help="Resume with this command instead (a script that resumes through its own flag, e.g. "
     "'python train.py --resume ckpt.pt'); where it starts is found by its parameters.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_json_option
+@_quiet_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def verify_resume_command(at, seed, runs_dir, determinism, resume_command, as_json, command):
+def verify_resume_command(at, seed, runs_dir, determinism, resume_command, as_json, quiet, command):
     """Check that an interrupted and resumed COMMAND equals the uninterrupted one, bit for bit.
 
     Runs COMMAND straight; again, stopped after --at steps (a real separate process); then resumed
@@ -329,59 +346,7 @@ def verify_resume_command(at, seed, runs_dir, determinism, resume_command, as_js
         ) from None
     if resume is not None and not resume:
         raise UsageError("--resume-command is empty", "give the command that resumes the script")
-    check = verify_resume(list(command), options, at=at, resume_command=resume)
+    with _reporting("verify-resume", quiet):
+        check = verify_resume(list(command), options, at=at, resume_command=resume)
     _out(_json(check.to_json()) if as_json else format_resume_check(check, _color()))
     sys.exit(check.exit_code)
-
-
-@main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
-@click.option(
-    "--steps",
-    type=click.IntRange(min=1),
-    default=2,
-    show_default=True,
-    help="How many steps to record twice.",
-)
-@click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
-@_runs_dir_option
-@click.option(
-    "--determinism",
-    type=click.Choice(["strict", "warn", "off"]),
-    default="warn",
-    show_default=True,
-    help="warn (default) lets nondeterministic kernels run so that they can be seen.",
-)
-@click.option(
-    "--for",
-    "target",
-    type=click.Choice(["here", "cuda"]),
-    default="here",
-    show_default=True,
-    help="here: exit 1 only for ops that gave different bits in this audit; cuda: also for ops "
-    "this model runs that are nondeterministic on CUDA.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def audit(steps, seed, runs_dir, determinism, target, as_json, command):
-    """List the nondeterminism COMMAND really hits: ops that gave different bits from identical
-    inputs in two runs of its first steps, and every call site of an op it runs that is
-    nondeterministic on CUDA. Exit 1 for what was observed (with --for cuda, also for what would
-    be on a GPU).
-
-    \b
-    Examples:
-      twice audit -- python train.py
-      twice audit --steps 3 -- python train.py --lr 0.1
-      twice audit --for cuda -- python train.py
-    """
-    from twice.app.audit import audit_command
-    from twice.app.launch import RunOptions
-
-    report = audit_command(
-        list(command),
-        RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True),
-        steps=steps,
-        target=target,
-    )
-    _out(_json(report.to_json()) if as_json else format_audit(report, steps))
-    sys.exit(report.exit_code)

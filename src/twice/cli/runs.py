@@ -11,13 +11,13 @@ from twice.app.render import (
     format_env,
     format_run,
 )
-from twice.cli.group import _color, _json, _out, _runs_dir_option, main
+from twice.cli.group import _color, _json, _json_option, _out, _runs_dir_option, main
 from twice.core.errors import TwiceError, UsageError
 from twice.store.layout import RunFolder
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_json_option
 def env(as_json):
     """This machine's determinism hazards and the facts behind them.
 
@@ -38,7 +38,7 @@ def env(as_json):
 @main.command(name="ls")
 @click.argument("folder", required=False, type=click.Path(path_type=Path), default=None)
 @_runs_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_json_option
 def list_command(folder, runs_dir, as_json):
     """List the runs in the runs folder (--runs-dir, or FOLDER), oldest first, then its sweeps.
 
@@ -111,7 +111,8 @@ def export_group():
 @click.option(
     "--no-checkpoints", is_flag=True, help="Leave the checkpoints/ folder out of the artifacts."
 )
-def export_mlflow(run_refs, runs_dir, tracking_uri, experiment, no_checkpoints):
+@_json_option
+def export_mlflow(run_refs, runs_dir, tracking_uri, experiment, no_checkpoints, as_json):
     """Export each RUN to MLflow: hyperparameters and identity as params, the trace as metrics,
     the run folder as artifacts. A run exported before is not exported twice.
 
@@ -123,6 +124,7 @@ def export_mlflow(run_refs, runs_dir, tracking_uri, experiment, no_checkpoints):
     from twice.integrations.mlflow import export_run
     from twice.store.runs import find_run
 
+    exported = []
     for ref in run_refs:
         run_dir = find_run(ref, runs_dir)
         try:
@@ -139,7 +141,13 @@ def export_mlflow(run_refs, runs_dir, tracking_uri, experiment, no_checkpoints):
                 f"MLflow refused the export of {run_dir.name}: {exc}",
                 "check --tracking-uri (for example sqlite:///mlflow.db or a http:// server)",
             ) from exc
-        _out(f"{run_dir.name} -> mlflow run {run_id}" + ("" if created else " (exported before)"))
+        exported.append({"run": str(run_dir), "mlflow_run_id": run_id, "created": created})
+        if not as_json:
+            _out(
+                f"{run_dir.name} -> mlflow run {run_id}" + ("" if created else " (exported before)")
+            )
+    if as_json:
+        _out(_json(exported))
 
 
 @main.group(name="checkpoint")
@@ -149,7 +157,8 @@ def checkpoint_group():
 
 @checkpoint_group.command(name="verify")
 @click.argument("path", type=click.Path(path_type=Path))
-def checkpoint_verify(path):
+@_json_option
+def checkpoint_verify(path, as_json):
     """Check every file of the checkpoint at PATH against its recorded digest (exit 0 valid, 2 not).
 
     \b
@@ -158,13 +167,23 @@ def checkpoint_verify(path):
     """
     from twice.checkpoint import verify as verify_checkpoint
 
-    _out(format_checkpoint(path, verify_checkpoint(path)))
+    index = verify_checkpoint(path)
+    if as_json:
+        held = (
+            {"rank_parts": index.world_size}
+            if hasattr(index, "parts")
+            else {"entries": sorted(index.entries)}
+        )
+        _out(_json({"path": str(path), "valid": True, **held}))
+    else:
+        _out(format_checkpoint(path, index))
 
 
 @checkpoint_group.command(name="ls")
 @click.argument("run_ref", metavar="RUN")
 @_runs_dir_option
-def checkpoint_ls(run_ref, runs_dir):
+@_json_option
+def checkpoint_ls(run_ref, runs_dir, as_json):
     """List RUN's checkpoints, newest last, each valid or why not.
 
     \b
@@ -176,9 +195,19 @@ def checkpoint_ls(run_ref, runs_dir):
     from twice.store.runs import find_run
 
     run_dir = find_run(run_ref, runs_dir)
+    rows = []
     for path in list_checkpoints(RunFolder(run_dir).checkpoints):
         try:
             verify_checkpoint(path)
-            _out(f"{path.name}  valid")
+            rows.append({"name": path.name, "path": str(path), "valid": True, "problem": None})
         except CheckpointError as exc:
-            _out(f"{path.name}  INVALID: {exc.message}")
+            rows.append(
+                {"name": path.name, "path": str(path), "valid": False, "problem": exc.message}
+            )
+    if as_json:
+        _out(_json(rows))
+        return
+    for row in rows:
+        _out(
+            f"{row['name']}  valid" if row["valid"] else f"{row['name']}  INVALID: {row['problem']}"
+        )

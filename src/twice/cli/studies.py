@@ -10,7 +10,19 @@ import click
 from twice.app.render import (
     format_stats,
 )
-from twice.cli.group import CONTEXT, _err, _json, _out, _runs_dir_option, main
+from twice.cli.group import (
+    CONTEXT,
+    _determinism_option,
+    _err,
+    _json,
+    _json_option,
+    _out,
+    _quiet_option,
+    _reporting,
+    _runs_dir_option,
+    _verbose_option,
+    main,
+)
 
 
 @main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
@@ -59,14 +71,26 @@ from twice.cli.group import CONTEXT, _err, _json, _out, _runs_dir_option, main
     help="The sweep folder's name under --runs-dir  [default: from the settings].",
 )
 @_runs_dir_option
-@click.option(
-    "--determinism",
-    type=click.Choice(["strict", "warn", "off"]),
-    default="strict",
-    show_default=True,
-)
+@_determinism_option
+@_json_option
+@_quiet_option
+@_verbose_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def sweep(vary, seeds, jobs, metric, executor, ray_address, name, runs_dir, determinism, command):
+def sweep(
+    vary,
+    seeds,
+    jobs,
+    metric,
+    executor,
+    ray_address,
+    name,
+    runs_dir,
+    determinism,
+    as_json,
+    quiet,
+    verbose,
+    command,
+):
     """Run COMMAND for every combination of --vary values times --seeds seeds, each a recorded run.
 
     {name} in COMMAND is replaced by each value ({seed} too). Re-running the same sweep skips
@@ -84,32 +108,28 @@ def sweep(vary, seeds, jobs, metric, executor, ray_address, name, runs_dir, dete
     grid = parse_vary(list(vary))
     plan_trials(grid, seeds, list(command))  # validate before creating anything
     folder = sweep_folder(runs_dir, grid, name, seeds, list(command))
-    tty = sys.stderr.isatty()
-    last: list[tuple] = [()]
+    with _reporting("sweep", quiet) as reporter:
+        # A bar of trials on a terminal; in a log a line only when a trial starts or ends.
+        def progress(done, total, running, failed, eta):
+            reporter.count(
+                "trials", f"trials done ({running} running, {failed} failed)", done, total
+            )
 
-    def progress(done, total, running, failed, eta):
-        # On a terminal one line redrawn; in a log a line only when a trial starts or ends.
-        if not tty and (done, running, failed) == last[0]:
-            return
-        last[0] = (done, running, failed)
-        left = f", ~{eta:.0f} s left" if eta is not None and tty else ""
-        line = f"twice sweep: {done}/{total} done, {running} running, {failed} failed{left}"
-        click.echo(("\r" + line + " " * 8) if tty else line, err=True, nl=not tty)
-
-    outcome = run_sweep(
-        folder,
-        grid,
-        seeds,
-        list(command),
-        jobs=jobs,
-        metric=metric,
-        options=RunOptions(runs_dir=runs_dir, determinism=determinism),
-        progress=progress,
-        executor=executor,
-        ray_address=ray_address,
-    )
-    if tty:
-        click.echo("", err=True)
+        outcome = run_sweep(
+            folder,
+            grid,
+            seeds,
+            list(command),
+            jobs=jobs,
+            metric=metric,
+            options=RunOptions(runs_dir=runs_dir, determinism=determinism, quiet=not verbose),
+            progress=progress,
+            executor=executor,
+            ray_address=ray_address,
+        )
+    if as_json:
+        _out(_json(outcome.to_json()))
+        sys.exit(outcome.exit_code)
     _out(
         f"sweep {folder}: {outcome.completed} trials completed ({outcome.skipped} from before), "
         f"{len(outcome.failed)} failed"
@@ -125,7 +145,7 @@ def sweep(vary, seeds, jobs, metric, executor, ray_address, name, runs_dir, dete
 @main.command()
 @click.argument("folder", type=click.Path(path_type=Path))
 @click.option("--metric", default=None, help="The metric to compare  [default: the sweep's].")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_json_option
 @click.option(
     "--html",
     "html_out",
@@ -170,6 +190,7 @@ def stats(folder, metric, as_json, html_out):
     type=click.Path(path_type=Path),
     default=Path("report.html"),
     show_default=True,
+    help="The HTML file to write (one offline page: no scripts, nothing fetched).",
 )
 def report(paths, runs_dir, output):
     """Write one self-contained HTML page about RUNs (compared with the first) or a SWEEP folder.

@@ -32,6 +32,33 @@ def _config_of(args: Any) -> dict:
     return out
 
 
+def _write_defaults(run_dir: Path, args: Any) -> None:
+    """Record the TrainingArguments' defaults beside the config (config_defaults.json), so that
+    `twice show` and `twice diff` put the settings that were chosen before the 100 defaults.
+    Read from the dataclass's fields, never by making a TrainingArguments: making one resets
+    Accelerate's state under the running Trainer. A default that is None (filled in by the
+    arguments' own post-processing) is left out: its value says nothing about a choice."""
+    import dataclasses
+
+    from twice.store.files import write_json_atomic
+    from twice.store.layout import RunFolder
+
+    try:
+        raw = object.__new__(type(args))
+        for item in dataclasses.fields(args):
+            if item.default is not dataclasses.MISSING:
+                value = item.default
+            elif item.default_factory is not dataclasses.MISSING:
+                value = item.default_factory()
+            else:
+                value = None
+            object.__setattr__(raw, item.name, value)
+        defaults = {k: v for k, v in _config_of(raw).items() if v is not None}
+    except Exception:  # noqa: BLE001 - arguments of another shape: shown unordered
+        return
+    write_json_atomic(RunFolder(run_dir).config_defaults, defaults)
+
+
 class TwiceCallback(transformers.TrainerCallback):
     """Record training as a twice run (manifest, config, step trace) and resume it bit for bit.
 
@@ -77,6 +104,7 @@ class TwiceCallback(transformers.TrainerCallback):
             )
             self.run.__enter__()
             self._dir = self.run.dir
+            _write_defaults(self.run.dir, args)
         if state.global_step > 0:
             self._resume_step = state.global_step
 

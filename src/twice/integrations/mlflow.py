@@ -67,14 +67,17 @@ def argv_params(argv: list[str]) -> dict[str, str]:
     return out
 
 
-def _params(run_dir: Path, manifest: Manifest) -> dict[str, str]:
+def _params(run_dir: Path, manifest: Manifest, options: bool = True) -> dict[str, str]:
+    """The params to log: the config, the command line's options where the config does not name
+    them (`options`: not before the run ended, when the config is known: MLflow params cannot
+    change once logged), and the identity."""
     out: dict[str, str] = {}
     config = RunFolder(run_dir).config
     if config.is_file():
         _flatten(json.loads(config.read_text(encoding="utf-8")), "", out)
-    # A script configured by its command line: its options, unless its config says them.
-    for key, value in argv_params(manifest.argv[1:]).items():
-        out.setdefault(key, value)
+    if options:  # a script configured by its command line
+        for key, value in argv_params(manifest.argv[1:]).items():
+            out.setdefault(key, value)
     identity = {k: v for k, v in manifest.identity.items() if k not in _SKIPPED_IDENTITY}
     packages = manifest.identity.get("packages", {})
     identity["packages"] = {
@@ -297,8 +300,9 @@ class LiveExport:
                 start_time=int(time.time() * 1000),
                 tags=_tags(run_dir, manifest),
             ).info.run_id
-            # Identity facts the training process adds later (torch's) come with the final params.
-            _log(self.client, self.run_id, params=_params(run_dir, manifest))
+            # Identity facts the training process adds later (torch's) come with the final params,
+            # and so do the command line's options (the config the script writes names some).
+            _log(self.client, self.run_id, params=_params(run_dir, manifest, options=False))
         except Exception as exc:  # the store went away since open(): the run goes on without it
             if not mlflow_failure(exc):
                 raise

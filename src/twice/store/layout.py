@@ -41,6 +41,8 @@ class RunFolder:
 
     manifest = property(lambda self: self.path / MANIFEST)
     config = property(lambda self: self.path / "config.json")
+    # The defaults of the config's settings, where an integration knows them (the HF Trainer's).
+    config_defaults = property(lambda self: self.path / "config_defaults.json")
     stdout = property(lambda self: self.path / "stdout.log")
     stderr = property(lambda self: self.path / "stderr.log")
     code_patch = property(lambda self: self.path / "code.patch")

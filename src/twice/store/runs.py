@@ -236,7 +236,26 @@ def summarize_run(run_dir: Path) -> dict:
         "loss_fault": manifest.loss_fault,
         "capture_error": (Path(run_dir) / "capture_error.json").is_file(),
         "rerun_of": rerun_of(name),
+        "config_not_default": config_not_default(run_dir, manifest.identity.get("config")),
     }
+
+
+def config_not_default(run_dir: Path, config: Any) -> list[str]:
+    """The config keys whose values differ from their defaults, where the run recorded them
+    (config_defaults.json, written by the Hugging Face callback); [] otherwise. A damaged
+    defaults file is read as none (it only orders what is shown)."""
+    from twice.store.layout import RunFolder
+
+    path = RunFolder(run_dir).config_defaults
+    if not isinstance(config, dict) or not path.is_file():
+        return []
+    try:
+        defaults = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return []
+    if not isinstance(defaults, dict):
+        return []
+    return sorted(k for k, v in config.items() if k in defaults and defaults[k] != v)
 
 
 # Runs that twice's own commands make, by the name they give them.

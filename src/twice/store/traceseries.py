@@ -10,7 +10,14 @@ from pathlib import Path
 from twice.core.records import COMPARED_FIELDS
 from twice.store.tracescan import TraceLines, take_equal
 
-__all__ = ["loss_series", "difference_steps", "loss_fault", "loss_fault_phrase", "last_loss"]
+__all__ = [
+    "loss_series",
+    "difference_steps",
+    "loss_fault",
+    "loss_fault_phrase",
+    "last_loss",
+    "record_series",
+]
 
 
 def _first_loss(record) -> float | None:
@@ -44,6 +51,37 @@ def last_loss(path: Path) -> tuple[int, float] | None:
         if isinstance(loss, str):
             return record.step, float("nan") if loss.startswith("nan") else float.fromhex(loss)
     return None
+
+
+def record_series(path: Path, every: int = 1) -> dict[str, tuple]:
+    """{"lr": (steps, values), "grad_norm": (steps, values)} of a trace, from every `every`-th
+    record (the others are skipped with their step checked, not parsed): the learning rate of
+    the first parameter group and the gradient norm, where recorded."""
+    import numpy as np
+
+    lines = TraceLines(Path(path))
+    found: dict[str, tuple[list, list]] = {"lr": ([], []), "grad_norm": ([], [])}
+    index = 0
+    try:
+        while lines.line() is not None:
+            if index % every:
+                lines.skip()
+                index += 1
+                continue
+            index += 1
+            record = lines.record()
+            for name, text in (("lr", (record.lr or [None])[0]), ("grad_norm", record.grad_norm)):
+                if isinstance(text, str):
+                    found[name][0].append(record.step)
+                    found[name][1].append(
+                        float("nan") if text.startswith("nan") else float.fromhex(text)
+                    )
+    finally:
+        lines.close()
+    return {
+        name: (np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        for name, (steps, values) in found.items()
+    }
 
 
 def loss_series(path: Path):
