@@ -23,7 +23,7 @@ $(VENV)/.installed: $(VENV)/.core
 	touch $@
 
 demo: $(VENV)/.core
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo.sh
 
 # The browser tests use Debian's chromium; installed here where apt can, skipped (with a reason) elsewhere.
 browser:
