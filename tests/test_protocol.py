@@ -19,7 +19,6 @@ settings = st.builds(
     trace_every=st.integers(1, 1000),
     params_every=st.none() | st.integers(0, 1000),
     stop_after=st.none() | st.integers(1, 10**6),
-    resume_probe=st.booleans(),
     replica_every=st.integers(1, 100),
     replica_mode=st.sampled_from(["stop", "warn"]),
 )

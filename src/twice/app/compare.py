@@ -82,16 +82,11 @@ def _events_phrase(manifest: Manifest) -> str:
 
 
 def _unjudged(
-    manifest_a: Manifest, manifest_b: Manifest, lengths: dict, diffs: list[Difference]
+    manifest_a: Manifest, manifest_b: Manifest, empty: list[str], diffs: list[Difference]
 ) -> tuple[str, str]:
-    """The verdict and explanation when no step was recorded in both runs: what the hooks saw,
-    how steps are found, and what was compared instead."""
-    empty = [
-        label
-        for label, index in (("A", 0), ("B", 1))
-        if not any(counts[index] for counts in lengths.values())
-    ]
-    who = " and ".join(empty) if empty else "A and B in common"
+    """The verdict and explanation when no step was recorded in run(s) `empty`: what the hooks
+    saw, how steps are found, and what was compared instead."""
+    who = " and ".join(empty)
     verdict = f"cannot judge: no training step was recognised in {who}"
     seen = "; ".join(
         f"{label}: {_events_phrase(manifest)}"
@@ -245,7 +240,8 @@ def compare_runs(
                 f"(A: {', '.join(streams[0])}; B: {', '.join(streams[1])})"
             )
         else:
-            verdict, explanation = _unjudged(manifest_a, manifest_b, lengths, diffs)
+            empty = [label for label, found in zip("AB", streams) if not found]
+            verdict, explanation = _unjudged(manifest_a, manifest_b, empty, diffs)
         identical = False
     elif uneven:
         stream, (na, nb) = next(iter(uneven.items()))

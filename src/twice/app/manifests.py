@@ -114,9 +114,7 @@ def _events(procs: list[ProcessRecord]) -> dict | None:
     seen = [proc.events for proc in procs if proc.events is not None]
     if not seen:
         return None
-    total = {key: sum(events.get(key, 0) for events in seen) for key in _EVENT_COUNTS}
-    total["hand_updated"] = any(events.get("hand_updated") for events in seen)
-    return total
+    return {key: sum(events.get(key, 0) for events in seen) for key in _EVENT_COUNTS}
 
 
 _EVENT_COUNTS = ("batches", "backward_calls", "optimizer_steps", "steps")

@@ -169,7 +169,6 @@ def verify_resume(
     env = {
         **options.env,
         **ChildSettings(checkpoint_dir=str(saved.resolve())).to_env(),
-        **ChildSettings(resume_probe=True).to_env(),
     }
     code, resumed = run_command(
         resume_command or command,

@@ -214,9 +214,10 @@ _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
             v is None
             or (
                 isinstance(v, dict)
-                and all(_is_int(v.get(k, 0), 0) for k in ("batches", "backward_calls", "steps"))
-                and _is_int(v.get("optimizer_steps", 0), 0)
-                and type(v.get("hand_updated", False)) is bool
+                and all(
+                    _is_int(v.get(k, 0), 0)
+                    for k in ("batches", "backward_calls", "optimizer_steps", "steps")
+                )
             )
         ),
         False,

@@ -50,8 +50,6 @@ class ChildSettings:
     """Where twice.checkpoint_dir() points: the run's checkpoints/ by default."""
     resume_from: str | None = field(default=None, metadata={"env": "TWICE_RESUME_FROM"})
     """The checkpoint twice.Run.resume() starts from."""
-    resume_probe: bool = field(default=False, metadata={"env": "TWICE_RESUME_PROBE"})
-    """Record the parameters as loaded before the first resumed step (verify-resume)."""
     trace_steps: str | None = field(default=None, metadata={"env": "TWICE_TRACE_STEPS"})
     """Record only these steps ("4,7"): bisection's replays fingerprint one step each."""
     dump_op: str | None = field(default=None, metadata={"env": "TWICE_DUMP_OP"})
@@ -141,7 +139,6 @@ def _fields() -> dict[str, tuple[str, str]]:
 PER_RUN = (
     "TWICE_CHECKPOINT_DIR",
     "TWICE_RESUME_FROM",
-    "TWICE_RESUME_PROBE",
     "TWICE_STOP_AFTER",
     "TWICE_RECORD_OPS",
     "TWICE_DUMP_OP",

@@ -74,18 +74,15 @@ class HandSteps:
         self.params_before: str | None = None  # the first step's parameters before its update
         self.losses = 0  # of the recorder's pending losses and batches, how many are this step's
         self.batches = 0
-        self.backward_calls = 0
         self._hook = None
 
     def backward_starts(self, tensors: Any) -> None:
         """A backward call begins: a new step's first one walks its graph for the leaves."""
-        self.backward_calls += 1
         if self.open:
             return
         found = graph_leaves(tensors)
-        current = self.leaves.param_groups[0]["params"] if self.leaves is not None else None
-        if current is None or [id(t) for t in current] != [id(t) for t in found]:
-            self.leaves = _Leaves(found)
+        if self.leaves is None or list(map(id, self.params)) != list(map(id, found)):
+            self.leaves = _Leaves(found)  # a new holder: ParamNames names it afresh
 
     def backward_ended(self, losses: int, batches: int) -> None:
         """The backward call ended: remember the counters an update would change."""

@@ -66,18 +66,15 @@ class Recorder:
         stop_after: int | None = None,
         stream: str | None = None,
         record_ops: Any = None,
-        probe_params: bool = False,
         only_steps: set[int] | None = None,
         dump_ops: dict[int, int] | None = None,
         replica_every: int = 20,
         replica_mode: str = "stop",
     ):
         """Record into `run_dir`'s trace of `stream`. The keywords are the launcher's settings
-        (core/protocol.py's ChildSettings): probe_params records the parameters as loaded before
-        the first step after a resume; only_steps records only those steps (bisection's replays);
-        dump_ops saves the outputs of op INDEX of STEP ({STEP: INDEX}, for twice locate).
-        The parameters before the first update are recorded in every process, probe_params or
-        not (it is kept for the launcher's settings)."""
+        (core/protocol.py's ChildSettings): only_steps records only those steps (bisection's
+        replays); dump_ops saves the outputs of op INDEX of STEP ({STEP: INDEX}, for twice
+        locate)."""
         self.run_dir = Path(run_dir)
         self.trace_every = max(1, int(trace_every))
         self.params_every = params_every
@@ -133,7 +130,6 @@ class Recorder:
             "batches": self.batches_read,
             "backward_calls": self.backward_calls,
             "optimizer_steps": self.steps_seen,
-            "hand_updated": self._hand is not None and self.step_index > 0,
             "steps": self.step_index,
         }
 
@@ -148,7 +144,6 @@ class Recorder:
             stop_after=settings.stop_after,
             stream=stream,
             record_ops=parse_steps(settings.record_ops or ""),
-            probe_params=settings.resume_probe,
             only_steps=settings.only_steps,
             dump_ops=settings.dump_ops,
             replica_every=settings.replica_every,
@@ -331,9 +326,9 @@ class Recorder:
 
     def _watch_backward(self, hand: HandSteps) -> None:
         with self._paused():
-            named = [(n, p.grad) for n, p in self.names.of(hand.leaves) if p.grad is not None]
-            digests, hand.grad_squares = self._digests([grad for _, grad in named], True)
-            hand.grad_digests = [(name, value) for (name, _), value in zip(named, digests)]
+            names, grads = self._named_grads(hand.leaves)
+            digests, hand.grad_squares = self._digests(grads, True)
+            hand.grad_digests = list(zip(names, digests))
         if self.probe_params and hand.params_before is None:  # before the first update
             leaves = self.names.of(hand.leaves)
             with self._paused():
@@ -360,9 +355,9 @@ class Recorder:
             if not before_backward:
                 return
             with self._paused():
-                named = [(n, p.grad) for n, p in self.names.of(hand.leaves) if p.grad is not None]
-                now, _ = self._digests([grad for _, grad in named], False)
-            if [(name, value) for (name, _), value in zip(named, now)] == hand.grad_digests:
+                names, grads = self._named_grads(hand.leaves)
+                now, _ = self._digests(grads, False)
+            if list(zip(names, now)) == hand.grad_digests:
                 return  # gradient accumulation: the same step goes on
         self._end_hand_step()
         self._exit_if_stopping()
@@ -447,12 +442,18 @@ class Recorder:
             return self.step_index in self.only_steps
         return self.step_index % self.trace_every == 0
 
-    def _take_grads(self, optimizer) -> None:
+    def _named_grads(self, holder) -> tuple[list[str], list]:
+        """(names, gradients) of the parameters of `holder` (an optimizer, or a hand loop's
+        leaves) that have a gradient."""
         names, grads = [], []
-        for name, param in self.names.of(optimizer):
+        for name, param in self.names.of(holder):
             if param.grad is not None:
                 names.append(name)
                 grads.append(param.grad)
+        return names, grads
+
+    def _take_grads(self, optimizer) -> None:
+        names, grads = self._named_grads(optimizer)
         digests, norms = self._digests(grads, True)
         self._round.grads.extend(zip(names, digests))
         self._round.grad_squares.extend(norms)

@@ -43,9 +43,7 @@ _EVENTS = ("batches", "backward_calls", "optimizer_steps", "steps")
 
 def _events(value: Any) -> bool:
     return value is None or (
-        isinstance(value, dict)
-        and all(_count(value.get(key, 0)) for key in _EVENTS)
-        and type(value.get("hand_updated", False)) is bool
+        isinstance(value, dict) and all(_count(value.get(key, 0)) for key in _EVENTS)
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from twice.core.records import COMPARED_FIELDS, StepRecord
+from twice.core.records import StepRecord
 from twice.store.tracescan import PairScan, TraceLines
 
 __all__ = ["Alignment", "content_alignment", "find_params", "first_record", "scan_offset"]
@@ -114,14 +114,7 @@ def scan_offset(path_a: Path, path_b: Path, offset: int, steps: int | None = Non
                     scan.counts[1] += 1
                 continue
             pending[0] = pending[1] = None
-            scan.counts[0] += 1
-            scan.counts[1] += 1
-            scan.common += 1
-            if scan.first is None:
-                if any(getattr(record_a, n) != getattr(record_b, n) for n in COMPARED_FIELDS):
-                    scan.first = (record_a, record_b)
-                else:
-                    scan.same_before += 1
+            scan.add_pair(record_a, record_b)
     finally:
         a.close()
         b.close()

@@ -37,6 +37,17 @@ class PairScan:
     same_before: int = 0  # common steps with equal compared fields before the first difference
     first: tuple[StepRecord, StepRecord] | None = None  # the records at the first difference
 
+    def add_pair(self, record_a: StepRecord, record_b: StepRecord) -> None:
+        """Count one step recorded in both runs, comparing it while no difference was found."""
+        self.counts[0] += 1
+        self.counts[1] += 1
+        self.common += 1
+        if self.first is None:
+            if any(getattr(record_a, n) != getattr(record_b, n) for n in COMPARED_FIELDS):
+                self.first = (record_a, record_b)
+            else:
+                self.same_before += 1
+
 
 def line_step(line: bytes) -> tuple[int, int] | None:
     """(where the line's body ends, its step) for a line ending in `"step":N}` or
@@ -232,15 +243,7 @@ def scan_pair(path_a: Path, path_b: Path, steps: int | None = None, start: int =
                 a.skip()
                 b.skip()
             else:
-                record_a, record_b = a.record(), b.record()
-                scan.counts[0] += 1
-                scan.counts[1] += 1
-                scan.common += 1
-                if scan.first is None:
-                    if any(getattr(record_a, n) != getattr(record_b, n) for n in COMPARED_FIELDS):
-                        scan.first = (record_a, record_b)
-                    else:
-                        scan.same_before += 1
+                scan.add_pair(a.record(), b.record())
     finally:
         a.close()
         b.close()
