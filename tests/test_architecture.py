@@ -18,7 +18,18 @@ import twice
 PACKAGE = Path(twice.__file__).parent
 
 # Folders, lowest first: a module may import from its own folder or a lower one, never a higher one.
-LAYERS = ["core", "rng", "store", "checkpoint", "record", "data", "runtime", "app", "integrations"]
+LAYERS = [
+    "core",
+    "rng",
+    "store",
+    "checkpoint",
+    "record",
+    "portable",
+    "data",
+    "runtime",
+    "app",
+    "integrations",
+]
 # Files directly in twice/: the compiled module sits below everything; the command line (cli/), the
 # public facades (twice.testing, twice.numerics, twice.parallel) and `python -m twice` above
 # everything.

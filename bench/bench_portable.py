@@ -1,0 +1,167 @@
+"""What portable mode costs: a training step under `--portable` against the plain step, and each
+kernel's throughput against torch's, measured side by side in one process.
+
+Steps: for an MLP, a CNN with batch norm and a small transformer (dropout on), Adam, the same loop
+runs in alternating blocks with and without the portable dispatch mode (ROUNDS pairs of STEPS
+steps; each block's first step untimed), at 1 and at 2 threads. The median of the per-pair ratios
+of wall time is reported with the pairs' quartiles. Target (issue 27): at most 3x.
+
+Kernels: matrix product and convolution in GFLOP/s, elementwise exp and a sum in GB/s (bytes of
+the input read), portable against torch, the best of several calls each.
+
+`python bench/bench_portable.py` runs everything; words given pick the cases whose names hold
+them all (`bench_portable.py cnn`, `bench_portable.py kernels`).
+"""
+
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+from twice.portable import elementwise as ew
+from twice.portable import nn as pnn
+from twice.portable.exact import exact_matmul, exact_sum
+from twice.portable.mode import PortableMode
+
+STEPS = 6
+ROUNDS = 12
+
+
+def mlp():
+    model = nn.Sequential(
+        nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
+    return model, lambda: (torch.randn(64, 784), torch.randint(0, 10, (64,)))
+
+
+def cnn():
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 8 * 8, 10),
+    )
+    return model, lambda: (torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,)))
+
+
+class Transformer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(1000, 128)
+        layer = nn.TransformerEncoderLayer(128, 4, 256, dropout=0.1, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.head(self.enc(self.emb(x)).mean(1))
+
+
+def transformer():
+    return Transformer(), lambda: (torch.randint(0, 1000, (16, 64)), torch.randint(0, 10, (16,)))
+
+
+def block(model, opt, data, portable: bool) -> float:
+    mode = PortableMode("warn") if portable else None
+    if mode is not None:
+        mode.__enter__()
+    try:
+        times = []
+        for step in range(STEPS):
+            x, y = data()
+            start = time.perf_counter()
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if step:
+                times.append(time.perf_counter() - start)
+        return statistics.median(times)
+    finally:
+        if mode is not None:
+            mode.__exit__(None, None, None)
+
+
+def step_case(name, build, threads):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model, data = build()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ratios, plain_ms = [], []
+    for _ in range(ROUNDS):
+        plain = block(model, opt, data, False)
+        portable = block(model, opt, data, True)
+        ratios.append(portable / plain)
+        plain_ms.append(plain * 1e3)
+    q1, med, q3 = statistics.quantiles(ratios, n=4)
+    print(
+        f"{name:28s} plain {statistics.median(plain_ms):7.2f} ms/step   portable "
+        f"{med:5.2f}x  (quartiles {q1:.2f}x, {q3:.2f}x)"
+    )
+
+
+def best(fn, repeat=7) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def kernels():
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(256, 784, generator=g), torch.randn(784, 256, generator=g)
+    flops = 2 * 256 * 784 * 256
+    t_torch, t_port = best(lambda: a @ b), best(lambda: exact_matmul(a, b))
+    print(
+        f"matmul 256x784x256 float32     torch {flops / t_torch / 1e9:7.2f} GFLOP/s   portable "
+        f"{flops / t_port / 1e9:7.2f} GFLOP/s  ({t_port / t_torch:.1f}x the time)"
+    )
+    x, w = torch.randn(32, 16, 32, 32, generator=g), torch.randn(32, 16, 3, 3, generator=g)
+    flops = 2 * 32 * 32 * 32 * 32 * 16 * 9
+    t_torch = best(lambda: torch.nn.functional.conv2d(x, w, padding=1))
+    t_port = best(lambda: pnn.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1))
+    print(
+        f"conv2d 32x16x32x32, 32 3x3     torch {flops / t_torch / 1e9:7.2f} GFLOP/s   portable "
+        f"{flops / t_port / 1e9:7.2f} GFLOP/s  ({t_port / t_torch:.1f}x the time)"
+    )
+    v = torch.randn(1 << 20, generator=g)
+    size = v.numel() * 4
+    for label, plain, ours in [
+        ("exp", lambda: torch.exp(v), lambda: ew.exp(v.double()).float()),
+        ("sum", lambda: v.sum(), lambda: exact_sum(v)),
+    ]:
+        t_torch, t_port = best(plain), best(ours)
+        print(
+            f"{label} of 2**20 float32{' ' * (12 - len(label))}torch {size / t_torch / 1e9:7.2f} "
+            f"GB/s      portable {size / t_port / 1e9:7.2f} GB/s      "
+            f"({t_port / t_torch:.1f}x the time)"
+        )
+
+
+CASES = {
+    f"step {name} {threads} thread{'s' if threads > 1 else ''}": (
+        lambda build=build, name=name, threads=threads: step_case(
+            f"{name}, {threads} thread{'s' if threads > 1 else ''}", build, threads
+        )
+    )
+    for threads in (1, 2)
+    for name, build in (("mlp", mlp), ("cnn", cnn), ("transformer", transformer))
+}
+CASES["kernels"] = kernels
+
+
+if __name__ == "__main__":
+    words = sys.argv[1:]
+    for case, run in CASES.items():
+        if all(w in case for w in words):
+            run()

@@ -1,0 +1,267 @@
+"""Elementwise functions by twice's own algorithms, in float64 from IEEE basic operations only.
+
+torch evaluates exp, log, tanh, erf, ... with the platform's libm in its scalar code and with SLEEF
+in its vectorised code, which round differently per instruction set. Here each function is a
+fixed sequence of additions, multiplications, divisions, square roots and exact scalings by
+powers of two (bit-built, never `pow`), so it gives the same bits wherever IEEE arithmetic holds:
+any CPU, any vector width, any thread count, the GPU. A float32 input is evaluated in float64 and
+rounded once. No operation is fused: a multiply and the add that follows are two roundings.
+
+Each function takes and returns float64 tensors; accuracy is measured in tests and
+docs/portable.md (within a few float64 ulps, so float32 results are correctly rounded but for
+rare ties).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import torch
+
+__all__ = [
+    "exp",
+    "log",
+    "log1p",
+    "expm1",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "sincos_turns",
+    "pow_scalar",
+    "pow_tensor",
+    "softplus",
+    "gelu",
+    "gelu_backward",
+    "silu",
+    "silu_backward",
+    "pow2",
+]
+
+LN2_HI = float.fromhex("0x1.62e42fee00000p-1")  # ln 2 with 32 trailing zero bits: k*LN2_HI exact
+LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
+INV_LN2 = 1.0 / math.log(2.0)
+SQRT_HALF = math.sqrt(0.5)
+TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+_EXP_TAYLOR = [float(Fraction(1, math.factorial(n))) for n in range(14)]
+_ATANH_ODD = [float(Fraction(1, 2 * n + 1)) for n in range(12)]
+_ERF_TAYLOR = [float(Fraction((-1) ** n, math.factorial(n) * (2 * n + 1))) for n in range(18)]
+_SIN_TAYLOR = [float(Fraction((-1) ** n, math.factorial(2 * n + 1))) for n in range(13)]
+_COS_TAYLOR = [float(Fraction((-1) ** n, math.factorial(2 * n))) for n in range(13)]
+# erfc(x) * exp(x*x) on [1, 6] as a polynomial in t = (x - 3.5) / 2.5, highest power first
+# (a Chebyshev fit made with mpmath at 40 digits; relative error 3e-16 evaluated in float64).
+_ERFCX_1_6 = [
+    float.fromhex(h)
+    for h in (
+        "-0x1.0ffeb2025a844p-27",
+        "0x1.4780e2b6ae9fcp-26",
+        "0x1.552c0bb09da2bp-27",
+        "-0x1.bdbea062e7bcep-26",
+        "-0x1.c8fc66fc7bc0dp-24",
+        "0x1.09fb2105f8c63p-22",
+        "-0x1.0fc457ffcf943p-22",
+        "0x1.224ef177e028dp-21",
+        "-0x1.97bc0d3524cc9p-20",
+        "0x1.b60406b96cda5p-19",
+        "-0x1.bb86611d19f41p-18",
+        "0x1.cd67bf2fdbdcfp-17",
+        "-0x1.dc4d3878b7d9bp-16",
+        "0x1.e1ece2c18fa69p-15",
+        "-0x1.dffd8fc4d89c6p-14",
+        "0x1.d6db0dfb1669cp-13",
+        "-0x1.c669d83cfbc32p-12",
+        "0x1.af197438ea57dp-11",
+        "-0x1.91bd61dd48183p-10",
+        "0x1.6f7002cabba84p-9",
+        "-0x1.4984fb844f2d2p-8",
+        "0x1.2174217335a2cp-7",
+        "-0x1.f18023477afb8p-7",
+        "0x1.a1b820b70ef9fp-6",
+        "-0x1.56274da105a47p-5",
+        "0x1.10eccd7003927p-4",
+        "-0x1.a72747a5e6b50p-4",
+        "0x1.3e0a99a0ee913p-3",
+    )
+]
+
+
+def _horner(coefficients, t: torch.Tensor) -> torch.Tensor:
+    """sum(c[i] * t**i) by Horner's rule, lowest power first in `coefficients`."""
+    acc = torch.full_like(t, coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        acc = acc * t
+        acc = acc + c
+    return acc
+
+
+def pow2(k: torch.Tensor) -> torch.Tensor:
+    """2.0**k for integer tensors k in [-1022, 1023], built from its bits (exact)."""
+    bits = (k.to(torch.int64) + 1023) << 52
+    return (
+        bits.view(torch.float64) if bits.is_contiguous() else bits.contiguous().view(torch.float64)
+    )
+
+
+def _scale(p: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """p * 2**k in two exact steps (so that k may reach the subnormal range)."""
+    half = torch.div(k, 2, rounding_mode="floor")
+    return (p * pow2(half)) * pow2(k - half)
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """e**x: x = k ln2 + r with |r| <= ln2/2, a degree-13 Taylor polynomial for e**r."""
+    x = torch.clamp(x, -746.0, 710.0)
+    k = torch.round(x * INV_LN2)
+    k = torch.where(torch.isnan(k), 0.0, k)
+    r = (x - k * LN2_HI) - k * LN2_LO
+    return _scale(_horner(_EXP_TAYLOR, r), k.to(torch.int64))
+
+
+def log(x: torch.Tensor) -> torch.Tensor:
+    """ln x: x = m 2**e with m in [sqrt(1/2), sqrt(2)); ln m = 2 atanh((m-1)/(m+1)), a series."""
+    m, e = torch.frexp(x)
+    low = m < SQRT_HALF
+    m = torch.where(low, m * 2.0, m)
+    e = (e - low.to(e.dtype)).to(torch.float64)
+    f = m - 1.0
+    s = f / (f + 2.0)
+    z = s * s
+    log_m = (s * 2.0) * _horner(_ATANH_ODD, z)
+    out = e * LN2_HI + (log_m + e * LN2_LO)
+    out = torch.where(x == 0, -math.inf, out)
+    out = torch.where(x == math.inf, math.inf, out)
+    return torch.where((x < 0) | torch.isnan(x), math.nan, out)
+
+
+def log1p(x: torch.Tensor) -> torch.Tensor:
+    """ln(1 + x), with the rounding of 1 + x corrected: ln(u) * x / (u - 1)."""
+    u = x + 1.0
+    d = u - 1.0
+    exact = d == 0
+    ratio = x / torch.where(exact, 1.0, d)
+    out = torch.where(exact, x, log(u) * ratio)
+    return torch.where(u == math.inf, math.inf, out)
+
+
+def expm1(x: torch.Tensor) -> torch.Tensor:
+    """e**x - 1: its Taylor series for |x| < ln2/2, e**x - 1 beyond."""
+    small = x.abs() < 0.34657359027997264
+    xs = torch.where(small, x, 0.0)
+    series = xs * _horner(_EXP_TAYLOR[1:] + [float(Fraction(1, math.factorial(14)))], xs)
+    return torch.where(small, series, exp(x) - 1.0)
+
+
+def tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh x = -t / (t + 2) with t = e**(-2|x|) - 1, the sign restored."""
+    t = expm1(x.abs() * -2.0)
+    magnitude = -t / (t + 2.0)
+    return torch.where(x < 0, -magnitude, magnitude)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + e**-x)."""
+    return 1.0 / (exp(-x) + 1.0)
+
+
+def erf(x: torch.Tensor) -> torch.Tensor:
+    """erf x: its Taylor series for |x| < 1; 1 - e**(-x*x) erfcx(|x|) by a fitted polynomial on
+    [1, 6]; 1 beyond (erfc(6) is below half a float64 ulp of 1). Odd."""
+    a = x.abs()
+    near = torch.where(a < 1.0, a, 0.0)
+    series = (near * TWO_OVER_SQRT_PI) * _horner(_ERF_TAYLOR, near * near)
+    far = torch.clamp(a, 1.0, 6.0)
+    t = (far - 3.5) / 2.5
+    erfc = exp(-(far * far)) * _horner(list(reversed(_ERFCX_1_6)), t)
+    magnitude = torch.where(a < 1.0, series, torch.where(a < 6.0, 1.0 - erfc, 1.0))
+    magnitude = torch.where(torch.isnan(x), x, magnitude)
+    return torch.where(x < 0, -magnitude, magnitude)
+
+
+def sincos_turns(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sin, cos) of 2 pi u for u in [0, 1): the quarter turn found exactly, then Taylor series
+    of the angle within it (below pi/2)."""
+    v = u * 4.0
+    quarter = torch.floor(v)
+    angle = (v - quarter) * (math.pi / 2)
+    z = angle * angle
+    s = angle * _horner(_SIN_TAYLOR, z)
+    c = _horner(_COS_TAYLOR, z)
+    q = quarter.to(torch.int64) % 4
+    sin = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
+    cos = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
+    return sin, cos
+
+
+def pow_scalar(x: torch.Tensor, y: float) -> torch.Tensor:
+    """x**y for a number y: exact products for small integers, sqrt for 1/2, else e**(y ln|x|)
+    with the sign of an odd integer power."""
+    if y == 0:
+        return torch.ones_like(x)
+    if y == 1:
+        return x.clone()
+    if y == 2:
+        return x * x
+    if y == 3:
+        return (x * x) * x
+    if y == 0.5:
+        return torch.sqrt(x)
+    if y == -1:
+        return 1.0 / x
+    if y == -2:
+        return 1.0 / (x * x)
+    if y == -0.5:
+        return 1.0 / torch.sqrt(x)
+    return pow_tensor(x, torch.full_like(x, float(y)))
+
+
+def pow_tensor(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x**y elementwise by e**(y ln|x|), following C's pow for signs, zeros and infinities."""
+    x, y = torch.broadcast_tensors(x, y)
+    magnitude = exp(y * log(x.abs()))
+    integral = torch.floor(y) == y
+    odd = integral & (torch.remainder(y, 2.0) == 1.0)
+    out = torch.where((x < 0) & odd, -magnitude, magnitude)
+    out = torch.where((x < 0) & ~integral & torch.isfinite(x), math.nan, out)
+    return torch.where((y == 0) | (x == 1), 1.0, out)
+
+
+def softplus(x: torch.Tensor, beta: float, threshold: float) -> torch.Tensor:
+    """ln(1 + e**(beta x)) / beta, or x where beta x exceeds the threshold (torch's rule)."""
+    bx = x * beta
+    return torch.where(bx > threshold, x, log1p(exp(bx)) / beta)
+
+
+def gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """GELU: x Phi(x) with erf, or torch's tanh approximation."""
+    if approximate == "tanh":
+        inner = (x + ((x * x) * x) * 0.044715) * math.sqrt(2.0 / math.pi)
+        return (x * 0.5) * (tanh(inner) + 1.0)
+    return (x * 0.5) * (erf(x * SQRT_HALF) + 1.0)
+
+
+def gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """d GELU / dx times the incoming gradient."""
+    if approximate == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        x2 = x * x
+        inner = (x + (x2 * x) * 0.044715) * k
+        t = tanh(inner)
+        left = (t + 1.0) * 0.5
+        d_inner = ((x2 * (3 * 0.044715)) + 1.0) * k
+        right = ((x * 0.5) * (1.0 - t * t)) * d_inner
+        return grad * (left + right)
+    cdf = (erf(x * SQRT_HALF) + 1.0) * 0.5
+    pdf = exp((x * x) * -0.5) * (1.0 / math.sqrt(2.0 * math.pi))
+    return grad * (cdf + x * pdf)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """x / (1 + e**-x)."""
+    return x / (exp(-x) + 1.0)
+
+
+def silu_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """grad * s (1 + x (1 - s)) with s the sigmoid of x."""
+    s = sigmoid(x)
+    return grad * (s * ((x * (1.0 - s)) + 1.0))

@@ -1,0 +1,178 @@
+"""Sums and matrix products whose bits depend only on their inputs: exact, then rounded once.
+
+A reduction's bits depend on the order of its additions, and that order follows the thread count,
+the vector width, the BLAS code path and the device. Here each operand is cut into slices of
+integers on a grid fixed by the operand's largest magnitude along the reduced dimension (the
+bits below the last slice are dropped, a choice that depends on the values alone). Every slice is
+a float64 tensor of integers small enough that any sum of the products the reduction forms stays
+below 2**53: every partial sum is exact, in any order, with or without fused multiply-adds. So
+torch's own fastest kernels (BLAS, vectorised sums, and on the GPU cuBLAS) compute them, and the
+result is the same everywhere. The slices' results are scaled by powers of two (exact) and added
+in one fixed order in float64, then rounded once to the output dtype.
+
+Accuracy: float32 keeps two slices (at least 32 bits below each row's largest magnitude), float64
+three (at least 48), so a float32 result is accurate to a few units in its last place of the sum
+of the magnitudes, better than torch's own float32 product; docs/portable.md has the figures.
+Non-finite inputs give what IEEE arithmetic gives in any order: NaN where a NaN, an inf times
+zero or infinities of both signs meet, otherwise the infinity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["exact_matmul", "exact_sum", "exact_bilinear", "slices_for", "split"]
+
+_MANTISSA = 53  # float64 keeps integers exact below 2**53
+
+
+def slices_for(dtype: torch.dtype) -> int:
+    """How many integer slices an operand is cut into for a result of `dtype`: one for float32
+    (at least 21 bits below each row's largest magnitude in a product, 29 in a sum of up to 2**24
+    terms: what a float32 result can hold), three for float64."""
+    return 3 if dtype == torch.float64 else 1
+
+
+def _beta(terms: int, factors: int) -> int:
+    """Bits per slice so that `terms` products of `factors` slice integers sum exactly."""
+    room = _MANTISSA - max(1, math.ceil(math.log2(max(terms, 2))))
+    return max(1, room // factors)
+
+
+def split(x: torch.Tensor, dims: tuple[int, ...] | None, count: int, beta: int) -> list:
+    """`count` slices of float64 `x`: (integers, unit) pairs with `x` ~= sum(integers * unit).
+
+    The unit of the first slice is 2**(e - beta), where 2**e bounds the largest magnitude over
+    `dims` (all dimensions when None), so each slice's integers stay within 2**beta; each next
+    slice holds the previous one's remainder on a grid 2**beta finer. Every step is exact."""
+    mag = x.abs()
+    amax = mag.amax() if dims is None else mag.amax(dim=dims, keepdim=True)
+    _, exponent = torch.frexp(amax)
+    unit = torch.ldexp(torch.ones_like(amax), exponent - beta)
+    parts, rest = [], x
+    for index in range(count):
+        ints = torch.round(rest / unit)
+        parts.append((ints, unit))
+        if index + 1 < count:
+            rest = rest - ints * unit
+            unit = unit * (2.0**-beta)
+    return parts
+
+
+def _finite(*tensors: torch.Tensor) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def exact_bilinear(
+    a, b, form, a_dims, b_dims, terms: int, out_dtype, scale=None, precision=None
+) -> torch.Tensor:
+    """`form(a, b)` for a bilinear `form` made of products and sums (a matrix product, a product
+    followed by a sum over a batch), computed exactly on slices and rounded once to `out_dtype`.
+
+    `a_dims`/`b_dims` are the dimensions each operand's scale is taken over (those the form
+    reduces); `terms` bounds how many products any output sums. The scales must broadcast
+    through `form` as an outer product: `form(a * sa, b * sb) == form(a, b) * sa' * sb'`, which
+    holds when each scale is constant over the reduced dimensions. Otherwise `scale(unit_a,
+    unit_b)` gives the output's scale (a form that sums over whole-tensor scales, say)."""
+    scale = scale or form
+    count = slices_for(precision or out_dtype)
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    if not _finite(a64, b64):
+        return _nonfinite_bilinear(
+            a64, b64, form, a_dims, b_dims, terms, out_dtype, scale, precision or out_dtype
+        )
+    beta = _beta(terms * count, 2)
+    sa, sb = split(a64, a_dims, count, beta), split(b64, b_dims, count, beta)
+    total = None
+    for level in range(count):  # products whose slices' units multiply to the same power
+        for p in range(level + 1):
+            ints_a, unit_a = sa[p]
+            ints_b, unit_b = sb[level - p]
+            term = form(ints_a, ints_b) * scale(unit_a, unit_b)
+            total = term if total is None else total + term
+    return total.to(out_dtype)
+
+
+def _nonfinite_bilinear(
+    a, b, form, a_dims, b_dims, terms, out_dtype, scale, precision
+) -> torch.Tensor:
+    """The IEEE result where infinities or NaNs are among the operands: the finite part exactly,
+    then NaN or an infinity wherever a product that reaches an output is one (counted exactly,
+    with the form itself on 0/1 tensors)."""
+    finite_a, finite_b = torch.isfinite(a), torch.isfinite(b)
+    value = exact_bilinear(
+        torch.where(finite_a, a, 0.0),
+        torch.where(finite_b, b, 0.0),
+        form,
+        a_dims,
+        b_dims,
+        terms,
+        torch.float64,
+        scale,
+        precision,
+    )
+
+    def count(x, y):
+        return form(x.to(torch.float64), y.to(torch.float64))
+
+    inf_a, inf_b = torch.isinf(a), torch.isinf(b)
+    pos_a, pos_b, neg_a, neg_b = a > 0, b > 0, a < 0, b < 0
+    nan = count(torch.isnan(a), torch.ones_like(b, dtype=torch.bool))
+    nan = nan + count(torch.ones_like(a, dtype=torch.bool), torch.isnan(b))
+    nan = nan + count(inf_a, b == 0) + count(a == 0, inf_b)
+    positive = count(inf_a & pos_a, pos_b) + count(pos_a, inf_b & pos_b)
+    positive = positive + count(inf_a & neg_a, neg_b) + count(neg_a, inf_b & neg_b)
+    negative = count(inf_a & pos_a, neg_b) + count(pos_a, inf_b & neg_b)
+    negative = negative + count(inf_a & neg_a, pos_b) + count(neg_a, inf_b & pos_b)
+    out = torch.where(positive > 0, math.inf, value)
+    out = torch.where(negative > 0, -math.inf, out)
+    out = torch.where((nan > 0) | ((positive > 0) & (negative > 0)), math.nan, out)
+    return out.to(out_dtype)
+
+
+def exact_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype=None, precision=None) -> torch.Tensor:
+    """`a @ b` for (batched) matrices, exact then rounded once (torch.matmul broadcasting), at
+    the precision of `precision` (the dtype the result ends in; `out_dtype` by default)."""
+    out_dtype = out_dtype or a.dtype
+    return exact_bilinear(
+        a, b, torch.matmul, (-1,), (-2,), max(1, a.shape[-1]), out_dtype, precision=precision
+    )
+
+
+def exact_sum(
+    x: torch.Tensor, dims=None, keepdim: bool = False, out_dtype=None, precision=None
+) -> torch.Tensor:
+    """The sum of `x` over `dims` (all when None), exact then rounded once to `out_dtype`, at
+    the precision of `precision` (by default the output's dtype, or the input's where the output
+    is float64: an intermediate result)."""
+    out_dtype = out_dtype or x.dtype
+    precision = precision or (x.dtype if out_dtype == torch.float64 else out_dtype)
+    x64 = x.to(torch.float64)
+    dims = tuple(range(x.dim())) if dims is None else tuple(d % max(x.dim(), 1) for d in dims)
+    if x.dim() == 0:
+        return x64.to(out_dtype)
+    terms = max(1, math.prod(x.shape[d] for d in dims))
+    if terms == 0 or x.numel() == 0:
+        return x64.sum(dim=dims, keepdim=keepdim).to(out_dtype)
+    if not bool(torch.isfinite(x64).all()):
+        return _nonfinite_sum(x64, dims, keepdim).to(out_dtype)
+    count = slices_for(precision)
+    total = None
+    for ints, unit in split(x64, dims, count, _beta(terms, 1)):
+        unit = unit if keepdim else unit.squeeze(dims) if dims else unit
+        term = ints.sum(dim=dims, keepdim=keepdim) * unit
+        total = term if total is None else total + term
+    return total.to(out_dtype)
+
+
+def _nonfinite_sum(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
+    finite = torch.isfinite(x)
+    value = exact_sum(torch.where(finite, x, 0.0), dims, keepdim, torch.float64)
+    positive = (x == math.inf).sum(dim=dims, keepdim=keepdim)
+    negative = (x == -math.inf).sum(dim=dims, keepdim=keepdim)
+    nan = torch.isnan(x).sum(dim=dims, keepdim=keepdim)
+    out = torch.where(positive > 0, math.inf, value)
+    out = torch.where(negative > 0, -math.inf, out)
+    return torch.where((nan > 0) | ((positive > 0) & (negative > 0)), math.nan, out)

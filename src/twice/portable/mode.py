@@ -1,0 +1,183 @@
+"""The dispatch mode that routes a program's operations to portable kernels, unmodified.
+
+A `TorchDispatchMode` sees every aten operation below autograd: the forward, the backward (autograd
+decomposes it into aten operations too), the optimizer's update and the initialisation. Each
+operation is either computed by twice's kernel (table.KERNELS), left to torch when torch's bits
+already depend on the inputs alone (table.EXACT, or no floating-point tensor involved), or
+uncovered: under "strict" an error naming the operation, the module and the user's line; under
+"warn" one warning per operation, the operation listed for the manifest, and torch's result.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from twice.core.errors import DeterminismError
+from twice.portable import ops_math, ops_nn  # noqa: F401  (they fill KERNELS)
+from twice.portable.table import EXACT, KERNELS, NOT_EXACT, PortableUnsupported
+
+__all__ = ["PortableMode", "PortableError", "enable", "active", "suspended", "coverage"]
+
+
+class PortableError(DeterminismError):
+    """An operation portable mode does not cover ran under `--determinism strict`."""
+
+
+def coverage(func) -> str:
+    """ "kernel" (twice computes it), "exact" (torch's result is already portable) or
+    "uncovered", for an aten overload, before looking at its arguments."""
+    name = f"{func.overloadpacket.__name__}.{func._overloadname}"
+    if name in KERNELS:
+        return "kernel"
+    if func.overloadpacket.__name__ in EXACT and name not in NOT_EXACT:
+        return "exact"
+    return "uncovered"
+
+
+def _floating(args, kwargs) -> bool:
+    flat, _ = tree_flatten((args, kwargs))
+    return any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in flat)
+
+
+def _where() -> tuple[str | None, str | None]:
+    """The module whose forward is running (by its path) and the user's line, from the stack."""
+    from twice.record import callsite
+
+    module = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if (
+            module is None
+            and isinstance(owner, torch.nn.Module)
+            and frame.f_code.co_name == "forward"
+        ):
+            names = callsite.module_names()
+            entry = names.get(id(owner))
+            module = entry[1] if entry is not None else type(owner).__name__
+        frame = frame.f_back
+    return module, callsite.user_line()
+
+
+class PortableMode(TorchDispatchMode):
+    """Portable kernels for every covered operation; `policy` ("strict" or "warn") for the rest."""
+
+    def __init__(self, policy: str = "strict") -> None:
+        super().__init__()
+        self.policy = policy
+        self.uncovered: dict[str, dict[str, Any]] = {}
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = f"{func.overloadpacket.__name__}.{func._overloadname}"
+        handler = KERNELS.get(name)
+        if handler is not None:
+            if not _floating(args, kwargs) and not name.startswith(("rand", "random_")):
+                return func(*args, **kwargs)
+            try:
+                return handler(*args, **kwargs)
+            except PortableUnsupported as exc:
+                return self._uncovered(func, name, args, kwargs, str(exc))
+        if name.startswith("_foreach_"):
+            return self._foreach(func, name, args, kwargs)
+        if func.overloadpacket.__name__ in EXACT and name not in NOT_EXACT:
+            if name.startswith("index_put") and (args[3:4] or [kwargs.get("accumulate")])[0]:
+                return self._uncovered(func, name, args, kwargs, "accumulating index_put")
+            return func(*args, **kwargs)
+        if not _floating(args, kwargs):
+            return func(*args, **kwargs)
+        return self._uncovered(func, name, args, kwargs, None)
+
+    def _foreach(self, func, name, args, kwargs):
+        """A `_foreach_` operation as the per-tensor operation on each list element, each routed
+        through this mode (so covered exactly when the per-tensor operation is)."""
+        base = func.overloadpacket.__name__[len("_foreach_") :]
+        single = getattr(torch.ops.aten, base, None)
+        if single is None:
+            return self._uncovered(func, name, args, kwargs, None)
+        count = len(args[0])
+
+        def pick(value, i):
+            return value[i] if isinstance(value, (list, tuple)) else value
+
+        results = []
+        with self:
+            for i in range(count):
+                args_i = [pick(a, i) for a in args]
+                kwargs_i = {k: pick(v, i) for k, v in kwargs.items()}
+                results.append(single(*args_i, **kwargs_i))
+        return None if base.endswith("_") else results
+
+    def _uncovered(self, func, name, args, kwargs, why):
+        op = f"aten::{name}"
+        entry = self.uncovered.get(op)
+        if entry is None:
+            module, line = _where()
+            entry = {"op": op, "module": module, "line": line, "why": why, "count": 0}
+            self.uncovered[op] = entry
+            if self.policy == "strict":
+                raise PortableError(
+                    f"{op} is not covered by portable mode"
+                    + (f" ({why})" if why else "")
+                    + (f", in {module}" if module else "")
+                    + (f", called at {line}" if line else ""),
+                    hint="run `twice audit --portable -- <command>` for every uncovered "
+                    "operation; `--determinism warn` runs them with torch's kernels (their "
+                    "bits may then depend on the machine) and lists them in the manifest",
+                )
+            warnings.warn(
+                f"twice: {op} is not covered by portable mode"
+                + (f" ({why})" if why else "")
+                + (f" (in {module})" if module else "")
+                + (f" at {line}" if line else "")
+                + "; its bits may depend on the machine",
+                stacklevel=2,
+            )
+        entry["count"] += 1
+        return func(*args, **kwargs)
+
+
+_state = threading.local()
+_modes: list[PortableMode] = []
+
+
+def enable(policy: str = "strict") -> PortableMode:
+    """Route every operation of this thread (and the autograd it starts) through portable
+    kernels from now on; returns the mode (its `uncovered` lists what it could not cover)."""
+    if _modes:
+        _modes[0].policy = policy
+        return _modes[0]
+    mode = PortableMode(policy)
+    mode.__enter__()
+    _modes.append(mode)
+    return mode
+
+
+def active() -> PortableMode | None:
+    """The mode `enable` installed in this process, if any."""
+    return _modes[0] if _modes else None
+
+
+class suspended:
+    """Leave portable mode for a block (twice's own bookkeeping on the user's tensors)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        self._guard = _disable_current_modes() if _modes else None
+        if self._guard is not None:
+            self._guard.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._guard is not None:
+            self._guard.__exit__(*exc)
+        return False

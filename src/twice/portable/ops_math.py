@@ -1,0 +1,345 @@
+"""Portable kernels for products, reductions, elementwise functions and the compound arithmetic
+optimizers use (registered in table.KERNELS by aten overload name).
+
+Compound operations (_add with `alpha`, _addcmul, _addcdiv, _lerp) are spelled out as one IEEE
+operation per kernel call, because torch's vectorised kernels may fuse a multiply and an _add into
+one rounding on one instruction set and not on another. Products and reductions are exact
+(exact.py); the elementwise functions are twice's own (elementwise.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from twice.portable import elementwise as ew
+from twice.portable.exact import exact_matmul, exact_sum
+from twice.portable.table import PortableUnsupported, kernel
+
+__all__ = ["floating", "unary", "inplace"]
+
+_F64 = torch.float64
+_PORTABLE_DTYPES = (torch.float32, torch.float64)
+
+
+def floating(*tensors) -> None:
+    """Refuse floating-point dtypes other than float32 and float64 (half precision: not covered)."""
+    for t in tensors:
+        if (
+            isinstance(t, torch.Tensor)
+            and t.is_floating_point()
+            and t.dtype not in _PORTABLE_DTYPES
+        ):
+            raise PortableUnsupported(f"dtype {t.dtype} (portable mode covers float32 and float64)")
+
+
+def unary(function):
+    """A float64 function of one tensor as a kernel: evaluate in float64, round once."""
+
+    def run(x, *args):
+        floating(x)
+        if not x.is_floating_point():
+            x = x.to(torch.get_default_dtype())
+        return function(x.to(_F64), *args).to(x.dtype)
+
+    return run
+
+
+def inplace(function):
+    """The in-place form of a kernel: compute, then copy into the first argument."""
+
+    def run(self, *args, **kwargs):
+        self.copy_(function(self, *args, **kwargs))
+        return self
+
+    return run
+
+
+for _name, _fn in {
+    "exp": ew.exp,
+    "log": ew.log,
+    "log1p": ew.log1p,
+    "expm1": ew.expm1,
+    "tanh": ew.tanh,
+    "sigmoid": ew.sigmoid,
+    "erf": ew.erf,
+    "silu": ew.silu,
+}.items():
+    kernel(f"{_name}.default")(unary(_fn))
+    kernel(f"{_name}_.default")(inplace(unary(_fn)))
+kernel("log2.default")(unary(lambda x: ew.log(x) * (1.0 / math.log(2.0))))
+kernel("log10.default")(unary(lambda x: ew.log(x) * (1.0 / math.log(10.0))))
+kernel("rsqrt.default")(unary(lambda x: 1.0 / torch.sqrt(x)))
+kernel("rsqrt_.default")(inplace(unary(lambda x: 1.0 / torch.sqrt(x))))
+kernel("erfc.default")(unary(lambda x: 1.0 - ew.erf(x)))
+
+
+@kernel("gelu.default")
+def _gelu(x, approximate="none"):
+    floating(x)
+    return ew.gelu(x.to(_F64), approximate).to(x.dtype)
+
+
+@kernel("gelu_backward.default")
+def _gelu_backward(grad, x, approximate="none"):
+    floating(grad, x)
+    return ew.gelu_backward(grad.to(_F64), x.to(_F64), approximate).to(grad.dtype)
+
+
+@kernel("silu_backward.default")
+def _silu_backward(grad, x):
+    return ew.silu_backward(grad.to(_F64), x.to(_F64)).to(grad.dtype)
+
+
+@kernel("tanh_backward.default")
+def _tanh_backward(grad, y):
+    y64 = y.to(_F64)
+    return (grad.to(_F64) * (1.0 - y64 * y64)).to(grad.dtype)
+
+
+@kernel("sigmoid_backward.default")
+def _sigmoid_backward(grad, y):
+    y64 = y.to(_F64)
+    return (grad.to(_F64) * ((1.0 - y64) * y64)).to(grad.dtype)
+
+
+@kernel("softplus.default")
+def _softplus(x, beta=1, threshold=20):
+    return ew.softplus(x.to(_F64), float(beta), float(threshold)).to(x.dtype)
+
+
+@kernel("softplus_backward.default")
+def _softplus_backward(grad, x, beta, threshold):
+    bx = x.to(_F64) * float(beta)
+    d = torch.where(bx > float(threshold), 1.0, ew.sigmoid(bx))
+    return (grad.to(_F64) * d).to(grad.dtype)
+
+
+@kernel("pow.Tensor_Scalar")
+def _pow_tensor_scalar(x, exponent):
+    floating(x)
+    if not x.is_floating_point() and not isinstance(exponent, float):
+        return torch.pow(x, exponent)  # integers: exact
+    out_dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+    return ew.pow_scalar(x.to(_F64), float(exponent)).to(out_dtype)
+
+
+kernel("pow_.Scalar")(inplace(_pow_tensor_scalar))
+
+
+@kernel("pow.Tensor_Tensor")
+def _pow_tensor_tensor(x, exponent):
+    floating(x, exponent)
+    dtype = torch.result_type(x, exponent)
+    if not dtype.is_floating_point:
+        return torch.pow(x, exponent)
+    return ew.pow_tensor(x.to(_F64), exponent.to(_F64)).to(dtype)
+
+
+@kernel("pow.Scalar")
+def _pow_scalar_tensor(base, exponent):
+    dtype = exponent.dtype if exponent.is_floating_point() else torch.get_default_dtype()
+    return ew.pow_tensor(torch.full_like(exponent, float(base), dtype=_F64), exponent.to(_F64)).to(
+        dtype
+    )
+
+
+# Compound arithmetic, one rounding per kernel call.
+
+
+def _scaled(other, alpha):
+    if alpha == 1:
+        return other
+    if not isinstance(other, torch.Tensor):
+        return other * alpha
+    return torch.mul(other, alpha)
+
+
+@kernel("add.Tensor", "add.Scalar")
+def _add(self, other, alpha=1):
+    return torch.add(self, _scaled(other, alpha))
+
+
+@kernel("sub.Tensor", "sub.Scalar")
+def _sub(self, other, alpha=1):
+    return torch.sub(self, _scaled(other, alpha))
+
+
+@kernel("rsub.Tensor", "rsub.Scalar")
+def _rsub(self, other, alpha=1):
+    return torch.sub(other, _scaled(self, alpha))
+
+
+kernel("add_.Tensor", "add_.Scalar")(inplace(_add))
+kernel("sub_.Tensor", "sub_.Scalar")(inplace(_sub))
+
+
+@kernel("addcmul.default")
+def _addcmul(self, t1, t2, value=1):
+    return torch.add(self, torch.mul(_scaled(t1, value), t2))
+
+
+@kernel("addcdiv.default")
+def _addcdiv(self, t1, t2, value=1):
+    return torch.add(self, torch.div(_scaled(t1, value), t2))
+
+
+kernel("addcmul_.default")(inplace(_addcmul))
+kernel("addcdiv_.default")(inplace(_addcdiv))
+
+
+@kernel("lerp.Scalar", "lerp.Tensor")
+def _lerp(self, end, weight):
+    """torch's formula: self + w (end - self) below w = 1/2, end - (end - self)(1 - w) above."""
+    diff = torch.sub(end, self)
+    if not isinstance(weight, torch.Tensor):
+        if abs(weight) < 0.5:
+            return torch.add(self, torch.mul(diff, weight))
+        return torch.sub(end, torch.mul(diff, 1 - weight))
+    low = torch.add(self, torch.mul(diff, weight))
+    high = torch.sub(end, torch.mul(diff, torch.sub(1, weight)))
+    return torch.where(weight.abs() < 0.5, low, high)
+
+
+kernel("lerp_.Scalar", "lerp_.Tensor")(inplace(_lerp))
+
+
+# Products.
+
+
+def _affine(product, bias, beta, alpha, dtype):
+    if alpha != 1:
+        product = product * float(alpha)
+    if beta != 0:
+        b = bias.to(_F64)
+        product = product + (b if beta == 1 else b * float(beta))
+    return product.to(dtype)
+
+
+@kernel("mm.default", "bmm.default", "matmul.default")
+def _mm(a, b):
+    floating(a, b)
+    if not a.is_floating_point():
+        return torch.matmul(a, b)
+    return exact_matmul(a, b)
+
+
+@kernel("addmm.default", "baddbmm.default")
+def _addmm(bias, a, b, beta=1, alpha=1):
+    floating(bias, a, b)
+    return _affine(exact_matmul(a, b, _F64, a.dtype), bias, beta, alpha, a.dtype)
+
+
+@kernel("mv.default")
+def _mv(a, v):
+    floating(a, v)
+    return exact_matmul(a, v.unsqueeze(-1)).squeeze(-1)
+
+
+@kernel("addmv.default")
+def _addmv(bias, a, v, beta=1, alpha=1):
+    product = exact_matmul(a, v.unsqueeze(-1), _F64, a.dtype).squeeze(-1)
+    return _affine(product, bias, beta, alpha, a.dtype)
+
+
+@kernel("dot.default", "vdot.default")
+def _dot(a, b):
+    floating(a, b)
+    return exact_matmul(a.unsqueeze(0), b.unsqueeze(-1)).reshape(())
+
+
+# Reductions.
+
+
+def _dims(x, dim):
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(x.dim()))
+    return tuple(dim) if isinstance(dim, (list, tuple)) else (dim,)
+
+
+def _reduced_dtype(x, dtype):
+    if dtype is not None:
+        return dtype
+    return x.dtype if x.is_floating_point() else torch.int64
+
+
+@kernel("sum.dim_IntList", "sum.default")
+def _sum_(x, dim=None, keepdim=False, *, dtype=None):
+    floating(x)
+    out = _reduced_dtype(x, dtype)
+    if not out.is_floating_point and not x.is_floating_point():
+        return torch.sum(x, _dims(x, dim), keepdim, dtype=dtype)
+    return exact_sum(x, _dims(x, dim), keepdim, out)
+
+
+def _count(x, dims) -> int:
+    return math.prod(x.shape[d] for d in dims) if x.dim() else 1
+
+
+@kernel("mean.dim", "mean.default")
+def _mean(x, dim=None, keepdim=False, *, dtype=None):
+    floating(x)
+    dims = _dims(x, dim)
+    total = exact_sum(x, dims, keepdim, _F64, x.dtype)
+    return (total / _count(x, dims)).to(dtype or x.dtype)
+
+
+def _variance(x, dim, correction, keepdim):
+    dims = _dims(x, dim)
+    n = _count(x, dims)
+    x64 = x.to(_F64)
+    mu = exact_sum(x64, dims, True, _F64, x.dtype) / n
+    d = x64 - mu
+    c = 1 if correction is None else float(correction)
+    _var = exact_sum(d * d, dims, keepdim, _F64, x.dtype) / max(n - c, 0)
+    return _var, (mu if keepdim else mu.squeeze(dims) if dims else mu)
+
+
+@kernel("var.correction")
+def _var(x, dim=None, *, correction=None, keepdim=False):
+    floating(x)
+    return _variance(x, dim, correction, keepdim)[0].to(x.dtype)
+
+
+@kernel("std.correction")
+def _std(x, dim=None, *, correction=None, keepdim=False):
+    floating(x)
+    return torch.sqrt(_variance(x, dim, correction, keepdim)[0]).to(x.dtype)
+
+
+@kernel("var_mean.correction")
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, mu = _variance(x, dim, correction, keepdim)
+    return v.to(x.dtype), mu.to(x.dtype)
+
+
+@kernel("std_mean.correction")
+def _std_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, mu = _variance(x, dim, correction, keepdim)
+    return torch.sqrt(v).to(x.dtype), mu.to(x.dtype)
+
+
+@kernel("linalg_vector_norm.default")
+def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    floating(x)
+    dims, out = _dims(x, dim), dtype or x.dtype
+    a = x.to(_F64).abs()
+    if ord == math.inf:
+        return a.amax(dim=dims, keepdim=keepdim).to(out)
+    if ord == -math.inf:
+        return a.amin(dim=dims, keepdim=keepdim).to(out)
+    if ord == 0:
+        return (a != 0).to(_F64).sum(dim=dims, keepdim=keepdim).to(out)
+    if ord == 1:
+        return exact_sum(a, dims, keepdim, out)
+    if ord == 2:
+        return torch.sqrt(exact_sum(a * a, dims, keepdim, _F64, out)).to(out)
+    p = float(ord)
+    total = exact_sum(ew.pow_scalar(a, p), dims, keepdim, _F64, out)
+    return ew.pow_scalar(total, 1.0 / p).to(out)
+
+
+@kernel("_foreach_norm.Scalar")
+def _foreach_norm(tensors, ord=2, dtype=None):
+    return [_vector_norm(t, ord, None, False, dtype=dtype) for t in tensors]

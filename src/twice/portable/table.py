@@ -1,0 +1,65 @@
+"""Which operations portable mode computes itself, and which it leaves to torch because torch's
+own result already depends on nothing but the inputs.
+
+`KERNELS` maps an aten overload's name ("mm.default") to twice's implementation, which takes the
+overload's arguments. `EXACT` names the aten operations whose results are the same bits on every
+machine as torch computes them: views and copies, indexing, comparisons, maxima, and the
+elementwise operations IEEE arithmetic rounds exactly once (add, subtract, multiply, divide,
+square root, ...) when no scalar factor rides along. Everything else that touches floating-point
+tensors is uncovered: an error under `--determinism strict`, a warning and a manifest entry under
+`warn`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["KERNELS", "EXACT", "NOT_EXACT", "kernel", "PortableUnsupported"]
+
+KERNELS: dict[str, Callable] = {}
+
+
+class PortableUnsupported(Exception):
+    """A call portable mode has no implementation for (a dtype, a variant of its arguments)."""
+
+
+def kernel(*names: str) -> Callable:
+    """Register the decorated function as the portable implementation of aten overloads."""
+
+    def register(function: Callable) -> Callable:
+        for name in names:
+            KERNELS[name] = function
+        return function
+
+    return register
+
+
+EXACT = frozenset(
+    """
+    _local_scalar_dense _to_copy _unsafe_view _reshape_alias alias as_strided clone contiguous
+    copy copy_ detach detach_ empty empty_like empty_strided expand fill fill_ full full_like lift
+    lift_fresh lift_fresh_copy new_empty new_empty_strided new_full new_ones new_zeros ones
+    ones_like permute reshape resize_ scalar_tensor select select_backward slice slice_backward
+    split split_with_sizes squeeze squeeze_ t t_ transpose transpose_ unbind unfold unsqueeze
+    unsqueeze_ view view_as zero_ zeros zeros_like cat stack flip roll narrow diagonal
+    as_strided_scatter slice_scatter select_scatter diagonal_scatter constant_pad_nd
+    index index_select gather scatter masked_fill masked_fill_ masked_select where
+    index_put index_put_ take embedding repeat repeat_interleave tril triu
+    eq ne lt le gt ge logical_and logical_or logical_not logical_xor isnan isinf isfinite
+    isposinf isneginf signbit bitwise_and bitwise_or bitwise_xor bitwise_not nonzero any all
+    max min amax amin argmax argmin maximum minimum fmax fmin clamp clamp_ clamp_min clamp_min_
+    clamp_max clamp_max_ hardtanh hardtanh_ hardtanh_backward relu relu_ threshold threshold_
+    threshold_backward leaky_relu leaky_relu_ leaky_relu_backward sort topk kthvalue
+    max_pool1d max_pool2d_with_indices max_pool2d_with_indices_backward
+    neg neg_ abs abs_ sign sign_ sgn floor ceil round trunc frac
+    mul mul_ div div_ sqrt sqrt_ reciprocal reciprocal_ square
+    native_dropout_backward nan_to_num nan_to_num_ bucketize searchsorted one_hot
+    sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal
+    """.split()
+)
+"""aten operations whose torch results are the same bits everywhere (see the module's text)."""
+
+NOT_EXACT = frozenset(
+    ["scatter.reduce", "scatter.value_reduce", "scatter_.reduce", "scatter_.value_reduce"]
+)
+"""Overloads of EXACT operations that add up values (and so depend on order)."""
