@@ -1,5 +1,6 @@
 """The one compiled part, twice._native (src/twice/_native.c): the data loader's per-sample fetch
-loop and the step trace's many-buffer digests, with xxHash vendored (vendor/xxhash, BSD 2-Clause).
+loop, the step trace's many-buffer digests and portable mode's kernels (src/twice/_portable.c),
+with xxHash vendored (vendor/xxhash, BSD 2-Clause).
 
 Optional: where no C compiler is found the install goes on without it, and twice uses its Python
 code instead (the same results bit for bit, at a higher cost). Everything else is in pyproject.toml."""
@@ -9,7 +10,7 @@ import sys
 
 from setuptools import Extension, setup
 
-sources, macros, flags = ["src/twice/_native.c", "vendor/xxhash/xxhash.c"], [], []
+sources, macros, flags = ["src/twice/_native.c", "src/twice/_portable.c", "vendor/xxhash/xxhash.c"], [], []
 if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86"):
     # xxHash's own run-time choice of SSE2, AVX2 or AVX-512 (baseline flags only, so the build
     # runs on any x86 CPU), as the xxhash package builds it.

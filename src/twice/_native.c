@@ -619,7 +619,23 @@ static PyObject *losses(PyObject *module, PyObject *args) {
     return result;
 }
 
+/* Portable mode's kernels live in _portable.c (see there). */
+PyObject *p_init(PyObject *, PyObject *);
+PyObject *p_unary(PyObject *, PyObject *);
+PyObject *p_binary(PyObject *, PyObject *);
+PyObject *p_split(PyObject *, PyObject *);
+PyObject *p_rowsum(PyObject *, PyObject *);
+PyObject *p_uniform(PyObject *, PyObject *);
+PyObject *p_normal(PyObject *, PyObject *);
+
 static PyMethodDef methods[] = {
+    {"p_init", p_init, METH_VARARGS, "Portable mode: the coefficients of the elementwise functions."},
+    {"p_unary", p_unary, METH_VARARGS, "Portable mode: an elementwise function of a buffer."},
+    {"p_binary", p_binary, METH_VARARGS, "Portable mode: a backward of GELU/SiLU, or softplus."},
+    {"p_split", p_split, METH_VARARGS, "Portable mode: rows as integers on their power-of-two unit."},
+    {"p_rowsum", p_rowsum, METH_VARARGS, "Portable mode: exact row sums."},
+    {"p_uniform", p_uniform, METH_VARARGS, "Portable mode: Philox uniforms."},
+    {"p_normal", p_normal, METH_VARARGS, "Portable mode: Philox normals (Box-Muller)."},
     {"fetch", fetch, METH_VARARGS, "twice.data's seeded per-sample fetch (see data.py and sample_rng.py)."},
     {"hash", hash, METH_O, "XXH3-128 digests (and float norms) of many buffers (see digests.digest_many)."},
     {"losses", losses, METH_VARARGS, "Steps and losses of canonical trace lines (see store.traceseries)."},

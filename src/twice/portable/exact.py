@@ -23,6 +23,8 @@ import math
 
 import torch
 
+from twice.portable import native
+
 __all__ = ["exact_matmul", "exact_sum", "exact_bilinear", "slices_for", "split"]
 
 _MANTISSA = 53  # float64 keeps integers exact below 2**53
@@ -50,7 +52,7 @@ def split(x: torch.Tensor, dims: tuple[int, ...] | None, count: int, beta: int) 
     mag = x.abs()
     amax = mag.amax() if dims is None else mag.amax(dim=dims, keepdim=True)
     _, exponent = torch.frexp(amax)
-    unit = torch.ldexp(torch.ones_like(amax), exponent - beta)
+    unit = _pow2(torch.clamp(exponent.to(torch.int64) - beta, min=-1022))
     parts, rest = [], x
     for index in range(count):
         ints = torch.round(rest / unit)
@@ -61,8 +63,21 @@ def split(x: torch.Tensor, dims: tuple[int, ...] | None, count: int, beta: int) 
     return parts
 
 
-def _finite(*tensors: torch.Tensor) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
+def _pow2(k: torch.Tensor) -> torch.Tensor:
+    """2.0**k for int64 k in [-1022, 1023], from its bits (exact)."""
+    return ((k + 1023) << 52).contiguous().view(torch.float64)
+
+
+def _slices(x: torch.Tensor, dims, count: int, beta: int):
+    """split(x) (the compiled kernel's where it applies), or None where x holds inf or NaN."""
+    if count == 1:
+        parts = native.split_rows(x, dims, beta)
+        if parts is not None:
+            return parts or None
+    x64 = x.to(torch.float64)
+    if not bool(torch.isfinite(x64).all()):
+        return None
+    return split(x64, dims, count, beta)
 
 
 def exact_bilinear(
@@ -78,13 +93,14 @@ def exact_bilinear(
     unit_b)` gives the output's scale (a form that sums over whole-tensor scales, say)."""
     scale = scale or form
     count = slices_for(precision or out_dtype)
-    a64, b64 = a.to(torch.float64), b.to(torch.float64)
-    if not _finite(a64, b64):
+    beta = _beta(terms * count, 2)
+    sa = _slices(a, a_dims, count, beta)
+    sb = _slices(b, b_dims, count, beta) if sa is not None else None
+    if sa is None or sb is None:
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)
         return _nonfinite_bilinear(
             a64, b64, form, a_dims, b_dims, terms, out_dtype, scale, precision or out_dtype
         )
-    beta = _beta(terms * count, 2)
-    sa, sb = split(a64, a_dims, count, beta), split(b64, b_dims, count, beta)
     total = None
     for level in range(count):  # products whose slices' units multiply to the same power
         for p in range(level + 1):
@@ -149,27 +165,27 @@ def exact_sum(
     is float64: an intermediate result)."""
     out_dtype = out_dtype or x.dtype
     precision = precision or (x.dtype if out_dtype == torch.float64 else out_dtype)
-    x64 = x.to(torch.float64)
     dims = tuple(range(x.dim())) if dims is None else tuple(d % max(x.dim(), 1) for d in dims)
-    if x.dim() == 0:
-        return x64.to(out_dtype)
-    terms = max(1, math.prod(x.shape[d] for d in dims))
-    if terms == 0 or x.numel() == 0:
-        return x64.sum(dim=dims, keepdim=keepdim).to(out_dtype)
-    if not bool(torch.isfinite(x64).all()):
-        return _nonfinite_sum(x64, dims, keepdim).to(out_dtype)
-    count = slices_for(precision)
+    if x.dim() == 0 or x.numel() == 0:
+        return x.to(torch.float64).sum(dim=dims, keepdim=keepdim).to(out_dtype)
+    count, beta = slices_for(precision), _beta(math.prod(x.shape[d] for d in dims), 1)
+    fast = native.row_sums(x, dims, beta, count, keepdim)
+    if fast is not None and fast is not False:
+        return fast.to(out_dtype)
+    x64 = x.to(torch.float64)
+    if fast is False or not bool(torch.isfinite(x64).all()):
+        return _nonfinite_sum(x64, dims, keepdim, precision).to(out_dtype)
     total = None
-    for ints, unit in split(x64, dims, count, _beta(terms, 1)):
-        unit = unit if keepdim else unit.squeeze(dims) if dims else unit
+    for ints, unit in split(x64, dims, count, beta):
+        unit = unit if keepdim else unit.squeeze(dims)
         term = ints.sum(dim=dims, keepdim=keepdim) * unit
         total = term if total is None else total + term
     return total.to(out_dtype)
 
 
-def _nonfinite_sum(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
+def _nonfinite_sum(x: torch.Tensor, dims, keepdim: bool, precision) -> torch.Tensor:
     finite = torch.isfinite(x)
-    value = exact_sum(torch.where(finite, x, 0.0), dims, keepdim, torch.float64)
+    value = exact_sum(torch.where(finite, x, 0.0), dims, keepdim, torch.float64, precision)
     positive = (x == math.inf).sum(dim=dims, keepdim=keepdim)
     negative = (x == -math.inf).sum(dim=dims, keepdim=keepdim)
     nan = torch.isnan(x).sum(dim=dims, keepdim=keepdim)

@@ -123,7 +123,7 @@ def layer_norm(x, shape, weight, bias, eps: float):
     x64 = x.to(_F64)
     mean = _sum(x64, dims, x.dtype) / n
     d = x64 - mean
-    rstd = 1.0 / torch.sqrt(_sum(d * d, dims, x.dtype) / n + eps)
+    rstd = 1.0 / ew.sqrt(_sum(d * d, dims, x.dtype) / n + eps)
     out = d * rstd
     if weight is not None:
         out = out * weight.to(_F64)
@@ -169,7 +169,7 @@ def batch_norm(x, weight, bias, running_mean, running_var, training, momentum, e
         mean = _sum(x64, dims, x.dtype) / n
         d = x64 - mean
         var = _sum(d * d, dims, x.dtype) / n
-        invstd = 1.0 / torch.sqrt(var + eps)
+        invstd = 1.0 / ew.sqrt(var + eps)
         if running_mean is not None:
             new = running_mean.to(_F64) * (1.0 - momentum) + mean.reshape(-1) * momentum
             running_mean.copy_(new.to(running_mean.dtype))
@@ -180,7 +180,7 @@ def batch_norm(x, weight, bias, running_mean, running_var, training, momentum, e
         save = (mean.reshape(-1).to(x.dtype), invstd.reshape(-1).to(x.dtype))
     else:
         mean = _channel(running_mean, x)
-        invstd = 1.0 / torch.sqrt(_channel(running_var, x) + eps)
+        invstd = 1.0 / ew.sqrt(_channel(running_var, x) + eps)
         d = x64 - mean
         empty = torch.empty(0, dtype=x.dtype, device=x.device)
         save = (empty, empty.clone())
@@ -199,7 +199,7 @@ def batch_norm_backward(grad, x, weight, rmean, rvar, smean, sinvstd, train, eps
     if train:
         mean, invstd = _channel(smean, x), _channel(sinvstd, x)
     else:
-        mean, invstd = _channel(rmean, x), 1.0 / torch.sqrt(_channel(rvar, x) + eps)
+        mean, invstd = _channel(rmean, x), 1.0 / ew.sqrt(_channel(rvar, x) + eps)
     xhat = (x.to(_F64) - mean) * invstd
     w = _channel(weight, x) if weight is not None else 1.0
     gi = None

@@ -14,6 +14,7 @@ import math
 import torch
 
 from twice.portable import elementwise as ew
+from twice.portable import native
 from twice.portable.exact import exact_matmul, exact_sum
 from twice.portable.table import PortableUnsupported, kernel
 
@@ -34,13 +35,16 @@ def floating(*tensors) -> None:
             raise PortableUnsupported(f"dtype {t.dtype} (portable mode covers float32 and float64)")
 
 
-def unary(function):
-    """A float64 function of one tensor as a kernel: evaluate in float64, round once."""
+def unary(function, name=None):
+    """A float64 function of one tensor as a kernel: evaluate in float64, round once (in one
+    pass through the compiled kernel `name` where it applies)."""
 
     def run(x, *args):
         floating(x)
         if not x.is_floating_point():
             x = x.to(torch.get_default_dtype())
+        if name is not None and (out := native.unary(name, x)) is not None:
+            return out
         return function(x.to(_F64), *args).to(x.dtype)
 
     return run
@@ -65,19 +69,22 @@ for _name, _fn in {
     "sigmoid": ew.sigmoid,
     "erf": ew.erf,
     "silu": ew.silu,
+    "sqrt": ew.sqrt,
 }.items():
-    kernel(f"{_name}.default")(unary(_fn))
-    kernel(f"{_name}_.default")(inplace(unary(_fn)))
+    kernel(f"{_name}.default")(unary(_fn, _name))
+    kernel(f"{_name}_.default")(inplace(unary(_fn, _name)))
 kernel("log2.default")(unary(lambda x: ew.log(x) * (1.0 / math.log(2.0))))
 kernel("log10.default")(unary(lambda x: ew.log(x) * (1.0 / math.log(10.0))))
-kernel("rsqrt.default")(unary(lambda x: 1.0 / torch.sqrt(x)))
-kernel("rsqrt_.default")(inplace(unary(lambda x: 1.0 / torch.sqrt(x))))
+kernel("rsqrt.default")(unary(lambda x: 1.0 / ew.sqrt(x)))
+kernel("rsqrt_.default")(inplace(unary(lambda x: 1.0 / ew.sqrt(x))))
 kernel("erfc.default")(unary(lambda x: 1.0 - ew.erf(x)))
 
 
 @kernel("gelu.default")
 def _gelu(x, approximate="none"):
     floating(x)
+    if (out := native.unary("gelu_tanh" if approximate == "tanh" else "gelu", x)) is not None:
+        return out
     return ew.gelu(x.to(_F64), approximate).to(x.dtype)
 
 
@@ -305,7 +312,7 @@ def _var(x, dim=None, *, correction=None, keepdim=False):
 @kernel("std.correction")
 def _std(x, dim=None, *, correction=None, keepdim=False):
     floating(x)
-    return torch.sqrt(_variance(x, dim, correction, keepdim)[0]).to(x.dtype)
+    return ew.sqrt(_variance(x, dim, correction, keepdim)[0]).to(x.dtype)
 
 
 @kernel("var_mean.correction")
@@ -317,7 +324,7 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
 @kernel("std_mean.correction")
 def _std_mean(x, dim=None, *, correction=None, keepdim=False):
     v, mu = _variance(x, dim, correction, keepdim)
-    return torch.sqrt(v).to(x.dtype), mu.to(x.dtype)
+    return ew.sqrt(v).to(x.dtype), mu.to(x.dtype)
 
 
 @kernel("linalg_vector_norm.default")
@@ -334,7 +341,7 @@ def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if ord == 1:
         return exact_sum(a, dims, keepdim, out)
     if ord == 2:
-        return torch.sqrt(exact_sum(a * a, dims, keepdim, _F64, out)).to(out)
+        return ew.sqrt(exact_sum(a * a, dims, keepdim, _F64, out)).to(out)
     p = float(ord)
     total = exact_sum(ew.pow_scalar(a, p), dims, keepdim, _F64, out)
     return ew.pow_scalar(total, 1.0 / p).to(out)

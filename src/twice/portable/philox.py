@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from twice.portable import elementwise as ew
+from twice.portable import native
 
 __all__ = [
     "philox",
@@ -79,14 +80,18 @@ def _words(count: int, key: int, device) -> torch.Tensor:
 
 def uniform(count: int, key: int, device=None) -> torch.Tensor:
     """`count` float64 uniforms in [0, 1): k * 2**-53 for 53-bit integers k."""
+    if (out := native.uniform(count, key, device)) is not None:
+        return out
     return _words(count, key, device).to(torch.float64) * (2.0**-53)
 
 
 def normal(count: int, key: int, device=None) -> torch.Tensor:
     """`count` float64 standard normals, Box-Muller on pairs of uniforms."""
+    if (out := native.normal(count, key, device)) is not None:
+        return out
     pairs = max(1, -(-count // 2))
     u = uniform(2 * pairs, key, device).view(pairs, 2)
-    radius = torch.sqrt(ew.log(1.0 - u[:, 0]) * -2.0)  # 1 - u in (0, 1]: no log(0)
+    radius = ew.sqrt(ew.log(1.0 - u[:, 0]) * -2.0)  # 1 - u in (0, 1]: no log(0)
     sin, cos = ew.sincos_turns(u[:, 1])
     return torch.stack([radius * cos, radius * sin], dim=1).reshape(-1)[:count]
 

@@ -52,7 +52,7 @@ EXACT = frozenset(
     threshold_backward leaky_relu leaky_relu_ leaky_relu_backward sort topk kthvalue
     max_pool1d max_pool2d_with_indices max_pool2d_with_indices_backward
     neg neg_ abs abs_ sign sign_ sgn floor ceil round trunc frac
-    mul mul_ div div_ sqrt sqrt_ reciprocal reciprocal_ square
+    mul mul_ div div_ reciprocal reciprocal_ square
     native_dropout_backward nan_to_num nan_to_num_ bucketize searchsorted one_hot
     sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal
     """.split()

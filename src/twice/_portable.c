@@ -1,0 +1,401 @@
+/* Portable mode's compiled kernels (twice.portable.native), part of the optional twice._native.
+
+   Each kernel computes exactly what its Python fallback computes with torch operations
+   (twice.portable.elementwise, exact.split, philox), one IEEE operation for each torch one, in
+   the same order: so the two give the same bits, and tests hold them together. The build has no
+   contraction (setup.py: -ffp-contract=off), so a multiply and the add after it are two
+   roundings here as there. The polynomial coefficients and constants are not spelled here:
+   p_init receives them from elementwise.py, the one place they are written.
+
+   p_unary     a function of one float32/float64 buffer into another, element by element
+   p_binary    a function of (gradient, input) for the backward of GELU and SiLU
+   p_split     per row: the largest magnitude, its power-of-two unit, and the row as integers
+   p_rowsum    per row: the exact sum, from up to three integer slices, in float64
+   p_uniform   Philox-4x32-10 uniforms in [0, 1) (float64), element i from counter i / 2
+   p_normal    Box-Muller normals (float64) from those uniforms
+   All take buffer addresses and sizes (the caller keeps the tensors alive and contiguous) and
+   release the GIL while they run. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAXC 40
+
+typedef struct {
+    double c[MAXC];
+    int n;
+} poly_t;
+
+static poly_t EXP, ATANH, ERF, ERFCX, SIN, COS, EXPM1;
+static double LN2_HI, LN2_LO, INV_LN2, SQRT_HALF, TWO_OVER_SQRT_PI, HALF_PI, EXPM1_SMALL;
+static double GELU_K, GELU_C, GELU_3C, INV_SQRT_2PI;
+static int ready = 0;
+
+static inline double horner(const poly_t *p, double t) {
+    double acc = p->c[p->n - 1];
+    for (int i = p->n - 2; i >= 0; i--) {
+        acc = acc * t;
+        acc = acc + p->c[i];
+    }
+    return acc;
+}
+
+static inline double pow2(int64_t k) {
+    uint64_t bits = (uint64_t)(k + 1023) << 52;
+    double out;
+    memcpy(&out, &bits, 8);
+    return out;
+}
+
+static inline int64_t floor_half(int64_t k) { return k >= 0 ? k / 2 : -((-k + 1) / 2); }
+
+static inline double f_exp(double x) {
+    if (x < -746.0) x = -746.0;
+    else if (x > 710.0) x = 710.0;
+    double k = nearbyint(x * INV_LN2);
+    if (isnan(k)) k = 0.0;
+    double r = (x - k * LN2_HI) - k * LN2_LO;
+    double p = horner(&EXP, r);
+    int64_t ki = (int64_t)k, half = floor_half(ki);
+    return (p * pow2(half)) * pow2(ki - half);
+}
+
+static inline double f_log(double x) {
+    int e;
+    double m = frexp(x, &e);
+    int low = m < SQRT_HALF;
+    if (low) m = m * 2.0;
+    double ed = (double)(e - low);
+    double f = m - 1.0;
+    double s = f / (f + 2.0);
+    double z = s * s;
+    double log_m = (s * 2.0) * horner(&ATANH, z);
+    double out = ed * LN2_HI + (log_m + ed * LN2_LO);
+    if (x == 0) out = -INFINITY;
+    if (x == INFINITY) out = INFINITY;
+    if (x < 0 || isnan(x)) out = NAN;
+    return out;
+}
+
+static inline double f_log1p(double x) {
+    double u = x + 1.0;
+    double d = u - 1.0;
+    int exact = d == 0;
+    double ratio = x / (exact ? 1.0 : d);
+    double out = exact ? x : f_log(u) * ratio;
+    return u == INFINITY ? INFINITY : out;
+}
+
+static inline double f_expm1(double x) {
+    if (fabs(x) < EXPM1_SMALL) return x * horner(&EXPM1, x);
+    return f_exp(x) - 1.0;
+}
+
+static inline double f_tanh(double x) {
+    double t = f_expm1(fabs(x) * -2.0);
+    double magnitude = -t / (t + 2.0);
+    return x < 0 ? -magnitude : magnitude;
+}
+
+static inline double f_sigmoid(double x) { return 1.0 / (f_exp(-x) + 1.0); }
+
+static inline double f_erf(double x) {
+    double a = fabs(x);
+    double magnitude;
+    if (a < 1.0) {
+        magnitude = (a * TWO_OVER_SQRT_PI) * horner(&ERF, a * a);
+    } else if (a < 6.0) {
+        double t = (a - 3.5) / 2.5;
+        double erfc = f_exp(-(a * a)) * horner(&ERFCX, t);
+        magnitude = 1.0 - erfc;
+    } else {
+        magnitude = 1.0;
+    }
+    if (isnan(x)) magnitude = x;
+    return x < 0 ? -magnitude : magnitude;
+}
+
+static inline double f_gelu(double x) { return (x * 0.5) * (f_erf(x * SQRT_HALF) + 1.0); }
+
+static inline double f_gelu_tanh(double x) {
+    double inner = (x + ((x * x) * x) * GELU_C) * GELU_K;
+    return (x * 0.5) * (f_tanh(inner) + 1.0);
+}
+
+static inline double f_gelu_backward(double g, double x) {
+    double cdf = (f_erf(x * SQRT_HALF) + 1.0) * 0.5;
+    double pdf = f_exp((x * x) * -0.5) * INV_SQRT_2PI;
+    return g * (cdf + x * pdf);
+}
+
+static inline double f_gelu_tanh_backward(double g, double x) {
+    double x2 = x * x;
+    double inner = (x + (x2 * x) * GELU_C) * GELU_K;
+    double t = f_tanh(inner);
+    double left = (t + 1.0) * 0.5;
+    double d_inner = ((x2 * GELU_3C) + 1.0) * GELU_K;
+    double right = ((x * 0.5) * (1.0 - t * t)) * d_inner;
+    return g * (left + right);
+}
+
+static inline double f_silu(double x) { return x / (f_exp(-x) + 1.0); }
+
+static inline double f_silu_backward(double g, double x) {
+    double s = f_sigmoid(x);
+    return g * (s * ((x * (1.0 - s)) + 1.0));
+}
+
+static inline double f_softplus(double x, double beta, double threshold) {
+    double bx = x * beta;
+    return bx > threshold ? x : f_log1p(f_exp(bx)) / beta;
+}
+
+static int read_poly(PyObject *seq, poly_t *out) {
+    PyObject *fast = PySequence_Fast(seq, "a sequence of floats");
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n < 1 || n > MAXC) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_ValueError, "polynomial size");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) out->c[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
+    out->n = (int)n;
+    Py_DECREF(fast);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+PyObject *p_init(PyObject *module, PyObject *args) {
+    PyObject *polys[7];
+    if (!PyArg_ParseTuple(args, "(OOOOOOO)(ddddddddddd)", &polys[0], &polys[1], &polys[2], &polys[3],
+                          &polys[4], &polys[5], &polys[6], &LN2_HI, &LN2_LO, &INV_LN2, &SQRT_HALF,
+                          &TWO_OVER_SQRT_PI, &HALF_PI, &EXPM1_SMALL, &GELU_K, &GELU_C, &GELU_3C,
+                          &INV_SQRT_2PI))
+        return NULL;
+    poly_t *targets[7] = {&EXP, &ATANH, &ERF, &ERFCX, &SIN, &COS, &EXPM1};
+    for (int i = 0; i < 7; i++)
+        if (read_poly(polys[i], targets[i]) < 0) return NULL;
+    ready = 1;
+    Py_RETURN_NONE;
+}
+
+static inline double load(const char *base, int kind, Py_ssize_t i) {
+    return kind ? ((const double *)base)[i] : (double)((const float *)base)[i];
+}
+
+static inline void store(char *base, int kind, Py_ssize_t i, double v) {
+    if (kind) ((double *)base)[i] = v;
+    else ((float *)base)[i] = (float)v;
+}
+
+static int check_ready(void) {
+    if (!ready) PyErr_SetString(PyExc_RuntimeError, "twice._native: p_init was not called");
+    return ready;
+}
+
+/* p_unary(function, src, src_kind, dst, dst_kind, n, a, b): kinds 0 float32, 1 float64. */
+PyObject *p_unary(PyObject *module, PyObject *args) {
+    int fn, sk, dk;
+    unsigned long long src, dst;
+    Py_ssize_t n;
+    double a = 0, b = 0;
+    if (!PyArg_ParseTuple(args, "iKiKin|dd", &fn, &src, &sk, &dst, &dk, &n, &a, &b)) return NULL;
+    if (!check_ready()) return NULL;
+    const char *s = (const char *)(uintptr_t)src;
+    char *d = (char *)(uintptr_t)dst;
+    if (fn < 0 || fn > 10) {
+        PyErr_SetString(PyExc_ValueError, "unknown function");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double x = load(s, sk, i), y;
+        switch (fn) {
+        case 0: y = f_exp(x); break;
+        case 1: y = f_log(x); break;
+        case 2: y = f_log1p(x); break;
+        case 3: y = f_expm1(x); break;
+        case 4: y = f_tanh(x); break;
+        case 5: y = f_sigmoid(x); break;
+        case 6: y = f_erf(x); break;
+        case 7: y = f_silu(x); break;
+        case 8: y = f_gelu(x); break;
+        case 9: y = f_gelu_tanh(x); break;
+        default: y = (x < 0 || isnan(x)) ? NAN : sqrt(x); break;  /* IEEE: correctly rounded */
+        }
+        store(d, dk, i, y);
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* p_binary(function, grad, grad_kind, x, x_kind, dst, dst_kind, n): 0 GELU, 1 GELU (tanh), 2 SiLU
+   backward; 3 softplus (x only; a, b = beta, threshold). */
+PyObject *p_binary(PyObject *module, PyObject *args) {
+    int fn, gk, xk, dk;
+    unsigned long long gp, xp, dp;
+    Py_ssize_t n;
+    double a = 0, b = 0;
+    if (!PyArg_ParseTuple(args, "iKiKiKin|dd", &fn, &gp, &gk, &xp, &xk, &dp, &dk, &n, &a, &b))
+        return NULL;
+    if (!check_ready()) return NULL;
+    const char *g = (const char *)(uintptr_t)gp, *x = (const char *)(uintptr_t)xp;
+    char *d = (char *)(uintptr_t)dp;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double xv = load(x, xk, i), y;
+        if (fn == 3) y = f_softplus(xv, a, b);
+        else {
+            double gv = load(g, gk, i);
+            y = fn == 0 ? f_gelu_backward(gv, xv) : fn == 1 ? f_gelu_tanh_backward(gv, xv) : f_silu_backward(gv, xv);
+        }
+        store(d, dk, i, y);
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static inline double row_unit(const char *s, int kind, Py_ssize_t start, Py_ssize_t cols, int beta, int *finite) {
+    double amax = 0.0;
+    for (Py_ssize_t j = 0; j < cols; j++) {
+        double v = fabs(load(s, kind, start + j));
+        if (!(v <= DBL_MAX)) *finite = 0;  /* inf or NaN */
+        if (v > amax) amax = v;
+    }
+    int e;
+    frexp(amax, &e);
+    int64_t k = (int64_t)e - beta;
+    if (k < -1022) k = -1022;
+    return pow2(k);
+}
+
+/* p_split(src, kind, rows, cols, beta, ints, units): row r of src (cols elements) becomes
+   ints[r, :] = round(x / unit_r) with unit_r = 2**(e_r - beta), 2**e_r bounding the row's largest
+   magnitude. Returns False (writing nothing reliable) where a value is not finite. */
+PyObject *p_split(PyObject *module, PyObject *args) {
+    unsigned long long src, ip, up;
+    int kind, beta, finite = 1;
+    Py_ssize_t rows, cols;
+    if (!PyArg_ParseTuple(args, "KinniKK", &src, &kind, &rows, &cols, &beta, &ip, &up)) return NULL;
+    const char *s = (const char *)(uintptr_t)src;
+    double *ints = (double *)(uintptr_t)ip, *units = (double *)(uintptr_t)up;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows && finite; r++) {
+        double unit = row_unit(s, kind, r * cols, cols, beta, &finite);
+        units[r] = unit;
+        for (Py_ssize_t j = 0; j < cols; j++) ints[r * cols + j] = nearbyint(load(s, kind, r * cols + j) / unit);
+    }
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(finite);
+}
+
+/* p_rowsum(src, kind, rows, cols, beta, count, out): out[r] = the row's exact sum from `count`
+   slices (exact.split), each slice's integers added exactly, the slices' terms in order. */
+PyObject *p_rowsum(PyObject *module, PyObject *args) {
+    unsigned long long src, op;
+    int kind, beta, count, finite = 1;
+    Py_ssize_t rows, cols;
+    if (!PyArg_ParseTuple(args, "KinniiK", &src, &kind, &rows, &cols, &beta, &count, &op)) return NULL;
+    if (count < 1 || count > 3) {
+        PyErr_SetString(PyExc_ValueError, "count");
+        return NULL;
+    }
+    const char *s = (const char *)(uintptr_t)src;
+    double *out = (double *)(uintptr_t)op;
+    const double step = pow2(-beta);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows && finite; r++) {
+        double unit = row_unit(s, kind, r * cols, cols, beta, &finite);
+        double units[3], acc[3] = {0, 0, 0};
+        units[0] = unit;
+        for (int c = 1; c < count; c++) units[c] = units[c - 1] * step;
+        for (Py_ssize_t j = 0; j < cols; j++) {
+            double rest = load(s, kind, r * cols + j);
+            for (int c = 0; c < count; c++) {
+                double q = nearbyint(rest / units[c]);
+                acc[c] += q;
+                if (c + 1 < count) rest = rest - q * units[c];
+            }
+        }
+        double total = acc[0] * units[0];
+        for (int c = 1; c < count; c++) total = total + acc[c] * units[c];
+        out[r] = total;
+    }
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(finite);
+}
+
+#define M0 0xD2511F53u
+#define M1 0xCD9E8D57u
+#define W0 0x9E3779B9u
+#define W1 0xBB67AE85u
+
+static inline void philox(uint64_t counter, uint64_t key, uint32_t out[4]) {
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+    for (int round = 0; round < 10; round++) {
+        uint64_t p0 = (uint64_t)c0 * M0, p1 = (uint64_t)c2 * M1;
+        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0, hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+        k0 += W0;
+        k1 += W1;
+    }
+    out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
+}
+
+static void uniforms(uint64_t key, Py_ssize_t count, double *out) {
+    const double scale = pow2(-53);
+    for (Py_ssize_t g = 0; 2 * g < count; g++) {
+        uint32_t w[4];
+        philox((uint64_t)g, key, w);
+        uint64_t first = ((uint64_t)w[0] << 21) ^ (w[1] >> 11), second = ((uint64_t)w[2] << 21) ^ (w[3] >> 11);
+        out[2 * g] = (double)first * scale;
+        if (2 * g + 1 < count) out[2 * g + 1] = (double)second * scale;
+    }
+}
+
+/* p_uniform(key, count, out): float64 uniforms, as philox.uniform. */
+PyObject *p_uniform(PyObject *module, PyObject *args) {
+    unsigned long long key, op;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "KnK", &key, &count, &op)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    uniforms(key, count, (double *)(uintptr_t)op);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* p_normal(key, count, out, scratch): float64 normals, as philox.normal; scratch holds
+   2 * ceil(count / 2) doubles. */
+PyObject *p_normal(PyObject *module, PyObject *args) {
+    unsigned long long key, op, sp;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "KnKK", &key, &count, &op, &sp)) return NULL;
+    if (!check_ready()) return NULL;
+    double *out = (double *)(uintptr_t)op, *u = (double *)(uintptr_t)sp;
+    Py_ssize_t pairs = (count + 1) / 2;
+    Py_BEGIN_ALLOW_THREADS
+    uniforms(key, 2 * pairs, u);
+    for (Py_ssize_t i = 0; i < pairs; i++) {
+        double radius = sqrt(f_log(1.0 - u[2 * i]) * -2.0);
+        double v = u[2 * i + 1] * 4.0;
+        double quarter = floor(v);
+        double angle = (v - quarter) * HALF_PI;
+        double z = angle * angle;
+        double s = angle * horner(&SIN, z), c = horner(&COS, z);
+        int64_t q = ((int64_t)quarter) % 4;
+        double sin_v = q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c;
+        double cos_v = q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s;
+        out[2 * i] = radius * cos_v;
+        if (2 * i + 1 < count) out[2 * i + 1] = radius * sin_v;
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}

@@ -1,0 +1,220 @@
+"""The compiled kernels of portable mode (twice._native, src/twice/_portable.c), where they apply.
+
+Each function returns None where the compiled kernel does not apply (no extension built, a tensor
+on another device or of another dtype, `fallback()` in force): the caller then computes the same
+bits with torch operations. The C code receives the polynomial coefficients and constants from
+elementwise.py, so the two paths share one definition of each function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+__all__ = [
+    "available",
+    "fallback",
+    "unary",
+    "binary",
+    "split_rows",
+    "row_sums",
+    "uniform",
+    "normal",
+]
+
+try:
+    from twice import _native as _module
+
+    if not hasattr(_module, "p_init"):
+        _module = None
+except ImportError:  # built without a C compiler
+    _module = None
+
+_UNARY = {
+    n: i
+    for i, n in enumerate(
+        [
+            "exp",
+            "log",
+            "log1p",
+            "expm1",
+            "tanh",
+            "sigmoid",
+            "erf",
+            "silu",
+            "gelu",
+            "gelu_tanh",
+            "sqrt",
+        ]
+    )
+}
+_BINARY = {"gelu_backward": 0, "gelu_tanh_backward": 1, "silu_backward": 2, "softplus": 3}
+_KINDS = {torch.float32: 0, torch.float64: 1}
+_state = {"on": True, "ready": False}
+
+
+def _init() -> None:
+    from twice.portable import elementwise as ew
+
+    polys = (
+        ew._EXP_TAYLOR,
+        ew._ATANH_ODD,
+        ew._ERF_TAYLOR,
+        list(reversed(ew._ERFCX_1_6)),
+        ew._SIN_TAYLOR,
+        ew._COS_TAYLOR,
+        ew._EXPM1_TAYLOR,
+    )
+    constants = (
+        ew.LN2_HI,
+        ew.LN2_LO,
+        ew.INV_LN2,
+        ew.SQRT_HALF,
+        ew.TWO_OVER_SQRT_PI,
+        math.pi / 2,
+        ew.EXPM1_SMALL,
+        ew.GELU_K,
+        ew.GELU_C,
+        ew.GELU_3C,
+        ew.INV_SQRT_2PI,
+    )
+    _module.p_init(polys, constants)
+    _state["ready"] = True
+
+
+def available() -> bool:
+    """Whether the compiled kernels are built and in use."""
+    return _module is not None and _state["on"]
+
+
+@contextlib.contextmanager
+def fallback():
+    """Compute with torch operations only, for a block (the tests compare the two paths)."""
+    before = _state["on"]
+    _state["on"] = False
+    try:
+        yield
+    finally:
+        _state["on"] = before
+
+
+def _usable(*tensors: torch.Tensor) -> bool:
+    if _module is None or not _state["on"]:
+        return False
+    if not _state["ready"]:
+        _init()
+    return all(t.device.type == "cpu" and t.dtype in _KINDS for t in tensors)
+
+
+def unary(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
+    """elementwise.<name>(x) rounded to `dtype` (x's by default), or None."""
+    if not _usable(x):
+        return None
+    src = x.contiguous()
+    out = torch.empty(x.shape, dtype=dtype or x.dtype)
+    kind = _KINDS[out.dtype]
+    _module.p_unary(_UNARY[name], src.data_ptr(), _KINDS[x.dtype], out.data_ptr(), kind, x.numel())
+    return out
+
+
+def binary(name: str, grad: torch.Tensor | None, x: torch.Tensor, dtype, a=0.0, b=0.0):
+    """A backward of GELU/SiLU (or softplus with beta a, threshold b, grad None), or None."""
+    if not _usable(x) or (grad is not None and not _usable(grad)):
+        return None
+    if grad is not None and grad.shape != x.shape:
+        return None
+    xs = x.contiguous()
+    gs = grad.contiguous() if grad is not None else xs
+    out = torch.empty(x.shape, dtype=dtype)
+    _module.p_binary(
+        _BINARY[name],
+        gs.data_ptr(),
+        _KINDS[gs.dtype],
+        xs.data_ptr(),
+        _KINDS[xs.dtype],
+        out.data_ptr(),
+        _KINDS[dtype],
+        x.numel(),
+        float(a),
+        float(b),
+    )
+    return out
+
+
+def _rows(x: torch.Tensor, dims: tuple[int, ...] | None):
+    """x with the dimensions `dims` moved last, contiguous, as (rows, cols); and the kept shape."""
+    if dims is None:
+        return x.contiguous().reshape(1, -1), ()
+    dims = tuple(sorted(d % x.dim() for d in dims))
+    kept = [d for d in range(x.dim()) if d not in dims]
+    moved = x.permute(*kept, *dims).contiguous()
+    cols = math.prod(x.shape[d] for d in dims)
+    return moved.reshape(-1, cols), kept
+
+
+def split_rows(x: torch.Tensor, dims, beta: int):
+    """exact.split(x, dims, 1, beta) as [(ints, unit)]: False where a value is not finite, None
+    where the kernel does not apply."""
+    if not _usable(x) or x.numel() == 0 or x.dim() == 0:
+        return None
+    rows, kept = _rows(x, dims)
+    ints = torch.empty(rows.shape, dtype=torch.float64)
+    units = torch.empty(rows.shape[0], dtype=torch.float64)
+    finite = _module.p_split(
+        rows.data_ptr(), _KINDS[x.dtype], rows.shape[0], rows.shape[1], beta,
+        ints.data_ptr(), units.data_ptr(),
+    )  # fmt: skip
+    if not finite:
+        return False
+    if dims is None:
+        return [(ints.reshape(x.shape), units.reshape(()))]
+    dims = tuple(sorted(d % x.dim() for d in dims))
+    order = kept + list(dims)
+    shape = [x.shape[d] for d in order]
+    back = [order.index(d) for d in range(x.dim())]
+    unit_shape = [1 if d in dims else x.shape[d] for d in range(x.dim())]
+    return [(ints.reshape(shape).permute(*back), units.reshape(unit_shape))]
+
+
+def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):
+    """exact_sum's float64 result: False where a value is not finite, None where the kernel
+    does not apply."""
+    if not _usable(x) or x.numel() == 0 or x.dim() == 0:
+        return None
+    rows, kept = _rows(x, dims)
+    out = torch.empty(rows.shape[0], dtype=torch.float64)
+    finite = _module.p_rowsum(
+        rows.data_ptr(), _KINDS[x.dtype], rows.shape[0], rows.shape[1], beta, count,
+        out.data_ptr(),
+    )  # fmt: skip
+    if not finite:
+        return False
+    reduced = set(range(x.dim())) if dims is None else {d % x.dim() for d in dims}
+    if keepdim:
+        return out.reshape([1 if d in reduced else x.shape[d] for d in range(x.dim())])
+    return out.reshape([x.shape[d] for d in kept])
+
+
+def uniform(count: int, key: int, device) -> torch.Tensor | None:
+    """philox.uniform(count, key), or None."""
+    if (
+        _module is None
+        or not _state["on"]
+        or (device is not None and torch.device(device).type != "cpu")
+    ):
+        return None
+    out = torch.empty(count, dtype=torch.float64)
+    _module.p_uniform(key, count, out.data_ptr())
+    return out
+
+
+def normal(count: int, key: int, device) -> torch.Tensor | None:
+    """philox.normal(count, key), or None."""
+    if not _usable(torch.empty(0)) or (device is not None and torch.device(device).type != "cpu"):
+        return None
+    out = torch.empty(count, dtype=torch.float64)
+    scratch = torch.empty(2 * max(1, -(-count // 2)), dtype=torch.float64)
+    _module.p_normal(key, count, out.data_ptr(), scratch.data_ptr())
+    return out
