@@ -9,8 +9,11 @@
 
    p_unary     a function of one float32/float64 buffer into another, element by element
    p_binary    a function of (gradient, input) for the backward of GELU and SiLU
-   p_split     per row: the largest magnitude, its power-of-two unit, and the row as integers
+   p_split     per row or column: the largest magnitude's power-of-two unit, and the values as
+               integers on it
    p_rowsum    per row: the exact sum, from up to three integer slices, in float64
+   p_scale     an integer product scaled by its units (plus a bias), rounded once
+   p_compound  addcmul, addcdiv, add with alpha, lerp: one rounding per operation
    p_uniform   Philox-4x32-10 uniforms in [0, 1) (float64), element i from counter i / 2
    p_normal    Box-Muller normals (float64) from those uniforms
    All take buffer addresses and sizes (the caller keeps the tensors alive and contiguous) and
@@ -259,13 +262,14 @@ PyObject *p_binary(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static inline double row_unit(const char *s, int kind, Py_ssize_t start, Py_ssize_t cols, int beta, int *finite) {
-    double amax = 0.0;
-    for (Py_ssize_t j = 0; j < cols; j++) {
-        double v = fabs(load(s, kind, start + j));
-        if (!(v <= DBL_MAX)) *finite = 0;  /* inf or NaN */
-        if (v > amax) amax = v;
-    }
+/* nearbyint for |v| < 2**51 in round-to-nearest-even, without a libm call: adding and taking
+   away 1.5 * 2**52 leaves v rounded to an integer (the same as torch.round). */
+static inline double round_even(double v) {
+    const double magic = 6755399441055744.0;
+    return (v + magic) - magic;
+}
+
+static inline double unit_of(double amax, int beta) {
     int e;
     frexp(amax, &e);
     int64_t k = (int64_t)e - beta;
@@ -273,21 +277,68 @@ static inline double row_unit(const char *s, int kind, Py_ssize_t start, Py_ssiz
     return pow2(k);
 }
 
-/* p_split(src, kind, rows, cols, beta, ints, units): row r of src (cols elements) becomes
-   ints[r, :] = round(x / unit_r) with unit_r = 2**(e_r - beta), 2**e_r bounding the row's largest
-   magnitude. Returns False (writing nothing reliable) where a value is not finite. */
+#define FOR_KIND(kind, base, T, ...)                  \
+    if (kind) {                                       \
+        const double *T = (const double *)(base);     \
+        __VA_ARGS__                                   \
+    } else {                                          \
+        const float *T = (const float *)(base);       \
+        __VA_ARGS__                                   \
+    }
+
+/* p_split(src, kind, outer, rows, cols, beta, axis, ints, units): in each of `outer` row-major
+   (rows x cols) blocks, every row (axis 0) or every column (axis 1) gets the unit
+   2**(e - beta), 2**e bounding its largest magnitude, and its values become the integers
+   round(x / unit) (x times the unit's inverse: the same, as the unit is a power of two), in
+   ints (float64, the same layout); units holds outer x rows (axis 0) or outer x cols (axis 1)
+   units. Returns False where a value is not finite (ints then unreliable). */
 PyObject *p_split(PyObject *module, PyObject *args) {
     unsigned long long src, ip, up;
-    int kind, beta, finite = 1;
-    Py_ssize_t rows, cols;
-    if (!PyArg_ParseTuple(args, "KinniKK", &src, &kind, &rows, &cols, &beta, &ip, &up)) return NULL;
-    const char *s = (const char *)(uintptr_t)src;
+    int kind, beta, axis, finite = 1;
+    Py_ssize_t outer, rows, cols;
+    if (!PyArg_ParseTuple(args, "KinnniiKK", &src, &kind, &outer, &rows, &cols, &beta, &axis, &ip, &up))
+        return NULL;
     double *ints = (double *)(uintptr_t)ip, *units = (double *)(uintptr_t)up;
+    const char *base = (const char *)(uintptr_t)src;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < rows && finite; r++) {
-        double unit = row_unit(s, kind, r * cols, cols, beta, &finite);
-        units[r] = unit;
-        for (Py_ssize_t j = 0; j < cols; j++) ints[r * cols + j] = nearbyint(load(s, kind, r * cols + j) / unit);
+    for (Py_ssize_t o = 0; o < outer && finite; o++) {
+        Py_ssize_t off = o * rows * cols;
+        double *out = ints + off;
+        FOR_KIND(kind, base, x, {
+            x += off;
+            if (axis == 0) {
+                double *u = units + o * rows;
+                for (Py_ssize_t r = 0; r < rows; r++) {
+                    double amax = 0.0, seen = 0.0;
+                    for (Py_ssize_t j = 0; j < cols; j++) {
+                        double v = fabs((double)x[r * cols + j]);
+                        seen = seen + v * 0.0;  /* NaN once an inf or NaN passes */
+                        amax = v > amax ? v : amax;
+                    }
+                    if (seen != 0.0 || amax > DBL_MAX) finite = 0;
+                    double unit = unit_of(amax, beta), inv = 1.0 / unit;
+                    u[r] = unit;
+                    for (Py_ssize_t j = 0; j < cols; j++) out[r * cols + j] = round_even((double)x[r * cols + j] * inv);
+                }
+            } else {
+                double *u = units + o * cols;
+                for (Py_ssize_t j = 0; j < cols; j++) u[j] = 0.0;
+                double seen = 0.0;
+                for (Py_ssize_t r = 0; r < rows; r++)
+                    for (Py_ssize_t j = 0; j < cols; j++) {
+                        double v = fabs((double)x[r * cols + j]);
+                        seen = seen + v * 0.0;
+                        u[j] = v > u[j] ? v : u[j];
+                    }
+                if (seen != 0.0) finite = 0;
+                for (Py_ssize_t j = 0; j < cols; j++) {
+                    if (u[j] > DBL_MAX) finite = 0;
+                    u[j] = unit_of(u[j], beta);
+                }
+                for (Py_ssize_t r = 0; r < rows; r++)
+                    for (Py_ssize_t j = 0; j < cols; j++) out[r * cols + j] = round_even((double)x[r * cols + j] * (1.0 / u[j]));
+            }
+        })
     }
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(finite);
@@ -304,29 +355,115 @@ PyObject *p_rowsum(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "count");
         return NULL;
     }
-    const char *s = (const char *)(uintptr_t)src;
+    const char *base = (const char *)(uintptr_t)src;
     double *out = (double *)(uintptr_t)op;
     const double step = pow2(-beta);
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < rows && finite; r++) {
-        double unit = row_unit(s, kind, r * cols, cols, beta, &finite);
-        double units[3], acc[3] = {0, 0, 0};
-        units[0] = unit;
-        for (int c = 1; c < count; c++) units[c] = units[c - 1] * step;
-        for (Py_ssize_t j = 0; j < cols; j++) {
-            double rest = load(s, kind, r * cols + j);
-            for (int c = 0; c < count; c++) {
-                double q = nearbyint(rest / units[c]);
-                acc[c] += q;
-                if (c + 1 < count) rest = rest - q * units[c];
+    FOR_KIND(kind, base, x, {
+        for (Py_ssize_t r = 0; r < rows && finite; r++) {
+            const Py_ssize_t at = r * cols;
+            double amax = 0.0, seen = 0.0;
+            for (Py_ssize_t j = 0; j < cols; j++) {
+                double v = fabs((double)x[at + j]);
+                seen = seen + v * 0.0;
+                amax = v > amax ? v : amax;
             }
+            if (seen != 0.0 || amax > DBL_MAX) finite = 0;
+            double units[3], inv[3], acc[3] = {0, 0, 0};
+            units[0] = unit_of(amax, beta);
+            for (int c = 1; c < count; c++) units[c] = units[c - 1] * step;
+            for (int c = 0; c < count; c++) inv[c] = 1.0 / units[c];
+            if (count == 1) {
+                double a0 = 0.0;
+                for (Py_ssize_t j = 0; j < cols; j++) a0 += round_even((double)x[at + j] * inv[0]);
+                acc[0] = a0;
+            } else {
+                for (Py_ssize_t j = 0; j < cols; j++) {
+                    double rest = (double)x[at + j];
+                    for (int c = 0; c < count; c++) {
+                        double q = round_even(rest * inv[c]);
+                        acc[c] += q;
+                        if (c + 1 < count) rest = rest - q * units[c];
+                    }
+                }
+            }
+            double total = acc[0] * units[0];
+            for (int c = 1; c < count; c++) total = total + acc[c] * units[c];
+            out[r] = total;
         }
-        double total = acc[0] * units[0];
-        for (int c = 1; c < count; c++) total = total + acc[c] * units[c];
-        out[r] = total;
-    }
+    })
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(finite);
+}
+
+/* p_scale(prod, blocks, rows, cols, ua, ub, bias, bias_kind, bias_bs, bias_rs, bias_cs, out,
+   out_kind): for each of `blocks` (rows x cols) blocks, out[i, j] = prod[i, j] * (ua[i] * ub[j])
+   (+ bias[i, j] where bias is not 0), the sum rounded once to out's dtype: exact_matmul's last
+   steps. ua holds blocks x rows units, ub blocks x cols; bias strides are in elements (0
+   broadcasts). */
+PyObject *p_scale(PyObject *module, PyObject *args) {
+    unsigned long long pp, ap, bp, biasp, op;
+    Py_ssize_t blocks, rows, cols, bbs, brs, bcs;
+    int bk, ok;
+    if (!PyArg_ParseTuple(args, "KnnnKKKinnnKi", &pp, &blocks, &rows, &cols, &ap, &bp, &biasp, &bk, &bbs, &brs, &bcs, &op, &ok))
+        return NULL;
+    const double *prod = (const double *)(uintptr_t)pp, *ua = (const double *)(uintptr_t)ap, *ub = (const double *)(uintptr_t)bp;
+    const char *bias = (const char *)(uintptr_t)biasp;
+    char *out = (char *)(uintptr_t)op;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < blocks; k++)
+        for (Py_ssize_t i = 0; i < rows; i++) {
+            double a = ua[k * rows + i];
+            const double *b = ub + k * cols, *p = prod + (k * rows + i) * cols;
+            Py_ssize_t at = (k * rows + i) * cols;
+            if (bias) {
+                for (Py_ssize_t j = 0; j < cols; j++) {
+                    double v = p[j] * (a * b[j]);
+                    store(out, ok, at + j, v + load(bias, bk, k * bbs + i * brs + j * bcs));
+                }
+            } else if (ok) {
+                double *o = (double *)out + at;
+                for (Py_ssize_t j = 0; j < cols; j++) o[j] = p[j] * (a * b[j]);
+            } else {
+                float *o = (float *)out + at;
+                for (Py_ssize_t j = 0; j < cols; j++) o[j] = (float)(p[j] * (a * b[j]));
+            }
+        }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* p_compound(op, kind, n, self, a, b, value, out): one IEEE operation after another, in the
+   dtype of the tensors (all contiguous, of one dtype and size), as ops_math spells them:
+   0 addcmul  self + (a * value) * b        1 addcdiv  self + (a * value) / b
+   2 add      self + a * value              3 lerp     torch's two-sided formula, weight value */
+#define COMPOUND(T)                                                                           \
+    {                                                                                         \
+        const T *x = (const T *)sp, *y = (const T *)ap, *z = (const T *)bp;                  \
+        T *o = (T *)op;                                                                       \
+        const T v = (T)value, w1 = (T)(1.0 - value);                                          \
+        switch (fn) {                                                                         \
+        case 0: for (Py_ssize_t i = 0; i < n; i++) { T t = y[i] * v; t = t * z[i]; o[i] = x[i] + t; } break; \
+        case 1: for (Py_ssize_t i = 0; i < n; i++) { T t = y[i] * v; t = t / z[i]; o[i] = x[i] + t; } break; \
+        case 2: for (Py_ssize_t i = 0; i < n; i++) { T t = y[i] * v; o[i] = x[i] + t; } break;             \
+        default:                                                                              \
+            if (fabs(value) < 0.5) for (Py_ssize_t i = 0; i < n; i++) { T d = y[i] - x[i]; d = d * v; o[i] = x[i] + d; } \
+            else for (Py_ssize_t i = 0; i < n; i++) { T d = y[i] - x[i]; d = d * w1; o[i] = y[i] - d; }           \
+        }                                                                                     \
+    }
+
+PyObject *p_compound(PyObject *module, PyObject *args) {
+    int fn, kind;
+    Py_ssize_t n;
+    unsigned long long sp_, ap_, bp_, op_;
+    double value;
+    if (!PyArg_ParseTuple(args, "iinKKKdK", &fn, &kind, &n, &sp_, &ap_, &bp_, &value, &op_)) return NULL;
+    const char *sp = (const char *)(uintptr_t)sp_, *ap = (const char *)(uintptr_t)ap_, *bp = (const char *)(uintptr_t)bp_;
+    char *op = (char *)(uintptr_t)op_;
+    Py_BEGIN_ALLOW_THREADS
+    if (kind) COMPOUND(double) else COMPOUND(float)
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
 
 #define M0 0xD2511F53u

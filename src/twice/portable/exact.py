@@ -25,7 +25,7 @@ import torch
 
 from twice.portable import native
 
-__all__ = ["exact_matmul", "exact_sum", "exact_bilinear", "slices_for", "split"]
+__all__ = ["exact_matmul", "exact_addmm", "exact_sum", "exact_bilinear", "slices_for", "split"]
 
 _MANTISSA = 53  # float64 keeps integers exact below 2**53
 
@@ -40,7 +40,9 @@ def slices_for(dtype: torch.dtype) -> int:
 def _beta(terms: int, factors: int) -> int:
     """Bits per slice so that `terms` products of `factors` slice integers sum exactly."""
     room = _MANTISSA - max(1, math.ceil(math.log2(max(terms, 2))))
-    return max(1, room // factors)
+    return max(
+        1, min(50, room // factors)
+    )  # below 2**51: the C kernels round by adding 1.5 * 2**52
 
 
 def split(x: torch.Tensor, dims: tuple[int, ...] | None, count: int, beta: int) -> list:
@@ -152,9 +154,38 @@ def exact_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype=None, precision=Non
     """`a @ b` for (batched) matrices, exact then rounded once (torch.matmul broadcasting), at
     the precision of `precision` (the dtype the result ends in; `out_dtype` by default)."""
     out_dtype = out_dtype or a.dtype
+    fast = _fast_matmul(a, b, out_dtype, precision or out_dtype, None)
+    if fast is not None:
+        return fast
     return exact_bilinear(
         a, b, torch.matmul, (-1,), (-2,), max(1, a.shape[-1]), out_dtype, precision=precision
     )
+
+
+def _fast_matmul(a, b, out_dtype, precision, bias):
+    """One slice of each operand split by the C kernel, one float64 product, scaled and rounded
+    by the C kernel: exact_bilinear's steps for the common case, or None."""
+    if slices_for(precision) != 1 or a.dim() != b.dim() or a.dim() not in (2, 3):
+        return None
+    if a.dim() == 3 and a.shape[0] != b.shape[0]:
+        return None
+    beta = _beta(max(1, a.shape[-1]), 2)
+    sa = native.split_rows(a, (-1,), beta)
+    if not sa:
+        return None
+    sb = native.split_rows(b, (-2,), beta)
+    if not sb:
+        return None
+    (ints_a, unit_a), (ints_b, unit_b) = sa[0], sb[0]
+    return native.scaled(torch.matmul(ints_a, ints_b), unit_a, unit_b, out_dtype, bias)
+
+
+def exact_addmm(bias, a, b, out_dtype) -> torch.Tensor:
+    """bias + a @ b, the product exact and the sum rounded once to `out_dtype`."""
+    fast = _fast_matmul(a, b, out_dtype, out_dtype, bias)
+    if fast is not None:
+        return fast
+    return (exact_matmul(a, b, torch.float64, out_dtype) + bias.to(torch.float64)).to(out_dtype)
 
 
 def exact_sum(

@@ -20,6 +20,8 @@ __all__ = [
     "binary",
     "split_rows",
     "row_sums",
+    "scaled",
+    "compound",
     "uniform",
     "normal",
 ]
@@ -154,28 +156,97 @@ def _rows(x: torch.Tensor, dims: tuple[int, ...] | None):
     return moved.reshape(-1, cols), kept
 
 
+def _split_blocks(x: torch.Tensor, axis: int, beta: int):
+    """p_split over x's last two dimensions (x contiguous, at most one batch dimension)."""
+    rows, cols = x.shape[-2], x.shape[-1]
+    outer = x.numel() // max(1, rows * cols)
+    ints = torch.empty(x.shape, dtype=torch.float64)
+    unit_shape = (*x.shape[:-2], rows, 1) if axis == 0 else (*x.shape[:-2], 1, cols)
+    units = torch.empty(unit_shape, dtype=torch.float64)
+    finite = _module.p_split(
+        x.data_ptr(), _KINDS[x.dtype], outer, rows, cols, beta, axis, ints.data_ptr(),
+        units.data_ptr(),
+    )  # fmt: skip
+    return (ints, units) if finite else None
+
+
 def split_rows(x: torch.Tensor, dims, beta: int):
     """exact.split(x, dims, 1, beta) as [(ints, unit)]: False where a value is not finite, None
-    where the kernel does not apply."""
+    where the kernel does not apply. A matrix (or a batch of them) reduced along either of its
+    last two dimensions is read in place, transposed or not."""
     if not _usable(x) or x.numel() == 0 or x.dim() == 0:
         return None
+    if (
+        dims is not None
+        and len(dims) == 1
+        and x.dim() in (2, 3)
+        and dims[0] % x.dim() >= x.dim() - 2
+    ):
+        axis = 0 if dims[0] % x.dim() == x.dim() - 1 else 1
+        flipped = x.transpose(-1, -2)
+        if not x.is_contiguous() and flipped.is_contiguous():
+            parts = _split_blocks(flipped, 1 - axis, beta)
+            if parts is None:
+                return False
+            return [(parts[0].transpose(-1, -2), parts[1].transpose(-1, -2))]
+        parts = _split_blocks(x.contiguous(), axis, beta)
+        return False if parts is None else [parts]
     rows, kept = _rows(x, dims)
-    ints = torch.empty(rows.shape, dtype=torch.float64)
-    units = torch.empty(rows.shape[0], dtype=torch.float64)
-    finite = _module.p_split(
-        rows.data_ptr(), _KINDS[x.dtype], rows.shape[0], rows.shape[1], beta,
-        ints.data_ptr(), units.data_ptr(),
-    )  # fmt: skip
-    if not finite:
+    parts = _split_blocks(rows, 0, beta)
+    if parts is None:
         return False
+    ints, units = parts
     if dims is None:
         return [(ints.reshape(x.shape), units.reshape(()))]
     dims = tuple(sorted(d % x.dim() for d in dims))
     order = kept + list(dims)
-    shape = [x.shape[d] for d in order]
     back = [order.index(d) for d in range(x.dim())]
     unit_shape = [1 if d in dims else x.shape[d] for d in range(x.dim())]
-    return [(ints.reshape(shape).permute(*back), units.reshape(unit_shape))]
+    return [(ints.reshape([x.shape[d] for d in order]).permute(*back), units.reshape(unit_shape))]
+
+
+def scaled(product, unit_a, unit_b, out_dtype, bias=None):
+    """product * (unit_a * unit_b) (+ bias), rounded once to out_dtype, for a product of shape
+    (M, N) or (B, M, N) with units (.., M, 1) and (.., 1, N); or None."""
+    if not _usable(product) or out_dtype not in _KINDS or product.dim() not in (2, 3):
+        return None
+    if bias is not None and (not _usable(bias) or bias.dim() > product.dim()):
+        return None
+    rows, cols = product.shape[-2:]
+    blocks = product.numel() // max(1, rows * cols)
+    ua = unit_a.expand(*product.shape[:-1], 1).contiguous()
+    ub = unit_b.expand(*product.shape[:-2], 1, cols).contiguous()
+    out = torch.empty(product.shape, dtype=out_dtype)
+    strides, bias_ptr, bias_kind = (0, 0, 0), 0, 0
+    if bias is not None:
+        full = bias.expand(product.shape)
+        strides = tuple(full.stride()) if product.dim() == 3 else (0, *full.stride())
+        bias_ptr, bias_kind = full.data_ptr(), _KINDS[bias.dtype]
+    _module.p_scale(
+        product.contiguous().data_ptr(), blocks, rows, cols, ua.data_ptr(), ub.data_ptr(),
+        bias_ptr, bias_kind, *strides, out.data_ptr(), _KINDS[out_dtype],
+    )  # fmt: skip
+    return out
+
+
+_COMPOUND = {"addcmul": 0, "addcdiv": 1, "add": 2, "lerp": 3}
+
+
+def compound(name: str, self, a, b, value: float):
+    """ops_math's addcmul/addcdiv/add-with-alpha/lerp in one pass, where every tensor has one
+    dtype, one shape and a contiguous layout; or None."""
+    tensors = [t for t in (self, a, b) if t is not None]
+    if not _usable(*tensors) or any(
+        t.dtype != self.dtype or t.shape != self.shape or not t.is_contiguous() for t in tensors
+    ):
+        return None
+    out = torch.empty_like(self)
+    other = b if b is not None else a
+    _module.p_compound(
+        _COMPOUND[name], _KINDS[self.dtype], self.numel(), self.data_ptr(), a.data_ptr(),
+        other.data_ptr(), float(value), out.data_ptr(),
+    )  # fmt: skip
+    return out
 
 
 def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):

@@ -15,7 +15,7 @@ import torch
 
 from twice.portable import elementwise as ew
 from twice.portable import native
-from twice.portable.exact import exact_matmul, exact_sum
+from twice.portable.exact import exact_addmm, exact_matmul, exact_sum
 from twice.portable.table import PortableUnsupported, kernel
 
 __all__ = ["floating", "unary", "inplace"]
@@ -165,6 +165,9 @@ def _scaled(other, alpha):
 
 @kernel("add.Tensor", "add.Scalar")
 def _add(self, other, alpha=1):
+    if alpha != 1 and isinstance(other, torch.Tensor) and isinstance(self, torch.Tensor):
+        if (out := native.compound("add", self, other, None, alpha)) is not None:
+            return out
     return torch.add(self, _scaled(other, alpha))
 
 
@@ -184,11 +187,15 @@ kernel("sub_.Tensor", "sub_.Scalar")(inplace(_sub))
 
 @kernel("addcmul.default")
 def _addcmul(self, t1, t2, value=1):
+    if (out := native.compound("addcmul", self, t1, t2, value)) is not None:
+        return out
     return torch.add(self, torch.mul(_scaled(t1, value), t2))
 
 
 @kernel("addcdiv.default")
 def _addcdiv(self, t1, t2, value=1):
+    if (out := native.compound("addcdiv", self, t1, t2, value)) is not None:
+        return out
     return torch.add(self, torch.div(_scaled(t1, value), t2))
 
 
@@ -199,6 +206,9 @@ kernel("addcdiv_.default")(inplace(_addcdiv))
 @kernel("lerp.Scalar", "lerp.Tensor")
 def _lerp(self, end, weight):
     """torch's formula: self + w (end - self) below w = 1/2, end - (end - self)(1 - w) above."""
+    if not isinstance(weight, torch.Tensor):
+        if (out := native.compound("lerp", self, end, None, weight)) is not None:
+            return out
     diff = torch.sub(end, self)
     if not isinstance(weight, torch.Tensor):
         if abs(weight) < 0.5:
@@ -235,6 +245,8 @@ def _mm(a, b):
 @kernel("addmm.default", "baddbmm.default")
 def _addmm(bias, a, b, beta=1, alpha=1):
     floating(bias, a, b)
+    if beta == 1 and alpha == 1:
+        return exact_addmm(bias, a, b, a.dtype)
     return _affine(exact_matmul(a, b, _F64, a.dtype), bias, beta, alpha, a.dtype)
 
 
