@@ -54,12 +54,42 @@ static inline double pow2(int64_t k) {
     return out;
 }
 
+/* nearbyint for |v| < 2**51 in round-to-nearest-even, without a libm call: adding and taking
+   away 1.5 * 2**52 leaves v rounded to an integer (the same as torch.round). */
+static inline double round_even(double v) {
+    const double magic = 6755399441055744.0;
+    return (v + magic) - magic;
+}
+
+/* frexp from the bits (C's frexp is a library call): the same mantissa and exponent for every
+   double, subnormals included; zeros, infinities and NaN come back as they are, exponent 0. */
+static inline double bits_frexp(double x, int *e) {
+    uint64_t b;
+    memcpy(&b, &x, 8);
+    int biased = (int)((b >> 52) & 0x7FF);
+    if (biased == 0x7FF || (b << 1) == 0) {
+        *e = 0;
+        return x;
+    }
+    int shift = 0;
+    if (biased == 0) {  /* subnormal: scale by 2**54 first */
+        x = x * 18014398509481984.0;
+        memcpy(&b, &x, 8);
+        biased = (int)((b >> 52) & 0x7FF);
+        shift = 54;
+    }
+    *e = biased - 1022 - shift;
+    b = (b & 0x800FFFFFFFFFFFFFULL) | (1022ULL << 52);
+    memcpy(&x, &b, 8);
+    return x;
+}
+
 static inline int64_t floor_half(int64_t k) { return k >= 0 ? k / 2 : -((-k + 1) / 2); }
 
 static inline double f_exp(double x) {
     if (x < -746.0) x = -746.0;
     else if (x > 710.0) x = 710.0;
-    double k = nearbyint(x * INV_LN2);
+    double k = round_even(x * INV_LN2);  /* |x * INV_LN2| < 1077 */
     if (isnan(k)) k = 0.0;
     double r = (x - k * LN2_HI) - k * LN2_LO;
     double p = horner(&EXP, r);
@@ -69,7 +99,7 @@ static inline double f_exp(double x) {
 
 static inline double f_log(double x) {
     int e;
-    double m = frexp(x, &e);
+    double m = bits_frexp(x, &e);
     int low = m < SQRT_HALF;
     if (low) m = m * 2.0;
     double ed = (double)(e - low);
@@ -145,6 +175,8 @@ static inline double f_gelu_tanh_backward(double g, double x) {
     return g * (left + right);
 }
 
+static inline double f_sqrt(double x) { return (x < 0 || isnan(x)) ? NAN : sqrt(x); }  /* IEEE: correctly rounded */
+
 static inline double f_silu(double x) { return x / (f_exp(-x) + 1.0); }
 
 static inline double f_silu_backward(double g, double x) {
@@ -200,6 +232,43 @@ static int check_ready(void) {
     return ready;
 }
 
+#define UNARY_LOOP(F, S, D)                                          \
+    {                                                                \
+        const S *x = (const S *)s;                                   \
+        D *y = (D *)d;                                               \
+        for (Py_ssize_t i = 0; i < n; i++) y[i] = (D)F((double)x[i]); \
+    }
+#define UNARY_KINDS(F)                                         \
+    if (sk && dk) UNARY_LOOP(F, double, double)                \
+    else if (sk) UNARY_LOOP(F, double, float)                  \
+    else if (dk) UNARY_LOOP(F, float, double)                  \
+    else UNARY_LOOP(F, float, float)
+
+/* A float32 square root straight from float32: the IEEE instruction is correctly rounded, as
+   is (float)sqrt((double)x), so the two agree; this one vectorises. */
+static void sqrt_f32(const float *x, float *y, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) y[i] = (x[i] < 0 || x[i] != x[i]) ? (float)NAN : sqrtf(x[i]);
+}
+
+__attribute__((target_clones("avx2", "default")))
+static void unary_loops(int fn, const char *s, int sk, char *d, int dk, Py_ssize_t n) {
+    switch (fn) {
+    case 0: UNARY_KINDS(f_exp) break;
+    case 1: UNARY_KINDS(f_log) break;
+    case 2: UNARY_KINDS(f_log1p) break;
+    case 3: UNARY_KINDS(f_expm1) break;
+    case 4: UNARY_KINDS(f_tanh) break;
+    case 5: UNARY_KINDS(f_sigmoid) break;
+    case 6: UNARY_KINDS(f_erf) break;
+    case 7: UNARY_KINDS(f_silu) break;
+    case 8: UNARY_KINDS(f_gelu) break;
+    case 9: UNARY_KINDS(f_gelu_tanh) break;
+    default:
+        if (!sk && !dk) sqrt_f32((const float *)s, (float *)d, n);
+        else UNARY_KINDS(f_sqrt)
+    }
+}
+
 /* p_unary(function, src, src_kind, dst, dst_kind, n, a, b): kinds 0 float32, 1 float64. */
 PyObject *p_unary(PyObject *module, PyObject *args) {
     int fn, sk, dk;
@@ -215,23 +284,7 @@ PyObject *p_unary(PyObject *module, PyObject *args) {
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        double x = load(s, sk, i), y;
-        switch (fn) {
-        case 0: y = f_exp(x); break;
-        case 1: y = f_log(x); break;
-        case 2: y = f_log1p(x); break;
-        case 3: y = f_expm1(x); break;
-        case 4: y = f_tanh(x); break;
-        case 5: y = f_sigmoid(x); break;
-        case 6: y = f_erf(x); break;
-        case 7: y = f_silu(x); break;
-        case 8: y = f_gelu(x); break;
-        case 9: y = f_gelu_tanh(x); break;
-        default: y = (x < 0 || isnan(x)) ? NAN : sqrt(x); break;  /* IEEE: correctly rounded */
-        }
-        store(d, dk, i, y);
-    }
+    unary_loops(fn, s, sk, d, dk, n);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -262,16 +315,9 @@ PyObject *p_binary(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* nearbyint for |v| < 2**51 in round-to-nearest-even, without a libm call: adding and taking
-   away 1.5 * 2**52 leaves v rounded to an integer (the same as torch.round). */
-static inline double round_even(double v) {
-    const double magic = 6755399441055744.0;
-    return (v + magic) - magic;
-}
-
 static inline double unit_of(double amax, int beta) {
     int e;
-    frexp(amax, &e);
+    bits_frexp(amax, &e);
     int64_t k = (int64_t)e - beta;
     if (k < -1022) k = -1022;
     return pow2(k);
@@ -373,10 +419,13 @@ PyObject *p_rowsum(PyObject *module, PyObject *args) {
             units[0] = unit_of(amax, beta);
             for (int c = 1; c < count; c++) units[c] = units[c - 1] * step;
             for (int c = 0; c < count; c++) inv[c] = 1.0 / units[c];
-            if (count == 1) {
-                double a0 = 0.0;
-                for (Py_ssize_t j = 0; j < cols; j++) a0 += round_even((double)x[at + j] * inv[0]);
-                acc[0] = a0;
+            if (count == 1) {  /* integers below 2**53 in total: exact in any order, so 8 lanes */
+                double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                Py_ssize_t j = 0;
+                for (; j + 8 <= cols; j += 8)
+                    for (int l = 0; l < 8; l++) lane[l] += round_even((double)x[at + j + l] * inv[0]);
+                for (; j < cols; j++) lane[0] += round_even((double)x[at + j] * inv[0]);
+                acc[0] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
             } else {
                 for (Py_ssize_t j = 0; j < cols; j++) {
                     double rest = (double)x[at + j];
