@@ -585,3 +585,108 @@ PyObject *p_normal(PyObject *module, PyObject *args) {
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
+
+/* Batch norm over (N, C, S) tensors, per channel c, with no copies (norms.py holds the same
+   expressions in torch operations; m, s, w, b, p1, p2 are float64 arrays of C values, 0 when
+   absent). */
+static inline double chan_value(int expr, double x, double y, double m, double s, double w) {
+    switch (expr) {
+    case 0: return x;
+    case 1: { double d = x - m; return d * d; }
+    case 2: return y * ((x - m) * s);
+    case 3: return y * w;
+    default: return (y * w) * ((x - m) * s);
+    }
+}
+
+/* p_chansum(expr, N, C, S, beta, count, x, xk, y, yk, m, s, w, out): out[c] = the exact sum over
+   n and s of the expression (0: x; 1: (x - m)^2; 2: y (x - m) s; 3: y w; 4: (y w)((x - m) s)),
+   as exact_sum computes it from `count` slices. Returns False where a value is not finite. */
+PyObject *p_chansum(PyObject *module, PyObject *args) {
+    int expr, beta, count, xk, yk, finite = 1;
+    Py_ssize_t N, C, S;
+    unsigned long long xp, yp, mp, sp, wp, op;
+    if (!PyArg_ParseTuple(args, "innniiKiKiKKKK", &expr, &N, &C, &S, &beta, &count, &xp, &xk, &yp, &yk, &mp, &sp, &wp, &op))
+        return NULL;
+    if (count < 1 || count > 3) {
+        PyErr_SetString(PyExc_ValueError, "count");
+        return NULL;
+    }
+    const char *x = (const char *)(uintptr_t)xp, *y = (const char *)(uintptr_t)yp;
+    const double *m = (const double *)(uintptr_t)mp, *sc = (const double *)(uintptr_t)sp, *w = (const double *)(uintptr_t)wp;
+    double *out = (double *)(uintptr_t)op;
+    const double step = pow2(-beta);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < C && finite; c++) {
+        double mc = m ? m[c] : 0.0, scc = sc ? sc[c] : 1.0, wc = w ? w[c] : 1.0;
+        double amax = 0.0, seen = 0.0;
+        for (Py_ssize_t n = 0; n < N; n++) {
+            Py_ssize_t at = (n * C + c) * S;
+            for (Py_ssize_t j = 0; j < S; j++) {
+                double v = fabs(chan_value(expr, load(x, xk, at + j), y ? load(y, yk, at + j) : 0.0, mc, scc, wc));
+                seen = seen + v * 0.0;
+                amax = v > amax ? v : amax;
+            }
+        }
+        if (seen != 0.0 || amax > DBL_MAX) finite = 0;
+        double units[3], inv[3], acc[3] = {0, 0, 0};
+        units[0] = unit_of(amax, beta);
+        for (int k = 1; k < count; k++) units[k] = units[k - 1] * step;
+        for (int k = 0; k < count; k++) inv[k] = 1.0 / units[k];
+        for (Py_ssize_t n = 0; n < N; n++) {
+            Py_ssize_t at = (n * C + c) * S;
+            for (Py_ssize_t j = 0; j < S; j++) {
+                double rest = chan_value(expr, load(x, xk, at + j), y ? load(y, yk, at + j) : 0.0, mc, scc, wc);
+                for (int k = 0; k < count; k++) {
+                    double q = round_even(rest * inv[k]);
+                    acc[k] += q;
+                    if (k + 1 < count) rest = rest - q * units[k];
+                }
+            }
+        }
+        double total = acc[0] * units[0];
+        for (int k = 1; k < count; k++) total = total + acc[k] * units[k];
+        out[c] = total;
+    }
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(finite);
+}
+
+/* p_chanmap(expr, N, C, S, x, xk, y, yk, m, s, w, b, p1, p2, out, ok), per element, rounded once:
+   0 the forward  ((x - m) s) w + b (w, b where given)
+   1 the training backward  ((y w - p1) - ((x - m) s) p2) s
+   2 the evaluation backward  (y w) s */
+PyObject *p_chanmap(PyObject *module, PyObject *args) {
+    int expr, xk, yk, ok;
+    Py_ssize_t N, C, S;
+    unsigned long long xp, yp, mp, sp, wp, bp, p1p, p2p, op;
+    if (!PyArg_ParseTuple(args, "innnKiKiKKKKKKKi", &expr, &N, &C, &S, &xp, &xk, &yp, &yk, &mp, &sp, &wp, &bp, &p1p, &p2p, &op, &ok))
+        return NULL;
+    const char *x = (const char *)(uintptr_t)xp, *y = (const char *)(uintptr_t)yp;
+    const double *m = (const double *)(uintptr_t)mp, *sc = (const double *)(uintptr_t)sp, *w = (const double *)(uintptr_t)wp;
+    const double *b = (const double *)(uintptr_t)bp, *p1 = (const double *)(uintptr_t)p1p, *p2 = (const double *)(uintptr_t)p2p;
+    char *out = (char *)(uintptr_t)op;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t n = 0; n < N; n++)
+        for (Py_ssize_t c = 0; c < C; c++) {
+            Py_ssize_t at = (n * C + c) * S;
+            double mc = m ? m[c] : 0.0, scc = sc[c], wc = w ? w[c] : 1.0;
+            for (Py_ssize_t j = 0; j < S; j++) {
+                double v;
+                if (expr == 0) {
+                    v = (load(x, xk, at + j) - mc) * scc;
+                    if (w) v = v * wc;
+                    if (b) v = v + b[c];
+                } else if (expr == 1) {
+                    double g = load(y, yk, at + j) * wc;
+                    double xhat = (load(x, xk, at + j) - mc) * scc;
+                    v = ((g - p1[c]) - xhat * p2[c]) * scc;
+                } else {
+                    v = (load(y, yk, at + j) * wc) * scc;
+                }
+                store(out, ok, at + j, v);
+            }
+        }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from twice.core.errors import DeterminismError
 from twice.portable import ops_math, ops_nn  # noqa: F401  (they fill KERNELS)
@@ -42,8 +41,30 @@ def coverage(func) -> str:
 
 
 def _floating(args, kwargs) -> bool:
-    flat, _ = tree_flatten((args, kwargs))
-    return any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in flat)
+    """Whether a floating-point tensor is among the arguments (in lists too)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                return True
+        elif isinstance(value, (list, tuple)):
+            if any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in value):
+                return True
+    return False
+
+
+_PASS, _KERNEL, _FOREACH, _INDEX_PUT, _OTHER = range(5)
+_ROUTES: dict = {}  # aten overload -> (how it is handled, twice's kernel, its name)
+
+
+def _route(func) -> tuple:
+    name = f"{func.overloadpacket.__name__}.{func._overloadname}"
+    if name in KERNELS:
+        return _KERNEL, KERNELS[name], name
+    if name.startswith("_foreach_"):
+        return _FOREACH, None, name
+    if func.overloadpacket.__name__ in EXACT and name not in NOT_EXACT:
+        return (_INDEX_PUT if name.startswith("index_put") else _PASS), None, name
+    return _OTHER, None, name
 
 
 def _where() -> tuple[str | None, str | None]:
@@ -76,23 +97,25 @@ class PortableMode(TorchDispatchMode):
         self.counts: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        route = _ROUTES.get(func)
+        if route is None:
+            route = _ROUTES[func] = _route(func)
+        kind, handler, name = route
         kwargs = kwargs or {}
-        name = f"{func.overloadpacket.__name__}.{func._overloadname}"
-        handler = KERNELS.get(name)
-        if handler is not None:
+        if kind == _PASS:
+            return func(*args, **kwargs)
+        if kind == _KERNEL:
             if not _floating(args, kwargs) and not name.startswith(("rand", "random_")):
                 return func(*args, **kwargs)
             try:
                 return handler(*args, **kwargs)
             except PortableUnsupported as exc:
                 return self._uncovered(func, name, args, kwargs, str(exc))
-        if name.startswith("_foreach_"):
+        if kind == _FOREACH:
             return self._foreach(func, name, args, kwargs)
-        if func.overloadpacket.__name__ in EXACT and name not in NOT_EXACT:
-            if name.startswith("index_put") and (args[3:4] or [kwargs.get("accumulate")])[0]:
-                return self._uncovered(func, name, args, kwargs, "accumulating index_put")
-            return func(*args, **kwargs)
-        if not _floating(args, kwargs):
+        if kind == _INDEX_PUT and (args[3:4] or [kwargs.get("accumulate")])[0]:
+            return self._uncovered(func, name, args, kwargs, "accumulating index_put")
+        if kind == _INDEX_PUT or not _floating(args, kwargs):
             return func(*args, **kwargs)
         return self._uncovered(func, name, args, kwargs, None)
 

@@ -22,6 +22,8 @@ __all__ = [
     "row_sums",
     "scaled",
     "compound",
+    "chansum",
+    "chanmap",
     "uniform",
     "normal",
 ]
@@ -288,4 +290,46 @@ def normal(count: int, key: int, device) -> torch.Tensor | None:
     out = torch.empty(count, dtype=torch.float64)
     scratch = torch.empty(2 * max(1, -(-count // 2)), dtype=torch.float64)
     _module.p_normal(key, count, out.data_ptr(), scratch.data_ptr())
+    return out
+
+
+def _nchw(x: torch.Tensor):
+    n, c = x.shape[0], x.shape[1]
+    return n, c, x.numel() // max(1, n * c)
+
+
+def _f64_ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def chansum(expr: int, x, y, m, s, w, beta: int, count: int):
+    """Batch norm's exact per-channel sums (see _portable.c p_chansum) as a float64 (C,) tensor;
+    False where a value is not finite; None where the kernel does not apply. m, s, w are float64
+    (C,) tensors or None."""
+    tensors = [t for t in (x, y) if t is not None]
+    if not _usable(*tensors) or not all(t.is_contiguous() for t in tensors) or x.dim() < 2:
+        return None
+    n, c, size = _nchw(x)
+    out = torch.empty(c, dtype=torch.float64)
+    finite = _module.p_chansum(
+        expr, n, c, size, beta, count, x.data_ptr(), _KINDS[x.dtype],
+        _f64_ptr(y), _KINDS[y.dtype] if y is not None else 0,
+        _f64_ptr(m), _f64_ptr(s), _f64_ptr(w), out.data_ptr(),
+    )  # fmt: skip
+    return out if finite else False
+
+
+def chanmap(expr: int, x, y, m, s, w, b, p1, p2, dtype):
+    """Batch norm's per-element formulas (see _portable.c p_chanmap), or None."""
+    tensors = [t for t in (x, y) if t is not None]
+    if not _usable(*tensors) or not all(t.is_contiguous() for t in tensors) or x.dim() < 2:
+        return None
+    n, c, size = _nchw(x)
+    out = torch.empty(x.shape, dtype=dtype)
+    _module.p_chanmap(
+        expr, n, c, size, x.data_ptr(), _KINDS[x.dtype],
+        _f64_ptr(y), _KINDS[y.dtype] if y is not None else 0,
+        _f64_ptr(m), _f64_ptr(s), _f64_ptr(w), _f64_ptr(b), _f64_ptr(p1), _f64_ptr(p2),
+        out.data_ptr(), _KINDS[dtype],
+    )  # fmt: skip
     return out

@@ -16,7 +16,15 @@ import torch
 import torch.nn.functional as F
 
 from twice.portable import elementwise as ew
-from twice.portable.exact import exact_bilinear, exact_matmul, exact_sum
+from twice.portable import native
+from twice.portable.exact import (
+    _beta,
+    exact_addmm,
+    exact_bilinear,
+    exact_matmul,
+    exact_sum,
+    slices_for,
+)
 
 __all__ = [
     "softmax",
@@ -160,57 +168,95 @@ def _channel(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.to(_F64).reshape((1, -1) + (1,) * (like.dim() - 2))
 
 
+def _chan_sum(expr: int, x, y, m, s, w, like) -> torch.Tensor:
+    """The exact per-channel sum over (N, spatial) of one of batch norm's expressions, float64
+    (C,): 0 x, 1 (x - m)^2, 2 y (x - m) s, 3 y w, 4 (y w)((x - m) s)."""
+    terms = x.numel() // max(1, x.shape[1])
+    fast = native.chansum(expr, x, y, m, s, w, _beta(terms, 1), slices_for(like))
+    if fast is not None and fast is not False:
+        return fast
+    x64, y64 = x.to(_F64), (y.to(_F64) if y is not None else None)
+    mb, sb, wb = (_channel(t, x) if t is not None else None for t in (m, s, w))
+    if expr == 0:
+        value = x64
+    elif expr == 1:
+        d = x64 - mb
+        value = d * d
+    elif expr == 2:
+        value = y64 * ((x64 - mb) * sb)
+    elif expr == 3:
+        value = y64 * wb
+    else:
+        value = (y64 * wb) * ((x64 - mb) * sb)
+    dims = (0,) + tuple(range(2, x.dim()))
+    return exact_sum(value, dims, False, _F64, like)
+
+
+def _chan_map(expr: int, x, y, m, s, w, b, p1, p2, dtype) -> torch.Tensor:
+    """Batch norm's per-element formulas, rounded once: 0 ((x - m) s) w + b, 1 ((y w - p1) -
+    ((x - m) s) p2) s, 2 (y w) s."""
+    fast = native.chanmap(expr, x, y, m, s, w, b, p1, p2, dtype)
+    if fast is not None:
+        return fast
+    x64 = x.to(_F64)
+    mb, sb, wb, bb, p1b, p2b = (
+        _channel(t, x) if t is not None else None for t in (m, s, w, b, p1, p2)
+    )
+    if expr == 0:
+        out = (x64 - mb) * sb
+        out = out * wb if wb is not None else out
+        out = out + bb if bb is not None else out
+    elif expr == 1:
+        out = ((y.to(_F64) * wb - p1b) - ((x64 - mb) * sb) * p2b) * sb
+    else:
+        out = (y.to(_F64) * wb) * sb
+    return out.to(dtype)
+
+
 def batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     """aten.native_batch_norm: (out, save_mean, save_invstd); updates the running statistics."""
-    dims = (0,) + tuple(range(2, x.dim()))
-    x64 = x.to(_F64)
+    c = x.shape[1]
+    w = weight.to(_F64) if weight is not None else None
+    b = bias.to(_F64) if bias is not None else None
     if training:
-        n = x.numel() // x.shape[1]
-        mean = _sum(x64, dims, x.dtype) / n
-        d = x64 - mean
-        var = _sum(d * d, dims, x.dtype) / n
+        n = x.numel() // c
+        mean = _chan_sum(0, x, None, None, None, None, x.dtype) / n
+        var = _chan_sum(1, x, None, mean, None, None, x.dtype) / n
         invstd = 1.0 / ew.sqrt(var + eps)
         if running_mean is not None:
-            new = running_mean.to(_F64) * (1.0 - momentum) + mean.reshape(-1) * momentum
+            new = running_mean.to(_F64) * (1.0 - momentum) + mean * momentum
             running_mean.copy_(new.to(running_mean.dtype))
         if running_var is not None:
-            unbiased = var.reshape(-1) * (n / max(n - 1, 1))
+            unbiased = var * (n / max(n - 1, 1))
             new = running_var.to(_F64) * (1.0 - momentum) + unbiased * momentum
             running_var.copy_(new.to(running_var.dtype))
-        save = (mean.reshape(-1).to(x.dtype), invstd.reshape(-1).to(x.dtype))
+        save = (mean.to(x.dtype), invstd.to(x.dtype))
     else:
-        mean = _channel(running_mean, x)
-        invstd = 1.0 / ew.sqrt(_channel(running_var, x) + eps)
-        d = x64 - mean
+        mean = running_mean.to(_F64)
+        invstd = 1.0 / ew.sqrt(running_var.to(_F64) + eps)
         empty = torch.empty(0, dtype=x.dtype, device=x.device)
         save = (empty, empty.clone())
-    out = d * invstd
-    if weight is not None:
-        out = out * _channel(weight, x)
-    if bias is not None:
-        out = out + _channel(bias, x)
-    return (out.to(x.dtype),) + save
+    return (_chan_map(0, x, None, mean, invstd, w, b, None, None, x.dtype),) + save
 
 
 def batch_norm_backward(grad, x, weight, rmean, rvar, smean, sinvstd, train, eps, mask):
     """aten.native_batch_norm_backward: (grad input, grad weight, grad bias)."""
-    dims = (0,) + tuple(range(2, x.dim()))
-    go = grad.to(_F64)
     if train:
-        mean, invstd = _channel(smean, x), _channel(sinvstd, x)
+        mean, invstd = smean.to(_F64), sinvstd.to(_F64)
     else:
-        mean, invstd = _channel(rmean, x), 1.0 / ew.sqrt(_channel(rvar, x) + eps)
-    xhat = (x.to(_F64) - mean) * invstd
-    w = _channel(weight, x) if weight is not None else 1.0
+        mean, invstd = rmean.to(_F64), 1.0 / ew.sqrt(rvar.to(_F64) + eps)
+    n = x.numel() // x.shape[1]
+    w = weight.to(_F64) if weight is not None else torch.ones_like(mean)
     gi = None
     if mask[0]:
         if train:
-            gi = _norm_input_grad(go * w, xhat, invstd, dims, x.numel() // x.shape[1], x.dtype)
+            p1 = _chan_sum(3, x, grad, None, None, w, x.dtype) / n
+            p2 = _chan_sum(4, x, grad, mean, invstd, w, x.dtype) / n
+            gi = _chan_map(1, x, grad, mean, invstd, w, None, p1, p2, x.dtype)
         else:
-            gi = go * w * invstd
-        gi = gi.to(x.dtype)
-    gw = exact_sum(go * xhat, dims, False, x.dtype) if mask[1] else None
-    gb = exact_sum(go, dims, False, x.dtype) if mask[2] else None
+            gi = _chan_map(2, x, grad, None, invstd, w, None, None, None, x.dtype)
+    gw = _chan_sum(2, x, grad, mean, invstd, None, x.dtype).to(x.dtype) if mask[1] else None
+    gb = _chan_sum(0, grad, None, None, None, None, x.dtype).to(x.dtype) if mask[2] else None
     return gi, gw, gb
 
 
@@ -268,17 +314,25 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad,
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     n, cout = x4.shape[0], w4.shape[0]
     cols = _columns(x4, w4, stride, padding, dilation)
-    k = cols.shape[1] // groups
-    w = w4.reshape(1, groups, cout // groups, k)
-    out = exact_matmul(w, cols.reshape(n, groups, k, -1), _F64, x.dtype)
-    if bias is not None:
-        out = out + bias.to(_F64).reshape(1, groups, cout // groups, 1)
+    k, cg = cols.shape[1] // groups, cout // groups
+    length = cols.shape[-1]
+    w = w4.reshape(groups, cg, k)
+    parts = []
+    for g in range(groups):  # (cg, k) @ (k, n * L): each output column scaled over its k inputs
+        columns = cols[:, g * k : (g + 1) * k].permute(1, 0, 2).reshape(k, n * length)
+        if bias is not None:
+            b = bias[g * cg : (g + 1) * cg].reshape(cg, 1)
+            part = exact_addmm(b, w[g], columns, x.dtype)
+        else:
+            part = exact_matmul(w[g], columns, x.dtype)
+        parts.append(part.reshape(cg, n, length))
+    out = torch.cat(parts, 0).permute(1, 0, 2)
     hw = [
         _out_size(x4.shape[i + 2], w4.shape[i + 2], stride[i], padding[i], dilation[i])
         for i in (0, 1)
     ]
     out = out.reshape(n, cout, *hw)
-    return (out.squeeze(2) if squeeze else out).to(x.dtype)
+    return out.squeeze(2) if squeeze else out
 
 
 def convolution_backward(
