@@ -326,7 +326,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad,
         else:
             part = exact_matmul(w[g], columns, x.dtype)
         parts.append(part.reshape(cg, n, length))
-    out = torch.cat(parts, 0).permute(1, 0, 2)
+    out = torch.cat(parts, 0).permute(1, 0, 2).contiguous()  # NCHW, as torch's kernels give
     hw = [
         _out_size(x4.shape[i + 2], w4.shape[i + 2], stride[i], padding[i], dilation[i])
         for i in (0, 1)
