@@ -30,7 +30,14 @@ from twice.store.runs import (
     write_json_atomic,
 )
 
-__all__ = ["RunOptions", "run_command", "DEFAULT_SEED", "child_environment", "resolve_command"]
+__all__ = [
+    "RunOptions",
+    "run_command",
+    "DEFAULT_SEED",
+    "child_environment",
+    "resolve_command",
+    "portable_policy",
+]
 
 
 BOOT_DIR = Path(__file__).resolve().parent.parent / "runtime" / "_boot"
@@ -99,6 +106,12 @@ def check_interpreter(executable: str) -> None:
         )
 
 
+def portable_policy(determinism: str) -> str:
+    """Portable mode's policy for uncovered ops under a determinism mode: an error under strict,
+    a warning (and a manifest entry) otherwise."""
+    return "strict" if determinism == "strict" else "warn"
+
+
 def child_environment(options: RunOptions, run_dir: Path) -> dict[str, str]:
     """The environment of the command: set before its interpreter starts, so it takes effect."""
     # The launcher owns the contract's variables: none leaks in from an outer `twice run`.
@@ -115,6 +128,7 @@ def child_environment(options: RunOptions, run_dir: Path) -> dict[str, str]:
         stop_after=options.stop_after,
         record_ops=options.record_ops or None,
         numerics=options.numerics or None,
+        portable=None if options.observe else options.portable,
         checkpoint_dir=str(folder.checkpoints),
         resume_from=str(Path(options.resume_from).resolve())
         if options.resume_from is not None

@@ -85,7 +85,17 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
             problems = {k: v["reason"] for k, v in settings.items() if v.get("reason")}
             if problems:
                 identity["determinism"]["problems"] = problems
+    uncovered: dict[str, dict] = {}
+    for proc in procs:
+        for entry in (proc.portable or {}).get("uncovered", []):
+            known = uncovered.setdefault(entry["op"], {**entry, "count": 0})
+            known["count"] += entry.get("count", 0)
     summary = {
+        **(
+            {"portable_uncovered": sorted(uncovered.values(), key=lambda e: e["op"])}
+            if uncovered
+            else {}
+        ),
         "processes": len(procs),
         "steps": main.steps if main else None,
         "stopped_after": main.stopped_after if main else None,
@@ -166,7 +176,10 @@ def start_manifest(
         "code": code,
         "seed": None if options.observe else options.seed,
         "observe": options.observe,
-        "determinism": {"mode": "observe" if options.observe else options.determinism},
+        "determinism": {
+            "mode": "observe" if options.observe else options.determinism,
+            **({"portable": True} if options.portable and not options.observe else {}),
+        },
         **gather_identity_facts(),
         "env": numeric_env(env),
     }

@@ -45,6 +45,8 @@ class RunOptions:
     """How many steps the run should take, for progress displays (a re-run: the original's)."""
     numerics: str | None = None
     """Full numerics watch in the command: "stop" at the first NaN/Inf, or "warn"."""
+    portable: str | None = None
+    """Portable mode and its policy for uncovered ops ("strict", "warn", "audit"), or None."""
     record_ops: str | None = None
     """Steps whose every operation is recorded into ops/ (e.g. "3,10-12")."""
     resume_from: Path | None = None

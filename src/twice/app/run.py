@@ -51,6 +51,7 @@ class Run:
         params_every: int | None = None,
         keep_last: int | None = 3,
         resume_world_size_change: bool = False,
+        portable: bool = False,
     ):
         self.config = dict(config or {})
         self.seed = seed
@@ -70,6 +71,7 @@ class Run:
         self.epoch = 0
         self._resumed_from: Path | None = None
         self.resume_world_size_change = resume_world_size_change
+        self.portable = portable
 
     @property
     def under_launcher(self) -> bool:
@@ -107,8 +109,11 @@ class Run:
             self._recorder.on_stop.append(self._checkpoint_at_stop)
             return self
         self.dir = new_run_dir(self.runs_dir, self.name)
-        self._report = deterministic(seed=self.seed, mode=self.determinism)
+        self._report = deterministic(seed=self.seed, mode=self.determinism, portable=self.portable)
         options = RunOptions(
+            portable=("strict" if self.determinism == "strict" else "warn")
+            if self.portable
+            else None,
             seed=self.seed,
             name=self.name,
             runs_dir=self.runs_dir,

@@ -18,6 +18,13 @@ from twice.store.runs import effective_status, read_manifest
 __all__ = ["verify_run", "verify_resume", "ResumeCheck"]
 
 
+def _portable_policy(manifest) -> str | None:
+    """Portable mode's policy for a re-run: the run's own, as its determinism mode gives it."""
+    from twice.app.launch import portable_policy
+
+    return portable_policy(manifest.determinism) if manifest.portable else None
+
+
 def rerun_options(
     run_dir: Path,
     *,
@@ -41,6 +48,7 @@ def rerun_options(
         name=name[:100],
         runs_dir=Path(run_dir).parent.resolve(),
         determinism=manifest.determinism if not manifest.observe else "strict",
+        portable=_portable_policy(manifest),
         observe=manifest.observe,
         trace_every=manifest.trace_every,
         params_every=manifest.params_every,

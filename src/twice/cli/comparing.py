@@ -203,11 +203,17 @@ def bisect(a, b, runs_dir, as_json, quiet, verbose, yes):
     help="here: exit 1 only for ops that gave different bits in this audit; cuda: also for ops "
     "this model runs that are nondeterministic on CUDA.",
 )
+@click.option(
+    "--portable",
+    is_flag=True,
+    help="List instead every op the command runs that portable mode (twice run --portable) "
+    "does not cover; exit 1 if there is one.",
+)
 @_json_option
 @_quiet_option
 @_verbose_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def audit(steps, seed, runs_dir, determinism, target, as_json, quiet, verbose, command):
+def audit(steps, seed, runs_dir, determinism, target, portable, as_json, quiet, verbose, command):
     """List the nondeterminism COMMAND really hits: ops that gave different bits from identical
     inputs in two runs of its first steps, and every call site of an op it runs that is
     nondeterministic on CUDA. Exit 1 for what was observed (with --for cuda, also for what would
@@ -218,9 +224,22 @@ def audit(steps, seed, runs_dir, determinism, target, as_json, quiet, verbose, c
       twice audit -- python train.py
       twice audit --steps 3 -- python train.py --lr 0.1
       twice audit --for cuda -- python train.py
+      twice audit --portable -- python train.py
     """
     from twice.app.audit import audit_command
     from twice.app.launch import RunOptions
+
+    if portable:
+        from twice.app.portability import format_portable_audit, portable_audit
+
+        with _reporting("audit", quiet):
+            found = portable_audit(
+                list(command),
+                RunOptions(seed=seed, runs_dir=runs_dir, determinism="warn", quiet=not verbose),
+                steps,
+            )
+        _out(_json(found.to_json()) if as_json else format_portable_audit(found))
+        sys.exit(found.status)
 
     with _reporting("audit", quiet):
         report = audit_command(

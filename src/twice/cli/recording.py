@@ -68,6 +68,12 @@ from twice.store.traceseries import loss_fault_phrase
     "RUN`.",
 )
 @click.option(
+    "--portable",
+    is_flag=True,
+    help="Compute every operation whose bits depend on the machine with twice's portable kernels: "
+    "the same bits at any thread count, instruction set or BLAS (see docs/portable.md).",
+)
+@click.option(
     "--record-ops",
     metavar="STEPS",
     default=None,
@@ -104,6 +110,7 @@ def run(
     trace_every,
     params_every,
     numerics,
+    portable,
     record_ops,
     max_steps,
     resume_from,
@@ -121,7 +128,7 @@ def run(
       twice run --observe -- bash train.sh     (record only, change nothing)
       twice run --mlflow sqlite:///mlflow.db -- python train.py
     """
-    from twice.app.launch import DEFAULT_SEED, RunOptions, run_command
+    from twice.app.launch import DEFAULT_SEED, RunOptions, portable_policy, run_command
 
     live = None
     if mlflow_uri is not None:
@@ -153,6 +160,7 @@ def run(
         stop_after=max_steps,
         record_ops=_steps_option(record_ops),
         numerics=numerics,
+        portable=portable_policy(determinism) if portable and not observe else None,
         live=live,
     )
     code, run_dir = run_command(list(command), options)

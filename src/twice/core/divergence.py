@@ -208,6 +208,12 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
             }
         )
         return f"the code differs ({', '.join(keys[:3])})"
+    portable = next((d for d in diffs if d.key == "determinism.portable"), None)
+    if portable is not None:
+        return (
+            "one run was portable (`twice run --portable`: twice's own kernels) and the other "
+            "not, so their arithmetic differs"
+        )
     if "threads" in by_group:
         d = next(
             (d for d in by_group["threads"] if d.key == "threads.intra_op_threads"),
@@ -217,20 +223,39 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
             f"the runs used {d.a} and {d.b} torch threads"
             if d.key == "threads.intra_op_threads"
             else f"{d.key} differs ({d.a} vs {d.b})"
-        )
-    if "packages" in by_group:
-        d = by_group["packages"][0]
+        ) + PORTABLE_FIX
+    versions = [d for d in by_group.get("packages", []) if d.key != "torch.cpu_capability"]
+    if versions:
+        d = versions[0]
         return f"package versions differ ({d.key}: {d.a} vs {d.b})"
+    isa = next((d for d in diffs if d.key == "torch.cpu_capability"), None)
+    if isa is not None:
+        return f"torch's kernels used the instruction sets {isa.a} and {isa.b}" + PORTABLE_FIX
     if "hardware" in by_group:
         d = by_group["hardware"][0]
-        return f"the hardware differs ({d.key}: {d.a} vs {d.b})"
+        fix = "" if d.key.startswith(("gpus", "cuda_devices")) else PORTABLE_FIX
+        return f"the hardware differs ({d.key}: {d.a} vs {d.b})" + fix
     if "determinism" in by_group:
         d = by_group["determinism"][0]
         return f"determinism settings differ ({d.key}: {d.a} vs {d.b})"
     if "environment" in by_group:
         d = by_group["environment"][0]
-        return f"environment variable {d.key.removeprefix('env.')} differs ({d.a} vs {d.b})"
+        name = d.key.removeprefix("env.")
+        fix = PORTABLE_FIX if name in _MACHINE_ENV else ""
+        return f"environment variable {name} differs ({d.a} vs {d.b})" + fix
     return None
+
+
+PORTABLE_FIX = "; `twice run --portable` gives the same bits whatever that setting"
+"""Appended to a cause portable mode removes: thread counts, instruction sets, BLAS code paths."""
+_MACHINE_ENV = {
+    "MKL_CBWR",
+    "ATEN_CPU_CAPABILITY",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_ENABLE_INSTRUCTIONS",
+}
 
 
 # What each field is called in a sentence, and what its difference means.

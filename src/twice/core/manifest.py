@@ -267,6 +267,7 @@ class Manifest:
     seed = property(lambda self: self.identity.get("seed"))
     observe = property(lambda self: bool(self.identity.get("observe")))
     determinism = property(lambda self: self.identity.get("determinism", {}).get("mode", "strict"))
+    portable = property(lambda self: bool(self.identity.get("determinism", {}).get("portable")))
     env = property(lambda self: dict(self.identity.get("env", {})))
     status = property(lambda self: self.context["status"])
     exit_code = property(lambda self: self.context.get("exit_code"))

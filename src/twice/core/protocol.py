@@ -46,6 +46,9 @@ class ChildSettings:
     """Steps whose every operation is logged ("3,10-12")."""
     numerics: str | None = field(default=None, metadata={"env": "TWICE_NUMERICS"})
     """The full numerics watch: "stop" or "warn"."""
+    portable: str | None = field(default=None, metadata={"env": "TWICE_PORTABLE"})
+    """Portable mode (twice.portable) and its policy for uncovered ops: "strict", "warn" or
+    "audit" (list them silently)."""
     checkpoint_dir: str | None = field(default=None, metadata={"env": "TWICE_CHECKPOINT_DIR"})
     """Where twice.checkpoint_dir() points: the run's checkpoints/ by default."""
     resume_from: str | None = field(default=None, metadata={"env": "TWICE_RESUME_FROM"})

@@ -334,3 +334,29 @@ def silu_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return out
     s = sigmoid(x)
     return grad * (s * ((x * (1.0 - s)) + 1.0))
+
+
+native.configure(
+    (
+        _EXP_TAYLOR,
+        _ATANH_ODD,
+        _ERF_TAYLOR,
+        list(reversed(_ERFCX_1_6)),
+        _SIN_TAYLOR,
+        _COS_TAYLOR,
+        _EXPM1_TAYLOR,
+    ),
+    (
+        LN2_HI,
+        LN2_LO,
+        INV_LN2,
+        SQRT_HALF,
+        TWO_OVER_SQRT_PI,
+        math.pi / 2,
+        EXPM1_SMALL,
+        GELU_K,
+        GELU_C,
+        GELU_3C,
+        INV_SQRT_2PI,
+    ),
+)

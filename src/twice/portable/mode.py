@@ -22,11 +22,14 @@ from twice.core.errors import DeterminismError
 from twice.portable import ops_math, ops_nn  # noqa: F401  (they fill KERNELS)
 from twice.portable.table import EXACT, KERNELS, NOT_EXACT, PortableUnsupported
 
-__all__ = ["PortableMode", "PortableError", "enable", "active", "suspended", "coverage"]
+__all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]
 
 
 class PortableError(DeterminismError):
     """An operation portable mode does not cover ran under `--determinism strict`."""
+
+    def __str__(self) -> str:  # raised inside the user's program: its traceback shows the hint
+        return self.message + (f"\nhint: {self.hint}" if self.hint else "")
 
 
 def coverage(func) -> str:
@@ -156,6 +159,9 @@ class PortableMode(TorchDispatchMode):
                     "operation; `--determinism warn` runs them with torch's kernels (their "
                     "bits may then depend on the machine) and lists them in the manifest",
                 )
+            if self.policy == "audit":
+                entry["count"] += 1
+                return func(*args, **kwargs)
             warnings.warn(
                 f"twice: {op} is not covered by portable mode"
                 + (f" ({why})" if why else "")
@@ -182,6 +188,12 @@ def enable(policy: str = "strict") -> PortableMode:
     mode.__enter__()
     _modes.append(mode)
     return mode
+
+
+def disable() -> None:
+    """Leave the portable mode `enable` installed (twice.deterministic's undo)."""
+    if _modes:
+        _modes.pop().__exit__(None, None, None)
 
 
 def active() -> PortableMode | None:

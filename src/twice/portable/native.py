@@ -57,35 +57,33 @@ _UNARY = {
 _BINARY = {"gelu_backward": 0, "gelu_tanh_backward": 1, "silu_backward": 2, "softplus": 3}
 _KINDS = {torch.float32: 0, torch.float64: 1}
 _state = {"on": True, "ready": False}
+_config: dict = {}
+
+
+def configure(polynomials: tuple, constants: tuple) -> None:
+    """Hand the compiled kernels the coefficients and constants elementwise.py defines (it
+    calls this once, when imported)."""
+    _config["args"] = (polynomials, constants)
 
 
 def _init() -> None:
-    from twice.portable import elementwise as ew
+    if "args" not in _config:
+        from importlib import import_module
 
-    polys = (
-        ew._EXP_TAYLOR,
-        ew._ATANH_ODD,
-        ew._ERF_TAYLOR,
-        list(reversed(ew._ERFCX_1_6)),
-        ew._SIN_TAYLOR,
-        ew._COS_TAYLOR,
-        ew._EXPM1_TAYLOR,
-    )
-    constants = (
-        ew.LN2_HI,
-        ew.LN2_LO,
-        ew.INV_LN2,
-        ew.SQRT_HALF,
-        ew.TWO_OVER_SQRT_PI,
-        math.pi / 2,
-        ew.EXPM1_SMALL,
-        ew.GELU_K,
-        ew.GELU_C,
-        ew.GELU_3C,
-        ew.INV_SQRT_2PI,
-    )
-    _module.p_init(polys, constants)
+        import_module("twice.portable.elementwise")  # it configures this module
+    _module.p_init(*_config["args"])
     _state["ready"] = True
+
+
+def _empty(shape, dtype) -> torch.Tensor:
+    """torch.empty without deterministic mode's fill of new memory (every element is written)."""
+    if not torch.utils.deterministic.fill_uninitialized_memory:
+        return torch.empty(shape, dtype=dtype)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        return torch.empty(shape, dtype=dtype)
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = True
 
 
 def available() -> bool:
@@ -117,7 +115,7 @@ def unary(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
     if not _usable(x):
         return None
     src = x.contiguous()
-    out = torch.empty(x.shape, dtype=dtype or x.dtype)
+    out = _empty(x.shape, dtype or x.dtype)
     kind = _KINDS[out.dtype]
     _module.p_unary(_UNARY[name], src.data_ptr(), _KINDS[x.dtype], out.data_ptr(), kind, x.numel())
     return out
@@ -131,7 +129,7 @@ def binary(name: str, grad: torch.Tensor | None, x: torch.Tensor, dtype, a=0.0, 
         return None
     xs = x.contiguous()
     gs = grad.contiguous() if grad is not None else xs
-    out = torch.empty(x.shape, dtype=dtype)
+    out = _empty(x.shape, dtype)
     _module.p_binary(
         _BINARY[name],
         gs.data_ptr(),
@@ -162,9 +160,9 @@ def _split_blocks(x: torch.Tensor, axis: int, beta: int):
     """p_split over x's last two dimensions (x contiguous, at most one batch dimension)."""
     rows, cols = x.shape[-2], x.shape[-1]
     outer = x.numel() // max(1, rows * cols)
-    ints = torch.empty(x.shape, dtype=torch.float64)
+    ints = _empty(x.shape, torch.float64)
     unit_shape = (*x.shape[:-2], rows, 1) if axis == 0 else (*x.shape[:-2], 1, cols)
-    units = torch.empty(unit_shape, dtype=torch.float64)
+    units = _empty(unit_shape, torch.float64)
     finite = _module.p_split(
         x.data_ptr(), _KINDS[x.dtype], outer, rows, cols, beta, axis, ints.data_ptr(),
         units.data_ptr(),
@@ -218,7 +216,7 @@ def scaled(product, unit_a, unit_b, out_dtype, bias=None):
     blocks = product.numel() // max(1, rows * cols)
     ua = unit_a.expand(*product.shape[:-1], 1).contiguous()
     ub = unit_b.expand(*product.shape[:-2], 1, cols).contiguous()
-    out = torch.empty(product.shape, dtype=out_dtype)
+    out = _empty(product.shape, out_dtype)
     strides, bias_ptr, bias_kind = (0, 0, 0), 0, 0
     if bias is not None:
         full = bias.expand(product.shape)
@@ -242,7 +240,7 @@ def compound(name: str, self, a, b, value: float):
         t.dtype != self.dtype or t.shape != self.shape or not t.is_contiguous() for t in tensors
     ):
         return None
-    out = torch.empty_like(self)
+    out = _empty(self.shape, self.dtype)
     other = b if b is not None else a
     _module.p_compound(
         _COMPOUND[name], _KINDS[self.dtype], self.numel(), self.data_ptr(), a.data_ptr(),
@@ -257,7 +255,7 @@ def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):
     if not _usable(x) or x.numel() == 0 or x.dim() == 0:
         return None
     rows, kept = _rows(x, dims)
-    out = torch.empty(rows.shape[0], dtype=torch.float64)
+    out = _empty(rows.shape[0], torch.float64)
     finite = _module.p_rowsum(
         rows.data_ptr(), _KINDS[x.dtype], rows.shape[0], rows.shape[1], beta, count,
         out.data_ptr(),
@@ -278,7 +276,7 @@ def uniform(count: int, key: int, device) -> torch.Tensor | None:
         or (device is not None and torch.device(device).type != "cpu")
     ):
         return None
-    out = torch.empty(count, dtype=torch.float64)
+    out = _empty(count, torch.float64)
     _module.p_uniform(key, count, out.data_ptr())
     return out
 
@@ -287,8 +285,8 @@ def normal(count: int, key: int, device) -> torch.Tensor | None:
     """philox.normal(count, key), or None."""
     if not _usable(torch.empty(0)) or (device is not None and torch.device(device).type != "cpu"):
         return None
-    out = torch.empty(count, dtype=torch.float64)
-    scratch = torch.empty(2 * max(1, -(-count // 2)), dtype=torch.float64)
+    out = _empty(count, torch.float64)
+    scratch = _empty(2 * max(1, -(-count // 2)), torch.float64)
     _module.p_normal(key, count, out.data_ptr(), scratch.data_ptr())
     return out
 
@@ -310,7 +308,7 @@ def chansum(expr: int, x, y, m, s, w, beta: int, count: int):
     if not _usable(*tensors) or not all(t.is_contiguous() for t in tensors) or x.dim() < 2:
         return None
     n, c, size = _nchw(x)
-    out = torch.empty(c, dtype=torch.float64)
+    out = _empty(c, torch.float64)
     finite = _module.p_chansum(
         expr, n, c, size, beta, count, x.data_ptr(), _KINDS[x.dtype],
         _f64_ptr(y), _KINDS[y.dtype] if y is not None else 0,
@@ -325,7 +323,7 @@ def chanmap(expr: int, x, y, m, s, w, b, p1, p2, dtype):
     if not _usable(*tensors) or not all(t.is_contiguous() for t in tensors) or x.dim() < 2:
         return None
     n, c, size = _nchw(x)
-    out = torch.empty(x.shape, dtype=dtype)
+    out = _empty(x.shape, dtype)
     _module.p_chanmap(
         expr, n, c, size, x.data_ptr(), _KINDS[x.dtype],
         _f64_ptr(y), _KINDS[y.dtype] if y is not None else 0,

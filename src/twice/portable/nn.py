@@ -1,5 +1,5 @@
-"""The network operations of portable mode, forward and backward: softmax, losses, normalisations,
-convolution and embedding gradients.
+"""The network operations of portable mode, forward and backward: softmax, losses, convolution
+and embedding gradients (the normalisations are in norms.py).
 
 Each is written with the exact reductions of exact.py and the elementwise functions of
 elementwise.py, in float64, and rounded once to the input's dtype, so its bits depend only on its
@@ -16,14 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from twice.portable import elementwise as ew
-from twice.portable import native
 from twice.portable.exact import (
-    _beta,
     exact_addmm,
     exact_bilinear,
     exact_matmul,
     exact_sum,
-    slices_for,
 )
 
 __all__ = [
@@ -33,12 +30,6 @@ __all__ = [
     "log_softmax_backward",
     "nll_loss",
     "nll_loss_backward",
-    "layer_norm",
-    "layer_norm_backward",
-    "batch_norm",
-    "batch_norm_backward",
-    "group_norm",
-    "group_norm_backward",
     "convolution",
     "convolution_backward",
     "embedding_backward",
@@ -122,170 +113,6 @@ def nll_loss_backward(grad, x, target, weight, reduction: int, ignore_index: int
     rows = torch.zeros(x.shape if x.dim() > 1 else (1, x.shape[0]), dtype=_F64, device=x.device)
     rows.scatter_(1, safe.reshape(-1, 1), value.reshape(-1, 1))
     return rows.reshape(x.shape).to(x.dtype)
-
-
-def layer_norm(x, shape, weight, bias, eps: float):
-    """aten.native_layer_norm: (out, mean, rstd) over the last len(shape) dimensions."""
-    dims = tuple(range(x.dim() - len(shape), x.dim()))
-    n = math.prod(shape)
-    x64 = x.to(_F64)
-    mean = _sum(x64, dims, x.dtype) / n
-    d = x64 - mean
-    rstd = 1.0 / ew.sqrt(_sum(d * d, dims, x.dtype) / n + eps)
-    out = d * rstd
-    if weight is not None:
-        out = out * weight.to(_F64)
-    if bias is not None:
-        out = out + bias.to(_F64)
-    return out.to(x.dtype), mean.to(x.dtype), rstd.to(x.dtype)
-
-
-def _norm_input_grad(go, xhat, rstd, dims, n, like):
-    """rstd * (g - mean(g) - xhat * mean(g * xhat)) over `dims` (the normalised elements)."""
-    return (go - _sum(go, dims, like) / n - xhat * (_sum(go * xhat, dims, like) / n)) * rstd
-
-
-def layer_norm_backward(grad, x, shape, mean, rstd, weight, bias, mask):
-    """aten.native_layer_norm_backward: (grad input, grad weight, grad bias)."""
-    dims = tuple(range(x.dim() - len(shape), x.dim()))
-    batch = tuple(range(x.dim() - len(shape)))
-    go, r = grad.to(_F64), rstd.to(_F64)
-    xhat = (x.to(_F64) - mean.to(_F64)) * r
-    g = go * weight.to(_F64) if weight is not None else go
-    gi = (
-        _norm_input_grad(g, xhat, r, dims, math.prod(shape), x.dtype).to(x.dtype)
-        if mask[0]
-        else None
-    )
-    gw = (
-        exact_sum(go * xhat, batch, False, weight.dtype) if mask[1] and weight is not None else None
-    )
-    gb = exact_sum(go, batch, False, bias.dtype) if mask[2] and bias is not None else None
-    return gi, gw, gb
-
-
-def _channel(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return t.to(_F64).reshape((1, -1) + (1,) * (like.dim() - 2))
-
-
-def _chan_sum(expr: int, x, y, m, s, w, like) -> torch.Tensor:
-    """The exact per-channel sum over (N, spatial) of one of batch norm's expressions, float64
-    (C,): 0 x, 1 (x - m)^2, 2 y (x - m) s, 3 y w, 4 (y w)((x - m) s)."""
-    terms = x.numel() // max(1, x.shape[1])
-    fast = native.chansum(expr, x, y, m, s, w, _beta(terms, 1), slices_for(like))
-    if fast is not None and fast is not False:
-        return fast
-    x64, y64 = x.to(_F64), (y.to(_F64) if y is not None else None)
-    mb, sb, wb = (_channel(t, x) if t is not None else None for t in (m, s, w))
-    if expr == 0:
-        value = x64
-    elif expr == 1:
-        d = x64 - mb
-        value = d * d
-    elif expr == 2:
-        value = y64 * ((x64 - mb) * sb)
-    elif expr == 3:
-        value = y64 * wb
-    else:
-        value = (y64 * wb) * ((x64 - mb) * sb)
-    dims = (0,) + tuple(range(2, x.dim()))
-    return exact_sum(value, dims, False, _F64, like)
-
-
-def _chan_map(expr: int, x, y, m, s, w, b, p1, p2, dtype) -> torch.Tensor:
-    """Batch norm's per-element formulas, rounded once: 0 ((x - m) s) w + b, 1 ((y w - p1) -
-    ((x - m) s) p2) s, 2 (y w) s."""
-    fast = native.chanmap(expr, x, y, m, s, w, b, p1, p2, dtype)
-    if fast is not None:
-        return fast
-    x64 = x.to(_F64)
-    mb, sb, wb, bb, p1b, p2b = (
-        _channel(t, x) if t is not None else None for t in (m, s, w, b, p1, p2)
-    )
-    if expr == 0:
-        out = (x64 - mb) * sb
-        out = out * wb if wb is not None else out
-        out = out + bb if bb is not None else out
-    elif expr == 1:
-        out = ((y.to(_F64) * wb - p1b) - ((x64 - mb) * sb) * p2b) * sb
-    else:
-        out = (y.to(_F64) * wb) * sb
-    return out.to(dtype)
-
-
-def batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
-    """aten.native_batch_norm: (out, save_mean, save_invstd); updates the running statistics."""
-    c = x.shape[1]
-    w = weight.to(_F64) if weight is not None else None
-    b = bias.to(_F64) if bias is not None else None
-    if training:
-        n = x.numel() // c
-        mean = _chan_sum(0, x, None, None, None, None, x.dtype) / n
-        var = _chan_sum(1, x, None, mean, None, None, x.dtype) / n
-        invstd = 1.0 / ew.sqrt(var + eps)
-        if running_mean is not None:
-            new = running_mean.to(_F64) * (1.0 - momentum) + mean * momentum
-            running_mean.copy_(new.to(running_mean.dtype))
-        if running_var is not None:
-            unbiased = var * (n / max(n - 1, 1))
-            new = running_var.to(_F64) * (1.0 - momentum) + unbiased * momentum
-            running_var.copy_(new.to(running_var.dtype))
-        save = (mean.to(x.dtype), invstd.to(x.dtype))
-    else:
-        mean = running_mean.to(_F64)
-        invstd = 1.0 / ew.sqrt(running_var.to(_F64) + eps)
-        empty = torch.empty(0, dtype=x.dtype, device=x.device)
-        save = (empty, empty.clone())
-    return (_chan_map(0, x, None, mean, invstd, w, b, None, None, x.dtype),) + save
-
-
-def batch_norm_backward(grad, x, weight, rmean, rvar, smean, sinvstd, train, eps, mask):
-    """aten.native_batch_norm_backward: (grad input, grad weight, grad bias)."""
-    if train:
-        mean, invstd = smean.to(_F64), sinvstd.to(_F64)
-    else:
-        mean, invstd = rmean.to(_F64), 1.0 / ew.sqrt(rvar.to(_F64) + eps)
-    n = x.numel() // x.shape[1]
-    w = weight.to(_F64) if weight is not None else torch.ones_like(mean)
-    gi = None
-    if mask[0]:
-        if train:
-            p1 = _chan_sum(3, x, grad, None, None, w, x.dtype) / n
-            p2 = _chan_sum(4, x, grad, mean, invstd, w, x.dtype) / n
-            gi = _chan_map(1, x, grad, mean, invstd, w, None, p1, p2, x.dtype)
-        else:
-            gi = _chan_map(2, x, grad, None, invstd, w, None, None, None, x.dtype)
-    gw = _chan_sum(2, x, grad, mean, invstd, None, x.dtype).to(x.dtype) if mask[1] else None
-    gb = _chan_sum(0, grad, None, None, None, None, x.dtype).to(x.dtype) if mask[2] else None
-    return gi, gw, gb
-
-
-def group_norm(x, weight, bias, n, c, hw, groups, eps):
-    """aten.native_group_norm: (out, mean, rstd), the statistics shaped (N, groups)."""
-    grouped = x.reshape(n, groups, -1)
-    out, mean, rstd = layer_norm(grouped, [grouped.shape[-1]], None, None, eps)
-    out = out.to(_F64).reshape(n, c, -1)
-    if weight is not None:
-        out = out * weight.to(_F64).reshape(1, c, 1)
-    if bias is not None:
-        out = out + bias.to(_F64).reshape(1, c, 1)
-    return out.reshape(x.shape).to(x.dtype), mean.reshape(n, groups), rstd.reshape(n, groups)
-
-
-def group_norm_backward(grad, x, mean, rstd, weight, n, c, hw, groups, mask):
-    """aten.native_group_norm_backward: (grad input, grad weight, grad bias)."""
-    go = grad.to(_F64).reshape(n, c, -1)
-    m, r = mean.to(_F64).reshape(n, groups, 1), rstd.to(_F64).reshape(n, groups, 1)
-    xg = x.to(_F64).reshape(n, groups, -1)
-    xhat = ((xg - m) * r).reshape(n, c, -1)
-    g = go * weight.to(_F64).reshape(1, c, 1) if weight is not None else go
-    gi = None
-    if mask[0]:
-        gg, xh = g.reshape(n, groups, -1), xhat.reshape(n, groups, -1)
-        gi = _norm_input_grad(gg, xh, r, (2,), gg.shape[-1], x.dtype).reshape(x.shape).to(x.dtype)
-    gw = exact_sum(go * xhat, (0, 2), False, x.dtype) if mask[1] else None
-    gb = exact_sum(go, (0, 2), False, x.dtype) if mask[2] else None
-    return gi, gw, gb
 
 
 def _as_2d(x, weight, stride, padding, dilation):

@@ -8,7 +8,7 @@ import math
 import torch
 
 from twice.portable import elementwise as ew
-from twice.portable import nn, philox
+from twice.portable import nn, norms, philox
 from twice.portable.exact import exact_matmul, exact_sum
 from twice.portable.ops_math import floating
 from twice.portable.table import PortableUnsupported, kernel
@@ -40,12 +40,12 @@ kernel("_log_softmax_backward_data.default")(
 )
 kernel("nll_loss_forward.default")(_guard(nn.nll_loss))
 kernel("nll_loss_backward.default")(_guard(nn.nll_loss_backward))
-kernel("native_layer_norm.default")(_guard(nn.layer_norm))
-kernel("native_layer_norm_backward.default")(_guard(nn.layer_norm_backward))
-kernel("native_batch_norm.default")(_guard(nn.batch_norm))
-kernel("native_batch_norm_backward.default")(_guard(nn.batch_norm_backward))
-kernel("native_group_norm.default")(_guard(nn.group_norm))
-kernel("native_group_norm_backward.default")(_guard(nn.group_norm_backward))
+kernel("native_layer_norm.default")(_guard(norms.layer_norm))
+kernel("native_layer_norm_backward.default")(_guard(norms.layer_norm_backward))
+kernel("native_batch_norm.default")(_guard(norms.batch_norm))
+kernel("native_batch_norm_backward.default")(_guard(norms.batch_norm_backward))
+kernel("native_group_norm.default")(_guard(norms.group_norm))
+kernel("native_group_norm_backward.default")(_guard(norms.group_norm_backward))
 kernel("convolution.default")(_guard(nn.convolution))
 kernel("convolution_backward.default")(_guard(nn.convolution_backward))
 kernel("embedding_dense_backward.default")(_guard(nn.embedding_backward))
@@ -53,12 +53,12 @@ kernel("embedding_dense_backward.default")(_guard(nn.embedding_backward))
 
 @kernel("_native_batch_norm_legit.default")
 def _bn_legit(x, w, b, rm, rv, training, momentum, eps):
-    return _guard(nn.batch_norm)(x, w, b, rm, rv, training, momentum, eps)
+    return _guard(norms.batch_norm)(x, w, b, rm, rv, training, momentum, eps)
 
 
 @kernel("_native_batch_norm_legit_no_training.default")
 def _bn_eval(x, w, b, rm, rv, momentum, eps):
-    return _guard(nn.batch_norm)(x, w, b, rm, rv, False, momentum, eps)
+    return _guard(norms.batch_norm)(x, w, b, rm, rv, False, momentum, eps)
 
 
 @kernel("nll_loss2d_forward.default")

@@ -44,6 +44,10 @@ def _on_torch(torch) -> None:
                 raise SystemExit(2) from None
             _state["determinism"] = report.to_json()
         torch.manual_seed(seed)
+    if settings_portable := _state["settings"].portable:
+        from twice.portable.mode import enable
+
+        _state["portable"] = enable(settings_portable)
     _state["torch"] = capture.torch_facts(torch)
     _watch_process_group(torch)
     settings: ChildSettings = _state["settings"]
@@ -149,6 +153,7 @@ def _at_exit() -> None:
         "stopped_after": recorder.stop_after if recorder is not None and recorder.stopped else None,
         "events": recorder.events() if recorder is not None else None,
         "distributed": _distributed_facts(),
+        "portable": _portable_facts(),
     }
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -158,6 +163,13 @@ def _at_exit() -> None:
     procs = RunFolder(_state["run_dir"]).procs
     os.makedirs(procs, exist_ok=True)
     write_json_atomic(os.path.join(procs, f"{os.getpid()}.json"), record)
+
+
+def _portable_facts() -> dict | None:
+    mode = _state.get("portable")
+    if mode is None:
+        return None
+    return {"policy": mode.policy, "uncovered": list(mode.uncovered.values())}
 
 
 def _count_fork() -> None:

@@ -58,6 +58,7 @@ class DeterminismReport:
 
     mode: str
     seed: int | None
+    portable: bool = False
     settings: list[Setting] = field(default_factory=list)
     seeded: dict[str, int] = field(default_factory=dict)
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
@@ -73,6 +74,7 @@ class DeterminismReport:
         return {
             "mode": self.mode,
             "seed": self.seed,
+            "portable": self.portable,
             "seeded": dict(self.seeded),
             "settings": {
                 s.name: {"asked": s.asked, "in_effect": s.in_effect, "reason": s.reason}
@@ -301,8 +303,14 @@ def _check_hash_seed(report: DeterminismReport, strict: bool) -> None:
     report.settings.append(Setting("PYTHONHASHSEED", "fixed", None, reason))
 
 
-def deterministic(seed: int | None = None, mode: str = "strict") -> DeterminismReport:
+def deterministic(
+    seed: int | None = None, mode: str = "strict", portable: bool = False
+) -> DeterminismReport:
     """Seed every RNG (when `seed` is given) and switch torch to deterministic algorithms.
+
+    `portable=True` also routes every operation whose bits depend on the machine (thread count,
+    instruction set, BLAS) through twice's portable kernels (docs/portable.md): uncovered ops
+    raise under "strict" and warn under "warn".
 
     `mode="strict"` refuses (DeterminismError) a setting that can no longer take effect and makes
     torch raise on nondeterministic operations; `mode="warn"` warns instead of refusing and makes
@@ -317,7 +325,13 @@ def deterministic(seed: int | None = None, mode: str = "strict") -> DeterminismR
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
-    report = DeterminismReport(mode=mode, seed=seed)
+    report = DeterminismReport(mode=mode, seed=seed, portable=portable)
+    if portable:
+        from twice.portable import mode as portable_mode
+
+        if portable_mode.active() is None:
+            portable_mode.enable("strict" if mode == "strict" else "warn")
+            report._undo.append(portable_mode.disable)
     if mode == "off":
         report.settings = current_settings()
         return report

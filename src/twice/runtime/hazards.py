@@ -69,7 +69,8 @@ def machine_hazards() -> tuple[list[Hazard], dict]:
                 "threads",
                 f"torch uses {threads} intra-op threads, chosen from this machine's cores: "
                 "CPU reductions round differently on a machine with another core count",
-                "set OMP_NUM_THREADS (or torch.set_num_threads) to the same value everywhere",
+                "set OMP_NUM_THREADS (or torch.set_num_threads) to the same value everywhere, "
+                "or use `twice run --portable` (the same bits at any thread count)",
             )
         )
     if "MKL_CBWR" not in os.environ and torch.backends.mkl.is_available():
@@ -82,7 +83,20 @@ def machine_hazards() -> tuple[list[Hazard], dict]:
                 "unset: torch's BLAS (Intel MKL) picks its code path by CPU model, so "
                 "matrix products round differently on another CPU generation or vendor",
                 "set MKL_CBWR=COMPATIBLE (or a branch every machine has, such as AVX2) everywhere, "
-                "at some cost in speed; twice records it with the run",
+                "at some cost in speed; twice records it with the run. `twice run --portable` "
+                "makes products independent of the BLAS",
+            )
+        )
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("DEFAULT", "NO AVX"):
+        hazards.append(
+            Hazard(
+                "instruction set",
+                f"torch's vectorised kernels use {capability}: exp, log, tanh, sums and "
+                "fused multiply-adds round differently on a CPU with another instruction set "
+                "(or under ATEN_CPU_CAPABILITY)",
+                "`twice run --portable` computes them with twice's own kernels, the same bits on "
+                "any CPU",
             )
         )
     if torch.cuda.is_available():

@@ -60,6 +60,19 @@ def _determinism(value: Any) -> bool:
     )
 
 
+def _portable(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, dict)
+        and isinstance(value.get("uncovered", []), list)
+        and all(
+            isinstance(entry, dict)
+            and isinstance(entry.get("op"), str)
+            and isinstance(entry.get("count", 0), int)
+            for entry in value.get("uncovered", [])
+        )
+    )
+
+
 _FIELDS = {
     "started": _time,
     "ended": _time,
@@ -70,6 +83,7 @@ _FIELDS = {
     "distributed": _distributed,
     "events": _events,
     "determinism": _determinism,
+    "portable": _portable,
     "torch": lambda v: v is None or isinstance(v, dict),
     "torch_runtime": lambda v: v is None or isinstance(v, dict),
 }
@@ -90,6 +104,7 @@ class ProcessRecord:
     torch: dict | None
     torch_runtime: dict
     events: dict | None = None  # what the recorder's hooks saw (Recorder.events)
+    portable: dict | None = None  # portable mode's policy and the ops it did not cover
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> ProcessRecord:
@@ -114,6 +129,7 @@ class ProcessRecord:
             data.get("torch"),
             data.get("torch_runtime") or {},
             data.get("events"),
+            data.get("portable"),
         )
 
 

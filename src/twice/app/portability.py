@@ -1,0 +1,81 @@
+"""`twice audit --portable`: the operations a command runs that portable mode does not cover."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from twice.app.launch import RunOptions, run_command
+from twice.store.runs import read_manifest
+
+__all__ = ["PortableAudit", "portable_audit", "format_portable_audit"]
+
+
+@dataclass
+class PortableAudit:
+    """What one portable pass over a command's first steps found."""
+
+    uncovered: list[dict]
+    """Each uncovered op: "op", "count", "module", "line", "why"."""
+    steps: int | None
+    run_dir: str
+    exit_code: int | None
+
+    def to_json(self) -> dict:
+        """As plain JSON values (what `--json` prints)."""
+        return {
+            "uncovered": self.uncovered,
+            "steps": self.steps,
+            "run": self.run_dir,
+            "command_exit_code": self.exit_code,
+        }
+
+    @property
+    def status(self) -> int:
+        """0: every operation covered; 1: some are not."""
+        return 1 if self.uncovered else 0
+
+
+def portable_audit(command: list[str], options: RunOptions, steps: int) -> PortableAudit:
+    """Run the command's first `steps` steps in portable mode, listing (not refusing) every op it
+    does not cover."""
+    code, run_dir = run_command(
+        command, replace(options, name="audit-portable", stop_after=steps, portable="audit")
+    )
+    manifest = read_manifest(run_dir)
+    uncovered = manifest.context.get("portable_uncovered") or []
+    return PortableAudit(uncovered, manifest.steps, str(run_dir), code)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def format_portable_audit(found: PortableAudit) -> str:
+    """`twice audit --portable`: every op portable mode did not cover, where it ran, and why."""
+    steps = f"{found.steps} step{'s' if found.steps != 1 else ''}" if found.steps else "the run"
+    if not found.uncovered:
+        return (
+            f"every operation of {steps} is covered by portable mode: `twice run --portable` "
+            "gives the same bits on any CPU and thread count"
+        )
+    lines = [
+        f"{_count(len(found.uncovered), 'operation')} of {steps} "
+        f"{'is' if len(found.uncovered) == 1 else 'are'} not covered by portable mode "
+        "(their bits may depend on the machine):"
+    ]
+    for entry in found.uncovered:
+        where = " ".join(
+            part
+            for part in (
+                f"in {entry['module']}" if entry.get("module") else "",
+                f"at {entry['line']}" if entry.get("line") else "",
+            )
+            if part
+        )
+        why = f" ({entry['why']})" if entry.get("why") else ""
+        lines.append(f"  {entry['op']}{why} {where}, {_count(entry.get('count', 0), 'call')}")
+    lines.append(
+        "under `twice run --portable` these raise an error with --determinism strict, and run "
+        "with torch's kernels (listed in the manifest) with --determinism warn"
+    )
+    return "\n".join(lines)
