@@ -4,7 +4,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="$(pwd)/${DEMO_OUT:-demo-out}"
-rm -rf "$out" && mkdir -p "$out"/{first,second,plain1,plain2}
+rm -rf "$out" && mkdir -p "$out"/{first,second,plain1,plain2,one,two}
 
 train() {  # train FOLDER [twice run options...]: each run writes weights.pt in its own folder
   local folder="$1"; shift
@@ -28,3 +28,10 @@ twice diff "$out"/runs/*-plain1 "$out"/runs/*-plain2 || true
 echo
 echo "== 3. verify: run the first run again and prove every step matches =="
 twice verify -q "$out"/runs/*-first
+
+echo
+echo "== 4. --portable: the same bits at 1 thread and at 2 with another instruction set =="
+OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default train one --portable > /dev/null
+OMP_NUM_THREADS=2 train two --portable > /dev/null
+cmp "$out/one/weights.pt" "$out/two/weights.pt" && echo "weights.pt: byte-identical"
+twice diff "$out"/runs/*-one "$out"/runs/*-two

@@ -3,7 +3,11 @@ do not move them), the compiled kernels and the torch fallbacks agree bit for bi
 as accurate as docs/portable.md says (accuracy is a tolerance; every reproducibility claim here
 is torch.equal)."""
 
+import importlib.util
 import math
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -404,3 +408,49 @@ def test_integer_and_exact_ops_pass_through_untouched():
         y = torch.randn(4, 3)
         z = (y * 2 + y / 3).relu().amax(1)
     assert int(ints) == 45 and z.shape == (4,)
+
+
+TRITON_CHECK = """
+import math, torch
+from twice.portable import native, philox
+from twice.portable import elementwise as ew
+native._state["gpu_tests"] = True  # run the Triton kernels on CPU tensors, in the interpreter
+g = torch.Generator().manual_seed(0)
+specials = [0.0, -0.0, 1e-300, 5e-324, 700.0, -740.0, 800.0, 1.0, -1.0, 6.0, 5.99, -6.5, 1e-10,
+            math.inf, -math.inf, math.nan, 0.3465, 20.0, -20.0]
+x = torch.cat([torch.randn(3000, generator=g, dtype=torch.float64) * 4,
+               torch.tensor(specials, dtype=torch.float64)])
+calls = {n: (lambda t, n=n: getattr(ew, n)(t)) for n in
+         ["exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "silu"]}
+calls["gelu"] = lambda t: ew.gelu(t, "none")
+calls["gelu_tanh"] = lambda t: ew.gelu(t, "tanh")
+for name, call in calls.items():
+    for inp in (x, x.float()):
+        arg = inp.abs() if name == "log" else inp
+        ours = native.gpu(name, arg, torch.float64)
+        with native.fallback():
+            theirs = call(arg.double())
+        assert torch.equal(ours.isnan(), theirs.isnan()), name
+        assert torch.equal(torch.nan_to_num(ours, 7.0), torch.nan_to_num(theirs, 7.0)), name
+for count in (1, 7, 1000):
+    ours = native.gpu_uniform(count, 12345, "cpu")
+    normals = philox.normal(count, 12345, "cpu")  # Box-Muller over the kernel's uniforms
+    with native.fallback():
+        assert torch.equal(ours, philox.uniform(count, 12345)), count
+        assert torch.equal(normals, philox.normal(count, 12345)), count
+print("same bits")
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="needs Triton (CUDA builds of torch ship it)"
+)
+def test_the_triton_kernels_give_the_fallbacks_bits_in_the_interpreter():
+    result = subprocess.run(
+        [sys.executable, "-c", TRITON_CHECK],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        timeout=600,
+    )
+    assert result.returncode == 0 and "same bits" in result.stdout, result.stderr[-3000:]

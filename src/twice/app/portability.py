@@ -55,11 +55,11 @@ def format_portable_audit(found: PortableAudit) -> str:
     steps = f"{found.steps} step{'s' if found.steps != 1 else ''}" if found.steps else "the run"
     if not found.uncovered:
         return (
-            f"every operation of {steps} is covered by portable mode: `twice run --portable` "
-            "gives the same bits on any CPU and thread count"
+            f"every operation of the first {steps} is covered by portable mode: under "
+            "`twice run --portable` they give the same bits on any CPU and thread count"
         )
     lines = [
-        f"{_count(len(found.uncovered), 'operation')} of {steps} "
+        f"{_count(len(found.uncovered), 'operation')} of the first {steps} "
         f"{'is' if len(found.uncovered) == 1 else 'are'} not covered by portable mode "
         "(their bits may depend on the machine):"
     ]

@@ -302,6 +302,7 @@ def explain(diffs: list[Difference], divergence: Divergence | None, observed: bo
     """One sentence: what differed first and the most likely cause, combining manifest and trace."""
     reason = _identity_reason(diffs)
     if divergence is None:
+        reason = reason.removesuffix(PORTABLE_FIX) if reason else reason  # no fix to suggest
         return (
             f"traces agree on every common step; {reason}"
             if reason

@@ -156,6 +156,8 @@ def exp(x: torch.Tensor) -> torch.Tensor:
     """e**x: x = k ln2 + r with |r| <= ln2/2, a degree-13 Taylor polynomial for e**r."""
     if (out := native.unary("exp", x)) is not None:
         return out
+    if (out := native.gpu("exp", x)) is not None:
+        return out
     x = torch.clamp(x, -746.0, 710.0)
     k = torch.round(x * INV_LN2)
     k = torch.where(torch.isnan(k), 0.0, k)
@@ -166,6 +168,8 @@ def exp(x: torch.Tensor) -> torch.Tensor:
 def log(x: torch.Tensor) -> torch.Tensor:
     """ln x: x = m 2**e with m in [sqrt(1/2), sqrt(2)); ln m = 2 atanh((m-1)/(m+1)), a series."""
     if (out := native.unary("log", x)) is not None:
+        return out
+    if (out := native.gpu("log", x)) is not None:
         return out
     m, e = torch.frexp(x)
     low = m < SQRT_HALF
@@ -185,6 +189,8 @@ def log1p(x: torch.Tensor) -> torch.Tensor:
     """ln(1 + x), with the rounding of 1 + x corrected: ln(u) * x / (u - 1)."""
     if (out := native.unary("log1p", x)) is not None:
         return out
+    if (out := native.gpu("log1p", x)) is not None:
+        return out
     u = x + 1.0
     d = u - 1.0
     exact = d == 0
@@ -197,6 +203,8 @@ def expm1(x: torch.Tensor) -> torch.Tensor:
     """e**x - 1: its Taylor series for |x| < ln2/2, e**x - 1 beyond."""
     if (out := native.unary("expm1", x)) is not None:
         return out
+    if (out := native.gpu("expm1", x)) is not None:
+        return out
     small = x.abs() < EXPM1_SMALL
     xs = torch.where(small, x, 0.0)
     series = xs * _horner(_EXPM1_TAYLOR, xs)
@@ -207,6 +215,8 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
     """tanh x = -t / (t + 2) with t = e**(-2|x|) - 1, the sign restored."""
     if (out := native.unary("tanh", x)) is not None:
         return out
+    if (out := native.gpu("tanh", x)) is not None:
+        return out
     t = expm1(x.abs() * -2.0)
     magnitude = -t / (t + 2.0)
     return torch.where(x < 0, -magnitude, magnitude)
@@ -216,6 +226,8 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """1 / (1 + e**-x)."""
     if (out := native.unary("sigmoid", x)) is not None:
         return out
+    if (out := native.gpu("sigmoid", x)) is not None:
+        return out
     return 1.0 / (exp(-x) + 1.0)
 
 
@@ -223,6 +235,8 @@ def erf(x: torch.Tensor) -> torch.Tensor:
     """erf x: its Taylor series for |x| < 1; 1 - e**(-x*x) erfcx(|x|) by a fitted polynomial on
     [1, 6]; 1 beyond (erfc(6) is below half a float64 ulp of 1). Odd."""
     if (out := native.unary("erf", x)) is not None:
+        return out
+    if (out := native.gpu("erf", x)) is not None:
         return out
     a = x.abs()
     near = torch.where(a < 1.0, a, 0.0)
@@ -296,6 +310,8 @@ def gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
     name = "gelu_tanh" if approximate == "tanh" else "gelu"
     if (out := native.unary(name, x)) is not None:
         return out
+    if (out := native.gpu(name, x)) is not None:
+        return out
     if approximate == "tanh":
         inner = (x + ((x * x) * x) * GELU_C) * GELU_K
         return (x * 0.5) * (tanh(inner) + 1.0)
@@ -324,6 +340,8 @@ def gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str) -> torc
 def silu(x: torch.Tensor) -> torch.Tensor:
     """x / (1 + e**-x)."""
     if (out := native.unary("silu", x)) is not None:
+        return out
+    if (out := native.gpu("silu", x)) is not None:
         return out
     return x / (exp(-x) + 1.0)
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import torch
 
 __all__ = [
     "available",
     "fallback",
+    "gpu",
+    "gpu_uniform",
     "unary",
     "binary",
     "split_rows",
@@ -60,6 +63,51 @@ _state = {"on": True, "ready": False}
 _config: dict = {}
 
 
+def gpu(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
+    """elementwise.<name>(x) by the Triton kernel, for a CUDA tensor where Triton is there (or,
+    for tests, any tensor under TRITON_INTERPRET=1); None otherwise."""
+    interpret = os.environ.get("TRITON_INTERPRET") == "1" and _state.get("gpu_tests")
+    if not _state["on"] or (x.device.type != "cuda" and not interpret) or x.dtype not in _KINDS:
+        return None
+    kernels = _gpu_kernels()
+    if kernels is None or name not in kernels.FUNCTIONS:
+        return None
+    return kernels.unary(name, x, dtype or x.dtype, *_configured())
+
+
+def gpu_uniform(count: int, key: int, device) -> torch.Tensor | None:
+    """philox.uniform by the Triton kernel on a CUDA device, or None."""
+    interpret = os.environ.get("TRITON_INTERPRET") == "1" and _state.get("gpu_tests")
+    if (
+        not _state["on"]
+        or device is None
+        or (torch.device(device).type != "cuda" and not interpret)
+    ):
+        return None
+    kernels = _gpu_kernels()
+    if kernels is None:
+        return None
+    return kernels.uniform(count, key, device)
+
+
+def _gpu_kernels():
+    if "gpu" not in _state:
+        try:
+            from twice.portable import gpu_kernels
+        except ImportError:  # no Triton: a CPU build of torch
+            gpu_kernels = None
+        _state["gpu"] = gpu_kernels
+    return _state["gpu"]
+
+
+def _configured() -> tuple:
+    if "args" not in _config:
+        from importlib import import_module
+
+        import_module("twice.portable.elementwise")  # it configures this module
+    return _config["args"]
+
+
 def configure(polynomials: tuple, constants: tuple) -> None:
     """Hand the compiled kernels the coefficients and constants elementwise.py defines (it
     calls this once, when imported)."""
@@ -67,11 +115,7 @@ def configure(polynomials: tuple, constants: tuple) -> None:
 
 
 def _init() -> None:
-    if "args" not in _config:
-        from importlib import import_module
-
-        import_module("twice.portable.elementwise")  # it configures this module
-    _module.p_init(*_config["args"])
+    _module.p_init(*_configured())
     _state["ready"] = True
 
 

@@ -82,6 +82,8 @@ def uniform(count: int, key: int, device=None) -> torch.Tensor:
     """`count` float64 uniforms in [0, 1): k * 2**-53 for 53-bit integers k."""
     if (out := native.uniform(count, key, device)) is not None:
         return out
+    if (out := native.gpu_uniform(count, key, device)) is not None:
+        return out
     return _words(count, key, device).to(torch.float64) * (2.0**-53)
 
 

@@ -55,6 +55,8 @@ EXACT = frozenset(
     mul mul_ div div_ reciprocal reciprocal_ square
     native_dropout_backward nan_to_num nan_to_num_ bucketize searchsorted one_hot
     sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal
+    set_ resize_as_ pin_memory _pin_memory is_pinned expand_as index_copy index_copy_ index_fill
+    index_fill_ masked_scatter masked_scatter_ _unsafe_view _unsafe_index fill_diagonal_
     """.split()
 )
 """aten operations whose torch results are the same bits everywhere (see the module's text)."""

@@ -1,0 +1,242 @@
+"""Portable mode's elementwise functions and Philox uniforms as Triton kernels, for CUDA tensors
+(normals are Box-Muller over these, in philox.py).
+
+Each kernel is the compiled C kernel's arithmetic (src/twice/_portable.c, itself the torch
+fallback's, operation for operation) in float64, launched with `enable_fp_fusion=False` so that
+no multiply and add are fused: so a GPU gives the CPU's bits. The coefficients come from
+elementwise.py, as a float64 tensor. Imported only for CUDA tensors where Triton is there (it ships
+with CUDA builds of torch); the torch fallbacks run otherwise. Tested on the CPU in Triton's
+interpreter (TRITON_INTERPRET=1) against the fallbacks, where Triton is installed.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["unary", "uniform", "FUNCTIONS"]
+
+BLOCK = 1024
+FUNCTIONS = {
+    n: i
+    for i, n in enumerate(
+        ["exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "silu", "gelu", "gelu_tanh"]
+    )
+}
+# Where each polynomial (lowest power first) and constant lies in the coefficient table, in the
+# order native.configure receives them from elementwise.py (checked when the table is built).
+_LENGTHS = {"exp": 14, "atanh": 12, "erf": 18, "erfcx": 28, "sin": 13, "cos": 13, "expm1": 14}
+EXP_AT: tl.constexpr = 0
+EXP_N: tl.constexpr = 14
+ATANH_AT: tl.constexpr = 14
+ATANH_N: tl.constexpr = 12
+ERF_AT: tl.constexpr = 26
+ERF_N: tl.constexpr = 18
+ERFCX_AT: tl.constexpr = 44
+ERFCX_N: tl.constexpr = 28
+SIN_AT: tl.constexpr = 72
+SIN_N: tl.constexpr = 13
+COS_AT: tl.constexpr = 85
+COS_N: tl.constexpr = 13
+EXPM1_AT: tl.constexpr = 98
+EXPM1_N: tl.constexpr = 14
+LN2_HI: tl.constexpr = 112
+LN2_LO: tl.constexpr = 113
+INV_LN2: tl.constexpr = 114
+SQRT_HALF: tl.constexpr = 115
+TWO_OVER_SQRT_PI: tl.constexpr = 116
+HALF_PI: tl.constexpr = 117
+EXPM1_SMALL: tl.constexpr = 118
+GELU_K: tl.constexpr = 119
+GELU_C: tl.constexpr = 120
+GELU_3C: tl.constexpr = 121
+INV_SQRT_2PI: tl.constexpr = 122
+
+
+@triton.jit
+def _round_even(v):
+    return (v + 6755399441055744.0) - 6755399441055744.0
+
+
+@triton.jit
+def _pow2(k):  # k: an integral float64 in [-1022, 1023]
+    bits = (k.to(tl.int64) + 1023) << 52
+    return bits.to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _horner(table, start, count: tl.constexpr, t):
+    acc = tl.load(table + start + count - 1) + t * 0.0
+    for i in tl.static_range(count - 1):
+        acc = acc * t
+        acc = acc + tl.load(table + start + count - 2 - i)
+    return acc
+
+
+@triton.jit
+def _frexp(x):
+    bits = x.to(tl.int64, bitcast=True)
+    biased = (bits >> 52) & 0x7FF
+    sub = biased == 0
+    scaled = tl.where(sub, x * 18014398509481984.0, x)
+    sbits = scaled.to(tl.int64, bitcast=True)
+    sbiased = (sbits >> 52) & 0x7FF
+    e = sbiased - 1022 - tl.where(sub, 54, 0)
+    m = ((sbits & -9218868437227405313) | (1022 << 52)).to(tl.float64, bitcast=True)
+    special = (biased == 0x7FF) | ((bits << 1) == 0)
+    return tl.where(special, x, m), tl.where(special, 0, e)
+
+
+@triton.jit
+def _exp(x, c):
+    x = tl.where(x < -746.0, -746.0, x)
+    x = tl.where(x > 710.0, 710.0, x)
+    k = _round_even(x * tl.load(c + INV_LN2))
+    k = tl.where(k != k, 0.0, k)
+    r = (x - k * tl.load(c + LN2_HI)) - k * tl.load(c + LN2_LO)
+    p = _horner(c, EXP_AT, EXP_N, r)
+    half = tl.floor(k * 0.5)  # floor(k / 2) of an integer: exact
+    return (p * _pow2(half)) * _pow2(k - half)
+
+
+@triton.jit
+def _log(x, c):
+    m, e = _frexp(x)
+    low = m < tl.load(c + SQRT_HALF)
+    m = tl.where(low, m * 2.0, m)
+    ed = (e - tl.where(low, 1, 0)).to(tl.float64)
+    f = m - 1.0
+    s = f / (f + 2.0)
+    z = s * s
+    log_m = (s * 2.0) * _horner(c, ATANH_AT, ATANH_N, z)
+    out = ed * tl.load(c + LN2_HI) + (log_m + ed * tl.load(c + LN2_LO))
+    out = tl.where(x == 0, -float("inf"), out)
+    out = tl.where(x == float("inf"), float("inf"), out)
+    return tl.where((x < 0) | (x != x), float("nan"), out)
+
+
+@triton.jit
+def _expm1(x, c):
+    small = tl.abs(x) < tl.load(c + EXPM1_SMALL)
+    xs = tl.where(small, x, 0.0)
+    series = xs * _horner(c, EXPM1_AT, EXPM1_N, xs)
+    return tl.where(small, series, _exp(x, c) - 1.0)
+
+
+@triton.jit
+def _tanh(x, c):
+    t = _expm1(tl.abs(x) * -2.0, c)
+    magnitude = -t / (t + 2.0)
+    return tl.where(x < 0, -magnitude, magnitude)
+
+
+@triton.jit
+def _erf(x, c):
+    a = tl.abs(x)
+    near = tl.where(a < 1.0, a, 0.0)
+    series = (near * tl.load(c + TWO_OVER_SQRT_PI)) * _horner(c, ERF_AT, ERF_N, near * near)
+    far = tl.where(a < 1.0, 1.0, tl.where(a > 6.0, 6.0, a))
+    t = (far - 3.5) / 2.5
+    erfc = _exp(-(far * far), c) * _horner(c, ERFCX_AT, ERFCX_N, t)
+    magnitude = tl.where(a < 1.0, series, tl.where(a < 6.0, 1.0 - erfc, 1.0))
+    magnitude = tl.where(x != x, x, magnitude)
+    return tl.where(x < 0, -magnitude, magnitude)
+
+
+@triton.jit
+def _unary_kernel(src, dst, n, c, FN: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n
+    x = tl.load(src + offsets, mask=inside, other=0.0).to(tl.float64)
+    if FN == 0:
+        y = _exp(x, c)
+    elif FN == 1:
+        y = _log(x, c)
+    elif FN == 2:
+        u = x + 1.0
+        d = u - 1.0
+        exact = d == 0
+        ratio = x / tl.where(exact, 1.0, d)
+        y = tl.where(exact, x, _log(u, c) * ratio)
+        y = tl.where(u == float("inf"), float("inf"), y)
+    elif FN == 3:
+        y = _expm1(x, c)
+    elif FN == 4:
+        y = _tanh(x, c)
+    elif FN == 5:
+        y = 1.0 / (_exp(-x, c) + 1.0)
+    elif FN == 6:
+        y = _erf(x, c)
+    elif FN == 7:
+        y = x / (_exp(-x, c) + 1.0)
+    elif FN == 8:
+        y = (x * 0.5) * (_erf(x * tl.load(c + SQRT_HALF), c) + 1.0)
+    else:
+        inner = (x + ((x * x) * x) * tl.load(c + GELU_C)) * tl.load(c + GELU_K)
+        y = (x * 0.5) * (_tanh(inner, c) + 1.0)
+    tl.store(dst + offsets, y.to(dst.dtype.element_ty), mask=inside)
+
+
+_tables: dict = {}
+
+
+def _table(device, polynomials, constants) -> torch.Tensor:
+    key = str(device)
+    if key not in _tables:
+        assert [len(p) for p in polynomials] == list(_LENGTHS.values()), "coefficient layout"
+        values = [v for poly in polynomials for v in poly] + list(constants)
+        _tables[key] = torch.tensor(values, dtype=torch.float64, device=device)
+    return _tables[key]
+
+
+def unary(name: str, x: torch.Tensor, dtype, polynomials, constants) -> torch.Tensor:
+    """elementwise.<name>(x) rounded to `dtype`, one kernel launch."""
+    table = _table(x.device, polynomials, constants)
+    src = x.contiguous()
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    grid = (triton.cdiv(max(1, x.numel()), BLOCK),)
+    _unary_kernel[grid](
+        src, out, x.numel(), table, FN=FUNCTIONS[name], BLOCK=BLOCK,
+        enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _philox(c0, c1, k0, k1):
+    c2 = c0 * 0
+    c3 = c0 * 0
+    for _ in tl.static_range(10):
+        p0 = c0.to(tl.uint64) * 0xD2511F53
+        p1 = c2.to(tl.uint64) * 0xCD9E8D57
+        hi0, lo0 = (p0 >> 32).to(tl.uint32), p0.to(tl.uint32)
+        hi1, lo1 = (p1 >> 32).to(tl.uint32), p1.to(tl.uint32)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _uniform_kernel(out, n, k0, k1, BLOCK: tl.constexpr):
+    groups = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    c0 = (groups & 0xFFFFFFFF).to(tl.uint32)
+    c1 = (groups >> 32).to(tl.uint32)
+    w0, w1, w2, w3 = _philox(c0, c1, k0.to(tl.uint32), k1.to(tl.uint32))
+    first = (w0.to(tl.uint64) << 21) ^ (w1 >> 11).to(tl.uint64)
+    second = (w2.to(tl.uint64) << 21) ^ (w3 >> 11).to(tl.uint64)
+    scale = 1.1102230246251565e-16  # 2**-53
+    tl.store(out + 2 * groups, first.to(tl.float64) * scale, mask=2 * groups < n)
+    tl.store(out + 2 * groups + 1, second.to(tl.float64) * scale, mask=2 * groups + 1 < n)
+
+
+def uniform(count: int, key: int, device) -> torch.Tensor:
+    """philox.uniform(count, key) on a CUDA device."""
+    out = torch.empty(count, dtype=torch.float64, device=device)
+    groups = max(1, -(-count // 2))
+    grid = (triton.cdiv(groups, BLOCK),)
+    _uniform_kernel[grid](
+        out, count, key & 0xFFFFFFFF, key >> 32, BLOCK=BLOCK, enable_fp_fusion=False
+    )
+    return out
