@@ -24,6 +24,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAXC 40
@@ -323,6 +324,32 @@ static inline double unit_of(double amax, int beta) {
     return pow2(k);
 }
 
+/* The largest magnitude of n values (0 for none), in four lanes (a maximum is exact in any
+   order); *bad is set where one is infinite or NaN (an integer flag: no serial dependence). */
+#define ROW_MAX(T)                                                                    \
+    static double row_max_##T(const T *x, Py_ssize_t n, int *bad) {                   \
+        double m[4] = {0, 0, 0, 0};                                                   \
+        int b = 0;                                                                    \
+        Py_ssize_t j = 0;                                                             \
+        for (; j + 4 <= n; j += 4)                                                    \
+            for (int l = 0; l < 4; l++) {                                             \
+                double v = fabs((double)x[j + l]);                                    \
+                b |= !(v <= DBL_MAX);                                                 \
+                m[l] = v > m[l] ? v : m[l];                                           \
+            }                                                                         \
+        for (; j < n; j++) {                                                          \
+            double v = fabs((double)x[j]);                                            \
+            b |= !(v <= DBL_MAX);                                                     \
+            m[0] = v > m[0] ? v : m[0];                                               \
+        }                                                                             \
+        *bad |= b;                                                                    \
+        double a = m[0] > m[1] ? m[0] : m[1], c = m[2] > m[3] ? m[2] : m[3];          \
+        return a > c ? a : c;                                                         \
+    }
+ROW_MAX(float)
+ROW_MAX(double)
+#define ROW_MAX_OF(x, n, bad) _Generic((x), const float *: row_max_float, const double *: row_max_double)(x, n, bad)
+
 #define FOR_KIND(kind, base, T, ...)                  \
     if (kind) {                                       \
         const double *T = (const double *)(base);     \
@@ -355,34 +382,32 @@ PyObject *p_split(PyObject *module, PyObject *args) {
             if (axis == 0) {
                 double *u = units + o * rows;
                 for (Py_ssize_t r = 0; r < rows; r++) {
-                    double amax = 0.0, seen = 0.0;
-                    for (Py_ssize_t j = 0; j < cols; j++) {
-                        double v = fabs((double)x[r * cols + j]);
-                        seen = seen + v * 0.0;  /* NaN once an inf or NaN passes */
-                        amax = v > amax ? v : amax;
-                    }
-                    if (seen != 0.0 || amax > DBL_MAX) finite = 0;
+                    int bad = 0;
+                    double amax = ROW_MAX_OF(x + r * cols, cols, &bad);
+                    if (bad) finite = 0;
                     double unit = unit_of(amax, beta), inv = 1.0 / unit;
                     u[r] = unit;
                     for (Py_ssize_t j = 0; j < cols; j++) out[r * cols + j] = round_even((double)x[r * cols + j] * inv);
                 }
             } else {
                 double *u = units + o * cols;
+                double *inv = (double *)malloc(sizeof(double) * (cols > 0 ? cols : 1));
+                int bad = 0;
                 for (Py_ssize_t j = 0; j < cols; j++) u[j] = 0.0;
-                double seen = 0.0;
                 for (Py_ssize_t r = 0; r < rows; r++)
                     for (Py_ssize_t j = 0; j < cols; j++) {
                         double v = fabs((double)x[r * cols + j]);
-                        seen = seen + v * 0.0;
+                        bad |= !(v <= DBL_MAX);
                         u[j] = v > u[j] ? v : u[j];
                     }
-                if (seen != 0.0) finite = 0;
-                for (Py_ssize_t j = 0; j < cols; j++) {
-                    if (u[j] > DBL_MAX) finite = 0;
+                if (bad || !inv) finite = 0;
+                for (Py_ssize_t j = 0; j < cols && inv; j++) {
                     u[j] = unit_of(u[j], beta);
+                    inv[j] = 1.0 / u[j];
                 }
-                for (Py_ssize_t r = 0; r < rows; r++)
-                    for (Py_ssize_t j = 0; j < cols; j++) out[r * cols + j] = round_even((double)x[r * cols + j] * (1.0 / u[j]));
+                for (Py_ssize_t r = 0; r < rows && inv; r++)
+                    for (Py_ssize_t j = 0; j < cols; j++) out[r * cols + j] = round_even((double)x[r * cols + j] * inv[j]);
+                free(inv);
             }
         })
     }
@@ -408,13 +433,9 @@ PyObject *p_rowsum(PyObject *module, PyObject *args) {
     FOR_KIND(kind, base, x, {
         for (Py_ssize_t r = 0; r < rows && finite; r++) {
             const Py_ssize_t at = r * cols;
-            double amax = 0.0, seen = 0.0;
-            for (Py_ssize_t j = 0; j < cols; j++) {
-                double v = fabs((double)x[at + j]);
-                seen = seen + v * 0.0;
-                amax = v > amax ? v : amax;
-            }
-            if (seen != 0.0 || amax > DBL_MAX) finite = 0;
+            int bad = 0;
+            double amax = ROW_MAX_OF(x + at, cols, &bad);
+            if (bad) finite = 0;
             double units[3], inv[3], acc[3] = {0, 0, 0};
             units[0] = unit_of(amax, beta);
             for (int c = 1; c < count; c++) units[c] = units[c - 1] * step;
@@ -619,16 +640,17 @@ PyObject *p_chansum(PyObject *module, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t c = 0; c < C && finite; c++) {
         double mc = m ? m[c] : 0.0, scc = sc ? sc[c] : 1.0, wc = w ? w[c] : 1.0;
-        double amax = 0.0, seen = 0.0;
+        double amax = 0.0;
+        int bad = 0;
         for (Py_ssize_t n = 0; n < N; n++) {
             Py_ssize_t at = (n * C + c) * S;
             for (Py_ssize_t j = 0; j < S; j++) {
                 double v = fabs(chan_value(expr, load(x, xk, at + j), y ? load(y, yk, at + j) : 0.0, mc, scc, wc));
-                seen = seen + v * 0.0;
+                bad |= !(v <= DBL_MAX);
                 amax = v > amax ? v : amax;
             }
         }
-        if (seen != 0.0 || amax > DBL_MAX) finite = 0;
+        if (bad) finite = 0;
         double units[3], inv[3], acc[3] = {0, 0, 0};
         units[0] = unit_of(amax, beta);
         for (int k = 1; k < count; k++) units[k] = units[k - 1] * step;

@@ -125,8 +125,19 @@ def _as_2d(x, weight, stride, padding, dilation):
 
 
 def _columns(x, weight, stride, padding, dilation):
-    kernel = weight.shape[-2:]
-    return F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)
+    """The input's windows as a (C * kh * kw, N * Ho * Wo) matrix (unfold's rows, the batch and
+    positions as columns), in one copy of a strided view of the padded input."""
+    kh, kw = weight.shape[-2:]
+    xp = F.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+    n, c, hp, wp = xp.shape
+    ho = (hp - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wp - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    sn, sc, sh, sw = xp.stride()
+    windows = xp.as_strided(
+        (c, kh, kw, n, ho, wo),
+        (sc, sh * dilation[0], sw * dilation[1], sn, sh * stride[0], sw * stride[1]),
+    )
+    return windows.reshape(c * kh * kw, n * ho * wo)
 
 
 def _out_size(size, k, s, p, d):
@@ -141,12 +152,12 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad,
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     n, cout = x4.shape[0], w4.shape[0]
     cols = _columns(x4, w4, stride, padding, dilation)
-    k, cg = cols.shape[1] // groups, cout // groups
-    length = cols.shape[-1]
+    k, cg = cols.shape[0] // groups, cout // groups
+    length = cols.shape[-1] // n
     w = w4.reshape(groups, cg, k)
     parts = []
     for g in range(groups):  # (cg, k) @ (k, n * L): each output column scaled over its k inputs
-        columns = cols[:, g * k : (g + 1) * k].permute(1, 0, 2).reshape(k, n * length)
+        columns = cols[g * k : (g + 1) * k]
         if bias is not None:
             b = bias[g * cg : (g + 1) * cg].reshape(cg, 1)
             part = exact_addmm(b, w[g], columns, x.dtype)
@@ -179,9 +190,9 @@ def convolution_backward(
         gb = exact_sum(go4, (0, 2, 3), False, go.dtype)
     if mask[1]:
         cols = _columns(x4, w4, stride, padding, dilation)
-        k = cols.shape[1] // groups
+        k = cols.shape[0] // groups
         a = g.permute(1, 2, 0, 3).reshape(groups, cg, -1)
-        b = cols.reshape(n, groups, k, -1).permute(1, 0, 3, 2).reshape(groups, -1, k)
+        b = cols.reshape(groups, k, -1).transpose(1, 2)  # (groups, N * L, k), read in place
         gw = exact_matmul(a, b, weight.dtype).reshape(weight.shape)
     if mask[0]:
         k = w4.shape[1] * kernel[0] * kernel[1]
