@@ -631,6 +631,7 @@ PyObject *p_scale(PyObject *, PyObject *);
 PyObject *p_compound(PyObject *, PyObject *);
 PyObject *p_chansum(PyObject *, PyObject *);
 PyObject *p_chanmap(PyObject *, PyObject *);
+PyObject *p_bnsums(PyObject *, PyObject *);
 
 static PyMethodDef methods[] = {
     {"p_init", p_init, METH_VARARGS, "Portable mode: the coefficients of the elementwise functions."},
@@ -642,6 +643,7 @@ static PyMethodDef methods[] = {
     {"p_normal", p_normal, METH_VARARGS, "Portable mode: Philox normals (Box-Muller)."},
     {"p_scale", p_scale, METH_VARARGS, "Portable mode: an integer product scaled, plus a bias, rounded once."},
     {"p_chansum", p_chansum, METH_VARARGS, "Portable mode: batch norm's exact per-channel sums."},
+    {"p_bnsums", p_bnsums, METH_VARARGS, "Portable mode: batch norm's four backward sums at once."},
     {"p_chanmap", p_chanmap, METH_VARARGS, "Portable mode: batch norm's per-element formulas."},
     {"p_compound", p_compound, METH_VARARGS, "Portable mode: addcmul/addcdiv/add-alpha/lerp, one rounding each."},
     {"fetch", fetch, METH_VARARGS, "twice.data's seeded per-sample fetch (see data.py and sample_rng.py)."},

@@ -712,3 +712,55 @@ PyObject *p_chanmap(PyObject *module, PyObject *args) {
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
+
+/* p_bnsums(N, C, S, beta, x, xk, y, yk, m, s, w, out): batch norm's four backward sums per channel
+   in two passes (p_chansum's expressions 0, 2, 3 and 4 of y = the incoming gradient), one slice
+   each: out[4c + i] is what p_chansum(expr i...) gives, bit for bit. */
+PyObject *p_bnsums(PyObject *module, PyObject *args) {
+    int beta, xk, yk, finite = 1;
+    Py_ssize_t N, C, S;
+    unsigned long long xp, yp, mp, sp, wp, op;
+    if (!PyArg_ParseTuple(args, "nnniKiKiKKKK", &N, &C, &S, &beta, &xp, &xk, &yp, &yk, &mp, &sp, &wp, &op))
+        return NULL;
+    const char *x = (const char *)(uintptr_t)xp, *y = (const char *)(uintptr_t)yp;
+    const double *m = (const double *)(uintptr_t)mp, *sc = (const double *)(uintptr_t)sp, *w = (const double *)(uintptr_t)wp;
+    double *out = (double *)(uintptr_t)op;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < C && finite; c++) {
+        const double mc = m[c], scc = sc[c], wc = w[c];
+        double mx[4] = {0, 0, 0, 0};
+        int bad = 0;
+        for (Py_ssize_t n = 0; n < N; n++) {
+            const Py_ssize_t at = (n * C + c) * S;
+            for (Py_ssize_t j = 0; j < S; j++) {
+                const double xv = load(x, xk, at + j), yv = load(y, yk, at + j);
+                const double xhat = (xv - mc) * scc, g = yv * wc;
+                const double v[4] = {fabs(yv), fabs(yv * xhat), fabs(g), fabs(g * xhat)};
+                for (int i = 0; i < 4; i++) {
+                    bad |= !(v[i] <= DBL_MAX);
+                    mx[i] = v[i] > mx[i] ? v[i] : mx[i];
+                }
+            }
+        }
+        if (bad) finite = 0;
+        double units[4], inv[4], acc[4] = {0, 0, 0, 0};
+        for (int i = 0; i < 4; i++) {
+            units[i] = unit_of(mx[i], beta);
+            inv[i] = 1.0 / units[i];
+        }
+        for (Py_ssize_t n = 0; n < N; n++) {
+            const Py_ssize_t at = (n * C + c) * S;
+            for (Py_ssize_t j = 0; j < S; j++) {
+                const double xv = load(x, xk, at + j), yv = load(y, yk, at + j);
+                const double xhat = (xv - mc) * scc, g = yv * wc;
+                acc[0] += round_even(yv * inv[0]);
+                acc[1] += round_even((yv * xhat) * inv[1]);
+                acc[2] += round_even(g * inv[2]);
+                acc[3] += round_even((g * xhat) * inv[3]);
+            }
+        }
+        for (int i = 0; i < 4; i++) out[4 * c + i] = acc[i] * units[i];
+    }
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(finite);
+}

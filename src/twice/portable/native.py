@@ -27,6 +27,7 @@ __all__ = [
     "compound",
     "chansum",
     "chanmap",
+    "bnsums",
     "uniform",
     "normal",
 ]
@@ -375,3 +376,18 @@ def chanmap(expr: int, x, y, m, s, w, b, p1, p2, dtype):
         out.data_ptr(), _KINDS[dtype],
     )  # fmt: skip
     return out
+
+
+def bnsums(x, y, m, s, w, beta: int):
+    """Batch norm's backward sums (chansum's expressions 0, 2, 3, 4 with y the gradient) as a
+    float64 (C, 4) tensor in two passes, for one slice each; False where a value is not finite;
+    None where the kernel does not apply."""
+    if not _usable(x, y) or not (x.is_contiguous() and y.is_contiguous()) or x.dim() < 2:
+        return None
+    n, c, size = _nchw(x)
+    out = _empty((c, 4), torch.float64)
+    finite = _module.p_bnsums(
+        n, c, size, beta, x.data_ptr(), _KINDS[x.dtype], y.data_ptr(), _KINDS[y.dtype],
+        m.data_ptr(), s.data_ptr(), w.data_ptr(), out.data_ptr(),
+    )  # fmt: skip
+    return out if finite else False
