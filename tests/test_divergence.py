@@ -107,3 +107,25 @@ def test_identity_differences_are_grouped():
         ("threads", "env.OMP_NUM_THREADS"),
     ]
     assert isinstance(diffs[0], Difference)
+
+
+def test_causes_portable_mode_removes_say_so():
+    cases = [
+        Difference("threads", "threads.intra_op_threads", 1, 2),
+        Difference("packages", "torch.cpu_capability", "DEFAULT", "AVX2"),
+        Difference("environment", "env.MKL_CBWR", None, "COMPATIBLE"),
+        Difference("hardware", "cpu.model", "AMD EPYC", "Intel Xeon"),
+    ]
+    for diff in cases:  # identical runs: the difference is named, no fix offered
+        assert "--portable" not in explain([diff], None)
+    step = first_divergence(
+        [StepRecord(step=0, loss=(1.0).hex())], [StepRecord(step=0, loss=(2.0).hex())]
+    )
+    for diff in cases:
+        assert "`twice run --portable` gives the same bits" in explain([diff], step)
+    device = Difference("hardware", "gpus", None, ["NVIDIA H200"])
+    assert "CPU's bits on the GPU" in explain([device], step)
+    version = Difference("packages", "torch.version", "2.5.0", "2.6.0")
+    assert "--portable" not in explain([version], step)
+    one_portable = Difference("determinism", "determinism.portable", None, True)
+    assert "one run was portable" in explain([one_portable], step)

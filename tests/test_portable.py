@@ -373,6 +373,39 @@ def test_training_follows_plain_torch_within_float_noise():
     assert all(abs(p - q) <= 1e-4 * abs(q) for p, q in zip(portable, plain)), (portable, plain)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p, fused: torch.optim.Adam(p, lr=1e-2, fused=fused),
+        lambda p, fused: torch.optim.Adam(
+            p, lr=1e-2, weight_decay=0.01, amsgrad=True, maximize=True, fused=fused
+        ),
+        lambda p, fused: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, fused=fused),
+        lambda p, fused: torch.optim.SGD(p, lr=1e-2, momentum=0.9, weight_decay=1e-3, fused=fused),
+        lambda p, fused: torch.optim.SGD(p, lr=1e-2, momentum=0.9, nesterov=True, fused=fused),
+    ],
+)
+def test_fused_optimizers_give_their_unfused_bits(make):
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    data = [(torch.randn(4, 6), torch.randn(4, 2)) for _ in range(4)]
+    finals = []
+    for fused in (False, True):
+        net = copy.deepcopy(model)
+        opt = make(net.parameters(), fused)
+        mode = PortableMode("strict")
+        with mode:
+            for x, y in data:
+                loss = ((net(x) - y) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        finals.append(torch.cat([p.detach().flatten() for p in net.parameters()]))
+    assert torch.equal(*finals)
+
+
 # The mode's policies for what it does not cover.
 
 

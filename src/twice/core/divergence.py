@@ -233,7 +233,7 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
         return f"torch's kernels used the instruction sets {isa.a} and {isa.b}" + PORTABLE_FIX
     if "hardware" in by_group:
         d = by_group["hardware"][0]
-        fix = "" if d.key.startswith(("gpus", "cuda_devices")) else PORTABLE_FIX
+        fix = DEVICE_FIX if d.key.startswith(("gpus", "cuda_devices")) else PORTABLE_FIX
         return f"the hardware differs ({d.key}: {d.a} vs {d.b})" + fix
     if "determinism" in by_group:
         d = by_group["determinism"][0]
@@ -248,6 +248,10 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
 
 PORTABLE_FIX = "; `twice run --portable` gives the same bits whatever that setting"
 """Appended to a cause portable mode removes: thread counts, instruction sets, BLAS code paths."""
+DEVICE_FIX = (
+    "; `twice run --portable` computes the CPU's bits on the GPU by construction (docs/portable.md)"
+)
+"""Appended to a difference of devices."""
 _MACHINE_ENV = {
     "MKL_CBWR",
     "ATEN_CPU_CAPABILITY",
@@ -302,7 +306,8 @@ def explain(diffs: list[Difference], divergence: Divergence | None, observed: bo
     """One sentence: what differed first and the most likely cause, combining manifest and trace."""
     reason = _identity_reason(diffs)
     if divergence is None:
-        reason = reason.removesuffix(PORTABLE_FIX) if reason else reason  # no fix to suggest
+        if reason:  # identical: no fix to suggest
+            reason = reason.removesuffix(PORTABLE_FIX).removesuffix(DEVICE_FIX)
         return (
             f"traces agree on every common step; {reason}"
             if reason

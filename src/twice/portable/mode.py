@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from twice.core.errors import DeterminismError
-from twice.portable import ops_math, ops_nn  # noqa: F401  (they fill KERNELS)
+from twice.portable import ops_math, ops_nn, optim  # noqa: F401  (they fill KERNELS)
 from twice.portable.table import EXACT, KERNELS, NOT_EXACT, PortableUnsupported
 
 __all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]

@@ -1,0 +1,80 @@
+"""The fused optimizer kernels (`Adam`, `AdamW` and `SGD` with `fused=True`) in portable mode:
+torch's single-tensor forms, operation for operation, with portable kernels for each step, so a
+fused optimizer gives the bits its unfused form gives under `--portable`."""
+
+from __future__ import annotations
+
+import torch
+
+from twice.portable.ops_math import _add, _addcdiv, _addcmul, _lerp, floating
+from twice.portable.table import KERNELS, kernel
+
+__all__: list[str] = []
+
+
+def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, beta1, beta2,
+          weight_decay, eps, amsgrad, maximize, decoupled, grad_scale=None,
+          found_inf=None):  # fmt: skip
+    floating(*params, *grads)
+    if isinstance(lr, torch.Tensor):
+        lr = float(lr)
+    if found_inf is not None and float(found_inf) != 0:
+        return  # GradScaler found an inf: the step is skipped, as torch's kernel skips it
+    sqrt = KERNELS["sqrt.default"]
+    for i, param in enumerate(params):
+        grad = grads[i] if grad_scale is None else torch.div(grads[i], grad_scale)
+        grad = -grad if maximize else grad
+        exp_avg, exp_avg_sq = exp_avgs[i], exp_avg_sqs[i]
+        if weight_decay != 0:
+            if decoupled:
+                param.mul_(1 - lr * weight_decay)
+            else:
+                grad = _add(grad, param, alpha=weight_decay)
+        exp_avg.copy_(_lerp(exp_avg, grad, 1 - beta1))
+        exp_avg_sq.mul_(beta2)
+        exp_avg_sq.copy_(_addcmul(exp_avg_sq, grad, grad, value=1 - beta2))
+        step = float(steps[i])  # torch's fused kernel is called after the steps were counted
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
+        step_size = lr / bias_correction1
+        bias_correction2_sqrt = bias_correction2**0.5
+        second = exp_avg_sq
+        if amsgrad:
+            torch.maximum(max_exp_avg_sqs[i], exp_avg_sq, out=max_exp_avg_sqs[i])
+            second = max_exp_avg_sqs[i]
+        denom = torch.add(torch.div(sqrt(second), bias_correction2_sqrt), eps)
+        param.copy_(_addcdiv(param, exp_avg, denom, value=-step_size))
+
+
+@kernel("_fused_adam_.default", "_fused_adam_.tensor_lr")
+def _fused_adam(*args, **kwargs):
+    _adam(*args, **kwargs, decoupled=False)
+
+
+@kernel("_fused_adamw_.default", "_fused_adamw_.tensor_lr")
+def _fused_adamw(*args, **kwargs):
+    _adam(*args, **kwargs, decoupled=True)
+
+
+@kernel("_fused_sgd_.default", "_fused_sgd_.tensor_lr")
+def _fused_sgd(params, grads, buffers, *, weight_decay, momentum, lr, dampening, nesterov,
+               maximize, is_first_step, grad_scale=None, found_inf=None):  # fmt: skip
+    floating(*params, *grads)
+    if isinstance(lr, torch.Tensor):
+        lr = float(lr)
+    if found_inf is not None and float(found_inf) != 0:
+        return
+    for i, param in enumerate(params):
+        grad = grads[i] if grad_scale is None else torch.div(grads[i], grad_scale)
+        grad = -grad if maximize else grad
+        if weight_decay != 0:
+            grad = _add(grad, param, alpha=weight_decay)
+        if momentum != 0:
+            buf = buffers[i]
+            if is_first_step:
+                buf.copy_(grad)
+            else:
+                buf.mul_(momentum)
+                buf.copy_(_add(buf, grad, alpha=1 - dampening))
+            grad = _add(grad, buf, alpha=momentum) if nesterov else buf
+        param.copy_(_add(param, grad, alpha=-lr))
