@@ -166,6 +166,21 @@ def test_products_sums_and_norms_native_equal_fallback():
                 return torch.cat([t.reshape(-1).double() for t in (out, sm, si, rm, rv, *grads)])
 
             assert torch.equal(*both(batch_norm))
+    for shape, normalized in [((6, 9, 16), [16]), ((5, 7), [7]), ((3, 4, 5, 6), [5, 6])]:
+        x = torch.randn(*shape, generator=g) * 3 + 1
+        go = torch.randn(*shape, generator=g)
+        w, b = torch.randn(*normalized, generator=g), torch.randn(*normalized, generator=g)
+        for affine in ((w, b), (None, None)):
+
+            def layer_norm(affine=affine, x=x, go=go, normalized=normalized):
+                out, mean, rstd = norms.layer_norm(x, normalized, *affine, 1e-5)
+                grads = norms.layer_norm_backward(
+                    go, x, normalized, mean, rstd, *affine, [True, True, True]
+                )
+                parts = (out, mean, rstd, *grads)
+                return torch.cat([t.reshape(-1).double() for t in parts if t is not None])
+
+            assert torch.equal(*both(layer_norm))
 
 
 # Bits that depend on the values alone.

@@ -632,6 +632,8 @@ PyObject *p_compound(PyObject *, PyObject *);
 PyObject *p_chansum(PyObject *, PyObject *);
 PyObject *p_chanmap(PyObject *, PyObject *);
 PyObject *p_bnsums(PyObject *, PyObject *);
+PyObject *p_lnfwd(PyObject *, PyObject *);
+PyObject *p_lnbwd(PyObject *, PyObject *);
 
 static PyMethodDef methods[] = {
     {"p_init", p_init, METH_VARARGS, "Portable mode: the coefficients of the elementwise functions."},
@@ -643,6 +645,8 @@ static PyMethodDef methods[] = {
     {"p_normal", p_normal, METH_VARARGS, "Portable mode: Philox normals (Box-Muller)."},
     {"p_scale", p_scale, METH_VARARGS, "Portable mode: an integer product scaled, plus a bias, rounded once."},
     {"p_chansum", p_chansum, METH_VARARGS, "Portable mode: batch norm's exact per-channel sums."},
+    {"p_lnfwd", p_lnfwd, METH_VARARGS, "Portable mode: layer norm over rows (float32 precision)."},
+    {"p_lnbwd", p_lnbwd, METH_VARARGS, "Portable mode: layer norm's backward (float32 precision)."},
     {"p_bnsums", p_bnsums, METH_VARARGS, "Portable mode: batch norm's four backward sums at once."},
     {"p_chanmap", p_chanmap, METH_VARARGS, "Portable mode: batch norm's per-element formulas."},
     {"p_compound", p_compound, METH_VARARGS, "Portable mode: addcmul/addcdiv/add-alpha/lerp, one rounding each."},

@@ -764,3 +764,129 @@ PyObject *p_bnsums(PyObject *module, PyObject *args) {
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(finite);
 }
+
+/* The exact sum of n float64 values at one slice (p_rowsum's count 1), from their largest
+   magnitude; *bad set where one is infinite or NaN. */
+static double exact_one(const double *v, Py_ssize_t n, int beta, int *bad) {
+    double amax = ROW_MAX_OF(v, n, bad);
+    double unit = unit_of(amax, beta), inv = 1.0 / unit;
+    double lane[4] = {0, 0, 0, 0};
+    Py_ssize_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int l = 0; l < 4; l++) lane[l] += round_even(v[j + l] * inv);
+    for (; j < n; j++) lane[0] += round_even(v[j] * inv);
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) * unit;
+}
+
+/* p_lnfwd(rows, cols, beta, x, xk, w, b, eps, out, ok, mean, rstd): layer norm over each row,
+   float32 precision (norms.layer_norm's expressions; w, b float64 or 0). */
+PyObject *p_lnfwd(PyObject *module, PyObject *args) {
+    Py_ssize_t rows, cols;
+    int beta, xk, ok, bad = 0;
+    unsigned long long xp, wp, bp, op, mp, rp;
+    double eps;
+    if (!PyArg_ParseTuple(args, "nniKiKKdKiKK", &rows, &cols, &beta, &xp, &xk, &wp, &bp, &eps, &op, &ok, &mp, &rp))
+        return NULL;
+    const char *x = (const char *)(uintptr_t)xp;
+    const double *w = (const double *)(uintptr_t)wp, *b = (const double *)(uintptr_t)bp;
+    double *mean = (double *)(uintptr_t)mp, *rstd = (double *)(uintptr_t)rp;
+    char *out = (char *)(uintptr_t)op;
+    double *v = (double *)malloc(sizeof(double) * (cols > 0 ? cols : 1));
+    if (!v) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows && !bad; r++) {
+        const Py_ssize_t at = r * cols;
+        for (Py_ssize_t j = 0; j < cols; j++) v[j] = load(x, xk, at + j);
+        const double m = exact_one(v, cols, beta, &bad) / (double)cols;
+        for (Py_ssize_t j = 0; j < cols; j++) {
+            double d = v[j] - m;
+            v[j] = d * d;
+        }
+        const double s = 1.0 / sqrt(exact_one(v, cols, beta, &bad) / (double)cols + eps);
+        mean[r] = m, rstd[r] = s;
+        for (Py_ssize_t j = 0; j < cols; j++) {
+            double o = (load(x, xk, at + j) - m) * s;
+            if (w) o = o * w[j];
+            if (b) o = o + b[j];
+            store(out, ok, at + j, o);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(v);
+    return PyBool_FromLong(!bad);
+}
+
+/* p_lnbwd(rows, cols, beta_row, beta_col, x, xk, go, gk, mean, rstd, w, gi, ok, gw, gb): layer
+   norm's backward at float32 precision (norms.layer_norm_backward's expressions): per row the
+   input gradient, per column the exact sums of go * x-hat and go into gw and gb (float64, 0 to
+   skip). mean and rstd are the saved statistics as float64; w float64 or 0. */
+PyObject *p_lnbwd(PyObject *module, PyObject *args) {
+    Py_ssize_t rows, cols;
+    int br, bc, xk, gk, ok, bad = 0;
+    unsigned long long xp, gp, mp, rp, wp, ip, gwp, gbp;
+    if (!PyArg_ParseTuple(args, "nniiKiKiKKKKiKK", &rows, &cols, &br, &bc, &xp, &xk, &gp, &gk, &mp, &rp, &wp, &ip, &ok, &gwp, &gbp))
+        return NULL;
+    const char *x = (const char *)(uintptr_t)xp, *go = (const char *)(uintptr_t)gp;
+    const double *mean = (const double *)(uintptr_t)mp, *rstd = (const double *)(uintptr_t)rp, *w = (const double *)(uintptr_t)wp;
+    char *gi = (char *)(uintptr_t)ip;
+    double *gw = (double *)(uintptr_t)gwp, *gb = (double *)(uintptr_t)gbp;
+    double *g = (double *)malloc(sizeof(double) * (cols > 0 ? cols : 1) * 2);
+    double *cmax = (double *)calloc((size_t)(cols > 0 ? cols : 1) * 2, sizeof(double));
+    double *cacc = (double *)calloc((size_t)(cols > 0 ? cols : 1) * 2, sizeof(double));
+    if (!g || !cmax || !cacc) {
+        free(g), free(cmax), free(cacc);
+        return PyErr_NoMemory();
+    }
+    double *gx = g + cols, *inv = cmax + cols;  /* inv reuses cmax's second half after pass 1 */
+    Py_BEGIN_ALLOW_THREADS
+    if (gi) {
+        for (Py_ssize_t r = 0; r < rows && !bad; r++) {
+            const Py_ssize_t at = r * cols;
+            const double m = mean[r], s = rstd[r], n = (double)cols;
+            for (Py_ssize_t j = 0; j < cols; j++) {
+                double xhat = (load(x, xk, at + j) - m) * s;
+                g[j] = w ? load(go, gk, at + j) * w[j] : load(go, gk, at + j);
+                gx[j] = g[j] * xhat;
+            }
+            const double p1 = exact_one(g, cols, br, &bad) / n, p2 = exact_one(gx, cols, br, &bad) / n;
+            for (Py_ssize_t j = 0; j < cols; j++) {
+                double xhat = (load(x, xk, at + j) - m) * s;
+                store(gi, ok, at + j, ((g[j] - p1) - xhat * p2) * s);
+            }
+        }
+    }
+    if ((gw || gb) && !bad) {  /* columns: one pass for the maxima, one for the sums */
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == 1)
+                for (Py_ssize_t j = 0; j < 2 * cols; j++) {
+                    double unit = unit_of(cmax[j], bc);
+                    cmax[j] = unit;  /* now the unit */
+                }
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                const Py_ssize_t at = r * cols;
+                const double m = mean[r], s = rstd[r];
+                for (Py_ssize_t j = 0; j < cols; j++) {
+                    double gv = load(go, gk, at + j);
+                    double prod = gv * ((load(x, xk, at + j) - m) * s);
+                    if (pass == 0) {
+                        double a = fabs(prod), c = fabs(gv);
+                        bad |= !(a <= DBL_MAX) | !(c <= DBL_MAX);
+                        cmax[j] = a > cmax[j] ? a : cmax[j];
+                        cmax[cols + j] = c > cmax[cols + j] ? c : cmax[cols + j];
+                    } else {
+                        cacc[j] += round_even(prod * (1.0 / cmax[j]));
+                        cacc[cols + j] += round_even(gv * (1.0 / cmax[cols + j]));
+                    }
+                }
+            }
+        }
+        for (Py_ssize_t j = 0; j < cols; j++) {
+            if (gw) gw[j] = cacc[j] * cmax[j];
+            if (gb) gb[j] = cacc[cols + j] * cmax[cols + j];
+        }
+    }
+    (void)inv;
+    Py_END_ALLOW_THREADS
+    free(g), free(cmax), free(cacc);
+    return PyBool_FromLong(!bad);
+}

@@ -28,6 +28,8 @@ __all__ = [
     "chansum",
     "chanmap",
     "bnsums",
+    "layer_norm",
+    "layer_norm_backward",
     "uniform",
     "normal",
 ]
@@ -391,3 +393,37 @@ def bnsums(x, y, m, s, w, beta: int):
         m.data_ptr(), s.data_ptr(), w.data_ptr(), out.data_ptr(),
     )  # fmt: skip
     return out if finite else False
+
+
+def layer_norm(x, cols: int, w, b, eps: float, beta: int):
+    """Layer norm over rows of `cols` at float32 precision: (out, mean, rstd) with the statistics
+    float64 per row; False where a value is not finite; None where the kernel does not apply."""
+    if not _usable(x) or x.dtype != torch.float32 or not x.is_contiguous() or x.numel() == 0:
+        return None
+    rows = x.numel() // cols
+    out = _empty(x.shape, x.dtype)
+    mean, rstd = _empty(rows, torch.float64), _empty(rows, torch.float64)
+    finite = _module.p_lnfwd(
+        rows, cols, beta, x.data_ptr(), 0, _f64_ptr(w), _f64_ptr(b), float(eps),
+        out.data_ptr(), 0, mean.data_ptr(), rstd.data_ptr(),
+    )  # fmt: skip
+    return (out, mean, rstd) if finite else False
+
+
+def layer_norm_backward(grad, x, cols: int, mean, rstd, w, beta_row, beta_col, want):
+    """Layer norm's backward at float32 precision: (grad input or None, the columns' exact sums
+    of grad * x-hat and of grad, float64, or None); False where a value is not finite; None where
+    the kernel does not apply."""
+    usable = _usable(x, grad) and x.dtype == grad.dtype == torch.float32
+    if not usable or not (x.is_contiguous() and grad.is_contiguous()) or x.numel() == 0:
+        return None
+    rows = x.numel() // cols
+    gi = _empty(x.shape, x.dtype) if want[0] else None
+    gw = _empty(cols, torch.float64) if want[1] else None
+    gb = _empty(cols, torch.float64) if want[2] else None
+    finite = _module.p_lnbwd(
+        rows, cols, beta_row, beta_col, x.data_ptr(), 0, grad.data_ptr(), 0,
+        mean.data_ptr(), rstd.data_ptr(), _f64_ptr(w), _f64_ptr(gi), 0, _f64_ptr(gw),
+        _f64_ptr(gb),
+    )  # fmt: skip
+    return (gi, gw, gb) if finite else False

@@ -37,6 +37,13 @@ def layer_norm(x, shape, weight, bias, eps: float):
     """aten.native_layer_norm: (out, mean, rstd) over the last len(shape) dimensions."""
     dims = tuple(range(x.dim() - len(shape), x.dim()))
     n = math.prod(shape)
+    w64 = weight.to(_F64).reshape(-1) if weight is not None else None
+    b64 = bias.to(_F64).reshape(-1) if bias is not None else None
+    fast = native.layer_norm(x, n, w64, b64, eps, _beta(n, 1)) if x.dim() > len(shape) else None
+    if fast:
+        out, mean, rstd = fast
+        stats = x.shape[: x.dim() - len(shape)] + (1,) * len(shape)
+        return out, mean.reshape(stats).to(x.dtype), rstd.reshape(stats).to(x.dtype)
     x64 = x.to(_F64)
     mean = _sum(x64, dims, x.dtype) / n
     d = x64 - mean
@@ -58,6 +65,21 @@ def layer_norm_backward(grad, x, shape, mean, rstd, weight, bias, mask):
     """aten.native_layer_norm_backward: (grad input, grad weight, grad bias)."""
     dims = tuple(range(x.dim() - len(shape), x.dim()))
     batch = tuple(range(x.dim() - len(shape)))
+    cols = math.prod(shape)
+    want = (mask[0], bool(mask[1] and weight is not None), bool(mask[2] and bias is not None))
+    precise = all(t is None or t.dtype == torch.float32 for t in (weight, bias))
+    fast = None
+    if batch and precise:
+        fast = native.layer_norm_backward(
+            grad, x, cols, mean.to(_F64).reshape(-1), rstd.to(_F64).reshape(-1),
+            weight.to(_F64).reshape(-1) if weight is not None else None,
+            _beta(cols, 1), _beta(x.numel() // max(1, cols), 1), want,
+        )  # fmt: skip
+    if fast:
+        gi, gw, gb = fast
+        gw = gw.reshape(weight.shape).to(weight.dtype) if gw is not None else None
+        gb = gb.reshape(bias.shape).to(bias.dtype) if gb is not None else None
+        return gi, gw, gb
     go, r = grad.to(_F64), rstd.to(_F64)
     xhat = (x.to(_F64) - mean.to(_F64)) * r
     g = go * weight.to(_F64) if weight is not None else go
