@@ -890,3 +890,33 @@ PyObject *p_lnbwd(PyObject *module, PyObject *args) {
     free(g), free(cmax), free(cacc);
     return PyBool_FromLong(!bad);
 }
+
+/* p_colsum(src, kind, rows, cols, beta, out): out[j] = the exact sum of column j of a row-major
+   (rows x cols) matrix at one slice (exact_sum over leading dimensions, with no copy). */
+PyObject *p_colsum(PyObject *module, PyObject *args) {
+    unsigned long long src, op;
+    int kind, beta, bad = 0;
+    Py_ssize_t rows, cols;
+    if (!PyArg_ParseTuple(args, "KinniK", &src, &kind, &rows, &cols, &beta, &op)) return NULL;
+    const char *base = (const char *)(uintptr_t)src;
+    double *out = (double *)(uintptr_t)op;
+    double *unit = (double *)calloc((size_t)(cols > 0 ? cols : 1) * 2, sizeof(double));
+    if (!unit) return PyErr_NoMemory();
+    double *acc = unit + cols;
+    Py_BEGIN_ALLOW_THREADS
+    FOR_KIND(kind, base, x, {
+        for (Py_ssize_t r = 0; r < rows; r++)
+            for (Py_ssize_t j = 0; j < cols; j++) {
+                double v = fabs((double)x[r * cols + j]);
+                bad |= !(v <= DBL_MAX);
+                unit[j] = v > unit[j] ? v : unit[j];
+            }
+        for (Py_ssize_t j = 0; j < cols; j++) unit[j] = unit_of(unit[j], beta);
+        for (Py_ssize_t r = 0; r < rows; r++)
+            for (Py_ssize_t j = 0; j < cols; j++) acc[j] += round_even((double)x[r * cols + j] * (1.0 / unit[j]));
+    })
+    for (Py_ssize_t j = 0; j < cols; j++) out[j] = acc[j] * unit[j];
+    Py_END_ALLOW_THREADS
+    free(unit);
+    return PyBool_FromLong(!bad);
+}

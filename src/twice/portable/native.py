@@ -301,6 +301,18 @@ def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):
     does not apply."""
     if not _usable(x) or x.numel() == 0 or x.dim() == 0:
         return None
+    lead = dims is not None and sorted(d % x.dim() for d in dims) == list(range(len(dims)))
+    if count == 1 and lead and len(dims) < x.dim() and x.is_contiguous():
+        # the leading dimensions: column sums of a (rows, cols) matrix, read in place
+        cols = math.prod(x.shape[len(dims) :])
+        out = _empty(cols, torch.float64)
+        finite = _module.p_colsum(
+            x.data_ptr(), _KINDS[x.dtype], x.numel() // max(1, cols), cols, beta, out.data_ptr()
+        )
+        if not finite:
+            return False
+        shape = [1] * len(dims) + list(x.shape[len(dims) :]) if keepdim else x.shape[len(dims) :]
+        return out.reshape(shape)
     rows, kept = _rows(x, dims)
     out = _empty(rows.shape[0], torch.float64)
     finite = _module.p_rowsum(
