@@ -16,6 +16,10 @@ import torch
 
 __all__ = [
     "available",
+    "usable",
+    "empty",
+    "module",
+    "KINDS",
     "fallback",
     "gpu",
     "gpu_uniform",
@@ -25,11 +29,6 @@ __all__ = [
     "row_sums",
     "scaled",
     "compound",
-    "chansum",
-    "chanmap",
-    "bnsums",
-    "layer_norm",
-    "layer_norm_backward",
     "uniform",
     "normal",
 ]
@@ -61,7 +60,7 @@ _UNARY = {
     )
 }
 _BINARY = {"gelu_backward": 0, "gelu_tanh_backward": 1, "silu_backward": 2, "softplus": 3}
-_KINDS = {torch.float32: 0, torch.float64: 1}
+KINDS = {torch.float32: 0, torch.float64: 1}
 _state = {"on": True, "ready": False}
 _config: dict = {}
 
@@ -70,7 +69,7 @@ def gpu(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
     """elementwise.<name>(x) by the Triton kernel, for a CUDA tensor where Triton is there (or,
     for tests, any tensor under TRITON_INTERPRET=1); None otherwise."""
     interpret = os.environ.get("TRITON_INTERPRET") == "1" and _state.get("gpu_tests")
-    if not _state["on"] or (x.device.type != "cuda" and not interpret) or x.dtype not in _KINDS:
+    if not _state["on"] or (x.device.type != "cuda" and not interpret) or x.dtype not in KINDS:
         return None
     kernels = _gpu_kernels()
     if kernels is None or name not in kernels.FUNCTIONS:
@@ -122,7 +121,7 @@ def _init() -> None:
     _state["ready"] = True
 
 
-def _empty(shape, dtype) -> torch.Tensor:
+def empty(shape, dtype) -> torch.Tensor:
     """torch.empty without deterministic mode's fill of new memory (every element is written)."""
     if not torch.utils.deterministic.fill_uninitialized_memory:
         return torch.empty(shape, dtype=dtype)
@@ -131,6 +130,11 @@ def _empty(shape, dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
     finally:
         torch.utils.deterministic.fill_uninitialized_memory = True
+
+
+def module():
+    """The compiled extension (twice._native), for native_norms.py; None where not built."""
+    return _module
 
 
 def available() -> bool:
@@ -149,42 +153,43 @@ def fallback():
         _state["on"] = before
 
 
-def _usable(*tensors: torch.Tensor) -> bool:
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the compiled kernels apply to these tensors (built, in use, CPU, float32/64)."""
     if _module is None or not _state["on"]:
         return False
     if not _state["ready"]:
         _init()
-    return all(t.device.type == "cpu" and t.dtype in _KINDS for t in tensors)
+    return all(t.device.type == "cpu" and t.dtype in KINDS for t in tensors)
 
 
 def unary(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
     """elementwise.<name>(x) rounded to `dtype` (x's by default), or None."""
-    if not _usable(x):
+    if not usable(x):
         return None
     src = x.contiguous()
-    out = _empty(x.shape, dtype or x.dtype)
-    kind = _KINDS[out.dtype]
-    _module.p_unary(_UNARY[name], src.data_ptr(), _KINDS[x.dtype], out.data_ptr(), kind, x.numel())
+    out = empty(x.shape, dtype or x.dtype)
+    kind = KINDS[out.dtype]
+    _module.p_unary(_UNARY[name], src.data_ptr(), KINDS[x.dtype], out.data_ptr(), kind, x.numel())
     return out
 
 
 def binary(name: str, grad: torch.Tensor | None, x: torch.Tensor, dtype, a=0.0, b=0.0):
     """A backward of GELU/SiLU (or softplus with beta a, threshold b, grad None), or None."""
-    if not _usable(x) or (grad is not None and not _usable(grad)):
+    if not usable(x) or (grad is not None and not usable(grad)):
         return None
     if grad is not None and grad.shape != x.shape:
         return None
     xs = x.contiguous()
     gs = grad.contiguous() if grad is not None else xs
-    out = _empty(x.shape, dtype)
+    out = empty(x.shape, dtype)
     _module.p_binary(
         _BINARY[name],
         gs.data_ptr(),
-        _KINDS[gs.dtype],
+        KINDS[gs.dtype],
         xs.data_ptr(),
-        _KINDS[xs.dtype],
+        KINDS[xs.dtype],
         out.data_ptr(),
-        _KINDS[dtype],
+        KINDS[dtype],
         x.numel(),
         float(a),
         float(b),
@@ -207,11 +212,11 @@ def _split_blocks(x: torch.Tensor, axis: int, beta: int):
     """p_split over x's last two dimensions (x contiguous, at most one batch dimension)."""
     rows, cols = x.shape[-2], x.shape[-1]
     outer = x.numel() // max(1, rows * cols)
-    ints = _empty(x.shape, torch.float64)
+    ints = empty(x.shape, torch.float64)
     unit_shape = (*x.shape[:-2], rows, 1) if axis == 0 else (*x.shape[:-2], 1, cols)
-    units = _empty(unit_shape, torch.float64)
+    units = empty(unit_shape, torch.float64)
     finite = _module.p_split(
-        x.data_ptr(), _KINDS[x.dtype], outer, rows, cols, beta, axis, ints.data_ptr(),
+        x.data_ptr(), KINDS[x.dtype], outer, rows, cols, beta, axis, ints.data_ptr(),
         units.data_ptr(),
     )  # fmt: skip
     return (ints, units) if finite else None
@@ -221,7 +226,7 @@ def split_rows(x: torch.Tensor, dims, beta: int):
     """exact.split(x, dims, 1, beta) as [(ints, unit)]: False where a value is not finite, None
     where the kernel does not apply. A matrix (or a batch of them) reduced along either of its
     last two dimensions is read in place, transposed or not."""
-    if not _usable(x) or x.numel() == 0 or x.dim() == 0:
+    if not usable(x) or x.numel() == 0 or x.dim() == 0:
         return None
     if (
         dims is not None
@@ -255,23 +260,23 @@ def split_rows(x: torch.Tensor, dims, beta: int):
 def scaled(product, unit_a, unit_b, out_dtype, bias=None):
     """product * (unit_a * unit_b) (+ bias), rounded once to out_dtype, for a product of shape
     (M, N) or (B, M, N) with units (.., M, 1) and (.., 1, N); or None."""
-    if not _usable(product) or out_dtype not in _KINDS or product.dim() not in (2, 3):
+    if not usable(product) or out_dtype not in KINDS or product.dim() not in (2, 3):
         return None
-    if bias is not None and (not _usable(bias) or bias.dim() > product.dim()):
+    if bias is not None and (not usable(bias) or bias.dim() > product.dim()):
         return None
     rows, cols = product.shape[-2:]
     blocks = product.numel() // max(1, rows * cols)
     ua = unit_a.expand(*product.shape[:-1], 1).contiguous()
     ub = unit_b.expand(*product.shape[:-2], 1, cols).contiguous()
-    out = _empty(product.shape, out_dtype)
+    out = empty(product.shape, out_dtype)
     strides, bias_ptr, bias_kind = (0, 0, 0), 0, 0
     if bias is not None:
         full = bias.expand(product.shape)
         strides = tuple(full.stride()) if product.dim() == 3 else (0, *full.stride())
-        bias_ptr, bias_kind = full.data_ptr(), _KINDS[bias.dtype]
+        bias_ptr, bias_kind = full.data_ptr(), KINDS[bias.dtype]
     _module.p_scale(
         product.contiguous().data_ptr(), blocks, rows, cols, ua.data_ptr(), ub.data_ptr(),
-        bias_ptr, bias_kind, *strides, out.data_ptr(), _KINDS[out_dtype],
+        bias_ptr, bias_kind, *strides, out.data_ptr(), KINDS[out_dtype],
     )  # fmt: skip
     return out
 
@@ -283,14 +288,14 @@ def compound(name: str, self, a, b, value: float):
     """ops_math's addcmul/addcdiv/add-with-alpha/lerp in one pass, where every tensor has one
     dtype, one shape and a contiguous layout; or None."""
     tensors = [t for t in (self, a, b) if t is not None]
-    if not _usable(*tensors) or any(
+    if not usable(*tensors) or any(
         t.dtype != self.dtype or t.shape != self.shape or not t.is_contiguous() for t in tensors
     ):
         return None
-    out = _empty(self.shape, self.dtype)
+    out = empty(self.shape, self.dtype)
     other = b if b is not None else a
     _module.p_compound(
-        _COMPOUND[name], _KINDS[self.dtype], self.numel(), self.data_ptr(), a.data_ptr(),
+        _COMPOUND[name], KINDS[self.dtype], self.numel(), self.data_ptr(), a.data_ptr(),
         other.data_ptr(), float(value), out.data_ptr(),
     )  # fmt: skip
     return out
@@ -299,24 +304,24 @@ def compound(name: str, self, a, b, value: float):
 def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):
     """exact_sum's float64 result: False where a value is not finite, None where the kernel
     does not apply."""
-    if not _usable(x) or x.numel() == 0 or x.dim() == 0:
+    if not usable(x) or x.numel() == 0 or x.dim() == 0:
         return None
     lead = dims is not None and sorted(d % x.dim() for d in dims) == list(range(len(dims)))
     if count == 1 and lead and len(dims) < x.dim() and x.is_contiguous():
         # the leading dimensions: column sums of a (rows, cols) matrix, read in place
         cols = math.prod(x.shape[len(dims) :])
-        out = _empty(cols, torch.float64)
+        out = empty(cols, torch.float64)
         finite = _module.p_colsum(
-            x.data_ptr(), _KINDS[x.dtype], x.numel() // max(1, cols), cols, beta, out.data_ptr()
+            x.data_ptr(), KINDS[x.dtype], x.numel() // max(1, cols), cols, beta, out.data_ptr()
         )
         if not finite:
             return False
         shape = [1] * len(dims) + list(x.shape[len(dims) :]) if keepdim else x.shape[len(dims) :]
         return out.reshape(shape)
     rows, kept = _rows(x, dims)
-    out = _empty(rows.shape[0], torch.float64)
+    out = empty(rows.shape[0], torch.float64)
     finite = _module.p_rowsum(
-        rows.data_ptr(), _KINDS[x.dtype], rows.shape[0], rows.shape[1], beta, count,
+        rows.data_ptr(), KINDS[x.dtype], rows.shape[0], rows.shape[1], beta, count,
         out.data_ptr(),
     )  # fmt: skip
     if not finite:
@@ -335,107 +340,16 @@ def uniform(count: int, key: int, device) -> torch.Tensor | None:
         or (device is not None and torch.device(device).type != "cpu")
     ):
         return None
-    out = _empty(count, torch.float64)
+    out = empty(count, torch.float64)
     _module.p_uniform(key, count, out.data_ptr())
     return out
 
 
 def normal(count: int, key: int, device) -> torch.Tensor | None:
     """philox.normal(count, key), or None."""
-    if not _usable(torch.empty(0)) or (device is not None and torch.device(device).type != "cpu"):
+    if not usable(torch.empty(0)) or (device is not None and torch.device(device).type != "cpu"):
         return None
-    out = _empty(count, torch.float64)
-    scratch = _empty(2 * max(1, -(-count // 2)), torch.float64)
+    out = empty(count, torch.float64)
+    scratch = empty(2 * max(1, -(-count // 2)), torch.float64)
     _module.p_normal(key, count, out.data_ptr(), scratch.data_ptr())
     return out
-
-
-def _nchw(x: torch.Tensor):
-    n, c = x.shape[0], x.shape[1]
-    return n, c, x.numel() // max(1, n * c)
-
-
-def _f64_ptr(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.data_ptr()
-
-
-def chansum(expr: int, x, y, m, s, w, beta: int, count: int):
-    """Batch norm's exact per-channel sums (see _portable.c p_chansum) as a float64 (C,) tensor;
-    False where a value is not finite; None where the kernel does not apply. m, s, w are float64
-    (C,) tensors or None."""
-    tensors = [t for t in (x, y) if t is not None]
-    if not _usable(*tensors) or not all(t.is_contiguous() for t in tensors) or x.dim() < 2:
-        return None
-    n, c, size = _nchw(x)
-    out = _empty(c, torch.float64)
-    finite = _module.p_chansum(
-        expr, n, c, size, beta, count, x.data_ptr(), _KINDS[x.dtype],
-        _f64_ptr(y), _KINDS[y.dtype] if y is not None else 0,
-        _f64_ptr(m), _f64_ptr(s), _f64_ptr(w), out.data_ptr(),
-    )  # fmt: skip
-    return out if finite else False
-
-
-def chanmap(expr: int, x, y, m, s, w, b, p1, p2, dtype):
-    """Batch norm's per-element formulas (see _portable.c p_chanmap), or None."""
-    tensors = [t for t in (x, y) if t is not None]
-    if not _usable(*tensors) or not all(t.is_contiguous() for t in tensors) or x.dim() < 2:
-        return None
-    n, c, size = _nchw(x)
-    out = _empty(x.shape, dtype)
-    _module.p_chanmap(
-        expr, n, c, size, x.data_ptr(), _KINDS[x.dtype],
-        _f64_ptr(y), _KINDS[y.dtype] if y is not None else 0,
-        _f64_ptr(m), _f64_ptr(s), _f64_ptr(w), _f64_ptr(b), _f64_ptr(p1), _f64_ptr(p2),
-        out.data_ptr(), _KINDS[dtype],
-    )  # fmt: skip
-    return out
-
-
-def bnsums(x, y, m, s, w, beta: int):
-    """Batch norm's backward sums (chansum's expressions 0, 2, 3, 4 with y the gradient) as a
-    float64 (C, 4) tensor in two passes, for one slice each; False where a value is not finite;
-    None where the kernel does not apply."""
-    if not _usable(x, y) or not (x.is_contiguous() and y.is_contiguous()) or x.dim() < 2:
-        return None
-    n, c, size = _nchw(x)
-    out = _empty((c, 4), torch.float64)
-    finite = _module.p_bnsums(
-        n, c, size, beta, x.data_ptr(), _KINDS[x.dtype], y.data_ptr(), _KINDS[y.dtype],
-        m.data_ptr(), s.data_ptr(), w.data_ptr(), out.data_ptr(),
-    )  # fmt: skip
-    return out if finite else False
-
-
-def layer_norm(x, cols: int, w, b, eps: float, beta: int):
-    """Layer norm over rows of `cols` at float32 precision: (out, mean, rstd) with the statistics
-    float64 per row; False where a value is not finite; None where the kernel does not apply."""
-    if not _usable(x) or x.dtype != torch.float32 or not x.is_contiguous() or x.numel() == 0:
-        return None
-    rows = x.numel() // cols
-    out = _empty(x.shape, x.dtype)
-    mean, rstd = _empty(rows, torch.float64), _empty(rows, torch.float64)
-    finite = _module.p_lnfwd(
-        rows, cols, beta, x.data_ptr(), 0, _f64_ptr(w), _f64_ptr(b), float(eps),
-        out.data_ptr(), 0, mean.data_ptr(), rstd.data_ptr(),
-    )  # fmt: skip
-    return (out, mean, rstd) if finite else False
-
-
-def layer_norm_backward(grad, x, cols: int, mean, rstd, w, beta_row, beta_col, want):
-    """Layer norm's backward at float32 precision: (grad input or None, the columns' exact sums
-    of grad * x-hat and of grad, float64, or None); False where a value is not finite; None where
-    the kernel does not apply."""
-    usable = _usable(x, grad) and x.dtype == grad.dtype == torch.float32
-    if not usable or not (x.is_contiguous() and grad.is_contiguous()) or x.numel() == 0:
-        return None
-    rows = x.numel() // cols
-    gi = _empty(x.shape, x.dtype) if want[0] else None
-    gw = _empty(cols, torch.float64) if want[1] else None
-    gb = _empty(cols, torch.float64) if want[2] else None
-    finite = _module.p_lnbwd(
-        rows, cols, beta_row, beta_col, x.data_ptr(), 0, grad.data_ptr(), 0,
-        mean.data_ptr(), rstd.data_ptr(), _f64_ptr(w), _f64_ptr(gi), 0, _f64_ptr(gw),
-        _f64_ptr(gb),
-    )  # fmt: skip
-    return (gi, gw, gb) if finite else False

@@ -1,7 +1,7 @@
 """Portable layer, batch and group normalisation, forward and backward.
 
 Statistics are exact sums (exact.py; batch norm's per-channel sums and formulas in the compiled
-kernels, native.chansum/chanmap, with the same expressions here in torch operations), square
+kernels, native_norms.chansum/chanmap, with the same expressions here in torch operations), square
 roots correctly rounded, everything in float64 and rounded once; the saved mean and inverse
 standard deviation come back in the dtypes and shapes torch's kernels give them.
 """
@@ -13,7 +13,7 @@ import math
 import torch
 
 from twice.portable import elementwise as ew
-from twice.portable import native
+from twice.portable import native_norms
 from twice.portable.exact import _beta, exact_sum, slices_for
 
 __all__ = [
@@ -39,7 +39,9 @@ def layer_norm(x, shape, weight, bias, eps: float):
     n = math.prod(shape)
     w64 = weight.to(_F64).reshape(-1) if weight is not None else None
     b64 = bias.to(_F64).reshape(-1) if bias is not None else None
-    fast = native.layer_norm(x, n, w64, b64, eps, _beta(n, 1)) if x.dim() > len(shape) else None
+    fast = None
+    if x.dim() > len(shape):
+        fast = native_norms.layer_norm(x, n, w64, b64, eps, _beta(n, 1))
     if fast:
         out, mean, rstd = fast
         stats = x.shape[: x.dim() - len(shape)] + (1,) * len(shape)
@@ -70,7 +72,7 @@ def layer_norm_backward(grad, x, shape, mean, rstd, weight, bias, mask):
     precise = all(t is None or t.dtype == torch.float32 for t in (weight, bias))
     fast = None
     if batch and precise:
-        fast = native.layer_norm_backward(
+        fast = native_norms.layer_norm_backward(
             grad, x, cols, mean.to(_F64).reshape(-1), rstd.to(_F64).reshape(-1),
             weight.to(_F64).reshape(-1) if weight is not None else None,
             _beta(cols, 1), _beta(x.numel() // max(1, cols), 1), want,
@@ -103,7 +105,7 @@ def _chan_sum(expr: int, x, y, m, s, w, like) -> torch.Tensor:
     """The exact per-channel sum over (N, spatial) of one of batch norm's expressions, float64
     (C,): 0 x, 1 (x - m)^2, 2 y (x - m) s, 3 y w, 4 (y w)((x - m) s)."""
     terms = x.numel() // max(1, x.shape[1])
-    fast = native.chansum(expr, x, y, m, s, w, _beta(terms, 1), slices_for(like))
+    fast = native_norms.chansum(expr, x, y, m, s, w, _beta(terms, 1), slices_for(like))
     if fast is not None and fast is not False:
         return fast
     x64, y64 = x.to(_F64), (y.to(_F64) if y is not None else None)
@@ -126,7 +128,7 @@ def _chan_sum(expr: int, x, y, m, s, w, like) -> torch.Tensor:
 def _chan_map(expr: int, x, y, m, s, w, b, p1, p2, dtype) -> torch.Tensor:
     """Batch norm's per-element formulas, rounded once: 0 ((x - m) s) w + b, 1 ((y w - p1) -
     ((x - m) s) p2) s, 2 (y w) s."""
-    fast = native.chanmap(expr, x, y, m, s, w, b, p1, p2, dtype)
+    fast = native_norms.chanmap(expr, x, y, m, s, w, b, p1, p2, dtype)
     if fast is not None:
         return fast
     x64 = x.to(_F64)
@@ -180,7 +182,7 @@ def batch_norm_backward(grad, x, weight, rmean, rvar, smean, sinvstd, train, eps
     w = weight.to(_F64) if weight is not None else torch.ones_like(mean)
     sums = None
     if train and slices_for(x.dtype) == 1:  # the four sums in two passes (the same bits)
-        sums = native.bnsums(x, grad, mean, invstd, w, _beta(n, 1))
+        sums = native_norms.bnsums(x, grad, mean, invstd, w, _beta(n, 1))
     if sums is None or sums is False:
         sums = None
     gi = None
