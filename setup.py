@@ -20,7 +20,7 @@ if sys.platform != "win32":
     # No fused multiply-add where the source does not ask for one (contraction): the norms must have
     # the bits of the NumPy code path on every CPU (_native.c's explicit one is exact: see there).
     # Hidden symbols: xxHash's names must not bind to another library's copy.
-    flags += ["-ffp-contract=off", "-fvisibility=hidden"]
+    flags += ["-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden"]
 
 setup(ext_modules=[Extension("twice._native", sources, include_dirs=["vendor/xxhash"], define_macros=macros,
                              extra_compile_args=flags, depends=["vendor/xxhash/xxhash.h", "vendor/xxhash/xxh_x86dispatch.h"],

@@ -634,6 +634,7 @@ PyObject *p_chanmap(PyObject *, PyObject *);
 PyObject *p_bnsums(PyObject *, PyObject *);
 PyObject *p_lnfwd(PyObject *, PyObject *);
 PyObject *p_colsum(PyObject *, PyObject *);
+PyObject *p_keep_memory(PyObject *, PyObject *);
 PyObject *p_lnbwd(PyObject *, PyObject *);
 
 static PyMethodDef methods[] = {
@@ -647,6 +648,7 @@ static PyMethodDef methods[] = {
     {"p_scale", p_scale, METH_VARARGS, "Portable mode: an integer product scaled, plus a bias, rounded once."},
     {"p_chansum", p_chansum, METH_VARARGS, "Portable mode: batch norm's exact per-channel sums."},
     {"p_colsum", p_colsum, METH_VARARGS, "Portable mode: exact column sums (one slice)."},
+    {"p_keep_memory", p_keep_memory, METH_NOARGS, "Portable mode: glibc malloc keeps freed memory for reuse."},
     {"p_lnfwd", p_lnfwd, METH_VARARGS, "Portable mode: layer norm over rows (float32 precision)."},
     {"p_lnbwd", p_lnbwd, METH_VARARGS, "Portable mode: layer norm's backward (float32 precision)."},
     {"p_bnsums", p_bnsums, METH_VARARGS, "Portable mode: batch norm's four backward sums at once."},

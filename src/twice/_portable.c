@@ -16,6 +16,7 @@
    p_compound  addcmul, addcdiv, add with alpha, lerp: one rounding per operation
    p_uniform   Philox-4x32-10 uniforms in [0, 1) (float64), element i from counter i / 2
    p_normal    Box-Muller normals (float64) from those uniforms
+   p_keep_memory  glibc's malloc keeps freed memory for reuse (no kernel's bits depend on it)
    All take buffer addresses and sizes (the caller keeps the tensors alive and contiguous) and
    release the GIL while they run. */
 
@@ -26,6 +27,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #define MAXC 40
 
@@ -251,7 +255,7 @@ static void sqrt_f32(const float *x, float *y, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) y[i] = (x[i] < 0 || x[i] != x[i]) ? (float)NAN : sqrtf(x[i]);
 }
 
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("avx512f", "avx2", "default")))
 static void unary_loops(int fn, const char *s, int sk, char *d, int dk, Py_ssize_t n) {
     switch (fn) {
     case 0: UNARY_KINDS(f_exp) break;
@@ -365,6 +369,68 @@ ROW_MAX(double)
    round(x / unit) (x times the unit's inverse: the same, as the unit is a power of two), in
    ints (float64, the same layout); units holds outer x rows (axis 0) or outer x cols (axis 1)
    units. Returns False where a value is not finite (ints then unreliable). */
+/* One (rows x cols) block of p_split, by element type. The largest magnitude is taken on the
+   bit patterns with the sign cleared (for IEEE numbers their integer order is their order of
+   magnitude, infinities and NaN above every finite value), so the loops are integer maxima and
+   a scaling by a power of two: exact in any order, so the bits do not depend on the vector
+   lanes; cloned per instruction set for speed alone. Returns 0 where a value is not finite. */
+#define SPLIT_BLOCK(T, U, ABS, INF)                                                            \
+    static inline U bits_##T(T v) {                                                            \
+        U b;                                                                                   \
+        memcpy(&b, &v, sizeof b);                                                              \
+        return b & ABS;                                                                        \
+    }                                                                                          \
+    static inline double magnitude_##T(U b) {                                                  \
+        T v;                                                                                   \
+        memcpy(&v, &b, sizeof v);                                                              \
+        return (double)v;                                                                      \
+    }                                                                                          \
+    __attribute__((target_clones("avx512f", "avx2", "default")))                              \
+    static int split_block_##T(const T *x, Py_ssize_t rows, Py_ssize_t cols, int beta, int axis, \
+                               double *out, double *u, void *scratch) {                        \
+        U worst = 0, *top = (U *)scratch;                                                      \
+        double *inv = (double *)scratch + cols;                                                \
+        if (axis == 0) {                                                                       \
+            for (Py_ssize_t r = 0; r < rows; r++) {                                            \
+                const T *xr = x + r * cols;                                                    \
+                double *orow = out + r * cols;                                                 \
+                U m = 0;                                                                       \
+                for (Py_ssize_t j = 0; j < cols; j++) {                                        \
+                    U b = bits_##T(xr[j]);                                                     \
+                    m = b > m ? b : m;                                                         \
+                }                                                                              \
+                worst = m > worst ? m : worst;                                                 \
+                u[r] = unit_of(m >= INF ? 0.0 : magnitude_##T(m), beta);                       \
+                const double s = 1.0 / u[r];                                                   \
+                _Pragma("GCC ivdep") for (Py_ssize_t j = 0; j < cols; j++)                     \
+                    orow[j] = round_even((double)xr[j] * s);                                   \
+            }                                                                                  \
+            return worst < INF;                                                                \
+        }                                                                                      \
+        for (Py_ssize_t j = 0; j < cols; j++) top[j] = 0;                                      \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                \
+            const T *xr = x + r * cols;                                                        \
+            _Pragma("GCC ivdep") for (Py_ssize_t j = 0; j < cols; j++) {                       \
+                U b = bits_##T(xr[j]);                                                         \
+                top[j] = b > top[j] ? b : top[j];                                              \
+            }                                                                                  \
+        }                                                                                      \
+        for (Py_ssize_t j = 0; j < cols; j++) {                                                \
+            worst = top[j] > worst ? top[j] : worst;                                           \
+            u[j] = unit_of(top[j] >= INF ? 0.0 : magnitude_##T(top[j]), beta);                 \
+        }                                                                                      \
+        for (Py_ssize_t j = 0; j < cols; j++) inv[j] = 1.0 / u[j];                             \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                \
+            const T *xr = x + r * cols;                                                        \
+            double *orow = out + r * cols;                                                     \
+            _Pragma("GCC ivdep") for (Py_ssize_t j = 0; j < cols; j++)                         \
+                orow[j] = round_even((double)xr[j] * inv[j]);                                  \
+        }                                                                                      \
+        return worst < INF;                                                                    \
+    }
+SPLIT_BLOCK(float, uint32_t, 0x7FFFFFFFu, 0x7F800000u)
+SPLIT_BLOCK(double, uint64_t, 0x7FFFFFFFFFFFFFFFull, 0x7FF0000000000000ull)
+
 PyObject *p_split(PyObject *module, PyObject *args) {
     unsigned long long src, ip, up;
     int kind, beta, axis, finite = 1;
@@ -373,45 +439,20 @@ PyObject *p_split(PyObject *module, PyObject *args) {
         return NULL;
     double *ints = (double *)(uintptr_t)ip, *units = (double *)(uintptr_t)up;
     const char *base = (const char *)(uintptr_t)src;
+    double *scratch = NULL; /* per column: the largest magnitude's bits, then the unit's inverse */
+    if (axis != 0 && !(scratch = (double *)malloc(sizeof(double) * 2 * (cols > 0 ? cols : 1))))
+        return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t o = 0; o < outer && finite; o++) {
         Py_ssize_t off = o * rows * cols;
-        double *out = ints + off;
-        FOR_KIND(kind, base, x, {
-            x += off;
-            if (axis == 0) {
-                double *u = units + o * rows;
-                for (Py_ssize_t r = 0; r < rows; r++) {
-                    int bad = 0;
-                    double amax = ROW_MAX_OF(x + r * cols, cols, &bad);
-                    if (bad) finite = 0;
-                    double unit = unit_of(amax, beta), inv = 1.0 / unit;
-                    u[r] = unit;
-                    for (Py_ssize_t j = 0; j < cols; j++) out[r * cols + j] = round_even((double)x[r * cols + j] * inv);
-                }
-            } else {
-                double *u = units + o * cols;
-                double *inv = (double *)malloc(sizeof(double) * (cols > 0 ? cols : 1));
-                int bad = 0;
-                for (Py_ssize_t j = 0; j < cols; j++) u[j] = 0.0;
-                for (Py_ssize_t r = 0; r < rows; r++)
-                    for (Py_ssize_t j = 0; j < cols; j++) {
-                        double v = fabs((double)x[r * cols + j]);
-                        bad |= !(v <= DBL_MAX);
-                        u[j] = v > u[j] ? v : u[j];
-                    }
-                if (bad || !inv) finite = 0;
-                for (Py_ssize_t j = 0; j < cols && inv; j++) {
-                    u[j] = unit_of(u[j], beta);
-                    inv[j] = 1.0 / u[j];
-                }
-                for (Py_ssize_t r = 0; r < rows && inv; r++)
-                    for (Py_ssize_t j = 0; j < cols; j++) out[r * cols + j] = round_even((double)x[r * cols + j] * inv[j]);
-                free(inv);
-            }
-        })
+        double *u = units + o * (axis == 0 ? rows : cols);
+        if (kind)
+            finite = split_block_double((const double *)base + off, rows, cols, beta, axis, ints + off, u, scratch);
+        else
+            finite = split_block_float((const float *)base + off, rows, cols, beta, axis, ints + off, u, scratch);
     }
     Py_END_ALLOW_THREADS
+    free(scratch);
     return PyBool_FromLong(finite);
 }
 
@@ -513,14 +554,23 @@ PyObject *p_scale(PyObject *module, PyObject *args) {
         T *o = (T *)op;                                                                       \
         const T v = (T)value, w1 = (T)(1.0 - value);                                          \
         switch (fn) {                                                                         \
-        case 0: for (Py_ssize_t i = 0; i < n; i++) { T t = y[i] * v; t = t * z[i]; o[i] = x[i] + t; } break; \
-        case 1: for (Py_ssize_t i = 0; i < n; i++) { T t = y[i] * v; t = t / z[i]; o[i] = x[i] + t; } break; \
-        case 2: for (Py_ssize_t i = 0; i < n; i++) { T t = y[i] * v; o[i] = x[i] + t; } break;             \
+        case 0: _Pragma("GCC ivdep") for (Py_ssize_t i = 0; i < n; i++) { T t = y[i] * v; t = t * z[i]; o[i] = x[i] + t; } break; \
+        case 1: _Pragma("GCC ivdep") for (Py_ssize_t i = 0; i < n; i++) { T t = y[i] * v; t = t / z[i]; o[i] = x[i] + t; } break; \
+        case 2: _Pragma("GCC ivdep") for (Py_ssize_t i = 0; i < n; i++) { T t = y[i] * v; o[i] = x[i] + t; } break;             \
         default:                                                                              \
-            if (fabs(value) < 0.5) for (Py_ssize_t i = 0; i < n; i++) { T d = y[i] - x[i]; d = d * v; o[i] = x[i] + d; } \
-            else for (Py_ssize_t i = 0; i < n; i++) { T d = y[i] - x[i]; d = d * w1; o[i] = y[i] - d; }           \
+            if (fabs(value) < 0.5) _Pragma("GCC ivdep") for (Py_ssize_t i = 0; i < n; i++) { T d = y[i] - x[i]; d = d * v; o[i] = x[i] + d; } \
+            else _Pragma("GCC ivdep") for (Py_ssize_t i = 0; i < n; i++) { T d = y[i] - x[i]; d = d * w1; o[i] = y[i] - d; }           \
         }                                                                                     \
     }
+
+/* ivdep: no element depends on another (an output may be its own first operand, in place).
+   Cloned per instruction set for speed alone: every operation is IEEE and rounded on its own
+   (no contraction, -ffp-contract=off), so each clone gives the same bits. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void compound_loops(int fn, int kind, Py_ssize_t n, const char *sp, const char *ap,
+                           const char *bp, double value, char *op) {
+    if (kind) COMPOUND(double) else COMPOUND(float)
+}
 
 PyObject *p_compound(PyObject *module, PyObject *args) {
     int fn, kind;
@@ -531,7 +581,7 @@ PyObject *p_compound(PyObject *module, PyObject *args) {
     const char *sp = (const char *)(uintptr_t)sp_, *ap = (const char *)(uintptr_t)ap_, *bp = (const char *)(uintptr_t)bp_;
     char *op = (char *)(uintptr_t)op_;
     Py_BEGIN_ALLOW_THREADS
-    if (kind) COMPOUND(double) else COMPOUND(float)
+    compound_loops(fn, kind, n, sp, ap, bp, value, op);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -919,4 +969,18 @@ PyObject *p_colsum(PyObject *module, PyObject *args) {
     Py_END_ALLOW_THREADS
     free(unit);
     return PyBool_FromLong(!bad);
+}
+
+/* p_keep_memory(): glibc's malloc gives each large block (above a threshold that it raises
+   only after a free) fresh pages from the system and returns freed memory at the heap's top;
+   portable mode's float64 temporaries, several megabytes each on every call, then spend more
+   time in page faults than in arithmetic. This keeps blocks up to 32 MiB on the heap and freed
+   memory there for reuse, as a caching allocator does. Returns whether it applied (glibc only). */
+PyObject *p_keep_memory(PyObject *module, PyObject *args) {
+#ifdef __GLIBC__
+    int ok = mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024) && mallopt(M_TRIM_THRESHOLD, 512 * 1024 * 1024);
+    return PyBool_FromLong(ok);
+#else
+    Py_RETURN_FALSE;
+#endif
 }

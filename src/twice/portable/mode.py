@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from twice.core.errors import DeterminismError
-from twice.portable import ops_math, ops_nn, optim  # noqa: F401  (they fill KERNELS)
+from twice.portable import native, ops_math, ops_nn, optim  # noqa: F401  (they fill KERNELS)
 from twice.portable.table import EXACT, KERNELS, NOT_EXACT, PortableUnsupported
 
 __all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]
@@ -95,6 +95,7 @@ class PortableMode(TorchDispatchMode):
 
     def __init__(self, policy: str = "strict") -> None:
         super().__init__()
+        native.keep_memory()
         self.policy = policy
         self.uncovered: dict[str, dict[str, Any]] = {}
         self.counts: dict[str, int] = {}

@@ -16,6 +16,7 @@ import torch
 
 __all__ = [
     "available",
+    "keep_memory",
     "usable",
     "empty",
     "module",
@@ -135,6 +136,15 @@ def empty(shape, dtype) -> torch.Tensor:
 def module():
     """The compiled extension (twice._native), for native_norms.py; None where not built."""
     return _module
+
+
+def keep_memory() -> bool:
+    """Have glibc's malloc keep freed memory for reuse (p_keep_memory: portable mode's large
+    float64 temporaries would otherwise be fresh pages, faulted in, on every call). Once per
+    process; returns whether it applied. No result depends on it."""
+    if "memory" not in _state:
+        _state["memory"] = bool(_module is not None and _module.p_keep_memory())
+    return _state["memory"]
 
 
 def available() -> bool:
@@ -284,15 +294,25 @@ def scaled(product, unit_a, unit_b, out_dtype, bias=None):
 _COMPOUND = {"addcmul": 0, "addcdiv": 1, "add": 2, "lerp": 3}
 
 
-def compound(name: str, self, a, b, value: float):
+def compound(name: str, self, a, b, value: float, inplace: bool = False):
     """ops_math's addcmul/addcdiv/add-with-alpha/lerp in one pass, where every tensor has one
-    dtype, one shape and a contiguous layout; or None."""
+    dtype, one shape and a contiguous layout; or None. `inplace` writes the result into `self`
+    (each element is read before it is written; an operand that overlaps `self` other than
+    exactly sends the call to the caller's path)."""
     tensors = [t for t in (self, a, b) if t is not None]
     if not usable(*tensors) or any(
         t.dtype != self.dtype or t.shape != self.shape or not t.is_contiguous() for t in tensors
     ):
         return None
-    out = empty(self.shape, self.dtype)
+    if inplace:
+        start, size = self.data_ptr(), self.numel() * self.element_size()
+        for t in tensors[1:]:
+            p = t.data_ptr()
+            if p != start and p < start + size and start < p + size:
+                return None
+        out = self
+    else:
+        out = empty(self.shape, self.dtype)
     other = b if b is not None else a
     _module.p_compound(
         _COMPOUND[name], KINDS[self.dtype], self.numel(), self.data_ptr(), a.data_ptr(),

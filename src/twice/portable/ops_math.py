@@ -171,9 +171,24 @@ def _add(self, other, alpha=1):
     return torch.add(self, _scaled(other, alpha))
 
 
+@kernel("add_.Tensor", "add_.Scalar")
+def _add_(self, other, alpha=1):
+    if alpha == 1:
+        return self.add_(other)
+    if isinstance(other, torch.Tensor):
+        if native.compound("add", self, other, None, alpha, inplace=True) is not None:
+            return self
+    return self.add_(_scaled(other, alpha))
+
+
 @kernel("sub.Tensor", "sub.Scalar")
 def _sub(self, other, alpha=1):
     return torch.sub(self, _scaled(other, alpha))
+
+
+@kernel("sub_.Tensor", "sub_.Scalar")
+def _sub_(self, other, alpha=1):
+    return self.sub_(_scaled(other, alpha))
 
 
 @kernel("rsub.Tensor", "rsub.Scalar")
@@ -181,34 +196,39 @@ def _rsub(self, other, alpha=1):
     return torch.sub(other, _scaled(self, alpha))
 
 
-kernel("add_.Tensor", "add_.Scalar")(inplace(_add))
-kernel("sub_.Tensor", "sub_.Scalar")(inplace(_sub))
+def _compound(name: str, fallback):
+    """The out-of-place and in-place kernels of a compound operation: the compiled kernel where
+    it applies (in place into the first argument), otherwise `fallback`'s torch operations."""
+
+    def out_of_place(self, a, b, value=1):
+        if (out := native.compound(name, self, a, b, value)) is not None:
+            return out
+        return fallback(self, a, b, value)
+
+    def in_place(self, a, b, value=1):
+        if native.compound(name, self, a, b, value, inplace=True) is not None:
+            return self
+        return self.copy_(fallback(self, a, b, value))
+
+    return out_of_place, in_place
 
 
-@kernel("addcmul.default")
-def _addcmul(self, t1, t2, value=1):
-    if (out := native.compound("addcmul", self, t1, t2, value)) is not None:
-        return out
+def _addcmul(self, t1, t2, value):
     return torch.add(self, torch.mul(_scaled(t1, value), t2))
 
 
-@kernel("addcdiv.default")
-def _addcdiv(self, t1, t2, value=1):
-    if (out := native.compound("addcdiv", self, t1, t2, value)) is not None:
-        return out
+def _addcdiv(self, t1, t2, value):
     return torch.add(self, torch.div(_scaled(t1, value), t2))
 
 
-kernel("addcmul_.default")(inplace(_addcmul))
-kernel("addcdiv_.default")(inplace(_addcdiv))
+for _name, _fallback in {"addcmul": _addcmul, "addcdiv": _addcdiv}.items():
+    _out, _in = _compound(_name, _fallback)
+    kernel(f"{_name}.default")(_out)
+    kernel(f"{_name}_.default")(_in)
 
 
-@kernel("lerp.Scalar", "lerp.Tensor")
-def _lerp(self, end, weight):
+def _lerp_formula(self, end, weight):
     """torch's formula: self + w (end - self) below w = 1/2, end - (end - self)(1 - w) above."""
-    if not isinstance(weight, torch.Tensor):
-        if (out := native.compound("lerp", self, end, None, weight)) is not None:
-            return out
     diff = torch.sub(end, self)
     if not isinstance(weight, torch.Tensor):
         if abs(weight) < 0.5:
@@ -219,7 +239,20 @@ def _lerp(self, end, weight):
     return torch.where(weight.abs() < 0.5, low, high)
 
 
-kernel("lerp_.Scalar", "lerp_.Tensor")(inplace(_lerp))
+@kernel("lerp.Scalar", "lerp.Tensor")
+def _lerp(self, end, weight):
+    if not isinstance(weight, torch.Tensor):
+        if (out := native.compound("lerp", self, end, None, weight)) is not None:
+            return out
+    return _lerp_formula(self, end, weight)
+
+
+@kernel("lerp_.Scalar", "lerp_.Tensor")
+def _lerp_(self, end, weight):
+    if not isinstance(weight, torch.Tensor):
+        if native.compound("lerp", self, end, None, weight, inplace=True) is not None:
+            return self
+    return self.copy_(_lerp_formula(self, end, weight))
 
 
 # Products.
