@@ -670,6 +670,120 @@ static inline double chan_value(int expr, double x, double y, double m, double s
     }
 }
 
+
+/* Batch norm's kernels walk each channel's N runs of S contiguous values in chunks: a chunk's
+   values are loaded into float64 arrays and each expression is one plain loop over them, so the
+   compiler vectorises it; maxima and sums of integers go into LANES independent accumulators
+   (a maximum, and a sum of integers below 2**53, are exact in any order, so the lanes change
+   no bit). Each computes exactly chan_value's operations. */
+#define CHUNK 256
+#define LANES 8
+
+static inline void load_run(const char *base, int kind, Py_ssize_t at, Py_ssize_t len, double *v) {
+    if (kind) {
+        memcpy(v, (const double *)base + at, (size_t)len * sizeof(double));
+    } else {
+        const float *f = (const float *)base + at;
+        for (Py_ssize_t j = 0; j < len; j++) v[j] = (double)f[j];
+    }
+}
+
+static inline void store_run(char *base, int kind, Py_ssize_t at, Py_ssize_t len, const double *v) {
+    if (kind) {
+        memcpy((double *)base + at, v, (size_t)len * sizeof(double));
+    } else {
+        float *f = (float *)base + at;
+        for (Py_ssize_t j = 0; j < len; j++) f[j] = (float)v[j];
+    }
+}
+
+/* v = chan_value(expr, x, y, m, s, w) for a chunk, x's values already in v and y's in yv. */
+static inline void chan_values(int expr, double *v, const double *yv, Py_ssize_t len, double m, double s, double w) {
+    switch (expr) {
+    case 0: break;
+    case 1: for (Py_ssize_t j = 0; j < len; j++) { double d = v[j] - m; v[j] = d * d; } break;
+    case 2: for (Py_ssize_t j = 0; j < len; j++) { double d = v[j] - m; d = d * s; v[j] = yv[j] * d; } break;
+    case 3: for (Py_ssize_t j = 0; j < len; j++) v[j] = yv[j] * w; break;
+    default:
+        for (Py_ssize_t j = 0; j < len; j++) { double d = v[j] - m; d = d * s; double g = yv[j] * w; v[j] = g * d; }
+    }
+}
+
+/* lane[l] = the largest of lane[l] and |v|'s bit patterns (sign cleared: their integer order
+   is the order of magnitude, infinities and NaN above every finite value): integer maxima. */
+static inline void lanes_max(const double *v, Py_ssize_t len, uint64_t *lane) {
+    Py_ssize_t j = 0;
+    for (; j + LANES <= len; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            uint64_t b;
+            memcpy(&b, v + j + l, 8);
+            b &= 0x7FFFFFFFFFFFFFFFull;
+            lane[l] = b > lane[l] ? b : lane[l];
+        }
+    for (; j < len; j++) {
+        uint64_t b;
+        memcpy(&b, v + j, 8);
+        b &= 0x7FFFFFFFFFFFFFFFull;
+        lane[0] = b > lane[0] ? b : lane[0];
+    }
+}
+
+/* The largest magnitude the lanes saw; *bad set where one was infinite or NaN. */
+static inline double lanes_top(const uint64_t *lane, int *bad) {
+    uint64_t a = 0;
+    for (int l = 0; l < LANES; l++) a = lane[l] > a ? lane[l] : a;
+    if (a >= 0x7FF0000000000000ull) {
+        *bad = 1;
+        return 0.0;
+    }
+    double out;
+    memcpy(&out, &a, 8);
+    return out;
+}
+
+/* lane[l] += round(v * inv), the integers of one slice. */
+static inline void lanes_sum(const double *v, Py_ssize_t len, double inv, double *lane) {
+    Py_ssize_t j = 0;
+    for (; j + LANES <= len; j += LANES)
+        for (int l = 0; l < LANES; l++) lane[l] += round_even(v[j + l] * inv);
+    for (; j < len; j++) lane[0] += round_even(v[j] * inv);
+}
+
+static inline double lanes_total(const double *lane) {
+    double a = 0.0;
+    for (int l = 0; l < LANES; l++) a += lane[l];
+    return a;
+}
+
+/* p_chansum's channel c at one slice (count 1); returns 0 where a value is not finite. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static int chansum_one(int expr, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, Py_ssize_t c, int beta,
+                       const char *x, int xk, const char *y, int yk, double mc, double scc, double wc,
+                       double *out) {
+    double v[CHUNK], yv[CHUNK], lane[LANES] = {0};
+    uint64_t top[LANES] = {0};
+    int bad = 0;
+    for (Py_ssize_t n = 0; n < N; n++)
+        for (Py_ssize_t j0 = 0; j0 < S; j0 += CHUNK) {
+            const Py_ssize_t at = (n * C + c) * S + j0, len = S - j0 < CHUNK ? S - j0 : CHUNK;
+            load_run(x, xk, at, len, v);
+            if (y) load_run(y, yk, at, len, yv);
+            chan_values(expr, v, yv, len, mc, scc, wc);
+            lanes_max(v, len, top);
+        }
+    const double unit = unit_of(lanes_top(top, &bad), beta), inv = 1.0 / unit;
+    for (Py_ssize_t n = 0; n < N; n++)
+        for (Py_ssize_t j0 = 0; j0 < S; j0 += CHUNK) {
+            const Py_ssize_t at = (n * C + c) * S + j0, len = S - j0 < CHUNK ? S - j0 : CHUNK;
+            load_run(x, xk, at, len, v);
+            if (y) load_run(y, yk, at, len, yv);
+            chan_values(expr, v, yv, len, mc, scc, wc);
+            lanes_sum(v, len, inv, lane);
+        }
+    *out = lanes_total(lane) * unit;
+    return !bad;
+}
+
 /* p_chansum(expr, N, C, S, beta, count, x, xk, y, yk, m, s, w, out): out[c] = the exact sum over
    n and s of the expression (0: x; 1: (x - m)^2; 2: y (x - m) s; 3: y w; 4: (y w)((x - m) s)),
    as exact_sum computes it from `count` slices. Returns False where a value is not finite. */
@@ -690,6 +804,10 @@ PyObject *p_chansum(PyObject *module, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t c = 0; c < C && finite; c++) {
         double mc = m ? m[c] : 0.0, scc = sc ? sc[c] : 1.0, wc = w ? w[c] : 1.0;
+        if (count == 1) {
+            finite = chansum_one(expr, N, C, S, c, beta, x, xk, y, yk, mc, scc, wc, out + c);
+            continue;
+        }
         double amax = 0.0;
         int bad = 0;
         for (Py_ssize_t n = 0; n < N; n++) {
@@ -728,6 +846,39 @@ PyObject *p_chansum(PyObject *module, PyObject *args) {
    0 the forward  ((x - m) s) w + b (w, b where given)
    1 the training backward  ((y w - p1) - ((x - m) s) p2) s
    2 the evaluation backward  (y w) s */
+/* p_chanmap's loops, by chunks (see CHUNK), each formula one plain loop. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void chanmap_loops(int expr, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, const char *x, int xk,
+                          const char *y, int yk, const double *m, const double *sc, const double *w,
+                          const double *b, const double *p1, const double *p2, char *out, int ok) {
+    double v[CHUNK], yv[CHUNK];
+    for (Py_ssize_t n = 0; n < N; n++)
+        for (Py_ssize_t c = 0; c < C; c++) {
+            const double mc = m ? m[c] : 0.0, scc = sc[c], wc = w ? w[c] : 1.0;
+            for (Py_ssize_t j0 = 0; j0 < S; j0 += CHUNK) {
+                const Py_ssize_t at = (n * C + c) * S + j0, len = S - j0 < CHUNK ? S - j0 : CHUNK;
+                if (expr != 2) load_run(x, xk, at, len, v);
+                if (expr != 0) load_run(y, yk, at, len, yv);
+                if (expr == 0) {
+                    for (Py_ssize_t j = 0; j < len; j++) { double d = v[j] - mc; v[j] = d * scc; }
+                    if (w) for (Py_ssize_t j = 0; j < len; j++) v[j] = v[j] * wc;
+                    if (b) { const double bc = b[c]; for (Py_ssize_t j = 0; j < len; j++) v[j] = v[j] + bc; }
+                } else if (expr == 1) {
+                    const double q1 = p1[c], q2 = p2[c];
+                    for (Py_ssize_t j = 0; j < len; j++) {
+                        double g = yv[j] * wc, d = v[j] - mc;
+                        double xhat = d * scc, t = g - q1, u = xhat * q2;
+                        t = t - u;
+                        v[j] = t * scc;
+                    }
+                } else {
+                    for (Py_ssize_t j = 0; j < len; j++) { double g = yv[j] * wc; v[j] = g * scc; }
+                }
+                store_run(out, ok, at, len, v);
+            }
+        }
+}
+
 PyObject *p_chanmap(PyObject *module, PyObject *args) {
     int expr, xk, yk, ok;
     Py_ssize_t N, C, S;
@@ -739,26 +890,7 @@ PyObject *p_chanmap(PyObject *module, PyObject *args) {
     const double *b = (const double *)(uintptr_t)bp, *p1 = (const double *)(uintptr_t)p1p, *p2 = (const double *)(uintptr_t)p2p;
     char *out = (char *)(uintptr_t)op;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t n = 0; n < N; n++)
-        for (Py_ssize_t c = 0; c < C; c++) {
-            Py_ssize_t at = (n * C + c) * S;
-            double mc = m ? m[c] : 0.0, scc = sc[c], wc = w ? w[c] : 1.0;
-            for (Py_ssize_t j = 0; j < S; j++) {
-                double v;
-                if (expr == 0) {
-                    v = (load(x, xk, at + j) - mc) * scc;
-                    if (w) v = v * wc;
-                    if (b) v = v + b[c];
-                } else if (expr == 1) {
-                    double g = load(y, yk, at + j) * wc;
-                    double xhat = (load(x, xk, at + j) - mc) * scc;
-                    v = ((g - p1[c]) - xhat * p2[c]) * scc;
-                } else {
-                    v = (load(y, yk, at + j) * wc) * scc;
-                }
-                store(out, ok, at + j, v);
-            }
-        }
+    chanmap_loops(expr, N, C, S, x, xk, y, yk, m, sc, w, b, p1, p2, out, ok);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -766,6 +898,43 @@ PyObject *p_chanmap(PyObject *module, PyObject *args) {
 /* p_bnsums(N, C, S, beta, x, xk, y, yk, m, s, w, out): batch norm's four backward sums per channel
    in two passes (p_chansum's expressions 0, 2, 3 and 4 of y = the incoming gradient), one slice
    each: out[4c + i] is what p_chansum(expr i...) gives, bit for bit. */
+/* p_bnsums' channel c: its four values per element (y, y xhat, g, g xhat with g = y w, xhat =
+   (x - m) s, as chan_value spells them), by chunks; returns 0 where one is not finite. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static int bnsums_channel(Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, Py_ssize_t c, int beta,
+                          const char *x, int xk, const char *y, int yk, double mc, double scc,
+                          double wc, double *out) {
+    double xv[CHUNK], yv[CHUNK], v[4][CHUNK], lane[4][LANES] = {{0}}, units[4], inv[4];
+    uint64_t top[4][LANES] = {{0}};
+    int bad = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (Py_ssize_t n = 0; n < N; n++)
+            for (Py_ssize_t j0 = 0; j0 < S; j0 += CHUNK) {
+                const Py_ssize_t at = (n * C + c) * S + j0, len = S - j0 < CHUNK ? S - j0 : CHUNK;
+                load_run(x, xk, at, len, xv);
+                load_run(y, yk, at, len, yv);
+                for (Py_ssize_t j = 0; j < len; j++) {
+                    double d = xv[j] - mc, xhat = d * scc, g = yv[j] * wc;
+                    v[0][j] = yv[j];
+                    v[1][j] = yv[j] * xhat;
+                    v[2][j] = g;
+                    v[3][j] = g * xhat;
+                }
+                for (int i = 0; i < 4; i++) {
+                    if (pass == 0) lanes_max(v[i], len, top[i]);
+                    else lanes_sum(v[i], len, inv[i], lane[i]);
+                }
+            }
+        if (pass == 0)
+            for (int i = 0; i < 4; i++) {
+                units[i] = unit_of(lanes_top(top[i], &bad), beta);
+                inv[i] = 1.0 / units[i];
+            }
+    }
+    for (int i = 0; i < 4; i++) out[4 * c + i] = lanes_total(lane[i]) * units[i];
+    return !bad;
+}
+
 PyObject *p_bnsums(PyObject *module, PyObject *args) {
     int beta, xk, yk, finite = 1;
     Py_ssize_t N, C, S;
@@ -776,41 +945,8 @@ PyObject *p_bnsums(PyObject *module, PyObject *args) {
     const double *m = (const double *)(uintptr_t)mp, *sc = (const double *)(uintptr_t)sp, *w = (const double *)(uintptr_t)wp;
     double *out = (double *)(uintptr_t)op;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t c = 0; c < C && finite; c++) {
-        const double mc = m[c], scc = sc[c], wc = w[c];
-        double mx[4] = {0, 0, 0, 0};
-        int bad = 0;
-        for (Py_ssize_t n = 0; n < N; n++) {
-            const Py_ssize_t at = (n * C + c) * S;
-            for (Py_ssize_t j = 0; j < S; j++) {
-                const double xv = load(x, xk, at + j), yv = load(y, yk, at + j);
-                const double xhat = (xv - mc) * scc, g = yv * wc;
-                const double v[4] = {fabs(yv), fabs(yv * xhat), fabs(g), fabs(g * xhat)};
-                for (int i = 0; i < 4; i++) {
-                    bad |= !(v[i] <= DBL_MAX);
-                    mx[i] = v[i] > mx[i] ? v[i] : mx[i];
-                }
-            }
-        }
-        if (bad) finite = 0;
-        double units[4], inv[4], acc[4] = {0, 0, 0, 0};
-        for (int i = 0; i < 4; i++) {
-            units[i] = unit_of(mx[i], beta);
-            inv[i] = 1.0 / units[i];
-        }
-        for (Py_ssize_t n = 0; n < N; n++) {
-            const Py_ssize_t at = (n * C + c) * S;
-            for (Py_ssize_t j = 0; j < S; j++) {
-                const double xv = load(x, xk, at + j), yv = load(y, yk, at + j);
-                const double xhat = (xv - mc) * scc, g = yv * wc;
-                acc[0] += round_even(yv * inv[0]);
-                acc[1] += round_even((yv * xhat) * inv[1]);
-                acc[2] += round_even(g * inv[2]);
-                acc[3] += round_even((g * xhat) * inv[3]);
-            }
-        }
-        for (int i = 0; i < 4; i++) out[4 * c + i] = acc[i] * units[i];
-    }
+    for (Py_ssize_t c = 0; c < C && finite; c++)
+        finite = bnsums_channel(N, C, S, c, beta, x, xk, y, yk, m[c], sc[c], w[c], out);
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(finite);
 }
