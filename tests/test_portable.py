@@ -308,6 +308,12 @@ def test_network_operations_match_torch_in_float64():
     ours = pnn.convolution(img, w, None, [2, 1], [1, 0], [1, 2], False, [0, 0], 1)
     ref = torch.nn.functional.conv2d(img, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2))
     assert torch.allclose(ours, ref, **close)
+    go = torch.randn(ref.shape, generator=g, dtype=F64)
+    settings = ([2, 1], [1, 0], [1, 2], False, [0, 0], 1, [True, True, True])
+    grads = pnn.convolution_backward(go, img, w, [5], *settings)
+    expected = torch.ops.aten.convolution_backward(go, img, w, [5], *settings)
+    for mine, theirs in zip(grads, expected):
+        assert torch.allclose(mine, theirs, **close)
     wg = torch.randn(6, 1, 3, 3, generator=g, dtype=F64)
     grouped = pnn.convolution(img, wg, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 3)
     ref = torch.nn.functional.conv2d(img, wg, padding=1, groups=3)
