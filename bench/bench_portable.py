@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from twice.portable import elementwise as ew
+from twice.portable import native
 from twice.portable import nn as pnn
 from twice.portable.exact import exact_matmul, exact_sum
 from twice.portable.mode import PortableMode
@@ -118,6 +119,7 @@ def best(fn, repeat=7) -> float:
 
 def kernels():
     torch.set_num_threads(1)
+    native.keep_memory()  # as portable mode has it
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(256, 784, generator=g), torch.randn(784, 256, generator=g)
     flops = 2 * 256 * 784 * 256
