@@ -7,6 +7,7 @@ import importlib.util
 import itertools
 import math
 import os
+import platform
 import subprocess
 import sys
 import warnings
@@ -513,3 +514,11 @@ def test_the_triton_kernels_give_the_fallbacks_bits_in_the_interpreter():
         timeout=600,
     )
     assert result.returncode == 0 and "same bits" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.skipif(
+    not native.available() or platform.libc_ver()[0] != "glibc", reason="needs the C build on glibc"
+)
+def test_portable_mode_has_malloc_keep_freed_memory():
+    assert native.keep_memory() is True
+    assert native.keep_memory() is True  # once per process; asking again is harmless
