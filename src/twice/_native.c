@@ -635,6 +635,7 @@ PyObject *p_bnsums(PyObject *, PyObject *);
 PyObject *p_lnfwd(PyObject *, PyObject *);
 PyObject *p_colsum(PyObject *, PyObject *);
 PyObject *p_keep_memory(PyObject *, PyObject *);
+PyObject *p_threads(PyObject *, PyObject *);
 PyObject *p_lnbwd(PyObject *, PyObject *);
 
 static PyMethodDef methods[] = {
@@ -649,6 +650,7 @@ static PyMethodDef methods[] = {
     {"p_chansum", p_chansum, METH_VARARGS, "Portable mode: batch norm's exact per-channel sums."},
     {"p_colsum", p_colsum, METH_VARARGS, "Portable mode: exact column sums (one slice)."},
     {"p_keep_memory", p_keep_memory, METH_NOARGS, "Portable mode: glibc malloc keeps freed memory for reuse."},
+    {"p_threads", p_threads, METH_VARARGS, "Portable mode: the threads (torch's OpenMP workers) the kernels may use."},
     {"p_lnfwd", p_lnfwd, METH_VARARGS, "Portable mode: layer norm over rows (float32 precision)."},
     {"p_lnbwd", p_lnbwd, METH_VARARGS, "Portable mode: layer norm's backward (float32 precision)."},
     {"p_bnsums", p_bnsums, METH_VARARGS, "Portable mode: batch norm's four backward sums at once."},

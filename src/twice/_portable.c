@@ -33,6 +33,74 @@
 
 #define MAXC 40
 
+/* Work split across threads, only ever across independent outputs (rows, columns, channels,
+   element ranges): each output is computed by one thread with the operations it would have on
+   one, so the thread count changes no bit. The threads are torch's own OpenMP workers: a
+   second pool beside them would wait for cores their spinning holds. The OpenMP runtime torch
+   loaded (libgomp, or Intel's, which exports the same entry points) is found at run time with
+   RTLD_NOLOAD, so the extension links no OpenMP of its own; where none is loaded the kernels
+   run on the calling thread. p_threads sets how many (the Python side passes torch's count); a
+   call with less than GRAIN elements per thread uses fewer. */
+#include <dlfcn.h>
+#define MAX_THREADS 256
+#define GRAIN 32768
+static int n_threads = 1;
+static void (*gomp_parallel)(void (*)(void *), void *, unsigned, unsigned) = NULL;
+static int (*omp_thread_num)(void) = NULL;
+static int (*omp_team_size)(void) = NULL;
+
+typedef void (*range_fn)(void *ctx, Py_ssize_t lo, Py_ssize_t hi);
+typedef struct {
+    range_fn fn;
+    void *ctx;
+    Py_ssize_t n;
+} team_job;
+
+static void team_body(void *p) {
+    const team_job *job = (const team_job *)p;
+    const Py_ssize_t team = omp_team_size(), t = omp_thread_num();
+    const Py_ssize_t size = (job->n + team - 1) / team, lo = t * size;
+    const Py_ssize_t hi = lo + size < job->n ? lo + size : job->n;
+    if (lo < hi) job->fn(job->ctx, lo, hi);
+}
+
+/* fn over [0, n) in contiguous ranges, one per thread; `work` is the elements the whole call
+   touches (it decides how many threads are worth waking). */
+static void parallel_for(Py_ssize_t n, Py_ssize_t work, range_fn fn, void *ctx) {
+    Py_ssize_t threads = n_threads;
+    if (threads > work / GRAIN) threads = work / GRAIN;
+    if (threads > n) threads = n;
+    if (threads <= 1 || !gomp_parallel) {
+        fn(ctx, 0, n);
+        return;
+    }
+    team_job job = {fn, ctx, n};
+    gomp_parallel(team_body, &job, (unsigned)threads, 0);
+}
+
+/* p_threads(n): the threads the kernels may use from now on; returns whether an OpenMP
+   runtime was found to run them. */
+PyObject *p_threads(PyObject *module, PyObject *args) {
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    if (!gomp_parallel) {
+        const char *names[] = {"libgomp.so.1", "libiomp5.so", "libomp.so", NULL};
+        for (int i = 0; names[i] && !gomp_parallel; i++) {
+            void *h = dlopen(names[i], RTLD_NOLOAD | RTLD_LAZY);
+            if (!h) continue;
+            void *par = dlsym(h, "GOMP_parallel"), *num = dlsym(h, "omp_get_thread_num"),
+                 *team = dlsym(h, "omp_get_num_threads");
+            if (par && num && team) {
+                omp_thread_num = (int (*)(void))num;
+                omp_team_size = (int (*)(void))team;
+                gomp_parallel = (void (*)(void (*)(void *), void *, unsigned, unsigned))par;
+            }
+        }
+    }
+    n_threads = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+    return PyBool_FromLong(gomp_parallel != NULL);
+}
+
 typedef struct {
     double c[MAXC];
     int n;
@@ -357,6 +425,19 @@ static void unary_loops(int fn, const char *s, int sk, char *d, int dk, Py_ssize
     }
 }
 
+typedef struct {
+    int fn;
+    const char *s;
+    int sk;
+    char *d;
+    int dk;
+} unary_ctx;
+
+static void unary_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    const unary_ctx *c = (const unary_ctx *)p;
+    unary_loops(c->fn, c->s + lo * (c->sk ? 8 : 4), c->sk, c->d + lo * (c->dk ? 8 : 4), c->dk, hi - lo);
+}
+
 /* p_unary(function, src, src_kind, dst, dst_kind, n, a, b): kinds 0 float32, 1 float64. */
 PyObject *p_unary(PyObject *module, PyObject *args) {
     int fn, sk, dk;
@@ -371,8 +452,9 @@ PyObject *p_unary(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "unknown function");
         return NULL;
     }
+    unary_ctx ctx = {fn, s, sk, d, dk};
     Py_BEGIN_ALLOW_THREADS
-    unary_loops(fn, s, sk, d, dk, n);
+    parallel_for(n, n * 4, unary_range, &ctx);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -469,14 +551,14 @@ ROW_MAX(double)
         return (double)v;                                                                      \
     }                                                                                          \
     __attribute__((target_clones("avx512f", "avx2", "default")))                              \
-    static int split_block_##T(const T *x, Py_ssize_t rows, Py_ssize_t cols, int beta, int axis, \
-                               double *out, double *u, void *scratch) {                        \
+    static int split_block_##T(const T *x, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t ld,     \
+                               int beta, int axis, double *out, double *u, void *scratch) {    \
         U worst = 0, *top = (U *)scratch;                                                      \
         double *inv = (double *)scratch + cols;                                                \
         if (axis == 0) {                                                                       \
             for (Py_ssize_t r = 0; r < rows; r++) {                                            \
-                const T *xr = x + r * cols;                                                    \
-                double *orow = out + r * cols;                                                 \
+                const T *xr = x + r * ld;                                                    \
+                double *orow = out + r * ld;                                                 \
                 U m = 0;                                                                       \
                 for (Py_ssize_t j = 0; j < cols; j++) {                                        \
                     U b = bits_##T(xr[j]);                                                     \
@@ -492,7 +574,7 @@ ROW_MAX(double)
         }                                                                                      \
         for (Py_ssize_t j = 0; j < cols; j++) top[j] = 0;                                      \
         for (Py_ssize_t r = 0; r < rows; r++) {                                                \
-            const T *xr = x + r * cols;                                                        \
+            const T *xr = x + r * ld;                                                        \
             _Pragma("GCC ivdep") for (Py_ssize_t j = 0; j < cols; j++) {                       \
                 U b = bits_##T(xr[j]);                                                         \
                 top[j] = b > top[j] ? b : top[j];                                              \
@@ -504,8 +586,8 @@ ROW_MAX(double)
         }                                                                                      \
         for (Py_ssize_t j = 0; j < cols; j++) inv[j] = 1.0 / u[j];                             \
         for (Py_ssize_t r = 0; r < rows; r++) {                                                \
-            const T *xr = x + r * cols;                                                        \
-            double *orow = out + r * cols;                                                     \
+            const T *xr = x + r * ld;                                                        \
+            double *orow = out + r * ld;                                                     \
             _Pragma("GCC ivdep") for (Py_ssize_t j = 0; j < cols; j++)                         \
                 orow[j] = round_even((double)xr[j] * inv[j]);                                  \
         }                                                                                      \
@@ -514,29 +596,53 @@ ROW_MAX(double)
 SPLIT_BLOCK(float, uint32_t, 0x7FFFFFFFu, 0x7F800000u)
 SPLIT_BLOCK(double, uint64_t, 0x7FFFFFFFFFFFFFFFull, 0x7FF0000000000000ull)
 
+typedef struct {
+    const char *base;
+    int kind, beta, axis, bad; /* bad: 1 a value not finite, 2 no memory (any thread sets it) */
+    Py_ssize_t outer, rows, cols;
+    double *ints, *units;
+} split_ctx;
+
+/* Rows [lo, hi) of all blocks (axis 0: the blocks' rows follow one another), or columns
+   [lo, hi) of every block (axis 1). */
+static void split_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    split_ctx *c = (split_ctx *)p;
+    const size_t size = c->kind ? 8 : 4;
+    int bad = 0;
+    if (c->axis == 0) {
+        const Py_ssize_t off = lo * c->cols;
+        const char *x = c->base + (size_t)off * size;
+        bad = !(c->kind ? split_block_double((const double *)x, hi - lo, c->cols, c->cols, c->beta, 0, c->ints + off, c->units + lo, NULL)
+                        : split_block_float((const float *)x, hi - lo, c->cols, c->cols, c->beta, 0, c->ints + off, c->units + lo, NULL));
+    } else {
+        double *scratch = (double *)malloc(sizeof(double) * 2 * (size_t)(hi - lo > 0 ? hi - lo : 1));
+        if (!scratch) bad = 2;
+        for (Py_ssize_t o = 0; o < c->outer && !bad; o++) {
+            const Py_ssize_t off = o * c->rows * c->cols + lo;
+            const char *x = c->base + (size_t)off * size;
+            double *u = c->units + o * c->cols + lo;
+            bad = !(c->kind ? split_block_double((const double *)x, c->rows, hi - lo, c->cols, c->beta, 1, c->ints + off, u, scratch)
+                            : split_block_float((const float *)x, c->rows, hi - lo, c->cols, c->beta, 1, c->ints + off, u, scratch));
+        }
+        free(scratch);
+    }
+    if (bad) __atomic_fetch_or(&c->bad, bad, __ATOMIC_RELAXED);
+}
+
 PyObject *p_split(PyObject *module, PyObject *args) {
     unsigned long long src, ip, up;
-    int kind, beta, axis, finite = 1;
+    int kind, beta, axis;
     Py_ssize_t outer, rows, cols;
     if (!PyArg_ParseTuple(args, "KinnniiKK", &src, &kind, &outer, &rows, &cols, &beta, &axis, &ip, &up))
         return NULL;
-    double *ints = (double *)(uintptr_t)ip, *units = (double *)(uintptr_t)up;
-    const char *base = (const char *)(uintptr_t)src;
-    double *scratch = NULL; /* per column: the largest magnitude's bits, then the unit's inverse */
-    if (axis != 0 && !(scratch = (double *)malloc(sizeof(double) * 2 * (cols > 0 ? cols : 1))))
-        return PyErr_NoMemory();
+    split_ctx ctx = {(const char *)(uintptr_t)src, kind, beta, axis, 0, outer, rows, cols,
+                     (double *)(uintptr_t)ip, (double *)(uintptr_t)up};
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t o = 0; o < outer && finite; o++) {
-        Py_ssize_t off = o * rows * cols;
-        double *u = units + o * (axis == 0 ? rows : cols);
-        if (kind)
-            finite = split_block_double((const double *)base + off, rows, cols, beta, axis, ints + off, u, scratch);
-        else
-            finite = split_block_float((const float *)base + off, rows, cols, beta, axis, ints + off, u, scratch);
-    }
+    if (axis == 0) parallel_for(outer * rows, outer * rows * cols, split_range, &ctx);
+    else parallel_for(cols, outer * rows * cols, split_range, &ctx);
     Py_END_ALLOW_THREADS
-    free(scratch);
-    return PyBool_FromLong(finite);
+    if (ctx.bad & 2) return PyErr_NoMemory();
+    return PyBool_FromLong(!ctx.bad);
 }
 
 /* p_rowsum(src, kind, rows, cols, beta, count, out): out[r] = the row's exact sum from `count`
@@ -595,34 +701,47 @@ PyObject *p_rowsum(PyObject *module, PyObject *args) {
    (+ bias[i, j] where bias is not 0), the sum rounded once to out's dtype: exact_matmul's last
    steps. ua holds blocks x rows units, ub blocks x cols; bias strides are in elements (0
    broadcasts). */
+typedef struct {
+    const double *prod, *ua, *ub;
+    const char *bias;
+    int bk, ok;
+    Py_ssize_t rows, cols, bbs, brs, bcs;
+    char *out;
+} scale_ctx;
+
+/* Rows [lo, hi) of all blocks, the blocks' rows taken one after another. */
+static void scale_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    const scale_ctx *c = (const scale_ctx *)p;
+    const Py_ssize_t rows = c->rows, cols = c->cols;
+    for (Py_ssize_t row = lo; row < hi; row++) {
+        const Py_ssize_t k = row / rows, i = row % rows, at = row * cols;
+        const double a = c->ua[row];
+        const double *b = c->ub + k * cols, *pr = c->prod + at;
+        if (c->bias) {
+            for (Py_ssize_t j = 0; j < cols; j++) {
+                double v = pr[j] * (a * b[j]);
+                store(c->out, c->ok, at + j, v + load(c->bias, c->bk, k * c->bbs + i * c->brs + j * c->bcs));
+            }
+        } else if (c->ok) {
+            double *o = (double *)c->out + at;
+            for (Py_ssize_t j = 0; j < cols; j++) o[j] = pr[j] * (a * b[j]);
+        } else {
+            float *o = (float *)c->out + at;
+            for (Py_ssize_t j = 0; j < cols; j++) o[j] = (float)(pr[j] * (a * b[j]));
+        }
+    }
+}
+
 PyObject *p_scale(PyObject *module, PyObject *args) {
     unsigned long long pp, ap, bp, biasp, op;
     Py_ssize_t blocks, rows, cols, bbs, brs, bcs;
     int bk, ok;
     if (!PyArg_ParseTuple(args, "KnnnKKKinnnKi", &pp, &blocks, &rows, &cols, &ap, &bp, &biasp, &bk, &bbs, &brs, &bcs, &op, &ok))
         return NULL;
-    const double *prod = (const double *)(uintptr_t)pp, *ua = (const double *)(uintptr_t)ap, *ub = (const double *)(uintptr_t)bp;
-    const char *bias = (const char *)(uintptr_t)biasp;
-    char *out = (char *)(uintptr_t)op;
+    scale_ctx ctx = {(const double *)(uintptr_t)pp, (const double *)(uintptr_t)ap, (const double *)(uintptr_t)bp,
+                     (const char *)(uintptr_t)biasp, bk, ok, rows, cols, bbs, brs, bcs, (char *)(uintptr_t)op};
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t k = 0; k < blocks; k++)
-        for (Py_ssize_t i = 0; i < rows; i++) {
-            double a = ua[k * rows + i];
-            const double *b = ub + k * cols, *p = prod + (k * rows + i) * cols;
-            Py_ssize_t at = (k * rows + i) * cols;
-            if (bias) {
-                for (Py_ssize_t j = 0; j < cols; j++) {
-                    double v = p[j] * (a * b[j]);
-                    store(out, ok, at + j, v + load(bias, bk, k * bbs + i * brs + j * bcs));
-                }
-            } else if (ok) {
-                double *o = (double *)out + at;
-                for (Py_ssize_t j = 0; j < cols; j++) o[j] = p[j] * (a * b[j]);
-            } else {
-                float *o = (float *)out + at;
-                for (Py_ssize_t j = 0; j < cols; j++) o[j] = (float)(p[j] * (a * b[j]));
-            }
-        }
+    parallel_for(blocks * rows, blocks * rows * cols, scale_range, &ctx);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -655,6 +774,19 @@ static void compound_loops(int fn, int kind, Py_ssize_t n, const char *sp, const
     if (kind) COMPOUND(double) else COMPOUND(float)
 }
 
+typedef struct {
+    int fn, kind;
+    const char *sp, *ap, *bp;
+    double value;
+    char *op;
+} compound_ctx;
+
+static void compound_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    const compound_ctx *c = (const compound_ctx *)p;
+    const Py_ssize_t at = lo * (c->kind ? 8 : 4);
+    compound_loops(c->fn, c->kind, hi - lo, c->sp + at, c->ap + at, c->bp + at, c->value, c->op + at);
+}
+
 PyObject *p_compound(PyObject *module, PyObject *args) {
     int fn, kind;
     Py_ssize_t n;
@@ -663,8 +795,9 @@ PyObject *p_compound(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iinKKKdK", &fn, &kind, &n, &sp_, &ap_, &bp_, &value, &op_)) return NULL;
     const char *sp = (const char *)(uintptr_t)sp_, *ap = (const char *)(uintptr_t)ap_, *bp = (const char *)(uintptr_t)bp_;
     char *op = (char *)(uintptr_t)op_;
+    compound_ctx ctx = {fn, kind, sp, ap, bp, value, op};
     Py_BEGIN_ALLOW_THREADS
-    compound_loops(fn, kind, n, sp, ap, bp, value, op);
+    parallel_for(n, n, compound_range, &ctx);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -846,6 +979,21 @@ static int chansum_one(int expr, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, Py_ss
     return !bad;
 }
 
+typedef struct {
+    int expr; /* -1: p_bnsums */
+    Py_ssize_t N, C, S;
+    int beta;
+    const char *x;
+    int xk;
+    const char *y;
+    int yk;
+    const double *m, *sc, *w;
+    double *out;
+    int bad; /* set to 1 by any thread that meets a value not finite */
+} chan_ctx;
+
+static void chan_range(void *p, Py_ssize_t lo, Py_ssize_t hi);
+
 /* p_chansum(expr, N, C, S, beta, count, x, xk, y, yk, m, s, w, out): out[c] = the exact sum over
    n and s of the expression (0: x; 1: (x - m)^2; 2: y (x - m) s; 3: y w; 4: (y w)((x - m) s)),
    as exact_sum computes it from `count` slices. Returns False where a value is not finite. */
@@ -863,13 +1011,16 @@ PyObject *p_chansum(PyObject *module, PyObject *args) {
     const double *m = (const double *)(uintptr_t)mp, *sc = (const double *)(uintptr_t)sp, *w = (const double *)(uintptr_t)wp;
     double *out = (double *)(uintptr_t)op;
     const double step = pow2(-beta);
+    if (count == 1) {
+        chan_ctx ctx = {expr, N, C, S, beta, x, xk, y, yk, m, sc, w, out, 0};
+        Py_BEGIN_ALLOW_THREADS
+        parallel_for(C, N * C * S * 2, chan_range, &ctx);
+        Py_END_ALLOW_THREADS
+        return PyBool_FromLong(!ctx.bad);
+    }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t c = 0; c < C && finite; c++) {
         double mc = m ? m[c] : 0.0, scc = sc ? sc[c] : 1.0, wc = w ? w[c] : 1.0;
-        if (count == 1) {
-            finite = chansum_one(expr, N, C, S, c, beta, x, xk, y, yk, mc, scc, wc, out + c);
-            continue;
-        }
         double amax = 0.0;
         int bad = 0;
         for (Py_ssize_t n = 0; n < N; n++) {
@@ -910,12 +1061,13 @@ PyObject *p_chansum(PyObject *module, PyObject *args) {
    2 the evaluation backward  (y w) s */
 /* p_chanmap's loops, by chunks (see CHUNK), each formula one plain loop. */
 __attribute__((target_clones("avx512f", "avx2", "default")))
-static void chanmap_loops(int expr, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, const char *x, int xk,
-                          const char *y, int yk, const double *m, const double *sc, const double *w,
-                          const double *b, const double *p1, const double *p2, char *out, int ok) {
+static void chanmap_loops(int expr, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, Py_ssize_t c0,
+                          Py_ssize_t c1, const char *x, int xk, const char *y, int yk,
+                          const double *m, const double *sc, const double *w, const double *b,
+                          const double *p1, const double *p2, char *out, int ok) {
     double v[CHUNK], yv[CHUNK];
     for (Py_ssize_t n = 0; n < N; n++)
-        for (Py_ssize_t c = 0; c < C; c++) {
+        for (Py_ssize_t c = c0; c < c1; c++) {
             const double mc = m ? m[c] : 0.0, scc = sc[c], wc = w ? w[c] : 1.0;
             for (Py_ssize_t j0 = 0; j0 < S; j0 += CHUNK) {
                 const Py_ssize_t at = (n * C + c) * S + j0, len = S - j0 < CHUNK ? S - j0 : CHUNK;
@@ -941,6 +1093,24 @@ static void chanmap_loops(int expr, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, co
         }
 }
 
+typedef struct {
+    int expr;
+    Py_ssize_t N, C, S;
+    const char *x;
+    int xk;
+    const char *y;
+    int yk;
+    const double *m, *sc, *w, *b, *p1, *p2;
+    char *out;
+    int ok;
+} chanmap_ctx;
+
+static void chanmap_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    const chanmap_ctx *c = (const chanmap_ctx *)p;
+    chanmap_loops(c->expr, c->N, c->C, c->S, lo, hi, c->x, c->xk, c->y, c->yk, c->m, c->sc, c->w,
+                  c->b, c->p1, c->p2, c->out, c->ok);
+}
+
 PyObject *p_chanmap(PyObject *module, PyObject *args) {
     int expr, xk, yk, ok;
     Py_ssize_t N, C, S;
@@ -951,8 +1121,9 @@ PyObject *p_chanmap(PyObject *module, PyObject *args) {
     const double *m = (const double *)(uintptr_t)mp, *sc = (const double *)(uintptr_t)sp, *w = (const double *)(uintptr_t)wp;
     const double *b = (const double *)(uintptr_t)bp, *p1 = (const double *)(uintptr_t)p1p, *p2 = (const double *)(uintptr_t)p2p;
     char *out = (char *)(uintptr_t)op;
+    chanmap_ctx ctx = {expr, N, C, S, x, xk, y, yk, m, sc, w, b, p1, p2, out, ok};
     Py_BEGIN_ALLOW_THREADS
-    chanmap_loops(expr, N, C, S, x, xk, y, yk, m, sc, w, b, p1, p2, out, ok);
+    parallel_for(C, N * C * S, chanmap_range, &ctx);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -997,6 +1168,20 @@ static int bnsums_channel(Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, Py_ssize_t c
     return !bad;
 }
 
+/* Channels [lo, hi) of p_chansum (one slice) or p_bnsums. */
+static void chan_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    chan_ctx *c = (chan_ctx *)p;
+    int ok = 1;
+    for (Py_ssize_t k = lo; k < hi; k++) {
+        if (c->expr < 0)
+            ok &= bnsums_channel(c->N, c->C, c->S, k, c->beta, c->x, c->xk, c->y, c->yk, c->m[k], c->sc[k], c->w[k], c->out);
+        else
+            ok &= chansum_one(c->expr, c->N, c->C, c->S, k, c->beta, c->x, c->xk, c->y, c->yk,
+                              c->m ? c->m[k] : 0.0, c->sc ? c->sc[k] : 1.0, c->w ? c->w[k] : 1.0, c->out + k);
+    }
+    if (!ok) __atomic_store_n(&c->bad, 1, __ATOMIC_RELAXED);
+}
+
 PyObject *p_bnsums(PyObject *module, PyObject *args) {
     int beta, xk, yk, finite = 1;
     Py_ssize_t N, C, S;
@@ -1006,10 +1191,11 @@ PyObject *p_bnsums(PyObject *module, PyObject *args) {
     const char *x = (const char *)(uintptr_t)xp, *y = (const char *)(uintptr_t)yp;
     const double *m = (const double *)(uintptr_t)mp, *sc = (const double *)(uintptr_t)sp, *w = (const double *)(uintptr_t)wp;
     double *out = (double *)(uintptr_t)op;
+    chan_ctx ctx = {-1, N, C, S, beta, x, xk, y, yk, m, sc, w, out, 0};
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t c = 0; c < C && finite; c++)
-        finite = bnsums_channel(N, C, S, c, beta, x, xk, y, yk, m[c], sc[c], w[c], out);
+    parallel_for(C, N * C * S * 2, chan_range, &ctx);
     Py_END_ALLOW_THREADS
+    finite = !ctx.bad;
     return PyBool_FromLong(finite);
 }
 

@@ -62,7 +62,7 @@ _UNARY = {
 }
 _BINARY = {"gelu_backward": 0, "gelu_tanh_backward": 1, "silu_backward": 2, "softplus": 3}
 KINDS = {torch.float32: 0, torch.float64: 1}
-_state = {"on": True, "ready": False}
+_state = {"on": True, "ready": False, "threads": 1}
 _config: dict = {}
 
 
@@ -169,6 +169,10 @@ def usable(*tensors: torch.Tensor) -> bool:
         return False
     if not _state["ready"]:
         _init()
+    threads = torch.get_num_threads()
+    if threads != _state["threads"]:  # the kernels follow torch's thread count, in its pool
+        _module.p_threads(threads)
+        _state["threads"] = threads
     return all(t.device.type == "cpu" and t.dtype in KINDS for t in tensors)
 
 
