@@ -122,15 +122,21 @@ def _init() -> None:
     _state["ready"] = True
 
 
+_get_fill = torch._C._get_deterministic_fill_uninitialized_memory
+_set_fill = torch._C._set_deterministic_fill_uninitialized_memory
+
+
 def empty(shape, dtype) -> torch.Tensor:
-    """torch.empty without deterministic mode's fill of new memory (every element is written)."""
-    if not torch.utils.deterministic.fill_uninitialized_memory:
+    """torch.empty without deterministic mode's fill of new memory (every element is written).
+    (torch.utils.deterministic.fill_uninitialized_memory's own getter and setter, called
+    directly: this runs several times per product.)"""
+    if not _get_fill():
         return torch.empty(shape, dtype=dtype)
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    _set_fill(False)
     try:
         return torch.empty(shape, dtype=dtype)
     finally:
-        torch.utils.deterministic.fill_uninitialized_memory = True
+        _set_fill(True)
 
 
 def module():
@@ -173,7 +179,10 @@ def usable(*tensors: torch.Tensor) -> bool:
     if threads != _state["threads"]:  # the kernels follow torch's thread count, in its pool
         _module.p_threads(threads)
         _state["threads"] = threads
-    return all(t.device.type == "cpu" and t.dtype in KINDS for t in tensors)
+    for t in tensors:
+        if not t.is_cpu or t.dtype not in KINDS:
+            return False
+    return True
 
 
 def unary(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
