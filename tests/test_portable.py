@@ -271,6 +271,9 @@ def test_nonfinite_values_follow_ieee():
     x = torch.tensor([[1.0, math.inf, -math.inf], [math.nan, 1.0, 2.0], [1.0, 2.0, math.inf]])
     s, r = exact_sum(x, (1,)), x.double().sum(1)
     assert torch.equal(s.isnan(), r.isnan()) and s[2] == math.inf
+    s, r = exact_sum(x, (0,)), x.double().sum(0)  # over the leading dimension: column sums
+    assert torch.equal(s.isnan(), r.isnan()) and s[1] == math.inf
+    assert _bits_equal(*both(lambda: exact_sum(x, (0,))))
 
 
 # Accuracy against torch in float64: a statement of accuracy, not of reproducibility.
