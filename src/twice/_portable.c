@@ -33,6 +33,17 @@
 
 #define MAXC 40
 
+/* The loops are cloned per instruction set (AVX-512, AVX2, the baseline; the CPU picks at run
+   time) for speed alone: every operation is IEEE and rounded on its own (no contraction), so
+   each clone gives the same bits. TWICE_NO_CLONES builds one version, for the compiler's
+   target: tests/test_portable_clones.py builds the baseline and AVX2 that way and holds their
+   bits to the dispatched build's. */
+#ifdef TWICE_NO_CLONES
+#define CLONED
+#else
+#define CLONED __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
 /* Work split across threads, only ever across independent outputs (rows, columns, channels,
    element ranges): each output is computed by one thread with the operations it would have on
    one, so the thread count changes no bit. The threads are torch's own OpenMP workers: a
@@ -368,7 +379,7 @@ static inline void exp_chunk(const double *x, double *y, Py_ssize_t len) {
 
 /* exp (fn 0) and sigmoid, 1 / (exp(-x) + 1) (fn 5), over a buffer, chunk by chunk (cloned per
    instruction set for speed alone, as unary_loops). */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+CLONED
 static void exp_family(int fn, const char *s, int sk, char *d, int dk, Py_ssize_t n) {
     double v[CHUNK];
     for (Py_ssize_t j0 = 0; j0 < n; j0 += CHUNK) {
@@ -406,7 +417,7 @@ static void sqrt_f32(const float *x, float *y, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) y[i] = (x[i] < 0 || x[i] != x[i]) ? (float)NAN : sqrtf(x[i]);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+CLONED
 static void unary_loops(int fn, const char *s, int sk, char *d, int dk, Py_ssize_t n) {
     switch (fn) {
     case 0: exp_family(0, s, sk, d, dk, n); break;
@@ -550,7 +561,7 @@ ROW_MAX(double)
         memcpy(&v, &b, sizeof v);                                                              \
         return (double)v;                                                                      \
     }                                                                                          \
-    __attribute__((target_clones("avx512f", "avx2", "default")))                              \
+    CLONED                                                                                     \
     static int split_block_##T(const T *x, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t ld,     \
                                int beta, int axis, double *out, double *u, void *scratch) {    \
         U worst = 0, *top = (U *)scratch;                                                      \
@@ -768,7 +779,7 @@ PyObject *p_scale(PyObject *module, PyObject *args) {
 /* ivdep: no element depends on another (an output may be its own first operand, in place).
    Cloned per instruction set for speed alone: every operation is IEEE and rounded on its own
    (no contraction, -ffp-contract=off), so each clone gives the same bits. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+CLONED
 static void compound_loops(int fn, int kind, Py_ssize_t n, const char *sp, const char *ap,
                            const char *bp, double value, char *op) {
     if (kind) COMPOUND(double) else COMPOUND(float)
@@ -951,7 +962,7 @@ static inline double lanes_total(const double *lane) {
 }
 
 /* p_chansum's channel c at one slice (count 1); returns 0 where a value is not finite. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+CLONED
 static int chansum_one(int expr, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, Py_ssize_t c, int beta,
                        const char *x, int xk, const char *y, int yk, double mc, double scc, double wc,
                        double *out) {
@@ -1060,7 +1071,7 @@ PyObject *p_chansum(PyObject *module, PyObject *args) {
    1 the training backward  ((y w - p1) - ((x - m) s) p2) s
    2 the evaluation backward  (y w) s */
 /* p_chanmap's loops, by chunks (see CHUNK), each formula one plain loop. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+CLONED
 static void chanmap_loops(int expr, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, Py_ssize_t c0,
                           Py_ssize_t c1, const char *x, int xk, const char *y, int yk,
                           const double *m, const double *sc, const double *w, const double *b,
@@ -1133,7 +1144,7 @@ PyObject *p_chanmap(PyObject *module, PyObject *args) {
    each: out[4c + i] is what p_chansum(expr i...) gives, bit for bit. */
 /* p_bnsums' channel c: its four values per element (y, y xhat, g, g xhat with g = y w, xhat =
    (x - m) s, as chan_value spells them), by chunks; returns 0 where one is not finite. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+CLONED
 static int bnsums_channel(Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, Py_ssize_t c, int beta,
                           const char *x, int xk, const char *y, int yk, double mc, double scc,
                           double wc, double *out) {
@@ -1330,7 +1341,7 @@ PyObject *p_lnbwd(PyObject *module, PyObject *args) {
    the columns' accumulators, a loop across the columns the compiler vectorises (each column's
    sum is of integers below 2**53, exact in any order). Returns 0 where a value is not finite. */
 #define COLSUM_BLOCK(T, U, INF)                                                                \
-    __attribute__((target_clones("avx512f", "avx2", "default")))                              \
+    CLONED                                                                                     \
     static int colsum_block_##T(const T *x, Py_ssize_t rows, Py_ssize_t lo, Py_ssize_t hi,    \
                                 Py_ssize_t ld, int beta, double *out, void *scratch) {         \
         const Py_ssize_t n = hi - lo;                                                          \
