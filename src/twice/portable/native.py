@@ -130,11 +130,12 @@ def empty(shape, dtype) -> torch.Tensor:
     """torch.empty without deterministic mode's fill of new memory (every element is written).
     (torch.utils.deterministic.fill_uninitialized_memory's own getter and setter, called
     directly: this runs several times per product.)"""
+    dims = (shape,) if isinstance(shape, int) else shape  # unpacked: a Size costs torch more
     if not _get_fill():
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(*dims, dtype=dtype)
     _set_fill(False)
     try:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(*dims, dtype=dtype)
     finally:
         _set_fill(True)
 
