@@ -519,6 +519,11 @@ def test_the_triton_kernels_give_the_fallbacks_bits_in_the_interpreter():
     assert result.returncode == 0 and "same bits" in result.stdout, result.stderr[-3000:]
 
 
+def test_scratch_tensors_take_every_form_of_shape():
+    for shape, expected in [(5, (5,)), ((), ()), ((2, 3), (2, 3)), (torch.Size([4, 1]), (4, 1))]:
+        assert native.empty(shape, torch.float64).shape == expected
+
+
 @pytest.mark.skipif(
     not native.available() or platform.libc_ver()[0] != "glibc", reason="needs the C build on glibc"
 )

@@ -130,7 +130,8 @@ def empty(shape, dtype) -> torch.Tensor:
     """torch.empty without deterministic mode's fill of new memory (every element is written).
     (torch.utils.deterministic.fill_uninitialized_memory's own getter and setter, called
     directly: this runs several times per product.)"""
-    dims = (shape,) if isinstance(shape, int) else shape  # unpacked: a Size costs torch more
+    # unpacked, as a Size costs torch more to take; () stays one argument (a 0-dim tensor)
+    dims = (shape,) if isinstance(shape, int) else (shape if len(shape) else ((),))
     if not _get_fill():
         return torch.empty(*dims, dtype=dtype)
     _set_fill(False)
