@@ -207,66 +207,7 @@ static inline double f_log1p(double x) {
     return u == INFINITY ? INFINITY : out;
 }
 
-static inline double f_expm1(double x) {
-    if (fabs(x) < EXPM1_SMALL) return x * horner(&EXPM1, x);
-    return f_exp(x) - 1.0;
-}
-
-static inline double f_tanh(double x) {
-    double t = f_expm1(fabs(x) * -2.0);
-    double magnitude = -t / (t + 2.0);
-    return x < 0 ? -magnitude : magnitude;
-}
-
-static inline double f_sigmoid(double x) { return 1.0 / (f_exp(-x) + 1.0); }
-
-static inline double f_erf(double x) {
-    double a = fabs(x);
-    double magnitude;
-    if (a < 1.0) {
-        magnitude = (a * TWO_OVER_SQRT_PI) * horner(&ERF, a * a);
-    } else if (a < 6.0) {
-        double t = (a - 3.5) / 2.5;
-        double erfc = f_exp(-(a * a)) * horner(&ERFCX, t);
-        magnitude = 1.0 - erfc;
-    } else {
-        magnitude = 1.0;
-    }
-    if (isnan(x)) magnitude = x;
-    return x < 0 ? -magnitude : magnitude;
-}
-
-static inline double f_gelu(double x) { return (x * 0.5) * (f_erf(x * SQRT_HALF) + 1.0); }
-
-static inline double f_gelu_tanh(double x) {
-    double inner = (x + ((x * x) * x) * GELU_C) * GELU_K;
-    return (x * 0.5) * (f_tanh(inner) + 1.0);
-}
-
-static inline double f_gelu_backward(double g, double x) {
-    double cdf = (f_erf(x * SQRT_HALF) + 1.0) * 0.5;
-    double pdf = f_exp((x * x) * -0.5) * INV_SQRT_2PI;
-    return g * (cdf + x * pdf);
-}
-
-static inline double f_gelu_tanh_backward(double g, double x) {
-    double x2 = x * x;
-    double inner = (x + (x2 * x) * GELU_C) * GELU_K;
-    double t = f_tanh(inner);
-    double left = (t + 1.0) * 0.5;
-    double d_inner = ((x2 * GELU_3C) + 1.0) * GELU_K;
-    double right = ((x * 0.5) * (1.0 - t * t)) * d_inner;
-    return g * (left + right);
-}
-
 static inline double f_sqrt(double x) { return (x < 0 || isnan(x)) ? NAN : sqrt(x); }  /* IEEE: correctly rounded */
-
-static inline double f_silu(double x) { return x / (f_exp(-x) + 1.0); }
-
-static inline double f_silu_backward(double g, double x) {
-    double s = f_sigmoid(x);
-    return g * (s * ((x * (1.0 - s)) + 1.0));
-}
 
 static inline double f_softplus(double x, double beta, double threshold) {
     double bx = x * beta;
@@ -315,9 +256,12 @@ static inline void store(char *base, int kind, Py_ssize_t i, double v) {
    each stage of a function one plain loop the compiler vectorises: every element still gets
    exactly the scalar function's operations, in its order. */
 #define CHUNK 256
+/* The stages are inlined into each cloned caller, so that every clone vectorises them for its
+   own instruction set (a function the compiler keeps apart is built for the baseline only). */
+#define STAGE static inline __attribute__((always_inline))
 #define LANES 8
 
-static inline void load_run(const char *base, int kind, Py_ssize_t at, Py_ssize_t len, double *v) {
+STAGE void load_run(const char *base, int kind, Py_ssize_t at, Py_ssize_t len, double *v) {
     if (kind) {
         memcpy(v, (const double *)base + at, (size_t)len * sizeof(double));
     } else {
@@ -326,7 +270,7 @@ static inline void load_run(const char *base, int kind, Py_ssize_t at, Py_ssize_
     }
 }
 
-static inline void store_run(char *base, int kind, Py_ssize_t at, Py_ssize_t len, const double *v) {
+STAGE void store_run(char *base, int kind, Py_ssize_t at, Py_ssize_t len, const double *v) {
     if (kind) {
         memcpy((double *)base + at, v, (size_t)len * sizeof(double));
     } else {
@@ -337,7 +281,7 @@ static inline void store_run(char *base, int kind, Py_ssize_t at, Py_ssize_t len
 
 /* 2**e for an integer-valued double e in [-1022, 1023], from bits without a conversion to an
    integer type (which only AVX-512 vectorises): the same value pow2 gives. */
-static inline double pow2_of(double e) {
+STAGE double pow2_of(double e) {
     double t = (e + 1023.0) + 4503599627370496.0; /* 2**52: e + 1023 lands in the low bits */
     uint64_t b;
     memcpy(&b, &t, 8);
@@ -349,7 +293,7 @@ static inline double pow2_of(double e) {
 
 /* f_exp over len <= CHUNK values (y may be x), stage by stage. floor(k / 2) is
    round(k / 2 - 1/4), exact for the integers k here. */
-static inline void exp_chunk(const double *x, double *y, Py_ssize_t len) {
+STAGE void exp_chunk(const double *x, double *y, Py_ssize_t len) {
     double k[CHUNK], r[CHUNK], p[CHUNK];
     for (Py_ssize_t j = 0; j < len; j++) {
         double v = x[j];
@@ -377,20 +321,204 @@ static inline void exp_chunk(const double *x, double *y, Py_ssize_t len) {
     }
 }
 
-/* exp (fn 0) and sigmoid, 1 / (exp(-x) + 1) (fn 5), over a buffer, chunk by chunk (cloned per
-   instruction set for speed alone, as unary_loops). */
+/* The other functions in stages, each the scalar f_* function's operations in its order (the
+   input x and the output y are distinct buffers). Where the scalar function branches, both
+   sides are computed for the whole chunk and each element takes its own: the same value. */
+STAGE void horner_run(const poly_t *p, const double *t, double *out, Py_ssize_t len) {
+    const double top = p->c[p->n - 1];
+    for (Py_ssize_t j = 0; j < len; j++) out[j] = top;
+    for (int i = p->n - 2; i >= 0; i--) {
+        const double ci = p->c[i];
+        for (Py_ssize_t j = 0; j < len; j++) {
+            double a = out[j] * t[j];
+            out[j] = a + ci;
+        }
+    }
+}
+
+/* An integer 0 <= i < 2**52 as a double, from bits (no int64 conversion instruction needed). */
+STAGE double small_int(uint64_t i) {
+    uint64_t b = i | 0x4330000000000000ull;
+    double d;
+    memcpy(&d, &b, 8);
+    return d - 4503599627370496.0;
+}
+
+STAGE void log_chunk(const double *x, double *y, Py_ssize_t len) {
+    double sv[CHUNK], ed[CHUNK], z[CHUNK];
+    for (Py_ssize_t j = 0; j < len; j++) { /* bits_frexp, then f_log's first steps */
+        const double xv = x[j];
+        uint64_t b;
+        memcpy(&b, &xv, 8);
+        const uint64_t biased = (b >> 52) & 0x7FF;
+        const int special = biased == 0x7FF || (b << 1) == 0, sub = biased == 0;
+        const double xs = sub ? xv * 18014398509481984.0 : xv;
+        uint64_t bs;
+        memcpy(&bs, &xs, 8);
+        double e = small_int((bs >> 52) & 0x7FF) - 1022.0 - (sub ? 54.0 : 0.0);
+        const uint64_t mb = (bs & 0x800FFFFFFFFFFFFFull) | (1022ull << 52);
+        double m;
+        memcpy(&m, &mb, 8);
+        m = special ? xv : m;
+        e = special ? 0.0 : e;
+        const int low = m < SQRT_HALF;
+        m = low ? m * 2.0 : m;
+        ed[j] = e - (low ? 1.0 : 0.0);
+        const double f = m - 1.0, den = f + 2.0;
+        sv[j] = f / den;
+        z[j] = sv[j] * sv[j];
+    }
+    horner_run(&ATANH, z, y, len);
+    for (Py_ssize_t j = 0; j < len; j++) {
+        const double xv = x[j], log_m = (sv[j] * 2.0) * y[j];
+        const double hi = ed[j] * LN2_HI, lo = ed[j] * LN2_LO;
+        double out = hi + (log_m + lo);
+        out = xv == 0 ? -INFINITY : out;
+        out = xv == INFINITY ? INFINITY : out;
+        y[j] = (xv < 0 || xv != xv) ? NAN : out;
+    }
+}
+
+STAGE void log1p_chunk(const double *x, double *y, Py_ssize_t len) {
+    double u[CHUNK];
+    for (Py_ssize_t j = 0; j < len; j++) u[j] = x[j] + 1.0;
+    log_chunk(u, y, len);
+    for (Py_ssize_t j = 0; j < len; j++) {
+        const double d = u[j] - 1.0;
+        const int exact = d == 0;
+        const double ratio = x[j] / (exact ? 1.0 : d);
+        const double out = exact ? x[j] : y[j] * ratio;
+        y[j] = u[j] == INFINITY ? INFINITY : out;
+    }
+}
+
+STAGE void expm1_chunk(const double *x, double *y, Py_ssize_t len) {
+    double p[CHUNK];
+    exp_chunk(x, y, len);
+    horner_run(&EXPM1, x, p, len);
+    for (Py_ssize_t j = 0; j < len; j++)
+        y[j] = fabs(x[j]) < EXPM1_SMALL ? x[j] * p[j] : y[j] - 1.0;
+}
+
+STAGE void tanh_chunk(const double *x, double *y, Py_ssize_t len) {
+    double a[CHUNK];
+    for (Py_ssize_t j = 0; j < len; j++) a[j] = fabs(x[j]) * -2.0;
+    expm1_chunk(a, y, len);
+    for (Py_ssize_t j = 0; j < len; j++) {
+        const double t = y[j], magnitude = -t / (t + 2.0);
+        y[j] = x[j] < 0 ? -magnitude : magnitude;
+    }
+}
+
+STAGE void erf_chunk(const double *x, double *y, Py_ssize_t len) {
+    double a[CHUNK], z[CHUNK], t[CHUNK], p[CHUNK], ex[CHUNK];
+    for (Py_ssize_t j = 0; j < len; j++) {
+        a[j] = fabs(x[j]);
+        z[j] = a[j] * a[j];
+        t[j] = (a[j] - 3.5) / 2.5;
+        ex[j] = -z[j];
+    }
+    horner_run(&ERF, z, p, len);
+    horner_run(&ERFCX, t, y, len);
+    exp_chunk(ex, ex, len);
+    for (Py_ssize_t j = 0; j < len; j++) {
+        const double near = (a[j] * TWO_OVER_SQRT_PI) * p[j], erfc = ex[j] * y[j];
+        double magnitude = a[j] < 1.0 ? near : (a[j] < 6.0 ? 1.0 - erfc : 1.0);
+        magnitude = x[j] != x[j] ? x[j] : magnitude;
+        y[j] = x[j] < 0 ? -magnitude : magnitude;
+    }
+}
+
+/* 1 / (exp(-x) + 1) */
+STAGE void sigmoid_chunk(const double *x, double *y, Py_ssize_t len) {
+    for (Py_ssize_t j = 0; j < len; j++) y[j] = -x[j];
+    exp_chunk(y, y, len);
+    for (Py_ssize_t j = 0; j < len; j++) y[j] = 1.0 / (y[j] + 1.0);
+}
+
+/* unary_loops' functions 0 to 9 (not sqrt) on a chunk. */
+STAGE void unary_chunk(int fn, const double *x, double *y, Py_ssize_t len) {
+    double u[CHUNK];
+    switch (fn) {
+    case 0: exp_chunk(x, y, len); break;
+    case 1: log_chunk(x, y, len); break;
+    case 2: log1p_chunk(x, y, len); break;
+    case 3: expm1_chunk(x, y, len); break;
+    case 4: tanh_chunk(x, y, len); break;
+    case 5: sigmoid_chunk(x, y, len); break;
+    case 6: erf_chunk(x, y, len); break;
+    case 7: /* silu: x / (exp(-x) + 1) */
+        for (Py_ssize_t j = 0; j < len; j++) u[j] = -x[j];
+        exp_chunk(u, y, len);
+        for (Py_ssize_t j = 0; j < len; j++) y[j] = x[j] / (y[j] + 1.0);
+        break;
+    case 8: /* gelu: (x / 2) (erf(x / sqrt 2) + 1) */
+        for (Py_ssize_t j = 0; j < len; j++) u[j] = x[j] * SQRT_HALF;
+        erf_chunk(u, y, len);
+        for (Py_ssize_t j = 0; j < len; j++) y[j] = (x[j] * 0.5) * (y[j] + 1.0);
+        break;
+    default: /* gelu, tanh form */
+        for (Py_ssize_t j = 0; j < len; j++) {
+            const double cube = (x[j] * x[j]) * x[j];
+            u[j] = (x[j] + cube * GELU_C) * GELU_K;
+        }
+        tanh_chunk(u, y, len);
+        for (Py_ssize_t j = 0; j < len; j++) y[j] = (x[j] * 0.5) * (y[j] + 1.0);
+    }
+}
+
+/* unary_loops' functions 0 to 9 over a buffer, chunk by chunk (cloned per instruction set). */
 CLONED
-static void exp_family(int fn, const char *s, int sk, char *d, int dk, Py_ssize_t n) {
-    double v[CHUNK];
+static void unary_chunked(int fn, const char *s, int sk, char *d, int dk, Py_ssize_t n) {
+    double v[CHUNK], w[CHUNK];
     for (Py_ssize_t j0 = 0; j0 < n; j0 += CHUNK) {
         const Py_ssize_t len = n - j0 < CHUNK ? n - j0 : CHUNK;
         load_run(s, sk, j0, len, v);
-        if (fn == 5)
-            for (Py_ssize_t j = 0; j < len; j++) v[j] = -v[j];
-        exp_chunk(v, v, len);
-        if (fn == 5)
-            for (Py_ssize_t j = 0; j < len; j++) v[j] = 1.0 / (v[j] + 1.0);
-        store_run(d, dk, j0, len, v);
+        unary_chunk(fn, v, w, len);
+        store_run(d, dk, j0, len, w);
+    }
+}
+
+/* p_binary's backward functions (0 GELU, 1 GELU tanh form, 2 SiLU) over buffers, by chunks. */
+CLONED
+static void binary_chunked(int fn, const char *gp, int gk, const char *xp, int xk, char *d, int dk,
+                           Py_ssize_t n) {
+    double g[CHUNK], x[CHUNK], u[CHUNK], v[CHUNK], w[CHUNK];
+    for (Py_ssize_t j0 = 0; j0 < n; j0 += CHUNK) {
+        const Py_ssize_t len = n - j0 < CHUNK ? n - j0 : CHUNK;
+        load_run(gp, gk, j0, len, g);
+        load_run(xp, xk, j0, len, x);
+        if (fn == 0) { /* g (cdf + x pdf) */
+            for (Py_ssize_t j = 0; j < len; j++) {
+                u[j] = x[j] * SQRT_HALF;
+                v[j] = (x[j] * x[j]) * -0.5;
+            }
+            erf_chunk(u, w, len);
+            exp_chunk(v, v, len);
+            for (Py_ssize_t j = 0; j < len; j++) {
+                const double cdf = (w[j] + 1.0) * 0.5, pdf = v[j] * INV_SQRT_2PI;
+                w[j] = g[j] * (cdf + x[j] * pdf);
+            }
+        } else if (fn == 1) { /* f_gelu_tanh_backward */
+            for (Py_ssize_t j = 0; j < len; j++) {
+                const double x2 = x[j] * x[j];
+                u[j] = (x[j] + (x2 * x[j]) * GELU_C) * GELU_K;
+            }
+            tanh_chunk(u, v, len);
+            for (Py_ssize_t j = 0; j < len; j++) {
+                const double x2 = x[j] * x[j], t = v[j];
+                const double left = (t + 1.0) * 0.5, d_inner = ((x2 * GELU_3C) + 1.0) * GELU_K;
+                const double right = ((x[j] * 0.5) * (1.0 - t * t)) * d_inner;
+                w[j] = g[j] * (left + right);
+            }
+        } else { /* g (s ((x (1 - s)) + 1)), s the sigmoid */
+            sigmoid_chunk(x, v, len);
+            for (Py_ssize_t j = 0; j < len; j++) {
+                const double sg = v[j];
+                w[j] = g[j] * (sg * ((x[j] * (1.0 - sg)) + 1.0));
+            }
+        }
+        store_run(d, dk, j0, len, w);
     }
 }
 
@@ -419,21 +547,9 @@ static void sqrt_f32(const float *x, float *y, Py_ssize_t n) {
 
 CLONED
 static void unary_loops(int fn, const char *s, int sk, char *d, int dk, Py_ssize_t n) {
-    switch (fn) {
-    case 0: exp_family(0, s, sk, d, dk, n); break;
-    case 1: UNARY_KINDS(f_log) break;
-    case 2: UNARY_KINDS(f_log1p) break;
-    case 3: UNARY_KINDS(f_expm1) break;
-    case 4: UNARY_KINDS(f_tanh) break;
-    case 5: exp_family(5, s, sk, d, dk, n); break;
-    case 6: UNARY_KINDS(f_erf) break;
-    case 7: UNARY_KINDS(f_silu) break;
-    case 8: UNARY_KINDS(f_gelu) break;
-    case 9: UNARY_KINDS(f_gelu_tanh) break;
-    default:
-        if (!sk && !dk) sqrt_f32((const float *)s, (float *)d, n);
-        else UNARY_KINDS(f_sqrt)
-    }
+    if (fn < 10) unary_chunked(fn, s, sk, d, dk, n);
+    else if (!sk && !dk) sqrt_f32((const float *)s, (float *)d, n);
+    else UNARY_KINDS(f_sqrt)
 }
 
 typedef struct {
@@ -470,6 +586,27 @@ PyObject *p_unary(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+typedef struct {
+    int fn;
+    const char *g;
+    int gk;
+    const char *x;
+    int xk;
+    char *d;
+    int dk;
+    double a, b;
+} binary_ctx;
+
+static void binary_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    const binary_ctx *c = (const binary_ctx *)p;
+    const size_t gs = c->gk ? 8 : 4, xs = c->xk ? 8 : 4, ds = c->dk ? 8 : 4;
+    if (c->fn == 3) { /* softplus, x only */
+        for (Py_ssize_t i = lo; i < hi; i++) store(c->d, c->dk, i, f_softplus(load(c->x, c->xk, i), c->a, c->b));
+        return;
+    }
+    binary_chunked(c->fn, c->g + lo * gs, c->gk, c->x + lo * xs, c->xk, c->d + lo * ds, c->dk, hi - lo);
+}
+
 /* p_binary(function, grad, grad_kind, x, x_kind, dst, dst_kind, n): 0 GELU, 1 GELU (tanh), 2 SiLU
    backward; 3 softplus (x only; a, b = beta, threshold). */
 PyObject *p_binary(PyObject *module, PyObject *args) {
@@ -482,16 +619,9 @@ PyObject *p_binary(PyObject *module, PyObject *args) {
     if (!check_ready()) return NULL;
     const char *g = (const char *)(uintptr_t)gp, *x = (const char *)(uintptr_t)xp;
     char *d = (char *)(uintptr_t)dp;
+    binary_ctx ctx = {fn, g, gk, x, xk, d, dk, a, b};
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        double xv = load(x, xk, i), y;
-        if (fn == 3) y = f_softplus(xv, a, b);
-        else {
-            double gv = load(g, gk, i);
-            y = fn == 0 ? f_gelu_backward(gv, xv) : fn == 1 ? f_gelu_tanh_backward(gv, xv) : f_silu_backward(gv, xv);
-        }
-        store(d, dk, i, y);
-    }
+    parallel_for(n, n * 8, binary_range, &ctx);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
