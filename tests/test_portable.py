@@ -151,6 +151,10 @@ def test_products_sums_and_norms_native_equal_fallback():
             lambda: om._lerp(s, t1, 0.1),
             lambda: om._lerp(s, t1, 0.9),
             lambda: om._add(s, t1, alpha=-0.001),
+            lambda: om._addcmul_(s.clone(), t1, t2, value=-0.37),  # the in-place kernels
+            lambda: om._addcdiv_(s.clone(), t1, t2, value=0.1),
+            lambda: om._lerp_(s.clone(), t1, 0.9),
+            lambda: om._add_(s.clone(), t1, alpha=-0.001),
         ):
             assert torch.equal(*both(fn))
         w, b = torch.randn(3, generator=g).to(dt), torch.randn(3, generator=g).to(dt)

@@ -213,18 +213,20 @@ def _compound(name: str, fallback):
     return out_of_place, in_place
 
 
-def _addcmul(self, t1, t2, value):
+def _addcmul_ops(self, t1, t2, value):
     return torch.add(self, torch.mul(_scaled(t1, value), t2))
 
 
-def _addcdiv(self, t1, t2, value):
+def _addcdiv_ops(self, t1, t2, value):
     return torch.add(self, torch.div(_scaled(t1, value), t2))
 
 
-for _name, _fallback in {"addcmul": _addcmul, "addcdiv": _addcdiv}.items():
-    _out, _in = _compound(_name, _fallback)
-    kernel(f"{_name}.default")(_out)
-    kernel(f"{_name}_.default")(_in)
+_addcmul, _addcmul_ = _compound("addcmul", _addcmul_ops)
+_addcdiv, _addcdiv_ = _compound("addcdiv", _addcdiv_ops)
+kernel("addcmul.default")(_addcmul)
+kernel("addcmul_.default")(_addcmul_)
+kernel("addcdiv.default")(_addcdiv)
+kernel("addcdiv_.default")(_addcdiv_)
 
 
 def _lerp_formula(self, end, weight):
