@@ -291,6 +291,20 @@ STAGE double pow2_of(double e) {
     return out;
 }
 
+/* p(t) by Horner's rule for a chunk, each step one loop across it (horner()'s operations). */
+STAGE void horner_run(const poly_t *restrict p, const double *restrict t, double *restrict out,
+                      Py_ssize_t len) {
+    const double top = p->c[p->n - 1];
+    for (Py_ssize_t j = 0; j < len; j++) out[j] = top;
+    for (int i = p->n - 2; i >= 0; i--) {
+        const double ci = p->c[i];
+        for (Py_ssize_t j = 0; j < len; j++) {
+            double a = out[j] * t[j];
+            out[j] = a + ci;
+        }
+    }
+}
+
 /* f_exp over len <= CHUNK values (y may be x), stage by stage. floor(k / 2) is
    round(k / 2 - 1/4), exact for the integers k here. */
 STAGE void exp_chunk(const double *x, double *y, Py_ssize_t len) {
@@ -305,34 +319,11 @@ STAGE void exp_chunk(const double *x, double *y, Py_ssize_t len) {
         double hi = kk * LN2_HI, lo = kk * LN2_LO;
         r[j] = (v - hi) - lo;
     }
-    const double *c = EXP.c;
-    for (Py_ssize_t j = 0; j < len; j++) p[j] = c[EXP.n - 1];
-    for (int i = EXP.n - 2; i >= 0; i--) {
-        const double ci = c[i];
-        for (Py_ssize_t j = 0; j < len; j++) {
-            double a = p[j] * r[j];
-            p[j] = a + ci;
-        }
-    }
+    horner_run(&EXP, r, p, len);
     for (Py_ssize_t j = 0; j < len; j++) {
         double half = round_even(k[j] * 0.5 - 0.25);
         double a = p[j] * pow2_of(half);
         y[j] = a * pow2_of(k[j] - half);
-    }
-}
-
-/* The other functions in stages, each the scalar f_* function's operations in its order (the
-   input x and the output y are distinct buffers). Where the scalar function branches, both
-   sides are computed for the whole chunk and each element takes its own: the same value. */
-STAGE void horner_run(const poly_t *p, const double *t, double *out, Py_ssize_t len) {
-    const double top = p->c[p->n - 1];
-    for (Py_ssize_t j = 0; j < len; j++) out[j] = top;
-    for (int i = p->n - 2; i >= 0; i--) {
-        const double ci = p->c[i];
-        for (Py_ssize_t j = 0; j < len; j++) {
-            double a = out[j] * t[j];
-            out[j] = a + ci;
-        }
     }
 }
 
@@ -344,6 +335,9 @@ STAGE double small_int(uint64_t i) {
     return d - 4503599627370496.0;
 }
 
+/* The other functions in stages, each the scalar f_* function's operations in its order (the
+   input x and the output y are distinct buffers). Where the scalar function branches, both
+   sides are computed for the whole chunk and each element takes its own: the same value. */
 STAGE void log_chunk(const double *x, double *y, Py_ssize_t len) {
     double sv[CHUNK], ed[CHUNK], z[CHUNK];
     for (Py_ssize_t j = 0; j < len; j++) { /* bits_frexp, then f_log's first steps */
@@ -691,6 +685,26 @@ ROW_MAX(double)
         memcpy(&v, &b, sizeof v);                                                              \
         return (double)v;                                                                      \
     }                                                                                          \
+    /* The columns' units (u) from their largest magnitudes over `rows` rows of stride ld; top  \
+       is scratch for `cols` bit patterns. Returns the largest pattern seen (INF or above: a     \
+       value not finite). */                                                                   \
+    STAGE U column_units_##T(const T *x, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t ld,       \
+                             int beta, U *top, double *u) {                                    \
+        U worst = 0;                                                                           \
+        for (Py_ssize_t j = 0; j < cols; j++) top[j] = 0;                                      \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                \
+            const T *xr = x + r * ld;                                                          \
+            _Pragma("GCC ivdep") for (Py_ssize_t j = 0; j < cols; j++) {                       \
+                U b = bits_##T(xr[j]);                                                         \
+                top[j] = b > top[j] ? b : top[j];                                              \
+            }                                                                                  \
+        }                                                                                      \
+        for (Py_ssize_t j = 0; j < cols; j++) {                                                \
+            worst = top[j] > worst ? top[j] : worst;                                           \
+            u[j] = unit_of(top[j] >= INF ? 0.0 : magnitude_##T(top[j]), beta);                 \
+        }                                                                                      \
+        return worst;                                                                          \
+    }                                                                                          \
     CLONED                                                                                     \
     static int split_block_##T(const T *x, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t ld,     \
                                int beta, int axis, double *out, double *u, void *scratch) {    \
@@ -713,18 +727,7 @@ ROW_MAX(double)
             }                                                                                  \
             return worst < INF;                                                                \
         }                                                                                      \
-        for (Py_ssize_t j = 0; j < cols; j++) top[j] = 0;                                      \
-        for (Py_ssize_t r = 0; r < rows; r++) {                                                \
-            const T *xr = x + r * ld;                                                        \
-            _Pragma("GCC ivdep") for (Py_ssize_t j = 0; j < cols; j++) {                       \
-                U b = bits_##T(xr[j]);                                                         \
-                top[j] = b > top[j] ? b : top[j];                                              \
-            }                                                                                  \
-        }                                                                                      \
-        for (Py_ssize_t j = 0; j < cols; j++) {                                                \
-            worst = top[j] > worst ? top[j] : worst;                                           \
-            u[j] = unit_of(top[j] >= INF ? 0.0 : magnitude_##T(top[j]), beta);                 \
-        }                                                                                      \
+        worst = column_units_##T(x, rows, cols, ld, beta, top, u);                             \
         for (Py_ssize_t j = 0; j < cols; j++) inv[j] = 1.0 / u[j];                             \
         for (Py_ssize_t r = 0; r < rows; r++) {                                                \
             const T *xr = x + r * ld;                                                        \
@@ -906,9 +909,7 @@ PyObject *p_scale(PyObject *module, PyObject *args) {
         }                                                                                     \
     }
 
-/* ivdep: no element depends on another (an output may be its own first operand, in place).
-   Cloned per instruction set for speed alone: every operation is IEEE and rounded on its own
-   (no contraction, -ffp-contract=off), so each clone gives the same bits. */
+/* ivdep: no element depends on another (an output may be its own first operand, in place). */
 CLONED
 static void compound_loops(int fn, int kind, Py_ssize_t n, const char *sp, const char *ap,
                            const char *bp, double value, char *op) {
@@ -1475,19 +1476,9 @@ PyObject *p_lnbwd(PyObject *module, PyObject *args) {
     static int colsum_block_##T(const T *x, Py_ssize_t rows, Py_ssize_t lo, Py_ssize_t hi,    \
                                 Py_ssize_t ld, int beta, double *out, void *scratch) {         \
         const Py_ssize_t n = hi - lo;                                                          \
-        U *top = (U *)scratch, worst = 0;                                                      \
         double *inv = (double *)scratch + n, *acc = inv + n, *unit = acc + n;                  \
-        for (Py_ssize_t j = 0; j < n; j++) top[j] = 0;                                         \
-        for (Py_ssize_t r = 0; r < rows; r++) {                                                \
-            const T *xr = x + r * ld + lo;                                                     \
-            _Pragma("GCC ivdep") for (Py_ssize_t j = 0; j < n; j++) {                          \
-                U b = bits_##T(xr[j]);                                                         \
-                top[j] = b > top[j] ? b : top[j];                                              \
-            }                                                                                  \
-        }                                                                                      \
+        const U worst = column_units_##T(x + lo, rows, n, ld, beta, (U *)scratch, unit);       \
         for (Py_ssize_t j = 0; j < n; j++) {                                                   \
-            worst = top[j] > worst ? top[j] : worst;                                           \
-            unit[j] = unit_of(top[j] >= INF ? 0.0 : magnitude_##T(top[j]), beta);              \
             inv[j] = 1.0 / unit[j];                                                            \
             acc[j] = 0.0;                                                                      \
         }                                                                                      \
