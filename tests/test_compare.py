@@ -163,9 +163,10 @@ def test_a_run_killed_half_way_compares_correctly_with_a_full_run(tmp_path):
     assert code == 1 and report["divergence"] is None
     steps_killed = report["steps"]["main"][1]
     assert 10 <= steps_killed < 40 and report["compared_steps"] == steps_killed
-    assert (
-        f"runs agree on all {steps_killed} common steps, but B recorded fewer" in report["verdict"]
+    assert report["verdict"].startswith(
+        f"runs differ: step {steps_killed} was recorded in A only (40 vs {steps_killed} steps"
     )
+    assert f"the {steps_killed} steps both recorded are bit-identical" in report["verdict"]
     assert "B is crashed" in report["verdict"]
 
 

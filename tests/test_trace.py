@@ -9,7 +9,7 @@ def write(path, n):
     writer = TraceWriter(path)
     for step in range(n):
         writer.write(
-            StepRecord(step=step, loss=float.hex(step / 3), batch=f"b{step}", time=float(step))
+            StepRecord(step=step, loss=float.hex(step / 3), batch=f"{step:032x}", time=float(step))
         )
     writer.close()
 

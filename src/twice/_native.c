@@ -19,9 +19,10 @@
 
    same_lines  the trace comparison's fast path (store.tracescan): walks two traces' lines in step,
            while each pair is equal apart from its "time" and each line ends with the canonical
-           `"step":N` (then `,"time":T`) and `}`, its step above the last; stops at the first line
-           that is not so, for the Python code to parse and judge. tracescan's Python walk does
-           the same (a test holds the two together).
+           `"step":N` (then `,"time":T`) and `}`, its step above the last, and each line is a
+           valid record in canonical form (record_valid); stops at the first line that is not
+           so, for the Python code to parse and judge. tracescan's Python walk does the same (a
+           test holds the two together).
 
    losses  each canonical trace line's step and loss (the first, where backward ran several
            times) as int64 and float64 arrays, for plots of long runs (store.traceseries); stops
@@ -507,6 +508,169 @@ static int line_body(const char *line, const char *end, const char **body_end, u
     return 1;
 }
 
+/* ---- record_valid: a canonical trace line whose every field is valid (records.py's language) ----
+   Accepts only the exact bytes record_line writes for a valid StepRecord: keys sorted, compact,
+   each value of its field's form (a digest: 32 lowercase hex digits; a float: float_bits' text; a
+   map: names of printable ASCII, sorted, to digests). Anything else returns 0 and goes to the
+   Python reader, which parses it whole and accepts it or names the fault: this language is a
+   subset of what StepRecord.from_json accepts (tests/test_tracescan.py checks it on generated
+   lines). params_before, written once per trace, always takes the Python path. */
+enum { V_DIGEST, V_MAP, V_FLOAT, V_LOSS, V_LIST, V_BOOL, V_STEP, V_TIME };
+static const struct { const char *name; int kind; int evidence; } RECORD_KEYS[] = {
+    {"batch", V_DIGEST, 1}, {"grad_digests", V_MAP, 1}, {"grad_norm", V_FLOAT, 1},
+    {"grads", V_DIGEST, 1}, {"loss", V_LOSS, 1}, {"lr", V_LIST, 1}, {"param_digests", V_MAP, 1},
+    {"params", V_DIGEST, 1}, {"rng", V_MAP, 1}, {"skipped", V_BOOL, 1}, {"step", V_STEP, 0},
+    {"time", V_TIME, 0},
+};
+#define RECORD_KEY_COUNT (sizeof RECORD_KEYS / sizeof RECORD_KEYS[0])
+
+static int is_lower_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+static int is_digit_char(char c) { return c >= '0' && c <= '9'; }
+
+static const char *hex_run(const char *p, const char *end, int least, int most) {
+    int n = 0;
+    while (p < end && n < most && is_lower_hex(*p)) p++, n++;
+    return n >= least && !(p < end && is_lower_hex(*p)) ? p : NULL;
+}
+static const char *digit_run(const char *p, const char *end, int least, int most) {
+    int n = 0;
+    while (p < end && n < most && is_digit_char(*p)) p++, n++;
+    return n >= least && !(p < end && is_digit_char(*p)) ? p : NULL;
+}
+static const char *lit(const char *p, const char *end, const char *text) {
+    size_t n = strlen(text);
+    return (size_t)(end - p) >= n && memcmp(p, text, n) == 0 ? p + n : NULL;
+}
+static const char *v_digest(const char *p, const char *end) {
+    if (!(p = lit(p, end, "\""))) return NULL;
+    if (!(p = hex_run(p, end, 32, 32))) return NULL;
+    return lit(p, end, "\"");
+}
+/* "-?0x[01].h{1,13}p[+-]d{1,4}" | "-?inf" | "nan:h{16}" */
+static const char *v_float(const char *p, const char *end) {
+    const char *q;
+    if (!(p = lit(p, end, "\""))) return NULL;
+    if ((q = lit(p, end, "nan:"))) {
+        p = hex_run(q, end, 16, 16);
+    } else {
+        if (p < end && *p == '-') p++;
+        if ((q = lit(p, end, "inf"))) {
+            p = q;
+        } else {
+            if (!(p = lit(p, end, "0x")) || p >= end || (*p != '0' && *p != '1')) return NULL;
+            p++;
+            if (!(p = lit(p, end, ".")) || !(p = hex_run(p, end, 1, 13))) return NULL;
+            if (!(p = lit(p, end, "p")) || p >= end || (*p != '+' && *p != '-')) return NULL;
+            p = digit_run(p + 1, end, 1, 4);
+        }
+    }
+    return p ? lit(p, end, "\"") : NULL;
+}
+static const char *v_list(const char *p, const char *end) {
+    if (!(p = lit(p, end, "["))) return NULL;
+    for (;;) {
+        if (!(p = v_float(p, end))) return NULL;
+        if (p < end && *p == ',') { p++; continue; }
+        return lit(p, end, "]");
+    }
+}
+static const char *v_map(const char *p, const char *end) {
+    const char *last = NULL;
+    size_t last_len = 0;
+    if (!(p = lit(p, end, "{"))) return NULL;
+    for (;;) {
+        if (!(p = lit(p, end, "\""))) return NULL;
+        const char *name = p;
+        while (p < end && *p >= 0x20 && *p <= 0x7e && *p != '"' && *p != '\\') p++;
+        size_t len = (size_t)(p - name);
+        if (len == 0 || len > 512) return NULL;
+        if (last) { /* strictly ascending, as sorted keys are: no duplicates */
+            int order = memcmp(last, name, len < last_len ? len : last_len);
+            if (order > 0 || (order == 0 && last_len >= len)) return NULL;
+        }
+        last = name, last_len = len;
+        if (!(p = lit(p, end, "\":")) || !(p = v_digest(p, end))) return NULL;
+        if (p < end && *p == ',') { p++; continue; }
+        return lit(p, end, "}");
+    }
+}
+static const char *v_step(const char *p, const char *end) {
+    const char *q = digit_run(p, end, 1, 19);
+    if (!q || (q - p > 1 && *p == '0')) return NULL;
+    unsigned long long value = 0;
+    for (const char *d = p; d < q; d++) value = value * 10 + (unsigned long long)(*d - '0');
+    return value <= 0x7FFFFFFFFFFFFFFFULL ? q : NULL;
+}
+/* A finite number of seconds, at least 0: d+(.d+)?([eE][+-]?d{1,2})?, no leading zero. */
+static const char *v_time(const char *p, const char *end) {
+    const char *q = digit_run(p, end, 1, 20);
+    if (!q || (q - p > 1 && *p == '0')) return NULL;
+    if (q < end && *q == '.' && !(q = digit_run(q + 1, end, 1, 20))) return NULL;
+    if (q < end && (*q == 'e' || *q == 'E')) {
+        q++;
+        if (q < end && (*q == '+' || *q == '-')) q++;
+        q = digit_run(q, end, 1, 2);
+    }
+    return q;
+}
+static const char *v_value(int kind, const char *p, const char *end) {
+    switch (kind) {
+    case V_DIGEST: return v_digest(p, end);
+    case V_MAP: return v_map(p, end);
+    case V_FLOAT: return v_float(p, end);
+    case V_LOSS: return p < end && *p == '[' ? v_list(p, end) : v_float(p, end);
+    case V_LIST: return v_list(p, end);
+    case V_BOOL: { const char *q = lit(p, end, "true"); return q ? q : lit(p, end, "false"); }
+    case V_STEP: return v_step(p, end);
+    case V_TIME: return v_time(p, end);
+    }
+    return NULL;
+}
+
+/* 1 when [line, newline) is a canonical line of a valid record (see above), else 0. */
+static int record_valid(const char *line, const char *newline) {
+    const char *p = line, *end = newline;
+    size_t next = 0; /* keys come in RECORD_KEYS' (sorted) order, each at most once */
+    int evidence = 0, step = 0;
+    if (!(p = lit(p, end, "{"))) return 0;
+    for (;;) {
+        if (!(p = lit(p, end, "\""))) return 0;
+        size_t key = next;
+        while (key < RECORD_KEY_COUNT) {
+            const char *q = lit(p, end, RECORD_KEYS[key].name);
+            if (q && q < end && *q == '"') break;
+            key++;
+        }
+        if (key == RECORD_KEY_COUNT) return 0;
+        p += strlen(RECORD_KEYS[key].name);
+        if (!(p = lit(p, end, "\":")) || !(p = v_value(RECORD_KEYS[key].kind, p, end))) return 0;
+        evidence |= RECORD_KEYS[key].evidence;
+        step |= RECORD_KEYS[key].kind == V_STEP;
+        next = key + 1;
+        if (p < end && *p == ',') { p++; continue; }
+        return p + 1 == end && *p == '}' && evidence && step;
+    }
+}
+
+/* 1 when [tail, newline) is a valid line's tail after its body: `}` or `,"time":T}`. */
+static int tail_valid(const char *tail, const char *newline) {
+    const char *p = tail;
+    if ((p = lit(tail, newline, ",\"time\":")) && !(p = v_time(p, newline))) return 0;
+    if (!p) p = tail;
+    return p + 1 == newline && *p == '}';
+}
+
+static PyObject *record_valid_py(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer line;
+    if (!PyArg_ParseTuple(args, "y*", &line))
+        return NULL;
+    const char *base = line.buf;
+    int ok = line.len > 0 && base[line.len - 1] == '\n' && record_valid(base, base + line.len - 1);
+    PyBuffer_Release(&line);
+    return PyBool_FromLong(ok);
+}
+
 static PyObject *same_lines(PyObject *module, PyObject *args) {
     (void)module;
     Py_buffer a, b;
@@ -535,6 +699,10 @@ static PyObject *same_lines(PyObject *module, PyObject *args) {
         if (step_a != step_b || (long long)step_a <= last || (long long)step_a >= limit)
             break;
         if (body_a - pa != body_b - pb || memcmp(pa, pb, (size_t)(body_a - pa)) != 0)
+            break;
+        /* Every line is validated, not only compared: equal damage in both must not pass. The
+           bodies are equal, so A's whole line and B's tail validate both. */
+        if (!record_valid(pa, na) || !tail_valid(body_b, nb))
             break;
         last = (long long)step_a;
         lines++;
@@ -659,6 +827,7 @@ static PyMethodDef methods[] = {
     {"fetch", fetch, METH_VARARGS, "twice.data's seeded per-sample fetch (see data.py and sample_rng.py)."},
     {"hash", hash, METH_O, "XXH3-128 digests (and float norms) of many buffers (see digests.digest_many)."},
     {"losses", losses, METH_VARARGS, "Steps and losses of canonical trace lines (see store.traceseries)."},
+    {"record_valid", record_valid_py, METH_VARARGS, "Whether a trace line (with its newline) is a canonical, valid record."},
     {"same_lines", same_lines, METH_VARARGS, "Equal trace lines of two buffers, walked in step (see store.tracescan)."},
     {NULL, NULL, 0, NULL},
 };

@@ -121,6 +121,42 @@ def _identity_cause(diffs: list[Difference]) -> bool:
     return any(d.group != "environment" for d in diffs)
 
 
+def _recording_mismatch(a: Manifest, b: Manifest, steps: int | None, resumed: bool) -> list[str]:
+    """How the two runs were recorded differently (interval, per-tensor interval, steps run): each
+    makes "bit-identical" impossible whatever the common steps hold."""
+    found = []
+    if a.trace_every != b.trace_every:
+        found.append(
+            f"they recorded at different intervals (--trace-every {a.trace_every} and "
+            f"{b.trace_every})"
+        )
+    if a.params_every != b.params_every:
+        found.append(
+            "they recorded per-tensor digests at different intervals (--params-every "
+            f"{a.params_every} and {b.params_every})"
+        )
+    if steps is None and not resumed and a.steps is not None and b.steps is not None:
+        if a.steps != b.steps:
+            found.append(f"A ran {a.steps} steps and B {b.steps}")
+    return found
+
+
+def _one_sided_phrase(
+    one_sided: dict[str, tuple[int, int]],
+    lengths: dict[str, tuple[int, int]],
+    statuses: tuple[str, str],
+) -> str:
+    """The first step one run recorded and the other did not, in words."""
+    stream, (side, step) = min(one_sided.items(), key=lambda item: (item[1][1], item[0]))
+    has, lacks = ("A", "B") if side == 0 else ("B", "A")
+    where = "" if stream == "main" else f" in {stream}"
+    na, nb = lengths[stream]
+    return (
+        f"step {step}{where} was recorded in {has} only ({na} vs {nb} steps recorded; "
+        f"{lacks} is {statuses[1 - side]})"
+    )
+
+
 def compare_runs(
     a: Path,
     b: Path,
@@ -156,12 +192,14 @@ def compare_runs(
     resumes = {label: read_resume(path) for label, path in (("A", a), ("B", b))}
     resumes = {label: resume for label, resume in resumes.items() if resume is not None}
     start = max((resume.step for resume in resumes.values()), default=0)
+    resumed_at = tuple(resumes[label].step if label in resumes else 0 for label in "AB")
     alignment = _alignment(traces_a, traces_b, offset, bool(resumes))
     divergences: list[Divergence] = []
     skipped: dict[
         str, tuple[set[int], set[int]]
     ] = {}  # per diverging stream: the steps whose update GradScaler skipped
     lengths: dict[str, tuple[int, int]] = {}
+    one_sided: dict[str, tuple[int, int]] = {}  # per stream: (side, step) of a step one lacks
     compared = 0
     for stream in sorted(set(traces_a) | set(traces_b)):
         missing = RunFolder(a).path / "no-such-trace"
@@ -169,9 +207,11 @@ def compare_runs(
         scan = (
             scan_offset(path_a, path_b, alignment.offset, steps)
             if alignment is not None
-            else scan_pair(path_a, path_b, steps, start)
+            else scan_pair(path_a, path_b, steps, start, resumed_at)
         )
         lengths[stream] = tuple(scan.counts)
+        if scan.only is not None:
+            one_sided[stream] = scan.only
         if scan.first is not None:
             record_a, record_b = scan.first
             found = first_divergence([record_a], [record_b], stream)
@@ -215,7 +255,8 @@ def compare_runs(
             if same
             else f"; {explanation}"
         )
-    uneven = {s: n for s, n in lengths.items() if n[0] != n[1]}
+    held = [sorted(s for s, counts in lengths.items() if counts[side]) for side in (0, 1)]
+    mismatch = _recording_mismatch(manifest_a, manifest_b, steps, bool(resumes or alignment))
     if first is not None:
         verdict = f"runs differ: {divergence_phrase(first)}; steps before it bit-identical"
         if "loss" in first.fields:
@@ -232,25 +273,25 @@ def compare_runs(
                 "(its scaled gradients were inf/NaN)"
             )
         identical = False
-    elif compared == 0:
-        streams = [sorted(s for s, counts in lengths.items() if counts[side]) for side in (0, 1)]
-        if streams[0] and streams[1]:  # both recorded steps, in different processes' streams
-            verdict = (
-                "cannot judge: the runs recorded their steps in different streams "
-                f"(A: {', '.join(streams[0])}; B: {', '.join(streams[1])})"
-            )
-        else:
-            empty = [label for label, found in zip("AB", streams) if not found]
-            verdict, explanation = _unjudged(manifest_a, manifest_b, empty, diffs)
+    elif compared == 0 and offset is not None:
+        verdict = f"cannot judge: with --offset {offset} the runs have no step in common"
+        explanation = "choose an offset within both runs' steps, or leave it out"
         identical = False
-    elif uneven:
-        stream, (na, nb) = next(iter(uneven.items()))
-        shorter, status = ("A", statuses[0]) if na < nb else ("B", statuses[1])
+    elif compared == 0 and not all(held):
+        empty = [label for label, found in zip("AB", held) if not found]
+        verdict, explanation = _unjudged(manifest_a, manifest_b, empty, diffs)
+        identical = False
+    elif compared == 0 and not set(held[0]) & set(held[1]):
         verdict = (
-            f"runs agree on all {compared} common steps, but {shorter} recorded fewer "
-            f"({min(na, nb)} vs {max(na, nb)} "
-            f"steps{'' if stream == 'main' else ' in ' + stream}; {shorter} is {status})"
+            "cannot judge: the runs recorded their steps in different streams "
+            f"(A: {', '.join(held[0])}; B: {', '.join(held[1])})"
         )
+        identical = False
+    elif mismatch or one_sided:
+        verdict = "runs differ: " + "; ".join(
+            mismatch + [_one_sided_phrase(one_sided, lengths, statuses)] if one_sided else mismatch
+        )
+        verdict += f"; the {compared} steps both recorded are bit-identical" if compared else ""
         identical = False
     else:
         verdict = f"runs are bit-identical: {compared} steps compared"
@@ -279,7 +320,7 @@ def compare_runs(
         explanation += "; " + outputs_phrase(outputs)
     return Comparison(
         outputs=outputs,
-        judged=compared > 0 or first is not None,
+        judged=not verdict.startswith("cannot judge"),
         a=Path(a),
         b=Path(b),
         identical=identical,

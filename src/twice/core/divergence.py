@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twice.core.manifest import Difference
-from twice.core.records import COMPARED_FIELDS, StepRecord
+from twice.core.records import CAUSAL_ORDER, StepRecord, differing_fields
 
 __all__ = [
     "explain_resumed",
@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 FIELD_MEANING = {
+    "params_before": "parameters before the step (the starting state)",
     "batch": "data (batch)",
     "rng": "RNG state",
     "loss": "loss (forward)",
@@ -43,7 +44,7 @@ class Divergence:
     loss_a: Any = None
     loss_b: Any = None
     identical_before: int = 0
-    recorded: tuple[str, ...] = COMPARED_FIELDS  # compared fields both records hold at this step
+    recorded: tuple[str, ...] = CAUSAL_ORDER  # compared fields both records hold at this step
 
     @property
     def first(self) -> str:
@@ -116,8 +117,9 @@ def loss_gap(a: Any, b: Any) -> dict[str, Any]:
 
 
 def _differing(a: dict | None, b: dict | None) -> list[str]:
-    if not a or not b:
+    if not a and not b:
         return []
+    a, b = a or {}, b or {}
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
@@ -130,7 +132,8 @@ def first_divergence(
 ) -> Divergence | None:
     """The first step recorded in both traces whose compared fields differ, or None.
 
-    Steps recorded in only one trace (a shorter run, another --trace-every) are not compared.
+    Steps recorded in only one trace are not compared here; app/compare.py reports them as a
+    difference of their own. Every field but records.NOT_COMPARED is compared.
     """
     by_step_b = {record.step: record for record in b}
     same = 0
@@ -138,9 +141,7 @@ def first_divergence(
         record_b = by_step_b.get(record_a.step)
         if record_b is None:
             continue
-        fields = [
-            name for name in COMPARED_FIELDS if getattr(record_a, name) != getattr(record_b, name)
-        ]
+        fields = differing_fields(record_a, record_b)
         if not fields:
             same += 1
             continue
@@ -160,7 +161,7 @@ def first_divergence(
             identical_before=same,
             recorded=tuple(
                 name
-                for name in COMPARED_FIELDS
+                for name in CAUSAL_ORDER
                 if _held(getattr(record_a, name)) and _held(getattr(record_b, name))
             ),
         )
@@ -264,6 +265,7 @@ _MACHINE_ENV = {
 
 # What each field is called in a sentence, and what its difference means.
 _NAMES = {
+    "params_before": ("the starting parameters", "the runs started from different states"),
     "batch": ("batches", "the batches differ"),
     "rng": ("the RNG state", "the runs drew different random numbers"),
     "loss": ("the loss", "the forward computation differs"),
@@ -278,10 +280,14 @@ _NOT_RECORDED = {"batch": "no batches were recorded for this loop"}
 def _stage(divergence: Divergence, reason: str | None) -> str:
     """What differed first, claiming "identical" only for what both records hold at that step."""
     first = divergence.first
-    before = COMPARED_FIELDS[: COMPARED_FIELDS.index(first)]
+    before = CAUSAL_ORDER[: CAUSAL_ORDER.index(first)]
     same = [_NAMES[name][0] for name in before if name in divergence.recorded]
     name, meaning = _NAMES[first]
-    verb = "differ" if name in ("batches", "gradients", "parameters") else "differs"
+    verb = (
+        "differ"
+        if name in ("batches", "gradients", "parameters", "the starting parameters")
+        else "differs"
+    )
     if first == "loss" and divergence.step == 0:
         meaning = "the initial weights or the forward computation differ"
     if first == "params" and reason is None and "grads" in divergence.recorded:
@@ -339,6 +345,7 @@ def explain(diffs: list[Difference], divergence: Divergence | None, observed: bo
 
 # What a resume failed to restore, by the first field that differs at the first resumed step.
 _NOT_RESTORED = {
+    "params_before": "the model's parameters",
     "batch": "the data position (the loader's or sampler's state)",
     "rng": "the RNG state",
     "loss": "the model's state, or something else the forward pass reads",

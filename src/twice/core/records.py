@@ -13,11 +13,43 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StepRecord", "COMPARED_FIELDS", "record_line", "iter_values"]
+__all__ = [
+    "StepRecord",
+    "COMPARED_FIELDS",
+    "NOT_COMPARED",
+    "FIELD_OF",
+    "CAUSAL_ORDER",
+    "differing_fields",
+    "record_line",
+    "iter_values",
+    "is_digest",
+    "is_hex_float",
+]
 
 # The fields two runs are compared on, in causal order within a step: what came in (data, RNG),
 # the forward pass (loss), the backward pass (gradients), the update (parameters).
 COMPARED_FIELDS = ("batch", "rng", "loss", "grads", "grad_norm", "lr", "params")
+
+# The one list of what a record holds but two runs are not compared on: when the step ended.
+NOT_COMPARED = frozenset({"time"})
+
+# Every other field is compared, and a difference in it is reported under the causal field it
+# belongs to (the per-tensor digests under their totals, a skipped update under the parameters).
+# params_before is the state a process started from: before everything else in causal order.
+FIELD_OF = {
+    "batch": "batch",
+    "rng": "rng",
+    "loss": "loss",
+    "grads": "grads",
+    "grad_digests": "grads",
+    "grad_norm": "grad_norm",
+    "lr": "lr",
+    "params": "params",
+    "param_digests": "params",
+    "skipped": "params",
+    "params_before": "params_before",
+}
+CAUSAL_ORDER = ("params_before", *COMPARED_FIELDS)
 
 
 @dataclass
@@ -67,10 +99,36 @@ class StepRecord:
                 known[name] = value
         if "step" not in known:
             raise ValueError("field 'step' is missing")
+        if not any(_held(known.get(name)) for name in FIELD_OF):
+            raise ValueError("it holds no evidence: a record holds at least one compared field")
         return cls(**known)
 
 
 _FIELD_NAMES = tuple(StepRecord.__dataclass_fields__)
+assert set(_FIELD_NAMES) == set(FIELD_OF) | NOT_COMPARED | {"step"}, (
+    "a field neither compared nor declared not compared"
+)
+
+
+def _held(value: Any) -> bool:
+    return value is not None and value != {} and value != []
+
+
+def differing_fields(a: StepRecord, b: StepRecord) -> list[str]:
+    """The causal fields (CAUSAL_ORDER) in which two records of one step differ: every field but
+    those in NOT_COMPARED. A field one record holds and the other lacks differs, except
+    params_before, which a process records once, on the first record of its trace: a run that
+    resumed holds it at a step where the uninterrupted run does not, so it is compared where both
+    hold it."""
+    found = set()
+    for name, causal in FIELD_OF.items():
+        va, vb = getattr(a, name), getattr(b, name)
+        if name == "params_before" and not (_held(va) and _held(vb)):
+            continue
+        if (va if _held(va) else None) != (vb if _held(vb) else None):
+            found.add(causal)
+    return [name for name in CAUSAL_ORDER if name in found]
+
 
 # A step number a trace may hold: an int (not a bool), from 0 to the largest 64-bit one.
 _MAX_STEP = 2**63 - 1
@@ -80,33 +138,38 @@ def _is_step(value: Any) -> bool:
     return type(value) is int and 0 <= value <= _MAX_STEP
 
 
-def _is_text(value: Any) -> bool:
-    return type(value) is str
+# What twice writes, exactly: a digest is xxh3-128's 32 lowercase hex digits; a float is
+# digests.float_bits' text (float.hex, "inf", "-inf", or "nan:" and the 16 hex digits of its bits).
+# _native.c's record_valid accepts the same language (tests/test_tracescan.py holds them equal).
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+_HEX_FLOAT = re.compile(r"-?0x[01]\.[0-9a-f]{1,13}p[+-][0-9]{1,4}|-?inf|nan:[0-9a-f]{16}")
+# A name in a per-tensor or RNG map: printable, without control characters, of a sane length.
+_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,512}")
 
 
-def _is_optional_text(value: Any) -> bool:
-    return value is None or type(value) is str
+def is_digest(value: Any) -> bool:
+    """Whether `value` is a digest as twice writes it (32 lowercase hex digits)."""
+    return type(value) is str and _DIGEST.fullmatch(value) is not None
 
 
-def _is_text_map(value: Any) -> bool:
-    return type(value) is dict and all(type(item) is str for item in value.values())
+def is_hex_float(value: Any) -> bool:
+    """Whether `value` is a float's exact text as twice writes it (digests.float_bits)."""
+    return type(value) is str and _HEX_FLOAT.fullmatch(value) is not None
 
 
-_NAN_BITS = re.compile(r"^nan:[0-9a-f]{16}$")
+def _is_optional_digest(value: Any) -> bool:
+    return value is None or is_digest(value)
 
 
-def _is_hex_float(value: Any) -> bool:
-    """A float as digests.float_bits writes it: float.hex, 'inf', '-inf', or 'nan:' and the
-    payload's 16 hex digits; of a sane length."""
-    if type(value) is not str or not 0 < len(value) <= 40:
-        return False
-    if value.startswith("nan"):
-        return bool(_NAN_BITS.match(value))
-    try:
-        float.fromhex(value)
-    except ValueError:
-        return False
-    return True
+def _is_digest_map(value: Any) -> bool:
+    return (
+        type(value) is dict
+        and len(value) <= 1 << 20
+        and all(_NAME.fullmatch(k) and is_digest(v) for k, v in value.items())
+    )
+
+
+_is_hex_float = is_hex_float
 
 
 def _is_loss(value: Any) -> bool:
@@ -124,15 +187,15 @@ def _is_time(value: Any) -> bool:
 _CHECKS = {
     "step": _is_step,
     "loss": _is_loss,
-    "batch": _is_optional_text,
-    "grads": _is_optional_text,
+    "batch": _is_optional_digest,
+    "grads": _is_optional_digest,
     "grad_norm": lambda v: v is None or _is_hex_float(v),
     "lr": lambda v: type(v) is list and all(_is_hex_float(item) for item in v),
-    "params": _is_optional_text,
-    "rng": _is_text_map,
-    "param_digests": lambda v: v is None or _is_text_map(v),
-    "grad_digests": lambda v: v is None or _is_text_map(v),
-    "params_before": _is_optional_text,
+    "params": _is_optional_digest,
+    "rng": _is_digest_map,
+    "param_digests": lambda v: v is None or _is_digest_map(v),
+    "grad_digests": lambda v: v is None or _is_digest_map(v),
+    "params_before": _is_optional_digest,
     "skipped": lambda v: v is None or type(v) is bool,
     "time": _is_time,
 }
@@ -141,13 +204,19 @@ _EXPECTED = {
     "loss": "a float's exact text (float.hex), a list of them, or null",
     "lr": "a list of floats' exact texts (float.hex)",
     "grad_norm": "a float's exact text (float.hex) or null",
-    "rng": "an object of digest strings",
-    "param_digests": "an object of digest strings",
-    "grad_digests": "an object of digest strings",
+    "rng": "an object of names and digests (32 lowercase hex digits)",
+    "param_digests": "an object of names and digests (32 lowercase hex digits)",
+    "grad_digests": "an object of names and digests (32 lowercase hex digits)",
     "skipped": "true, false or null",
     "time": "a finite number of seconds, at least 0",
 }
-_EXPECTED.update({name: "a digest string or null" for name in _CHECKS if name not in _EXPECTED})
+_EXPECTED.update(
+    {
+        name: "a digest (32 lowercase hex digits) or null"
+        for name in _CHECKS
+        if name not in _EXPECTED
+    }
+)
 assert set(_CHECKS) == set(_FIELD_NAMES)
 
 

@@ -106,12 +106,12 @@ def scan_offset(path_a: Path, path_b: Path, offset: int, steps: int | None = Non
             if record_b is None or (record_a is not None and record_a.step < record_b.step):
                 pending[0] = None
                 if record_a.step >= shift_b:  # before B started: not a step B could have
-                    scan.counts[0] += 1
+                    scan.add_one(0, record_a.step)
                 continue
             if record_a is None or record_b.step < record_a.step:
                 pending[1] = None
                 if record_b.step >= shift_a:  # before A started: not a step A could have
-                    scan.counts[1] += 1
+                    scan.add_one(1, record_b.step)
                 continue
             pending[0] = pending[1] = None
             scan.add_pair(record_a, record_b)

@@ -13,11 +13,12 @@ blocks whatever the trace's length (the tests hold the result to a full parse's)
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from twice.core.errors import CorruptRecord
-from twice.core.records import COMPARED_FIELDS, StepRecord
+from twice.core.records import StepRecord, differing_fields, record_line
 
 __all__ = ["PairScan", "scan_pair", "same_lines", "take_equal", "TraceLines", "line_step"]
 
@@ -36,6 +37,13 @@ class PairScan:
     common: int = 0  # steps recorded in both
     same_before: int = 0  # common steps with equal compared fields before the first difference
     first: tuple[StepRecord, StepRecord] | None = None  # the records at the first difference
+    only: tuple[int, int] | None = None  # (side 0 or 1, step): the first step one run lacks
+
+    def add_one(self, side: int, step: int) -> None:
+        """Count one step recorded on one side only."""
+        self.counts[side] += 1
+        if self.only is None:
+            self.only = (side, step)
 
     def add_pair(self, record_a: StepRecord, record_b: StepRecord) -> None:
         """Count one step recorded in both runs, comparing it while no difference was found."""
@@ -43,10 +51,30 @@ class PairScan:
         self.counts[1] += 1
         self.common += 1
         if self.first is None:
-            if any(getattr(record_a, n) != getattr(record_b, n) for n in COMPARED_FIELDS):
+            if differing_fields(record_a, record_b):
                 self.first = (record_a, record_b)
             else:
                 self.same_before += 1
+
+
+_TAIL = re.compile(rb'(,"time":(0|[1-9][0-9]{0,19})(\.[0-9]{1,20})?([eE][+-]?[0-9]{1,2})?)?}\n')
+
+
+def record_valid(line: bytes, body: int) -> bool:
+    """Whether `line` (with its newline; its body ends at `body`) is the canonical line of a valid
+    record: _native.c's record_valid, in Python. params_before (once per trace) is left to the
+    reader; so is anything not ASCII or escaped."""
+    if not line.isascii() or b"\\" in line or _TAIL.fullmatch(line, body) is None:
+        return False
+    try:
+        record = StepRecord.from_json(json.loads(line))
+    except (ValueError, RecursionError):
+        return False
+    if record.params_before is not None:
+        return False
+    canonical = record_line(record)
+    found = line_step(canonical)
+    return found is not None and canonical[: found[0]] == line[:body]
 
 
 def line_step(line: bytes) -> tuple[int, int] | None:
@@ -83,6 +111,8 @@ def _same_lines_py(a: bytes, b: bytes, at_a: int, at_b: int, last_a: int, last_b
         (body, step), (body_b, _) = found_a, found_b
         if step <= last or step >= limit or line_a[:body] != line_b[:body_b]:
             break
+        if not record_valid(line_a, body) or _TAIL.fullmatch(line_b, body_b) is None:
+            break
         last, lines, at_a, at_b = step, lines + 1, end_a + 1, end_b + 1
     return lines, at_a, at_b, last
 
@@ -109,6 +139,7 @@ class TraceLines:
         self.pos = 0
         self.number = 1
         self.last_step = -1
+        self.floor = 0  # a step below it contradicts the run's resume record (resumed.json)
         self._file = None
         self.end = 0  # the buffer's whole lines end here
         self._eof = False
@@ -161,7 +192,7 @@ class TraceLines:
         """Take the next line, its step checked but its record not parsed."""
         line = self.line()
         found = line_step(line)
-        if found is None or found[1] <= self.last_step:
+        if found is None or found[1] <= self.last_step or found[1] < self.floor:
             self.record()  # the error a full read gives
             return
         self.pos += len(line)
@@ -178,6 +209,19 @@ class TraceLines:
             raise CorruptRecord(
                 f"trace {self.path} line {self.number} is not a step record: {problem}", _HINT
             ) from None
+        if record.params_before is not None and self.number != 1:
+            raise CorruptRecord(
+                f"trace {self.path} line {self.number}: params_before on a record that is not "
+                "the trace's first; a process records it once, before its first update",
+                _HINT,
+            )
+        if record.step < self.floor:
+            raise CorruptRecord(
+                f"trace {self.path} line {self.number}: step {record.step} is before step "
+                f"{self.floor}, where the run's resume record (resumed.json) says it resumed",
+                "the run folder was edited, or resumed.json belongs to another run; re-record "
+                "the run",
+            )
         if record.step <= self.last_step:
             raise CorruptRecord(
                 f"trace {self.path} line {self.number}: step {record.step} follows step "
@@ -213,10 +257,18 @@ def take_equal(a: TraceLines, b: TraceLines, limit: int = NO_LIMIT) -> int:
     return lines
 
 
-def scan_pair(path_a: Path, path_b: Path, steps: int | None = None, start: int = 0) -> PairScan:
-    """Compare two traces of one stream over steps [start, steps): counts, common steps, and the
-    records at the first step whose compared fields differ."""
+def scan_pair(
+    path_a: Path,
+    path_b: Path,
+    steps: int | None = None,
+    start: int = 0,
+    resumed_at: tuple[int, int] = (0, 0),
+) -> PairScan:
+    """Compare two traces of one stream over steps [start, steps): counts, common steps, the
+    records at the first step whose compared fields differ, and the first step only one holds.
+    `resumed_at`: where each run resumed; a run's trace holding a step before it is damaged."""
     a, b = TraceLines(Path(path_a)), TraceLines(Path(path_b))
+    a.floor, b.floor = resumed_at
     scan = PairScan()
     limit = NO_LIMIT if steps is None else steps
     try:
@@ -255,4 +307,4 @@ def _take(lines: TraceLines, step: int, start: int, scan: PairScan, side: int) -
         lines.skip()
     else:
         lines.record()
-        scan.counts[side] += 1
+        scan.add_one(side, step)
