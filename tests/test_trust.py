@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import clean_env, runs, script, twice
@@ -44,7 +45,7 @@ def test_a_folder_from_another_machine_is_not_re_run_without_yes(tmp_path):
     for command in (("verify", run), ("locate", run, run), ("bisect", run, run)):
         result = twice(*command, cwd=tmp_path)
         assert result.returncode == 2, (command, result.stdout, result.stderr)
-        assert "recorded on 'cluster-node-7'" in result.stderr
+        assert "its signature is not this user's" in result.stderr
         assert f"it would run: touch {marker}" in result.stderr
         assert "hint: check the command, then pass --yes" in result.stderr
     assert not marker.exists() and len(runs(tmp_path)) == before
@@ -68,6 +69,12 @@ def test_with_yes_only_numerics_variables_are_applied_again(tmp_path):
                 BASH_ENV=str(evil),
                 LD_PRELOAD="/nonexistent.so",
                 PYTHONSTARTUP=str(evil),
+                CUDA_INJECTION64_PATH="/nonexistent.so",
+                NCCL_NET_PLUGIN="/nonexistent",
+                OMP_TOOL_LIBRARIES="/nonexistent.so",
+                TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"),
+                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"),
+                MKL_NUM_THREADS="$(touch pwned)",
                 OMP_NUM_THREADS="3",
             ),
         ),
@@ -77,6 +84,40 @@ def test_with_yes_only_numerics_variables_are_applied_again(tmp_path):
     assert not (tmp_path / "pwned").exists()
     rerun = runs(tmp_path)[-1]
     assert (rerun / "stdout.log").read_text() == "threads=3 preload=\n"
+    replayed = json.loads((rerun / "manifest.json").read_text())["identity"]["env"]
+    for name in (
+        "CUDA_INJECTION64_PATH",
+        "NCCL_NET_PLUGIN",
+        "OMP_TOOL_LIBRARIES",
+        "MKL_NUM_THREADS",
+    ):
+        assert name not in replayed, name
+    assert not (tmp_path / "ext").exists() and not (tmp_path / "cache").exists()
+
+
+def test_trust_comes_from_the_signature_not_the_host_or_the_owner(tmp_path):
+    """A copied folder is yours by owner and host; with one field edited, or signed by another
+    user's key, its command is still refused. An unedited folder of yours re-runs unasked."""
+    import shutil
+
+    run = _recorded(tmp_path)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert len(manifest["context"]["signature"]) == 64
+    key = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "twice" / "key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    result = twice("verify", "-q", run, cwd=tmp_path)
+    assert "re-run recorded in" in result.stderr, result.stderr  # its own: no question asked
+    assert "signature" not in result.stderr
+    marker = tmp_path / "ran"
+    copy = tmp_path / "copied"
+    shutil.copytree(run, copy)
+    _edit_manifest(copy, lambda m: m["identity"].__setitem__("argv", ["touch", str(marker)]))
+    result = twice("verify", copy, cwd=tmp_path)
+    assert result.returncode == 2 and "its signature is not this user's" in result.stderr
+    other = tmp_path / "colleague"
+    result = twice("verify", run, cwd=tmp_path, env=clean_env(XDG_CONFIG_HOME=str(other)))
+    assert result.returncode == 2 and "this user has no signing key" in result.stderr
+    assert not marker.exists()
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from twice.app.launch import RunOptions, run_command
 from twice.app.locate import describe_op
-from twice.core.errors import UsageError
+from twice.core.errors import Exit, UsageError
 from twice.core.opdiff import OpFinding, differing_ops
 from twice.store.layout import RunFolder
 from twice.store.oplogs import steps_ops
@@ -79,7 +79,7 @@ class AuditReport:
         """1 when an op gave different bits here (or, for --for cuda, when one would on CUDA)."""
         if self.differing:
             return 1
-        return 1 if self.target == "cuda" and self.cuda_hazards else 0
+        return Exit.DIFFER if self.target == "cuda" and self.cuda_hazards else Exit.SAME
 
     def to_json(self) -> dict:
         """As plain JSON values (what `--json` prints and reports read)."""

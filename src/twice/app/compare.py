@@ -13,6 +13,7 @@ from twice.core.divergence import (
     first_divergence,
     loss_gap,
 )
+from twice.core.errors import Exit
 from twice.core.manifest import Difference, Manifest, compare_identity
 from twice.store.faults import first_fault
 from twice.store.layout import CAPTURE_ERROR, RunFolder
@@ -50,7 +51,9 @@ class Comparison:
     def exit_code(self) -> int:
         """The command's exit code: 0 when nothing differs, 1 when something does, 2 when no
         step was recorded to judge by."""
-        return 2 if not self.judged else 0 if self.identical else 1
+        return (
+            Exit.CANNOT_JUDGE if not self.judged else Exit.SAME if self.identical else Exit.DIFFER
+        )
 
     def to_json(self) -> dict:
         """As plain JSON values (what `--json` prints and reports read)."""
@@ -259,6 +262,8 @@ def compare_runs(
     mismatch = _recording_mismatch(manifest_a, manifest_b, steps, bool(resumes or alignment))
     if first is not None:
         verdict = f"runs differ: {divergence_phrase(first)}; steps before it bit-identical"
+        if mismatch:
+            verdict += "; also, " + "; ".join(mismatch)
         if "loss" in first.fields:
             gap = loss_gap(first.loss_a, first.loss_b)
             if gap.get("abs") is not None:

@@ -19,7 +19,8 @@ from typing import IO
 from twice.app import progress
 from twice.app.manifests import finish_manifest, start_manifest
 from twice.app.options import DEFAULT_SEED, RunOptions
-from twice.core.errors import CheckpointError, UsageError, from_os_error
+from twice.app.trust import sign_manifest
+from twice.core.errors import CheckpointError, Exit, UsageError, from_os_error
 from twice.core.protocol import PER_RUN, ChildSettings
 from twice.runtime.determinism import CUBLAS_WORKSPACE, MODES
 from twice.runtime.orphans import parent_death_hook
@@ -264,7 +265,7 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
         threads = []
         try:
             context["child_pid"] = child.pid
-            write_json_atomic(run_dir / MANIFEST, manifest)
+            write_json_atomic(run_dir / MANIFEST, sign_manifest(manifest))
             echo_out = [] if options.quiet else [sys.stdout.buffer]
             echo_err = [] if options.quiet else [sys.stderr.buffer]
             threads = [
@@ -299,5 +300,5 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
             options.live.finish(run_dir)
         progress.run_ended(run_dir, returncode)
     if returncode is None:
-        returncode = 130 if interrupted else 1
+        returncode = Exit.INTERRUPTED if interrupted else Exit.DIFFER
     return (128 - returncode if returncode < 0 else returncode), run_dir

@@ -11,7 +11,7 @@ from twice.app.compare import compare_runs
 from twice.app.launch import run_command
 from twice.app.trust import require_trust
 from twice.app.verify import rerun_options
-from twice.core.errors import UsageError
+from twice.core.errors import Exit, UsageError
 from twice.core.opdiff import OpFinding, first_op_difference, value_gap
 from twice.core.protocol import ChildSettings
 from twice.store.files import write_json_atomic
@@ -44,7 +44,7 @@ class Location:
     @property
     def exit_code(self) -> int:
         """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
-        return 0 if self.finding is None else 1
+        return Exit.SAME if self.finding is None else Exit.DIFFER
 
     def to_json(self) -> dict:
         """As plain JSON values (what `--json` prints and reports read)."""

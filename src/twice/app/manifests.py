@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from twice.app.options import RunOptions
+from twice.app.trust import sign_manifest
 from twice.core.digests import digest
 from twice.core.errors import CorruptRecord
 from twice.runtime.capture import (
@@ -202,7 +203,7 @@ def start_manifest(
         "capture_seconds": round(time.time() - started, 4),
     }
     manifest = {"identity": identity, "context": context}
-    write_json_atomic(run_dir / MANIFEST, manifest)
+    write_json_atomic(run_dir / MANIFEST, sign_manifest(manifest))
     return manifest
 
 
@@ -223,7 +224,10 @@ def finish_manifest(
     summary["outputs"] = _outputs(run_dir, context)
     if config_path.is_file():
         try:
-            identity["config"] = read_json(config_path)
+            config = read_json(config_path)
+            if not isinstance(config, dict):
+                raise CorruptRecord(f"{config_path} is not a JSON object")
+            identity["config"] = config
         except CorruptRecord:  # the manifest must still be finished: say so, do not crash
             summary["damaged_config"] = True
     context.update(
@@ -236,4 +240,4 @@ def finish_manifest(
         context["signal"] = signal.Signals(-returncode).name
     if summary.get("stopped_after"):
         context["status"] = "stopped"
-    write_json_atomic(run_dir / MANIFEST, manifest)
+    write_json_atomic(run_dir / MANIFEST, sign_manifest(manifest))

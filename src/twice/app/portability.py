@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from twice.app.launch import RunOptions, run_command
+from twice.core.errors import Exit
 from twice.store.runs import read_manifest
 
 __all__ = ["PortableAudit", "portable_audit", "format_portable_audit"]
@@ -32,7 +33,7 @@ class PortableAudit:
     @property
     def status(self) -> int:
         """0: every operation covered; 1: some are not."""
-        return 1 if self.uncovered else 0
+        return Exit.DIFFER if self.uncovered else Exit.SAME
 
 
 def portable_audit(command: list[str], options: RunOptions, steps: int) -> PortableAudit:

@@ -248,6 +248,7 @@ class Run:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         from twice.app.manifests import finish_manifest
+        from twice.app.trust import sign_manifest
 
         try:
             if self._owns_recorder:
@@ -260,7 +261,7 @@ class Run:
                 self._manifest["identity"]["torch"] = _torch_facts()
                 finish_manifest(self.dir, self._manifest, code, interrupted)
                 self._manifest["context"]["steps"] = self.step_index
-                write_json_atomic(RunFolder(self.dir).manifest, self._manifest)
+                write_json_atomic(RunFolder(self.dir).manifest, sign_manifest(self._manifest))
         finally:
             if self._report is not None:
                 self._report.restore()

@@ -24,7 +24,7 @@ from twice.app.compare import compare_runs
 from twice.app.launch import run_command
 from twice.app.trust import require_trust
 from twice.app.verify import rerun_options
-from twice.core.errors import CheckpointError, UsageError
+from twice.core.errors import CheckpointError, Exit, UsageError
 from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
 from twice.store.runs import effective_status, read_manifest
@@ -76,7 +76,7 @@ class SegmentsCheck:
     @property
     def exit_code(self) -> int:
         """0 when every segment re-run reproduced, 1 otherwise."""
-        return 0 if self.identical else 1
+        return Exit.SAME if self.identical else Exit.DIFFER
 
     @property
     def cost(self) -> float:

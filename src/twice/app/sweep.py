@@ -14,7 +14,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from twice.app.launch import RunOptions, run_command
-from twice.core.errors import UsageError
+from twice.core.errors import Exit, UsageError
 from twice.store.layout import RunFolder
 from twice.store.runs import effective_status, read_manifest, write_json_atomic
 from twice.store.sweeps import SETTING_NAME, SWEEP_FILE, SweepSpec, read_sweep
@@ -161,7 +161,7 @@ class SweepOutcome:
     @property
     def exit_code(self) -> int:
         """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
-        return 130 if self.interrupted else (1 if self.failed else 0)
+        return Exit.INTERRUPTED if self.interrupted else (Exit.DIFFER if self.failed else Exit.SAME)
 
     def to_json(self) -> dict:
         """As plain JSON values (what `--json` prints)."""

@@ -1,42 +1,144 @@
-"""Re-running what a run folder says: only what this user recorded on this machine runs unasked.
+"""Re-running what a run folder says: only what this user's twice signed runs unasked.
 
 `twice verify`, `verify --resume-at`, `locate` and `bisect` execute the command in a manifest. A
-run folder can come from anyone (a colleague, a cluster, an artifact store), so a folder that was
-not recorded by this user on this machine shows its command and needs `--yes`. Of its recorded
-environment only the variables that change numerics are applied again (the allow-list in
-runtime/capture.py): never `BASH_ENV`, `LD_PRELOAD`, `PYTHONSTARTUP` and the like.
+run folder can come from anyone (a colleague, a cluster, an artifact store), and everything in it
+can be forged: its host, its owner (copying a folder makes you its owner), any field. What a
+folder cannot forge is a signature made with a key it never saw: as Jupyter signs notebooks,
+twice keeps a secret key per user (created on first use, mode 0600, in
+`$XDG_CONFIG_HOME/twice/key`, else `~/.config/twice/key`) and signs, with an HMAC-SHA256, what a
+re-run executes (the command, the working folder, the recorded environment) in every manifest
+it writes. A folder without a valid signature shows its command and needs a terminal
+confirmation or `--yes`. Of its recorded environment only an allow-list of exact names with
+validated values is applied again (REPLAYED): never `BASH_ENV`, `LD_PRELOAD`,
+`CUDA_INJECTION64_PATH`, `NCCL_NET_PLUGIN` and the like.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
+import re
+import secrets
 import shlex
-import socket
+import stat
 from pathlib import Path
 
 from twice.core.errors import UsageError
 from twice.core.manifest import Manifest
-from twice.runtime.capture import numeric_env
-from twice.store.layout import RunFolder
 
-__all__ = ["UntrustedRun", "foreign_reason", "require_trust", "replayable_env"]
+__all__ = [
+    "UntrustedRun",
+    "foreign_reason",
+    "require_trust",
+    "replayable_env",
+    "sign_manifest",
+    "key_path",
+    "REPLAYED",
+]
+
+# The variables a re-run applies from a recorded environment, each with the values it may take:
+# thread counts, hashing, BLAS and cuBLAS/cuDNN/NCCL numerics switches. Nothing that names a file,
+# a library or a plugin.
+_COUNT = r"[1-9][0-9]{0,5}"
+_SWITCH = r"[01]"
+REPLAYED = {
+    "PYTHONHASHSEED": r"random|[0-9]{1,10}",
+    "OMP_NUM_THREADS": _COUNT,
+    "MKL_NUM_THREADS": _COUNT,
+    "OPENBLAS_NUM_THREADS": _COUNT,
+    "VECLIB_MAXIMUM_THREADS": _COUNT,
+    "NUMEXPR_NUM_THREADS": _COUNT,
+    "MKL_CBWR": r"[A-Z0-9_,]{1,40}",
+    "MKL_ENABLE_INSTRUCTIONS": r"[A-Z0-9_]{1,20}",
+    "ATEN_CPU_CAPABILITY": r"default|avx2|avx512|avx512_vnni|avx512_bf16|sve256|zvector",
+    "CUBLAS_WORKSPACE_CONFIG": r":[0-9]{1,6}:[0-9]{1,6}(,:[0-9]{1,6}:[0-9]{1,6})*",
+    "NVIDIA_TF32_OVERRIDE": _SWITCH,
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": _SWITCH,
+    "CUDA_LAUNCH_BLOCKING": _SWITCH,
+    "CUDNN_DETERMINISTIC": _SWITCH,
+    "NCCL_ALGO": r"[A-Za-z,]{1,40}",
+    "NCCL_PROTO": r"[A-Za-z,]{1,40}",
+    "KMP_DETERMINISTIC_REDUCTION": r"true|false|[01]",
+}
 
 
 class UntrustedRun(UsageError):
     """A run folder from elsewhere whose command was not confirmed with --yes."""
 
 
-def foreign_reason(run_dir: Path, manifest: Manifest) -> str | None:
-    """Why `run_dir` was not recorded by this user on this machine, or None when it was."""
-    host = manifest.launcher.get("host") if isinstance(manifest.launcher, dict) else None
-    if host != socket.gethostname():
-        return f"it was recorded on {host!r}, not on this machine" if host else "it names no host"
+def key_path() -> Path:
+    """Where this user's signing key lives."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "twice" / "key"
+
+
+def _user_key(create: bool) -> bytes | None:
+    """This user's key: created on first use (mode 0600), None where it cannot be had. A key
+    others may read signs nothing."""
+    path = key_path()
     try:
-        owner = RunFolder(run_dir).manifest.stat().st_uid
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        if not create:
+            return None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process made it first: read that one
+            return _user_key(False)
+        except OSError:
+            return None
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32))
+        return _user_key(False)
     except OSError:
-        return "its manifest cannot be examined"
-    if hasattr(os, "getuid") and owner != os.getuid():
-        return "its manifest belongs to another user"
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        key = handle.read(129).strip()
+    owned = not hasattr(os, "getuid") or info.st_uid == os.getuid()
+    private = stat.S_ISREG(info.st_mode) and not info.st_mode & 0o077
+    return key if owned and private and len(key) >= 32 else None
+
+
+def _signed_part(manifest: dict) -> bytes:
+    """What a re-run executes, as canonical bytes: the command, its folder, its environment."""
+    identity, context = manifest.get("identity", {}), manifest.get("context", {})
+    part = {"argv": identity.get("argv"), "cwd": context.get("cwd"), "env": identity.get("env")}
+    return json.dumps(part, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _signature(key: bytes, manifest: dict) -> str:
+    return hmac.new(key, _signed_part(manifest), hashlib.sha256).hexdigest()
+
+
+def sign_manifest(manifest: dict) -> dict:
+    """`manifest` with this user's signature in `context.signature` (unsigned where no key can be
+    had: a re-run then asks first). Every manifest twice writes passes through here."""
+    key = _user_key(create=True)
+    context = manifest.setdefault("context", {})
+    if key is None:
+        context.pop("signature", None)
+    else:
+        context["signature"] = _signature(key, manifest)
+    return manifest
+
+
+def foreign_reason(run_dir: Path, manifest: Manifest) -> str | None:
+    """Why `run_dir`'s command was not signed by this user's twice, or None when it was."""
+    signature = manifest.context.get("signature")
+    if not isinstance(signature, str):
+        return "it carries no signature (recorded by another user or elsewhere, or edited)"
+    key = _user_key(create=False)
+    if key is None:
+        return f"this user has no signing key ({key_path()})"
+    if not hmac.compare_digest(signature, _signature(key, manifest.to_json())):
+        return (
+            "its signature is not this user's (recorded by another user or elsewhere, or its "
+            "command, folder or environment was edited)"
+        )
     return None
 
 
@@ -53,5 +155,10 @@ def require_trust(run_dir: Path, manifest: Manifest, yes: bool) -> None:
 
 
 def replayable_env(recorded: dict) -> dict[str, str]:
-    """The recorded environment a re-run applies: numerics variables only, as strings."""
-    return {k: v for k, v in numeric_env(recorded).items() if isinstance(v, str)}
+    """The recorded environment a re-run applies: the names in REPLAYED, each only with a value
+    its pattern allows; anything else is left out."""
+    return {
+        name: value
+        for name, value in recorded.items()
+        if name in REPLAYED and isinstance(value, str) and re.fullmatch(REPLAYED[name], value)
+    }

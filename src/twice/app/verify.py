@@ -9,7 +9,7 @@ from twice.app.compare import Comparison, compare_runs
 from twice.app.launch import RunOptions, run_command
 from twice.app.trust import replayable_env, require_trust
 from twice.core.divergence import divergence_phrase
-from twice.core.errors import UsageError
+from twice.core.errors import Exit, UsageError
 from twice.core.protocol import ChildSettings
 from twice.runtime.capture import numeric_env
 from twice.store.layout import RunFolder
@@ -112,7 +112,7 @@ class ResumeCheck:
     @property
     def exit_code(self) -> int:
         """The command's exit code: 0 when nothing differs or failed, 1 otherwise."""
-        return 0 if self.identical else 1
+        return Exit.SAME if self.identical else Exit.DIFFER
 
     def to_json(self) -> dict:
         """As plain JSON values (what `--json` prints and reports read)."""

@@ -18,6 +18,7 @@ import xxhash
 
 from twice.checkpoint.kinds import EntryKind, kind_named
 from twice.core.errors import CheckpointError
+from twice.store.files import read_record
 
 __all__ = [
     "FORMAT",
@@ -96,7 +97,7 @@ def read_index(directory: Path) -> CheckpointIndex | RanksIndex:
     """The validated index of the checkpoint in `directory`; any damage is a CheckpointError."""
     where = Path(directory) / INDEX
     try:
-        raw = json.loads(where.read_bytes())
+        raw = json.loads(read_record(where))
     except FileNotFoundError:
         raise CheckpointError(
             f"{directory} is incomplete or not a twice checkpoint: it has no {INDEX}",

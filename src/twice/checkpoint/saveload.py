@@ -28,6 +28,7 @@ from twice.checkpoint.folder import (
 from twice.checkpoint.index import RanksIndex
 from twice.checkpoint.ranks import current_rank, process_group, save_ranks
 from twice.core.errors import CheckpointError
+from twice.store.files import read_record
 
 __all__ = ["save", "load", "latest", "list_checkpoints", "step_dir"]
 
@@ -166,7 +167,7 @@ def _read_state(directory: Path, kinds: dict) -> dict:
 
     try:
         tensors = load_file(str(directory / TENSORS))
-        raw = json.loads((directory / STATE).read_bytes())
+        raw = json.loads(read_record(directory / STATE))
         if not isinstance(raw, dict) or not isinstance(raw.get("entries"), dict):
             raise ValueError("state.json holds no entries")
         state = decode(raw["entries"], tensors)

@@ -30,6 +30,7 @@ from twice.cli.group import (
     _yes_option,
     main,
 )
+from twice.core.errors import Exit
 
 
 @main.command()
@@ -143,7 +144,7 @@ def nan(run_ref, runs_dir, as_json):
         )
     else:
         _out(format_nan(report, events, _color()))
-    sys.exit(1 if faulty or loss is not None else 0)
+    sys.exit(Exit.DIFFER if faulty or loss is not None else Exit.SAME)
 
 
 @main.command()
@@ -174,7 +175,7 @@ def bisect(a, b, runs_dir, as_json, quiet, verbose, yes):
             lambda ok: bisect_divergence(run_a, run_b, quiet=not verbose, yes=ok), yes
         )
     _out(_json(result.to_json()) if as_json else format_bisect(result))
-    sys.exit(0 if result.step is None else 1)
+    sys.exit(Exit.SAME if result.step is None else Exit.DIFFER)
 
 
 @main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})

@@ -9,17 +9,18 @@ from pathlib import Path
 
 import click
 
-from twice.core.errors import EXIT_USAGE, TwiceError, from_os_error
+from twice.app.render import printable
+from twice.core.errors import EXIT_USAGE, Exit, TwiceError, from_os_error
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def _out(text: str = "") -> None:
-    click.echo(text)
+    click.echo(printable(text, _color()))
 
 
 def _err(text: str) -> None:
-    click.echo(text, err=True)
+    click.echo(printable(text, _color() and sys.stderr.isatty()), err=True)
 
 
 def _json(value) -> str:
@@ -64,7 +65,7 @@ class TwiceGroup(click.Group):
             sys.exit(EXIT_USAGE)
         except click.exceptions.Abort:
             _err("error: aborted")
-            sys.exit(130)
+            sys.exit(Exit.INTERRUPTED)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
 

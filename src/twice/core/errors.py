@@ -1,6 +1,6 @@
 """The exception tree of twice, each error carrying its exit code and a hint.
 
-TwiceError                 exit 2: usage or tool error (rendered as error:/hint:)
+TwiceError                 exit 2 (Exit.USAGE): usage or tool error (rendered as error:/hint:)
 ├── UsageError             bad arguments or options
 ├── RunNotFound            a run folder that does not exist or is not a run
 ├── CorruptRecord          a manifest or trace that cannot be read
@@ -10,10 +10,22 @@ TwiceError                 exit 2: usage or tool error (rendered as error:/hint:
 from __future__ import annotations
 
 import errno
+from enum import IntEnum
 
-EXIT_SAME = 0
-EXIT_DIFFERENT = 1
-EXIT_USAGE = 2
+
+class Exit(IntEnum):
+    """Every exit code twice gives, in one table (the docs' "Exit codes" list is this)."""
+
+    SAME = 0  # runs identical, a check clean, a checkpoint valid
+    DIFFER = 1  # a difference or a problem was found
+    CANNOT_JUDGE = 2  # no verdict: damaged or missing records, nothing to compare
+    USAGE = 2  # bad arguments or options (the same code: no verdict was given)
+    NUMERICS = 3  # `twice run --numerics` stopped the run at a non-finite value
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    KILLED = 137  # killed because its launcher died (128 + SIGKILL)
+
+
+EXIT_USAGE = Exit.USAGE
 
 
 class TwiceError(Exception):

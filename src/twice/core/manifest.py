@@ -175,8 +175,6 @@ _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
     ("context", "stopped_after", "a count or null", lambda v: v is None or _is_int(v, 0), False),
     ("context", "trace_every", "a positive integer", lambda v: _is_int(v, 1), False),
     ("context", "params_every", "a count or null", lambda v: v is None or _is_int(v, 0), False),
-    ("context", "started", "a time or null", lambda v: v is None or _is_number(v), False),
-    ("context", "ended", "a time or null", lambda v: v is None or _is_number(v), False),
     ("context", "cwd", "a path", lambda v: isinstance(v, str), False),
     ("context", "git_root", "a path or null", lambda v: v is None or isinstance(v, str), False),
     (
@@ -236,6 +234,122 @@ _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
 )
 
 
+# -- the rest of the record, as small checks composed: every section twice writes has its shape,
+# so a value of the wrong type is refused where the manifest is read, not where it is used.
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, bool)) or _is_int(v) or _is_number(v)
+
+
+def _map_of(check: Any) -> Any:
+    return lambda v: isinstance(v, dict) and all(check(x) for x in v.values())
+
+
+def _list_of(check: Any) -> Any:
+    return lambda v: isinstance(v, list) and all(check(x) for x in v)
+
+
+def _nullable(check: Any) -> Any:
+    return lambda v: v is None or check(v)
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _shape(**checks: Any) -> Any:
+    """An object whose named keys, where present, pass their checks (others: JSON scalars)."""
+    return lambda v: (
+        isinstance(v, dict)
+        and all(
+            checks[k](x) if k in checks else _scalar(x) or isinstance(x, (dict, list))
+            for k, x in v.items()
+        )
+    )
+
+
+# A time twice writes: seconds since 1970, from then to the year 5000.
+_LATEST = 95_617_584_000
+
+
+def _time(v: Any) -> bool:
+    return _is_number(v) and 0 <= v <= _LATEST
+
+
+_SHAPES: tuple[tuple[str, str, str, Any], ...] = (
+    ("identity", "schema", "an integer", _is_int),
+    ("identity", "torch", "an object of facts (strings, numbers, true/false)", _map_of(_scalar)),
+    ("identity", "threads", "an object of thread counts", _map_of(lambda v: _is_int(v, 0))),
+    ("identity", "packages", "an object of package versions", _map_of(_text)),
+    ("identity", "python", "an object of facts", _map_of(_scalar)),
+    ("identity", "os", "an object of facts", _map_of(_scalar)),
+    ("identity", "cpu", "an object of facts", _map_of(_scalar)),
+    ("identity", "gpus", "a list", lambda v: isinstance(v, list)),
+    ("identity", "cuda_devices", "a list of objects", _list_of(_map_of(_scalar))),
+    ("identity", "config", "an object (the run's configuration)", lambda v: isinstance(v, dict)),
+    (
+        "identity",
+        "distributed",
+        "an object with a world size, a backend and the ranks recorded",
+        _shape(
+            world_size=lambda v: _is_int(v, 1, 2**31),
+            backend=_nullable(_text),
+            ranks_recorded=_list_of(lambda v: _is_int(v, 0, 2**31)),
+        ),
+    ),
+    (
+        "identity",
+        "determinism",
+        "an object of the mode, the portable flag and the settings in effect",
+        _shape(
+            mode=lambda v: v in ("strict", "warn", "off", "observe"),
+            portable=lambda v: isinstance(v, bool),
+            in_effect=_map_of(_scalar),
+            problems=_map_of(_text),
+        ),
+    ),
+    (
+        "identity",
+        "code",
+        "an object of the script, its sources and the git facts",
+        _shape(
+            git=_is_git_facts,
+            script=_nullable(_shape(path=_text, digest=_nullable(_text))),
+            sources=_map_of(_nullable(_text)),
+        ),
+    ),
+    ("context", "started", "a time in seconds since 1970, or null", _nullable(_time)),
+    ("context", "ended", "a time in seconds since 1970, or null", _nullable(_time)),
+    ("context", "executable", "a list of strings", _list_of(_text)),
+    ("context", "child_pid", "a process id", lambda v: v is None or _is_int(v, 1, 2**22)),
+    ("context", "signal", "a signal's name", _nullable(_text)),
+    ("context", "host", "a host name", _nullable(_text)),
+    ("context", "user", "a user name", _nullable(_text)),
+    ("context", "processes", "a count", _nullable(lambda v: _is_int(v, 0))),
+    (
+        "context",
+        "signature",
+        "an HMAC's hex digits",
+        lambda v: isinstance(v, str) and len(v) <= 128,
+    ),
+    (
+        "context",
+        "portable_uncovered",
+        "a list of objects naming an op",
+        _list_of(_shape(op=_text)),
+    ),
+    (
+        "context",
+        "launcher",
+        "an object with a host and a process id",
+        _shape(
+            host=_nullable(_text),
+            pid=lambda v: v is None or _is_int(v, 1, 2**22),
+            start_time=lambda v: v is None or _is_int(v, 0),
+        ),
+    ),
+)
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A manifest read and validated: `identity` (compared between runs) and `context` (never
@@ -257,6 +371,9 @@ class Manifest:
                 _check(not required, where, f"{part}.{key}", expected, "missing")
                 continue
             _check(test(section[key]), where, f"{part}.{key}", expected, section[key])
+        for part, key, expected, test in _SHAPES:
+            if key in data[part]:
+                _check(test(data[part][key]), where, f"{part}.{key}", expected, data[part][key])
         return cls(data["identity"], data["context"])
 
     def to_json(self) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from twice.core.errors import Exit
 from twice.record.callsite import division_operands
 from twice.record.health import Event, HealthLog
 from twice.record.numlinks import name_operands, zero_gradients
@@ -306,7 +307,7 @@ class NumericsWatch(OpContext):
             f"`twice nan{run}` tells the story\n"
         )
         sys.stderr.flush()
-        raise SystemExit(3)
+        raise SystemExit(Exit.NUMERICS)
 
 
 _active: NumericsWatch | None = None

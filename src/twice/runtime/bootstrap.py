@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+from twice.core.errors import Exit
 from twice.core.protocol import ChildSettings
 from twice.runtime.imports import when_imported
 from twice.store.layout import RunFolder
@@ -41,7 +42,7 @@ def _on_torch(torch) -> None:
                 report = determinism.deterministic(seed=None, mode=mode)
             except DeterminismError as exc:
                 sys.stderr.write(f"twice: {exc.render()}\n")
-                raise SystemExit(2) from None
+                raise SystemExit(Exit.USAGE) from None
             _state["determinism"] = report.to_json()
         torch.manual_seed(seed)
     if settings_portable := _state["settings"].portable:

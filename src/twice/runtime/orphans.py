@@ -15,6 +15,8 @@ import signal
 import sys
 from collections.abc import Callable
 
+from twice.core.errors import Exit
+
 __all__ = ["parent_death_hook", "die_with_parent"]
 
 _PR_SET_PDEATHSIG = 1
@@ -43,7 +45,7 @@ def parent_death_hook() -> Callable[[], None] | None:
     def hook() -> None:
         prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
         if getppid() != parent:  # the launcher died before the line above: die now, as asked
-            exit_now(137)
+            exit_now(Exit.KILLED)
 
     return hook
 
@@ -56,4 +58,4 @@ def die_with_parent(parent: int) -> None:
         return
     prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent:
-        os._exit(137)
+        os._exit(Exit.KILLED)

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from twice.core.errors import CorruptRecord
+from twice.store.files import read_record
 from twice.store.layout import RunFolder
 
 __all__ = ["read_numerics", "first_fault"]
@@ -16,7 +17,7 @@ __all__ = ["read_numerics", "first_fault"]
 
 def _load(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return read_record(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CorruptRecord(
             f"cannot read {path}: {exc}", "the run folder is damaged; re-record the run"

@@ -12,6 +12,7 @@ from typing import Any
 
 from twice.core.errors import CorruptRecord, UsageError
 from twice.core.protocol import ChildSettings
+from twice.store.files import read_record
 from twice.store.layout import RunFolder
 from twice.store.traces import read_trace
 
@@ -134,7 +135,7 @@ def read_final(run_dir: Path) -> dict[str, float]:
 
 def _text(path: Path) -> str | None:
     try:
-        return path.read_bytes().decode("utf-8")
+        return read_record(path).decode("utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:

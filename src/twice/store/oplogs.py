@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from twice.core.errors import CorruptRecord
+from twice.store.files import read_record
 from twice.store.layout import RunFolder
 
 __all__ = ["step_ops", "steps_ops", "recorded_steps", "read_oplog"]
@@ -57,7 +58,7 @@ def _header(line: str, path: Path, number: int) -> tuple[int, int]:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return read_record(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CorruptRecord(f"cannot read {path}: {exc}", _HINT) from exc
 

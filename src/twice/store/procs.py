@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from twice.core.errors import CorruptRecord
+from twice.store.files import read_record
 from twice.store.layout import RunFolder
 
 __all__ = ["ProcessRecord", "read_process", "read_processes"]
@@ -136,7 +137,7 @@ class ProcessRecord:
 def read_process(path: Path) -> ProcessRecord:
     """The validated record in `path`; unreadable or malformed is a CorruptRecord."""
     try:
-        data = json.loads(Path(path).read_bytes())
+        data = json.loads(read_record(Path(path)))
     except (OSError, ValueError, RecursionError) as exc:
         raise CorruptRecord(f"cannot read {path}: {type(exc).__name__}") from None
     return ProcessRecord.from_json(data, str(path))

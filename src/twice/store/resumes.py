@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from twice.core.errors import CorruptRecord
-from twice.store.files import write_json_atomic
+from twice.store.files import read_record, write_json_atomic
 from twice.store.layout import RunFolder
 
 __all__ = ["Resume", "write_resume", "read_resume"]
@@ -61,7 +61,7 @@ def read_resume(run_dir: Path) -> Resume | None:
     """The run's resume record, validated; None for a run that did not resume."""
     path = RunFolder(run_dir).resumed
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_record(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError) as exc:

@@ -14,7 +14,13 @@ from typing import Any
 
 from twice.core.errors import CorruptRecord, RunNotFound, UsageError
 from twice.core.manifest import Manifest
-from twice.store.files import dumps, fsync_dir, write_bytes_atomic, write_json_atomic  # noqa: F401 (re-exported)
+from twice.store.files import (  # noqa: F401 (re-exported)
+    dumps,
+    fsync_dir,
+    read_record,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 
 __all__ = [
     "write_json_atomic",
@@ -37,7 +43,7 @@ from twice.store.layout import MANIFEST  # noqa: E402 (re-exported: the name eve
 def read_json(path: Path) -> Any:
     """A JSON file's value; damaged is a CorruptRecord (a missing file raises FileNotFoundError)."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(read_record(Path(path)).decode("utf-8"))
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

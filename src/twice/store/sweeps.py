@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from twice.core.errors import CorruptRecord, UsageError
+from twice.store.files import read_record
 from twice.store.runs import check_run_name
 
 __all__ = ["SWEEP_FILE", "SweepSpec", "read_sweep", "sweep_folder", "SETTING_NAME"]
@@ -92,7 +93,7 @@ def read_sweep(folder: Path) -> SweepSpec:
     """The validated spec of the sweep in `folder`."""
     path = Path(folder) / SWEEP_FILE
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_record(path))
     except FileNotFoundError:
         raise UsageError(
             f"{folder} is not a sweep folder (it has no {SWEEP_FILE})",

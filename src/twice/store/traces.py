@@ -7,13 +7,12 @@ process.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from twice.core.errors import CorruptRecord
 from twice.core.records import StepRecord, record_line
 from twice.store.layout import RunFolder
+from twice.store.tracescan import read_lines
 
 __all__ = ["TraceWriter", "read_trace", "trace_files"]
 
@@ -53,40 +52,8 @@ class TraceWriter:
 
 def read_trace(path: Path) -> list[StepRecord]:
     """Read a trace; a last line without its newline (a kill mid-write) is dropped, any other
-    damage is an error."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CorruptRecord(
-            f"cannot read trace {path}: {exc}", "the trace is damaged; re-record the run"
-        ) from exc
-    lines = text.split("\n")
-    if lines and lines[-1] != "":
-        lines = lines[:-1]  # cut short by a kill: the record was never complete
-    records: list[StepRecord] = []
-    for number, line in enumerate(lines, start=1):
-        if not line:
-            continue
-        try:
-            record = StepRecord.from_json(json.loads(line))
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-            problem = "nested too deeply" if isinstance(exc, RecursionError) else exc
-            raise CorruptRecord(
-                f"trace {path} line {number} is not a step record: {problem}",
-                "the trace is damaged or was edited; re-record the run",
-            ) from None
-        if records and record.step <= records[-1].step:
-            raise CorruptRecord(
-                f"trace {path} line {number}: step {record.step} follows step "
-                f"{records[-1].step}; a trace's steps must strictly increase",
-                "the trace was edited, or several processes wrote to one trace; re-record the "
-                "run (each process writes a trace of its own)",
-            )
-        records.append(record)
-    return records
+    damage is an error (store.tracescan's reader: one reader for every trace)."""
+    return read_lines(Path(path))
 
 
 def trace_files(run_dir: Path) -> dict[str, Path]:

@@ -19,10 +19,20 @@ from pathlib import Path
 
 from twice.core.errors import CorruptRecord
 from twice.core.records import StepRecord, differing_fields, record_line
+from twice.store.files import open_record
 
-__all__ = ["PairScan", "scan_pair", "same_lines", "take_equal", "TraceLines", "line_step"]
+__all__ = [
+    "read_lines",
+    "PairScan",
+    "scan_pair",
+    "same_lines",
+    "take_equal",
+    "TraceLines",
+    "line_step",
+]
 
 BLOCK = 1 << 23
+MAX_LINE = 64 << 20  # a step record is ~1 KB per hundred tensors; a longer line is damage
 NO_LIMIT = 2**63 - 1
 _HINT = "the trace is damaged or was edited; re-record the run"
 _NUMBER = frozenset(b"0123456789.-+eE")
@@ -144,11 +154,9 @@ class TraceLines:
         self.end = 0  # the buffer's whole lines end here
         self._eof = False
         try:
-            self._file = open(path, "rb")  # noqa: SIM115 - closed by close()
+            self._file = open_record(path)
         except FileNotFoundError:
             self._eof = True
-        except OSError as exc:
-            raise CorruptRecord(f"cannot read trace {path}: {exc}", _HINT) from None
 
     def fill(self) -> bool:
         """Read one more block into the buffer; False at the end of the file."""
@@ -161,6 +169,12 @@ class TraceLines:
         if not data:
             self._eof = True  # a last line without its newline was cut short by a kill: dropped
             return False
+        if len(self.buffer) - self.pos > MAX_LINE and b"\n" not in data:
+            raise CorruptRecord(
+                f"trace {self.path} line {self.number} is longer than {MAX_LINE >> 20} MiB, far "
+                "more than a step record holds",
+                _HINT,
+            )
         self.buffer = self.buffer[self.pos :] + data  # whole lines, then a line in progress
         self.pos = 0
         self.end = self.buffer.rfind(b"\n") + 1
@@ -234,6 +248,19 @@ class TraceLines:
             self.number += 1
             self.last_step = record.step
         return record
+
+
+def read_lines(path: Path) -> list[StepRecord]:
+    """Every record of a trace, each validated as the comparison validates it (the one reader of
+    a trace: store.traces.read_trace is this)."""
+    lines = TraceLines(Path(path))
+    try:
+        records = []
+        while lines.line() is not None:
+            records.append(lines.record())
+        return records
+    finally:
+        lines.close()
 
 
 def take_equal(a: TraceLines, b: TraceLines, limit: int = NO_LIMIT) -> int:
