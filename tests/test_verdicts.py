@@ -421,3 +421,129 @@ def test_a_manifest_field_of_another_type_is_an_error_never_a_traceback(
             assert result.exit_code == 2 and "error:" in result.output, (args, path, value)
         if args[0] == "diff" and value is not None:
             assert result.exit_code != 0 or path not in TYPED, (path, value)
+
+
+# -- checkpoints: "valid" only where load() returns well-formed tensors equal to the saved ones ---
+
+
+def _reseal(folder):
+    """Recompute every digest and size in a checkpoint's index, as whoever crafts one would."""
+    import xxhash
+
+    from twice.checkpoint.index import index_bytes
+
+    index = json.loads(folder.joinpath("checkpoint.json").read_text())
+    index.pop("self", None)
+    for name in list(index["files"]):
+        data = folder.joinpath(name).read_bytes()
+        index["files"][name] = {"size": len(data), "digest": xxhash.xxh3_128_hexdigest(data)}
+    folder.joinpath("checkpoint.json").write_bytes(index_bytes(index))
+
+
+def _saved(folder):
+    import torch
+
+    from twice import checkpoint
+
+    gen = torch.Generator().manual_seed(0)
+    coo = torch.sparse_coo_tensor(
+        torch.tensor([[0, 1, 2], [2, 0, 1]]), torch.rand(3, generator=gen), (3, 3)
+    ).coalesce()
+    dense = torch.rand(4, 3, generator=gen)
+    csr = dense.masked_fill(dense < 0.5, 0).to_sparse_csr()
+    state = {"coo": coo, "csr": csr, "dense": dense}
+    checkpoint.save(folder, state=state)
+    return state
+
+
+def _same(a, b):
+    import torch
+
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if a.layout != b.layout or a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.to_dense(), b.to_dense())
+
+
+@settings(CHECKS, max_examples=300 if EXHAUSTIVE else 40)
+@given(data=st.data())
+def test_a_resealed_checkpoint_is_valid_only_if_it_loads_what_was_saved(tmp_path_factory, data):
+    """Edit one value of state.json or one byte of the tensor file, recompute every digest as a
+    crafter would, then: verify refuses it, or load returns well-formed tensors (each survives
+    to_dense) and "valid" never stands for tensors other than the saved ones unless the edit
+    changed them (then load returns what the edit says, still well-formed)."""
+    from twice import checkpoint
+
+    folder = tmp_path_factory.mktemp("ckpt") / "step-1"
+    saved = _saved(folder)
+    how = data.draw(st.sampled_from(["state", "tensors", "pickle"]))
+    if how == "state":
+        state = json.loads(folder.joinpath("state.json").read_text())
+        paths = [p for p in _paths(state) if p]
+        path = data.draw(st.sampled_from(paths))
+        _set(state, path, data.draw(st.sampled_from(WRONG + [None, 0, 2, 3, 99, [3, 3], [0, 9]])))
+        folder.joinpath("state.json").write_text(json.dumps(state))
+    elif how == "tensors":
+        raw = bytearray(folder.joinpath("tensors.safetensors").read_bytes())
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+        folder.joinpath("tensors.safetensors").write_bytes(bytes(raw))
+    else:
+        import pickle
+
+        folder.joinpath("tensors.safetensors").write_bytes(pickle.dumps(saved["dense"].numpy()))
+    _reseal(folder)
+    try:
+        checkpoint.verify(folder)
+    except TwiceError:
+        return
+    loaded = checkpoint.load(folder, strict=False)["state"]
+    for value in loaded.values() if isinstance(loaded, dict) else [loaded]:
+        if hasattr(value, "to_dense"):
+            value.to_dense()  # well-formed: no out-of-bounds index reaches memory
+
+
+def test_a_sparse_tensor_with_indices_outside_its_shape_is_not_valid(tmp_path):
+    import torch
+
+    from twice import checkpoint
+
+    folder = tmp_path / "step-1"
+    checkpoint.save(
+        folder, state={"coo": torch.sparse_coo_tensor(torch.tensor([[0], [1]]), [1.0], (2, 2))}
+    )
+    state = json.loads(folder.joinpath("state.json").read_text())
+    text = json.dumps(state).replace("[2, 2]", "[1, 1]")
+    assert text != json.dumps(state)
+    folder.joinpath("state.json").write_text(text)
+    _reseal(folder)
+    with pytest.raises(TwiceError, match="cannot be read"):
+        checkpoint.verify(folder)
+
+
+# -- processes: each one that steps has a stream of its own, however it was started ---------------
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork", "subprocess"])
+def test_every_process_that_steps_gets_its_own_stream(tmp_path, method):
+    from conftest import runs, script, twice
+
+    from twice.store.traces import trace_files
+
+    script("workers_train.py", tmp_path)
+    for name in ("a", "b"):
+        result = twice(
+            "run", "--name", name, "--", sys.executable, "workers_train.py", method, cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stderr
+    a, b = runs(tmp_path)
+    streams = trace_files(a)
+    assert len(streams) == (2 if method == "subprocess" else 3), sorted(streams)
+    assert sorted(streams) == sorted(trace_files(b))
+    for path in streams.values():
+        steps = [r.step for r in read_trace(path)]
+        assert steps == list(range(len(steps))) and steps, (path, steps)
+    result = twice("diff", a, b, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "bit-identical" in result.stdout

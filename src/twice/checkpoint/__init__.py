@@ -5,8 +5,9 @@ twice.checkpoint.load("ckpt/step-100", model=model, optimizer=optimizer)
 """
 
 from twice.checkpoint.codec import decode_state, encode_state
-from twice.checkpoint.folder import RNG_ENTRY, verify
+from twice.checkpoint.folder import RNG_ENTRY
 from twice.checkpoint.saveload import latest, list_checkpoints, load, save, step_dir
+from twice.checkpoint.saveload import verify_loadable as verify
 from twice.core.errors import CheckpointError
 
 __all__ = [

@@ -135,16 +135,31 @@ def _decode_sparse(body: dict, tensors: dict) -> Any:
     parts = {
         name: decode(part, tensors) for name, part in body.items() if name not in ("layout", "size")
     }
+    size = body["size"]
+    if not (isinstance(size, list) and all(type(n) is int and 0 <= n < 2**62 for n in size)):
+        raise ValueError(f"a sparse tensor's size is not a list of sizes: {str(size)[:40]}")
+    # PyTorch's own invariant checks: indices inside the shape, sorted compressed indices. Without
+    # them a crafted folder gives a tensor whose .to_dense() writes out of bounds.
     if body["layout"] == "sparse_coo":
-        return torch.sparse_coo_tensor(
-            parts["indices"], parts["values"], body["size"], is_coalesced=parts["coalesced"]
+        if type(parts.get("coalesced")) is not bool:
+            raise ValueError("a sparse tensor's 'coalesced' is not true or false")
+        value = torch.sparse_coo_tensor(
+            parts["indices"],
+            parts["values"],
+            size,
+            is_coalesced=parts["coalesced"],
+            check_invariants=True,
         )
+        if parts["coalesced"] and not torch.equal(value._indices(), value.coalesce()._indices()):
+            raise ValueError("a sparse tensor marked coalesced is not")
+        return value
     return torch.sparse_compressed_tensor(
         parts["compressed"],
         parts["plain"],
         parts["values"],
-        body["size"],
+        size,
         layout=_layout(body["layout"]),
+        check_invariants=True,
     )
 
 

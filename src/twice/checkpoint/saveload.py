@@ -25,7 +25,7 @@ from twice.checkpoint.folder import (
     remove_checkpoint,
     verify,
 )
-from twice.checkpoint.index import RanksIndex
+from twice.checkpoint.index import CheckpointIndex, RanksIndex
 from twice.checkpoint.ranks import current_rank, process_group, save_ranks
 from twice.core.errors import CheckpointError
 from twice.store.files import read_record
@@ -85,6 +85,21 @@ def _retain(parent: Path, keep_last: int) -> None:
         raise ValueError("keep_last must be at least 1")
     for old in list_checkpoints(parent)[:-keep_last]:
         remove_checkpoint(old)  # only what twice wrote; a foreign step-N folder stays
+
+
+def verify_loadable(directory: str | Path) -> CheckpointIndex | RanksIndex:
+    """What `twice checkpoint verify` calls "valid": the folder's files match their digests
+    (checkpoint.folder.verify) and everything in it decodes as load() decodes it, sparse tensors
+    through PyTorch's invariant checks, in every rank's part. A crafted folder recomputes its
+    digests; it cannot make a malformed entry decode."""
+    directory = Path(directory)
+    index = verify(directory)
+    if isinstance(index, RanksIndex):
+        for name in sorted(index.parts):
+            verify_loadable(directory / name)
+    else:
+        _read_state(directory, index.entries)
+    return index
 
 
 def load(

@@ -6,7 +6,14 @@ import gc
 import weakref
 from typing import Any
 
-__all__ = ["ParamNames", "param_names", "distinct_names", "names_in_words", "PARAM_NAMES"]
+__all__ = [
+    "ParamNames",
+    "param_names",
+    "distinct_names",
+    "names_in_words",
+    "PARAM_NAMES",
+    "process_stream",
+]
 
 # optimizer -> (parameter id -> name, parameter id -> (id, class name) of its outermost module)
 PARAM_NAMES: weakref.WeakKeyDictionary[Any, tuple[dict[int, str], dict[int, tuple[int, str]]]] = (
@@ -175,3 +182,20 @@ def names_in_words(names: list[str]) -> str:
     if len(names) > 6:
         return ", ".join(shown) + f" and {len(names) - 6} more"
     return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
+def process_stream(stream: str | None) -> str | None:
+    """The trace stream of this process: `stream` (main, rankN), extended for a process that
+    multiprocessing started (spawn or forkserver; fork children are named at the fork) by its
+    multiprocessing identity, `proc1`, `proc2-1`: the order in which its parent started it, the
+    same in two runs of one program."""
+    import sys
+
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None or multiprocessing.parent_process() is None:
+        return stream
+    identity = getattr(multiprocessing.current_process(), "_identity", ())
+    if not identity:
+        return stream
+    tag = "proc" + "-".join(str(n) for n in identity)
+    return f"{stream}.{tag}" if stream else tag

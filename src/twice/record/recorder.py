@@ -33,7 +33,7 @@ from twice.core.steps import RoundClock
 from twice.record.guard import costed, guarded
 from twice.record.handsteps import HandSteps
 from twice.record.health import StepHealth
-from twice.record.names import ParamNames
+from twice.record.names import ParamNames, process_stream
 from twice.record.norms import floats
 from twice.record.norms import norms as tensor_norms
 from twice.record.opcontrol import OpControl
@@ -88,7 +88,7 @@ class Recorder:
         self.fork_count = 0
         self._t0 = time.perf_counter()
         self.cost = 0.0  # seconds spent in the event handlers below
-        self._writer = TraceWriter(RunFolder(self.run_dir).trace(stream))
+        self._writer = TraceWriter(lambda: RunFolder(self.run_dir).trace(process_stream(stream)))
         self._round = StepRound()
         self._clock = RoundClock()
         self._pending_losses: list[Any] = []

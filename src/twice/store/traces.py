@@ -8,6 +8,7 @@ process.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from twice.core.records import StepRecord, record_line
@@ -21,8 +22,12 @@ class TraceWriter:
     """Appends records to a JSONL file, one write() call each, so that a killed process loses at
     most one line."""
 
-    def __init__(self, path: Path, fsync_every: float = 5.0):
-        self.path = Path(path)
+    def __init__(self, path: Path | Callable[[], Path], fsync_every: float = 5.0):
+        # A callable names the trace when the first record is written: a process started by
+        # spawn or forkserver knows which it is only once multiprocessing has set it up.
+        self._path_of = path if callable(path) else None
+        self.path = None if callable(path) else Path(path)
+        self._claimed = False
         self._fd: int | None = None
         self._fsync_every = fsync_every
         self._last_sync = 0.0
@@ -30,8 +35,7 @@ class TraceWriter:
     def write(self, record: StepRecord) -> None:
         """Append one record as one line, with one write() call."""
         if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = self._open()
         # Straight to the OS (no buffered file object to flush): survives the process being killed.
         data = record_line(record)
         while data:  # a regular file takes it whole, short of a full disk
@@ -39,6 +43,28 @@ class TraceWriter:
         if record.time is not None and record.time - self._last_sync >= self._fsync_every:
             os.fsync(self._fd)  # and on disk now and then: survives the machine
             self._last_sync = record.time
+
+    def _open(self) -> int:
+        """The trace's file, claimed by this process the first time: each process that steps
+        writes a trace of its own, since two appending to one would interleave their steps. A
+        name another process of the run holds already (a subprocess of the script, not started
+        through multiprocessing) gets `.sub1`, `.sub2`, ... in the order the claims happen."""
+        if self.path is None:
+            self.path = Path(self._path_of())
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        if self._claimed:
+            return os.open(self.path, flags, 0o644)
+        base = self.path.name.removesuffix(".jsonl")
+        for attempt in range(1, 10_000):
+            try:
+                fd = os.open(self.path, flags | os.O_EXCL, 0o644)
+            except FileExistsError:
+                self.path = self.path.with_name(f"{base}.sub{attempt}.jsonl")
+                continue
+            self._claimed = True
+            return fd
+        raise OSError(f"no trace name left beside {self.path}")
 
     def close(self) -> None:
         """Flush the trace to disk and close it."""
