@@ -42,7 +42,7 @@ from twice.core.errors import Exit
 )
 @click.option(
     "--offset",
-    type=int,
+    type=click.IntRange(min=-(2**63 - 1), max=2**63 - 1),
     default=None,
     help="B's step 0 is A's step N (negative: A's step 0 is B's step -N)  [default: by step "
     "number, or where B's starting parameters occur in A when B resumed itself].",
