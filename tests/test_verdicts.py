@@ -169,13 +169,14 @@ def _oracle(path_a, path_b):
         return None
     if not a or not b:
         return "unjudged"
-    compared = [n for n in FIELD_OF if n != "params_before"]
+    def held(record, name):
+        value = getattr(record, name)
+        return None if value in ({}, []) else value
+
     if [r.step for r in a] != [r.step for r in b]:
         return False
     for ra, rb in zip(a, b, strict=True):
-        if any(getattr(ra, n) != getattr(rb, n) for n in compared):
-            return False
-        if ra.params_before and rb.params_before and ra.params_before != rb.params_before:
+        if any(held(ra, n) != held(rb, n) for n in FIELD_OF):
             return False
     return True
 

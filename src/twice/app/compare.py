@@ -217,7 +217,7 @@ def compare_runs(
             one_sided[stream] = scan.only
         if scan.first is not None:
             record_a, record_b = scan.first
-            found = first_divergence([record_a], [record_b], stream)
+            found = first_divergence([record_a], [record_b], stream, scan.resumed)
             divergences.append(replace(found, identical_before=scan.same_before))
             skipped[stream] = (
                 {record_a.step} if record_a.skipped else set(),

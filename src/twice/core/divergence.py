@@ -128,7 +128,7 @@ def _held(value: Any) -> bool:
 
 
 def first_divergence(
-    a: list[StepRecord], b: list[StepRecord], stream: str = "main"
+    a: list[StepRecord], b: list[StepRecord], stream: str = "main", resumed: bool = False
 ) -> Divergence | None:
     """The first step recorded in both traces whose compared fields differ, or None.
 
@@ -141,7 +141,7 @@ def first_divergence(
         record_b = by_step_b.get(record_a.step)
         if record_b is None:
             continue
-        fields = differing_fields(record_a, record_b)
+        fields = differing_fields(record_a, record_b, resumed)
         if not fields:
             same += 1
             continue

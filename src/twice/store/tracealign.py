@@ -87,7 +87,7 @@ def scan_offset(path_a: Path, path_b: Path, offset: int, steps: int | None = Non
     steps."""
     a, b = TraceLines(Path(path_a)), TraceLines(Path(path_b))
     shift_a, shift_b = (0, offset) if offset >= 0 else (-offset, 0)
-    scan = PairScan()
+    scan = PairScan(resumed=True)
     limit = float("inf") if steps is None else steps
     pending: list[StepRecord | None] = [None, None]
     try:

@@ -48,6 +48,7 @@ class PairScan:
     same_before: int = 0  # common steps with equal compared fields before the first difference
     first: tuple[StepRecord, StepRecord] | None = None  # the records at the first difference
     only: tuple[int, int] | None = None  # (side 0 or 1, step): the first step one run lacks
+    resumed: bool = False  # one run's trace starts later (a resume): see differing_fields
 
     def add_one(self, side: int, step: int) -> None:
         """Count one step recorded on one side only."""
@@ -61,7 +62,7 @@ class PairScan:
         self.counts[1] += 1
         self.common += 1
         if self.first is None:
-            if differing_fields(record_a, record_b):
+            if differing_fields(record_a, record_b, self.resumed):
                 self.first = (record_a, record_b)
             else:
                 self.same_before += 1
@@ -296,7 +297,7 @@ def scan_pair(
     `resumed_at`: where each run resumed; a run's trace holding a step before it is damaged."""
     a, b = TraceLines(Path(path_a)), TraceLines(Path(path_b))
     a.floor, b.floor = resumed_at
-    scan = PairScan()
+    scan = PairScan(resumed=any(resumed_at))
     limit = NO_LIMIT if steps is None else steps
     try:
         while True:
