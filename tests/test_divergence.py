@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from twice.core.divergence import explain, first_divergence, loss_gap
+from twice.core.divergence import UNKNOWN, explain, first_divergence, loss_gap
 from twice.core.manifest import Difference, compare_identity
 from twice.core.records import StepRecord
 
@@ -75,25 +75,24 @@ def test_explanation_combines_trace_and_manifest():
 
 def test_an_explanation_claims_identical_only_for_what_was_recorded():
     """A loop whose trace holds no batches: the sentence says none were recorded, never that
-    batches were identical."""
+    batches were identical, and names no cause."""
     a, b = trace(3), trace(3)
     for record in a + b:
         record.batch = None
-    b[2].grads = "other"
+    b[2].grads = "f" * 32
     sentence = explain([], first_divergence(a, b))
-    assert "batches" not in sentence.split("(")[0]
+    assert "batches" not in sentence.split(";")[0]
     assert sentence.startswith(
         "the RNG state and the loss identical, gradients differ: the backward computation differs "
-        "(no batches were recorded for this loop) at step 2"
+        "at step 2; same code, seeds and settings, but the cause cannot be named"
     )
+    assert UNKNOWN["batch"] in sentence and "nondeterminism" not in sentence
     for record in a + b:
         record.rng = {}
-    b[2].grads, b[1].loss = "g2", "other"
+    b[2].grads, b[1].loss = "e" * 32, (5.0).hex()
     sentence = explain([], first_divergence(a, b))
-    assert sentence.startswith(
-        "the loss differs: the forward computation differs (no batches were recorded for this "
-        "loop) at step 1"
-    )
+    assert sentence.startswith("the loss differs: the forward computation differs at step 1")
+    assert UNKNOWN["batch"] in sentence and UNKNOWN["rng"] in sentence
 
 
 def test_identity_differences_are_grouped():

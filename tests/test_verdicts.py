@@ -169,6 +169,7 @@ def _oracle(path_a, path_b):
         return None
     if not a or not b:
         return "unjudged"
+
     def held(record, name):
         value = getattr(record, name)
         return None if value in ({}, []) else value

@@ -218,7 +218,14 @@ def compare_runs(
         if scan.first is not None:
             record_a, record_b = scan.first
             found = first_divergence([record_a], [record_b], stream, scan.resumed)
-            divergences.append(replace(found, identical_before=scan.same_before))
+            # the state before the step is known equal: the step before it compared equal, or
+            # step 0's starting parameters (params_before, first in causal order) were equal
+            start_known = (found.step > 0 and scan.last_same == found.step - 1) or (
+                found.step == 0 and "params_before" in found.recorded
+            )
+            divergences.append(
+                replace(found, identical_before=scan.same_before, start_known=start_known)
+            )
             skipped[stream] = (
                 {record_a.step} if record_a.skipped else set(),
                 {record_b.step} if record_b.skipped else set(),
@@ -231,7 +238,8 @@ def compare_runs(
     )
     statuses = (effective_status(manifest_a), effective_status(manifest_b))
     observed = manifest_a.observe or manifest_b.observe
-    explanation = explain(diffs, first, observed=observed)
+    inputs_recorded = "inputs" in manifest_a.identity and "inputs" in manifest_b.identity
+    explanation = explain(diffs, first, observed=observed, inputs_recorded=inputs_recorded)
     if alignment is not None and alignment.offset:
         # A resume that lost state shows at its first step, whatever else the command changed
         # (its resume flag, at least): say that first.

@@ -22,6 +22,7 @@ from twice.runtime.capture import (
     git_state,
     numeric_env,
 )
+from twice.store.inputs import hash_inputs, inputs_under
 from twice.store.layout import MANIFEST, RunFolder
 from twice.store.outputs import written_files
 from twice.store.procs import ProcessRecord, read_processes
@@ -106,6 +107,22 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
     if refused:
         summary["damaged_process_records"] = refused
     return summary
+
+
+def _record_inputs(run_dir: Path, identity: dict, context: dict) -> None:
+    """The files the run's processes read under its input folders (store/inputs.py): digests in
+    the identity (compared: a changed data file is a difference), details in the context."""
+    procs, _ = read_processes(run_dir)
+    reads: dict[str, list[int]] = {}
+    for proc in procs:
+        for path, facts in (proc.reads or {}).items():
+            reads.setdefault(path, facts)
+    runs = run_dir.resolve().parent
+    exclude = [*context.get("inputs_exclude", []), str(runs)]
+    roots = context.get("inputs_roots") or [context["cwd"]]
+    files = hash_inputs(inputs_under(reads, roots, exclude), str(Path(context["cwd"]).resolve()))
+    identity["inputs"] = {f.path: (f.xxh3 or "changed during the run") for f in files}
+    context["inputs"] = [f.to_json() for f in files]
 
 
 def _outputs(run_dir: Path, context: dict) -> dict:
@@ -200,6 +217,8 @@ def start_manifest(
         "trace_every": options.trace_every,
         "params_every": options.params_every,
         "stop_after": options.stop_after,
+        "inputs_roots": [str(Path(cwd).resolve()), *options.inputs],
+        "inputs_exclude": list(options.inputs_exclude),
         "capture_seconds": round(time.time() - started, 4),
     }
     manifest = {"identity": identity, "context": context}
@@ -222,6 +241,7 @@ def finish_manifest(
     if fault is not None:
         summary["loss_fault"] = fault
     summary["outputs"] = _outputs(run_dir, context)
+    _record_inputs(run_dir, identity, context)
     if config_path.is_file():
         try:
             config = read_json(config_path)

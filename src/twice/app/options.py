@@ -51,6 +51,10 @@ class RunOptions:
     """Steps whose every operation is recorded into ops/ (e.g. "3,10-12")."""
     resume_from: Path | None = None
     """A checkpoint (or checkpoints folder) that twice.Run.resume() in the command starts from."""
+    inputs: tuple[str, ...] = ()
+    """Folders besides the working folder whose files the run reads are recorded."""
+    inputs_exclude: tuple[str, ...] = ()
+    """Folders whose files are not recorded as inputs."""
     live: Any = None
     """Something told of the run as it goes: live.start(run_dir) once the command started,
     live.finish(run_dir) after its manifest is final (twice run --mlflow)."""

@@ -236,6 +236,13 @@ def format_run(row: dict, identity: dict) -> str:
                 f"({entry['size']} bytes, xxh3 {entry['xxh3']})"
             )
     lines.append(f"  sources: {len(code.get('sources', {}))} local files digested")
+    inputs = identity.get("inputs")
+    if isinstance(inputs, dict):
+        lines.append(f"  inputs read: {len(inputs)} files under the working and --inputs folders")
+        for path, digest in list(inputs.items())[:SHOWN_PER_GROUP]:
+            lines.append(f"    {path} ({'xxh3 ' if len(digest) == 32 else ''}{digest})")
+        if len(inputs) > SHOWN_PER_GROUP:
+            lines.append(f"    ... and {len(inputs) - SHOWN_PER_GROUP} more (`twice show --json`)")
     lines.append(
         f"  python {identity.get('python', {}).get('version')}, "
         f"torch {torch_facts.get('version', 'not imported')}, "

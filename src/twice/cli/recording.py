@@ -100,6 +100,20 @@ from twice.store.traceseries import loss_fault_phrase
     default=None,
     help="Log to this MLflow tracking store while the command runs (needs twice[mlflow]).",
 )
+@click.option(
+    "--inputs",
+    "inputs",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Also record the files read under this folder (repeatable; the working folder always).",
+)
+@click.option(
+    "--inputs-exclude",
+    "inputs_exclude",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Do not record the files read under this folder (repeatable).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
     seed,
@@ -115,6 +129,8 @@ def run(
     max_steps,
     resume_from,
     mlflow_uri,
+    inputs,
+    inputs_exclude,
     command,
 ):
     """Run COMMAND seeded, deterministic and recorded in runs/<id>/.
@@ -162,6 +178,8 @@ def run(
         numerics=numerics,
         portable=portable_policy(determinism) if portable and not observe else None,
         live=live,
+        inputs=tuple(str(p.resolve()) for p in inputs),
+        inputs_exclude=tuple(str(p.resolve()) for p in inputs_exclude),
     )
     code, run_dir = run_command(list(command), options)
     from twice.store.runs import read_manifest

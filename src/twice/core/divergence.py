@@ -18,6 +18,9 @@ __all__ = [
     "explain",
     "loss_gap",
     "FIELD_MEANING",
+    "EVIDENCE",
+    "UNKNOWN",
+    "missing_evidence",
 ]
 
 FIELD_MEANING = {
@@ -45,6 +48,7 @@ class Divergence:
     loss_b: Any = None
     identical_before: int = 0
     recorded: tuple[str, ...] = CAUSAL_ORDER  # compared fields both records hold at this step
+    start_known: bool = True  # the state before this step was recorded in both and equal
 
     @property
     def first(self) -> str:
@@ -136,21 +140,24 @@ def first_divergence(
     difference of their own. Every field but records.NOT_COMPARED is compared.
     """
     by_step_b = {record.step: record for record in b}
-    same = 0
+    same, last_same = 0, -1
     for record_a in a:
         record_b = by_step_b.get(record_a.step)
         if record_b is None:
             continue
         fields = differing_fields(record_a, record_b, resumed)
         if not fields:
-            same += 1
+            same, last_same = same + 1, record_a.step
             continue
         tensors = {}
         for name, attr in (("params", "param_digests"), ("grads", "grad_digests")):
             differing = _differing(getattr(record_a, attr), getattr(record_b, attr))
             if differing:
                 tensors[name] = differing
+        held_before = _held(record_a.params_before) and _held(record_b.params_before)
         return Divergence(
+            start_known=(record_a.step > 0 and last_same == record_a.step - 1)
+            or (record_a.step == 0 and held_before),
             stream=stream,
             step=record_a.step,
             fields=fields,
@@ -192,6 +199,12 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
             f"another order, "
             "so bits differ unless training is world-size invariant"
         )
+    if "data" in by_group:
+        changed = [d.key.removeprefix("inputs.") for d in by_group["data"]]
+        shown = ", ".join(changed[:3]) + (
+            f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        )
+        return f"the runs read different data: {shown} differ{'s' if len(changed) == 1 else ''}"
     if "seeds" in by_group:
         d = by_group["seeds"][0]
 
@@ -274,7 +287,6 @@ _NAMES = {
     "lr": ("the learning rate", "the schedule differs"),
     "params": ("parameters", "the update differs"),
 }
-_NOT_RECORDED = {"batch": "no batches were recorded for this loop"}
 
 
 def _stage(divergence: Divergence, reason: str | None) -> str:
@@ -298,17 +310,47 @@ def _stage(divergence: Divergence, reason: str | None) -> str:
     stage = f"{name} {verb}" if first == "batch" else f"{name} {verb}: {meaning}"
     if same:
         stage = f"{_join(same)} identical, {stage}"
-    missing = [
-        _NOT_RECORDED[n] for n in before if n in _NOT_RECORDED and n not in divergence.recorded
-    ]
-    return f"{stage} ({'; '.join(missing)})" if missing else stage
+    return stage
 
 
 def _join(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def explain(diffs: list[Difference], divergence: Divergence | None, observed: bool = False) -> str:
+# What "nondeterminism inside the run" rests on: everything upstream of the first difference
+# recorded in both runs, and equal. Each piece, and what is said when it is missing.
+EVIDENCE = ("inputs", "start", "batch", "rng")
+UNKNOWN = {
+    "inputs": "the files the runs read were not recorded (a run made outside `twice run`, or by "
+    "an older twice)",
+    "start": "the parameters before this step were not compared (the step before it was not "
+    "recorded in both runs)",
+    "batch": "the batches were not recorded (no DataLoader, and no module was called with data)",
+    "rng": "the RNG states were not recorded",
+}
+
+
+def missing_evidence(divergence: Divergence, inputs_recorded: bool) -> list[str]:
+    """The pieces of EVIDENCE that "nondeterminism inside the run" needs at this divergence and
+    the records lack: the inputs, the starting state, and each compared field upstream of the
+    first difference (in CAUSAL_ORDER) that not both records hold."""
+    upstream = CAUSAL_ORDER[: CAUSAL_ORDER.index(divergence.first)]
+    held = {
+        "inputs": inputs_recorded,
+        "start": divergence.start_known,
+        "batch": "batch" in divergence.recorded,
+        "rng": "rng" in divergence.recorded,
+    }
+    needed = [name for name in EVIDENCE if name in ("inputs", "start") or name in upstream]
+    return [name for name in needed if not held[name]]
+
+
+def explain(
+    diffs: list[Difference],
+    divergence: Divergence | None,
+    observed: bool = False,
+    inputs_recorded: bool = True,
+) -> str:
     """One sentence: what differed first and the most likely cause, combining manifest and trace."""
     reason = _identity_reason(diffs)
     if divergence is None:
@@ -332,13 +374,20 @@ def explain(diffs: list[Difference], divergence: Divergence | None, observed: bo
             f"seed itself "
             "start differently (run without --observe to seed every RNG)"
         )
+    missing = missing_evidence(divergence, inputs_recorded)
+    if missing:  # a cause only from its evidence: say what is unknown instead of guessing
+        return (
+            f"{sentence}; same code, seeds and settings, but the cause cannot be named from what "
+            f"was recorded: {'; '.join(UNKNOWN[name] for name in missing)}"
+        )
     source = (
         "a nondeterministic data pipeline"
         if divergence.first == "batch"
         else "a nondeterministic kernel, a race or unsynchronised shared state"
     )
     return (
-        f"{sentence}; same code, seeds and settings: nondeterminism inside the run, not seeding "
+        f"{sentence}; same code, seeds, settings, input files and starting state, and "
+        "everything before it in the step equal: nondeterminism inside the run, not seeding "
         f"({source})"
     )
 

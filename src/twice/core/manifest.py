@@ -13,6 +13,7 @@ __all__ = ["Manifest", "Difference", "compare_identity", "GROUPS", "group_of"]
 
 # The order in which difference groups are reported, and which identity keys fall in each.
 GROUPS = (
+    "data",
     "code",
     "arguments",
     "packages",
@@ -23,6 +24,7 @@ GROUPS = (
     "seeds",
 )
 _GROUP_OF_TOP = {
+    "inputs": "data",
     "code": "code",
     "argv": "arguments",
     "config": "arguments",
@@ -286,6 +288,24 @@ _SHAPES: tuple[tuple[str, str, str, Any], ...] = (
     ("identity", "gpus", "a list", lambda v: isinstance(v, list)),
     ("identity", "cuda_devices", "a list of objects", _list_of(_map_of(_scalar))),
     ("identity", "config", "an object (the run's configuration)", lambda v: isinstance(v, dict)),
+    ("identity", "inputs", "an object of the files read and their digests", _map_of(_text)),
+    (
+        "context",
+        "inputs",
+        "a list of the files read, each with a path, a size and a digest or null",
+        _list_of(
+            _shape(
+                path=_text,
+                size=lambda v: _is_int(v, 0),
+                mtime_ns=lambda v: _is_int(v, 0),
+                xxh3=_nullable(_text),
+                sampled=lambda v: isinstance(v, bool),
+                changed=lambda v: isinstance(v, bool),
+            )
+        ),
+    ),
+    ("context", "inputs_roots", "a list of folders", _list_of(_text)),
+    ("context", "inputs_exclude", "a list of folders", _list_of(_text)),
     (
         "identity",
         "distributed",

@@ -70,6 +70,18 @@ def _batch_read(batch) -> None:
         recorder.on_batch(batch)
 
 
+def _module_enters(args: tuple, kwargs: dict) -> None:
+    recorder = _recorder
+    if recorder is not None:
+        recorder.on_module_call(args, kwargs)
+
+
+def _recorder_leaves() -> None:
+    recorder = _recorder
+    if recorder is not None:
+        recorder.inputs.leave()
+
+
 def _step_skipped(recorder: Recorder, optimizer) -> None:
     if recorder is _recorder:
         recorder.on_skipped_step(optimizer)
@@ -90,6 +102,7 @@ class _Calls:
     backward_ends = staticmethod(_backward_ends)
     batch_read = staticmethod(_batch_read)
     step_skipped = staticmethod(_step_skipped)
+    module_enters = staticmethod(_module_enters)
     compiled = False
 
 
@@ -116,6 +129,7 @@ def _compile_safe() -> None:
         "backward_ends",
         "batch_read",
         "step_skipped",
+        "module_enters",
     ):
         setattr(_Calls, name, staticmethod(disable(getattr(_Calls, name))))
     _Calls.compiled = True
@@ -161,7 +175,11 @@ def install(recorder: Recorder) -> Recorder:
     original_backward = torch.autograd.backward
     original_next = dataloader._BaseDataLoaderIter.__next__
     original_compile = torch.compile
-    _originals.update(backward=original_backward, next=original_next, compile=original_compile)
+    original_call = torch.nn.Module.__call__
+    _originals.update(
+        backward=original_backward, next=original_next, compile=original_compile, call=original_call
+    )
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
     def backward(tensors, *args, **kwargs):
         recorder = _Calls.backward_starts(tensors)
@@ -176,6 +194,17 @@ def install(recorder: Recorder) -> Recorder:
         _Calls.batch_read(batch)
         return batch
 
+    def module_call(self, *args, **kwargs):
+        # Every module call, to find each step's outermost ones (record/inputs.py). Compiled code
+        # is left alone: Dynamo folds is_compiling() to True and traces the plain call.
+        if _recorder is None or is_compiling():
+            return original_call(self, *args, **kwargs)
+        _Calls.module_enters(args, kwargs)
+        try:
+            return original_call(self, *args, **kwargs)
+        finally:
+            _recorder_leaves()
+
     @functools.wraps(original_compile)
     def compile(*args, **kwargs):
         _compile_safe()
@@ -183,6 +212,7 @@ def install(recorder: Recorder) -> Recorder:
 
     torch.autograd.backward = backward
     dataloader._BaseDataLoaderIter.__next__ = next_batch
+    torch.nn.Module.__call__ = module_call
     torch.compile = compile
     scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if scaler_class is not None:
@@ -226,6 +256,7 @@ def uninstall() -> None:
     _handles.clear()
     if "backward" in _originals:
         torch.autograd.backward = _originals.pop("backward")
+        torch.nn.Module.__call__ = _originals.pop("call")
         dataloader._BaseDataLoaderIter.__next__ = _originals.pop("next")
         torch.compile = _originals.pop("compile")
     if "scaler_step" in _originals:

@@ -33,6 +33,7 @@ from twice.core.steps import RoundClock
 from twice.record.guard import costed, guarded
 from twice.record.handsteps import HandSteps
 from twice.record.health import StepHealth
+from twice.record.inputs import ModuleInputs
 from twice.record.names import ParamNames, process_stream
 from twice.record.norms import floats
 from twice.record.norms import norms as tensor_norms
@@ -96,6 +97,7 @@ class Recorder:
             Digester
         ] = []  # one digester per batch read since the last step
         self.names = ParamNames()  # per optimizer: (name, parameter) pairs
+        self.inputs = ModuleInputs()  # the batch where no DataLoader gives one
         self.on_stop: list = []  # called when stop_after is reached, before the process exits
         self.rng_at_stop: dict | None = None
         # Every process records its parameters before its first update (params_before): a run
@@ -168,6 +170,20 @@ class Recorder:
             self._pending_batches.append(Digester(strict=False).update(batch))
         if len(OPAQUE_TYPES) > self._opaque_warned:
             self._warn_opaque()
+
+    @guarded
+    def on_module_call(self, args: tuple, kwargs: dict) -> None:
+        """A module is called: the outermost call's data is the step's batch where no DataLoader
+        batch came (record/inputs.py)."""
+        inputs = self.inputs
+        if inputs.depth or self.explicit or self._pending_batches:
+            inputs.depth += 1
+            return
+        if not self._tracing_this_step():
+            inputs.depth += 1
+            return
+        with self._paused():
+            inputs.enter(args, kwargs, tensor_type[0])
 
     def _warn_opaque(self) -> None:
         import warnings
@@ -514,6 +530,9 @@ class Recorder:
                 round_.batch.update(digester.hexdigest())
         round_.batch_count += batches
         del self._pending_batches[:batches]
+        data = self.inputs.take()
+        if round_.batch is None and data is not None:
+            round_.batch = data  # a loop without a DataLoader: what its modules were given
 
     def _finish_round(self) -> None:
         if not self._clock.members:

@@ -18,6 +18,7 @@ import time
 from twice.core.errors import Exit
 from twice.core.protocol import ChildSettings
 from twice.runtime.imports import when_imported
+from twice.runtime.reads import files_read, watch_reads
 from twice.store.layout import RunFolder
 
 _state: dict = {}
@@ -155,6 +156,7 @@ def _at_exit() -> None:
         "events": recorder.events() if recorder is not None else None,
         "distributed": _distributed_facts(),
         "portable": _portable_facts(),
+        "reads": files_read(),
     }
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -205,6 +207,7 @@ def boot() -> None:
     from twice.runtime.orphans import die_with_parent
 
     die_with_parent(os.getppid())
+    watch_reads(str(settings.run_dir))
     if not settings.observe:
         seed = settings.seed if settings.seed is not None else 0
         rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")

@@ -87,6 +87,19 @@ _FIELDS = {
     "portable": _portable,
     "torch": lambda v: v is None or isinstance(v, dict),
     "torch_runtime": lambda v: v is None or isinstance(v, dict),
+    "reads": lambda v: (
+        v is None
+        or (
+            isinstance(v, dict)
+            and all(
+                isinstance(path, str)
+                and isinstance(facts, list)
+                and len(facts) == 3
+                and all(_count(n) and n is not None for n in facts)
+                for path, facts in v.items()
+            )
+        )
+    ),
 }
 
 
@@ -106,6 +119,7 @@ class ProcessRecord:
     torch_runtime: dict
     events: dict | None = None  # what the recorder's hooks saw (Recorder.events)
     portable: dict | None = None  # portable mode's policy and the ops it did not cover
+    reads: dict | None = None  # runtime/reads.py: path -> [size, mtime_ns, inode] when opened
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> ProcessRecord:
@@ -131,6 +145,7 @@ class ProcessRecord:
             data.get("torch_runtime") or {},
             data.get("events"),
             data.get("portable"),
+            data.get("reads"),
         )
 
 

@@ -49,6 +49,7 @@ class PairScan:
     first: tuple[StepRecord, StepRecord] | None = None  # the records at the first difference
     only: tuple[int, int] | None = None  # (side 0 or 1, step): the first step one run lacks
     resumed: bool = False  # one run's trace starts later (a resume): see differing_fields
+    last_same: int = -1  # the last common step, before the first difference, found equal
 
     def add_one(self, side: int, step: int) -> None:
         """Count one step recorded on one side only."""
@@ -66,6 +67,7 @@ class PairScan:
                 self.first = (record_a, record_b)
             else:
                 self.same_before += 1
+                self.last_same = record_a.step
 
 
 _TAIL = re.compile(rb'(,"time":(0|[1-9][0-9]{0,19})(\.[0-9]{1,20})?([eE][+-]?[0-9]{1,2})?)?}\n')
@@ -309,6 +311,7 @@ def scan_pair(
                     scan.common += lines
                     if scan.first is None:
                         scan.same_before += lines
+                        scan.last_same = a.last_step
                     continue
             step_a, step_b = a.step(), b.step()
             step_a = None if step_a is None or step_a >= limit else step_a

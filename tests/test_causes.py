@@ -1,0 +1,115 @@
+"""A cause only from its evidence: each sentence that names a cause holds the evidence it needs,
+and where a piece is missing the sentence says what is unknown instead of guessing. Generated
+trace pairs lack each piece of evidence in turn (core/divergence.py, EVIDENCE)."""
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twice.core.divergence import (
+    EVIDENCE,
+    UNKNOWN,
+    explain,
+    first_divergence,
+    missing_evidence,
+)
+from twice.core.manifest import compare_identity
+from twice.core.records import COMPARED_FIELDS, StepRecord
+
+EXHAUSTIVE = os.environ.get("TWICE_EXHAUSTIVE") == "1"
+NONDETERMINISM = "nondeterminism inside the run"
+
+
+def _record(step, salt=""):
+    return StepRecord(
+        step=step,
+        batch=f"{step:031x}1",
+        rng={"torch": f"{step:031x}2"},
+        loss=float(step + 1).hex(),
+        grads=f"{step:031x}3",
+        grad_norm=float(step + 2).hex(),
+        lr=[(0.1).hex()],
+        params=f"{step:031x}4",
+        params_before=f"{0:032x}" if step == 0 else None,
+    )
+
+
+@settings(max_examples=1000 if EXHAUSTIVE else 150, derandomize=not EXHAUSTIVE, deadline=None)
+@given(
+    steps=st.integers(1, 6),
+    data=st.data(),
+    drop=st.sets(st.sampled_from(["batch", "rng", "before", "start", "inputs"])),
+)
+def test_nondeterminism_is_named_only_with_all_its_evidence(steps, data, drop):
+    at = data.draw(st.integers(0, steps - 1))
+    field = data.draw(st.sampled_from(COMPARED_FIELDS))
+    a, b = [_record(s) for s in range(steps)], [_record(s) for s in range(steps)]
+    setattr(
+        b[at],
+        field,
+        {"torch": "f" * 32}
+        if field == "rng"
+        else ["0x1.8p+0"]
+        if field == "lr"
+        else (7.0).hex()
+        if field in ("loss", "grad_norm")
+        else "e" * 32,
+    )
+    for record in a + b:
+        if "batch" in drop and field != "batch":
+            record.batch = None
+        if "rng" in drop and field != "rng":
+            record.rng = {}
+        if "start" in drop:
+            record.params_before = None
+    if "before" in drop and at > 0:  # the step before the divergence was not recorded
+        del a[at - 1], b[at - 1]
+    divergence = first_divergence(a, b)
+    assert divergence is not None and divergence.step == at and divergence.first == field
+    inputs = "inputs" not in drop
+    sentence = explain([], divergence, inputs_recorded=inputs)
+    upstream = COMPARED_FIELDS[: COMPARED_FIELDS.index(field)]
+    lacking = set()
+    if not inputs:
+        lacking.add("inputs")
+    if ("before" in drop and at > 0) or (at == 0 and "start" in drop):
+        lacking.add("start")
+    for name in ("batch", "rng"):
+        if name in drop and name in upstream:
+            lacking.add(name)
+    assert set(missing_evidence(divergence, inputs)) == lacking
+    if lacking:
+        assert NONDETERMINISM not in sentence, sentence
+        for name in lacking:
+            assert UNKNOWN[name] in sentence
+    else:
+        assert NONDETERMINISM in sentence, sentence
+
+
+@pytest.mark.parametrize("missing", EVIDENCE)
+def test_each_piece_of_evidence_is_needed(missing):
+    """The table itself: taking away any one piece takes the cause away."""
+    a, b = [_record(s) for s in range(3)], [_record(s) for s in range(3)]
+    b[2].loss = (9.0).hex()
+    inputs = missing != "inputs"
+    for record in a + b:
+        if missing in ("batch", "rng"):
+            setattr(record, missing, None if missing == "batch" else {})
+    if missing == "start":
+        del a[1], b[1]
+    sentence = explain([], first_divergence(a, b), inputs_recorded=inputs)
+    assert NONDETERMINISM not in sentence and UNKNOWN[missing] in sentence
+
+
+def test_a_changed_input_file_is_named_first_among_the_causes():
+    diffs = compare_identity(
+        {"inputs": {"data/train.bin": "a" * 32}, "threads": {"intra_op_threads": 1}},
+        {"inputs": {"data/train.bin": "b" * 32}, "threads": {"intra_op_threads": 2}},
+    )
+    a, b = [_record(s) for s in range(2)], [_record(s) for s in range(2)]
+    b[0].batch = "c" * 32
+    sentence = explain(diffs, first_divergence(a, b))
+    assert sentence.endswith("the runs read different data: data/train.bin differs")
+    assert NONDETERMINISM not in sentence

@@ -1,0 +1,132 @@
+"""Inputs: the files a run read are recorded and compared, a loop without a DataLoader records
+its batch, and a changed data file is named as the cause, never nondeterminism (real processes,
+real files)."""
+
+import json
+import sys
+
+import numpy as np
+from conftest import clean_env, runs, script, twice
+
+from twice.store import inputs as inputs_module
+from twice.store.inputs import hash_inputs
+from twice.store.traces import read_trace
+
+
+def _env(tmp_path):
+    return clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+
+
+def _two_runs(tmp_path, name, prepare, change):
+    script(name, tmp_path)
+    prepare(tmp_path)
+    env = _env(tmp_path)
+    for label in ("a", "b", "c"):
+        if label == "c":
+            change(tmp_path)
+        result = twice("run", "--name", label, "--", sys.executable, name, cwd=tmp_path, env=env)
+        assert result.returncode == 0, result.stderr
+    return runs(tmp_path), env
+
+
+def _diff(tmp_path, a, b, env):
+    result = twice("diff", "--json", a, b, cwd=tmp_path, env=env)
+    return result.returncode, json.loads(result.stdout)
+
+
+def _tokens(tmp_path):
+    (tmp_path / "data").mkdir()
+    tokens = np.random.default_rng(0).integers(0, 64, 2000).astype(np.uint16)
+    tokens.tofile(tmp_path / "data" / "train.bin")
+
+
+def _change_one_token_in_fifty(tmp_path):
+    path = tmp_path / "data" / "train.bin"
+    tokens = np.fromfile(path, dtype=np.uint16)
+    tokens[::50] = (tokens[::50] + 1) % 64
+    tokens.tofile(path)
+
+
+def test_a_changed_token_file_is_named_as_the_cause_in_a_get_batch_loop(tmp_path):
+    (a, b, c), env = _two_runs(tmp_path, "getbatch_train.py", _tokens, _change_one_token_in_fifty)
+    manifest = json.loads((a / "manifest.json").read_text())
+    (entry,) = manifest["context"]["inputs"]
+    assert entry["path"] == "data/train.bin" and entry["size"] == 4000
+    assert manifest["identity"]["inputs"] == {"data/train.bin": entry["xxh3"]}
+    assert all(r.batch is not None for r in read_trace(a / "trace.jsonl"))
+    code, same = _diff(tmp_path, a, b, env)
+    assert code == 0, same["verdict"]
+    code, report = _diff(tmp_path, a, c, env)
+    assert code == 1
+    assert report["divergence"]["first"] == "batch"
+    assert "the runs read different data: data/train.bin differs" in report["explanation"]
+    assert "nondeterminism" not in report["explanation"]
+
+
+def test_a_changed_npy_file_is_named_as_the_cause_in_a_slicing_loop(tmp_path):
+    def prepare(folder):
+        np.save(folder / "train.npy", np.random.default_rng(1).standard_normal((40, 5)).astype(np.float32))
+
+    def change(folder):
+        table = np.load(folder / "train.npy")
+        table[20, 1] += 1.0
+        np.save(folder / "train.npy", table)
+
+    (a, b, c), env = _two_runs(tmp_path, "npload_train.py", prepare, change)
+    code, report = _diff(tmp_path, a, c, env)
+    assert code == 1 and report["divergence"]["step"] == 2
+    assert report["divergence"]["first"] == "batch"
+    assert "the runs read different data: train.npy differs" in report["explanation"]
+    result = twice("show", c, cwd=tmp_path, env=env)
+    assert "inputs read: 1 files" in result.stdout and "train.npy (xxh3 " in result.stdout
+
+
+def test_inputs_outside_the_working_folder_are_recorded_when_named_and_exclusions_hold(tmp_path):
+    work, data = tmp_path / "work", tmp_path / "datasets"
+    work.mkdir(), data.mkdir()
+    (data / "a.txt").write_text("a")
+    (work / "skip").mkdir()
+    (work / "skip" / "b.txt").write_text("b")
+    (work / "read.py").write_text(
+        f"open({str(data / 'a.txt')!r}).read()\nopen('skip/b.txt').read()\n"
+    )
+    env = _env(tmp_path)
+    for extra in ((), ("--inputs", str(data), "--inputs-exclude", "skip")):
+        result = twice("run", *extra, "--", sys.executable, "read.py", cwd=work, env=env)
+        assert result.returncode == 0, result.stderr
+    plain, named = (json.loads((r / "manifest.json").read_text()) for r in runs(work))
+    assert plain["identity"]["inputs"] == {"skip/b.txt": plain["identity"]["inputs"]["skip/b.txt"]}
+    assert list(named["identity"]["inputs"]) == [str(data / "a.txt")]
+
+
+def test_a_file_is_hashed_once_then_taken_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"x" * 5000)
+    info = path.stat()
+    reads = {str(path): [info.st_size, info.st_mtime_ns, info.st_ino]}
+    (first,) = hash_inputs(reads, str(tmp_path))
+    cache = json.loads(inputs_module.cache_path().read_text())
+    (key,) = cache
+    cache[key] = ["c" * 32, False]  # what the cache says is what a second run takes
+    inputs_module.cache_path().write_text(json.dumps(cache))
+    (second,) = hash_inputs(reads, str(tmp_path))
+    assert first.xxh3 != "c" * 32 and second.xxh3 == "c" * 32
+    monkeypatch.setattr(inputs_module, "SAMPLE_ABOVE", 1000)
+    monkeypatch.setattr(inputs_module, "BLOCK", 100)
+    path.write_bytes(b"y" * 5000)
+    info = path.stat()
+    (sampled,) = hash_inputs(
+        {str(path): [info.st_size, info.st_mtime_ns, info.st_ino]}, str(tmp_path)
+    )
+    assert sampled.sampled and sampled.to_json()["sampled"] is True
+
+
+def test_a_file_the_run_rewrote_is_listed_as_changed_without_a_digest(tmp_path):
+    path = tmp_path / "state.bin"
+    path.write_bytes(b"old")
+    info = path.stat()
+    reads = {str(path): [info.st_size, info.st_mtime_ns, info.st_ino]}
+    path.write_bytes(b"newer")
+    (entry,) = hash_inputs(reads, str(tmp_path))
+    assert entry.changed and entry.xxh3 is None
