@@ -65,6 +65,10 @@ CASES = [
     # No torch.optim: `p.add_(p.grad, alpha=-lr)` under no_grad, then zero_grad (issue 26).
     ("MLP 0.40M params, batch 64, updated by hand", mlp, 64, 1, 1),
     ("CNN 0.02M params, 32x32 images, batch 32, updated by hand", cnn, 32, 1, 1),
+    # No DataLoader: batches sliced from a tensor, so the batch is the outermost module call's
+    # data (record/inputs.py), digested on every module call's way in (issue 39).
+    ("MLP 0.40M params, batch 64, sliced batches, no DataLoader", mlp, 64, 1, 1),
+    ("CNN 0.02M params, 32x32 images, batch 32, sliced batches, no DataLoader", cnn, 32, 1, 1),
 ]
 
 
@@ -84,14 +88,21 @@ def setup(build, batch):
     return model, optimizer, data
 
 
-def loop(model, optimizer, data, batch, hand=False):
+def _batches(data, batch, sliced):
+    if not sliced:
+        return DataLoader(data, batch_size=batch, shuffle=True)
+    inputs, targets = data.tensors
+    return ((inputs[i : i + batch], targets[i : i + batch]) for i in range(0, len(inputs), batch))
+
+
+def loop(model, optimizer, data, batch, hand=False, sliced=False):
     """(CPU seconds, wall seconds, seconds in twice's handlers) of one pass over the data, its first
     step left out (TIMED steps):
     in a traced block that step also opens the trace and names the parameters for the new
     recorder, once-per-run costs that 20-step blocks would otherwise charge five times over."""
     start = wall = cost = 0.0
     recorder = hooks.active_recorder()
-    for i, (x, y) in enumerate(DataLoader(data, batch_size=batch, shuffle=True)):
+    for i, (x, y) in enumerate(_batches(data, batch, sliced)):
         if i == 1:
             start, wall, cost = (
                 time.process_time(),
@@ -132,8 +143,8 @@ def main():
             continue
         torch.set_num_threads(threads)
         model, optimizer, data = setup(build, batch)
-        hand = "by hand" in label
-        loop(model, optimizer, data, batch, hand)  # warm-up
+        hand, sliced = "by hand" in label, "sliced" in label
+        loop(model, optimizer, data, batch, hand, sliced)  # warm-up
         plain, traced, shares = [], [], []
         with run_folder() as tmp:
             start = time.process_time()
@@ -143,11 +154,11 @@ def main():
                 order = ("plain", "traced") if round_ % 2 == 0 else ("traced", "plain")
                 for kind in order:
                     if kind == "plain":
-                        plain.append(loop(model, optimizer, data, batch, hand))
+                        plain.append(loop(model, optimizer, data, batch, hand, sliced))
                         continue
                     hooks.install(Recorder(f"{tmp}/{round_}", trace_every=every))
                     try:
-                        traced.append(loop(model, optimizer, data, batch, hand))
+                        traced.append(loop(model, optimizer, data, batch, hand, sliced))
                     finally:
                         hooks.uninstall()
                     shares.append(
