@@ -8,13 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twice.core.divergence import (
-    EVIDENCE,
-    UNKNOWN,
-    explain,
-    first_divergence,
-    missing_evidence,
-)
+from twice.core.causes import EVIDENCE, UNKNOWN, explain, missing_evidence
+from twice.core.divergence import first_divergence
 from twice.core.manifest import compare_identity
 from twice.core.records import COMPARED_FIELDS, StepRecord
 

@@ -1,7 +1,8 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from twice.core.divergence import UNKNOWN, explain, first_divergence, loss_gap
+from twice.core.causes import UNKNOWN, explain
+from twice.core.divergence import first_divergence, loss_gap
 from twice.core.manifest import Difference, compare_identity
 from twice.core.records import StepRecord
 

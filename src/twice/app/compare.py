@@ -5,14 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from twice.core.divergence import (
-    Divergence,
-    divergence_phrase,
-    explain,
-    explain_resumed,
-    first_divergence,
-    loss_gap,
-)
+from twice.core.causes import explain, explain_resumed
+from twice.core.divergence import Divergence, divergence_phrase, first_divergence, loss_gap
 from twice.core.errors import Exit
 from twice.core.manifest import Difference, Manifest, compare_identity
 from twice.store.faults import first_fault

@@ -126,11 +126,19 @@ def _manifest_table(run_dirs: list[Path], labels: list[str], manifests: list, co
     ]
 
     def lookup(identity: dict, key: str):
+        # keys may hold dots themselves (inputs.data/train.bin, code.sources.model.py): at each
+        # level, the longest run of the key's parts that names an entry
         value: object = identity
-        for part in key.split("."):
-            if not isinstance(value, dict) or part not in value:
+        parts, at = key.split("."), 0
+        while at < len(parts):
+            if not isinstance(value, dict):
                 return "<missing>"
-            value = value[part]
+            for end in range(len(parts), at, -1):
+                if ".".join(parts[at:end]) in value:
+                    value, at = value[".".join(parts[at:end])], end
+                    break
+            else:
+                return "<missing>"
         return value
 
     rows = [(g, k, True) for g, k in differing]
@@ -141,6 +149,7 @@ def _manifest_table(run_dirs: list[Path], labels: list[str], manifests: list, co
         "python.version",
         "threads.intra_op_threads",
         "code.git.commit",
+        "inputs",
     ):
         if key not in {k for _, k, _ in rows}:
             rows.append((group_of(key), key, False))

@@ -229,7 +229,7 @@ def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck
     for record in after:
         record.step += offset
     tail = [r for r in full if r.step >= at]
-    found = first_divergence(tail, after)
+    found = first_divergence(tail, after, resumed=True)
     before = next((r for r in full if r.step == at - 1), None)
     if (
         after

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from twice.app.render import printable
+from twice.app.terminal import printable
 from twice.core.errors import EXIT_USAGE, Exit, TwiceError, from_os_error
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

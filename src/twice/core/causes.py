@@ -1,0 +1,277 @@
+"""Why two runs differ, in one sentence: what the manifests say (an input file, the seeds, the
+code, the threads, ...) and what the traces say, each cause named only from its evidence (pure:
+records in, sentences out)."""
+
+from __future__ import annotations
+
+from twice.core.divergence import Divergence
+from twice.core.manifest import MISSING as _MISSING
+from twice.core.manifest import Difference
+from twice.core.records import CAUSAL_ORDER
+
+__all__ = [
+    "explain",
+    "explain_resumed",
+    "missing_evidence",
+    "EVIDENCE",
+    "UNKNOWN",
+    "PORTABLE_FIX",
+    "DEVICE_FIX",
+]
+
+
+def _argv_change(diff: Difference) -> str:
+    a, b = diff.a if isinstance(diff.a, list) else [], diff.b if isinstance(diff.b, list) else []
+    only_a = [x for x in a if x not in b]
+    only_b = [x for x in b if x not in a]
+    if only_a or only_b:
+        return (
+            f"the command lines differ ({' '.join(only_a) or 'nothing'} vs "
+            f"{' '.join(only_b) or 'nothing'})"
+        )
+    return "the command lines differ"
+
+
+def _identity_reason(diffs: list[Difference]) -> str | None:
+    """One clause naming the identity difference most likely to change results."""
+    by_group: dict[str, list[Difference]] = {}
+    for diff in diffs:
+        by_group.setdefault(diff.group, []).append(diff)
+    world = next((d for d in diffs if d.key == "distributed.world_size"), None)
+    if world is not None:
+        return (
+            f"the runs used world sizes {world.a} and {world.b}: gradients are reduced in "
+            f"another order, "
+            "so bits differ unless training is world-size invariant"
+        )
+    if "data" in by_group:
+        phrases = []
+        for d in by_group["data"]:
+            name = d.key.removeprefix("inputs.")
+            if d.a == _MISSING or d.b == _MISSING:
+                phrases.append(f"{name} was read by {'B' if d.a == _MISSING else 'A'} only")
+            else:
+                phrases.append(f"{name} differs")
+        more = f" and {len(phrases) - 3} more" if len(phrases) > 3 else ""
+        return f"the runs read different data: {', '.join(phrases[:3])}{more}"
+    if "seeds" in by_group:
+        d = by_group["seeds"][0]
+
+        def seed(value):
+            return "no seed (--observe)" if value is None else value
+
+        return f"the runs used different seeds ({seed(d.a)} and {seed(d.b)})"
+    if "arguments" in by_group:
+        return _argv_change(by_group["arguments"][0])
+    if "code" in by_group:
+        keys = sorted(
+            {
+                d.key.split(".", 2)[-1] if d.key.startswith("code.sources.") else d.key
+                for d in by_group["code"]
+            }
+        )
+        return f"the code differs ({', '.join(keys[:3])})"
+    portable = next((d for d in diffs if d.key == "determinism.portable"), None)
+    if portable is not None:
+        return (
+            "one run was portable (`twice run --portable`: twice's own kernels) and the other "
+            "not, so their arithmetic differs"
+        )
+    if "threads" in by_group:
+        d = next(
+            (d for d in by_group["threads"] if d.key == "threads.intra_op_threads"),
+            by_group["threads"][0],
+        )
+        return (
+            f"the runs used {d.a} and {d.b} torch threads"
+            if d.key == "threads.intra_op_threads"
+            else f"{d.key} differs ({d.a} vs {d.b})"
+        ) + PORTABLE_FIX
+    versions = [d for d in by_group.get("packages", []) if d.key != "torch.cpu_capability"]
+    if versions:
+        d = versions[0]
+        return f"package versions differ ({d.key}: {d.a} vs {d.b})"
+    isa = next((d for d in diffs if d.key == "torch.cpu_capability"), None)
+    if isa is not None:
+        return f"torch's kernels used the instruction sets {isa.a} and {isa.b}" + PORTABLE_FIX
+    if "hardware" in by_group:
+        d = by_group["hardware"][0]
+        fix = DEVICE_FIX if d.key.startswith(("gpus", "cuda_devices")) else PORTABLE_FIX
+        return f"the hardware differs ({d.key}: {d.a} vs {d.b})" + fix
+    if "determinism" in by_group:
+        d = by_group["determinism"][0]
+        return f"determinism settings differ ({d.key}: {d.a} vs {d.b})"
+    if "environment" in by_group:
+        d = by_group["environment"][0]
+        name = d.key.removeprefix("env.")
+        fix = PORTABLE_FIX if name in _MACHINE_ENV else ""
+        return f"environment variable {name} differs ({d.a} vs {d.b})" + fix
+    return None
+
+
+PORTABLE_FIX = "; `twice run --portable` gives the same bits whatever that setting"
+"""Appended to a cause portable mode removes: thread counts, instruction sets, BLAS code paths."""
+DEVICE_FIX = (
+    "; `twice run --portable` computes the CPU's bits on the GPU by construction (docs/portable.md)"
+)
+"""Appended to a difference of devices."""
+_MACHINE_ENV = {
+    "MKL_CBWR",
+    "ATEN_CPU_CAPABILITY",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_ENABLE_INSTRUCTIONS",
+}
+
+
+# What each field is called in a sentence, and what its difference means.
+_NAMES = {
+    "params_before": ("the starting parameters", "the runs started from different states"),
+    "batch": ("batches", "the batches differ"),
+    "rng": ("the RNG state", "the runs drew different random numbers"),
+    "loss": ("the loss", "the forward computation differs"),
+    "grads": ("gradients", "the backward computation differs"),
+    "grad_norm": ("the gradient norm", "the norm computation differs"),
+    "lr": ("the learning rate", "the schedule differs"),
+    "params": ("parameters", "the update differs"),
+}
+
+
+def _stage(divergence: Divergence, reason: str | None) -> str:
+    """What differed first, claiming "identical" only for what both records hold at that step."""
+    first = divergence.first
+    before = CAUSAL_ORDER[: CAUSAL_ORDER.index(first)]
+    same = [_NAMES[name][0] for name in before if name in divergence.recorded]
+    name, meaning = _NAMES[first]
+    verb = (
+        "differ"
+        if name in ("batches", "gradients", "parameters", "the starting parameters")
+        else "differs"
+    )
+    if first == "loss" and divergence.step == 0:
+        meaning = "the initial weights or the forward computation differ"
+    if first == "params" and reason is None and "grads" in divergence.recorded:
+        meaning = (
+            "something other than this step's update changed them (another process writing "
+            "shared parameters without a lock, or a race)"
+        )
+    stage = f"{name} {verb}" if first == "batch" else f"{name} {verb}: {meaning}"
+    if same:
+        stage = f"{_join(same)} identical, {stage}"
+    return stage
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+# What "nondeterminism inside the run" rests on: everything upstream of the first difference
+# recorded in both runs, and equal. Each piece, and what is said when it is missing.
+EVIDENCE = ("inputs", "start", "batch", "rng")
+UNKNOWN = {
+    "inputs": "the files the runs read were not recorded (a run made outside `twice run`, or by "
+    "an older twice)",
+    "start": "the parameters before this step were not compared (the step before it was not "
+    "recorded in both runs)",
+    "batch": "the batches were not recorded (no DataLoader, and no module was called with data)",
+    "rng": "the RNG states were not recorded",
+}
+
+
+def missing_evidence(divergence: Divergence, inputs_recorded: bool) -> list[str]:
+    """The pieces of EVIDENCE that "nondeterminism inside the run" needs at this divergence and
+    the records lack: the inputs, the starting state, and each compared field upstream of the
+    first difference (in CAUSAL_ORDER) that not both records hold."""
+    upstream = CAUSAL_ORDER[: CAUSAL_ORDER.index(divergence.first)]
+    held = {
+        "inputs": inputs_recorded,
+        "start": divergence.start_known,
+        "batch": "batch" in divergence.recorded,
+        "rng": "rng" in divergence.recorded,
+    }
+    needed = [name for name in EVIDENCE if name in ("inputs", "start") or name in upstream]
+    return [name for name in needed if not held[name]]
+
+
+def explain(
+    diffs: list[Difference],
+    divergence: Divergence | None,
+    observed: bool = False,
+    inputs_recorded: bool = True,
+) -> str:
+    """One sentence: what differed first and the most likely cause, combining manifest and trace."""
+    reason = _identity_reason(diffs)
+    if divergence is None:
+        if reason:  # identical: no fix to suggest
+            reason = reason.removesuffix(PORTABLE_FIX).removesuffix(DEVICE_FIX)
+        return (
+            f"traces agree on every common step; {reason}"
+            if reason
+            else "traces agree on every common step"
+        )
+    stage = _stage(divergence, reason)
+    sentence = f"{stage} at step {divergence.step}"
+    names = divergence.tensors.get(divergence.first, [])
+    if names:
+        sentence += f" ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+    if reason:
+        return f"{sentence}; {reason}"
+    if observed and divergence.first in ("batch", "rng", "loss"):
+        return (
+            f"{sentence}; the runs were recorded with --observe, so RNGs the script does not "
+            f"seed itself "
+            "start differently (run without --observe to seed every RNG)"
+        )
+    missing = missing_evidence(divergence, inputs_recorded)
+    if missing:  # a cause only from its evidence: say what is unknown instead of guessing
+        return (
+            f"{sentence}; same code, seeds and settings, but the cause cannot be named from what "
+            f"was recorded: {'; '.join(UNKNOWN[name] for name in missing)}"
+        )
+    source = (
+        "a nondeterministic data pipeline"
+        if divergence.first == "batch"
+        else "a nondeterministic kernel, a race or unsynchronised shared state"
+    )
+    return (
+        f"{sentence}; same code, seeds, settings, input files and starting state, and "
+        "everything before it in the step equal: nondeterminism inside the run, not seeding "
+        f"({source})"
+    )
+
+
+# What a resume failed to restore, by the first field that differs at the first resumed step.
+_NOT_RESTORED = {
+    "params_before": "the model's parameters",
+    "batch": "the data position (the loader's or sampler's state)",
+    "rng": "the RNG state",
+    "loss": "the model's state, or something else the forward pass reads",
+    "grads": "the model's state, or something else the backward pass reads",
+    "grad_norm": "the gradient clipping or scaling state",
+    "lr": "the learning-rate scheduler's state",
+    "params": "the optimizer's state",
+}
+
+
+def explain_resumed(
+    label: str, checkpoint: str, at: int, divergence: Divergence | None, lead: str | None = None
+) -> str:
+    """The explanation when run `label` resumed from `checkpoint` at step `at`: a difference at the
+    first resumed step is state the resume did not restore, never "same code, seeds and
+    settings". `lead` replaces the opening "run B resumed from ..." """
+    resumed = lead or f"run {label} resumed from {checkpoint}"
+    if divergence is None:
+        return f"{resumed}; the runs agree from step {at} on"
+    if divergence.step <= at:
+        return (
+            f"{resumed}; first divergence at the first resumed step: the resume did not restore "
+            f"{_NOT_RESTORED[divergence.first]} ({_NAMES[divergence.first][0]} differ first)"
+        )
+    after = divergence.step - at
+    return (
+        f"{resumed} at step {at}; first divergence {after} step{'s' if after > 1 else ''} later, "
+        f"at step {divergence.step} ({_NAMES[divergence.first][0]} differ first): state the "
+        "checkpoint does not hold (a counter, a cache, a schedule kept outside tracked objects), "
+        "or nondeterminism inside the run"
+    )
