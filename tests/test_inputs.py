@@ -65,7 +65,10 @@ def test_a_changed_token_file_is_named_as_the_cause_in_a_get_batch_loop(tmp_path
 
 def test_a_changed_npy_file_is_named_as_the_cause_in_a_slicing_loop(tmp_path):
     def prepare(folder):
-        np.save(folder / "train.npy", np.random.default_rng(1).standard_normal((40, 5)).astype(np.float32))
+        np.save(
+            folder / "train.npy",
+            np.random.default_rng(1).standard_normal((40, 5)).astype(np.float32),
+        )
 
     def change(folder):
         table = np.load(folder / "train.npy")

@@ -49,7 +49,8 @@ def test_lightning_resumes_bit_for_bit_with_the_callback_and_not_without(
     # The resumed run's trace continues at step 5 and equals the straight run's, step by step.
     after = _trace(tmp_path, "resumed")
     assert [r.step for r in after] == list(range(5, 12))
-    assert first_divergence([r for r in _trace(tmp_path, "straight") if r.step >= 5], after) is None
+    straight = [r for r in _trace(tmp_path, "straight") if r.step >= 5]
+    assert first_divergence(straight, after, resumed=True) is None
     assert json.loads(next(tmp_path.glob("runs/*-straight/config.json")).read_text()) == {
         "lr": 0.01
     }
@@ -91,7 +92,7 @@ def test_hf_trainer_resume_matches_the_uninterrupted_run_and_the_trace_shows_a_l
     assert _same(straight, resumed)
     full, after = _trace(tmp_path, "straight"), _trace(tmp_path, "resumed")
     assert [r.step for r in after] == list(range(4, 10))
-    assert first_divergence([r for r in full if r.step >= 4], after) is None
+    assert first_divergence([r for r in full if r.step >= 4], after, resumed=True) is None
     assert (
         json.loads(next(tmp_path.glob("runs/*-straight/config.json")).read_text())["learning_rate"]
         == 1e-3
@@ -105,7 +106,9 @@ def test_hf_trainer_resume_matches_the_uninterrupted_run_and_the_trace_shows_a_l
         ignore_data_skip=True,
         callbacks=[TwiceCallback(name="noskip")],
     )
-    found = first_divergence([r for r in full if r.step >= 4], _trace(tmp_path, "noskip"))
+    found = first_divergence(
+        [r for r in full if r.step >= 4], _trace(tmp_path, "noskip"), resumed=True
+    )
     assert (found.step, found.first) == (4, "batch")
 
     # The Trainer's own seed is the run's seed, and the folder stays known after training.
