@@ -321,9 +321,9 @@ def test_a_step_that_gradscaler_skips_is_still_a_step(tmp_path):
     assert (
         len({r.params for r in records[: first + 1]}) == 2
     )  # unchanged while skipped; changed by the first update
-    assert all(
-        r.loss and r.batch is None for r in records
-    )  # each step has its own loss, none merged into the next
+    # each step has its own loss and batch (the data its module was given), none merged
+    assert all(r.loss and r.batch for r in records)
+    assert len({r.batch for r in records}) == len(records)
     assert [e for e in events if e["kind"] in ("non_finite", "skipped_updates")] == []
     assert torch.amp.GradScaler.step.__name__ == "step" and not hasattr(
         torch.amp.GradScaler.step, "__wrapped__"

@@ -108,3 +108,14 @@ def test_a_changed_input_file_is_named_first_among_the_causes():
     sentence = explain(diffs, first_divergence(a, b))
     assert sentence.endswith("the runs read different data: data/train.bin differs")
     assert NONDETERMINISM not in sentence
+
+
+def test_a_process_that_started_from_other_parameters_is_a_race_only_with_the_inputs_known():
+    a, b = [_record(s) for s in range(2)], [_record(s) for s in range(2)]
+    b[0].params_before = "d" * 32
+    divergence = first_divergence(a, b, stream="fork0")
+    assert divergence.first == "params_before"
+    sentence = explain([], divergence)
+    assert NONDETERMINISM in sentence and "changed shared parameters" in sentence
+    sentence = explain([], divergence, inputs_recorded=False)
+    assert NONDETERMINISM not in sentence and UNKNOWN["inputs"] in sentence

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from twice.app.compare import Comparison, compare_runs
 from twice.app.launch import RunOptions, run_command
-from twice.app.trust import replayable_env, require_trust
+from twice.app.trust import REPLAYED, replayable_env, require_trust
 from twice.core.divergence import divergence_phrase
 from twice.core.errors import Exit, UsageError
 from twice.core.protocol import ChildSettings
@@ -42,7 +42,11 @@ def rerun_options(
     require_trust(Path(run_dir), manifest, yes)
     recorded_env = replayable_env(manifest.env)
     # The re-run gets the recorded numerics-relevant variables and none that the original lacked.
-    unset = tuple(k for k in numeric_env(dict(os.environ)) if k not in recorded_env)
+    # Of the names a re-run replays, those the original lacked are removed; the rest of this
+    # shell's environment (paths, caches, plugins: never replayed) is left as it is.
+    unset = tuple(
+        k for k in numeric_env(dict(os.environ)) if k in REPLAYED and k not in recorded_env
+    )
     options = RunOptions(
         seed=manifest.seed if manifest.seed is not None else 0,
         name=name[:100],

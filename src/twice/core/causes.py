@@ -190,7 +190,9 @@ def missing_evidence(divergence: Divergence, inputs_recorded: bool) -> list[str]
         "batch": "batch" in divergence.recorded,
         "rng": "rng" in divergence.recorded,
     }
-    needed = [name for name in EVIDENCE if name in ("inputs", "start") or name in upstream]
+    # where the starting state is what differs, it is the finding, not evidence to hold
+    start = () if divergence.first == "params_before" else ("start",)
+    needed = [name for name in EVIDENCE if name in ("inputs", *start) or name in upstream]
     return [name for name in needed if not held[name]]
 
 
@@ -228,6 +230,13 @@ def explain(
         return (
             f"{sentence}; same code, seeds and settings, but the cause cannot be named from what "
             f"was recorded: {'; '.join(UNKNOWN[name] for name in missing)}"
+        )
+    if divergence.first == "params_before":  # a process's first record: before any update
+        return (
+            f"{sentence}; same code, seeds, settings and input files: nondeterminism inside the "
+            "run, not seeding (the process started from other parameters: another process "
+            "changed shared parameters before its first update, a race or unsynchronised shared "
+            "state)"
         )
     source = (
         "a nondeterministic data pipeline"

@@ -53,8 +53,8 @@ class ModuleInputs:
 def _is_data(value: Any, tensor_type: type) -> bool:
     """A tensor the step was given, not one it computed: no grad_fn, not requiring grad (one
     level deep into tuples and lists, where batches are usually packed)."""
-    if isinstance(value, tensor_type):
-        return value.grad_fn is None and not value.requires_grad
+    if isinstance(value, tensor_type):  # a meta tensor holds no data to digest
+        return value.grad_fn is None and not value.requires_grad and not value.is_meta
     if type(value) in (tuple, list) and len(value) <= 64:
         return bool(value) and all(_is_data(item, tensor_type) for item in value)
     return False
