@@ -6,6 +6,7 @@ import json
 import sys
 
 import numpy as np
+import pytest
 from conftest import clean_env, runs, script, twice
 
 from twice.store import inputs as inputs_module
@@ -17,11 +18,11 @@ def _env(tmp_path):
     return clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
 
 
-def _two_runs(tmp_path, name, prepare, change):
+def _two_runs(tmp_path, name, prepare, change, labels=("a", "b", "c")):
     script(name, tmp_path)
     prepare(tmp_path)
     env = _env(tmp_path)
-    for label in ("a", "b", "c"):
+    for label in labels:
         if label == "c":
             change(tmp_path)
         result = twice("run", "--name", label, "--", sys.executable, name, cwd=tmp_path, env=env)
@@ -63,6 +64,7 @@ def test_a_changed_token_file_is_named_as_the_cause_in_a_get_batch_loop(tmp_path
     assert "nondeterminism" not in report["explanation"]
 
 
+@pytest.mark.slow
 def test_a_changed_npy_file_is_named_as_the_cause_in_a_slicing_loop(tmp_path):
     def prepare(folder):
         np.save(
@@ -75,7 +77,7 @@ def test_a_changed_npy_file_is_named_as_the_cause_in_a_slicing_loop(tmp_path):
         table[20, 1] += 1.0
         np.save(folder / "train.npy", table)
 
-    (a, b, c), env = _two_runs(tmp_path, "npload_train.py", prepare, change)
+    (a, c), env = _two_runs(tmp_path, "npload_train.py", prepare, change, labels=("a", "c"))
     code, report = _diff(tmp_path, a, c, env)
     assert code == 1 and report["divergence"]["step"] == 2
     assert report["divergence"]["first"] == "batch"

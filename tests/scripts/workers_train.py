@@ -26,7 +26,7 @@ if __name__ == "__main__":
         train(4, 0.1)
     else:
         context = multiprocessing.get_context(method)
-        workers = [context.Process(target=train, args=(3, 0.1 * (i + 2))) for i in range(2)]
+        workers = [context.Process(target=train, args=(3, 0.1 * (i + 2))) for i in range(1)]
         for worker in workers:
             worker.start()
             worker.join()  # one after another: the names must not depend on a race
