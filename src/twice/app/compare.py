@@ -14,7 +14,7 @@ from twice.store.layout import CAPTURE_ERROR, RunFolder
 from twice.store.outputs import compare_outputs, outputs_phrase
 from twice.store.resumes import read_resume
 from twice.store.runs import config_not_default, effective_status, read_json, read_manifest
-from twice.store.tracealign import Alignment, content_alignment, scan_offset
+from twice.store.tracealign import Alignment, content_alignment, first_record, scan_offset
 from twice.store.traces import trace_files
 from twice.store.tracescan import scan_pair
 
@@ -260,7 +260,11 @@ def compare_runs(
             if same
             else f"; {explanation}"
         )
-    held = [sorted(s for s, counts in lengths.items() if counts[side]) for side in (0, 1)]
+    # the streams in which each run recorded any step at all (not only within the compared span)
+    held = [
+        sorted(s for s, path in traces.items() if first_record(path) is not None)
+        for traces in (traces_a, traces_b)
+    ]
     mismatch = _recording_mismatch(manifest_a, manifest_b, steps, bool(resumes or alignment))
     if first is not None:
         verdict = f"runs differ: {divergence_phrase(first)}; steps before it bit-identical"
@@ -288,7 +292,7 @@ def compare_runs(
         empty = [label for label, found in zip("AB", held) if not found]
         verdict, explanation = _unjudged(manifest_a, manifest_b, empty, diffs)
         identical = False
-    elif compared == 0 and not set(held[0]) & set(held[1]):
+    elif compared == 0 and not mismatch and not set(held[0]) & set(held[1]):
         verdict = (
             "cannot judge: the runs recorded their steps in different streams "
             f"(A: {', '.join(held[0])}; B: {', '.join(held[1])})"
