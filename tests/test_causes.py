@@ -119,3 +119,12 @@ def test_a_process_that_started_from_other_parameters_is_a_race_only_with_the_in
     assert NONDETERMINISM in sentence and "changed shared parameters" in sentence
     sentence = explain([], divergence, inputs_recorded=False)
     assert NONDETERMINISM not in sentence and UNKNOWN["inputs"] in sentence
+
+
+def test_the_launched_processs_own_initial_weights_are_never_called_a_race():
+    a, b = [_record(s) for s in range(2)], [_record(s) for s in range(2)]
+    b[0].params_before = "d" * 32
+    sentence = explain([], first_divergence(a, b))
+    assert NONDETERMINISM not in sentence and "initial parameters differ" in sentence
+    observed = explain([], first_divergence(a, b), observed=True)
+    assert "--observe" in observed and NONDETERMINISM not in observed

@@ -196,6 +196,13 @@ def missing_evidence(divergence: Divergence, inputs_recorded: bool) -> list[str]
     return [name for name in needed if not held[name]]
 
 
+def _child_stream(stream: str) -> bool:
+    """A stream of a process the script started (forkN, procN, subN), whose parameters may be
+    shared with, and changed by, the others."""
+    last = stream.rsplit(".", 1)[-1]
+    return last.startswith(("fork", "proc", "sub"))
+
+
 def explain(
     diffs: list[Difference],
     divergence: Divergence | None,
@@ -219,7 +226,7 @@ def explain(
         sentence += f" ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
     if reason:
         return f"{sentence}; {reason}"
-    if observed and divergence.first in ("batch", "rng", "loss"):
+    if observed and divergence.first in ("params_before", "batch", "rng", "loss"):
         return (
             f"{sentence}; the runs were recorded with --observe, so RNGs the script does not "
             f"seed itself "
@@ -231,7 +238,16 @@ def explain(
             f"{sentence}; same code, seeds and settings, but the cause cannot be named from what "
             f"was recorded: {'; '.join(UNKNOWN[name] for name in missing)}"
         )
-    if divergence.first == "params_before":  # a process's first record: before any update
+    if divergence.first == "params_before" and not _child_stream(divergence.stream):
+        # the launched process's (or a rank's) own initial weights: twice records no RNG state
+        # before the first step, so what made them differ is not in the records
+        return (
+            f"{sentence}; same code, seeds, settings and input files, but the cause cannot be "
+            "named from what was recorded: the model's initial parameters differ, and no RNG "
+            "state is recorded before the first step (an RNG seeded outside twice's reach, or "
+            "weights loaded from a file outside the recorded inputs)"
+        )
+    if divergence.first == "params_before":  # a child process: before its first update
         return (
             f"{sentence}; same code, seeds, settings and input files: nondeterminism inside the "
             "run, not seeding (the process started from other parameters: another process "
