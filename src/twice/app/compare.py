@@ -260,11 +260,16 @@ def compare_runs(
             if same
             else f"; {explanation}"
         )
-    # the streams in which each run recorded any step at all (not only within the compared span)
-    held = [
-        sorted(s for s, path in traces.items() if first_record(path) is not None)
-        for traces in (traces_a, traces_b)
-    ]
+    # where nothing was compared: the streams in which each run recorded any step at all (not
+    # only within the compared span), read from the traces' first lines
+    held = (
+        [
+            sorted(s for s, path in traces.items() if first_record(path) is not None)
+            for traces in (traces_a, traces_b)
+        ]
+        if compared == 0
+        else []
+    )
     mismatch = _recording_mismatch(manifest_a, manifest_b, steps, bool(resumes or alignment))
     if first is not None:
         verdict = f"runs differ: {divergence_phrase(first)}; steps before it bit-identical"

@@ -169,14 +169,11 @@ def _is_digest_map(value: Any) -> bool:
     )
 
 
-_is_hex_float = is_hex_float
-
-
 def _is_loss(value: Any) -> bool:
     return (
         value is None
-        or _is_hex_float(value)
-        or (type(value) is list and all(_is_hex_float(item) for item in value))
+        or is_hex_float(value)
+        or (type(value) is list and all(is_hex_float(item) for item in value))
     )
 
 
@@ -189,8 +186,8 @@ _CHECKS = {
     "loss": _is_loss,
     "batch": _is_optional_digest,
     "grads": _is_optional_digest,
-    "grad_norm": lambda v: v is None or _is_hex_float(v),
-    "lr": lambda v: type(v) is list and all(_is_hex_float(item) for item in v),
+    "grad_norm": lambda v: v is None or is_hex_float(v),
+    "lr": lambda v: type(v) is list and all(is_hex_float(item) for item in v),
     "params": _is_optional_digest,
     "rng": _is_digest_map,
     "param_digests": lambda v: v is None or _is_digest_map(v),

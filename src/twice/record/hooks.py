@@ -197,9 +197,13 @@ def install(recorder: Recorder) -> Recorder:
     def module_call(self, *args, **kwargs):
         # Every module call, to find each step's outermost ones (record/inputs.py). Compiled code
         # is left alone: Dynamo folds is_compiling() to True and traces the plain call.
-        if _recorder is None or is_compiling():
+        recorder = _recorder
+        if recorder is None or is_compiling():
             return original_call(self, *args, **kwargs)
-        _Calls.module_enters(args, kwargs)
+        if recorder.inputs.depth:  # an inner call (most of them): counted, nothing more
+            recorder.inputs.depth += 1
+        else:
+            _Calls.module_enters(args, kwargs)
         try:
             return original_call(self, *args, **kwargs)
         finally:

@@ -25,7 +25,6 @@ class ModuleInputs:
     def __init__(self) -> None:
         self.depth = 0  # module calls running now, nested
         self.digest: Digester | None = None
-        self.calls = 0  # outermost calls whose data was digested since the last take()
 
     def enter(self, args: tuple, kwargs: dict, tensor_type: type) -> None:
         """A module call starts; when it is the outermost, digest its data tensors."""
@@ -38,7 +37,6 @@ class ModuleInputs:
         if self.digest is None:
             self.digest = Digester(strict=False)
         self.digest.update(data)
-        self.calls += 1
 
     def leave(self) -> None:
         """A module call ended (returned or raised)."""
@@ -46,7 +44,7 @@ class ModuleInputs:
 
     def take(self) -> Digester | None:
         """The digest of the data since the last take, or None; starts afresh."""
-        digest, self.digest, self.calls = self.digest, None, 0
+        digest, self.digest = self.digest, None
         return digest
 
 

@@ -175,11 +175,8 @@ class Recorder:
     def on_module_call(self, args: tuple, kwargs: dict) -> None:
         """A module is called: the outermost call's data is the step's batch where no DataLoader
         batch came (record/inputs.py)."""
-        inputs = self.inputs
-        if inputs.depth or self.explicit or self._pending_batches:
-            inputs.depth += 1
-            return
-        if not self._tracing_this_step():
+        inputs = self.inputs  # an outermost call (hooks.py counts the inner ones itself)
+        if self.explicit or self._pending_batches or not self._tracing_this_step():
             inputs.depth += 1
             return
         with self._paused():
