@@ -342,3 +342,18 @@ def test_nested_tensors_digest_their_components_in_order():
         )
         == 4
     )
+
+
+def test_a_torch_or_numpy_still_being_imported_by_another_thread_does_not_break_a_digest():
+    """While one thread imports torch, `sys.modules` holds a module without `Tensor` yet; a digest
+    taken in another thread then (the launcher's segment checks do) sees no tensor type at all."""
+    code = (
+        "import sys, types\n"
+        "from twice.core.digests import digest\n"
+        "plain = digest([b'x', 1, 'y'])\n"
+        "sys.modules['torch'] = types.ModuleType('torch')\n"
+        "sys.modules['numpy'] = types.ModuleType('numpy')\n"
+        "print(digest([b'x', 1, 'y']) == plain)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout == "True\n", result.stderr

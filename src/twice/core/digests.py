@@ -62,6 +62,12 @@ class _NoTensor:  # stands in for torch.Tensor when torch is not imported: nothi
     pass
 
 
+def _numpy_types() -> tuple[type, ...]:
+    """numpy's array and scalar types, or none while numpy is not (yet wholly) imported."""
+    np = sys.modules.get("numpy")
+    return tuple(t for t in (getattr(np, "ndarray", None), getattr(np, "generic", None)) if t)
+
+
 class Digester:
     """Incremental digest over a sequence of values (see `digest`)."""
 
@@ -76,9 +82,9 @@ class Digester:
     def update(self, value: Any) -> Digester:
         """Feed one value (tensor, array, number, string, or a nesting of those)."""
         # A value cannot be a tensor unless torch is loaded; not importing it keeps the launcher
-        # fast.
-        torch_module = sys.modules.get("torch")
-        tensor_type = torch_module.Tensor if torch_module is not None else _NoTensor
+        # fast. A torch another thread is still importing may lack `Tensor` yet, and then no
+        # tensor can exist either.
+        tensor_type = getattr(sys.modules.get("torch"), "Tensor", _NoTensor)
         if isinstance(value, tensor_type):  # first: batches are mostly tensors
             self._update_tensor(value)
         elif type(value) is tuple or type(value) is list:  # next: batches are mostly tuples of them
@@ -95,11 +101,9 @@ class Digester:
             self._frame(_TAG_STR, value.encode("utf-8", "surrogatepass"))
         elif isinstance(value, (bytes, bytearray, memoryview)):
             self._frame(_TAG_BYTES, bytes(value))
-        elif (np := sys.modules.get("numpy")) is not None and isinstance(
-            value, (np.ndarray, np.generic)
-        ):
+        elif isinstance(value, _numpy_types()):
             # (an array exists only once NumPy is loaded: the core never imports it on its own)
-            self._update_array(np.asarray(value))
+            self._update_array(sys.modules["numpy"].asarray(value))
         elif isinstance(value, dict) or (hasattr(value, "keys") and hasattr(value, "__getitem__")):
             keys = list(value.keys())
             self._frame(_TAG_MAP, str(len(keys)).encode())
