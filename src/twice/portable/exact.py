@@ -25,7 +25,15 @@ import torch
 
 from twice.portable import native
 
-__all__ = ["exact_matmul", "exact_addmm", "exact_sum", "exact_bilinear", "slices_for", "split"]
+__all__ = [
+    "exact_matmul",
+    "exact_addmm",
+    "exact_sum",
+    "exact_cumsum",
+    "exact_bilinear",
+    "slices_for",
+    "split",
+]
 
 _MANTISSA = 53  # float64 keeps integers exact below 2**53
 
@@ -223,3 +231,29 @@ def _nonfinite_sum(x: torch.Tensor, dims, keepdim: bool, precision) -> torch.Ten
     out = torch.where(positive > 0, math.inf, value)
     out = torch.where(negative > 0, -math.inf, out)
     return torch.where((nan > 0) | ((positive > 0) & (negative > 0)), math.nan, out)
+
+
+def exact_cumsum(x: torch.Tensor, dim: int, out_dtype=None) -> torch.Tensor:
+    """The running sums of `x` along `dim`, each exact then rounded once to `out_dtype`: the
+    slices' integers are summed in int64-sized float64 (below 2**53), so any scan order gives
+    the same bits."""
+    out_dtype = out_dtype or x.dtype
+    dim = dim % max(x.dim(), 1)
+    if x.dim() == 0 or x.numel() == 0:
+        return x.to(out_dtype).clone()
+    x64 = x.to(torch.float64)
+    finite = torch.isfinite(x64)
+    clean = torch.where(finite, x64, 0.0)
+    count = slices_for(out_dtype if out_dtype != torch.float64 else x.dtype)
+    total = None
+    for ints, unit in split(clean, (dim,), count, _beta(x.shape[dim], 1)):
+        term = torch.cumsum(ints, dim) * unit
+        total = term if total is None else total + term
+    if not bool(finite.all()):
+        positive = torch.cumsum((x64 == math.inf).to(torch.int64), dim)
+        negative = torch.cumsum((x64 == -math.inf).to(torch.int64), dim)
+        nan = torch.cumsum(torch.isnan(x64).to(torch.int64), dim)
+        total = torch.where(positive > 0, math.inf, total)
+        total = torch.where(negative > 0, -math.inf, total)
+        total = torch.where((nan > 0) | ((positive > 0) & (negative > 0)), math.nan, total)
+    return total.to(out_dtype)

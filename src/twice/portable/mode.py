@@ -2,10 +2,12 @@
 
 A `TorchDispatchMode` sees every aten operation below autograd: the forward, the backward (autograd
 decomposes it into aten operations too), the optimizer's update and the initialisation. Each
-operation is either computed by twice's kernel (table.KERNELS), left to torch when torch's bits
-already depend on the inputs alone (table.EXACT, or no floating-point tensor involved), or
-uncovered: under "strict" an error naming the operation, the module and the user's line; under
-"warn" one warning per operation, the operation listed for the manifest, and torch's result.
+operation is routed by rules (routes.py): computed by twice's kernel, left to torch when torch's
+bits already depend on the inputs alone (a view by its schema, an exact operation, or no
+floating-point tensor involved), decomposed by PyTorch's own tables into operations routed in
+turn, or uncovered: under "strict" an error naming the operation, the module and the user's
+line; under "warn" one warning per operation, the operation listed for the manifest, and torch's
+result.
 """
 
 from __future__ import annotations
@@ -18,9 +20,15 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import twice.portable.ops_linear  # noqa: F401  (each kernel module fills table.KERNELS)
+import twice.portable.ops_math  # noqa: F401
+import twice.portable.ops_nn  # noqa: F401
+import twice.portable.ops_random  # noqa: F401
+import twice.portable.ops_resample  # noqa: F401
+import twice.portable.optim  # noqa: F401
 from twice.core.errors import DeterminismError
-from twice.portable import native, ops_math, ops_nn, optim  # noqa: F401  (they fill KERNELS)
-from twice.portable.table import EXACT, KERNELS, NOT_EXACT, PortableUnsupported
+from twice.portable import half, native, routes
+from twice.portable.table import PortableUnsupported
 
 __all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]
 
@@ -33,14 +41,8 @@ class PortableError(DeterminismError):
 
 
 def coverage(func) -> str:
-    """ "kernel" (twice computes it), "exact" (torch's result is already portable) or
-    "uncovered", for an aten overload, before looking at its arguments."""
-    name = f"{func.overloadpacket.__name__}.{func._overloadname}"
-    if name in KERNELS:
-        return "kernel"
-    if func.overloadpacket.__name__ in EXACT and name not in NOT_EXACT:
-        return "exact"
-    return "uncovered"
+    """How an aten overload is covered before looking at its arguments (routes.coverage)."""
+    return routes.coverage(func)
 
 
 def _floating(args, kwargs) -> bool:
@@ -55,19 +57,8 @@ def _floating(args, kwargs) -> bool:
     return False
 
 
-_PASS, _KERNEL, _FOREACH, _INDEX_PUT, _OTHER = range(5)
-_ROUTES: dict = {}  # aten overload -> (how it is handled, twice's kernel, its name)
-
-
-def _route(func) -> tuple:
-    name = f"{func.overloadpacket.__name__}.{func._overloadname}"
-    if name in KERNELS:
-        return _KERNEL, KERNELS[name], name
-    if name.startswith("_foreach_"):
-        return _FOREACH, None, name
-    if func.overloadpacket.__name__ in EXACT and name not in NOT_EXACT:
-        return (_INDEX_PUT if name.startswith("index_put") else _PASS), None, name
-    return _OTHER, None, name
+_ROUTES: dict = {}  # aten overload -> routes.route(overload)
+_decomposing = threading.local()  # the overloads whose decomposition runs in this thread
 
 
 def _where() -> tuple[str | None, str | None]:
@@ -103,25 +94,49 @@ class PortableMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         route = _ROUTES.get(func)
         if route is None:
-            route = _ROUTES[func] = _route(func)
+            route = _ROUTES[func] = routes.route(func)
         kind, handler, name = route
         kwargs = kwargs or {}
-        if kind == _PASS:
+        if kind == routes.EXACT_ROUTE:
             return func(*args, **kwargs)
-        if kind == _KERNEL:
+        if kind == routes.KERNEL:
             if not _floating(args, kwargs) and not name.startswith(("rand", "random_")):
                 return func(*args, **kwargs)
             try:
+                if half.involved(args, kwargs):
+                    return half.run(func, handler, args, kwargs)
                 return handler(*args, **kwargs)
             except PortableUnsupported as exc:
                 return self._uncovered(func, name, args, kwargs, str(exc))
-        if kind == _FOREACH:
+        if kind == routes.FOREACH:
             return self._foreach(func, name, args, kwargs)
-        if kind == _INDEX_PUT and (args[3:4] or [kwargs.get("accumulate")])[0]:
-            return self._uncovered(func, name, args, kwargs, "accumulating index_put")
-        if kind == _INDEX_PUT or not _floating(args, kwargs):
+        if kind == routes.INDEX_PUT:
+            if (args[3:4] or [kwargs.get("accumulate")])[0]:
+                return self._uncovered(func, name, args, kwargs, "accumulating index_put")
             return func(*args, **kwargs)
+        if not _floating(args, kwargs) and torch.Tag.nondeterministic_seeded not in func.tags:
+            return func(*args, **kwargs)
+        if kind == routes.PRIM:
+            with self:
+                return handler(*args, **kwargs)
+        if kind == routes.DECOMPOSED:
+            return self._decomposed(func, handler, name, args, kwargs)
         return self._uncovered(func, name, args, kwargs, None)
+
+    def _decomposed(self, func, decomposition, name, args, kwargs):
+        """PyTorch's decomposition of `func`, each of its operations routed through this mode;
+        one that decomposes into itself is uncovered."""
+        running = getattr(_decomposing, "ops", None)
+        if running is None:
+            running = _decomposing.ops = set()
+        if func in running:
+            return self._uncovered(func, name, args, kwargs, "its decomposition calls itself")
+        running.add(func)
+        try:
+            with self:
+                return decomposition(*args, **kwargs)
+        finally:
+            running.discard(func)
 
     def _foreach(self, func, name, args, kwargs):
         """A `_foreach_` operation as the per-tensor operation on each list element, each routed
@@ -186,6 +201,10 @@ def enable(policy: str = "strict") -> PortableMode:
         _modes[0].policy = policy
         return _modes[0]
     mode = PortableMode(policy)
+    # oneDNN's fused recurrent kernel (mkldnn_rnn_layer) is one opaque operation; without it
+    # torch runs LSTM, GRU and RNN layers as the matrix products and functions each is made of.
+    mode.mkldnn_was = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
     mode.__enter__()
     _modes.append(mode)
     return mode
@@ -194,7 +213,9 @@ def enable(policy: str = "strict") -> PortableMode:
 def disable() -> None:
     """Leave the portable mode `enable` installed (twice.deterministic's undo)."""
     if _modes:
-        _modes.pop().__exit__(None, None, None)
+        mode = _modes.pop()
+        mode.__exit__(None, None, None)
+        torch._C._set_mkldnn_enabled(mode.mkldnn_was)
 
 
 def active() -> PortableMode | None:

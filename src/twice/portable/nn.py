@@ -166,9 +166,10 @@ def _out_size(size, k, s, p, d):
 
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad, groups):
-    """aten.convolution (not transposed): columns of the input times the weight, exactly."""
+    """aten.convolution: columns of the input times the weight, exactly. A transposed
+    convolution is the input gradient of the ordinary convolution with the same weight."""
     if transposed:
-        raise Unsupported("transposed convolutions are not portable yet")
+        return _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups)
     squeeze = x.dim() == 3
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     n, cout = x4.shape[0], w4.shape[0]
@@ -199,7 +200,7 @@ def convolution_backward(
 ):
     """aten.convolution_backward: (grad input, grad weight, grad bias), each exact."""
     if transposed:
-        raise Unsupported("transposed convolutions are not portable yet")
+        return _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask)
     squeeze = x.dim() == 3
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     go4 = go.unsqueeze(2) if squeeze else go
@@ -258,3 +259,71 @@ def embedding_backward(grad, indices, num_weights: int, padding_idx: int, by_fre
     if by_freq:
         out = out / torch.clamp(counts, min=1.0)
     return out.to(grad.dtype)
+
+
+def _transposed_size(x, weight, stride, padding, dilation, out_pad):
+    spatial = x.dim() - 2
+    return [
+        (x.shape[2 + i] - 1) * stride[i]
+        - 2 * padding[i]
+        + dilation[i] * (weight.shape[2 + i] - 1)
+        + out_pad[i]
+        + 1
+        for i in range(spatial)
+    ]
+
+
+def _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups):
+    """conv_transpose(x, W): the gradient, with respect to its input, of the convolution by W
+    whose output gradient is x (exact), plus the bias (one addition)."""
+    if x.dim() not in (3, 4):
+        raise Unsupported(f"{x.dim() - 2}-d transposed convolutions are not portable yet")
+    size = _transposed_size(x, weight, stride, padding, dilation, out_pad)
+    cout = weight.shape[1] * groups
+    shape = (x.shape[0], cout, *size)
+    like = torch.empty(shape, dtype=x.dtype, device=x.device)
+    out, _, _ = convolution_backward(
+        x,
+        like,
+        weight,
+        None,
+        stride,
+        padding,
+        dilation,
+        False,
+        [0] * len(size),
+        groups,
+        [True, False, False],
+    )
+    if bias is not None:
+        out = out + bias.reshape(1, -1, *([1] * len(size)))
+    return out
+
+
+def _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask):
+    """The backward of `_transposed`: the input's gradient is the ordinary convolution of the
+    output's gradient by W, the weight's is the ordinary convolution's weight gradient with the
+    roles of input and output gradient exchanged."""
+    if x.dim() not in (3, 4):
+        raise Unsupported(f"{x.dim() - 2}-d transposed convolutions are not portable yet")
+    zeros = [0] * (x.dim() - 2)
+    gi = gw = gb = None
+    if mask[0]:
+        gi = convolution(go, weight, None, stride, padding, dilation, False, zeros, groups)
+    if mask[1]:
+        _, gw, _ = convolution_backward(
+            x,
+            go,
+            weight,
+            None,
+            stride,
+            padding,
+            dilation,
+            False,
+            zeros,
+            groups,
+            [False, True, False],
+        )
+    if mask[2]:
+        gb = exact_sum(go, (0, *range(2, go.dim())), False, go.dtype)
+    return gi, gw, gb

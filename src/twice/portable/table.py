@@ -52,7 +52,7 @@ EXACT = frozenset(
     threshold_backward leaky_relu leaky_relu_ leaky_relu_backward sort topk kthvalue
     max_pool1d max_pool2d_with_indices max_pool2d_with_indices_backward
     neg neg_ abs abs_ sign sign_ sgn floor ceil round trunc frac
-    mul mul_ div div_ reciprocal reciprocal_ square
+    mul mul_ div div_ reciprocal reciprocal_ square fmod fmod_
     native_dropout_backward nan_to_num nan_to_num_ bucketize searchsorted one_hot
     sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal
     set_ resize_as_ pin_memory _pin_memory is_pinned expand_as index_copy index_copy_ index_fill

@@ -1,0 +1,101 @@
+"""float16 and bfloat16 under portable mode: every kernel runs on float32 copies, rounded to the
+half dtype at the end.
+
+A half-precision operand widens to float32 exactly, so the float32 kernel sees the same values;
+its products of half-precision operands are exact (8 or 11 significant bits each: the float32
+slicing keeps 21 or more below each row's largest magnitude, so nothing is dropped below 13
+binary orders of range), its sums are exact, and it rounds once to float32. That float32 result
+is then rounded to the half dtype (round to nearest even): the nearest half-precision value but
+where the float32 result sits exactly halfway between two of them, which is rare and decided by
+the values alone. Either way every bit depends on the inputs only, on any machine.
+
+What the outputs' dtypes are is asked of torch (the operation run on meta tensors), so an
+operation whose result is float32 by its arguments (a sum with `dtype=torch.float32`) stays so.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+__all__ = ["HALF", "involved", "run"]
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _is_half(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype in HALF
+
+
+def involved(args, kwargs) -> bool:
+    """Whether a float16 or bfloat16 tensor is among the arguments (in lists too)."""
+    for value in (*args, *kwargs.values()):
+        if _is_half(value):
+            return True
+        if isinstance(value, (list, tuple)) and any(_is_half(v) for v in value):
+            return True
+    return False
+
+
+def _widen(value):
+    return value.to(torch.float32) if _is_half(value) else value
+
+
+def _expected(func, args, kwargs):
+    """The dtypes of the overload's outputs (flattened), from a run on meta tensors, or None."""
+
+    def meta(value):
+        if isinstance(value, torch.Tensor):
+            return torch.empty_strided(
+                value.shape, value.stride(), dtype=value.dtype, device="meta"
+            )
+        return value
+
+    try:
+        out = func(*tree_map(meta, args), **tree_map(meta, kwargs))
+    except Exception:  # no meta kernel, or a data-dependent shape
+        return None
+    leaves, _ = tree_flatten(out)
+    return [leaf.dtype if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+
+
+def _written(func) -> list[int]:
+    """The positions of the arguments the overload writes (in-place and out= forms)."""
+    return [
+        i
+        for i, a in enumerate(func._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    ]
+
+
+def run(func, kernel, args, kwargs):
+    """`kernel` (a float32/float64 portable kernel for `func`) on float32 copies of the half
+    precision arguments; outputs rounded to the dtypes torch gives them, written arguments
+    written back."""
+    expected = _expected(func, args, kwargs)
+    wide_args = tree_map(_widen, list(args))
+    wide_kwargs = tree_map(_widen, kwargs)
+    out = kernel(*wide_args, **wide_kwargs)
+    names = [a.name for a in func._schema.arguments]
+    originals = []
+    for index in _written(func):
+        original = args[index] if index < len(args) else kwargs.get(names[index])
+        copy = wide_args[index] if index < len(args) else wide_kwargs.get(names[index])
+        if _is_half(original) and copy is not original:
+            original.copy_(copy)
+            originals.append((copy, original))
+    leaves, spec = tree_flatten(out)
+    if expected is None or len(expected) != len(leaves):
+        target = next(v.dtype for v in tree_flatten((args, kwargs))[0] if _is_half(v))
+        expected = [target] * len(leaves)
+    rounded = []
+    for leaf, dtype in zip(leaves, expected):
+        for copy, original in originals:
+            if leaf is copy:
+                leaf = original
+                break
+        else:
+            if isinstance(leaf, torch.Tensor) and dtype is not None and leaf.dtype != dtype:
+                leaf = leaf.to(dtype)
+        rounded.append(leaf)
+    return tree_unflatten(rounded, spec)

@@ -1,0 +1,213 @@
+"""Portable kernels for operations that add up elements of one tensor with coefficients 0 and 1:
+running sums, average pooling and its backward, accumulating scatters and index_put.
+
+Each is computed as torch computes it, on float64 slices of integers (exact.split): a sum of
+integers below 2**53 is exact in any order, so torch's own kernel gives the same bits on every
+machine, and the slices' results are scaled (exact) and rounded once. A division that follows
+(an average) is one IEEE operation after the exact sum.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from twice.portable.exact import _beta, exact_cumsum, slices_for, split
+from twice.portable.ops_math import floating
+from twice.portable.table import kernel
+
+__all__ = ["exact_linear"]
+
+_F64 = torch.float64
+aten = torch.ops.aten
+
+
+def exact_linear(x: torch.Tensor, form, dims, terms: int, precision) -> torch.Tensor:
+    """`form(x)` in float64 for a `form` that adds elements of `x` (coefficients 0 or 1, at most
+    `terms` in any output), exact: on integer slices of `x` on grids fixed by its largest
+    magnitude over `dims` (all when None; the grid's unit must broadcast through `form`), with
+    infinities and NaNs placed where IEEE addition in any order puts them."""
+    x64 = x.to(_F64)
+    finite = torch.isfinite(x64)
+    total = None
+    clean = torch.where(finite, x64, 0.0)
+    for ints, unit in split(clean, dims, slices_for(precision), _beta(terms, 1)):
+        term = form(ints) * unit
+        total = term if total is None else total + term
+    if not bool(finite.all()):
+        positive = form((x64 == math.inf).to(_F64))
+        negative = form((x64 == -math.inf).to(_F64))
+        nan = form(torch.isnan(x64).to(_F64))
+        total = torch.where(positive > 0, math.inf, total)
+        total = torch.where(negative > 0, -math.inf, total)
+        total = torch.where((nan > 0) | ((positive > 0) & (negative > 0)), math.nan, total)
+    return total
+
+
+@kernel("cumsum.default")
+def _cumsum(x, dim, *, dtype=None):
+    floating(x)
+    out_dtype = dtype or (x.dtype if x.is_floating_point() else torch.int64)
+    return exact_cumsum(x, dim, out_dtype)
+
+
+@kernel("cumsum_.default")
+def _cumsum_(x, dim, *, dtype=None):
+    return x.copy_(_cumsum(x, dim, dtype=dtype))
+
+
+def _window_dims(x, spatial: int) -> tuple[int, ...]:
+    return tuple(range(x.dim() - spatial, x.dim()))
+
+
+def _pool_divisors(ones, pool, divisor_override):
+    """The divisor torch uses for each output of an average pooling: `divisor_override`, or
+    recovered exactly from torch's average of ones (n/d for small integers n, d) and the number
+    n of elements each window holds."""
+    if divisor_override:
+        return float(divisor_override)
+    held = pool(ones, 1)
+    average = pool(ones, None)
+    return torch.where(held > 0, torch.round(held / torch.where(average > 0, average, 1.0)), 1.0)
+
+
+def _avg_pool(x, spatial, torch_pool, kernel_size, stride, padding, ceil_mode, pad, divisor):
+    floating(x)
+
+    def pool(t, override):
+        return torch_pool(t, kernel_size, stride, padding, ceil_mode, pad, override)
+
+    terms = (
+        math.prod(kernel_size) if isinstance(kernel_size, (list, tuple)) else kernel_size**spatial
+    )
+    dims = _window_dims(x, spatial)
+    sums = exact_linear(x, lambda t: pool(t, 1), dims, max(1, terms), x.dtype)
+    ones = torch.ones((1,) * (x.dim() - spatial) + tuple(x.shape[-spatial:]), dtype=_F64)
+    return (sums / _pool_divisors(ones, pool, divisor)).to(x.dtype)
+
+
+@kernel("avg_pool2d.default")
+def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, pad=True, divisor=None):
+    return _avg_pool(
+        x, 2, aten.avg_pool2d.default, kernel_size, stride, padding, ceil_mode, pad, divisor
+    )
+
+
+@kernel("avg_pool3d.default")
+def _avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, pad=True, divisor=None):
+    return _avg_pool(
+        x, 3, aten.avg_pool3d.default, kernel_size, stride, padding, ceil_mode, pad, divisor
+    )
+
+
+def _avg_pool_backward(
+    grad, x, spatial, forward, backward, kernel_size, stride, padding, ceil_mode, pad, divisor
+):
+    """Each input's gradient is the sum of the gradients of the windows holding it, each divided
+    by its window's divisor: one division, then an exact sum (torch's backward with divisor 1)."""
+    floating(grad, x)
+
+    def pool(t, override):
+        return forward(t, kernel_size, stride, padding, ceil_mode, pad, override)
+
+    ones = torch.ones((1,) * (x.dim() - spatial) + tuple(x.shape[-spatial:]), dtype=_F64)
+    shared = grad.to(_F64) / _pool_divisors(ones, pool, divisor)
+    like = x.to(_F64)
+
+    def spread(t):
+        return backward(t, like, kernel_size, stride, padding, ceil_mode, pad, 1)
+
+    terms = (
+        math.prod(kernel_size) if isinstance(kernel_size, (list, tuple)) else kernel_size**spatial
+    )
+    return exact_linear(shared, spread, _window_dims(grad, spatial), max(1, terms), x.dtype).to(
+        x.dtype
+    )
+
+
+@kernel("avg_pool2d_backward.default")
+def _avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, pad, divisor):
+    return _avg_pool_backward(
+        grad,
+        x,
+        2,
+        aten.avg_pool2d.default,
+        aten.avg_pool2d_backward.default,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        pad,
+        divisor,
+    )
+
+
+@kernel("avg_pool3d_backward.default")
+def _avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, pad, divisor):
+    return _avg_pool_backward(
+        grad,
+        x,
+        3,
+        aten.avg_pool3d.default,
+        aten.avg_pool3d_backward.default,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        pad,
+        divisor,
+    )
+
+
+# Accumulating writes: the values added exactly (one grid over all of them), then the sum added
+# to the destination's value and rounded once.
+
+
+def _accumulate(self, values, write):
+    floating(self, values)
+    if values.numel() == 0:
+        return self.clone()
+    zeros = torch.zeros(self.shape, dtype=_F64, device=self.device)
+    added = exact_linear(
+        values, lambda t: write(zeros, t), None, max(1, values.numel()), self.dtype
+    )
+    return (self.to(_F64) + added).to(self.dtype)
+
+
+@kernel("index_put.default", "_unsafe_index_put.default")
+def _index_put(self, indices, values, accumulate=False):
+    if not accumulate:
+        return aten.index_put.default(self, indices, values, False)
+    values = values.expand(self[tuple(indices)].shape) if values.dim() == 0 else values
+    return _accumulate(self, values, lambda z, t: aten.index_put.default(z, indices, t, True))
+
+
+@kernel("index_put_.default")
+def _index_put_(self, indices, values, accumulate=False):
+    if not accumulate:
+        return aten.index_put_.default(self, indices, values, False)
+    return self.copy_(_index_put(self, indices, values, True))
+
+
+@kernel("index_add.default")
+def _index_add(self, dim, index, source, *, alpha=1):
+    if alpha != 1:
+        source = torch.mul(source, alpha)
+    return _accumulate(self, source, lambda z, t: aten.index_add.default(z, dim, index, t))
+
+
+@kernel("index_add_.default")
+def _index_add_(self, dim, index, source, *, alpha=1):
+    return self.copy_(_index_add(self, dim, index, source, alpha=alpha))
+
+
+@kernel("scatter_add.default")
+def _scatter_add(self, dim, index, src):
+    used = src[tuple(slice(0, n) for n in index.shape)] if src.dim() else src
+    return _accumulate(self, used, lambda z, t: aten.scatter_add.default(z, dim, index, t))
+
+
+@kernel("scatter_add_.default")
+def _scatter_add_(self, dim, index, src):
+    return self.copy_(_scatter_add(self, dim, index, src))

@@ -1,0 +1,143 @@
+"""Portable kernels for resampling: bilinear interpolation and adaptive average pooling as
+products with per-axis weight matrices, nearest-neighbour gradients as exact sums.
+
+Bilinear interpolation and adaptive average pooling are separable: along each spatial axis the
+output is a fixed matrix W (out x in) times the input, so y = W_h x W_w^T and the input's gradient
+is W_h^T g W_w. Both run as exact products (exact.py) with W built once from the sizes, in the
+formulas torch uses for its source indices, so the forward and the backward are each other's
+adjoint and every bit depends on the values alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from twice.portable.exact import exact_matmul
+from twice.portable.ops_linear import exact_linear
+from twice.portable.ops_math import floating
+from twice.portable.table import kernel
+
+__all__ = ["linear_weights", "adaptive_weights"]
+
+_F64 = torch.float64
+aten = torch.ops.aten
+
+
+def _onehot(index: torch.Tensor, size: int) -> torch.Tensor:
+    return (index.unsqueeze(1) == torch.arange(size).unsqueeze(0)).to(_F64)
+
+
+def linear_weights(size_in: int, size_out: int, align_corners: bool, scale) -> torch.Tensor:
+    """W (size_out x size_in) of linear interpolation along one axis, as torch places sources:
+    with aligned corners o (in-1)/(out-1), otherwise (o + 1/2) r - 1/2 clamped at 0, where r is
+    1/scale when a scale factor is given and in/out otherwise."""
+    o = torch.arange(size_out, dtype=_F64)
+    if align_corners:
+        ratio = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+        source = o * ratio
+    else:
+        ratio = 1.0 / scale if scale else size_in / size_out
+        source = torch.clamp((o + 0.5) * ratio - 0.5, min=0.0)
+    low = torch.clamp(torch.floor(source), max=size_in - 1).to(torch.int64)
+    high = torch.clamp(low + 1, max=size_in - 1)
+    upper = source - low.to(_F64)
+    return (1.0 - upper).unsqueeze(1) * _onehot(low, size_in) + upper.unsqueeze(1) * _onehot(
+        high, size_in
+    )
+
+
+def adaptive_weights(size_in: int, size_out: int) -> torch.Tensor:
+    """W (size_out x size_in) of adaptive average pooling along one axis: row i averages
+    [floor(i in/out), ceil((i+1) in/out))."""
+    rows = torch.zeros(size_out, size_in, dtype=_F64)
+    for i in range(size_out):
+        start = (i * size_in) // size_out
+        end = -((-(i + 1) * size_in) // size_out)
+        rows[i, start:end] = 1.0 / (end - start)
+    return rows
+
+
+def _separable(x: torch.Tensor, wh: torch.Tensor, ww: torch.Tensor) -> torch.Tensor:
+    """W_h x W_w^T over the last two axes of x, exact products, the first kept in float64."""
+    n = math.prod(x.shape[:-2])
+    flat = x.reshape(n, *x.shape[-2:])
+    left = exact_matmul(
+        wh.to(_F64).expand(n, *wh.shape).contiguous(), flat, _F64, precision=x.dtype
+    )
+    right = ww.to(_F64).t().expand(n, ww.shape[1], ww.shape[0]).contiguous()
+    out = exact_matmul(left, right, x.dtype)
+    return out.reshape(*x.shape[:-2], wh.shape[0], ww.shape[0])
+
+
+def _scales(scale_factors, index):
+    return scale_factors[index] if scale_factors else None
+
+
+@kernel("upsample_bilinear2d.vec")
+def _bilinear_vec(x, output_size, align_corners, scale_factors):
+    floating(x)
+    if output_size is None:
+        output_size = [math.floor(x.shape[-2 + i] * scale_factors[i]) for i in (0, 1)]
+    return _bilinear(
+        x, output_size, align_corners, _scales(scale_factors, 0), _scales(scale_factors, 1)
+    )
+
+
+@kernel("upsample_bilinear2d.default")
+def _bilinear(x, output_size, align_corners, scales_h=None, scales_w=None):
+    floating(x)
+    wh = linear_weights(x.shape[-2], output_size[0], align_corners, scales_h)
+    ww = linear_weights(x.shape[-1], output_size[1], align_corners, scales_w)
+    return _separable(x, wh, ww)
+
+
+@kernel("upsample_bilinear2d_backward.default")
+def _bilinear_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    floating(grad)
+    wh = linear_weights(input_size[-2], output_size[0], align_corners, scales_h)
+    ww = linear_weights(input_size[-1], output_size[1], align_corners, scales_w)
+    return _separable(grad, wh.t(), ww.t())
+
+
+@kernel("_adaptive_avg_pool2d.default")
+def _adaptive_avg_pool2d(x, output_size):
+    floating(x)
+    wh = adaptive_weights(x.shape[-2], output_size[0])
+    ww = adaptive_weights(x.shape[-1], output_size[1])
+    return _separable(x, wh, ww)
+
+
+@kernel("_adaptive_avg_pool2d_backward.default")
+def _adaptive_avg_pool2d_backward(grad, x):
+    floating(grad, x)
+    wh = adaptive_weights(x.shape[-2], grad.shape[-2])
+    ww = adaptive_weights(x.shape[-1], grad.shape[-1])
+    return _separable(grad, wh.t(), ww.t())
+
+
+def _nearest_backward(func):
+    """The gradient of nearest-neighbour upsampling: each input adds up the gradients of the
+    outputs that copied it (coefficients 1), exactly."""
+
+    def run(grad, output_size, input_size, *scales):
+        floating(grad)
+        spatial = len(output_size)
+        dims = tuple(range(grad.dim() - spatial, grad.dim()))
+        terms = math.prod(-(-o // i) + 1 for o, i in zip(output_size, input_size[-spatial:]))
+
+        def spread(t):
+            return func(t, output_size, input_size, *scales)
+
+        return exact_linear(grad, spread, dims, terms, grad.dtype).to(grad.dtype)
+
+    return run
+
+
+for _name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d"):
+    for _exact in ("", "_"):
+        _op = f"{_exact}{_name.replace('nearest', 'nearest_exact') if _exact else _name}"
+        _packet = getattr(aten, f"{_op}_backward", None)
+        if _packet is not None:
+            kernel(f"{_op}_backward.default")(_nearest_backward(_packet.default))

@@ -1,0 +1,178 @@
+"""How portable mode handles each aten overload, decided once per overload by rules, not by a
+list of names that forgets one.
+
+In the order tried:
+
+1. **kernel**: twice computes it (table.KERNELS).
+2. **foreach**: a `_foreach_` form, computed as its per-tensor operation on each element.
+3. **exact**: torch's result is the same bits everywhere. Decided by the schema where it can be:
+   every output is a view of an input (`Tensor(a)` returns: `split`, `unsafe_split`'s views,
+   `as_strided`, ...) or the op is tagged `inplace_view`; otherwise by table.EXACT, the
+   operations that copy, index, compare or round exactly once.
+4. **prim**: a `prims.` operation (reached from PyTorch's reference implementations), handled as
+   the aten operation of the same name and arguments, or by its own rule (conversions and views
+   are exact).
+5. **decomposed**: PyTorch's own decomposition (`torch._decomp.decomposition_table`, or the
+   op's CompositeImplicitAutograd definition) runs under the mode, so each operation it is made
+   of is routed in turn: portable exactly when its parts are.
+6. **uncovered**: anything else on floating-point tensors (an error under strict).
+
+Random operations (tagged `nondeterministic_seeded`) are never exact and never decomposed into
+torch's own generator: they are kernels (Philox) or uncovered.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from twice.portable.table import EXACT, KERNELS, NOT_EXACT
+
+__all__ = [
+    "KERNEL",
+    "FOREACH",
+    "EXACT_ROUTE",
+    "INDEX_PUT",
+    "PRIM",
+    "DECOMPOSED",
+    "OTHER",
+    "route",
+    "coverage",
+    "describe",
+    "overload_name",
+    "core_overloads",
+]
+
+KERNEL, FOREACH, EXACT_ROUTE, INDEX_PUT, PRIM, DECOMPOSED, OTHER = range(7)
+_NAMES = {
+    KERNEL: "kernel",
+    FOREACH: "foreach",
+    EXACT_ROUTE: "exact",
+    INDEX_PUT: "exact",
+    PRIM: "prim",
+    DECOMPOSED: "decomposed",
+    OTHER: "uncovered",
+}
+
+# prims whose aten namesake takes other arguments, or that have none: their own rule.
+_PRIM_EXACT = frozenset(
+    """convert_element_type broadcast_in_dim collapse_view collapse split_dim squeeze transpose
+    view_of view_of_dtype as_strided slice slice_in_dim reshape rev expand_dims where fill clone
+    empty_strided full full_like iota copy_strided copy_to resize empty_permuted scalar_tensor
+    select_scatter slice_scatter maximum minimum eq ne lt le gt ge abs neg sign signbit
+    bitwise_and bitwise_or bitwise_xor bitwise_not floor ceil round trunc isfinite isinf isnan
+    mul div real imag conj_physical""".split()
+)
+
+
+def overload_name(func) -> str:
+    """ "mm.default": the packet's name and the overload's."""
+    return f"{func.overloadpacket.__name__}.{func._overloadname}"
+
+
+def _is_view(func) -> bool:
+    """Whether every output of the overload aliases an input without writing it (a view), by its
+    schema, or the op changes only a tensor's view of its storage."""
+    if torch.Tag.inplace_view in func.tags:
+        return True
+    returns = func._schema.returns
+    return bool(returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in returns
+    )
+
+
+def _decomposition(func):
+    from torch._decomp import decomposition_table
+
+    return decomposition_table.get(func)
+
+
+_PRIM_ADAPTED = {  # prims whose aten namesake takes its arguments in another form
+    "sum": lambda x, dims, output_dtype=None: torch.ops.aten.sum.dim_IntList(
+        x, dims, False, dtype=output_dtype
+    ),
+    "var": lambda x, dims, correction=1, output_dtype=None: torch.ops.aten.var.correction(
+        x, dims, correction=correction
+    ),
+    "amax": lambda x, dims, output_dtype=None: torch.ops.aten.amax.default(x, dims),
+    "amin": lambda x, dims, output_dtype=None: torch.ops.aten.amin.default(x, dims),
+}
+
+
+def _prim_target(func):
+    """The aten overload a prim stands for (or a function calling it), or None."""
+    if func.overloadpacket.__name__ in _PRIM_ADAPTED:
+        return _PRIM_ADAPTED[func.overloadpacket.__name__]
+    packet = getattr(torch.ops.aten, func.overloadpacket.__name__, None)
+    return getattr(packet, "default", None) if packet is not None else None
+
+
+def route(func) -> tuple[int, object, str]:
+    """(how, handler, name) for an overload: see the module's text for the order."""
+    name = overload_name(func)
+    namespace = func.namespace
+    if name in KERNELS:
+        return KERNEL, KERNELS[name], name
+    if name.startswith("_foreach_"):
+        return FOREACH, None, name
+    seeded = torch.Tag.nondeterministic_seeded in func.tags
+    base = func.overloadpacket.__name__
+    if not seeded and namespace == "aten" and (_is_view(func) or base in EXACT):
+        if name in NOT_EXACT:
+            return OTHER, None, name
+        return (INDEX_PUT if base.startswith("index_put") else EXACT_ROUTE), None, name
+    if namespace == "prims":
+        if base in _PRIM_EXACT or _is_view(func):
+            return EXACT_ROUTE, None, name
+        target = _prim_target(func)
+        if target is not None:
+            return PRIM, target, f"prims::{name}"
+        return OTHER, None, name
+    decomposition = _decomposition(func)
+    if decomposition is not None and "_refs" in decomposition.__module__:
+        # A reference implementation that bottoms out in the prim of its own name comes back
+        # here: no decomposition at all. Nor is torch's generator behind a seeded one portable.
+        prim = getattr(torch.ops.prims, base, None)
+        if seeded or (prim is not None and base not in _PRIM_EXACT and base not in _PRIM_ADAPTED):
+            decomposition = None
+    if decomposition is not None:
+        return DECOMPOSED, decomposition, name
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return DECOMPOSED, func.decompose, name
+    return OTHER, None, name
+
+
+def coverage(func) -> str:
+    """ "kernel", "foreach", "exact", "prim", "decomposed" or "uncovered" for an overload, before
+    looking at its arguments (a decomposition is portable when its parts are)."""
+    return _NAMES[route(func)[0]]
+
+
+def describe(func) -> str:
+    """One line saying how the overload is covered, for the coverage listing."""
+    how, handler, name = route(func)
+    if how == KERNEL:
+        return f"kernel {handler.__module__.rsplit('.', 1)[-1]}.{handler.__name__}"
+    if how in (EXACT_ROUTE, INDEX_PUT):
+        if _is_view(func):
+            return "exact (a view, by its schema)"
+        return "exact (copies, indexes, compares or rounds once)"
+    if how == DECOMPOSED:
+        where = getattr(handler, "__module__", None)
+        if where is None or not where.startswith("torch._"):
+            return "decomposed (its CompositeImplicitAutograd definition)"
+        return f"decomposed ({where}.{handler.__name__})"
+    return _NAMES[how]
+
+
+def core_overloads() -> list:
+    """Every overload of PyTorch's Core ATen opset (tagged `torch.Tag.core`), sorted by name."""
+    found = []
+    for packet_name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, packet_name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if torch.Tag.core in op.tags:
+                found.append(op)
+    return sorted(found, key=overload_name)
