@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import twice.portable.ops_linear  # noqa: F401  (each kernel module fills table.KERNELS)
+import twice.portable.ops_functions  # noqa: F401  (each kernel module fills table.KERNELS)
+import twice.portable.ops_linear  # noqa: F401
 import twice.portable.ops_math  # noqa: F401
 import twice.portable.ops_nn  # noqa: F401
 import twice.portable.ops_random  # noqa: F401

@@ -1,0 +1,223 @@
+"""Portable kernels for the trigonometric and hyperbolic functions, `remainder` and `prod`.
+
+Each function is built in float64 from twice's own exp, log, log1p, expm1, sqrt and sine
+(elementwise.py) and basic IEEE operations, one after another, then rounded once to the
+result's dtype: no step depends on the machine. `sin` and `cos` reduce their argument to turns
+by x - k pi/2 with pi/2 in three parts (exact for |x| below 1.6e6; beyond, the error grows with
+|x|) and sum Taylor series on |r| <= pi/4; `atan` is
+range-reduced to |t| <= tan(pi/8) and summed as its Taylor series. `prod` multiplies in a fixed
+pairwise tree in float64; `remainder` is the exact `fmod` followed by one addition.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import torch
+
+from twice.portable import elementwise as ew
+from twice.portable.ops_math import floating, inplace, unary
+from twice.portable.table import kernel
+
+__all__ = ["sin", "cos", "atan", "atan2"]
+
+_F64 = torch.float64
+_ATAN_TAYLOR = [float(Fraction((-1) ** n, 2 * n + 1)) for n in range(24)]
+_TAN_PI_8 = math.sqrt(2.0) - 1.0
+_BIG = 2.0**28  # beyond it, x**2 + 1 is x**2 in float64
+
+
+# pi/2 in three parts of 33, 33 and 53 bits (fdlibm's): k times each of the first two is exact
+# for |k| < 2**20, so x - k pi/2 is found to about 2**-85 of pi/2 for |x| below 1.6e6.
+_PIO2 = (1.57079632673412561417e00, 6.07710050630396597660e-11, 2.02226624871116645580e-21)
+_SIN = [float(Fraction((-1) ** n, math.factorial(2 * n + 1))) for n in range(11)]
+_COS = [float(Fraction((-1) ** n, math.factorial(2 * n))) for n in range(11)]
+
+
+def _series(coefficients, z: torch.Tensor) -> torch.Tensor:
+    total = torch.full_like(z, coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        total = total * z + c
+    return total
+
+
+def _reduced(x: torch.Tensor):
+    """(sin r, cos r, k mod 4) with x = r + k pi/2, |r| <= pi/4 (Cody and Waite's reduction)."""
+    k = torch.round(x * (2.0 / math.pi))
+    r = x - k * _PIO2[0]
+    r = r - k * _PIO2[1]
+    r = r - k * _PIO2[2]
+    z = r * r
+    quadrant = torch.remainder(torch.where(torch.isfinite(k), k, 0.0), 4.0).to(torch.int64)
+    return r * _series(_SIN, z), _series(_COS, z), quadrant
+
+
+def sin(x: torch.Tensor) -> torch.Tensor:
+    s, c, q = _reduced(x)
+    out = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
+    out = torch.where(x == 0, x, out)  # keeps the sign of zero
+    return torch.where(torch.isfinite(x), out, math.nan)
+
+
+def cos(x: torch.Tensor) -> torch.Tensor:
+    s, c, q = _reduced(x)
+    out = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
+    return torch.where(torch.isfinite(x), out, math.nan)
+
+
+def _tan(x: torch.Tensor) -> torch.Tensor:
+    s, c, q = _reduced(x)
+    odd = (q % 2) == 1
+    out = torch.where(odd, -c / s, s / c)
+    out = torch.where(x == 0, x, out)
+    return torch.where(torch.isfinite(x), out, math.nan)
+
+
+def _atan_small(t: torch.Tensor) -> torch.Tensor:
+    """atan(t) for |t| <= tan(pi/8): t times its series in t**2."""
+    total = torch.full_like(t, _ATAN_TAYLOR[-1])
+    z = t * t
+    for c in reversed(_ATAN_TAYLOR[:-1]):
+        total = total * z + c
+    return t * total
+
+
+def atan(x: torch.Tensor) -> torch.Tensor:
+    """atan by reduction: 1/|x| above 1 (pi/2 minus), (a-1)/(a+1) above tan(pi/8) (pi/4 plus)."""
+    a = x.abs()
+    big = a > 1.0
+    r = torch.where(big, 1.0 / torch.where(big, a, 1.0), a)
+    mid = r > _TAN_PI_8
+    t = torch.where(mid, (r - 1.0) / (r + 1.0), r)
+    small = _atan_small(t)
+    value = torch.where(mid, math.pi / 4 + small, small)
+    value = torch.where(big, math.pi / 2 - value, value)
+    value = torch.where(torch.isnan(x), x, value)
+    return torch.where(x < 0, -value, value)
+
+
+def atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """atan2 with C's quadrants, zeros and infinities."""
+    y, x = torch.broadcast_tensors(y, x)
+    both_inf = torch.isinf(y) & torch.isinf(x)
+    ratio = torch.where(both_inf, torch.sign(y) * torch.sign(x), y / x)
+    base = atan(ratio)
+    sign_y = torch.where(torch.signbit(y), -1.0, torch.ones_like(y))
+    negative_x = torch.signbit(x)
+    out = torch.where(negative_x, base + sign_y * math.pi, base)
+    out = torch.where((x == 0) & (y != 0), sign_y * (math.pi / 2), out)
+    out = torch.where((y == 0) & ~torch.isnan(x), torch.where(negative_x, sign_y * math.pi, y), out)
+    return torch.where(torch.isnan(x) | torch.isnan(y), math.nan, out)
+
+
+def _asin(x: torch.Tensor) -> torch.Tensor:
+    root = ew.sqrt((1.0 - x) * (1.0 + x))
+    return torch.where(x.abs() > 1.0, math.nan, atan2(x, root))
+
+
+def _acos(x: torch.Tensor) -> torch.Tensor:
+    root = ew.sqrt((1.0 - x) * (1.0 + x))
+    return torch.where(x.abs() > 1.0, math.nan, atan2(root, x))
+
+
+def _sinh(x: torch.Tensor) -> torch.Tensor:
+    a = x.abs()
+    e = ew.expm1(a)
+    near = (e + e / (e + 1.0)) * 0.5
+    far = ew.exp(a * 0.5)
+    value = torch.where(a < 1.0, near, (far * 0.5) * far - 0.5 / (far * far))
+    return torch.where(x < 0, -value, value)
+
+
+def _cosh(x: torch.Tensor) -> torch.Tensor:
+    half = ew.exp(x.abs() * 0.5)  # e**|x| as half * half keeps its range to |x| < 1420
+    return (half * 0.5) * half + 0.5 / (half * half)
+
+
+def _asinh(x: torch.Tensor) -> torch.Tensor:
+    a = x.abs()
+    small = ew.log1p(a + (a * a) / (1.0 + ew.sqrt(a * a + 1.0)))
+    value = torch.where(a > _BIG, ew.log(a) + math.log(2.0), small)
+    return torch.where(x < 0, -value, value)
+
+
+def _acosh(x: torch.Tensor) -> torch.Tensor:
+    t = x - 1.0
+    near = ew.log1p(t + ew.sqrt(t * 2.0 + t * t))
+    value = torch.where(x > _BIG, ew.log(x) + math.log(2.0), near)
+    return torch.where(x < 1.0, math.nan, value)
+
+
+def _atanh(x: torch.Tensor) -> torch.Tensor:
+    a = x.abs()
+    value = ew.log1p((a * 2.0) / (1.0 - a)) * 0.5
+    value = torch.where(a > 1.0, math.nan, value)
+    return torch.where(x < 0, -value, value)
+
+
+for _name, _fn in {
+    "sin": sin,
+    "cos": cos,
+    "tan": _tan,
+    "atan": atan,
+    "asin": _asin,
+    "acos": _acos,
+    "sinh": _sinh,
+    "cosh": _cosh,
+    "asinh": _asinh,
+    "acosh": _acosh,
+    "atanh": _atanh,
+}.items():
+    kernel(f"{_name}.default")(unary(_fn))
+    kernel(f"{_name}_.default")(inplace(unary(_fn)))
+
+
+@kernel("atan2.default")
+def _atan2(y, x):
+    floating(y, x)
+    dtype = torch.result_type(y, x)
+    dtype = dtype if dtype.is_floating_point else torch.get_default_dtype()
+    return atan2(y.to(_F64), x.to(_F64)).to(dtype)
+
+
+kernel("atan2_.default")(inplace(_atan2))
+
+
+@kernel("remainder.Tensor", "remainder.Scalar")
+def _remainder(a, b):
+    """fmod (exact), then b added where the remainder's sign is not b's (Python's %)."""
+    floating(a, b)
+    r = torch.fmod(a, b)
+    b_like = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=r.dtype)
+    fix = (r != 0) & ((r < 0) != (b_like < 0))
+    return torch.where(fix, r + b, r)
+
+
+kernel("remainder_.Tensor", "remainder_.Scalar")(inplace(_remainder))
+
+
+def _pairwise_product(x: torch.Tensor) -> torch.Tensor:
+    """The product over the last axis in a fixed pairwise tree (float64 multiplications)."""
+    while x.shape[-1] > 1:
+        n = x.shape[-1]
+        if n % 2:
+            x = torch.cat([x, torch.ones_like(x[..., :1])], -1)
+        x = x[..., 0::2] * x[..., 1::2]
+    return x[..., 0] if x.shape[-1] == 1 else torch.ones(x.shape[:-1], dtype=x.dtype)
+
+
+@kernel("prod.default")
+def _prod(x, *, dtype=None):
+    floating(x)
+    out = dtype or (x.dtype if x.is_floating_point() else torch.int64)
+    return _pairwise_product(x.reshape(-1).to(_F64)).to(out)
+
+
+@kernel("prod.dim_int")
+def _prod_dim(x, dim, keepdim=False, *, dtype=None):
+    floating(x)
+    out = dtype or (x.dtype if x.is_floating_point() else torch.int64)
+    moved = x.to(_F64).movedim(dim, -1) if x.dim() else x.to(_F64).reshape(1)
+    result = _pairwise_product(moved).to(out)
+    return result.unsqueeze(dim) if keepdim and x.dim() else result
