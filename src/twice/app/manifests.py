@@ -88,16 +88,19 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
             if problems:
                 identity["determinism"]["problems"] = problems
     uncovered: dict[str, dict] = {}
+    compiled = 0
     for proc in procs:
         for entry in (proc.portable or {}).get("uncovered", []):
             known = uncovered.setdefault(entry["op"], {**entry, "count": 0})
             known["count"] += entry.get("count", 0)
+        compiled += (proc.portable or {}).get("compiled_eagerly", 0)
     summary = {
         **(
             {"portable_uncovered": sorted(uncovered.values(), key=lambda e: e["op"])}
             if uncovered
             else {}
         ),
+        **({"portable_compiled_eagerly": compiled} if compiled else {}),
         "processes": len(procs),
         "steps": main.steps if main else None,
         "stopped_after": main.stopped_after if main else None,

@@ -8,7 +8,13 @@ from twice.app.launch import RunOptions, run_command
 from twice.core.errors import Exit
 from twice.store.runs import read_manifest
 
-__all__ = ["PortableAudit", "portable_audit", "format_portable_audit"]
+__all__ = [
+    "PortableAudit",
+    "portable_audit",
+    "format_portable_audit",
+    "core_coverage",
+    "format_core_coverage",
+]
 
 
 @dataclass
@@ -20,6 +26,8 @@ class PortableAudit:
     steps: int | None
     run_dir: str
     exit_code: int | None
+    compiled_eagerly: int = 0
+    """How many `torch.compile` calls portable mode ran eagerly."""
 
     def to_json(self) -> dict:
         """As plain JSON values (what `--json` prints)."""
@@ -28,6 +36,7 @@ class PortableAudit:
             "steps": self.steps,
             "run": self.run_dir,
             "command_exit_code": self.exit_code,
+            "compiled_eagerly": self.compiled_eagerly,
         }
 
     @property
@@ -44,7 +53,8 @@ def portable_audit(command: list[str], options: RunOptions, steps: int) -> Porta
     )
     manifest = read_manifest(run_dir)
     uncovered = manifest.context.get("portable_uncovered") or []
-    return PortableAudit(uncovered, manifest.steps, str(run_dir), code)
+    compiled = manifest.context.get("portable_compiled_eagerly") or 0
+    return PortableAudit(uncovered, manifest.steps, str(run_dir), code, compiled)
 
 
 def _count(n: int, word: str) -> str:
@@ -54,10 +64,16 @@ def _count(n: int, word: str) -> str:
 def format_portable_audit(found: PortableAudit) -> str:
     """`twice audit --portable`: every op portable mode did not cover, where it ran, and why."""
     steps = f"{found.steps} step{'s' if found.steps != 1 else ''}" if found.steps else "the run"
+    compiled = (
+        f"\ntorch.compile: {_count(found.compiled_eagerly, 'compiled function')} ran eagerly "
+        "through portable mode (compiled kernels would bypass it; the manifest records it)"
+        if found.compiled_eagerly
+        else ""
+    )
     if not found.uncovered:
         return (
             f"every operation of the first {steps} is covered by portable mode: under "
-            "`twice run --portable` they give the same bits on any CPU and thread count"
+            "`twice run --portable` they give the same bits on any CPU and thread count" + compiled
         )
     lines = [
         f"{_count(len(found.uncovered), 'operation')} of the first {steps} "
@@ -78,5 +94,41 @@ def format_portable_audit(found: PortableAudit) -> str:
     lines.append(
         "under `twice run --portable` these raise an error with --determinism strict, and run "
         "with torch's kernels (listed in the manifest) with --determinism warn"
+    )
+    return "\n".join(lines) + compiled
+
+
+def core_coverage() -> dict:
+    """How portable mode covers each overload of PyTorch's Core ATen opset: {"torch": version,
+    "ops": [{"op", "how", "detail"}], "counts": {how: n}}."""
+    import torch
+
+    from twice.portable import mode, routes
+
+    del mode  # imported for its kernels: they register as it loads
+    ops = [
+        {
+            "op": f"aten::{routes.overload_name(op)}",
+            "how": routes.coverage(op),
+            "detail": routes.describe(op),
+        }
+        for op in routes.core_overloads()
+    ]
+    counts: dict[str, int] = {}
+    for entry in ops:
+        counts[entry["how"]] = counts.get(entry["how"], 0) + 1
+    return {"torch": torch.__version__, "ops": ops, "counts": counts}
+
+
+def format_core_coverage(found: dict) -> str:
+    """One line per core overload, then the totals."""
+    width = max(len(e["op"]) for e in found["ops"]) if found["ops"] else 0
+    lines = [f"{e['op']:<{width}}  {e['detail']}" for e in found["ops"]]
+    total = len(found["ops"])
+    covered = total - found["counts"].get("uncovered", 0)
+    parts = ", ".join(f"{n} {how}" for how, n in sorted(found["counts"].items()))
+    lines.append(
+        f"{covered} of the {total} Core ATen overloads of torch {found['torch']} are covered "
+        f"({parts}); float32 and float64, float16 and bfloat16 through float32"
     )
     return "\n".join(lines)

@@ -30,7 +30,7 @@ from twice.cli.group import (
     _yes_option,
     main,
 )
-from twice.core.errors import Exit
+from twice.core.errors import Exit, UsageError
 
 
 @main.command()
@@ -210,11 +210,19 @@ def bisect(a, b, runs_dir, as_json, quiet, verbose, yes):
     help="List instead every op the command runs that portable mode (twice run --portable) "
     "does not cover; exit 1 if there is one.",
 )
+@click.option(
+    "--coverage",
+    is_flag=True,
+    help="With --portable and no command: how portable mode covers each op of PyTorch's Core "
+    "ATen opset (kernel, exact, decomposed or uncovered); exit 1 if one is uncovered.",
+)
 @_json_option
 @_quiet_option
 @_verbose_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def audit(steps, seed, runs_dir, determinism, target, portable, as_json, quiet, verbose, command):
+def audit(
+    steps, seed, runs_dir, determinism, target, portable, coverage, as_json, quiet, verbose, command
+):
     """List the nondeterminism COMMAND really hits: ops that gave different bits from identical
     inputs in two runs of its first steps, and every call site of an op it runs that is
     nondeterministic on CUDA. Exit 1 for what was observed (with --for cuda, also for what would
@@ -226,10 +234,22 @@ def audit(steps, seed, runs_dir, determinism, target, portable, as_json, quiet, 
       twice audit --steps 3 -- python train.py --lr 0.1
       twice audit --for cuda -- python train.py
       twice audit --portable -- python train.py
+      twice audit --portable --coverage
     """
     from twice.app.audit import audit_command
     from twice.app.launch import RunOptions
 
+    if coverage:
+        if not portable or command:
+            raise UsageError(
+                "--coverage lists portable mode's coverage of the core opset, for no command",
+                hint="run `twice audit --portable --coverage` alone",
+            )
+        from twice.app.portability import core_coverage, format_core_coverage
+
+        found = core_coverage()
+        _out(_json(found) if as_json else format_core_coverage(found))
+        sys.exit(Exit.DIFFER if found["counts"].get("uncovered") else Exit.SAME)
     if portable:
         from twice.app.portability import format_portable_audit, portable_audit
 

@@ -267,6 +267,12 @@ _SHAPES: tuple[tuple[str, str, str, Any], ...] = (
     ),
     (
         "context",
+        "portable_compiled_eagerly",
+        "a count",
+        lambda v: _is_int(v, 0),
+    ),
+    (
+        "context",
         "launcher",
         "an object with a host and a process id",
         _shape(

@@ -12,6 +12,7 @@ result.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import warnings
@@ -90,6 +91,8 @@ class PortableMode(TorchDispatchMode):
         native.keep_memory()
         self.policy = policy
         self.uncovered: dict[str, dict[str, Any]] = {}
+        self.compiled = 0  # torch.compile calls run eagerly (see _compile_eagerly)
+        self.undo_compile = lambda: None
         self.counts: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -202,6 +205,7 @@ def enable(policy: str = "strict") -> PortableMode:
         _modes[0].policy = policy
         return _modes[0]
     mode = PortableMode(policy)
+    _compile_eagerly(mode)
     # oneDNN's fused recurrent kernel (mkldnn_rnn_layer) is one opaque operation; without it
     # torch runs LSTM, GRU and RNN layers as the matrix products and functions each is made of.
     mode.mkldnn_was = torch._C._get_mkldnn_enabled()
@@ -211,12 +215,45 @@ def enable(policy: str = "strict") -> PortableMode:
     return mode
 
 
+def _compile_eagerly(mode: PortableMode) -> None:
+    """Compiled code would bypass the mode (its kernels are Inductor's, with their own orders
+    and fusions), so under portable mode `torch.compile` runs the function eagerly, through the
+    mode: Dynamo is disabled (TORCHDYNAMO_DISABLE, inherited by worker processes, or its config
+    where it is already loaded), and each call of `torch.compile` is counted for the manifest."""
+    config = sys.modules.get("torch._dynamo.config")
+    saved_env = os.environ.get("TORCHDYNAMO_DISABLE")
+    saved_config = getattr(config, "disable", None)
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    if config is not None:
+        config.disable = True
+    original = torch.compile
+
+    def compile_eagerly(*args, **kwargs):
+        mode.compiled += 1
+        return original(*args, **kwargs)
+
+    torch.compile = compile_eagerly
+
+    def undo() -> None:
+        if torch.compile is compile_eagerly:
+            torch.compile = original
+        if saved_env is None:
+            os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = saved_env
+        if config is not None:
+            config.disable = saved_config
+
+    mode.undo_compile = undo
+
+
 def disable() -> None:
     """Leave the portable mode `enable` installed (twice.deterministic's undo)."""
     if _modes:
         mode = _modes.pop()
         mode.__exit__(None, None, None)
         torch._C._set_mkldnn_enabled(mode.mkldnn_was)
+        mode.undo_compile()
 
 
 def active() -> PortableMode | None:

@@ -221,3 +221,80 @@ def _prod_dim(x, dim, keepdim=False, *, dtype=None):
     moved = x.to(_F64).movedim(dim, -1) if x.dim() else x.to(_F64).reshape(1)
     result = _pairwise_product(moved).to(out)
     return result.unsqueeze(dim) if keepdim and x.dim() else result
+
+
+# Distances: differences and powers elementwise, the sums over features exact.
+
+
+def _p_sums(diff: torch.Tensor, p: float, dtype) -> torch.Tensor:
+    from twice.portable.exact import exact_sum
+
+    a = diff.abs()
+    if p == 0:
+        return (a != 0).sum(-1).to(_F64)
+    if math.isinf(p):
+        return a.amax(-1) if a.shape[-1] else a.sum(-1)
+    if p == 1:
+        return exact_sum(a, (-1,), False, _F64, dtype)
+    if p == 2:
+        return ew.sqrt(exact_sum(a * a, (-1,), False, _F64, dtype))
+    powered = ew.pow_scalar(a, p)
+    return ew.pow_scalar(exact_sum(powered, (-1,), False, _F64, dtype), 1.0 / p)
+
+
+@kernel("_cdist_forward.default")
+def _cdist(x1, x2, p, compute_mode=None):
+    floating(x1, x2)
+    diff = x1.to(_F64).unsqueeze(-2) - x2.to(_F64).unsqueeze(-3)
+    return _p_sums(diff, float(p), x1.dtype).to(x1.dtype)
+
+
+def _cdist_grad(grad, x1, x2, p, dist):
+    """d/dx1 of sum_ij g_ij ||x1_i - x2_j||_p: each term elementwise, the sum over j exact."""
+    from twice.portable.exact import exact_sum
+
+    diff = x1.to(_F64).unsqueeze(-2) - x2.to(_F64).unsqueeze(-3)
+    d = dist.to(_F64).unsqueeze(-1)
+    g = grad.to(_F64).unsqueeze(-1)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        terms = g * torch.sign(diff)
+    elif math.isinf(p):
+        terms = g * torch.sign(diff) * (diff.abs() == d).to(_F64)
+    elif p == 2:
+        terms = torch.where(d == 0, 0.0, g * diff / torch.where(d == 0, 1.0, d))
+    else:
+        scale = ew.pow_scalar(diff.abs(), p - 2.0) * diff
+        denominator = ew.pow_scalar(d, p - 1.0)
+        terms = torch.where(d == 0, 0.0, g * scale / torch.where(d == 0, 1.0, denominator))
+    return exact_sum(terms, (-2,), False, x1.dtype, x1.dtype)
+
+
+@kernel("_cdist_backward.default")
+def _cdist_backward(grad, x1, x2, p, dist):
+    floating(grad, x1, x2)
+    return _cdist_grad(grad, x1, x2, float(p), dist)
+
+
+@kernel("_pdist_forward.default")
+def _pdist(x, p=2.0):
+    floating(x)
+    n = x.shape[0]
+    rows, cols = torch.triu_indices(n, n, 1)
+    full = _cdist(x, x, p)
+    return full[rows, cols]
+
+
+@kernel("_pdist_backward.default")
+def _pdist_backward(grad, x, p, pdist):
+    floating(grad, x)
+    n = x.shape[0]
+    rows, cols = torch.triu_indices(n, n, 1)
+    g = torch.zeros(n, n, dtype=_F64)
+    g[rows, cols] = grad.to(_F64)
+    g[cols, rows] = grad.to(_F64)
+    dist = torch.zeros(n, n, dtype=_F64)
+    dist[rows, cols] = pdist.to(_F64)
+    dist[cols, rows] = pdist.to(_F64)
+    return _cdist_grad(g, x, x, float(p), dist)

@@ -15,7 +15,7 @@ import torch
 
 from twice.portable.exact import _beta, exact_cumsum, slices_for, split
 from twice.portable.ops_math import floating
-from twice.portable.table import kernel
+from twice.portable.table import PortableUnsupported, kernel
 
 __all__ = ["exact_linear"]
 
@@ -211,3 +211,167 @@ def _scatter_add(self, dim, index, src):
 @kernel("scatter_add_.default")
 def _scatter_add_(self, dim, index, src):
     return self.copy_(_scatter_add(self, dim, index, src))
+
+
+# embedding_bag: each bag's rows added exactly (one grid per column), the mean one division.
+
+
+def _bag_rows(weight, indices, offset2bag, per_sample_weights, padding_idx):
+    rows = weight.to(_F64)[indices]
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.to(_F64).unsqueeze(1)
+    if padding_idx is not None and padding_idx >= 0:
+        rows = torch.where((indices == padding_idx).unsqueeze(1), 0.0, rows)
+    return rows
+
+
+@kernel("_embedding_bag.default", "_embedding_bag_forward_only.default")
+def _embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
+    """Torch's own kernel gives the bookkeeping (offset2bag, bag sizes, the maxima's indices;
+    a maximum is exact); the sums and means are replaced by exact ones."""
+    floating(weight, per_sample_weights)
+    out, offset2bag, bag_size, max_indices = aten._embedding_bag.default(
+        weight,
+        indices,
+        offsets,
+        scale_grad_by_freq,
+        mode,
+        sparse,
+        per_sample_weights,
+        include_last_offset,
+        padding_idx,
+    )
+    if mode == 2 or indices.numel() == 0:
+        return out, offset2bag, bag_size, max_indices
+    bags = out.shape[0]
+    where = torch.searchsorted(offsets[:bags], torch.arange(indices.numel()), right=True) - 1
+    rows = _bag_rows(weight, indices, where, per_sample_weights, padding_idx)
+    zeros = torch.zeros(bags, weight.shape[1], dtype=_F64)
+    total = exact_linear(
+        rows, lambda t: zeros.index_add(0, where, t), (0,), indices.numel(), weight.dtype
+    )
+    if mode == 1:
+        kept = (indices != padding_idx) if padding_idx is not None and padding_idx >= 0 else None
+        ones = torch.ones(indices.numel(), dtype=_F64) if kept is None else kept.to(_F64)
+        count = torch.zeros(bags, dtype=_F64).index_add(0, where, ones)
+        total = torch.where(count.unsqueeze(1) > 0, total / count.clamp(min=1).unsqueeze(1), 0.0)
+    return total.to(out.dtype), offset2bag, bag_size, max_indices
+
+
+@kernel("_embedding_bag_backward.default")
+def _embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    if sparse:
+        raise PortableUnsupported("sparse gradients of embedding_bag")
+    return _embedding_bag_dense_backward(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
+
+
+@kernel("_embedding_bag_dense_backward.default")
+def _embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    """Each weight row's gradient: the gradients of the bags that used it (divided by the bag's
+    size for a mean, times the sample's weight), added exactly."""
+    floating(grad, per_sample_weights)
+    if mode == 2:
+        raise PortableUnsupported("the backward of embedding_bag's max mode")
+    if indices.numel() == 0:
+        return torch.zeros(num_weights, grad.shape[1], dtype=grad.dtype)
+    where = offset2bag
+    rows = grad.to(_F64)[where]
+    if mode == 1:
+        rows = rows / bag_size.to(_F64).clamp(min=1)[where].unsqueeze(1)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.to(_F64).unsqueeze(1)
+    if padding_idx is not None and padding_idx >= 0:
+        rows = torch.where((indices == padding_idx).unsqueeze(1), 0.0, rows)
+    zeros = torch.zeros(num_weights, grad.shape[1], dtype=_F64)
+    total = exact_linear(
+        rows, lambda t: zeros.index_add(0, indices, t), (0,), indices.numel(), grad.dtype
+    )
+    if scale_grad_by_freq:
+        counts = torch.bincount(indices, minlength=num_weights).to(_F64).clamp(min=1)
+        total = total / counts.unsqueeze(1)
+    return total.to(grad.dtype)
+
+
+@kernel("_embedding_bag_per_sample_weights_backward.default")
+def _embedding_bag_psw_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """d loss / d w_i = <grad of i's bag, weight row of i>: float32 products are exact in
+    float64, then summed exactly."""
+    floating(grad, weight)
+    from twice.portable.exact import exact_sum
+
+    products = grad.to(_F64)[offset2bag] * weight.to(_F64)[indices]
+    out = exact_sum(products, (1,), False, grad.dtype, grad.dtype)
+    if padding_idx is not None and padding_idx >= 0:
+        out = torch.where(indices == padding_idx, 0.0, out).to(grad.dtype)
+    return out
+
+
+@kernel("scatter_reduce.two")
+def _scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    """amax and amin are exact as torch computes them; sum and mean add exactly (the mean's
+    count includes the destination's own value when include_self); prod depends on the order."""
+    floating(self, src)
+    if reduce in ("amax", "amin"):
+        return aten.scatter_reduce.two(self, dim, index, src, reduce, include_self=include_self)
+    if reduce not in ("sum", "mean"):
+        raise PortableUnsupported(f"scatter_reduce with reduce={reduce!r}")
+    used = src[tuple(slice(0, n) for n in index.shape)] if src.dim() else src
+    base = self
+    if not include_self:
+        hit = torch.zeros(self.shape, dtype=torch.bool).scatter(dim, index, True)
+        base = torch.where(hit, torch.zeros_like(self), self)
+    total = _accumulate(base, used, lambda z, t: aten.scatter_add.default(z, dim, index, t))
+    if reduce == "sum":
+        return total
+    counts = torch.zeros(self.shape, dtype=_F64).scatter_add(
+        dim, index, torch.ones(index.shape, dtype=_F64)
+    )
+    counts = counts + (1.0 if include_self else 0.0)
+    return torch.where(counts > 0, total.to(_F64) / counts.clamp(min=1), self.to(_F64)).to(
+        self.dtype
+    )

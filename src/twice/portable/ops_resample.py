@@ -141,3 +141,39 @@ for _name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d"):
         _packet = getattr(aten, f"{_op}_backward", None)
         if _packet is not None:
             kernel(f"{_op}_backward.default")(_nearest_backward(_packet.default))
+
+
+def _along(x: torch.Tensor, axis: int, weights: torch.Tensor, out_dtype, precision):
+    """weights (out x in) applied along `axis` of x: an exact product."""
+    moved = x.movedim(axis, -1)
+    flat = moved.reshape(-1, moved.shape[-1])
+    out = exact_matmul(flat, weights.t().contiguous(), out_dtype, precision=precision)
+    return out.reshape(*moved.shape[:-1], weights.shape[0]).movedim(-1, axis)
+
+
+def _adaptive3d(x, sizes_out, transpose: bool, dtype):
+    out = x
+    for position, axis in enumerate((-3, -2, -1)):
+        size_in, size_out = (
+            (sizes_out[position], x.shape[axis])
+            if transpose
+            else (x.shape[axis], sizes_out[position])
+        )
+        weights = adaptive_weights(size_in, size_out)
+        last = position == 2
+        out = _along(
+            out, axis, weights.t() if transpose else weights, dtype if last else _F64, dtype
+        )
+    return out
+
+
+@kernel("_adaptive_avg_pool3d.default")
+def _adaptive_avg_pool3d(x, output_size):
+    floating(x)
+    return _adaptive3d(x, list(output_size), False, x.dtype)
+
+
+@kernel("_adaptive_avg_pool3d_backward.default")
+def _adaptive_avg_pool3d_backward(grad, x):
+    floating(grad, x)
+    return _adaptive3d(grad, list(x.shape[-3:]), True, x.dtype)

@@ -151,7 +151,7 @@ def describe(func) -> str:
     """One line saying how the overload is covered, for the coverage listing."""
     how, handler, name = route(func)
     if how == KERNEL:
-        return f"kernel {handler.__module__.rsplit('.', 1)[-1]}.{handler.__name__}"
+        return f"kernel ({handler.__module__})"
     if how in (EXACT_ROUTE, INDEX_PUT):
         if _is_view(func):
             return "exact (a view, by its schema)"

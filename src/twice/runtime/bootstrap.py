@@ -172,7 +172,11 @@ def _portable_facts() -> dict | None:
     mode = _state.get("portable")
     if mode is None:
         return None
-    return {"policy": mode.policy, "uncovered": list(mode.uncovered.values())}
+    return {
+        "policy": mode.policy,
+        "uncovered": list(mode.uncovered.values()),
+        "compiled_eagerly": mode.compiled,
+    }
 
 
 def _count_fork() -> None:

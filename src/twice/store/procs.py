@@ -65,6 +65,7 @@ def _portable(value: Any) -> bool:
     return value is None or (
         isinstance(value, dict)
         and isinstance(value.get("uncovered", []), list)
+        and isinstance(value.get("compiled_eagerly", 0), int)
         and all(
             isinstance(entry, dict)
             and isinstance(entry.get("op"), str)
