@@ -101,6 +101,8 @@ def exact_bilinear(
     through `form` as an outer product: `form(a * sa, b * sb) == form(a, b) * sa' * sb'`, which
     holds when each scale is constant over the reduced dimensions. Otherwise `scale(unit_a,
     unit_b)` gives the output's scale (a form that sums over whole-tensor scales, say)."""
+    if a.numel() == 0 or b.numel() == 0:  # nothing to add: zeros (or an empty result)
+        return form(a.to(torch.float64), b.to(torch.float64)).to(out_dtype)
     scale = scale or form
     count = slices_for(precision or out_dtype)
     beta = _beta(terms * count, 2)
@@ -174,6 +176,8 @@ def _fast_matmul(a, b, out_dtype, precision, bias):
     """One slice of each operand split by the C kernel, one float64 product, scaled and rounded
     by the C kernel: exact_bilinear's steps for the common case, or None."""
     if slices_for(precision) != 1 or a.dim() != b.dim() or a.dim() not in (2, 3):
+        return None
+    if a.numel() == 0 or b.numel() == 0:
         return None
     if a.dim() == 3 and a.shape[0] != b.shape[0]:
         return None

@@ -47,15 +47,17 @@ def coverage(func) -> str:
     return routes.coverage(func)
 
 
+def _inexact(value) -> bool:
+    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
+
+
 def _floating(args, kwargs) -> bool:
-    """Whether a floating-point tensor is among the arguments (in lists too)."""
+    """Whether a floating-point or complex tensor is among the arguments (in lists too)."""
     for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            if value.is_floating_point():
-                return True
-        elif isinstance(value, (list, tuple)):
-            if any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in value):
-                return True
+        if _inexact(value):
+            return True
+        if isinstance(value, (list, tuple)) and any(_inexact(v) for v in value):
+            return True
     return False
 
 
@@ -125,6 +127,12 @@ class PortableMode(TorchDispatchMode):
                 return handler(*args, **kwargs)
         if kind == routes.DECOMPOSED:
             return self._decomposed(func, handler, name, args, kwargs)
+        if kind == routes.OUT:
+            out = kwargs.pop("out")
+            with self:
+                result = handler(*args, **kwargs)
+            out.resize_(result.shape)
+            return out.copy_(result)
         return self._uncovered(func, name, args, kwargs, None)
 
     def _decomposed(self, func, decomposition, name, args, kwargs):
@@ -138,9 +146,12 @@ class PortableMode(TorchDispatchMode):
         running.add(func)
         try:
             with self:
-                return decomposition(*args, **kwargs)
+                out = decomposition(*args, **kwargs)
         finally:
             running.discard(func)
+        if out is NotImplemented:  # the decomposition does not handle these arguments
+            return self._uncovered(func, name, args, kwargs, "no decomposition for these arguments")
+        return out
 
     def _foreach(self, func, name, args, kwargs):
         """A `_foreach_` operation as the per-tensor operation on each list element, each routed

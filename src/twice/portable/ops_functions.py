@@ -298,3 +298,33 @@ def _pdist_backward(grad, x, p, pdist):
     dist[rows, cols] = pdist.to(_F64)
     dist[cols, rows] = pdist.to(_F64)
     return _cdist_grad(g, x, x, float(p), dist)
+
+
+@kernel("exp2.default")
+def _exp2(x):
+    """2**x: the integer part exact (a power of two), the fraction through exp."""
+    floating(x)
+    x64 = x.to(_F64) if x.is_floating_point() else x.to(torch.get_default_dtype()).to(_F64)
+    whole = torch.floor(x64)
+    fraction = ew.exp((x64 - whole) * math.log(2.0))
+    finite = torch.isfinite(whole)
+    scaled = torch.ldexp(fraction, torch.where(finite, whole, 0.0).clamp(-2000, 2000))
+    out = torch.where(finite, scaled, torch.where(x64 > 0, math.inf, 0.0))
+    out = torch.where(torch.isnan(x64), x64, out)
+    return out.to(x.dtype if x.is_floating_point() else torch.get_default_dtype())
+
+
+kernel("exp2_.default")(inplace(_exp2))
+
+
+@kernel("hypot.default")
+def _hypot(x, y):
+    floating(x, y)
+    a, b = x.to(_F64).abs(), y.to(_F64).abs()
+    big = torch.maximum(a, b)
+    small = torch.minimum(a, b)
+    safe = torch.where(big > 0, big, 1.0)
+    ratio = small / safe
+    out = big * ew.sqrt(1.0 + ratio * ratio)
+    out = torch.where(torch.isinf(a) | torch.isinf(b), math.inf, out)
+    return out.to(torch.result_type(x, y))

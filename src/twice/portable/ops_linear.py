@@ -216,6 +216,12 @@ def _scatter_add_(self, dim, index, src):
 # embedding_bag: each bag's rows added exactly (one grid per column), the mean one division.
 
 
+def _bag_of(indices, offsets, bags):
+    """The bag of each index position (torch leaves its own offset2bag empty on fast paths)."""
+    positions = torch.arange(indices.numel(), device=indices.device)
+    return torch.searchsorted(offsets[:bags].contiguous(), positions, right=True) - 1
+
+
 def _bag_rows(weight, indices, offset2bag, per_sample_weights, padding_idx):
     rows = weight.to(_F64)[indices]
     if per_sample_weights is not None:
@@ -254,7 +260,7 @@ def _embedding_bag(
     if mode == 2 or indices.numel() == 0:
         return out, offset2bag, bag_size, max_indices
     bags = out.shape[0]
-    where = torch.searchsorted(offsets[:bags], torch.arange(indices.numel()), right=True) - 1
+    where = _bag_of(indices, offsets, bags)
     rows = _bag_rows(weight, indices, where, per_sample_weights, padding_idx)
     zeros = torch.zeros(bags, weight.shape[1], dtype=_F64)
     total = exact_linear(
@@ -285,6 +291,7 @@ def _embedding_bag_backward(
 ):
     if sparse:
         raise PortableUnsupported("sparse gradients of embedding_bag")
+    offset2bag = _bag_of(indices, offsets, grad.shape[0])
     return _embedding_bag_dense_backward(
         grad,
         indices,
@@ -315,10 +322,19 @@ def _embedding_bag_dense_backward(
     """Each weight row's gradient: the gradients of the bags that used it (divided by the bag's
     size for a mean, times the sample's weight), added exactly."""
     floating(grad, per_sample_weights)
-    if mode == 2:
-        raise PortableUnsupported("the backward of embedding_bag's max mode")
+    if mode == 2:  # each column's gradient goes to the row that held the bag's maximum
+        columns = torch.arange(grad.shape[1]).expand_as(maximum_indices)
+        held = maximum_indices >= 0
+        zeros = torch.zeros(num_weights, grad.shape[1], dtype=_F64)
+
+        def spread(t):
+            return zeros.index_put((maximum_indices[held], columns[held]), t[held], True)
+
+        return exact_linear(grad, spread, None, max(1, grad.numel()), grad.dtype).to(grad.dtype)
     if indices.numel() == 0:
         return torch.zeros(num_weights, grad.shape[1], dtype=grad.dtype)
+    if offset2bag.numel() != indices.numel():
+        raise PortableUnsupported("embedding_bag's backward without each index's bag")
     where = offset2bag
     rows = grad.to(_F64)[where]
     if mode == 1:
@@ -344,7 +360,8 @@ def _embedding_bag_psw_backward(grad, weight, indices, offsets, offset2bag, mode
     floating(grad, weight)
     from twice.portable.exact import exact_sum
 
-    products = grad.to(_F64)[offset2bag] * weight.to(_F64)[indices]
+    where = _bag_of(indices, offsets, grad.shape[0])
+    products = grad.to(_F64)[where] * weight.to(_F64)[indices]
     out = exact_sum(products, (1,), False, grad.dtype, grad.dtype)
     if padding_idx is not None and padding_idx >= 0:
         out = torch.where(indices == padding_idx, 0.0, out).to(grad.dtype)
@@ -375,3 +392,47 @@ def _scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     return torch.where(counts > 0, total.to(_F64) / counts.clamp(min=1), self.to(_F64)).to(
         self.dtype
     )
+
+
+def _sum_backward(func):
+    """A backward whose every input gradient is a sum of output gradients with coefficient 1
+    (a maximum's, a padding's): torch's own kernel on exact integer slices of the gradient."""
+
+    def run(grad, *rest):
+        floating(grad)
+        if grad.numel() == 0:
+            return func(grad, *rest)
+        wide = [
+            r.to(_F64) if isinstance(r, torch.Tensor) and r.is_floating_point() else r for r in rest
+        ]
+
+        def spread(t):
+            return func(t, *wide)
+
+        return exact_linear(grad, spread, None, grad.numel(), grad.dtype).to(grad.dtype)
+
+    return run
+
+
+for _name in (
+    "max_pool2d_with_indices_backward",
+    "max_pool3d_with_indices_backward",
+    "adaptive_max_pool2d_backward",
+    "adaptive_max_pool3d_backward",
+    "fractional_max_pool2d_backward",
+    "fractional_max_pool3d_backward",
+    *(f"{kind}_pad{d}d_backward" for kind in ("replication", "reflection") for d in (1, 2, 3)),
+):
+    kernel(f"{_name}.default")(_sum_backward(getattr(aten, _name).default))
+
+
+@kernel("put.default")
+def _put(self, index, source, accumulate=False):
+    if not accumulate:
+        return aten.put.default(self, index, source, False)
+    return _accumulate(self, source, lambda z, t: aten.put.default(z, index, t, True))
+
+
+@kernel("put_.default")
+def _put_(self, index, source, accumulate=False):
+    return self.copy_(_put(self, index, source, accumulate))

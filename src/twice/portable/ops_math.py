@@ -285,6 +285,23 @@ def _addmm(bias, a, b, beta=1, alpha=1):
     return _affine(exact_matmul(a, b, _F64, a.dtype), bias, beta, alpha, a.dtype)
 
 
+@kernel("addbmm.default")
+def _addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    """beta self + alpha sum_i batch1_i @ batch2_i: the sum over the batch is one exact product
+    of the batches laid side by side."""
+    floating(self, batch1, batch2)
+    b, n, m = batch1.shape
+    left = batch1.permute(1, 0, 2).reshape(n, b * m)
+    right = batch2.reshape(b * m, batch2.shape[-1])
+    product = exact_matmul(left, right, self.dtype)
+    if alpha != 1:
+        product = torch.mul(product, alpha)
+    if beta == 0:
+        return product.expand_as(self).clone() if product.shape != self.shape else product
+    base = self if beta == 1 else torch.mul(self, beta)
+    return torch.add(base, product)
+
+
 @kernel("mv.default")
 def _mv(a, v):
     floating(a, v)

@@ -244,3 +244,27 @@ def _rrelu_functional(x, noise, lower=1.0 / 8, upper=1.0 / 3, training=False, ge
     if slopes is None:
         return torch.where(x >= 0, x, x * ((float(lower) + float(upper)) / 2.0)), noise.clone()
     return torch.mul(x, slopes), slopes
+
+
+def _normals_like(shape, generator, device):
+    return philox.normal(math.prod(shape), philox.draw_key(generator), device).reshape(shape)
+
+
+@kernel("normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor")
+def _normal_tensors(mean, std=1.0, *, generator=None):
+    floating(mean, std)
+    tensors = [t for t in (mean, std) if isinstance(t, torch.Tensor)]
+    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    dtype = tensors[0].dtype
+    n = _normals_like(shape, generator, tensors[0].device)
+    std64 = std.to(_F64) if isinstance(std, torch.Tensor) else float(std)
+    mean64 = mean.to(_F64) if isinstance(mean, torch.Tensor) else float(mean)
+    return (n * std64 + mean64).to(dtype)
+
+
+@kernel("normal.float_float")
+def _normal_floats(mean, std, size, *, generator=None, dtype=None, device=None, **_):
+    n = _normals_like(tuple(size), generator, device)
+    return (n * float(std) + float(mean)).to(
+        dtype=dtype or torch.get_default_dtype(), device=device
+    )

@@ -177,3 +177,25 @@ def _adaptive_avg_pool3d(x, output_size):
 def _adaptive_avg_pool3d_backward(grad, x):
     floating(grad, x)
     return _adaptive3d(grad, list(x.shape[-3:]), True, x.dtype)
+
+
+@kernel("upsample_linear1d.vec")
+def _linear1d_vec(x, output_size, align_corners, scale_factors):
+    floating(x)
+    if output_size is None:
+        output_size = [math.floor(x.shape[-1] * scale_factors[0])]
+    return _linear1d(x, output_size, align_corners, _scales(scale_factors, 0))
+
+
+@kernel("upsample_linear1d.default")
+def _linear1d(x, output_size, align_corners, scales=None):
+    floating(x)
+    w = linear_weights(x.shape[-1], output_size[0], align_corners, scales)
+    return _along(x, -1, w, x.dtype, x.dtype)
+
+
+@kernel("upsample_linear1d_backward.default")
+def _linear1d_backward(grad, output_size, input_size, align_corners, scales=None):
+    floating(grad)
+    w = linear_weights(input_size[-1], output_size[0], align_corners, scales)
+    return _along(grad, -1, w.t(), grad.dtype, grad.dtype)

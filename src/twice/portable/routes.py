@@ -12,10 +12,12 @@ In the order tried:
 4. **prim**: a `prims.` operation (reached from PyTorch's reference implementations), handled as
    the aten operation of the same name and arguments, or by its own rule (conversions and views
    are exact).
-5. **decomposed**: PyTorch's own decomposition (`torch._decomp.decomposition_table`, or the
+5. **out**: an `out=` form, computed as the overload that returns its result (routed in turn),
+   then copied into `out`.
+6. **decomposed**: PyTorch's own decomposition (`torch._decomp.decomposition_table`, or the
    op's CompositeImplicitAutograd definition) runs under the mode, so each operation it is made
    of is routed in turn: portable exactly when its parts are.
-6. **uncovered**: anything else on floating-point tensors (an error under strict).
+7. **uncovered**: anything else on floating-point tensors (an error under strict).
 
 Random operations (tagged `nondeterministic_seeded`) are never exact and never decomposed into
 torch's own generator: they are kernels (Philox) or uncovered.
@@ -35,6 +37,7 @@ __all__ = [
     "PRIM",
     "DECOMPOSED",
     "OTHER",
+    "OUT",
     "route",
     "coverage",
     "describe",
@@ -42,7 +45,7 @@ __all__ = [
     "core_overloads",
 ]
 
-KERNEL, FOREACH, EXACT_ROUTE, INDEX_PUT, PRIM, DECOMPOSED, OTHER = range(7)
+KERNEL, FOREACH, EXACT_ROUTE, INDEX_PUT, PRIM, DECOMPOSED, OTHER, OUT = range(8)
 _NAMES = {
     KERNEL: "kernel",
     FOREACH: "foreach",
@@ -51,6 +54,7 @@ _NAMES = {
     PRIM: "prim",
     DECOMPOSED: "decomposed",
     OTHER: "uncovered",
+    OUT: "out",
 }
 
 # prims whose aten namesake takes other arguments, or that have none: their own rule.
@@ -93,9 +97,16 @@ _PRIM_ADAPTED = {  # prims whose aten namesake takes its arguments in another fo
     "var": lambda x, dims, correction=1, output_dtype=None: torch.ops.aten.var.correction(
         x, dims, correction=correction
     ),
+    "prod": lambda x, dims, output_dtype=None: _prod_over(x, dims, output_dtype),
     "amax": lambda x, dims, output_dtype=None: torch.ops.aten.amax.default(x, dims),
     "amin": lambda x, dims, output_dtype=None: torch.ops.aten.amin.default(x, dims),
 }
+
+
+def _prod_over(x, dims, output_dtype):
+    for dim in sorted((d % max(x.dim(), 1) for d in dims), reverse=True):
+        x = torch.ops.aten.prod.dim_int(x, dim, False, dtype=output_dtype)
+    return x
 
 
 def _prim_target(func):
@@ -106,13 +117,25 @@ def _prim_target(func):
     return getattr(packet, "default", None) if packet is not None else None
 
 
+def _functional(func):
+    """For an `out=` overload with one output (`atan2.out`), the overload that returns it."""
+    if not func._overloadname.endswith("out") or len(func._schema.returns) != 1:
+        return None
+    written = [a for a in func._schema.arguments if a.alias_info and a.alias_info.is_write]
+    if len(written) != 1 or not written[0].kwarg_only:
+        return None
+    packet = func.overloadpacket
+    base = func._overloadname[: -len("out")].rstrip("_") or "default"
+    return getattr(packet, base, None) if base in packet.overloads() else None
+
+
 def route(func) -> tuple[int, object, str]:
     """(how, handler, name) for an overload: see the module's text for the order."""
     name = overload_name(func)
     namespace = func.namespace
-    if name in KERNELS:
+    if namespace == "aten" and name in KERNELS:
         return KERNEL, KERNELS[name], name
-    if name.startswith("_foreach_"):
+    if namespace == "aten" and name.startswith("_foreach_"):
         return FOREACH, None, name
     seeded = torch.Tag.nondeterministic_seeded in func.tags
     base = func.overloadpacket.__name__
@@ -127,6 +150,9 @@ def route(func) -> tuple[int, object, str]:
         if target is not None:
             return PRIM, target, f"prims::{name}"
         return OTHER, None, name
+    functional = _functional(func)
+    if functional is not None and route(functional)[0] != OTHER:
+        return OUT, functional, name
     decomposition = _decomposition(func)
     if decomposition is not None and "_refs" in decomposition.__module__:
         # A reference implementation that bottoms out in the prim of its own name comes back
@@ -156,6 +182,8 @@ def describe(func) -> str:
         if _is_view(func):
             return "exact (a view, by its schema)"
         return "exact (copies, indexes, compares or rounds once)"
+    if how == OUT:
+        return f"out= form of {overload_name(handler)} ({describe(handler)})"
     if how == DECOMPOSED:
         where = getattr(handler, "__module__", None)
         if where is None or not where.startswith("torch._"):

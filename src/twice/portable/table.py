@@ -53,6 +53,10 @@ EXACT = frozenset(
     max_pool1d max_pool2d_with_indices max_pool2d_with_indices_backward
     neg neg_ abs abs_ sign sign_ sgn floor ceil round trunc frac
     mul mul_ div div_ reciprocal reciprocal_ square fmod fmod_
+    adaptive_max_pool2d adaptive_max_pool3d max_pool3d_with_indices fractional_max_pool2d
+    fractional_max_pool3d cummax cummin median nanmedian mode unique_consecutive _unique2 unique
+    unique_dim frexp nextafter angle softshrink_backward hardshrink_backward softshrink hardshrink
+    _cummax_helper _cummin_helper
     native_dropout_backward nan_to_num nan_to_num_ bucketize searchsorted one_hot
     sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal
     set_ resize_as_ pin_memory _pin_memory is_pinned expand_as index_copy index_copy_ index_fill

@@ -1,0 +1,178 @@
+"""Drive PyTorch's own OpInfo sample inputs through portable mode and print, per op, a digest of
+every output and input gradient (or why it did not run), for tests/test_portable_opinfo.py.
+
+usage: portable_opinfo.py SAMPLES_FILE (save|load) OPS_JSON PER_OP
+
+`save` draws the sample inputs (seeded) and writes them to SAMPLES_FILE, `load` reads them, so
+that every setting computes on the same bits. In `save` mode each result is also compared with
+torch's float64 result on the same inputs (the largest error relative to the tolerance).
+"""
+
+import contextlib
+import io
+import json
+import math
+import sys
+
+import torch
+import xxhash
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.opinfo.core import SampleInput
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from twice.portable.mode import PortableError, PortableMode
+
+path, action, wanted, per_op = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+RTOL, ATOL = 1e-4, 1e-5
+# Their results are uninitialised memory, the same or not by chance: no result to compare.
+UNINITIALISED = {"empty", "new_empty", "empty_like", "empty_permuted", "empty_strided"}
+UNINITIALISED |= {"new_empty_strided"}
+ops = {f"{o.name}.{o.variant_test_name}": o for o in op_db}
+
+
+def tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors(v)]
+    return []
+
+
+def digest(values) -> str:
+    h = xxhash.xxh3_128()
+    for t in values:
+        t = t.detach()
+        if t.is_floating_point():
+            t = t.masked_fill(t.isnan(), math.nan)  # NaN payloads are not compared
+        if t.is_complex():
+            t = torch.view_as_real(t.resolve_conj())
+        h.update(str((tuple(t.shape), str(t.dtype))).encode())
+        h.update(t.contiguous().numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def leaves(sample):
+    return [
+        t
+        for t in tensors([sample.input, sample.args, sample.kwargs])
+        if t.requires_grad and t.is_leaf
+    ]
+
+
+def run(op, sample, mode):
+    with mode:
+        out = op(sample.input, *sample.args, **sample.kwargs)
+        outs = tensors(out)
+        grads = []
+        differentiable = [o for o in outs if o.requires_grad and o.is_floating_point()]
+        inputs = leaves(sample)
+        if op.supports_autograd and differentiable and inputs:
+            loss = sum(o.sum() for o in differentiable)
+            grads = [
+                g
+                for g in torch.autograd.grad(loss, inputs, allow_unused=True)
+                if g is not None
+            ]
+    return outs, grads
+
+
+def error_ratio(ours, reference) -> float:
+    """The largest |ours - reference| / (ATOL + RTOL |reference|) over the float outputs (0 where
+    the shapes or kinds do not line up, or both are the same non-finite value)."""
+    worst = 0.0
+    for a, b in zip(ours, reference):
+        if not (a.is_floating_point() and b.is_floating_point()) or a.shape != b.shape:
+            continue
+        a, b = a.detach().double(), b.detach().double()
+        same = (a == b) | (a.isnan() & b.isnan())
+        err = ((a - b).abs() / (ATOL + RTOL * b.abs())).masked_fill(same, 0.0)
+        if err.numel():
+            worst = max(worst, float(err.nan_to_num(math.inf).max()))
+    return worst
+
+
+class Seeded(TorchDispatchMode):
+    """Notes whether a random operation ran (torch's own streams differ from Philox's)."""
+
+    random = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.random = True
+        return func(*args, **(kwargs or {}))
+
+
+def to64(sample):
+    def conv(t):
+        if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+            return t.detach().double().requires_grad_(t.requires_grad)
+        return t
+
+    return sample.transform(conv)
+
+
+if action == "save":
+    torch.manual_seed(0)
+    drawn = {}
+    for name in wanted:
+        op = ops[name]
+        try:
+            samples = list(
+                op.sample_inputs("cpu", torch.float32, requires_grad=op.supports_autograd)
+            )
+        except Exception as exc:  # the OpInfo cannot make samples here
+            drawn[name] = repr(exc)[:200]
+            continue
+        drawn[name] = [(s.input, s.args, s.kwargs) for s in samples[:per_op]]
+    for name, value in list(drawn.items()):
+        try:
+            torch.save(value, io.BytesIO())
+        except Exception as exc:  # a sample holding a function: not carried between settings
+            drawn[name] = f"samples not picklable: {exc!r}"[:200]
+    torch.save(drawn, path)
+drawn = torch.load(path, weights_only=False)
+
+results = {}
+for name in wanted:
+    op, samples = ops[name], drawn[name]
+    if isinstance(samples, str) or op.name in UNINITIALISED:
+        results[name] = {"skipped": samples if isinstance(samples, str) else "uninitialised"}
+        continue
+    samples = [SampleInput(i, args=a, kwargs=k) for i, a, k in samples]
+    found = {"digests": [], "error": None}
+    for index, sample in enumerate(samples):
+        try:
+            torch.manual_seed(index)
+            outs, grads = run(op, sample, PortableMode("strict"))
+            if index == 0:  # uninitialised memory (empty_like) is no result to compare
+                torch.manual_seed(index)
+                again = run(op, sample, PortableMode("strict"))
+                if digest(again[0] + again[1]) != digest(outs + grads):
+                    found["unstable"] = True
+                    break
+        except PortableError as exc:
+            found["uncovered"] = str(exc).split(" is not covered")[0]
+            break
+        except Exception as exc:  # an op or sample this torch build refuses
+            found["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            break
+        found["digests"].append(digest(outs + grads))
+        if action == "save":
+            seen = Seeded()
+            try:
+                torch.manual_seed(0)
+                ref_outs, ref_grads = run(op, to64(sample), seen)
+                torch.manual_seed(0)
+                other = run(op, to64(sample), contextlib.nullcontext())
+            except Exception:
+                continue
+            if seen.random or digest(other[0] + other[1]) != digest(ref_outs + ref_grads):
+                continue  # random or uninitialised values: not a function of the inputs
+            if name.startswith("as_strided"):
+                continue  # reads storage, which the float64 copy lays out anew
+            ratio = error_ratio(outs + grads, ref_outs + ref_grads)
+            found["error_ratio"] = max(found.get("error_ratio", 0.0), ratio)
+    results[name] = found
+print(json.dumps(results))
