@@ -1,7 +1,9 @@
 """`twice run --portable` through real processes: an MLP, a CNN with batch norm and a transformer
-with dropout, trained with SGD, Adam and AdamW, give byte-identical parameters, losses and traces
-at 1 and 2 threads, under every instruction set torch can be held to here, and with MKL_CBWR set
-or not; the same runs without --portable do not. And the policies for uncovered ops, end to end."""
+with dropout, trained with SGD, Adam and AdamW, and an LSTM language model, a DCGAN, a VAE, a
+ResNet-style CNN and a bfloat16-autocast MLP with Adam, give byte-identical parameters, losses and
+traces at 1 and 2 threads, under every instruction set torch can be held to here, and with
+MKL_CBWR set or not; the same runs without --portable do not. And the policies for uncovered ops,
+end to end."""
 
 import json
 import sys
@@ -64,7 +66,7 @@ def test_portable_bits_do_not_depend_on_threads_instruction_set_or_blas(trained)
     first, first_run = trained["portable"][0]
     assert set(first) == {
         f"{m}/{o}" for m in ("mlp", "cnn", "transformer") for o in ("sgd", "adam", "adamw")
-    }
+    } | {f"{m}/adam" for m in ("lstm", "dcgan", "vae", "resnet", "bf16")}
     for results, run_dir in trained["portable"][1:]:
         assert results == first  # losses' bits and the final parameters' digests
         compared = twice("diff", first_run, run_dir, cwd=trained["base"])
@@ -108,7 +110,10 @@ def test_audit_portable_lists_what_is_not_covered(tmp_path):
     path = script("portable_uncovered.py", tmp_path)
     found = twice("audit", "--portable", "-q", "--", sys.executable, path, cwd=tmp_path)
     assert found.returncode == 1, found.stderr
-    assert "aten::_cdist_forward.default" in found.stdout and "portable_uncovered.py:10" in found.stdout
+    assert (
+        "aten::_cdist_forward.default" in found.stdout
+        and "portable_uncovered.py:10" in found.stdout
+    )
     clean = script("portable_models.py", tmp_path)
     listed = twice(
         "audit", "--portable", "--json", "--", sys.executable, clean, "mlp", cwd=tmp_path

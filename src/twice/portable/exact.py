@@ -193,11 +193,11 @@ def _fast_matmul(a, b, out_dtype, precision, bias):
 
 
 def exact_addmm(bias, a, b, out_dtype) -> torch.Tensor:
-    """bias + a @ b, the product exact and the sum rounded once to `out_dtype`."""
-    fast = _fast_matmul(a, b, out_dtype, out_dtype, bias)
-    if fast is not None:
-        return fast
-    return (exact_matmul(a, b, torch.float64, out_dtype) + bias.to(torch.float64)).to(out_dtype)
+    """a @ b rounded to `out_dtype`, then bias added (one more rounding): the bits of `mm`
+    followed by `add`, so that a linear layer gives the same bits whichever of the two forms
+    torch picks for it (the batch's shape decides), and a sample's output does not depend on
+    the batch it is in."""
+    return torch.add(exact_matmul(a, b, out_dtype), bias.to(out_dtype))
 
 
 def exact_sum(

@@ -94,8 +94,31 @@ class PortableMode(TorchDispatchMode):
         self.policy = policy
         self.uncovered: dict[str, dict[str, Any]] = {}
         self.compiled = 0  # torch.compile calls run eagerly (see _compile_eagerly)
+        self._saved: list[tuple[bool, bool]] = []
         self.undo_compile = lambda: None
         self.counts: dict[str, int] = {}
+
+    def __enter__(self):
+        # oneDNN's fused recurrent kernel (mkldnn_rnn_layer) is one opaque operation; without it
+        # torch runs LSTM, GRU and RNN layers as the matrix products and functions each is made
+        # of. Likewise the fused inference path of nn.MultiheadAttention and the transformer
+        # layers (_transformer_encoder_layer_fwd, _native_multi_head_attention) gives way to
+        # their modules' ordinary operations. (The mode enters again around its own
+        # decompositions: a stack of what was set.)
+        self._saved.append(
+            (torch._C._get_mkldnn_enabled(), torch.backends.mha.get_fastpath_enabled())
+        )
+        torch._C._set_mkldnn_enabled(False)
+        torch.backends.mha.set_fastpath_enabled(False)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            mkldnn, fastpath = self._saved.pop()
+            torch._C._set_mkldnn_enabled(mkldnn)
+            torch.backends.mha.set_fastpath_enabled(fastpath)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         route = _ROUTES.get(func)
@@ -217,10 +240,6 @@ def enable(policy: str = "strict") -> PortableMode:
         return _modes[0]
     mode = PortableMode(policy)
     _compile_eagerly(mode)
-    # oneDNN's fused recurrent kernel (mkldnn_rnn_layer) is one opaque operation; without it
-    # torch runs LSTM, GRU and RNN layers as the matrix products and functions each is made of.
-    mode.mkldnn_was = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
     mode.__enter__()
     _modes.append(mode)
     return mode
@@ -263,7 +282,6 @@ def disable() -> None:
     if _modes:
         mode = _modes.pop()
         mode.__exit__(None, None, None)
-        torch._C._set_mkldnn_enabled(mode.mkldnn_was)
         mode.undo_compile()
 
 

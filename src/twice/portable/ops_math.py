@@ -261,12 +261,13 @@ def _lerp_(self, end, weight):
 
 
 def _affine(product, bias, beta, alpha, dtype):
+    """alpha product + beta bias as the separate operations torch's decomposition of addmm
+    spells (the product already rounded to `dtype`)."""
     if alpha != 1:
-        product = product * float(alpha)
-    if beta != 0:
-        b = bias.to(_F64)
-        product = product + (b if beta == 1 else b * float(beta))
-    return product.to(dtype)
+        product = torch.mul(product, alpha)
+    if beta == 0:
+        return product
+    return torch.add(product, bias if beta == 1 else torch.mul(bias, beta))
 
 
 @kernel("mm.default", "bmm.default", "matmul.default")
@@ -282,7 +283,7 @@ def _addmm(bias, a, b, beta=1, alpha=1):
     floating(bias, a, b)
     if beta == 1 and alpha == 1:
         return exact_addmm(bias, a, b, a.dtype)
-    return _affine(exact_matmul(a, b, _F64, a.dtype), bias, beta, alpha, a.dtype)
+    return _affine(exact_matmul(a, b, a.dtype), bias, beta, alpha, a.dtype)
 
 
 @kernel("addbmm.default")
@@ -310,7 +311,7 @@ def _mv(a, v):
 
 @kernel("addmv.default")
 def _addmv(bias, a, v, beta=1, alpha=1):
-    product = exact_matmul(a, v.unsqueeze(-1), _F64, a.dtype).squeeze(-1)
+    product = exact_matmul(a, v.unsqueeze(-1), a.dtype).squeeze(-1)
     return _affine(product, bias, beta, alpha, a.dtype)
 
 
