@@ -1,10 +1,11 @@
 """What portable mode costs: a training step under `--portable` against the plain step, and each
 kernel's throughput against torch's, measured side by side in one process.
 
-Steps: for an MLP, a CNN with batch norm and a small transformer (dropout on), Adam, the same loop
-runs in alternating blocks with and without the portable dispatch mode (ROUNDS pairs of STEPS
-steps; each block's first step untimed), at 1 and at 2 threads. The median of the per-pair ratios
-of wall time is reported with the pairs' quartiles. Target (issue 27): at most 3x.
+Steps: for an MLP, a CNN with batch norm, a small transformer (dropout on), RepDL's LeNet, an
+LSTM language model, a DCGAN, a VAE, a ResNet-style CNN and a bfloat16-autocast MLP, with Adam,
+the same loop runs in alternating blocks with and without the portable dispatch mode (ROUNDS
+pairs of STEPS steps; each block's first step untimed), at 1 and at 2 threads. The median of the
+per-pair ratios of wall time is reported with the pairs' quartiles. Target: at most 3x.
 
 Kernels: matrix product and convolution in GFLOP/s, elementwise exp and a sum in GB/s (bytes of
 the input read), portable against torch, the best of several calls each.
@@ -69,7 +70,125 @@ def transformer():
     return Transformer(), lambda: (torch.randint(0, 1000, (16, 64)), torch.randint(0, 10, (16,)))
 
 
-def block(model, opt, data, portable: bool) -> float:
+def lenet():
+    """RepDL's MNIST example model: small 5x5 convolutions with 1 and 6 input channels."""
+    model = nn.Sequential(
+        nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(256, 120), nn.ReLU(), nn.Linear(120, 84),
+        nn.ReLU(), nn.Linear(84, 10),
+    )  # fmt: skip
+    return model, lambda: (torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,)))
+
+
+class LSTMLanguageModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(1000, 128)
+        self.rnn = nn.LSTM(128, 256, num_layers=2, batch_first=True, dropout=0.1)
+        self.head = nn.Linear(256, 1000)
+
+    def forward(self, x):
+        return self.head(self.rnn(self.emb(x))[0]).flatten(0, 1)
+
+
+def lstm():
+    def data():
+        tokens = torch.randint(0, 1000, (16, 33))
+        return tokens[:, :-1], tokens[:, 1:].flatten()
+
+    return LSTMLanguageModel(), data
+
+
+class DCGAN(nn.Module):
+    """A DCGAN generator (transposed convolutions, batch norm) and discriminator, trained as one
+    module on the discriminator's binary cross-entropy."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = nn.Sequential(
+            nn.ConvTranspose2d(64, 128, 4, 1, 0), nn.BatchNorm2d(128), nn.ReLU(),
+            nn.ConvTranspose2d(128, 64, 4, 2, 1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.ConvTranspose2d(64, 1, 4, 2, 1), nn.Tanh(),
+        )  # fmt: skip
+        self.d = nn.Sequential(
+            nn.Conv2d(1, 64, 4, 2, 1), nn.LeakyReLU(0.2), nn.Conv2d(64, 128, 4, 2, 1),
+            nn.BatchNorm2d(128), nn.LeakyReLU(0.2), nn.Flatten(), nn.Linear(128 * 4 * 4, 1),
+        )  # fmt: skip
+
+    def forward(self, z):
+        return self.d(self.g(z)).squeeze(1)
+
+
+def dcgan():
+    return DCGAN(), lambda: (torch.randn(32, 64, 1, 1), torch.rand(32).round())
+
+
+class VAE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(784, 400), nn.ReLU(), nn.Linear(400, 40))
+        self.dec = nn.Sequential(nn.Linear(20, 400), nn.ReLU(), nn.Linear(400, 784))
+
+    def forward(self, x):
+        mu, logvar = self.enc(x).chunk(2, -1)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        kl = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+        return torch.sigmoid(self.dec(z)), kl
+
+
+def vae():
+    x = lambda: torch.rand(64, 784)  # noqa: E731
+    return VAE(), lambda: (x(),) * 2
+
+
+class Residual(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
+            nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return torch.relu(x + self.body(x))
+
+
+def resnet():
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), Residual(32),
+        nn.AvgPool2d(2), Residual(32), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+    )  # fmt: skip
+    return model, lambda: (torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,)))
+
+
+class Autocast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()[0]
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.net(x).float()
+
+
+def bf16():
+    return Autocast(), mlp()[1]
+
+
+def _loss(name):
+    if name == "dcgan":
+        return nn.functional.binary_cross_entropy_with_logits
+    if name == "vae":
+
+        def vae_loss(out, x):
+            recon, kl = out
+            return nn.functional.binary_cross_entropy(recon, x, reduction="sum") + kl
+
+        return vae_loss
+    return nn.functional.cross_entropy
+
+
+def block(model, opt, data, portable: bool, loss_fn=nn.functional.cross_entropy) -> float:
     mode = PortableMode("warn") if portable else None
     if mode is not None:
         mode.__enter__()
@@ -79,7 +198,7 @@ def block(model, opt, data, portable: bool) -> float:
             x, y = data()
             start = time.perf_counter()
             opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
+            loss_fn(model(x), y).backward()
             opt.step()
             if step:
                 times.append(time.perf_counter() - start)
@@ -93,11 +212,12 @@ def step_case(name, build, threads):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model, data = build()
+    loss_fn = _loss(build.__name__)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ratios, plain_ms = [], []
     for _ in range(ROUNDS):
-        plain = block(model, opt, data, False)
-        portable = block(model, opt, data, True)
+        plain = block(model, opt, data, False, loss_fn)
+        portable = block(model, opt, data, True, loss_fn)
         ratios.append(portable / plain)
         plain_ms.append(plain * 1e3)
     q1, med, q3 = statistics.quantiles(ratios, n=4)
@@ -157,7 +277,17 @@ CASES = {
         )
     )
     for threads in (1, 2)
-    for name, build in (("mlp", mlp), ("cnn", cnn), ("transformer", transformer))
+    for name, build in (
+        ("mlp", mlp),
+        ("cnn", cnn),
+        ("transformer", transformer),
+        ("lenet", lenet),
+        ("lstm", lstm),
+        ("dcgan", dcgan),
+        ("vae", vae),
+        ("resnet", resnet),
+        ("bf16", bf16),
+    )
 }
 CASES["kernels"] = kernels
 

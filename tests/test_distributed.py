@@ -266,6 +266,7 @@ def test_two_node_torchrun_with_a_rendezvous_endpoint_records_every_rank(tmp_pat
     assert sorted(ranks) == [0, 1]
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_a_zero_redundancy_optimizer_resumes_bit_exactly_from_each_ranks_shard(tmp_path):
     """ZeroRedundancyOptimizer's state_dict() needs a consolidation collective; twice saves each
     rank's shard in that rank's part instead, and restores it with the scheduled learning rate."""

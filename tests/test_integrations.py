@@ -141,6 +141,7 @@ with twice.Run(config={"lr": 0.1, "layers": [4, 1]}):
 """
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_a_run_goes_into_a_real_mlflow_store_live_and_by_export(tmp_path):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient

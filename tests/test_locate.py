@@ -36,6 +36,7 @@ def test_audit_and_locate_name_the_noisy_module_its_op_and_line_and_nothing_else
     )
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_locate_names_the_thread_dependent_reduction_and_its_module(tmp_path):
     script("threads_module.py", tmp_path)
     one = run_named(tmp_path, "one", "threads_module.py", env=clean_env(OMP_NUM_THREADS="1"))

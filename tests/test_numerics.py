@@ -145,6 +145,7 @@ def test_a_nan_made_in_the_optimizer_by_an_infinite_learning_rate_is_named(recor
     assert any(e["kind"] == "bad_scalar" and "inf" in e["summary"] for e in report["chain"])
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_no_false_alarms_on_a_healthy_run_of_hundreds_of_steps(recorder):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))

@@ -190,6 +190,7 @@ def test_verify_resume_at_on_a_recorded_run_uses_it_as_the_uninterrupted_run(tmp
     )
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_step_index_counts_completed_steps_and_every_checkpoint_resumes_to_the_same_weights(
     tmp_path,
 ):

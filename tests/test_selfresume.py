@@ -3,6 +3,7 @@
 import json
 import sys
 
+import pytest
 from conftest import runs, script, twice
 
 
@@ -46,6 +47,7 @@ def test_a_self_resumed_run_is_found_in_the_straight_run_and_compared_from_there
     assert wrong["identical"] is False and wrong["divergence"]["step"] == 3
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_verify_resume_with_the_scripts_own_resume_command(tmp_path):
     script("self_resume.py", tmp_path)
     kept = twice(

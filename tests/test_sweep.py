@@ -114,6 +114,7 @@ def test_sweep_runs_paired_trials_resumes_and_its_stats_match_scipy(tmp_path):
     )  # paired
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_an_interrupted_sweep_continues_and_failed_trials_are_retried(tmp_path):
     script("sweep_train.py", tmp_path)
     failing = [

@@ -99,6 +99,7 @@ def test_golden_trace_is_written_then_matched_then_a_change_is_caught(tmp_path):
     assert_matches_golden(make_train(lr=0.2), golden, steps=5)
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_the_pytest_plugin_offers_the_update_flag_and_fixture(tmp_path):
     (tmp_path / "test_user.py").write_text(
         "import torch\nfrom twice.testing import assert_matches_golden\n"
