@@ -150,6 +150,7 @@ def test_an_error_in_the_capture_stops_the_capture_not_the_training(tmp_path):
     assert any("step capture stopped at step 0" in str(w.message) for w in caught)
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_a_run_whose_capture_stopped_says_so_in_diff(tmp_path):
     (tmp_path / "late_meta.py").write_text(
         "import sys, torch\n"

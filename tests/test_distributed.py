@@ -211,6 +211,7 @@ def test_invariant_mode_refuses_batches_and_world_sizes_it_cannot_split_evenly()
     assert loss.shape == () and net.weight.grad is not None and model.state_dict()["steps"] == 1
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_two_node_torchrun_with_a_rendezvous_endpoint_records_every_rank(tmp_path):
     """Two torchrun agents on this machine stand in for two nodes: each node's `twice run`
     records its ranks."""

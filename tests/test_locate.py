@@ -16,6 +16,7 @@ def run_named(tmp, name, *args, env=None):
     return next(r for r in runs(tmp) if r.name.endswith("-" + name))
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_audit_and_locate_name_the_noisy_module_its_op_and_line_and_nothing_else(tmp_path):
     script("noisy.py", tmp_path)
     audit = twice("audit", "--steps", "2", "--json", "--", sys.executable, "noisy.py", cwd=tmp_path)

@@ -74,6 +74,7 @@ def test_run_report_has_the_verdict_the_divergence_step_and_every_differing_mani
     )
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_sweep_report_shows_each_arm_and_the_pairwise_verdicts(tmp_path):
     script("sweep_train.py", tmp_path)
     twice(

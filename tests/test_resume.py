@@ -143,6 +143,7 @@ def test_fault_injection_kill_9_during_checkpoint_writes_never_leaves_a_bad_late
     )  # a killed writer's temporary is swept by the next save
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_verify_resume_at_on_a_recorded_run_uses_it_as_the_uninterrupted_run(tmp_path):
     """`twice verify RUN --resume-at STEP`: the recorded run is the straight one (not run again);
     a script that forgets the RNG is named, a resumable one is bit-exact."""
@@ -247,6 +248,7 @@ def test_step_index_with_two_optimizers_counts_rounds(tmp_path):
     assert seen == [0, 1, 2, 3]
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_diff_of_a_resumed_run_names_the_resume_not_nondeterminism(tmp_path):
     """B resumed from a checkpoint without its optimizer: the diff says B resumed, and that the
     first resumed step shows what the resume did not restore."""

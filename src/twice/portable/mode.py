@@ -21,10 +21,12 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import twice.portable.ops_functions  # noqa: F401  (each kernel module fills table.KERNELS)
+import twice.portable.ops_embedding  # noqa: F401  (each kernel module fills table.KERNELS)
+import twice.portable.ops_functions  # noqa: F401
 import twice.portable.ops_linear  # noqa: F401
 import twice.portable.ops_math  # noqa: F401
 import twice.portable.ops_nn  # noqa: F401
+import twice.portable.ops_products  # noqa: F401
 import twice.portable.ops_random  # noqa: F401
 import twice.portable.ops_resample  # noqa: F401
 import twice.portable.optim  # noqa: F401
@@ -49,6 +51,18 @@ def coverage(func) -> str:
 
 def _inexact(value) -> bool:
     return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
+
+
+def _complex(args, kwargs) -> bool:
+    """Whether a complex tensor is among the arguments (in lists too)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.is_complex():
+            return True
+        if isinstance(value, (list, tuple)) and any(
+            isinstance(v, torch.Tensor) and v.is_complex() for v in value
+        ):
+            return True
+    return False
 
 
 def _floating(args, kwargs) -> bool:
@@ -127,7 +141,9 @@ class PortableMode(TorchDispatchMode):
         kind, handler, name = route
         kwargs = kwargs or {}
         if kind == routes.EXACT_ROUTE:
-            return func(*args, **kwargs)
+            if handler or not _complex(args, kwargs):
+                return func(*args, **kwargs)
+            return self._uncovered(func, name, args, kwargs, "complex arithmetic")
         if kind == routes.KERNEL:
             if not _floating(args, kwargs) and not name.startswith(("rand", "random_")):
                 return func(*args, **kwargs)

@@ -54,6 +54,7 @@ def _reduced(x: torch.Tensor):
 
 
 def sin(x: torch.Tensor) -> torch.Tensor:
+    """sin of float64 x (NaN where x is not finite; the sign of a zero kept)."""
     s, c, q = _reduced(x)
     out = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
     out = torch.where(x == 0, x, out)  # keeps the sign of zero
@@ -61,6 +62,7 @@ def sin(x: torch.Tensor) -> torch.Tensor:
 
 
 def cos(x: torch.Tensor) -> torch.Tensor:
+    """cos of float64 x (NaN where x is not finite)."""
     s, c, q = _reduced(x)
     out = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
     return torch.where(torch.isfinite(x), out, math.nan)

@@ -8,7 +8,8 @@ In the order tried:
 3. **exact**: torch's result is the same bits everywhere. Decided by the schema where it can be:
    every output is a view of an input (`Tensor(a)` returns: `split`, `unsafe_split`'s views,
    `as_strided`, ...) or the op is tagged `inplace_view`; otherwise by table.EXACT, the
-   operations that copy, index, compare or round exactly once.
+   operations that copy, index, compare or round exactly once. On complex tensors only views
+   and table.COMPLEX_EXACT are: complex arithmetic is uncovered.
 4. **prim**: a `prims.` operation (reached from PyTorch's reference implementations), handled as
    the aten operation of the same name and arguments, or by its own rule (conversions and views
    are exact).
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from twice.portable.table import EXACT, KERNELS, NOT_EXACT
+from twice.portable.table import COMPLEX_EXACT, EXACT, KERNELS, NOT_EXACT
 
 __all__ = [
     "KERNEL",
@@ -142,7 +143,9 @@ def route(func) -> tuple[int, object, str]:
     if not seeded and namespace == "aten" and (_is_view(func) or base in EXACT):
         if name in NOT_EXACT:
             return OTHER, None, name
-        return (INDEX_PUT if base.startswith("index_put") else EXACT_ROUTE), None, name
+        # the handler slot says whether it stays exact on complex tensors too
+        complex_too = _is_view(func) or base in COMPLEX_EXACT
+        return (INDEX_PUT if base.startswith("index_put") else EXACT_ROUTE), complex_too, name
     if namespace == "prims":
         if base in _PRIM_EXACT or _is_view(func):
             return EXACT_ROUTE, None, name

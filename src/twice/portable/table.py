@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["KERNELS", "EXACT", "NOT_EXACT", "kernel", "PortableUnsupported"]
+__all__ = ["KERNELS", "EXACT", "COMPLEX_EXACT", "NOT_EXACT", "kernel", "PortableUnsupported"]
 
 KERNELS: dict[str, Callable] = {}
 
@@ -64,6 +64,21 @@ EXACT = frozenset(
     """.split()
 )
 """aten operations whose torch results are the same bits everywhere (see the module's text)."""
+
+COMPLEX_EXACT = frozenset(
+    """
+    _to_copy clone contiguous copy copy_ detach detach_ empty empty_like empty_strided fill fill_
+    full full_like lift lift_fresh lift_fresh_copy new_empty new_empty_strided new_full new_ones
+    new_zeros ones ones_like zeros zeros_like zero_ cat stack flip roll constant_pad_nd index
+    index_select gather scatter masked_fill masked_fill_ masked_select where index_put index_put_
+    take repeat repeat_interleave tril triu eq ne isnan isinf isfinite neg neg_ conj_physical
+    _conj _conj_physical resolve_conj resolve_neg _neg_view real imag view_as_real view_as_complex
+    _local_scalar_dense item equal set_ resize_ resize_as_ select_scatter slice_scatter
+    diagonal_scatter as_strided_scatter _unsafe_index
+    """.split()
+)
+"""EXACT operations that stay exact on complex tensors (copies, indexing, negation, equality):
+complex products and sums are not, whatever table.EXACT says of their real forms."""
 
 NOT_EXACT = frozenset(
     ["scatter.reduce", "scatter.value_reduce", "scatter_.reduce", "scatter_.value_reduce"]
