@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import twice.data
 from twice import checkpoint
+from twice.data import samples
 
 REPEATS = int(os.environ.get("BENCH_REPEATS", "5"))
 
@@ -126,19 +127,19 @@ class CheapAugment(Dataset):
 def bench_loader(dataset, label):
     """twice.data.loader against a plain DataLoader over the same dataset, with its per-sample loop
     in C (twice._native, built at install) and in Python (where it was not built), alternating."""
-    compiled = twice.data._native
+    compiled = samples._native
 
     def plain():
         for _ in DataLoader(dataset, batch_size=64, shuffle=True):
             pass
 
     def ours(loop):
-        twice.data._native = loop
+        samples._native = loop
         try:
             for _ in twice.data.loader(dataset, batch_size=64, shuffle=True, seed=0):
                 pass
         finally:
-            twice.data._native = compiled
+            samples._native = compiled
 
     kinds = {"plain": plain, "C loop": lambda: ours(compiled), "Python loop": lambda: ours(None)}
     if compiled is None:

@@ -11,6 +11,7 @@ import torch
 from _common import run_folder, small_mlp, train_steps
 
 from twice.record import hooks, numerics
+from twice.record import recorder as recorder_module
 
 STEPS = 200
 
@@ -21,8 +22,8 @@ def loop(mode=None, health=True, tmp=None):
     if mode is not None:
         recorder = hooks.install(hooks.Recorder(tmp))
         if not health:
-            recorder._check_health = lambda record, round_: None
-            recorder.PARAM_CHECK_EVERY = 10**9  # and no parameter norms
+            recorder._check_health = lambda record, round_, losses: None
+            recorder_module.PARAM_CHECK_EVERY = 10**9  # and no parameter norms
     watch = numerics.watch(mode="warn") if mode in ("full", "watch-only") else None
     if mode == "watch-only":
         hooks.uninstall()  # the watch without the step trace
@@ -36,7 +37,7 @@ def loop(mode=None, health=True, tmp=None):
             watch.stop()
         if recorder is not None:
             hooks.uninstall()
-        recorder.PARAM_CHECK_EVERY = 10
+        recorder_module.PARAM_CHECK_EVERY = 10
 
 
 def main():

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from conftest import clean_env, runs, script, twice
 
@@ -46,6 +47,7 @@ def test_verify_steps_stops_the_rerun_after_n_steps(tmp_path):
     assert json.loads((rerun / "manifest.json").read_text())["context"]["status"] == "stopped"
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_unseeded_python_random_in_a_dataset_differs_under_observe_and_not_under_run(tmp_path):
     path = script("seeds_torch_only.py", tmp_path)
     for name in ("obs1", "obs2"):

@@ -6,6 +6,7 @@ import json
 import sys
 
 import click
+import pytest
 from conftest import runs, script, twice
 
 from twice.app.progress import Reporter
@@ -76,6 +77,7 @@ def test_progress_is_a_live_display_on_a_terminal_and_lines_elsewhere(tmp_path):
     assert quiet.getvalue() == ""
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_verify_reports_its_re_run_on_stderr_and_q_silences_it(tmp_path):
     script("tiny_train.py", tmp_path)
     assert (

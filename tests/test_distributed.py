@@ -72,6 +72,7 @@ def test_a_planted_desync_is_detected_at_its_step_with_the_rank_named(tmp_path):
     assert (found["step"], found["rank"], found["tensor"]) == (5, 1, "module.0.bias")
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_diff_explains_a_world_size_difference(tmp_path):
     script("ddp_train.py", tmp_path)
     assert torchrun(tmp_path, name="two").returncode == 0
@@ -175,6 +176,7 @@ def _final_params(tmp, n, mode):
     return load_file(out)
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_invariant_mode_trains_identical_parameters_on_1_2_and_4_processes_where_ddp_does_not(
     tmp_path,
 ):

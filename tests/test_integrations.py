@@ -61,6 +61,7 @@ def test_lightning_resumes_bit_for_bit_with_the_callback_and_not_without(
     assert not _same(fit(12), fit(12, resume=str(plain)))
 
 
+@pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
 def test_lightning_script_under_twice_run_records_its_steps(tmp_path):
     pytest.importorskip("pytorch_lightning")
     script("lightning_train.py", tmp_path)
