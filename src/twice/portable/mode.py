@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import twice.portable.ops_embedding  # noqa: F401  (each kernel module fills table.KERNELS)
 import twice.portable.ops_functions  # noqa: F401
 import twice.portable.ops_linear  # noqa: F401
+import twice.portable.ops_logs  # noqa: F401
 import twice.portable.ops_math  # noqa: F401
 import twice.portable.ops_nn  # noqa: F401
 import twice.portable.ops_products  # noqa: F401
@@ -76,6 +77,8 @@ def _floating(args, kwargs) -> bool:
 
 
 _ROUTES: dict = {}  # aten overload -> routes.route(overload)
+# Kernels that make floating-point values from no floating-point tensor (random draws, ranges).
+_FACTORIES = ("rand", "random_", "normal.", "arange.", "linspace.", "logspace.")
 _decomposing = threading.local()  # the overloads whose decomposition runs in this thread
 
 
@@ -145,7 +148,7 @@ class PortableMode(TorchDispatchMode):
                 return func(*args, **kwargs)
             return self._uncovered(func, name, args, kwargs, "complex arithmetic")
         if kind == routes.KERNEL:
-            if not _floating(args, kwargs) and not name.startswith(("rand", "random_")):
+            if not _floating(args, kwargs) and not name.startswith(_FACTORIES):
                 return func(*args, **kwargs)
             try:
                 if half.involved(args, kwargs):

@@ -261,63 +261,70 @@ def embedding_backward(grad, indices, num_weights: int, padding_idx: int, by_fre
     return out.to(grad.dtype)
 
 
-def _transposed_size(x, weight, stride, padding, dilation, out_pad):
-    spatial = x.dim() - 2
+def _full_sizes(x, weight, stride, dilation):
+    """The transposed convolution's output before padding crops it and output padding extends
+    it: (H - 1) stride + dilation (K - 1) + 1 per spatial dimension."""
     return [
-        (x.shape[2 + i] - 1) * stride[i]
-        - 2 * padding[i]
-        + dilation[i] * (weight.shape[2 + i] - 1)
-        + out_pad[i]
-        + 1
-        for i in range(spatial)
+        (x.shape[2 + i] - 1) * stride[i] + dilation[i] * (weight.shape[2 + i] - 1) + 1
+        for i in range(x.dim() - 2)
     ]
 
 
+def _crop(t, padding, sizes, full):
+    """The positions [p, p + size) of each spatial dimension of `t` (length `full`): crops where
+    padding removes them, zeros where output padding goes past the full output."""
+    pads = []
+    for p, size, length in reversed(list(zip(padding, sizes, full))):
+        pads += [-p, p + size - length]
+    return torch.nn.functional.pad(t, pads)
+
+
 def _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups):
-    """conv_transpose(x, W): the gradient, with respect to its input, of the convolution by W
-    whose output gradient is x (exact), plus the bias (one addition)."""
+    """conv_transpose(x, W): the gradient, with respect to its input, of the unpadded
+    convolution by W whose output gradient is x (exact), cropped by the padding and extended by
+    the output padding, plus the bias (one addition)."""
     if x.dim() not in (3, 4):
         raise Unsupported(f"{x.dim() - 2}-d transposed convolutions are not portable yet")
-    size = _transposed_size(x, weight, stride, padding, dilation, out_pad)
-    cout = weight.shape[1] * groups
-    shape = (x.shape[0], cout, *size)
-    like = torch.empty(shape, dtype=x.dtype, device=x.device)
-    out, _, _ = convolution_backward(
-        x,
-        like,
-        weight,
-        None,
-        stride,
-        padding,
-        dilation,
-        False,
-        [0] * len(size),
-        groups,
-        [True, False, False],
+    spatial = x.dim() - 2
+    full = _full_sizes(x, weight, stride, dilation)
+    like = torch.empty(
+        (x.shape[0], weight.shape[1] * groups, *full), dtype=x.dtype, device=x.device
     )
+    zeros = [0] * spatial
+    whole, _, _ = convolution_backward(
+        x, like, weight, None, stride, zeros, dilation, False, zeros, groups, [True, False, False]
+    )
+    sizes = [full[i] - 2 * padding[i] + out_pad[i] for i in range(spatial)]
+    out = _crop(whole, padding, sizes, full)
     if bias is not None:
-        out = out + bias.reshape(1, -1, *([1] * len(size)))
+        out = out + bias.reshape(1, -1, *([1] * spatial))
     return out
 
 
 def _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask):
-    """The backward of `_transposed`: the input's gradient is the ordinary convolution of the
-    output's gradient by W, the weight's is the ordinary convolution's weight gradient with the
-    roles of input and output gradient exchanged."""
+    """The backward of `_transposed`: the output's gradient placed back in the full output (the
+    inverse crop), then the unpadded ordinary convolution by W gives the input's gradient, and
+    its weight gradient, with input and output gradient exchanged, the weight's."""
     if x.dim() not in (3, 4):
         raise Unsupported(f"{x.dim() - 2}-d transposed convolutions are not portable yet")
-    zeros = [0] * (x.dim() - 2)
+    spatial = x.dim() - 2
+    full = _full_sizes(x, weight, stride, dilation)
+    pads = []
+    for p, size, length in reversed(list(zip(padding, go.shape[2:], full))):
+        pads += [p, length - p - size]
+    whole = torch.nn.functional.pad(go, pads)
+    zeros = [0] * spatial
     gi = gw = gb = None
     if mask[0]:
-        gi = convolution(go, weight, None, stride, padding, dilation, False, zeros, groups)
+        gi = convolution(whole, weight, None, stride, zeros, dilation, False, zeros, groups)
     if mask[1]:
         _, gw, _ = convolution_backward(
             x,
-            go,
+            whole,
             weight,
             None,
             stride,
-            padding,
+            zeros,
             dilation,
             False,
             zeros,

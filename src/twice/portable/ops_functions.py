@@ -23,6 +23,7 @@ from twice.portable.table import kernel
 __all__ = ["sin", "cos", "atan", "atan2"]
 
 _F64 = torch.float64
+aten = torch.ops.aten
 _ATAN_TAYLOR = [float(Fraction((-1) ** n, 2 * n + 1)) for n in range(24)]
 _TAN_PI_8 = math.sqrt(2.0) - 1.0
 _BIG = 2.0**28  # beyond it, x**2 + 1 is x**2 in float64
@@ -330,3 +331,65 @@ def _hypot(x, y):
     out = big * ew.sqrt(1.0 + ratio * ratio)
     out = torch.where(torch.isinf(a) | torch.isinf(b), math.inf, out)
     return out.to(torch.result_type(x, y))
+
+
+@kernel("elu.default")
+def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """x scale where x > 0, else alpha scale (e**(x input_scale) - 1), with twice's expm1."""
+    floating(x)
+    x64 = x.to(_F64)
+    negative = ew.expm1(x64 * float(input_scale)) * (float(alpha) * float(scale))
+    return torch.where(x64 > 0, x64 * float(scale), negative).to(x.dtype)
+
+
+kernel("elu_.default")(inplace(_elu))
+
+
+# Factories that compute their values (torch's kernels are vectorised, with fused multiply-adds
+# on some instruction sets): i * step and one addition in float64, rounded to the dtype.
+
+
+def _factory_dtype(dtype, *values):
+    if dtype is not None:
+        return dtype
+    floats = any(
+        isinstance(v, float) or (isinstance(v, torch.Tensor) and v.is_floating_point())
+        for v in values
+    )
+    return torch.get_default_dtype() if floats else torch.int64
+
+
+@kernel("arange.start_step", "arange.start", "arange.default")
+def _arange(*args, dtype=None, layout=None, device=None, pin_memory=None):
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+    dtype = _factory_dtype(dtype, start, end, step)
+    if not dtype.is_floating_point:
+        return aten.arange.start_step(start, end, step, dtype=dtype, device=device)
+    count = aten.arange.start_step(start, end, step, dtype=_F64, device="meta").shape[0]
+    i = torch.arange(count, dtype=_F64, device=device)
+    return (i * float(step) + float(start)).to(dtype)
+
+
+@kernel("linspace.default")
+def _linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """torch's formula: start + i step in the first half, end - (steps - 1 - i) step in the
+    second, step = (end - start) / (steps - 1), in float64."""
+    dtype = dtype or torch.get_default_dtype()
+    if not dtype.is_floating_point:
+        return aten.linspace.default(start, end, steps, dtype=dtype, device=device)
+    start, end = float(start), float(end)
+    if steps == 1:
+        return torch.full((1,), start, dtype=dtype, device=device)
+    step = (end - start) / (steps - 1)
+    i = torch.arange(steps, dtype=_F64, device=device)
+    first = i * step + start
+    second = end - (float(steps - 1) - i) * step
+    return torch.where(i < steps // 2, first, second).to(dtype)
+
+
+@kernel("logspace.default")
+def _logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, **_):
+    dtype = dtype or torch.get_default_dtype()
+    exponents = _linspace(start, end, steps, dtype=_F64, device=device)
+    base64 = torch.full_like(exponents, float(base))
+    return ew.pow_tensor(base64, exponents).to(dtype)

@@ -281,3 +281,17 @@ def _put(self, index, source, accumulate=False):
 @kernel("put_.default")
 def _put_(self, index, source, accumulate=False):
     return self.copy_(_put(self, index, source, accumulate))
+
+
+@kernel("cumprod.default")
+def _cumprod(x, dim, *, dtype=None):
+    """Each running product is the previous one times the next element, in float64: an order
+    the definition fixes, one rounding per step."""
+    floating(x)
+    out = dtype or (x.dtype if x.is_floating_point() else torch.int64)
+    return torch.cumprod(x.to(_F64), dim).to(out)
+
+
+@kernel("cumprod_.default")
+def _cumprod_(x, dim, *, dtype=None):
+    return x.copy_(_cumprod(x, dim, dtype=dtype))

@@ -351,3 +351,10 @@ def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
 @kernel("_foreach_norm.Scalar")
 def _foreach_norm(tensors, ord=2, dtype=None):
     return [_vector_norm(t, ord, None, False, dtype=dtype) for t in tensors]
+
+
+@kernel("norm.Scalar", "norm.ScalarOpt_dim", "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim_dtype")
+def _norm(x, p=2, dim=None, keepdim=False, *, dtype=None):
+    """torch.norm as the vector norm (linalg_vector_norm's kernel)."""
+    order = 2.0 if p is None else float(p)
+    return _vector_norm(x, order, dim, keepdim, dtype=dtype)

@@ -73,3 +73,11 @@ def _addmv(bias, a, v, beta=1, alpha=1):
 def _dot(a, b):
     floating(a, b)
     return exact_matmul(a.unsqueeze(0), b.unsqueeze(-1)).reshape(())
+
+
+@kernel("addr.default")
+def _addr(self, vec1, vec2, *, beta=1, alpha=1):
+    """beta self + alpha vec1 vec2^T: each product one multiplication (no sums)."""
+    floating(self, vec1, vec2)
+    outer = torch.mul(vec1.unsqueeze(1), vec2.unsqueeze(0))
+    return _affine(outer, self, beta, alpha, outer.dtype)

@@ -140,11 +140,12 @@ def route(func) -> tuple[int, object, str]:
         return FOREACH, None, name
     seeded = torch.Tag.nondeterministic_seeded in func.tags
     base = func.overloadpacket.__name__
-    if not seeded and namespace == "aten" and (_is_view(func) or base in EXACT):
+    exact = base in EXACT or (base.endswith("_") and base[:-1] in EXACT)  # in-place forms too
+    if not seeded and namespace == "aten" and (_is_view(func) or exact):
         if name in NOT_EXACT:
             return OTHER, None, name
         # the handler slot says whether it stays exact on complex tensors too
-        complex_too = _is_view(func) or base in COMPLEX_EXACT
+        complex_too = _is_view(func) or base in COMPLEX_EXACT or base.rstrip("_") in COMPLEX_EXACT
         return (INDEX_PUT if base.startswith("index_put") else EXACT_ROUTE), complex_too, name
     if namespace == "prims":
         if base in _PRIM_EXACT or _is_view(func):
@@ -157,15 +158,15 @@ def route(func) -> tuple[int, object, str]:
     if functional is not None and route(functional)[0] != OTHER:
         return OUT, functional, name
     decomposition = _decomposition(func)
-    if decomposition is not None and "_refs" in decomposition.__module__:
-        # A reference implementation that bottoms out in the prim of its own name comes back
-        # here: no decomposition at all. Nor is torch's generator behind a seeded one portable.
-        prim = getattr(torch.ops.prims, base, None)
-        if seeded or (prim is not None and base not in _PRIM_EXACT and base not in _PRIM_ADAPTED):
-            decomposition = None
+    if decomposition is not None and decomposition.__module__.startswith("torch._refs"):
+        # PyTorch's reference implementations run their prims outside the dispatch mode (their
+        # parts would be torch's kernels, unseen): no decomposition for portable mode.
+        decomposition = None
+    if seeded:
+        decomposition = None
     if decomposition is not None:
         return DECOMPOSED, decomposition, name
-    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+    if func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
         return DECOMPOSED, func.decompose, name
     return OTHER, None, name
 

@@ -56,7 +56,9 @@ EXACT = frozenset(
     adaptive_max_pool2d adaptive_max_pool3d max_pool3d_with_indices fractional_max_pool2d
     fractional_max_pool3d cummax cummin median nanmedian mode unique_consecutive _unique2 unique
     unique_dim frexp nextafter angle softshrink_backward hardshrink_backward softshrink hardshrink
-    _cummax_helper _cummin_helper
+    _cummax_helper _cummin_helper copysign copysign_ heaviside heaviside_ diag_embed block_diag
+    channel_shuffle native_channel_shuffle pixel_shuffle pixel_unshuffle count_nonzero complex
+    deg2rad rad2deg
     native_dropout_backward nan_to_num nan_to_num_ bucketize searchsorted one_hot
     sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal
     set_ resize_as_ pin_memory _pin_memory is_pinned expand_as index_copy index_copy_ index_fill
