@@ -277,3 +277,32 @@ def test_opinfo_ops_either_run_or_are_refused_by_name(opinfo):
     names, first, _ = opinfo
     failed = {n: first[n]["error"] for n in names if first[n].get("error")}
     assert failed == {}  # nothing breaks inside the mode: covered, or refused as uncovered
+
+
+def test_the_losses_activations_and_layers_people_train_with_run_under_strict():
+    torch.manual_seed(0)
+    x = torch.randn(8, 6, requires_grad=True)
+    t, c = torch.randn(8, 6), torch.randint(0, 6, (8,))
+    F = nn.functional
+    with PortableMode("strict"):
+        outs = [
+            F.huber_loss(x, t), F.smooth_l1_loss(x, t), F.l1_loss(x, t), F.glu(x), F.mish(x),
+            F.hardswish(x), F.hardsigmoid(x), F.softsign(x), F.logsigmoid(x), F.selu(x),
+            F.elu(x), F.celu(x), F.prelu(x, torch.tensor([0.25])), F.softmin(x, 1),
+            F.tanhshrink(x), F.kl_div(F.log_softmax(x, 1), F.softmax(t, 1), reduction="batchmean"),
+            F.poisson_nll_loss(x, t.abs()), F.cosine_similarity(x, t),
+            F.cross_entropy(x, c, label_smoothing=0.1),
+            F.margin_ranking_loss(x[:, 0], x[:, 1], torch.ones(8)),
+            F.triplet_margin_loss(x, t, t.flip(0)),
+            F.binary_cross_entropy_with_logits(x, t.sigmoid()),
+            F.hinge_embedding_loss(x, t.sign()), F.soft_margin_loss(x, t.sign()),
+            F.multilabel_soft_margin_loss(x, (t > 0).float()),
+            F.gaussian_nll_loss(x, t, torch.ones(8, 6)),
+            F.cosine_embedding_loss(x, t, torch.ones(8)), F.normalize(x), F.rms_norm(x, (6,)),
+            F.instance_norm(x.view(2, 4, 6)), F.local_response_norm(x.view(2, 4, 6), 2),
+            F.pixel_shuffle(x.view(2, 4, 3, 2), 2), torch.logsumexp(x, 1),
+            torch.einsum("ij,kj->ik", x, t),
+            F.scaled_dot_product_attention(x.view(2, 4, 6), t.view(2, 4, 6), t.view(2, 4, 6)),
+        ]  # fmt: skip
+        sum(o.sum() for o in outs).backward()
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all())

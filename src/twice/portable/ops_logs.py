@@ -1,6 +1,7 @@
 """Portable kernels for the log-domain functions models use beside the elementwise ones:
-logsumexp (the exact sum of twice's exponentials), logaddexp and logaddexp2, logit, xlogy and
-CELU, each in float64 from twice's exp/log/log1p/expm1 and rounded once."""
+logsumexp (the exact sum of twice's exponentials), logaddexp and logaddexp2, logit, xlogy,
+CELU, Mish, GLU and the Huber loss, each in float64 from twice's exp/log/log1p/expm1 and rounded
+once."""
 
 from __future__ import annotations
 
@@ -83,3 +84,34 @@ def _celu(x, alpha=1.0):
     floating(x)
     x64, a = x.to(_F64), float(alpha)
     return torch.where(x64 > 0, x64, ew.expm1(x64 / a) * a).to(x.dtype)
+
+
+@kernel("mish.default")
+def _mish(x):
+    """x tanh(softplus(x)), softplus = log1p(e**x) (x itself above 20, as torch's)."""
+    floating(x)
+    x64 = x.to(_F64)
+    soft = torch.where(x64 > 20.0, x64, ew.log1p(ew.exp(torch.clamp(x64, max=20.0))))
+    return (x64 * ew.tanh(soft)).to(x.dtype)
+
+
+@kernel("glu.default")
+def _glu(x, dim=-1):
+    floating(x)
+    a, b = x.to(_F64).chunk(2, dim)
+    return (a * ew.sigmoid(b)).to(x.dtype)
+
+
+@kernel("huber_loss.default")
+def _huber(x, target, reduction=1, delta=1.0):
+    """0.5 d**2 below delta, delta (|d| - delta/2) above; a mean or sum exact."""
+    floating(x, target)
+    d = x.to(_F64) - target.to(_F64)
+    a, delta = d.abs(), float(delta)
+    loss = torch.where(a < delta, (d * d) * 0.5, (a - delta * 0.5) * delta).to(x.dtype)
+    if reduction == 0:
+        return loss
+    total = exact_sum(loss, None, False, _F64, x.dtype)
+    if reduction == 1:
+        total = total / max(1, loss.numel())
+    return total.to(x.dtype)
