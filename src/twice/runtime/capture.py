@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from twice.core.protocol import PREFIX
+
 __all__ = [
     "gather_identity_facts",
     "gather_context_facts",
@@ -53,8 +55,6 @@ NUMERIC_ENV_NAMES = (
     "NUMEXPR_NUM_THREADS",
     "TF32_OVERRIDE",
 )
-# The launcher's own protocol variables are not facts about the user's environment.
-_OWN_PREFIX = "TWICE_"
 
 
 def numeric_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -65,7 +65,7 @@ def numeric_env(environ: dict[str, str] | None = None) -> dict[str, str]:
         k: v
         for k, v in environ.items()
         if (k.startswith(NUMERIC_ENV_PREFIXES) or k in NUMERIC_ENV_NAMES)
-        and not k.startswith(_OWN_PREFIX)
+        and not k.startswith(PREFIX)  # the launcher's own protocol: no fact about the user's
     }
 
 
