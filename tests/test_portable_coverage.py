@@ -56,14 +56,20 @@ def test_every_view_is_exact_by_its_schema_and_no_random_op_is():
     assert views > 40 and seeded > 20  # the rule saw the classes it is about
 
 
-def test_lstm_cells_split_their_gates_through_views_and_train_under_strict():
+def test_recurrent_layers_cells_and_packed_sequences_train_under_strict():
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
     torch.manual_seed(0)
     cell, gru = nn.LSTMCell(6, 5), nn.GRU(6, 5, batch_first=True)
+    lstm, rnn = nn.LSTM(6, 5, batch_first=True, bidirectional=True), nn.RNN(6, 5)
     with PortableMode("strict"):
-        h, _ = cell(torch.randn(3, 6))
+        h, _ = cell(torch.randn(3, 6))  # its gates come apart by unsafe_split: views
         out, _ = gru(torch.randn(3, 4, 6))
-        (h.sum() + out.sum()).backward()
-    assert cell.weight_ih.grad is not None and gru.weight_hh_l0.grad is not None
+        packed = pack_padded_sequence(torch.randn(3, 4, 6), [4, 3, 1], batch_first=True)
+        padded, _ = pad_packed_sequence(lstm(packed)[0], batch_first=True)
+        (h.sum() + out.sum() + padded.sum() + rnn(torch.randn(4, 3, 6))[0].sum()).backward()
+    grads = [cell.weight_ih, gru.weight_hh_l0, lstm.weight_ih_l0_reverse, rnn.weight_ih_l0]
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in grads)
 
 
 # Random operations: one 64-bit key drawn from torch's generator, the values from Philox.

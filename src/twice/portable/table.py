@@ -58,6 +58,7 @@ EXACT = frozenset(
     unique_dim frexp nextafter angle softshrink_backward hardshrink_backward softshrink hardshrink
     _cummax_helper _cummin_helper copysign copysign_ heaviside heaviside_ diag_embed block_diag
     channel_shuffle native_channel_shuffle pixel_shuffle pixel_unshuffle count_nonzero complex
+    _pack_padded_sequence _pad_packed_sequence _pack_padded_sequence_backward
     deg2rad rad2deg
     native_dropout_backward nan_to_num nan_to_num_ bucketize searchsorted one_hot
     sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal
