@@ -52,9 +52,11 @@ def _triton_fold():
     """fold_kernel.fold_sums where Triton is installed and works here, else None."""
     import os
 
+    from twice.core.protocol import NO_TRITON
+
     if not _kernel:
         fold = None
-        if os.environ.get("TWICE_NO_TRITON") != "1":
+        if os.environ.get(NO_TRITON) != "1":
             try:
                 from twice.core.fold_kernel import fold_sums as fold
             except Exception:  # noqa: BLE001 - no Triton, or one that cannot load: torch's path

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 from twice.core.errors import UsageError
 
-__all__ = ["ChildSettings", "parse_steps", "PER_RUN", "PREFIX"]
+__all__ = ["ChildSettings", "parse_steps", "PER_RUN", "PREFIX", "NO_TRITON"]
 
 PREFIX = "TWICE_"
+NO_TRITON = "TWICE_NO_TRITON"
+"""Set to 1 by a user: digest CUDA tensors with torch's operations, not the Triton fold kernel."""
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ torch's own fastest kernels (BLAS, vectorised sums, and on the GPU cuBLAS) compu
 result is the same everywhere. The slices' results are scaled by powers of two (exact) and added
 in one fixed order in float64, then rounded once to the output dtype.
 
-Accuracy: float32 keeps two slices (at least 32 bits below each row's largest magnitude), float64
-three (at least 48), so a float32 result is accurate to a few units in its last place of the sum
-of the magnitudes, better than torch's own float32 product; docs/portable.md has the figures.
+Accuracy: a float32 result takes one slice (slices_for: at least 21 bits of each operand below
+its row's largest magnitude in a product of up to 2048 terms, 29 in a sum), a float64 result
+three, so a float32 result is accurate to a few units in its last place of the sum of the
+magnitudes; docs/portable.md has the figures.
 Non-finite inputs give what IEEE arithmetic gives in any order: NaN where a NaN, an inf times
 zero or infinities of both signs meet, otherwise the infinity.
 """

@@ -3,11 +3,10 @@ own result already depends on nothing but the inputs.
 
 `KERNELS` maps an aten overload's name ("mm.default") to twice's implementation, which takes the
 overload's arguments. `EXACT` names the aten operations whose results are the same bits on every
-machine as torch computes them: views and copies, indexing, comparisons, maxima, and the
-elementwise operations IEEE arithmetic rounds exactly once (add, subtract, multiply, divide,
-square root, ...) when no scalar factor rides along. Everything else that touches floating-point
-tensors is uncovered: an error under `--determinism strict`, a warning and a manifest entry under
-`warn`.
+machine as torch computes them: copies, indexing, comparisons, maxima, and the elementwise
+operations IEEE arithmetic rounds exactly once (multiply, divide, fmod, ...) when no scalar
+factor rides along (torch's CPU square root is not correctly rounded: it is a kernel). Views are
+exact by their schema (routes.py); what else is covered, and how, is decided there.
 """
 
 from __future__ import annotations
