@@ -18,23 +18,13 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-__all__ = ["HALF", "involved", "run"]
+__all__ = ["HALF", "run"]
 
 HALF = (torch.float16, torch.bfloat16)
 
 
 def _is_half(value) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype in HALF
-
-
-def involved(args, kwargs) -> bool:
-    """Whether a float16 or bfloat16 tensor is among the arguments (in lists too)."""
-    for value in (*args, *kwargs.values()):
-        if _is_half(value):
-            return True
-        if isinstance(value, (list, tuple)) and any(_is_half(v) for v in value):
-            return True
-    return False
 
 
 def _widen(value):

@@ -66,6 +66,23 @@ def _complex(args, kwargs) -> bool:
     return False
 
 
+_INEXACT, _HALF = 1, 2
+
+
+def _scan(args, kwargs) -> int:
+    """0: no floating-point or complex tensor among the arguments (in lists too); _HALF: a
+    float16 or bfloat16 one; _INEXACT: others. One pass: it runs before every kernel."""
+    found = 0
+    for value in (*args, *kwargs.values()):
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        for v in values:
+            if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
+                if v.dtype in half.HALF:
+                    return _HALF
+                found = _INEXACT
+    return found
+
+
 def _floating(args, kwargs) -> bool:
     """Whether a floating-point or complex tensor is among the arguments (in lists too)."""
     for value in (*args, *kwargs.values()):
@@ -148,10 +165,11 @@ class PortableMode(TorchDispatchMode):
                 return func(*args, **kwargs)
             return self._uncovered(func, name, args, kwargs, "complex arithmetic")
         if kind == routes.KERNEL:
-            if not _floating(args, kwargs) and not name.startswith(_FACTORIES):
+            found = _scan(args, kwargs)
+            if not found and not name.startswith(_FACTORIES):
                 return func(*args, **kwargs)
             try:
-                if half.involved(args, kwargs):
+                if found == _HALF:
                     return half.run(func, handler, args, kwargs)
                 return handler(*args, **kwargs)
             except PortableUnsupported as exc:
