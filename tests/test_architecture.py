@@ -113,6 +113,14 @@ def _imports(module: str, path: Path, *, top_level_only: bool = False) -> set[st
             else:
                 prefix = node.module or ""
             targets = [f"{prefix}.{alias.name}" for alias in node.names] + [prefix]
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):  # import_module("twice.x"): an import all the same
+            targets = [node.args[0].value]
         for target in targets:
             if target == "twice" or not target.startswith("twice."):
                 continue
@@ -145,6 +153,7 @@ def test_the_scanner_sees_every_import_form(tmp_path):
     source = (
         "import twice.core.digests\nfrom twice.store import traces\nfrom twice import _native\n"
         "def f():\n    from ..core import seeds\n    from .records import StepRecord\n"
+        "    importlib.import_module('twice.core.manifest')\n"
     )
     path = tmp_path / "probe.py"
     path.write_text(source)
@@ -154,6 +163,7 @@ def test_the_scanner_sees_every_import_form(tmp_path):
         "twice.store.traces",
         "twice._native",
         "twice.core.records",
+        "twice.core.manifest",
     } <= found
     assert _imports("twice.store.probe", path) >= {"twice.core.seeds"}
 

@@ -15,11 +15,29 @@ rare ties).
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 
 import torch
 
 from twice.portable import native
+from twice.portable.coefficients import (
+    ATANH_ODD,
+    COS_TAYLOR,
+    ERF_TAYLOR,
+    ERFCX_1_6,
+    EXP_TAYLOR,
+    EXPM1_SMALL,
+    EXPM1_TAYLOR,
+    GELU_3C,
+    GELU_C,
+    GELU_K,
+    INV_LN2,
+    INV_SQRT_2PI,
+    LN2_HI,
+    LN2_LO,
+    SIN_TAYLOR,
+    SQRT_HALF,
+    TWO_OVER_SQRT_PI,
+)
 
 __all__ = [
     "sqrt",
@@ -39,59 +57,6 @@ __all__ = [
     "silu",
     "silu_backward",
     "pow2",
-]
-
-LN2_HI = float.fromhex("0x1.62e42fee00000p-1")  # ln 2 with 32 trailing zero bits: k*LN2_HI exact
-LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
-INV_LN2 = 1.0 / math.log(2.0)
-SQRT_HALF = math.sqrt(0.5)
-TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-EXPM1_SMALL = 0.34657359027997264  # ln2 / 2: expm1's series below, exp(x) - 1 above
-GELU_K = math.sqrt(2.0 / math.pi)
-GELU_C = 0.044715
-GELU_3C = 3 * 0.044715
-
-_EXP_TAYLOR = [float(Fraction(1, math.factorial(n))) for n in range(14)]
-_EXPM1_TAYLOR = [float(Fraction(1, math.factorial(n))) for n in range(1, 15)]
-_ATANH_ODD = [float(Fraction(1, 2 * n + 1)) for n in range(12)]
-_ERF_TAYLOR = [float(Fraction((-1) ** n, math.factorial(n) * (2 * n + 1))) for n in range(18)]
-_SIN_TAYLOR = [float(Fraction((-1) ** n, math.factorial(2 * n + 1))) for n in range(13)]
-_COS_TAYLOR = [float(Fraction((-1) ** n, math.factorial(2 * n))) for n in range(13)]
-# erfc(x) * exp(x*x) on [1, 6] as a polynomial in t = (x - 3.5) / 2.5, highest power first
-# (a Chebyshev fit made with mpmath at 40 digits; relative error 3e-16 evaluated in float64).
-_ERFCX_1_6 = [
-    float.fromhex(h)
-    for h in (
-        "-0x1.0ffeb2025a844p-27",
-        "0x1.4780e2b6ae9fcp-26",
-        "0x1.552c0bb09da2bp-27",
-        "-0x1.bdbea062e7bcep-26",
-        "-0x1.c8fc66fc7bc0dp-24",
-        "0x1.09fb2105f8c63p-22",
-        "-0x1.0fc457ffcf943p-22",
-        "0x1.224ef177e028dp-21",
-        "-0x1.97bc0d3524cc9p-20",
-        "0x1.b60406b96cda5p-19",
-        "-0x1.bb86611d19f41p-18",
-        "0x1.cd67bf2fdbdcfp-17",
-        "-0x1.dc4d3878b7d9bp-16",
-        "0x1.e1ece2c18fa69p-15",
-        "-0x1.dffd8fc4d89c6p-14",
-        "0x1.d6db0dfb1669cp-13",
-        "-0x1.c669d83cfbc32p-12",
-        "0x1.af197438ea57dp-11",
-        "-0x1.91bd61dd48183p-10",
-        "0x1.6f7002cabba84p-9",
-        "-0x1.4984fb844f2d2p-8",
-        "0x1.2174217335a2cp-7",
-        "-0x1.f18023477afb8p-7",
-        "0x1.a1b820b70ef9fp-6",
-        "-0x1.56274da105a47p-5",
-        "0x1.10eccd7003927p-4",
-        "-0x1.a72747a5e6b50p-4",
-        "0x1.3e0a99a0ee913p-3",
-    )
 ]
 
 
@@ -162,7 +127,7 @@ def exp(x: torch.Tensor) -> torch.Tensor:
     k = torch.round(x * INV_LN2)
     k = torch.where(torch.isnan(k), 0.0, k)
     r = (x - k * LN2_HI) - k * LN2_LO
-    return _scale(_horner(_EXP_TAYLOR, r), k.to(torch.int64))
+    return _scale(_horner(EXP_TAYLOR, r), k.to(torch.int64))
 
 
 def log(x: torch.Tensor) -> torch.Tensor:
@@ -178,7 +143,7 @@ def log(x: torch.Tensor) -> torch.Tensor:
     f = m - 1.0
     s = f / (f + 2.0)
     z = s * s
-    log_m = (s * 2.0) * _horner(_ATANH_ODD, z)
+    log_m = (s * 2.0) * _horner(ATANH_ODD, z)
     out = e * LN2_HI + (log_m + e * LN2_LO)
     out = torch.where(x == 0, -math.inf, out)
     out = torch.where(x == math.inf, math.inf, out)
@@ -207,7 +172,7 @@ def expm1(x: torch.Tensor) -> torch.Tensor:
         return out
     small = x.abs() < EXPM1_SMALL
     xs = torch.where(small, x, 0.0)
-    series = xs * _horner(_EXPM1_TAYLOR, xs)
+    series = xs * _horner(EXPM1_TAYLOR, xs)
     return torch.where(small, series, exp(x) - 1.0)
 
 
@@ -240,10 +205,10 @@ def erf(x: torch.Tensor) -> torch.Tensor:
         return out
     a = x.abs()
     near = torch.where(a < 1.0, a, 0.0)
-    series = (near * TWO_OVER_SQRT_PI) * _horner(_ERF_TAYLOR, near * near)
+    series = (near * TWO_OVER_SQRT_PI) * _horner(ERF_TAYLOR, near * near)
     far = torch.clamp(a, 1.0, 6.0)
     t = (far - 3.5) / 2.5
-    erfc = exp(-(far * far)) * _horner(list(reversed(_ERFCX_1_6)), t)
+    erfc = exp(-(far * far)) * _horner(list(reversed(ERFCX_1_6)), t)
     magnitude = torch.where(a < 1.0, series, torch.where(a < 6.0, 1.0 - erfc, 1.0))
     magnitude = torch.where(torch.isnan(x), x, magnitude)
     return torch.where(x < 0, -magnitude, magnitude)
@@ -256,8 +221,8 @@ def sincos_turns(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     quarter = torch.floor(v)
     angle = (v - quarter) * (math.pi / 2)
     z = angle * angle
-    s = angle * _horner(_SIN_TAYLOR, z)
-    c = _horner(_COS_TAYLOR, z)
+    s = angle * _horner(SIN_TAYLOR, z)
+    c = _horner(COS_TAYLOR, z)
     q = quarter.to(torch.int64) % 4
     sin = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
     cos = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
@@ -352,29 +317,3 @@ def silu_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return out
     s = sigmoid(x)
     return grad * (s * ((x * (1.0 - s)) + 1.0))
-
-
-native.configure(
-    (
-        _EXP_TAYLOR,
-        _ATANH_ODD,
-        _ERF_TAYLOR,
-        list(reversed(_ERFCX_1_6)),
-        _SIN_TAYLOR,
-        _COS_TAYLOR,
-        _EXPM1_TAYLOR,
-    ),
-    (
-        LN2_HI,
-        LN2_LO,
-        INV_LN2,
-        SQRT_HALF,
-        TWO_OVER_SQRT_PI,
-        math.pi / 2,
-        EXPM1_SMALL,
-        GELU_K,
-        GELU_C,
-        GELU_3C,
-        INV_SQRT_2PI,
-    ),
-)

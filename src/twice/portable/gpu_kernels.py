@@ -25,7 +25,7 @@ FUNCTIONS = {
     )
 }
 # Where each polynomial (lowest power first) and constant lies in the coefficient table, in the
-# order native.configure receives them from elementwise.py (checked when the table is built).
+# order coefficients.KERNEL_ARGS lists them (checked when the table is built).
 _LENGTHS = {"exp": 14, "atanh": 12, "erf": 18, "erfcx": 28, "sin": 13, "cos": 13, "expm1": 14}
 EXP_AT: tl.constexpr = 0
 EXP_N: tl.constexpr = 14

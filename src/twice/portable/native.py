@@ -63,7 +63,6 @@ _UNARY = {
 _BINARY = {"gelu_backward": 0, "gelu_tanh_backward": 1, "silu_backward": 2, "softplus": 3}
 KINDS = {torch.float32: 0, torch.float64: 1}
 _state = {"on": True, "ready": False, "threads": 1}
-_config: dict = {}
 
 
 def gpu(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
@@ -75,7 +74,9 @@ def gpu(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
     kernels = _gpu_kernels()
     if kernels is None or name not in kernels.FUNCTIONS:
         return None
-    return kernels.unary(name, x, dtype or x.dtype, *_configured())
+    from twice.portable.coefficients import KERNEL_ARGS
+
+    return kernels.unary(name, x, dtype or x.dtype, *KERNEL_ARGS)
 
 
 def gpu_uniform(count: int, key: int, device) -> torch.Tensor | None:
@@ -103,22 +104,10 @@ def _gpu_kernels():
     return _state["gpu"]
 
 
-def _configured() -> tuple:
-    if "args" not in _config:
-        from importlib import import_module
-
-        import_module("twice.portable.elementwise")  # it configures this module
-    return _config["args"]
-
-
-def configure(polynomials: tuple, constants: tuple) -> None:
-    """Hand the compiled kernels the coefficients and constants elementwise.py defines (it
-    calls this once, when imported)."""
-    _config["args"] = (polynomials, constants)
-
-
 def _init() -> None:
-    _module.p_init(*_configured())
+    from twice.portable.coefficients import KERNEL_ARGS
+
+    _module.p_init(*KERNEL_ARGS)
     _state["ready"] = True
 
 
