@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from twice.store.layout import RunFolder
+
 __all__ = ["Reporter", "run_started", "run_ended", "active"]
 
 _active: list[Reporter] = []
@@ -155,7 +157,7 @@ class Reporter:
 def _trace_lines(run_dir: Path) -> int:
     """Whole lines in a run's main trace (its recorded steps so far)."""
     try:
-        with open(Path(run_dir) / "trace.jsonl", "rb") as handle:
+        with open(RunFolder(run_dir).trace(), "rb") as handle:
             return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
     except OSError:
         return 0

@@ -194,7 +194,7 @@ def _failure_tail(trials_dir: Path, name: str, lines: int = 5) -> str:
     tried = sorted(p for p in trials_dir.glob(f"*-{name}") if run_name(p) == name)
     if not tried:
         return ""
-    log = RunFolder(tried[-1]).path / "stderr.log"
+    log = RunFolder(tried[-1]).stderr
     try:
         tail = log.read_text(errors="replace").splitlines()[-lines:]
     except OSError:
