@@ -215,11 +215,28 @@ class PortableMode(TorchDispatchMode):
 
     def _foreach(self, func, name, args, kwargs):
         """A `_foreach_` operation as the per-tensor operation on each list element, each routed
-        through this mode (so covered exactly when the per-tensor operation is)."""
+        through this mode (so covered exactly when the per-tensor operation is). Positional
+        arguments past the per-tensor operation's own become its keyword-only ones (`value` of
+        addcmul_), a tensor of per-element scalars gives each element its own, and an in-place
+        form with no in-place per-tensor operation (`maximum_`) writes the out-of-place result."""
         base = func.overloadpacket.__name__[len("_foreach_") :]
+        inplace = base.endswith("_")
         single = getattr(torch.ops.aten, base, None)
+        write_back = single is None and inplace
+        if write_back:
+            single = getattr(torch.ops.aten, base[:-1], None)
         if single is None:
             return self._uncovered(func, name, args, kwargs, None)
+        overload = getattr(
+            single, "default" if "default" in single.overloads() else single.overloads()[0]
+        )
+        positional = sum(1 for a in overload._schema.arguments if not a.kwarg_only)
+        keyword = [a.name for a in overload._schema.arguments if a.kwarg_only]
+        names = [a.name for a in func._schema.arguments]
+        args = [
+            a.tolist() if isinstance(a, torch.Tensor) and names[i] == "scalars" else a
+            for i, a in enumerate(args)
+        ]
         count = len(args[0])
 
         def pick(value, i):
@@ -230,8 +247,12 @@ class PortableMode(TorchDispatchMode):
             for i in range(count):
                 args_i = [pick(a, i) for a in args]
                 kwargs_i = {k: pick(v, i) for k, v in kwargs.items()}
-                results.append(single(*args_i, **kwargs_i))
-        return None if base.endswith("_") else results
+                kwargs_i.update(zip(keyword, args_i[positional:]))
+                out = single(*args_i[:positional], **kwargs_i)
+                if write_back:
+                    args[0][i].copy_(out)
+                results.append(out)
+        return None if inplace else results
 
     def _uncovered(self, func, name, args, kwargs, why):
         op = f"aten::{name}"

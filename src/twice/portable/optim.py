@@ -1,4 +1,5 @@
-"""The fused optimizer kernels (`Adam`, `AdamW` and `SGD` with `fused=True`) in portable mode:
+"""The fused optimizer kernels (`Adam`, `AdamW`, `SGD` and `Adagrad` with `fused=True`) in
+portable mode:
 torch's single-tensor forms, operation for operation, with portable kernels for each step, so a
 fused optimizer gives the bits its unfused form gives under `--portable`."""
 
@@ -78,3 +79,22 @@ def _fused_sgd(params, grads, buffers, *, weight_decay, momentum, lr, dampening,
                 buf.copy_(_add(buf, grad, alpha=1 - dampening))
             grad = _add(grad, buf, alpha=momentum) if nesterov else buf
         param.copy_(_add(param, grad, alpha=-lr))
+
+
+@kernel("_fused_adagrad_.default")
+def _fused_adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps,
+                   maximize, grad_scale=None, found_inf=None):  # fmt: skip
+    floating(*params, *grads)
+    if found_inf is not None and float(found_inf) != 0:
+        return
+    sqrt = KERNELS["sqrt.default"]
+    for i, param in enumerate(params):
+        grad = grads[i] if grad_scale is None else torch.div(grads[i], grad_scale)
+        grad = -grad if maximize else grad
+        if weight_decay != 0:
+            grad = _add(grad, param, alpha=weight_decay)
+        step = float(state_steps[i])  # counted before the kernel is called
+        clr = lr / (1 + (step - 1) * lr_decay)
+        state_sums[i].copy_(_addcmul(state_sums[i], grad, grad, value=1))
+        std = torch.add(sqrt(state_sums[i]), eps)
+        param.copy_(_addcdiv(param, grad, std, value=-clr))
