@@ -5,6 +5,7 @@ always-on mode (loss, gradients, parameters once per step) within 5% of the same
 without it. Median CPU time of alternating rounds.
 """
 
+import os
 import statistics
 
 import torch
@@ -13,7 +14,8 @@ from _common import run_folder, small_mlp, train_steps
 from twice.record import hooks, numerics
 from twice.record import recorder as recorder_module
 
-STEPS = 200
+STEPS = int(os.environ.get("BENCH_STEPS", "200"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "8"))
 
 
 def loop(mode=None, health=True, tmp=None):
@@ -45,7 +47,7 @@ def main():
     loop()
     times = {"plain": [], "full": [], "watch-only": [], "trace": [], "trace+cheap": []}
     with run_folder() as tmp:
-        for round_ in range(8):
+        for round_ in range(ROUNDS):
             times["plain"].append(loop())
             times["full"].append(loop("full", tmp=f"{tmp}/f{round_}"))
             times["watch-only"].append(loop("watch-only", tmp=f"{tmp}/w{round_}"))

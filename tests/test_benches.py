@@ -1,5 +1,6 @@
 """Every bench script starts: all are imported in one fresh process from bench/ (where they
-run), and the inputs bench runs end to end at a tiny size (the compare bench too, marked slow)."""
+run), and the inputs and numerics benches run end to end at a tiny size (the compare bench too,
+marked slow)."""
 
 import subprocess
 import sys
@@ -41,6 +42,7 @@ def test_every_bench_script_imports():
     ("name", "size"),
     [
         ("bench_inputs", {"BENCH_INPUT_MB": "2"}),
+        ("bench_numerics", {"BENCH_STEPS": "4", "BENCH_ROUNDS": "1"}),
         pytest.param("bench_compare", {"BENCH_STEPS": "300"}, marks=pytest.mark.slow),
     ],
 )
