@@ -24,12 +24,17 @@ from twice import checkpoint
 from twice.data import samples
 
 REPEATS = int(os.environ.get("BENCH_REPEATS", "5"))
+# Smaller sizes for the smoke test (tests/test_benches.py): samples per dataset, loader rounds,
+# and the width of the checkpointed model's five layers (4096: about 1 GB with Adam's state).
+SAMPLES = int(os.environ.get("BENCH_SAMPLES", "20000"))
+LOADER_ROUNDS = int(os.environ.get("BENCH_LOADER_ROUNDS", "25"))
+WIDTH = int(os.environ.get("BENCH_WIDTH", "4096"))
 
 
 def state_of_about_1gb():
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        *[torch.nn.Linear(4096, 4096) for _ in range(5)]
+        *[torch.nn.Linear(WIDTH, WIDTH) for _ in range(5)]
     )  # 5 x 16.8M params
     optimizer = torch.optim.Adam(model.parameters())
     for p in model.parameters():
@@ -103,7 +108,7 @@ class Trivial(Dataset):
     """Almost no work per sample: the worst case for any per-sample cost."""
 
     def __len__(self):
-        return 20000
+        return SAMPLES
 
     def __getitem__(self, i):
         return torch.full((8,), float(i))
@@ -116,7 +121,7 @@ class CheapAugment(Dataset):
         self.images = torch.rand(64, 3, 40, 40)
 
     def __len__(self):
-        return 20000
+        return SAMPLES
 
     def __getitem__(self, i):
         top, left = torch.randint(0, 9, (2,)).tolist()
@@ -147,19 +152,19 @@ def bench_loader(dataset, label):
     for run in kinds.values():
         run()
     times = {kind: [] for kind in kinds}
-    for round_ in range(25):  # alternating order: this VM's speed drifts
+    for round_ in range(LOADER_ROUNDS):  # alternating order: this VM's speed drifts
         order = list(kinds) if round_ % 2 == 0 else list(reversed(kinds))
         for kind in order:
             times[kind].append(timed(kinds[kind]))
     costs = ", ".join(
-        f"{kind} {20000 / statistics.median(times[kind]):,.0f} samples/s, cost "
+        f"{kind} {SAMPLES / statistics.median(times[kind]):,.0f} samples/s, cost "
         f"{100 * (statistics.median(b / a for a, b in zip(times['plain'], times[kind])) - 1):.1f}%"
         for kind in kinds
         if kind != "plain"
     )
     print(
-        f"loader, {label} (20k samples, batch 64, main process): plain DataLoader "
-        f"{20000 / statistics.median(times['plain']):,.0f} samples/s; twice.data.loader: {costs} "
+        f"loader, {label} ({SAMPLES} samples, batch 64, main process): plain DataLoader "
+        f"{SAMPLES / statistics.median(times['plain']):,.0f} samples/s; twice.data.loader: {costs} "
         f"(target <= 5%)"
         + ("" if compiled is not None else " [twice._native not built: Python loop only]")
     )
@@ -189,7 +194,7 @@ class CifarStyle(Dataset):
         self.images = torch.randint(0, 256, (64, 32, 32, 3), dtype=torch.uint8)
 
     def __len__(self):
-        return 20000
+        return SAMPLES
 
     def __getitem__(self, i):
         image = self.images[i % 64].permute(2, 0, 1).float().div_(255)

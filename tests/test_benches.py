@@ -1,6 +1,6 @@
 """Every bench script starts: all are imported in one fresh process from bench/ (where they
-run), and the inputs and numerics benches run end to end at a tiny size (the compare bench too,
-marked slow)."""
+run), and the inputs, numerics and checkpoint benches run end to end at a tiny size (the
+compare bench too, marked slow)."""
 
 import subprocess
 import sys
@@ -43,6 +43,15 @@ def test_every_bench_script_imports():
     [
         ("bench_inputs", {"BENCH_INPUT_MB": "2"}),
         ("bench_numerics", {"BENCH_STEPS": "4", "BENCH_ROUNDS": "1"}),
+        (
+            "bench_checkpoint",
+            {
+                "BENCH_SAMPLES": "256",
+                "BENCH_LOADER_ROUNDS": "2",
+                "BENCH_WIDTH": "64",
+                "BENCH_REPEATS": "1",
+            },
+        ),
         pytest.param("bench_compare", {"BENCH_STEPS": "300"}, marks=pytest.mark.slow),
     ],
 )
