@@ -50,18 +50,11 @@ def coverage(func) -> str:
     return routes.coverage(func)
 
 
-def _inexact(value) -> bool:
-    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
-
-
 def _complex(args, kwargs) -> bool:
     """Whether a complex tensor is among the arguments (in lists too)."""
     for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and value.is_complex():
-            return True
-        if isinstance(value, (list, tuple)) and any(
-            isinstance(v, torch.Tensor) and v.is_complex() for v in value
-        ):
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        if any(isinstance(v, torch.Tensor) and v.is_complex() for v in values):
             return True
     return False
 
@@ -81,16 +74,6 @@ def _scan(args, kwargs) -> int:
                     return _HALF
                 found = _INEXACT
     return found
-
-
-def _floating(args, kwargs) -> bool:
-    """Whether a floating-point or complex tensor is among the arguments (in lists too)."""
-    for value in (*args, *kwargs.values()):
-        if _inexact(value):
-            return True
-        if isinstance(value, (list, tuple)) and any(_inexact(v) for v in value):
-            return True
-    return False
 
 
 _ROUTES: dict = {}  # aten overload -> routes.route(overload)
@@ -133,17 +116,21 @@ class PortableMode(TorchDispatchMode):
         self.counts: dict[str, int] = {}
 
     def __enter__(self):
+        if not self._saved:
+            self._switches = (
+                torch._C._get_mkldnn_enabled(),
+                torch.backends.mha.get_fastpath_enabled(),
+            )
         # oneDNN's fused recurrent kernel (mkldnn_rnn_layer) is one opaque operation; without it
         # torch runs LSTM, GRU and RNN layers as the matrix products and functions each is made
         # of. Likewise the fused inference path of nn.MultiheadAttention and the transformer
         # layers (_transformer_encoder_layer_fwd, _native_multi_head_attention) gives way to
-        # their modules' ordinary operations. (The mode enters again around its own
-        # decompositions: a stack of what was set.)
-        self._saved.append(
-            (torch._C._get_mkldnn_enabled(), torch.backends.mha.get_fastpath_enabled())
-        )
-        torch._C._set_mkldnn_enabled(False)
-        torch.backends.mha.set_fastpath_enabled(False)
+        # their modules' ordinary operations. The mode enters again around its own foreach and
+        # decomposed operations, many times a step: only the outermost entry sets and restores.
+        if not self._saved:
+            torch._C._set_mkldnn_enabled(False)
+            torch.backends.mha.set_fastpath_enabled(False)
+        self._saved.append(self._switches)
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -151,8 +138,9 @@ class PortableMode(TorchDispatchMode):
             return super().__exit__(*exc)
         finally:
             mkldnn, fastpath = self._saved.pop()
-            torch._C._set_mkldnn_enabled(mkldnn)
-            torch.backends.mha.set_fastpath_enabled(fastpath)
+            if not self._saved:
+                torch._C._set_mkldnn_enabled(mkldnn)
+                torch.backends.mha.set_fastpath_enabled(fastpath)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         route = _ROUTES.get(func)
@@ -180,7 +168,7 @@ class PortableMode(TorchDispatchMode):
             if (args[3:4] or [kwargs.get("accumulate")])[0]:
                 return self._uncovered(func, name, args, kwargs, "accumulating index_put")
             return func(*args, **kwargs)
-        if not _floating(args, kwargs) and torch.Tag.nondeterministic_seeded not in func.tags:
+        if not _scan(args, kwargs) and torch.Tag.nondeterministic_seeded not in func.tags:
             return func(*args, **kwargs)
         if kind == routes.PRIM:
             with self:

@@ -92,17 +92,9 @@ def _embedding_bag_backward(
     if sparse:
         raise PortableUnsupported("sparse gradients of embedding_bag")
     offset2bag = _bag_of(indices, offsets, grad.shape[0])
+    rest = (bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode)
     return _embedding_bag_dense_backward(
-        grad,
-        indices,
-        offset2bag,
-        bag_size,
-        maximum_indices,
-        num_weights,
-        scale_grad_by_freq,
-        mode,
-        per_sample_weights,
-        padding_idx,
+        grad, indices, offset2bag, *rest, per_sample_weights, padding_idx
     )
 
 

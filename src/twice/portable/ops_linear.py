@@ -87,18 +87,17 @@ def _avg_pool(x, spatial, torch_pool, kernel_size, stride, padding, ceil_mode, p
     return (sums / _pool_divisors(ones, pool, divisor)).to(x.dtype)
 
 
-@kernel("avg_pool2d.default")
-def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, pad=True, divisor=None):
-    return _avg_pool(
-        x, 2, aten.avg_pool2d.default, kernel_size, stride, padding, ceil_mode, pad, divisor
-    )
+def _register_avg_pool(spatial, forward, backward):
+    @kernel(f"avg_pool{spatial}d.default")
+    def pool(x, kernel_size, stride=(), padding=0, ceil_mode=False, pad=True, divisor=None):
+        return _avg_pool(x, spatial, forward, kernel_size, stride, padding, ceil_mode, pad, divisor)
 
-
-@kernel("avg_pool3d.default")
-def _avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, pad=True, divisor=None):
-    return _avg_pool(
-        x, 3, aten.avg_pool3d.default, kernel_size, stride, padding, ceil_mode, pad, divisor
-    )
+    @kernel(f"avg_pool{spatial}d_backward.default")
+    def pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, pad, divisor):
+        return _avg_pool_backward(
+            grad, x, spatial, forward, backward, kernel_size, stride, padding, ceil_mode, pad,
+            divisor,
+        )  # fmt: skip
 
 
 def _avg_pool_backward(
@@ -126,38 +125,8 @@ def _avg_pool_backward(
     )
 
 
-@kernel("avg_pool2d_backward.default")
-def _avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, pad, divisor):
-    return _avg_pool_backward(
-        grad,
-        x,
-        2,
-        aten.avg_pool2d.default,
-        aten.avg_pool2d_backward.default,
-        kernel_size,
-        stride,
-        padding,
-        ceil_mode,
-        pad,
-        divisor,
-    )
-
-
-@kernel("avg_pool3d_backward.default")
-def _avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, pad, divisor):
-    return _avg_pool_backward(
-        grad,
-        x,
-        3,
-        aten.avg_pool3d.default,
-        aten.avg_pool3d_backward.default,
-        kernel_size,
-        stride,
-        padding,
-        ceil_mode,
-        pad,
-        divisor,
-    )
+_register_avg_pool(2, aten.avg_pool2d.default, aten.avg_pool2d_backward.default)
+_register_avg_pool(3, aten.avg_pool3d.default, aten.avg_pool3d_backward.default)
 
 
 # Accumulating writes: the values added exactly (one grid over all of them), then the sum added
