@@ -1,6 +1,6 @@
 """Every bench script starts: all are imported in one fresh process from bench/ (where they
 run), and the inputs, numerics and checkpoint benches run end to end at a tiny size (the
-compare bench too, marked slow)."""
+compare and sharded benches too, marked slow: they start real processes)."""
 
 import subprocess
 import sys
@@ -53,6 +53,11 @@ def test_every_bench_script_imports():
             },
         ),
         pytest.param("bench_compare", {"BENCH_STEPS": "300"}, marks=pytest.mark.slow),
+        pytest.param(
+            "bench_sharded",
+            {"BENCH_STEPS": "3", "BENCH_ROUNDS": "1", "BENCH_WIDTH": "16"},
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_a_bench_runs_at_a_tiny_size(name, size, tmp_path):

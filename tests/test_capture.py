@@ -604,3 +604,13 @@ def test_an_rng_state_not_read_in_place_is_still_digested_the_same(monkeypatch, 
     assert set(compiled) >= {"python", "numpy", "torch"}
     monkeypatch.setattr(digests, "_native", None)
     assert fingerprint.rng_digests() == compiled
+
+
+def test_the_environment_is_recorded_by_name_and_digest_never_by_value():
+    from twice.runtime.capture import env_digests
+
+    secret = "hunter2-" + "x" * 20
+    found = env_digests({"LR": "0.1", "API_TOKEN": secret, "SSH_TTY": "/dev/pts/1", "PWD": "/x"})
+    assert set(found) == {"LR", "API_TOKEN"}  # a shell's session variables are left out
+    assert secret not in str(found) and len(found["API_TOKEN"]) == 16
+    assert env_digests({"LR": "0.2"})["LR"] != found["LR"]

@@ -75,12 +75,31 @@ def test_nondeterminism_is_named_only_with_all_its_evidence(steps, data, drop):
         if name in drop and name in upstream:
             lacking.add(name)
     assert set(missing_evidence(divergence, inputs)) == lacking
+    if field == "lr":  # set by the script, not computed by a kernel: never nondeterminism
+        assert NONDETERMINISM not in sentence and "configured differently" in sentence
+        return
     if lacking:
         assert NONDETERMINISM not in sentence, sentence
         for name in lacking:
             assert UNKNOWN[name] in sentence
     else:
         assert NONDETERMINISM in sentence, sentence
+
+
+@pytest.mark.parametrize("env", [None, [], ["LR"], ["A", "B", "C", "LR"]])
+def test_a_learning_rate_that_differs_first_is_a_configuration_never_nondeterminism(env):
+    """A learning rate is set by the script: with everything before it equal, the runs were
+    configured apart (an environment variable the launches differed in is named)."""
+    a, b = [_record(s) for s in range(3)], [_record(s) for s in range(3)]
+    b[1].lr = ["0x1.8p+0"]
+    sentence = explain([], first_divergence(a, b), env_changed=env)
+    assert NONDETERMINISM not in sentence and "configured differently" in sentence
+    if env:
+        assert f"their environments differ in {', '.join(env[:3])}" in sentence
+        assert ("and 1 more" in sentence) == (len(env) == 4)
+    else:
+        assert "in a way the manifest does not hold" in sentence
+        assert ("their environments were the same" in sentence) == (env == [])
 
 
 @pytest.mark.parametrize("missing", EVIDENCE)

@@ -135,3 +135,26 @@ def test_a_file_the_run_rewrote_is_listed_as_changed_without_a_digest(tmp_path):
     path.write_bytes(b"newer")
     (entry,) = hash_inputs(reads, str(tmp_path))
     assert entry.changed and entry.xxh3 is None
+
+
+def test_a_learning_rate_read_from_the_environment_is_named_as_a_configuration(tmp_path):
+    """The class of the issue's example: the data, the code and the arguments equal, the
+    configuration read from elsewhere (here an environment variable): never nondeterminism."""
+    (tmp_path / "t.py").write_text(
+        "import os, torch\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=float(os.environ.get('LR', '0.1')))\n"
+        "x = torch.randn(8, 4)\n"
+        "for _ in range(3):\n"
+        "    opt.zero_grad(); model(x).pow(2).mean().backward(); opt.step()\n"
+    )
+    for name, lr in (("a", "0.1"), ("b", "0.2")):
+        env = {**_env(tmp_path), "LR": lr}
+        result = twice("run", "--name", name, "--", sys.executable, "t.py", cwd=tmp_path, env=env)
+        assert result.returncode == 0, result.stderr
+    a, b = runs(tmp_path)
+    code, report = _diff(tmp_path, a, b, _env(tmp_path))
+    assert code == 1 and report["divergence"]["first"] == "lr"
+    assert "their environments differ in LR" in report["explanation"]
+    assert "nondeterminism" not in report["explanation"]

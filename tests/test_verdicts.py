@@ -50,6 +50,7 @@ FIELD_VALUES = {
     "param_digests": st.dictionaries(names, digest, max_size=3),
     "grad_digests": st.dictionaries(names, digest, max_size=3),
     "params_before": digest,
+    "params_full": digest,
     "skipped": st.booleans(),
     "time": st.floats(min_value=0, max_value=1e6),
 }

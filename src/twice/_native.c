@@ -519,8 +519,8 @@ enum { V_DIGEST, V_MAP, V_FLOAT, V_LOSS, V_LIST, V_BOOL, V_STEP, V_TIME };
 static const struct { const char *name; int kind; int evidence; } RECORD_KEYS[] = {
     {"batch", V_DIGEST, 1}, {"grad_digests", V_MAP, 1}, {"grad_norm", V_FLOAT, 1},
     {"grads", V_DIGEST, 1}, {"loss", V_LOSS, 1}, {"lr", V_LIST, 1}, {"param_digests", V_MAP, 1},
-    {"params", V_DIGEST, 1}, {"rng", V_MAP, 1}, {"skipped", V_BOOL, 1}, {"step", V_STEP, 0},
-    {"time", V_TIME, 0},
+    {"params", V_DIGEST, 1}, {"params_full", V_DIGEST, 1}, {"rng", V_MAP, 1},
+    {"skipped", V_BOOL, 1}, {"step", V_STEP, 0}, {"time", V_TIME, 0},
 };
 #define RECORD_KEY_COUNT (sizeof RECORD_KEYS / sizeof RECORD_KEYS[0])
 

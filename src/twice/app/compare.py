@@ -17,6 +17,7 @@ from twice.store.runs import config_not_default, effective_status, read_json, re
 from twice.store.tracealign import Alignment, content_alignment, first_record, scan_offset
 from twice.store.traces import trace_files
 from twice.store.tracescan import scan_pair
+from twice.store.traceseries import compare_whole_tensors
 
 __all__ = ["Comparison", "compare_runs"]
 
@@ -40,6 +41,9 @@ class Comparison:
     compared_steps: int = 0
     outputs: dict[str, list[str]] = field(default_factory=dict)  # store.outputs.compare_outputs
     judged: bool = True  # False: neither run has a step to compare (exit 2, cannot judge)
+    whole: dict | None = None  # store.traceseries.compare_whole_tensors (--full-every)
+    # each stream's own first divergence (step, field), where it has one: every rank's
+    diverged: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -64,6 +68,8 @@ class Comparison:
             "compared_steps": self.compared_steps,
             "outputs": self.outputs,
             "judged": self.judged,
+            "diverged": {k: {"step": v[0], "first": v[1]} for k, v in self.diverged.items()},
+            "whole_tensors": self.whole,
         }
 
 
@@ -103,13 +109,33 @@ def _alignment(
     traces_a: dict, traces_b: dict, offset: int | None, resumed: bool
 ) -> Alignment | None:
     """How the steps of A and B correspond: as given (`--offset`), or, when neither resumed
-    through twice, by content (a script that resumed itself), else None (by number)."""
+    through twice, by content (a script that resumed itself), else None (by number). By content
+    in every stream both runs recorded (each rank of a torchrun job that resumed itself, DCP
+    included): only an offset every one of them finds, the same, lines the runs up."""
     if offset is not None:
         return Alignment(offset, False)
-    main_a, main_b = traces_a.get("main"), traces_b.get("main")
-    if resumed or main_a is None or main_b is None:
+    common = sorted(set(traces_a) & set(traces_b))
+    if resumed or not common:
         return None
-    return content_alignment(main_a, main_b)
+    found = {content_alignment(traces_a[stream], traces_b[stream]) for stream in common}
+    return found.pop() if len(found) == 1 else None
+
+
+def _whole(a: Manifest, b: Manifest, traces_a: dict, traces_b: dict) -> dict | None:
+    """Where both runs recorded whole-tensor digests (--full-every): how they compare, each run's
+    first process (its main stream, or its lowest rank: every rank records the same whole
+    tensors), whatever the world sizes."""
+
+    def first(traces: dict) -> Path | None:
+        if "main" in traces:
+            return traces["main"]
+        ranks = sorted((int(s[4:]), s) for s in traces if s.startswith("rank") and s[4:].isdigit())
+        return traces[ranks[0][1]] if ranks else None
+
+    if not (a.full_every and b.full_every):
+        return None
+    path_a, path_b = first(traces_a), first(traces_b)
+    return None if path_a is None or path_b is None else compare_whole_tensors(path_a, path_b)
 
 
 def _identity_cause(diffs: list[Difference]) -> bool:
@@ -126,6 +152,11 @@ def _recording_mismatch(a: Manifest, b: Manifest, steps: int | None, resumed: bo
         found.append(
             f"they recorded at different intervals (--trace-every {a.trace_every} and "
             f"{b.trace_every})"
+        )
+    if a.full_every != b.full_every:
+        found.append(
+            "they recorded whole-tensor digests at different intervals (--full-every "
+            f"{a.full_every} and {b.full_every})"
         )
     if a.params_every != b.params_every:
         found.append(
@@ -233,7 +264,15 @@ def compare_runs(
     statuses = (effective_status(manifest_a), effective_status(manifest_b))
     observed = manifest_a.observe or manifest_b.observe
     inputs_recorded = "inputs" in manifest_a.identity and "inputs" in manifest_b.identity
-    explanation = explain(diffs, first, observed=observed, inputs_recorded=inputs_recorded)
+    env_a, env_b = manifest_a.env_digests, manifest_b.env_digests
+    env_changed = (
+        None
+        if env_a is None or env_b is None
+        else sorted(k for k in {*env_a, *env_b} if env_a.get(k) != env_b.get(k))
+    )
+    explanation = explain(
+        diffs, first, observed=observed, inputs_recorded=inputs_recorded, env_changed=env_changed
+    )
     if alignment is not None and alignment.offset:
         # A resume that lost state shows at its first step, whatever else the command changed
         # (its resume flag, at least): say that first.
@@ -347,4 +386,6 @@ def compare_runs(
         steps=lengths,
         statuses=statuses,
         compared_steps=compared,
+        diverged={d.stream: (d.step, d.first) for d in sorted(divergences, key=lambda d: d.stream)},
+        whole=_whole(manifest_a, manifest_b, traces_a, traces_b),
     )

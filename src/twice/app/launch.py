@@ -126,6 +126,7 @@ def child_environment(options: RunOptions, run_dir: Path) -> dict[str, str]:
         observe=options.observe,
         trace_every=options.trace_every,
         params_every=options.params_every,
+        full_every=options.full_every,
         stop_after=options.stop_after,
         record_ops=options.record_ops or None,
         numerics=options.numerics or None,

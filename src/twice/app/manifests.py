@@ -17,6 +17,7 @@ from twice.app.trust import sign_manifest
 from twice.core.digests import digest
 from twice.core.errors import CorruptRecord
 from twice.runtime.capture import (
+    env_digests,
     gather_context_facts,
     gather_identity_facts,
     git_state,
@@ -70,6 +71,11 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
             "backend": next((r.get("backend") for r in ranks if r.get("backend")), None),
             "ranks_recorded": sorted(r["rank"] for r in ranks),
         }
+        sharded = min(
+            (r for r in ranks if r.get("sharding")), key=lambda r: r["rank"], default=None
+        )
+        if sharded is not None:  # the same on every rank (SPMD): the lowest rank's
+            identity["distributed"]["sharding"] = sharded["sharding"]
     main = next((p for p in procs if p.torch and p.steps), None) or next(
         (p for p in procs if p.torch), None
     )
@@ -219,9 +225,11 @@ def start_manifest(
         "git_root": git["root"] if git else None,
         "trace_every": options.trace_every,
         "params_every": options.params_every,
+        "full_every": options.full_every,
         "stop_after": options.stop_after,
         "inputs_roots": [str(Path(cwd).resolve()), *options.inputs],
         "inputs_exclude": list(options.inputs_exclude),
+        "env_digests": env_digests(env),
         "capture_seconds": round(time.time() - started, 4),
     }
     manifest = {"identity": identity, "context": context}

@@ -31,6 +31,8 @@ class RunOptions:
     """Record every N-th step."""
     params_every: int | None = None
     """Per-tensor digests every N steps (None: auto, see instrument.AUTO_PARAMS_TENSORS)."""
+    full_every: int | None = None
+    """Placement-independent digests of the parameters every N steps (None: never)."""
     stop_after: int | None = None
     """Stop the command after this many steps (used by `twice verify --steps`)."""
     env: dict[str, str] = field(default_factory=dict)

@@ -13,7 +13,7 @@ import click
 
 from twice.core.divergence import FIELD_MEANING, loss_gap
 from twice.store.outputs import outputs_phrase
-from twice.store.traceseries import loss_fault_phrase
+from twice.store.traceseries import loss_fault_phrase, whole_tensors_phrase
 
 __all__ = [
     "format_comparison",
@@ -75,6 +75,11 @@ def format_comparison(result, color: bool = False) -> str:
             lines.append(f"    {diff.key}: {diff.a} -> {diff.b}")
     if result.divergence is not None:
         lines.extend(_divergence_lines(result.divergence))
+    if result.whole is not None:
+        lines.append(whole_tensors_phrase(result.whole))
+    if len(result.diverged) > 1:
+        each = ", ".join(f"{s} at {step} ({first})" for s, (step, first) in result.diverged.items())
+        lines.append(f"each stream's first divergence: {each}")
     steps = ", ".join(f"{s}: A {a} / B {b}" for s, (a, b) in result.steps.items())
     lines.append(
         f"\nrecorded steps: {steps or 'none'}; status: A {result.statuses[0]}, B "

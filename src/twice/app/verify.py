@@ -56,6 +56,7 @@ def rerun_options(
         observe=manifest.observe,
         trace_every=manifest.trace_every,
         params_every=manifest.params_every,
+        full_every=manifest.full_every,
         stop_after=steps,
         env=dict(recorded_env),
         unset_env=unset,

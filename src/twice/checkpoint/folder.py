@@ -37,6 +37,7 @@ from twice.checkpoint.index import (
     read_index,
 )
 from twice.checkpoint.kinds import kind_of
+from twice.checkpoint.sharded import DCP_FOLDER
 from twice.core.errors import CheckpointError
 from twice.store.files import current_umask
 from twice.store.files import fsync_dir as _fsync_dir
@@ -249,6 +250,8 @@ def verify(directory: str | Path) -> CheckpointIndex | RanksIndex:
         )
     index = read_index(directory)
     expected = set(index.parts if isinstance(index, RanksIndex) else index.files) | {INDEX}
+    if isinstance(index, RanksIndex) and index.sharded_files is not None:
+        expected.add(DCP_FOLDER)
     foreign = sorted(p.name for p in directory.iterdir() if p.name not in expected)
     if foreign:
         raise CheckpointError(
@@ -266,8 +269,26 @@ def verify(directory: str | Path) -> CheckpointIndex | RanksIndex:
                     f"rank part {part} is not the one this checkpoint was completed with",
                     _RESTORE_HINT,
                 )
+        if index.sharded_files is not None:
+            _check_files(directory / DCP_FOLDER, index.sharded_files, exact=True)
         return index
-    for name, meta in index.files.items():
+    _check_files(directory, index.files)
+    return index
+
+
+def _check_files(directory: Path, files: dict, exact: bool = False) -> None:
+    """Each file of `files` in `directory` has its recorded size and digest (and, `exact`, the
+    folder holds no other)."""
+    if exact:
+        if directory.is_symlink() or not directory.is_dir():
+            raise CheckpointError(f"checkpoint folder {directory} is missing", _RESTORE_HINT)
+        foreign = sorted(p.name for p in directory.iterdir() if p.name not in files)
+        if foreign:
+            raise CheckpointError(
+                f"{directory} holds files twice did not record: {', '.join(foreign)}",
+                "remove them or use a clean copy",
+            )
+    for name, meta in files.items():
         path = directory / name
         if path.is_symlink() or not path.is_file():
             raise CheckpointError(f"checkpoint file {path} is missing", _RESTORE_HINT)
@@ -282,7 +303,6 @@ def verify(directory: str | Path) -> CheckpointIndex | RanksIndex:
             raise CheckpointError(
                 f"checkpoint file {path} is corrupt: its digest does not match", _RESTORE_HINT
             )
-    return index
 
 
 _RESTORE_HINT = (

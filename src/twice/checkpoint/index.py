@@ -17,6 +17,7 @@ from pathlib import Path
 import xxhash
 
 from twice.checkpoint.kinds import EntryKind, kind_named
+from twice.checkpoint.sharded import DCP_FILE
 from twice.core.errors import CheckpointError
 from twice.store.files import read_record
 
@@ -87,6 +88,9 @@ class RanksIndex:
     world_size: int
     parts: dict[str, str]
     format: str = RANKS_FORMAT
+    # the entries saved through DCP (checkpoint/sharded.py) and the files it wrote into dcp/
+    sharded_entries: tuple[str, ...] = ()
+    sharded_files: dict[str, FileEntry] | None = None
 
 
 def _damaged(where: Path, what: str) -> CheckpointError:
@@ -133,25 +137,15 @@ def _folder_index(raw: dict, where: Path, directory: Path) -> CheckpointIndex:
     kinds = {name: kind_named(kind, name, directory.name) for name, kind in entries.items()}
     if not isinstance(files, dict) or set(files) != set(FILES):
         raise _damaged(where, f"'files' must list exactly {', '.join(FILES)}")
-    checked = {}
-    for name, meta in files.items():
-        if (
-            not isinstance(meta, dict)
-            or set(meta) != {"size", "digest"}
-            or type(meta["size"]) is not int
-            or not 0 <= meta["size"] <= _MAX_SIZE
-            or not isinstance(meta["digest"], str)
-            or not _DIGEST.match(meta["digest"])
-        ):
-            raise _damaged(where, f"'files.{name}' is not a size and an xxh3 digest")
-        checked[name] = FileEntry(meta["size"], meta["digest"])
+    checked = _files(files, where, "files")
     return CheckpointIndex(kinds, checked)
 
 
 def _ranks_index(raw: dict, where: Path) -> RanksIndex:
-    if set(raw) != {"format", "world_size", "parts", "self"}:
+    if set(raw) - {"sharded"} != {"format", "world_size", "parts", "self"}:
         raise _damaged(
-            where, f"expected the keys format, parts, self and world_size, found {sorted(raw)}"
+            where,
+            f"expected the keys format, parts, self, world_size (and sharded), found {sorted(raw)}",
         )
     world, parts = raw["world_size"], raw["parts"]
     if type(world) is not int or not 1 <= world <= 99999:
@@ -161,4 +155,43 @@ def _ranks_index(raw: dict, where: Path) -> RanksIndex:
     for name, digest in parts.items():
         if not isinstance(digest, str) or not _DIGEST.match(digest):
             raise _damaged(where, f"'parts.{name}' is not an xxh3 digest")
-    return RanksIndex(world, dict(parts))
+    if "sharded" not in raw:
+        return RanksIndex(world, dict(parts))
+    sharded = raw["sharded"]
+    if not isinstance(sharded, dict) or set(sharded) != {"entries", "files"}:
+        raise _damaged(where, "'sharded' is not an object of entries and files")
+    entries, files = sharded["entries"], sharded["files"]
+    if (
+        not isinstance(entries, list)
+        or not entries
+        or not all(isinstance(e, str) and e and not e.startswith("__") for e in entries)
+        or len(set(entries)) != len(entries)
+    ):
+        raise _damaged(where, "'sharded.entries' is not a list of distinct entry names")
+    if not isinstance(files, dict) or ".metadata" not in files:
+        raise _damaged(where, "'sharded.files' does not name DCP's .metadata")
+    return RanksIndex(
+        world,
+        dict(parts),
+        sharded_entries=tuple(entries),
+        sharded_files=_files(files, where, "sharded.files", DCP_FILE),
+    )
+
+
+def _files(files: dict, where: Path, label: str, names: re.Pattern | None = None) -> dict:
+    """{name: FileEntry} of an index's `label` object; names outside `names` are damage."""
+    checked = {}
+    for name, meta in files.items():
+        if names is not None and not names.match(name):
+            raise _damaged(where, f"'{label}' names {name!r}, not a file DCP writes")
+        if (
+            not isinstance(meta, dict)
+            or set(meta) != {"size", "digest"}
+            or type(meta["size"]) is not int
+            or not 0 <= meta["size"] <= _MAX_SIZE
+            or not isinstance(meta["digest"], str)
+            or not _DIGEST.match(meta["digest"])
+        ):
+            raise _damaged(where, f"'{label}.{name}' is not a size and an xxh3 digest")
+        checked[name] = FileEntry(meta["size"], meta["digest"])
+    return checked

@@ -1,7 +1,9 @@
 """Checkpoints of multi-process runs: one part per rank, complete when rank 0 has indexed them all.
 
-Every rank writes its own part (a complete checkpoint folder of its entries); the ranks agree on
-each stage's success, so that all raise together rather than hang in a barrier.
+Every rank writes its own part (a complete checkpoint folder of its entries); sharded models and
+optimizers (DTensor parameters) are saved by every rank together through DCP into `dcp/`
+(checkpoint/sharded.py). The ranks agree on each stage's success, so that all raise together
+rather than hang in a barrier.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from twice.checkpoint.folder import (
     _write_file,
 )
 from twice.checkpoint.index import index_bytes, part_name
+from twice.checkpoint.sharded import DCP_FOLDER, is_sharded, save_sharded
 from twice.core.errors import CheckpointError
 
 __all__ = ["process_group", "save_ranks", "current_rank"]
@@ -69,9 +72,17 @@ def save_ranks(directory: Path, dist, entries: dict) -> None:
         except OSError as exc:
             failure = str(exc)
     _agree(dist, failure, "preparing the checkpoint")
+    sharded = {name: obj for name, obj in entries.items() if is_sharded(obj)}
+    if sharded:  # FSDP2 / tensor-parallel state: every rank its shards, through DCP
+        try:
+            save_sharded(staging / DCP_FOLDER, sharded)
+        except (OSError, CheckpointError, RuntimeError, ValueError) as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+        _agree(dist, failure, "saving the sharded state through DCP")
     mine = None
     try:
-        _save_one(staging / part_name(rank), entries)
+        plain = {name: obj for name, obj in entries.items() if name not in sharded}
+        _save_one(staging / part_name(rank), plain)
         # Each part's own index already holds the digest of every file in it, taken as it was
         # written.
         mine = _digest_file(staging / part_name(rank) / INDEX)
@@ -82,6 +93,16 @@ def save_ranks(directory: Path, dist, entries: dict) -> None:
         try:
             parts = {part_name(r): digest for r, digest in enumerate(indexes)}
             index = {"format": RANKS_FORMAT, "world_size": world, "parts": parts}
+            if sharded:
+                folder = staging / DCP_FOLDER
+                index["sharded"] = {
+                    "entries": sorted(sharded),
+                    "files": {
+                        path.name: {"size": path.stat().st_size, "digest": _digest_file(path)}
+                        for path in sorted(folder.iterdir())
+                    },
+                }
+                _fsync_dir(folder)
             _write_file(staging / INDEX, index_bytes(index))
             _fsync_dir(staging)
             _move_into_place(staging, directory)

@@ -27,6 +27,7 @@ from twice.checkpoint.folder import (
 )
 from twice.checkpoint.index import CheckpointIndex, RanksIndex
 from twice.checkpoint.ranks import current_rank, process_group, save_ranks
+from twice.checkpoint.sharded import DCP_FOLDER, check_sharded, load_sharded
 from twice.core.errors import CheckpointError
 from twice.store.files import read_record
 
@@ -97,6 +98,8 @@ def verify_loadable(directory: str | Path) -> CheckpointIndex | RanksIndex:
     if isinstance(index, RanksIndex):
         for name in sorted(index.parts):
             verify_loadable(directory / name)
+        if index.sharded_files is not None:
+            check_sharded(directory / DCP_FOLDER, index.sharded_files)
     else:
         _read_state(directory, index.entries)
     return index
@@ -145,7 +148,19 @@ def load(
                 stacklevel=2,
             )
         part = part_name(rank) if part_name(rank) in index.parts else part_name(0)
-        return load(directory / part, strict=strict, **targets)
+        sharded = {name: targets[name] for name in index.sharded_entries if name in targets}
+        missing = sorted(set(index.sharded_entries) - set(sharded))
+        if strict and missing:
+            raise CheckpointError(
+                f"checkpoint {directory.name} has sharded state for "
+                f"{', '.join(map(repr, missing))} that nothing restores",
+                "pass those objects too (run.track(name=obj) before run.resume()), or load "
+                "with strict=False",
+            )
+        if sharded:  # every rank together, through DCP (which reshards to this mesh)
+            load_sharded(directory / DCP_FOLDER, sharded)
+        rest = {name: target for name, target in targets.items() if name not in sharded}
+        return {**load(directory / part, strict=strict, **rest), **sharded}
     kinds = index.entries
     missing = sorted(set(targets) - set(kinds))
     if missing:

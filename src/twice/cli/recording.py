@@ -59,6 +59,14 @@ from twice.store.traceseries import loss_fault_phrase
     "most 64 tensors, else every 100].",
 )
 @click.option(
+    "--full-every",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Every N steps, also digest the parameters as whole tensors (each DTensor gathered), "
+    "so that runs on different meshes or world sizes can be compared where the arithmetic "
+    "allows it  [default: never].",
+)
+@click.option(
     "--numerics",
     type=click.Choice(["stop", "warn"]),
     default=None,
@@ -123,6 +131,7 @@ def run(
     observe,
     trace_every,
     params_every,
+    full_every,
     numerics,
     portable,
     record_ops,
@@ -172,6 +181,7 @@ def run(
         observe=observe,
         trace_every=trace_every,
         params_every=params_every,
+        full_every=full_every,
         resume_from=resume_from,
         stop_after=max_steps,
         record_ops=_steps_option(record_ops),

@@ -44,6 +44,21 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
             f"another order, "
             "so bits differ unless training is world-size invariant"
         )
+    sharding = [d for d in diffs if d.key.startswith("distributed.sharding.")]
+    if sharding:
+        meshes = next((d for d in sharding if d.key == "distributed.sharding.meshes"), None)
+        if meshes is not None:
+            return (
+                f"the runs sharded their parameters on different device meshes ({meshes.a} and "
+                f"{meshes.b}): each rank holds other shards and adds in another order, so bits "
+                "differ"
+            )
+        d = sharding[0]
+        name = d.key.removeprefix("distributed.sharding.placements.")
+        return (
+            f"the runs placed their parameters differently ({name}: {d.a} and {d.b}): each rank "
+            "holds other shards, so bits differ"
+        )
     if "data" in by_group:
         phrases = []
         for d in by_group["data"]:
@@ -208,8 +223,10 @@ def explain(
     divergence: Divergence | None,
     observed: bool = False,
     inputs_recorded: bool = True,
+    env_changed: list[str] | None = None,
 ) -> str:
-    """One sentence: what differed first and the most likely cause, combining manifest and trace."""
+    """One sentence: what differed first and the most likely cause, combining manifest and trace.
+    `env_changed`: the environment variables the launches differed in (None: not recorded)."""
     reason = _identity_reason(diffs)
     if divergence is None:
         if reason:  # identical: no fix to suggest
@@ -232,6 +249,10 @@ def explain(
             f"seed itself "
             "start differently (run without --observe to seed every RNG)"
         )
+    if divergence.first == "lr":
+        # A learning rate is set by the script, not computed by a kernel from this step's data:
+        # with everything upstream equal it differs because the runs were configured apart.
+        return f"{sentence}; {_unrecorded_configuration(env_changed)}"
     missing = missing_evidence(divergence, inputs_recorded)
     if missing:  # a cause only from its evidence: say what is unknown instead of guessing
         return (
@@ -263,6 +284,24 @@ def explain(
         f"{sentence}; same code, seeds, settings, input files and starting state, and "
         "everything before it in the step equal: nondeterminism inside the run, not seeding "
         f"({source})"
+    )
+
+
+def _unrecorded_configuration(env_changed: list[str] | None) -> str:
+    """The cause of a learning rate that differs with everything before it equal."""
+    if env_changed:
+        names = ", ".join(env_changed[:3]) + (
+            f" and {len(env_changed) - 3} more" if len(env_changed) > 3 else ""
+        )
+        return (
+            f"the runs were configured differently: their environments differ in {names}, "
+            "and a learning rate is set by the script, not computed by a kernel"
+        )
+    known = "" if env_changed is None else " (their environments were the same)"
+    return (
+        "the runs were configured differently in a way the manifest does not hold"
+        f"{known}: a learning rate is set by the script, not computed by a kernel (a file read "
+        "outside the recorded folders, the clock, the host, or a scheduler's state)"
     )
 
 

@@ -24,7 +24,7 @@ try:  # the compiled part (see setup.py); where it was not built, the same value
 except ImportError:
     _native = None
 
-__all__ = ["digest", "Digester", "tensor_bytes_view"]
+__all__ = ["digest", "Digester", "local_tensor", "tensor_bytes_view"]
 
 _TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = (
     b"N",
@@ -44,6 +44,7 @@ _TAG_SEQ, _TAG_MAP, _TAG_TENSOR, _TAG_ARRAY, _TAG_DATACLASS, _TAG_OPAQUE = (
 )
 _TAG_DEVICE_TENSOR, _TAG_SPARSE, _TAG_NESTED, _TAG_QUANTIZED = b"G", b"S", b"J", b"Q"
 _TAG_OBJECT = b"R"
+_TAG_WRAPPER = b"W"
 
 # Types a lenient Digester (the step trace's batch digests) could only identify by name, in the
 # order first met: the step trace warns about each once, since a difference in them goes unseen.
@@ -163,6 +164,21 @@ class Digester:
             active.discard(id(value))
 
     def _update_tensor(self, tensor) -> None:
+        kind = _wrapper_kind(tensor)
+        if kind == _SHARDED:  # a DTensor: this rank's shard, as the plain tensor it is
+            self._update_tensor(tensor._local_tensor)
+            return
+        if kind == _WRAPPER:  # another wrapper subclass: its type, then the tensors it wraps
+            names, _ = tensor.__tensor_flatten__()
+            cls = type(tensor)
+            self._frame(
+                _TAG_WRAPPER,
+                f"{cls.__module__}.{cls.__qualname__}|{tensor.dtype}|{tuple(tensor.shape)}|"
+                f"{'|'.join(names)}".encode(),
+            )
+            for name in names:
+                self._update_tensor(getattr(tensor, name))
+            return
         if tensor.is_nested:  # variable-length sequences: the layout, then each component in order
             parts = tensor.unbind()
             self._frame(_TAG_NESTED, f"{tensor.layout}|{tensor.dtype}|{len(parts)}".encode())
@@ -378,10 +394,38 @@ def _feed_head(update, tensor: Any, head: tuple) -> None:
         update(head[1].from_address(tensor.data_ptr()))
 
 
+# What a tensor's type is to the digest, by type: plain (its bytes where they lie), a DTensor (its
+# local shard) or another wrapper subclass, one without storage of its own that flattens into
+# the tensors it wraps (`__tensor_flatten__`, as torch.compile requires of them).
+_PLAIN, _SHARDED, _WRAPPER = 0, 1, 2
+_wrapper_kinds: dict[type, int] = {}
+
+
+def _wrapper_kind(tensor: Any) -> int:
+    cls = type(tensor)
+    kind = _wrapper_kinds.get(cls)
+    if kind is None:
+        if not hasattr(cls, "__tensor_flatten__"):
+            kind = _PLAIN
+        else:
+            dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+            kind = _SHARDED if dtensor is not None and issubclass(cls, dtensor) else _WRAPPER
+        _wrapper_kinds[cls] = kind
+    return kind
+
+
+def local_tensor(tensor: Any) -> Any:
+    """The tensor whose bytes this process holds: a DTensor's local shard (its digest is the
+    shard's), any other tensor itself."""
+    return tensor._local_tensor if _wrapper_kind(tensor) == _SHARDED else tensor
+
+
 def _plain_head(tensor: Any) -> tuple | None:
     """The cached frame head of a dense, contiguous, real CPU tensor (made on first meeting its
     dtype and shape), as `_plain_heads` holds it; None for any other tensor (digest() frames
-    those)."""
+    those, wrapper subclasses included: they have no bytes of their own)."""
+    if _wrapper_kind(tensor) != _PLAIN:
+        return None
     if not _strided:
         _strided.append(_torch().strided)
     if not (

@@ -27,7 +27,9 @@ def digest_many(tensors: list, norms: bool = False) -> tuple[list[str], list[flo
     than the hashing (ten times their warm cost, on code the step has just evicted from the
     caches). So plain CPU tensors go to twice._native in one call, which hashes each in 32 kB
     pieces and sums the squares of each piece while it is in the L1 cache. The norm is twice's
-    own (`lanes_norm`), the same bits whether _native was built or not."""
+    own (`lanes_norm`), the same bits whether _native was built or not. A DTensor (FSDP2, tensor
+    parallel) is this rank's shard: its digest and norm are the shard's."""
+    tensors = list(map(_digests.local_tensor, tensors))
     if _digests._native is None:
         folds = _device_folds(tensors)
         return [

@@ -143,6 +143,8 @@ class Manifest:
     exit_code = property(lambda self: self.context.get("exit_code"))
     steps = property(lambda self: self.context.get("steps"))
     stopped_after = property(lambda self: self.context.get("stopped_after"))
+    env_digests = property(lambda self: self.context.get("env_digests"))
+    full_every = property(lambda self: self.context.get("full_every"))
     trace_every = property(lambda self: self.context.get("trace_every") or 1)
     params_every = property(lambda self: self.context.get("params_every"))
     started = property(lambda self: self.context.get("started"))

@@ -85,6 +85,7 @@ _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
     ("context", "stopped_after", "a count or null", lambda v: v is None or _is_int(v, 0), False),
     ("context", "trace_every", "a positive integer", lambda v: _is_int(v, 1), False),
     ("context", "params_every", "a count or null", lambda v: v is None or _is_int(v, 0), False),
+    ("context", "full_every", "a count or null", lambda v: v is None or _is_int(v, 1), False),
     ("context", "cwd", "a path", lambda v: isinstance(v, str), False),
     ("context", "git_root", "a path or null", lambda v: v is None or isinstance(v, str), False),
     (
@@ -109,6 +110,7 @@ _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
                 isinstance(entry, dict)
                 and _is_int(entry.get("size"), 0)
                 and (entry.get("xxh3") is None or isinstance(entry.get("xxh3"), str))
+                and (entry.get("dcp_state") is None or isinstance(entry.get("dcp_state"), str))
                 for entry in v.values()
             )
         ),
@@ -214,14 +216,16 @@ _SHAPES: tuple[tuple[str, str, str, Any], ...] = (
     ),
     ("context", "inputs_roots", "a list of folders", _list_of(_text)),
     ("context", "inputs_exclude", "a list of folders", _list_of(_text)),
+    ("context", "env_digests", "an object of variable names and digests", _map_of(_text)),
     (
         "identity",
         "distributed",
-        "an object with a world size, a backend and the ranks recorded",
+        "an object with a world size, a backend, the ranks recorded and the sharding",
         _shape(
             world_size=lambda v: _is_int(v, 1, 2**31),
             backend=_nullable(_text),
             ranks_recorded=_list_of(lambda v: _is_int(v, 0, 2**31)),
+            sharding=_shape(meshes=_list_of(_text), placements=_map_of(_text)),
         ),
     ),
     (

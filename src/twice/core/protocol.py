@@ -42,6 +42,8 @@ class ChildSettings:
     """Record every N-th step."""
     params_every: int | None = field(default=None, metadata={"env": "TWICE_PARAMS_EVERY"})
     """Per-tensor digests every N steps (none: automatic)."""
+    full_every: int | None = field(default=None, metadata={"env": "TWICE_FULL_EVERY"})
+    """Digests of the parameters as whole tensors (DTensors gathered) every N steps (none: no)."""
     stop_after: int | None = field(default=None, metadata={"env": "TWICE_STOP_AFTER"})
     """End the command after this many steps."""
     record_ops: str | None = field(default=None, metadata={"env": "TWICE_RECORD_OPS"})

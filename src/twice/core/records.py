@@ -46,6 +46,7 @@ FIELD_OF = {
     "lr": "lr",
     "params": "params",
     "param_digests": "params",
+    "params_full": "params",
     "skipped": "params",
     "params_before": "params_before",
 }
@@ -67,6 +68,9 @@ class StepRecord:
     param_digests: dict[str, str] | None = None  # per tensor, at the --params-every interval
     grad_digests: dict[str, str] | None = None
     params_before: str | None = None  # parameters before the first step after a resume
+    # every --full-every steps: the parameters' digest as whole tensors (a DTensor gathered), the
+    # same whatever the mesh and placements
+    params_full: str | None = None
     skipped: bool | None = (
         None  # True: GradScaler skipped the update (inf/NaN gradients), parameters unchanged
     )
@@ -193,6 +197,7 @@ _CHECKS = {
     "param_digests": lambda v: v is None or _is_digest_map(v),
     "grad_digests": lambda v: v is None or _is_digest_map(v),
     "params_before": _is_optional_digest,
+    "params_full": _is_optional_digest,
     "skipped": lambda v: v is None or type(v) is bool,
     "time": _is_time,
 }

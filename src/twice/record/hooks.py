@@ -38,15 +38,35 @@ def _after_fork_child() -> None:
         _recorder.after_fork_in_child(_recorder.fork_count)
 
 
+# torch's own code that gives an optimizer its state by one step with zero gradients and a zero
+# learning rate (Distributed Checkpoint's state-dict API, NamedOptimizer): not a training step.
+_STATE_INIT = {"_init_optim_state": "state_dict.py", "init_state": "named_optimizer.py"}
+
+
+def _initialising_state() -> bool:
+    """Whether the optimizer step now starting or ending is one of torch's state initialisations
+    (a caller a few frames up, between the hook and the code that called step())."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        code = frame.f_code
+        where = _STATE_INIT.get(code.co_name)
+        if where is not None and code.co_filename.endswith(where) and "torch" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _pre_step(optimizer, args, kwargs) -> None:
     recorder = _recorder
-    if recorder is not None:
+    if recorder is not None and not _initialising_state():
         recorder.pre_step(optimizer, args, kwargs)
 
 
 def _post_step(optimizer, args, kwargs) -> None:
     recorder = _recorder
-    if recorder is not None:
+    if recorder is not None and not _initialising_state():
         recorder.post_step(optimizer, args, kwargs)
 
 

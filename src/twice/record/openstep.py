@@ -20,6 +20,8 @@ class StepRound:
 
     grads: list[tuple[str, str]] = field(default_factory=list)
     params: list[tuple[str, str]] = field(default_factory=list)
+    named: list[tuple[str, Any]] = field(default_factory=list)  # (name, parameter): replica check
+    full: list[tuple[str, str]] = field(default_factory=list)  # whole-tensor digests (full_every)
     grad_squares: list[Any] = field(default_factory=list)
     lr: list[str] = field(default_factory=list)
     losses: list[Any] = field(default_factory=list)
@@ -53,6 +55,7 @@ class StepRound:
             params=self.params_digest,
             rng=self.rng,
             params_before=self.params_before,
+            params_full=digest_pairs(self.full) if self.full else None,
             skipped=True if self.skipped else None,
             param_digests=dict(self.params) if per_tensor and self.params else None,
             grad_digests=dict(self.grads) if per_tensor and self.grads else None,

@@ -25,6 +25,7 @@ from twice.core.digests import (
     digest,
     digest_pairs,
     float_bits,
+    local_tensor,
 )
 from twice.core.fastpath import digest_many, lanes_norm
 from twice.core.protocol import ChildSettings, parse_steps
@@ -40,6 +41,7 @@ from twice.record.norms import norms as tensor_norms
 from twice.record.opcontrol import OpControl
 from twice.record.openstep import StepRound
 from twice.record.replicas import ReplicaCheck, ReplicaDesync
+from twice.record.sharding import Layouts, full_digests
 from twice.rng.fingerprint import rng_digests
 from twice.rng.seeding import capture_rng
 from twice.store.layout import RunFolder
@@ -64,6 +66,7 @@ class Recorder:
         *,
         trace_every: int = 1,
         params_every: int | None = None,
+        full_every: int | None = None,
         stop_after: int | None = None,
         stream: str | None = None,
         record_ops: Any = None,
@@ -79,6 +82,7 @@ class Recorder:
         self.run_dir = Path(run_dir)
         self.trace_every = max(1, int(trace_every))
         self.params_every = params_every
+        self.full_every = full_every
         self.stop_after = stop_after
         self.stream = stream
         self.step_index = 0
@@ -89,6 +93,7 @@ class Recorder:
         self.fork_count = 0
         self._t0 = time.perf_counter()
         self.cost = 0.0  # seconds spent in the event handlers below
+        self.layouts = Layouts()  # DTensor meshes and placements (record/sharding.py)
         self._writer = TraceWriter(lambda: RunFolder(self.run_dir).trace(process_stream(stream)))
         self._round = StepRound()
         self._clock = RoundClock()
@@ -143,6 +148,7 @@ class Recorder:
         kwargs = dict(
             trace_every=settings.trace_every,
             params_every=settings.params_every,
+            full_every=settings.full_every,
             stop_after=settings.stop_after,
             stream=stream,
             record_ops=parse_steps(settings.record_ops or ""),
@@ -389,7 +395,7 @@ class Recorder:
                 round_.rng = rng_digests()
             self._write_round()
             with self._paused():
-                self._replicas.after_step(self.step_index, round_.params_digest, round_.params)
+                self._replicas.after_step(self.step_index, round_.params, round_.named)
         else:
             del self._pending_losses[: hand.losses], self._pending_batches[: hand.batches]
         hand.close()
@@ -473,8 +479,9 @@ class Recorder:
 
     def _digests(self, tensors: list, norms: bool) -> tuple[list[str], list]:
         """Digests of tensors and, with `norms`, their L2 norms (floats on the CPU, 0-d tensors on
-        an
-        accelerator): on the CPU through digests.digest_many, one pass over each tensor's bytes."""
+        an accelerator): on the CPU through digests.digest_many, one pass over each tensor's
+        bytes. A DTensor is this rank's shard."""
+        tensors = list(map(local_tensor, tensors))
         if self.ops.current is None:
             digests, found = digest_many(tensors, norms)
         # an op-recorded step: through the op log's cache (the same values: both use digest_tensor)
@@ -502,6 +509,10 @@ class Recorder:
             list(map(_second, named)), self.step_index % PARAM_CHECK_EVERY == 0
         )
         self._round.params.extend(zip(map(_first, named), digests))
+        self._round.named.extend(named)
+        if self.full_every and self.step_index % self.full_every == 0:
+            self._round.full.extend(full_digests(named))
+        self.layouts.observe(optimizer, named)
         if found:
             found = floats(found)
             total = math.sqrt(sum(map(operator.mul, found, found)))
@@ -538,7 +549,7 @@ class Recorder:
             self._write_round()
             with self._paused():
                 round_ = self._round
-                self._replicas.after_step(self.step_index, round_.params_digest, round_.params)
+                self._replicas.after_step(self.step_index, round_.params, round_.named)
         self._clock.reset()
         self._round = StepRound()
         self._advance()

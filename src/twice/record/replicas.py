@@ -1,6 +1,9 @@
 """Replica consistency under torch.distributed: data-parallel ranks must hold identical parameters.
 
-Every `every` steps each rank all-gathers its parameters' 128-bit digest. The gather is
+Every `every` steps each rank all-gathers its parameters' 128-bit digest, one per class of
+tensors that share their placements (record/sharding.py: a plain tensor is compared across the
+world, a DTensor's shard across the ranks that hold copies of it, a tensor sharded everywhere not
+at all). The gather is
 asynchronous and its result is read at the next check, so the collective's latency overlaps
 training instead of adding to it. On a desync: stop (`ReplicaDesync`) or warn, naming the step,
 the first rank that differs from rank 0 and its first differing tensor.
@@ -11,7 +14,9 @@ from __future__ import annotations
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
+from twice.record.sharding import replica_classes
 from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
 
@@ -32,10 +37,10 @@ class ReplicaCheck:
         self.pending: tuple | None = None  # the check in flight
 
     def after_step(
-        self, step: int, params_digest: str | None, params: list[tuple[str, str]]
+        self, step: int, params: list[tuple[str, str]], named: list[tuple[str, Any]]
     ) -> None:
-        """Called as each recorded step ends: read the check in flight, start the next one when
-        due."""
+        """Called as each recorded step ends, with the step's (name, digest) and (name, tensor)
+        pairs of its parameters: read the check in flight, start the next one when due."""
         if self.pending is None and step % self.every:
             # neither a check to read nor one due (most steps: before any call into
             # torch.distributed)
@@ -52,21 +57,23 @@ class ReplicaCheck:
             return
         import torch
 
-        # The 128-bit digest as two int64 words: a tensor all-gather, far cheaper than pickled
-        # objects.
-        value = int(params_digest, 16)
-        words = [(value >> 64) & (2**64 - 1), value & (2**64 - 1)]
+        table = dict(params)
+        classes = replica_classes(named, table, dist)
+        if not classes:
+            return  # every parameter is sharded over its whole mesh: nothing has a replica
+        # Each class's digest and group as three int64 words: a tensor all-gather, far cheaper
+        # than pickled objects.
         device = (
             torch.device("cuda", torch.cuda.current_device())
             if dist.get_backend() == "nccl"
             else torch.device("cpu")
         )
         local = torch.tensor(
-            [w - 2**64 if w >= 2**63 else w for w in words], dtype=torch.int64, device=device
+            [w for found in classes for w in found.words()], dtype=torch.int64, device=device
         )
         parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
         work = dist.all_gather(parts, local, async_op=True)
-        self.pending = (work, parts, step, dict(params))
+        self.pending = (work, parts, step, table, [found.key for found in classes])
 
     def resolve(self) -> None:
         """Read the result of the check in flight, if any; on a desync stop (or warn)."""
@@ -75,22 +82,28 @@ class ReplicaCheck:
             return
         import torch.distributed as dist
 
-        work, parts, step, table = pending
+        work, parts, step, table, keys = pending
         work.wait()
-        gathered = [tuple(p.tolist()) for p in parts]
-        if len(set(gathered)) == 1:
+        found = _first_desync([p.tolist() for p in parts], len(keys))
+        if found is None:
             return
-        # Desync: name the first rank that differs from rank 0, and its first differing tensor.
+        index, bad_rank, reference = found
+        # Name the first tensor of that class that differs between the two ranks.
         tables = [None] * dist.get_world_size()
         dist.all_gather_object(tables, table)
-        bad_rank = next(r for r, d in enumerate(gathered) if d != gathered[0])
         tensor = next(
-            (name for name in tables[0] if tables[bad_rank].get(name) != tables[0][name]), None
+            (
+                name
+                for name in tables[reference]
+                if tables[bad_rank].get(name) != tables[reference][name]
+            ),
+            None,
         )
         since = "" if self.every == 1 else f" (the check at step {step - self.every} agreed)"
+        what = "" if keys[index] == "replicated" else f" sharded as {keys[index]}"
         message = (
             f"replicas out of sync at step {step}: rank {bad_rank} holds different parameters "
-            f"from rank 0, first in {tensor}{since}"
+            f"from rank {reference}{what}, first in {tensor}{since}"
         )
         if dist.get_rank() == 0:
             write_json_atomic(
@@ -113,3 +126,17 @@ class ReplicaCheck:
         except RuntimeError as exc:
             print(exc, file=sys.stderr, flush=True)
         self.pending = None
+
+
+def _first_desync(gathered: list[list[int]], count: int) -> tuple[int, int, int] | None:
+    """(class index, rank, the rank it should equal) of the first replica that differs, or None.
+    `gathered[r]` holds rank r's (digest high, digest low, group id) for each of `count`
+    classes; ranks of one group must hold the same digest. The same answer on every rank."""
+    for index in range(count):
+        first: dict[int, tuple[int, tuple[int, int]]] = {}
+        for rank, words in enumerate(gathered):
+            high, low, group = words[3 * index : 3 * index + 3]
+            reference = first.setdefault(group, (rank, (high, low)))
+            if reference[1] != (high, low):
+                return index, rank, reference[0]
+    return None

@@ -158,6 +158,8 @@ def _at_exit() -> None:
         "portable": _portable_facts(),
         "reads": files_read(),
     }
+    if record["distributed"] is not None and recorder is not None and recorder.layouts.sharding:
+        record["distributed"]["sharding"] = recorder.layouts.sharding
     torch = sys.modules.get("torch")
     if torch is not None:
         from twice.runtime.capture import torch_runtime_facts

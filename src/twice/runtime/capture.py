@@ -69,6 +69,26 @@ def numeric_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     }
 
 
+# Variables that differ between two shells of one user for reasons no script reads as
+# configuration: not worth naming as a difference between runs.
+_SESSION_ENV_PREFIXES = ("SSH_", "XDG_", "TMUX", "TERM", "WINDOW", "DISPLAY", "DBUS_", "GPG_")
+_SESSION_ENV_NAMES = ("PWD", "OLDPWD", "SHLVL", "_", "STY", "COLUMNS", "LINES", "WAYLAND_DISPLAY")
+
+
+def env_digests(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Every other variable of the launch's environment as a short digest of its value (names
+    only in the clear: values may be secrets), so that `twice diff` can name the variables two
+    runs differ in when a script read its configuration there."""
+    from twice.core.digests import digest_bytes
+
+    environ = os.environ if environ is None else environ
+    return {
+        k: digest_bytes(v.encode("utf-8", "surrogateescape"))[:16]
+        for k, v in sorted(environ.items())
+        if not k.startswith((PREFIX, *_SESSION_ENV_PREFIXES)) and k not in _SESSION_ENV_NAMES
+    }
+
+
 def python_facts() -> dict[str, Any]:
     """The interpreter: version, implementation, executable, hash seed in effect."""
     return {

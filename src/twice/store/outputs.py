@@ -4,7 +4,9 @@ A run's trace compares its training steps; what it leaves on disk (a saved model
 a metrics CSV) is its result too, and the only one a script without a recognisable step has.
 After the command ends the launcher lists the files under the working folder modified since it
 started, and the manifest's context keeps their sizes and xxh3 digests (never their contents), so
-that `twice diff` can say which outputs are byte-identical.
+that `twice diff` can say which outputs are byte-identical. A Distributed Checkpoint's `.metadata`
+also gets the digest of its state without the save's own id and folder (store/dcpmeta.py), so
+that two saves of the same state are named as such, not as a difference.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 from pathlib import Path
 
 import xxhash
+
+from twice.store import dcpmeta
 
 __all__ = ["written_files", "compare_outputs", "outputs_phrase", "SKIPPED_FOLDERS"]
 
@@ -59,6 +63,8 @@ def written_files(root: Path, since: float, exclude: list[Path]) -> dict[str, di
         entry: dict = {"size": size}
         if size <= MAX_DIGEST_BYTES:
             entry["xxh3"] = _file_digest(path)
+        if dcpmeta.is_dcp_metadata(Path(path)):  # DCP's record of a save: its state apart
+            entry["dcp_state"] = dcpmeta.state_digest(Path(path))
         out[Path(path).relative_to(root).as_posix()] = entry
     return dict(sorted(out.items()))
 
@@ -75,7 +81,8 @@ def _file_digest(path: str) -> str | None:
 
 
 def compare_outputs(a: dict | None, b: dict | None) -> dict[str, list[str]]:
-    """{"identical", "differ", "only_a", "only_b"}: the output files of two runs, by digest."""
+    """{"identical", "dcp_save_id", "differ", "only_a", "only_b"}: the output files of two runs,
+    by digest ("dcp_save_id": DCP metadata that differ only in what DCP records of the save)."""
     a, b = a or {}, b or {}
     both = sorted(set(a) & set(b))
     same = [
@@ -85,9 +92,18 @@ def compare_outputs(a: dict | None, b: dict | None) -> dict[str, list[str]]:
         and a[p].get("xxh3") == b[p].get("xxh3")
         and a[p].get("size") == b[p].get("size")
     ]
+    # DCP metadata that differs only in what DCP records of the save (a random id, the folder)
+    save_only = [
+        p
+        for p in both
+        if p not in same
+        and a[p].get("dcp_state") is not None
+        and a[p].get("dcp_state") == b[p].get("dcp_state")
+    ]
     return {
         "identical": same,
-        "differ": [p for p in both if p not in same],
+        "dcp_save_id": save_only,
+        "differ": [p for p in both if p not in same and p not in save_only],
         "only_a": sorted(set(a) - set(b)),
         "only_b": sorted(set(b) - set(a)),
     }
@@ -98,6 +114,11 @@ def outputs_phrase(outputs: dict[str, list[str]]) -> str:
     parts = []
     if outputs.get("identical"):
         parts.append(f"{len(outputs['identical'])} byte-identical")
+    if outputs.get("dcp_save_id"):
+        parts.append(
+            f"{len(outputs['dcp_save_id'])} DCP metadata differ only in the random save id and "
+            f"folder DCP records at each save ({', '.join(outputs['dcp_save_id'][:5])})"
+        )
     if outputs.get("differ"):
         parts.append(f"{len(outputs['differ'])} differ ({', '.join(outputs['differ'][:5])})")
     for side in ("a", "b"):

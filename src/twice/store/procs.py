@@ -36,6 +36,18 @@ def _distributed(value: Any) -> bool:
         and type(value.get("world_size", 1)) is int
         and value.get("world_size", 1) >= 1
         and (value.get("backend") is None or isinstance(value.get("backend"), str))
+        and _sharding(value.get("sharding"))
+    )
+
+
+def _sharding(value: Any) -> bool:
+    """None, or {"meshes": [text], "placements": {name: text}} (record/sharding.py)."""
+    return value is None or (
+        isinstance(value, dict)
+        and isinstance(value.get("meshes"), list)
+        and all(isinstance(m, str) for m in value["meshes"])
+        and isinstance(value.get("placements"), dict)
+        and all(isinstance(p, str) for p in value["placements"].values())
     )
 
 

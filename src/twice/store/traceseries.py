@@ -193,3 +193,44 @@ def loss_fault_phrase(fault: dict) -> str:
     if fault.get("nan_from") is not None and fault["nan_from"] != fault["step"]:
         phrase += f", NaN from step {fault['nan_from']}"
     return phrase
+
+
+def whole_tensor_steps(path: Path) -> dict[int, str]:
+    """{step: params_full} of the records that hold the parameters' whole-tensor digest
+    (`twice run --full-every`); the other lines are skipped unparsed."""
+    lines = TraceLines(Path(path))
+    found: dict[int, str] = {}
+    try:
+        while (line := lines.line()) is not None:
+            if b'"params_full":' in line:
+                record = lines.record()
+                found[record.step] = record.params_full
+            else:
+                lines.skip()
+    finally:
+        lines.close()
+    return found
+
+
+def compare_whole_tensors(path_a: Path, path_b: Path) -> dict | None:
+    """How two traces' whole-tensor digests compare over the steps both recorded: {"steps": how
+    many, "first_differs": the first step where they differ, or None}; None when they share none.
+    Placement-independent: what can be compared across meshes and world sizes."""
+    a, b = whole_tensor_steps(path_a), whole_tensor_steps(path_b)
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    first = next((step for step in common if a[step] != b[step]), None)
+    return {"steps": len(common), "first_differs": first}
+
+
+def whole_tensors_phrase(found: dict) -> str:
+    """In words: "whole tensors (--full-every): identical at all 3 steps both recorded"."""
+    if found["first_differs"] is None:
+        return (
+            f"whole tensors (--full-every): identical at all {found['steps']} steps both recorded"
+        )
+    return (
+        f"whole tensors (--full-every): first differ at step {found['first_differs']} "
+        f"({found['steps']} steps both recorded)"
+    )
