@@ -75,11 +75,18 @@ def _two_runs_and_a_learning_rate(tmp, layout, procs, twins=True):
 
 
 @needs_torchrun
-def test_fsdp2_on_two_processes_is_traced_from_its_shards_and_compared_rank_by_rank(tmp_path):
-    a = _two_runs_and_a_learning_rate(tmp_path, "fsdp", 2, twins=False)
-    sharding = json.loads((a / "manifest.json").read_text())["identity"]["distributed"]["sharding"]
-    assert sharding["meshes"] == ["(dp=2)"]
-    assert sharding["placements"]["0.weight"] == "(dp=2) ['S(0)']"
+def test_fsdp2_on_two_processes_is_traced_from_its_shards_and_checkpointed_through_dcp(tmp_path):
+    script("sharded_train.py", tmp_path)
+    result = sharded(tmp_path, "fsdp", "every3", name="a")
+    assert result.returncode == 0, result.stderr[-3000:]
+    a = _run(tmp_path, "a")
+    assert "capture stopped" not in result.stderr
+    for rank in (0, 1):  # every step traced on every rank, from its own shards
+        records = [json.loads(line) for line in (a / f"trace.rank{rank}.jsonl").open()]
+        assert [r["step"] for r in records] == list(range(6))
+    identity = json.loads((a / "manifest.json").read_text())["identity"]["distributed"]
+    assert identity["world_size"] == 2 and identity["sharding"]["meshes"] == ["(dp=2)"]
+    assert identity["sharding"]["placements"]["0.weight"] == "(dp=2) ['S(0)']"
     # the checkpoint: rank parts for RNGs and the data position, DCP for the sharded state
     saved = a / "checkpoints" / "step-00000003"
     assert sorted(p.name for p in saved.iterdir()) == [
