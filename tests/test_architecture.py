@@ -35,6 +35,7 @@ LAYERS = [
 # everything.
 TOP_LEVEL = {
     "_native": -1,
+    "_fold_kernel": -1,  # the device fold as a Triton kernel: heavy, so outside the pure core
     "cli": len(LAYERS),
     "__main__": len(LAYERS),
     "testing": len(LAYERS),
@@ -71,7 +72,11 @@ FILE_CALLS = {
     "listdir",
     "scandir",
 }
-IMPURE_MODULES = {"subprocess", "shutil", "tempfile", "socket", "pathlib", "torch", "numpy"}
+# Not imported by the core at module level: processes and files, and every heavy library.
+IMPURE_MODULES = {
+    "subprocess", "shutil", "tempfile", "socket", "pathlib", "torch", "numpy", "triton", "scipy",
+    "matplotlib", "safetensors", "click", "rich",
+}  # fmt: skip
 
 
 def _modules() -> dict[str, Path]:

@@ -160,7 +160,7 @@ def test_many_tensors_folded_together_give_each_ones_own_fold(
 TRITON_FOLD = """
 import struct, torch
 from twice.core.device_fold import device_fold
-from twice.core.fold_kernel import fold_sums
+from twice._fold_kernel import fold_sums
 def folded(tensor):
     raw = tensor.contiguous().reshape(-1).view(torch.uint8)
     return struct.pack("<q", raw.numel()) + fold_sums(raw).numpy().astype("<i8").tobytes()
@@ -173,7 +173,8 @@ print("same bits")
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="needs Triton (CUDA builds of torch ship it)"
+    importlib.util.find_spec("triton") is None,
+    reason="needs Triton (the test extra installs it on Linux x86-64)",
 )
 def test_the_triton_fold_kernel_gives_the_device_folds_bits_in_the_interpreter():
     result = subprocess.run(

@@ -507,7 +507,8 @@ print("same bits")
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="needs Triton (CUDA builds of torch ship it)"
+    importlib.util.find_spec("triton") is None,
+    reason="needs Triton (the test extra installs it on Linux x86-64)",
 )
 def test_the_triton_kernels_give_the_fallbacks_bits_in_the_interpreter():
     result = subprocess.run(
@@ -531,3 +532,27 @@ def test_scratch_tensors_take_every_form_of_shape():
 def test_portable_mode_has_malloc_keep_freed_memory():
     assert native.keep_memory() is True
     assert native.keep_memory() is True  # once per process; asking again is harmless
+
+
+def test_one_table_names_every_compiled_kernel_and_coefficient():
+    """coefficients.py's kernel table is the C module's (p_kernels), the Python wrappers' and
+    the Triton kernels' codes; every named offset of the flattened coefficient table holds the
+    value of that name."""
+    from twice import _native
+    from twice.portable import coefficients
+    from twice.portable import native as compiled
+
+    if not hasattr(_native, "p_kernels"):
+        pytest.skip("twice._native was built without a C compiler")
+    assert _native.p_kernels() == (coefficients.UNARY_KERNELS, coefficients.BINARY_KERNELS)
+    assert compiled._module is not None  # the build's table is the table: the module is used
+    assert list(compiled._UNARY) == list(coefficients.UNARY_KERNELS)
+    flat = [v for poly in coefficients.KERNEL_ARGS[0] for v in poly]
+    flat += list(coefficients.KERNEL_ARGS[1])
+    layout = coefficients.table_layout()
+    for name in coefficients.CONSTANTS:
+        at, _ = layout[name]
+        expected = math.pi / 2 if name == "HALF_PI" else getattr(coefficients, name)
+        assert flat[at] == expected, name
+    at, length = layout["erf"]
+    assert flat[at : at + length] == coefficients.ERF_TAYLOR

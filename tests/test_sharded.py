@@ -6,6 +6,7 @@ replica groups, DCP's metadata read without running code)."""
 import json
 import pickle
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -406,3 +407,22 @@ def test_whole_tensor_digests_are_compared_step_by_step(tmp_path):
     }
     assert compare_whole_tensors(same, trace("c", ["a" * 32, None, "c" * 32]))["first_differs"] == 2
     assert compare_whole_tensors(same, trace("d", [None, None, None])) is None
+
+
+@needs_torchrun
+@pytest.mark.slow
+def test_a_dcp_checkpoint_of_two_processes_loads_into_four_with_a_warning(tmp_path):
+    """DCP reshards: the whole parameters and optimizer moments saved by 2 ranks are what 4
+    ranks hold after loading (the run itself cannot continue bit for bit, as warned)."""
+    script("sharded_reshard.py", tmp_path)
+    found = []
+    for procs, mode in ((2, "save"), (4, "load")):
+        result = subprocess.run(
+            [TORCHRUN, "--nproc_per_node", str(procs), "sharded_reshard.py", mode, "ck"],
+            cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        found.append(result.stdout)
+    whole = [next(line for line in out.splitlines() if line.startswith("WHOLE")) for out in found]
+    assert whole[0] == whole[1]
+    assert "WARNED True" in found[1]

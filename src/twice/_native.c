@@ -789,6 +789,7 @@ static PyObject *losses(PyObject *module, PyObject *args) {
 
 /* Portable mode's kernels live in _portable.c (see there). */
 PyObject *p_init(PyObject *, PyObject *);
+PyObject *p_kernels(PyObject *, PyObject *);
 PyObject *p_unary(PyObject *, PyObject *);
 PyObject *p_binary(PyObject *, PyObject *);
 PyObject *p_split(PyObject *, PyObject *);
@@ -808,6 +809,7 @@ PyObject *p_lnbwd(PyObject *, PyObject *);
 
 static PyMethodDef methods[] = {
     {"p_init", p_init, METH_VARARGS, "Portable mode: the coefficients of the elementwise functions."},
+    {"p_kernels", p_kernels, METH_NOARGS, "Portable mode: the kernels' names, in code order."},
     {"p_unary", p_unary, METH_VARARGS, "Portable mode: an elementwise function of a buffer."},
     {"p_binary", p_binary, METH_VARARGS, "Portable mode: a backward of GELU/SiLU, or softplus."},
     {"p_split", p_split, METH_VARARGS, "Portable mode: rows as integers on their power-of-two unit."},

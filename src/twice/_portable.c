@@ -430,6 +430,36 @@ STAGE void sigmoid_chunk(const double *x, double *y, Py_ssize_t len) {
     for (Py_ssize_t j = 0; j < len; j++) y[j] = 1.0 / (y[j] + 1.0);
 }
 
+/* The kernels by code: p_unary's and p_binary's `function` is the index of its name here. These
+   lists are the C spelling of portable/coefficients.py's UNARY_KERNELS and BINARY_KERNELS, the
+   one table of the kernels: twice.portable.native uses this module only where p_kernels() returns
+   exactly that table, and a test holds the two equal. */
+static const char *const UNARY_NAMES[] = {"exp", "log", "log1p", "expm1", "tanh", "sigmoid",
+                                          "erf", "silu", "gelu", "gelu_tanh", "sqrt"};
+static const char *const BINARY_NAMES[] = {"gelu_backward", "gelu_tanh_backward",
+                                           "silu_backward", "softplus"};
+
+static PyObject *names_tuple(const char *const *names, Py_ssize_t count) {
+    PyObject *out = PyTuple_New(count);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = PyUnicode_FromString(names[i]);
+        if (!name) { Py_DECREF(out); return NULL; }
+        PyTuple_SET_ITEM(out, i, name);
+    }
+    return out;
+}
+
+/* p_kernels(): (the unary kernels' names, the binary kernels' names), each in code order. */
+PyObject *p_kernels(PyObject *self, PyObject *args) {
+    (void)self; (void)args;
+    PyObject *unary = names_tuple(UNARY_NAMES, sizeof UNARY_NAMES / sizeof *UNARY_NAMES);
+    PyObject *binary =
+        unary ? names_tuple(BINARY_NAMES, sizeof BINARY_NAMES / sizeof *BINARY_NAMES) : NULL;
+    if (!binary) { Py_XDECREF(unary); return NULL; }
+    return Py_BuildValue("(NN)", unary, binary);
+}
+
 /* unary_loops' functions 0 to 9 (not sqrt) on a chunk. */
 STAGE void unary_chunk(int fn, const double *x, double *y, Py_ssize_t len) {
     double u[CHUNK];

@@ -45,11 +45,11 @@ def device_fold(tensor) -> bytes:
     return struct.pack("<q", raw.numel()) + _fold_sums(raw).cpu().numpy().astype("<i8").tobytes()
 
 
-_kernel: list = []  # [fold_kernel.fold_sums or None], decided on the first CUDA tensor
+_kernel: list = []  # [_fold_kernel.fold_sums or None], decided on the first CUDA tensor
 
 
 def _triton_fold():
-    """fold_kernel.fold_sums where Triton is installed and works here, else None."""
+    """_fold_kernel.fold_sums where Triton is installed and works here, else None."""
     import os
 
     from twice.core.protocol import NO_TRITON
@@ -58,7 +58,7 @@ def _triton_fold():
         fold = None
         if os.environ.get(NO_TRITON) != "1":
             try:
-                from twice.core.fold_kernel import fold_sums as fold
+                from twice._fold_kernel import fold_sums as fold
             except Exception:  # noqa: BLE001 - no Triton, or one that cannot load: torch's path
                 fold = None
         _kernel.append(fold)

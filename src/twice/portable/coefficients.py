@@ -88,3 +88,34 @@ KERNEL_ARGS = (
 )
 
 """(polynomials, constants) in the order the compiled kernels' p_init takes them."""
+
+# The compiled kernels, by code: p_unary's and p_binary's `function` is the index of the name.
+# The one table: native.py maps names to codes by it and uses the C module only where its own
+# list (p_kernels) is this one; the Triton kernels take their codes from it (sqrt excepted: on
+# the GPU it is torch's, correctly rounded there too).
+UNARY_KERNELS = (
+    "exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "silu", "gelu", "gelu_tanh", "sqrt",
+)  # fmt: skip
+BINARY_KERNELS = ("gelu_backward", "gelu_tanh_backward", "silu_backward", "softplus")
+TRITON_KERNELS = UNARY_KERNELS[:-1]
+
+# KERNEL_ARGS's polynomials by name, in its order, and its constants by name: the Triton
+# kernels read the flattened table at these offsets.
+POLYNOMIALS = ("exp", "atanh", "erf", "erfcx", "sin", "cos", "expm1")
+CONSTANTS = (
+    "LN2_HI", "LN2_LO", "INV_LN2", "SQRT_HALF", "TWO_OVER_SQRT_PI", "HALF_PI", "EXPM1_SMALL",
+    "GELU_K", "GELU_C", "GELU_3C", "INV_SQRT_2PI",
+)  # fmt: skip
+
+
+def table_layout() -> dict[str, tuple[int, int]]:
+    """{name: (offset, length)} of each polynomial and constant in the flattened KERNEL_ARGS."""
+    layout, at = {}, 0
+    for name, poly in zip(POLYNOMIALS, KERNEL_ARGS[0], strict=True):
+        layout[name] = (at, len(poly))
+        at += len(poly)
+    for name in CONSTANTS:
+        layout[name] = (at, 1)
+        at += 1
+    assert at == sum(map(len, KERNEL_ARGS[0])) + len(KERNEL_ARGS[1]), "a constant without a name"
+    return layout

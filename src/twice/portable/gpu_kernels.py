@@ -15,43 +15,33 @@ import torch
 import triton
 import triton.language as tl
 
+from twice.portable.coefficients import TRITON_KERNELS, table_layout
+
 __all__ = ["unary", "uniform", "FUNCTIONS"]
 
 BLOCK = 1024
-FUNCTIONS = {
-    n: i
-    for i, n in enumerate(
-        ["exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "silu", "gelu", "gelu_tanh"]
-    )
-}
-# Where each polynomial (lowest power first) and constant lies in the coefficient table, in the
-# order coefficients.KERNEL_ARGS lists them (checked when the table is built).
-_LENGTHS = {"exp": 14, "atanh": 12, "erf": 18, "erfcx": 28, "sin": 13, "cos": 13, "expm1": 14}
-EXP_AT: tl.constexpr = 0
-EXP_N: tl.constexpr = 14
-ATANH_AT: tl.constexpr = 14
-ATANH_N: tl.constexpr = 12
-ERF_AT: tl.constexpr = 26
-ERF_N: tl.constexpr = 18
-ERFCX_AT: tl.constexpr = 44
-ERFCX_N: tl.constexpr = 28
-SIN_AT: tl.constexpr = 72
-SIN_N: tl.constexpr = 13
-COS_AT: tl.constexpr = 85
-COS_N: tl.constexpr = 13
-EXPM1_AT: tl.constexpr = 98
-EXPM1_N: tl.constexpr = 14
-LN2_HI: tl.constexpr = 112
-LN2_LO: tl.constexpr = 113
-INV_LN2: tl.constexpr = 114
-SQRT_HALF: tl.constexpr = 115
-TWO_OVER_SQRT_PI: tl.constexpr = 116
-HALF_PI: tl.constexpr = 117
-EXPM1_SMALL: tl.constexpr = 118
-GELU_K: tl.constexpr = 119
-GELU_C: tl.constexpr = 120
-GELU_3C: tl.constexpr = 121
-INV_SQRT_2PI: tl.constexpr = 122
+FUNCTIONS = {n: i for i, n in enumerate(TRITON_KERNELS)}  # the C kernels' codes
+# Where each polynomial (lowest power first) and constant lies in the coefficient table
+# (coefficients.table_layout, from KERNEL_ARGS itself).
+_LAYOUT = table_layout()
+EXP_AT: tl.constexpr = _LAYOUT["exp"][0]
+EXP_N: tl.constexpr = _LAYOUT["exp"][1]
+ATANH_AT: tl.constexpr = _LAYOUT["atanh"][0]
+ATANH_N: tl.constexpr = _LAYOUT["atanh"][1]
+ERF_AT: tl.constexpr = _LAYOUT["erf"][0]
+ERF_N: tl.constexpr = _LAYOUT["erf"][1]
+ERFCX_AT: tl.constexpr = _LAYOUT["erfcx"][0]
+ERFCX_N: tl.constexpr = _LAYOUT["erfcx"][1]
+EXPM1_AT: tl.constexpr = _LAYOUT["expm1"][0]
+EXPM1_N: tl.constexpr = _LAYOUT["expm1"][1]
+LN2_HI: tl.constexpr = _LAYOUT["LN2_HI"][0]
+LN2_LO: tl.constexpr = _LAYOUT["LN2_LO"][0]
+INV_LN2: tl.constexpr = _LAYOUT["INV_LN2"][0]
+SQRT_HALF: tl.constexpr = _LAYOUT["SQRT_HALF"][0]
+TWO_OVER_SQRT_PI: tl.constexpr = _LAYOUT["TWO_OVER_SQRT_PI"][0]
+EXPM1_SMALL: tl.constexpr = _LAYOUT["EXPM1_SMALL"][0]
+GELU_K: tl.constexpr = _LAYOUT["GELU_K"][0]
+GELU_C: tl.constexpr = _LAYOUT["GELU_C"][0]
 
 
 @triton.jit
@@ -184,7 +174,6 @@ _tables: dict = {}
 def _table(device, polynomials, constants) -> torch.Tensor:
     key = str(device)
     if key not in _tables:
-        assert [len(p) for p in polynomials] == list(_LENGTHS.values()), "coefficient layout"
         values = [v for poly in polynomials for v in poly] + list(constants)
         _tables[key] = torch.tensor(values, dtype=torch.float64, device=device)
     return _tables[key]

@@ -14,6 +14,8 @@ import os
 
 import torch
 
+from twice.portable.coefficients import BINARY_KERNELS, UNARY_KERNELS
+
 __all__ = [
     "available",
     "keep_memory",
@@ -42,25 +44,13 @@ try:
 except ImportError:  # built without a C compiler
     _module = None
 
-_UNARY = {
-    n: i
-    for i, n in enumerate(
-        [
-            "exp",
-            "log",
-            "log1p",
-            "expm1",
-            "tanh",
-            "sigmoid",
-            "erf",
-            "silu",
-            "gelu",
-            "gelu_tanh",
-            "sqrt",
-        ]
-    )
-}
-_BINARY = {"gelu_backward": 0, "gelu_tanh_backward": 1, "silu_backward": 2, "softplus": 3}
+# Codes by the one table of the kernels (coefficients.py); a build whose own table differs
+# (a stale extension) is not used: the torch fallbacks give the same bits.
+_UNARY = {n: i for i, n in enumerate(UNARY_KERNELS)}
+_BINARY = {n: i for i, n in enumerate(BINARY_KERNELS)}
+_kernels = getattr(_module, "p_kernels", None)
+if _kernels is None or _kernels() != (UNARY_KERNELS, BINARY_KERNELS):
+    _module = None
 KINDS = {torch.float32: 0, torch.float64: 1}
 _state = {"on": True, "ready": False, "threads": 1}
 

@@ -3,9 +3,10 @@ registers, where the torch expression of the same arithmetic makes some thirty p
 (about 1% of an H200's copy bandwidth). Same arithmetic, same bits: each program sums its block
 of words into four int64 lanes, and the blocks' sums are added modulo 2**64 (exact, any order).
 
-Imported only when a CUDA tensor is folded and Triton is there (it ships with CUDA builds of
-torch); `device_fold` falls back to the torch expression otherwise. Its arithmetic is tested on the
-CPU in Triton's interpreter where Triton is installed, and against the CPU fold on a GPU.
+It sits beside the compiled `_native`, below every layer, not in the pure core (which imports
+nothing heavy at module level). Imported only when a CUDA tensor is folded and Triton is there
+(it ships with CUDA builds of torch); `device_fold` falls back to the torch expression otherwise.
+Its arithmetic is tested on the CPU in Triton's interpreter, and against the CPU fold on a GPU.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import triton.language as tl
 __all__ = ["fold_sums"]
 
 BLOCK = 2048
-_LOW = 0xFFFFFFFF
 
 
 @triton.jit
