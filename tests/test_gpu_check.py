@@ -29,3 +29,17 @@ def test_gpu_check_runs_every_check_on_the_cpu(tmp_path):
     assert report["digests"]["correct_for_every_dtype"] is True
     assert set(report["price"]) == {"resnet_style", "transformer_style"}
     assert report["late_cublas"] == {"skipped": "needs CUDA"}
+    # portable mode's CPU-against-device check, here the CPU against itself: every case equal
+    assert report["portable"]["bits_equal"] is True, report["portable"]
+    assert sorted(report["portable"]["identical"]) == [
+        "bf16/adam",
+        "cnn/adam",
+        "cnn/adamw",
+        "cnn/sgd",
+        "mlp/adam",
+        "mlp/adamw",
+        "mlp/sgd",
+    ]
+    for figures in report["portable_price"].values():
+        assert figures["ratio"] > 0 and "traced_overhead_batch_8" in figures
+    assert (tmp_path / "gpu_check.md").read_text().count("portable") >= 3

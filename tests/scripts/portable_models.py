@@ -5,16 +5,20 @@ language model, a DCGAN (transposed convolutions, binary cross-entropy), a VAE (
 KL divergence), a ResNet-style CNN (residual blocks, average and adaptive pooling, bilinear
 upsampling) and an MLP under bfloat16 autocast. Prints one line per (model, optimizer): the losses'
 bits and the final parameters' digest, so that runs under different thread counts, instruction
-sets and BLAS settings can be compared byte for byte. Writes the digests to portable.json."""
+sets and BLAS settings can be compared byte for byte. Writes the digests to portable.json, and
+the final parameters to portable_params.pt. PORTABLE_DEVICE (default cpu) trains on that device
+from the same data (made on the CPU and moved), so a CPU run and a GPU run compare too."""
 
 import hashlib
 import json
+import os
 import sys
 
 import torch
 from torch import nn
 
 STEPS = 3
+DEVICE = torch.device(os.environ.get("PORTABLE_DEVICE", "cpu"))
 
 
 def mlp():
@@ -143,7 +147,7 @@ class Autocast(nn.Module):
         self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 10))
 
     def forward(self, x):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
             return self.net(x).float()
 
 
@@ -163,18 +167,19 @@ OPTIMIZERS = {
 def main():
     models = sys.argv[1].split(",") if len(sys.argv) > 1 else ["mlp", "cnn", "transformer"]
     models += [] if len(sys.argv) > 1 else list(FAMILIES)
-    results = {}
+    results, params = {}, {}
     for name in models:
         for opt_name, make in OPTIMIZERS.items():
             if name in FAMILIES and opt_name != "adam":
                 continue
             torch.manual_seed(0)
             model, data, *rest = globals()[name]()
+            model = model.to(DEVICE)
             loss_fn = rest[0] if rest else nn.functional.cross_entropy
             opt = make(model.parameters())
             losses = []
             for _ in range(STEPS):
-                x, y = data()
+                x, y = (t.to(DEVICE) for t in data())
                 loss = loss_fn(model(x), y)
                 opt.zero_grad()
                 loss.backward()
@@ -182,12 +187,15 @@ def main():
                 opt.step()
                 losses.append(loss.item().hex())
             h = hashlib.sha256()
-            for value in model.state_dict().values():
-                h.update(value.detach().contiguous().numpy().tobytes())
+            state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+            for value in state.values():
+                h.update(value.numpy().tobytes())
             results[f"{name}/{opt_name}"] = {"losses": losses, "params": h.hexdigest()}
+            params[f"{name}/{opt_name}"] = state
             print(name, opt_name, h.hexdigest()[:16], losses[-1])
     with open("portable.json", "w") as out:
         json.dump(results, out, sort_keys=True)
+    torch.save(params, "portable_params.pt")
 
 
 if __name__ == "__main__":
