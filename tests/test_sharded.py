@@ -223,8 +223,8 @@ def test_replica_checks_compare_replicated_placements_and_skip_shards(tmp_path):
     tp = sharded(tmp_path, "tp", "perturb", name="tp")
     assert tp.returncode != 0
     assert (
-        "replicas out of sync at step 3: rank 1 holds different parameters from rank 0 sharded "
-        "as (tp=2) ['R'], first in 2.bias" in tp.stderr
+        "replicas out of sync at step 3: rank 1 holds different parameters from rank 0 among "
+        "those placed (tp=2) ['R'], first in 2.bias" in tp.stderr
     )
 
 

@@ -73,7 +73,13 @@ class ReplicaCheck:
         )
         parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
         work = dist.all_gather(parts, local, async_op=True)
-        self.pending = (work, parts, step, table, [found.key for found in classes])
+        self.pending = (
+            work,
+            parts,
+            step,
+            table,
+            [(found.key, [name for name, _ in found.pairs]) for found in classes],
+        )
 
     def resolve(self) -> None:
         """Read the result of the check in flight, if any; on a desync stop (or warn)."""
@@ -82,25 +88,22 @@ class ReplicaCheck:
             return
         import torch.distributed as dist
 
-        work, parts, step, table, keys = pending
+        work, parts, step, table, classes = pending
         work.wait()
-        found = _first_desync([p.tolist() for p in parts], len(keys))
+        found = _first_desync([p.tolist() for p in parts], len(classes))
         if found is None:
             return
         index, bad_rank, reference = found
-        # Name the first tensor of that class that differs between the two ranks.
+        # Name the first tensor of that class that differs between the two ranks (only tensors
+        # of that class: the others may be shards, different on every rank by design).
+        key, names = classes[index]
         tables = [None] * dist.get_world_size()
         dist.all_gather_object(tables, table)
         tensor = next(
-            (
-                name
-                for name in tables[reference]
-                if tables[bad_rank].get(name) != tables[reference][name]
-            ),
-            None,
+            (n for n in names if tables[bad_rank].get(n) != tables[reference].get(n)), None
         )
         since = "" if self.every == 1 else f" (the check at step {step - self.every} agreed)"
-        what = "" if keys[index] == "replicated" else f" sharded as {keys[index]}"
+        what = "" if key == "replicated" else f" among those placed {key}"
         message = (
             f"replicas out of sync at step {step}: rank {bad_rank} holds different parameters "
             f"from rank {reference}{what}, first in {tensor}{since}"
