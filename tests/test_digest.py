@@ -176,6 +176,7 @@ print("same bits")
     importlib.util.find_spec("triton") is None,
     reason="needs Triton (the test extra installs it on Linux x86-64)",
 )
+@pytest.mark.slow  # costly on two cores; run by make test-slow and CI
 def test_the_triton_fold_kernel_gives_the_device_folds_bits_in_the_interpreter():
     result = subprocess.run(
         [sys.executable, "-c", TRITON_FOLD],

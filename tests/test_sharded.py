@@ -76,6 +76,7 @@ def _two_runs_and_a_learning_rate(tmp, layout, procs, twins=True):
 
 
 @needs_torchrun
+@pytest.mark.slow  # costly on two cores; run by make test-slow and CI
 def test_fsdp2_on_two_processes_is_traced_from_its_shards_and_checkpointed_through_dcp(tmp_path):
     script("sharded_train.py", tmp_path)
     result = sharded(tmp_path, "fsdp", "every3", name="a")
