@@ -37,6 +37,7 @@ def sharded(tmp, layout, *options, name, procs=2, env=None):
         name,
         "--",
         TORCHRUN,
+        "--standalone",  # a free port of its own: torchrun tests run side by side under xdist
         "--nproc_per_node",
         str(procs),
         "sharded_train.py",
@@ -154,6 +155,7 @@ def test_fsdp2_resumes_bit_exactly_through_dcp_and_warns_on_another_world_size(t
         "--json",
         "--",
         TORCHRUN,
+        "--standalone",  # a free port of its own: torchrun tests run side by side under xdist
         "--nproc_per_node",
         "2",
         "sharded_train.py",
@@ -174,6 +176,7 @@ def test_fsdp2_resumes_bit_exactly_through_dcp_and_warns_on_another_world_size(t
         interrupted,
         "--",
         TORCHRUN,
+        "--standalone",  # a free port of its own: torchrun tests run side by side under xdist
         "--nproc_per_node",
         "4",
         "sharded_train.py",
@@ -199,6 +202,7 @@ def test_every_layout_gives_identical_runs_and_finds_a_learning_rate_change_on_e
         "--json",
         "--",
         TORCHRUN,
+        "--standalone",  # a free port of its own: torchrun tests run side by side under xdist
         "--nproc_per_node",
         str(procs),
         "sharded_train.py",
@@ -375,7 +379,8 @@ def test_whole_tensor_digests_compare_fsdp2_across_world_sizes(tmp_path):
     for procs in (1, 2):
         result = twice(
             "run", "--full-every", "2", "--name", f"w{procs}", "--",
-            TORCHRUN, "--nproc_per_node", str(procs), "sharded_train.py", "fsdp", "same",
+            TORCHRUN, "--standalone", "--nproc_per_node", str(procs), "sharded_train.py", "fsdp",
+            "same",
             cwd=tmp_path, env=clean_env(OMP_NUM_THREADS="1"),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-2000:]
@@ -419,7 +424,8 @@ def test_a_dcp_checkpoint_of_two_processes_loads_into_four_with_a_warning(tmp_pa
     found = []
     for procs, mode in ((2, "save"), (4, "load")):
         result = subprocess.run(
-            [TORCHRUN, "--nproc_per_node", str(procs), "sharded_reshard.py", mode, "ck"],
+            [TORCHRUN, "--standalone", "--nproc_per_node", str(procs), "sharded_reshard.py", mode,
+             "ck"],
             cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
