@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from twice.core.digests import dtensor_type
 from twice.core.errors import CheckpointError, CorruptRecord
 from twice.store import dcpmeta
 
@@ -33,15 +34,8 @@ __all__ = [
 ]
 
 DCP_FOLDER = "dcp"
-METADATA = ".metadata"
 # the file names DCP's FileSystemWriter gives: its metadata, and each rank's data files
 DCP_FILE = re.compile(r"^(\.metadata|__\d{1,5}_\d{1,5}\.distcp)$")
-
-
-def _dtensor() -> type | None:
-    import sys
-
-    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
 
 
 def _params(obj: Any) -> list:
@@ -54,7 +48,7 @@ def _params(obj: Any) -> list:
 
 def is_sharded(obj: Any) -> bool:
     """A model or optimizer whose parameters include a DTensor (saved through DCP)."""
-    dtensor = _dtensor()
+    dtensor = dtensor_type()
     return dtensor is not None and any(isinstance(p, dtensor) for p in _params(obj))
 
 
@@ -160,12 +154,11 @@ def check_sharded(folder: Path, files: dict) -> None:
     decodes (see read_metadata), and every piece of state it lists lies inside a file the index
     records. (The pieces themselves are tensors that DCP reads with `torch.load(weights_only=
     True)` on load.)"""
-    metadata = read_metadata(folder / METADATA)
+    where_metadata = folder / dcpmeta.METADATA
+    metadata = read_metadata(where_metadata)
     storage = getattr(metadata, "storage_data", None) or {}
     if not metadata.state_dict_metadata:
-        raise CheckpointError(
-            f"{folder / METADATA} lists no state", "restore an earlier checkpoint"
-        )
+        raise CheckpointError(f"{where_metadata} lists no state", "restore an earlier checkpoint")
     for where, info in storage.items():
         name = getattr(info, "relative_path", None)
         offset, length = getattr(info, "offset", None), getattr(info, "length", None)
@@ -179,7 +172,7 @@ def check_sharded(folder: Path, files: dict) -> None:
             or offset + length > entry.size
         ):
             raise CheckpointError(
-                f"{folder / METADATA} places {getattr(where, 'fqn', where)} outside the files "
+                f"{where_metadata} places {getattr(where, 'fqn', where)} outside the files "
                 "the checkpoint holds",
                 "the sharded state is damaged or crafted: restore an earlier checkpoint",
             )

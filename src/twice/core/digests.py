@@ -24,7 +24,7 @@ try:  # the compiled part (see setup.py); where it was not built, the same value
 except ImportError:
     _native = None
 
-__all__ = ["digest", "Digester", "local_tensor", "tensor_bytes_view"]
+__all__ = ["digest", "Digester", "dtensor_type", "local_tensor", "tensor_bytes_view"]
 
 _TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = (
     b"N",
@@ -401,6 +401,12 @@ _PLAIN, _SHARDED, _WRAPPER = 0, 1, 2
 _wrapper_kinds: dict[type, int] = {}
 
 
+def dtensor_type() -> type | None:
+    """torch's DTensor class, or None while torch.distributed.tensor is not loaded (then no
+    DTensor exists)."""
+    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+
+
 def _wrapper_kind(tensor: Any) -> int:
     cls = type(tensor)
     kind = _wrapper_kinds.get(cls)
@@ -408,7 +414,7 @@ def _wrapper_kind(tensor: Any) -> int:
         if not hasattr(cls, "__tensor_flatten__"):
             kind = _PLAIN
         else:
-            dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+            dtensor = dtensor_type()
             kind = _SHARDED if dtensor is not None and issubclass(cls, dtensor) else _WRAPPER
         _wrapper_kinds[cls] = kind
     return kind

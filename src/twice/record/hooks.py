@@ -41,11 +41,12 @@ def _after_fork_child() -> None:
 # torch's own code that gives an optimizer its state by one step with zero gradients and a zero
 # learning rate (Distributed Checkpoint's state-dict API, NamedOptimizer): not a training step.
 _STATE_INIT = {"_init_optim_state": "state_dict.py", "init_state": "named_optimizer.py"}
+_initialising: list[int] = []  # the optimizers whose state-initialising step is running
 
 
 def _initialising_state() -> bool:
-    """Whether the optimizer step now starting or ending is one of torch's state initialisations
-    (a caller a few frames up, between the hook and the code that called step())."""
+    """Whether the optimizer step now starting is one of torch's state initialisations (a caller
+    a few frames up, between the hook and the code that called step())."""
     frame = sys._getframe(2)
     for _ in range(6):
         if frame is None:
@@ -60,14 +61,24 @@ def _initialising_state() -> bool:
 
 def _pre_step(optimizer, args, kwargs) -> None:
     recorder = _recorder
-    if recorder is not None and not _initialising_state():
-        recorder.pre_step(optimizer, args, kwargs)
+    if recorder is None:
+        return
+    # Only an optimizer without state can be given its state (the frames are walked only then:
+    # after its first step a stateful optimizer costs one test here)
+    if not getattr(optimizer, "state", True) and _initialising_state():
+        _initialising.append(id(optimizer))
+        return
+    recorder.pre_step(optimizer, args, kwargs)
 
 
 def _post_step(optimizer, args, kwargs) -> None:
     recorder = _recorder
-    if recorder is not None and not _initialising_state():
-        recorder.post_step(optimizer, args, kwargs)
+    if recorder is None:
+        return
+    if _initialising and _initialising[-1] == id(optimizer):  # the end of that step
+        _initialising.pop()
+        return
+    recorder.post_step(optimizer, args, kwargs)
 
 
 def _backward_starts(tensors) -> Recorder | None:

@@ -17,18 +17,13 @@ reaches the same verdict from the same gathered words.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-from twice.core.digests import digest_pairs
+from twice.core.digests import digest_pairs, dtensor_type
 
 __all__ = ["Layouts", "ReplicaClass", "full_digests", "replica_classes", "sharding_layout"]
 
 _REPLICATED = "replicated"  # a plain tensor: the whole world holds copies
-
-
-def _dtensor_type() -> type | None:
-    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
 
 
 def _mesh_text(mesh: Any) -> str:
@@ -46,7 +41,7 @@ def _placements_text(tensor: Any) -> str:
 def sharding_layout(named: list[tuple[str, Any]]) -> dict | None:
     """{"meshes": [...], "placements": {name: "mesh placements"}} for the DTensors among
     `named`; None when none is a DTensor (a plain or DDP run: nothing to record)."""
-    dtensor = _dtensor_type()
+    dtensor = dtensor_type()
     if dtensor is None:
         return None
     placements = {
@@ -85,7 +80,7 @@ def full_digests(named: list[tuple[str, Any]]) -> list[tuple[str, str]]:
     is. The same digests whatever the mesh and placements."""
     from twice.core.digests import digest_tensor
 
-    dtensor = _dtensor_type()
+    dtensor = dtensor_type()
     out = []
     for name, tensor in named:
         whole = (
@@ -142,7 +137,7 @@ def _group(tensor: Any, dist: Any) -> tuple[int, ...]:
 def replica_classes(named: list[tuple[str, Any]], digests: dict[str, str], dist: Any) -> list:
     """The `ReplicaClass`es of `named` (name, tensor) whose group has more than this rank,
     sorted by key (the same order on every rank), each holding its tensors' digests."""
-    dtensor = _dtensor_type()
+    dtensor = dtensor_type()
     world = tuple(range(dist.get_world_size()))
     classes: dict[str, ReplicaClass] = {}
     for name, tensor in named:

@@ -21,7 +21,7 @@ import xxhash
 
 from twice.core.errors import CorruptRecord
 
-__all__ = ["read", "state_digest", "is_dcp_metadata"]
+__all__ = ["METADATA", "read", "state_digest", "is_dcp_metadata"]
 
 METADATA = ".metadata"
 _MAX_BYTES = 256 << 20  # larger than any DCP metadata of a real model
