@@ -217,7 +217,10 @@ def _transformerish():
     )
 
 
-def _step_time(build, device, deterministic, trace, steps=30, batch=64):
+def _step_time(build, device, deterministic, trace, steps=30, batch=64, portable=False, warmup=5):
+    """Seconds per training step (after `warmup` untimed steps), deterministic or not, traced or
+    not, in portable mode or not."""
+    from twice.portable import mode
     from twice.record import hooks
 
     torch.backends.cudnn.benchmark = not deterministic
@@ -232,9 +235,10 @@ def _step_time(build, device, deterministic, trace, steps=30, batch=64):
     x = torch.randn(batch, *shape, device=device)
     y = torch.randint(0, classes, (batch,), device=device)
     recorder = hooks.install(hooks.Recorder(tempfile.mkdtemp())) if trace else None
+    active = mode.enable("warn") if portable else None
     try:
-        for step in range(steps + 5):
-            if step == 5:
+        for step in range(steps + warmup):
+            if step == warmup:
                 if device == "cuda":
                     torch.cuda.synchronize()
                 start = time.perf_counter()
@@ -245,6 +249,8 @@ def _step_time(build, device, deterministic, trace, steps=30, batch=64):
             torch.cuda.synchronize()
         return (time.perf_counter() - start) / steps
     finally:
+        if active is not None:
+            mode.disable()
         if recorder is not None:
             hooks.uninstall()
         torch.use_deterministic_algorithms(False)
@@ -339,41 +345,14 @@ def check_portable(device, tmp, smoke=False):
     return out
 
 
-def _portable_step_ms(build, device, portable, steps, batch):
-    from twice.portable import mode
-
-    torch.manual_seed(0)
-    model, shape, classes = build()
-    model = model.to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(batch, *shape, device=device)
-    y = torch.randint(0, classes, (batch,), device=device)
-    active = mode.enable("warn") if portable else None
-    try:
-        for step in range(steps + 2):
-            if step == 2:
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) / steps * 1e3
-    finally:
-        if active is not None:
-            mode.disable()
-
-
 def check_portable_price(device, smoke=False):
     """The portable step against the plain step on `device`; the trace's overhead at batch 64 and
     at a realistic batch."""
     sizes = {"steps": 2, "batch": 4} if smoke else {"steps": 10, "batch": 64}
     out = {}
     for name, build in (("resnet_style", _resnetish), ("transformer_style", _transformerish)):
-        plain = _portable_step_ms(build, device, False, **sizes)
-        portable = _portable_step_ms(build, device, True, **sizes)
+        plain = _step_time(build, device, True, False, warmup=2, **sizes) * 1e3
+        portable = _step_time(build, device, True, False, portable=True, warmup=2, **sizes) * 1e3
         out[name] = {"plain_ms": plain, "portable_ms": portable, "ratio": portable / plain}
         big = {"steps": 2, "batch": 8} if smoke else {"steps": 20, "batch": 256}
         deterministic = _step_time(build, device, True, False, **big)

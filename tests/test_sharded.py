@@ -23,6 +23,8 @@ from twice.record.replicas import _first_desync
 from twice.store import dcpmeta
 from twice.store.outputs import compare_outputs, written_files
 
+# Every torchrun here runs --standalone: a free port of its own, so that torchrun tests can run
+# side by side under xdist.
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 needs_torchrun = pytest.mark.skipif(
     not Path(TORCHRUN).exists() and shutil.which("torchrun") is None,
@@ -37,7 +39,7 @@ def sharded(tmp, layout, *options, name, procs=2, env=None):
         name,
         "--",
         TORCHRUN,
-        "--standalone",  # a free port of its own: torchrun tests run side by side under xdist
+        "--standalone",
         "--nproc_per_node",
         str(procs),
         "sharded_train.py",
@@ -47,6 +49,21 @@ def sharded(tmp, layout, *options, name, procs=2, env=None):
         env=env or clean_env(TWICE_REPLICA_EVERY="1"),
     )
     return result
+
+
+def _verify_resume(tmp, layout, procs):
+    """`twice verify-resume --at 3` of the layout (a checkpoint every 3 steps, through DCP):
+    bit-exact on every rank. Its outcome."""
+    result = twice(
+        "verify-resume", "--at", "3", "--json", "--",
+        TORCHRUN, "--standalone", "--nproc_per_node", str(procs), "sharded_train.py", layout,
+        "every3",
+        cwd=tmp, env=clean_env(TWICE_REPLICA_EVERY="1"),
+    )  # fmt: skip
+    outcome = json.loads(result.stdout)
+    assert result.returncode == 0 and outcome["identical"], outcome
+    assert f"on every one of the {procs} ranks" in outcome["verdict"]
+    return outcome
 
 
 def _run(tmp, suffix):
@@ -145,28 +162,10 @@ def _damaged_dcp_folders_are_not_valid(tmp, saved):
 
 
 @needs_torchrun
-@pytest.mark.slow  # costly; FSDP2's checkpoint keeps a faster test in `make test`
+@pytest.mark.slow  # costly on two cores; run by make test-slow and CI
 def test_fsdp2_resumes_bit_exactly_through_dcp_and_warns_on_another_world_size(tmp_path):
     script("sharded_train.py", tmp_path)
-    result = twice(
-        "verify-resume",
-        "--at",
-        "3",
-        "--json",
-        "--",
-        TORCHRUN,
-        "--standalone",  # a free port of its own: torchrun tests run side by side under xdist
-        "--nproc_per_node",
-        "2",
-        "sharded_train.py",
-        "fsdp",
-        "every3",
-        cwd=tmp_path,
-        env=clean_env(TWICE_REPLICA_EVERY="1"),
-    )
-    outcome = json.loads(result.stdout)
-    assert result.returncode == 0 and outcome["identical"], outcome
-    assert "on every one of the 2 ranks" in outcome["verdict"]
+    outcome = _verify_resume(tmp_path, "fsdp", 2)
     interrupted = Path(outcome["runs"]["interrupted"])
     other = twice(
         "run",
@@ -176,7 +175,7 @@ def test_fsdp2_resumes_bit_exactly_through_dcp_and_warns_on_another_world_size(t
         interrupted,
         "--",
         TORCHRUN,
-        "--standalone",  # a free port of its own: torchrun tests run side by side under xdist
+        "--standalone",
         "--nproc_per_node",
         "4",
         "sharded_train.py",
@@ -195,24 +194,7 @@ def test_every_layout_gives_identical_runs_and_finds_a_learning_rate_change_on_e
     tmp_path, layout, procs
 ):
     a = _two_runs_and_a_learning_rate(tmp_path, layout, procs)
-    result = twice(
-        "verify-resume",
-        "--at",
-        "3",
-        "--json",
-        "--",
-        TORCHRUN,
-        "--standalone",  # a free port of its own: torchrun tests run side by side under xdist
-        "--nproc_per_node",
-        str(procs),
-        "sharded_train.py",
-        layout,
-        "every3",
-        cwd=tmp_path,
-    )
-    outcome = json.loads(result.stdout)
-    assert result.returncode == 0 and outcome["identical"], outcome
-    assert f"on every one of the {procs} ranks" in outcome["verdict"]
+    _verify_resume(tmp_path, layout, procs)
     assert (a / "checkpoints" / "step-00000003" / "dcp" / ".metadata").is_file()
 
 
