@@ -9,6 +9,7 @@ included. docs/ARCHITECTURE.md explains the layers.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -45,13 +46,27 @@ TOP_LEVEL = {
     "__init__": len(LAYERS),
 }
 MAX_LINES = 400
-# Modules still longer than MAX_LINES, each with what it holds. Not a licence: the list may only
-# shrink (test_long_modules_are_still_long fails once one is split, so it leaves the list).
-LONG_MODULES: dict[str, str] = {
-    "twice.record.recorder": "one concept: a recorder's events and the step it has open",
-    "twice.core.digests": "one concept: the Digester, and digests of single values and tensors",
-    "twice.rng.sample": "one concept: a sample's RNG states, made in place by its Seeder",
+# Modules still longer than MAX_LINES, each held at its size when listed, with what it holds. Not
+# a licence: the list may only shrink (test_long_modules_are_still_long fails once one is split,
+# so it leaves the list) and a listed module may not grow.
+LONG_MODULES: dict[str, tuple[int, str]] = {
+    "twice.core.digests": (
+        474,
+        "one concept: the Digester, and digests of single values and tensors",
+    ),
+    "twice.rng.sample": (423, "one concept: a sample's RNG states, made in place by its Seeder"),
 }
+# Where file names are spelled: the run folder's in store/layout.py; a checkpoint folder's, a
+# sweep folder's and the user's cache of input digests each in the one module that owns it.
+FILE_NAME_HOMES = {
+    "twice.store.layout",
+    "twice.checkpoint.index",
+    "twice.store.sweeps",
+    "twice.store.inputs",
+}
+FILE_NAME = re.compile(r"^[^\s]*\.(jsonl|json|log|patch|safetensors)$")
+# The run folder's subfolders: joined to a path only in store/layout.py.
+RUN_SUBFOLDERS = {"ops", "procs", "checkpoints"}
 FILE_CALLS = {
     "open",
     "read_text",
@@ -120,11 +135,12 @@ def _imports(module: str, path: Path, *, top_level_only: bool = False) -> set[st
             targets = [f"{prefix}.{alias.name}" for alias in node.names] + [prefix]
         elif (
             isinstance(node, ast.Call)
-            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and getattr(node.func, "attr", getattr(node.func, "id", None))
+            in ("import_module", "__import__")
             and node.args
             and isinstance(node.args[0], ast.Constant)
             and isinstance(node.args[0].value, str)
-        ):  # import_module("twice.x"): an import all the same
+        ):  # import_module("twice.x"), __import__("twice.x"): an import all the same
             targets = [node.args[0].value]
         for target in targets:
             if target == "twice" or not target.startswith("twice."):
@@ -159,6 +175,7 @@ def test_the_scanner_sees_every_import_form(tmp_path):
         "import twice.core.digests\nfrom twice.store import traces\nfrom twice import _native\n"
         "def f():\n    from ..core import seeds\n    from .records import StepRecord\n"
         "    importlib.import_module('twice.core.manifest')\n"
+        "    __import__('twice.core.steps')\n"
     )
     path = tmp_path / "probe.py"
     path.write_text(source)
@@ -169,6 +186,7 @@ def test_the_scanner_sees_every_import_form(tmp_path):
         "twice._native",
         "twice.core.records",
         "twice.core.manifest",
+        "twice.core.steps",
     } <= found
     assert _imports("twice.store.probe", path) >= {"twice.core.seeds"}
 
@@ -260,6 +278,61 @@ def test_modules_hold_one_concept(module):
 def test_long_modules_are_still_long(module):
     lines = len(MODULES[module].read_text().splitlines())
     assert lines > MAX_LINES, f"{module} is {lines} lines now: take it off LONG_MODULES"
+    held = LONG_MODULES[module][0]
+    assert lines <= held, f"{module} grew to {lines} lines (held at {held}): split it"
+
+
+def _strings(tree: ast.AST):
+    """(line, text) of every string constant in `tree` but docstrings, f-strings' parts too."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docstrings:
+                yield node.lineno, node.value
+
+
+def test_file_names_are_spelled_in_their_homes():
+    """docs/ARCHITECTURE.md: the run folder's file names are spelled in store/layout.py only."""
+    found = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        if module not in FILE_NAME_HOMES:
+            found += [f"{module}:{line} {text!r}" for line, text in _strings(tree)
+                      if FILE_NAME.match(text)]  # fmt: skip
+        if module != "twice.store.layout":
+            found += [
+                f"{module}:{node.lineno} / {node.right.value!r}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Div)
+                and isinstance(node.right, ast.Constant)
+                and node.right.value in RUN_SUBFOLDERS
+            ]
+    assert found == [], f"spell these in store/layout.py (RunFolder): {found}"
+
+
+def test_the_file_name_scan_sees_a_planted_name():
+    tree = ast.parse('"""trace.jsonl in a docstring is prose"""\nx = f"{run}/stderr.log"\n')
+    assert [text for _, text in _strings(tree) if FILE_NAME.match(text)] == ["/stderr.log"]
+
+
+def test_only_the_protocol_spells_twice_variables():
+    """docs/ARCHITECTURE.md: no module but core/protocol.py spells a TWICE_* variable's name."""
+    found = [
+        f"{module}:{line} {text[:40]!r}"
+        for module, path in MODULES.items()
+        if module != "twice.core.protocol"
+        for line, text in _strings(ast.parse(path.read_text()))
+        if "TWICE_" in text
+    ]
+    assert found == [], f"read these through core/protocol.py's ChildSettings: {found}"
 
 
 def test_commands_that_read_records_load_no_torch(tmp_path):

@@ -158,7 +158,7 @@ def test_no_false_alarms_on_a_healthy_run_of_hundreds_of_steps(recorder):
             opt.step()
     recorder.finish()
     assert watch.report is None and watch.log.events == []
-    assert recorder._health is None or recorder._health.log.events == []
+    assert recorder.checks.health_log is None or recorder.checks.health_log.log.events == []
 
 
 @pytest.mark.parametrize("lr", [float("inf"), float("nan")])
@@ -175,7 +175,7 @@ def test_the_cheap_mode_flags_a_non_finite_learning_rate_and_a_gradient_explosio
             opt.param_groups[0]["lr"] = lr
         opt.step()
     recorder.finish()
-    events = {(e.kind, e.step) for e in recorder._health.log.events}
+    events = {(e.kind, e.step) for e in recorder.checks.health_log.log.events}
     assert ("grad_explosion", 12) in events and ("bad_scalar", 13) in events
     assert not any(kind in ("grad_explosion", "bad_scalar") and step < 12 for kind, step in events)
 

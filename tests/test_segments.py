@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import runs, script, twice
 
-from twice.app.segments import SEGMENTS_FILE
+from twice.store.layout import RunFolder
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def test_every_segment_of_a_deterministic_run_reproduces_with_its_checkpoints(tm
     assert [s["steps"] for s in outcome["checked"]] == [[0, 3], [3, 6], [6, 9], [9, 12]]
     assert outcome["verdict"].startswith("4 of 4 segments re-run bit-identical (steps 0-3, ")
     assert outcome["cost"] == 1.0
-    assert json.loads((recorded / SEGMENTS_FILE).read_text())["seed"] == outcome["seed"]
+    assert json.loads(RunFolder(recorded).segments_check.read_text())["seed"] == outcome["seed"]
 
 
 @pytest.mark.slow

@@ -68,7 +68,7 @@ def _op_log(run_dir: Path, step: int, label: str, quiet: bool) -> tuple[list[dic
     to that step if its op log does not hold it."""
     records = step_ops(Path(run_dir), step)
     if records is not None:
-        return records, f"{Path(run_dir) / 'ops'} (step {step})"
+        return records, f"{RunFolder(run_dir).ops} (step {step})"
     command, options = rerun_options(
         Path(run_dir),
         name=f"locate-{label}-{Path(run_dir).name[:26]}",
@@ -81,9 +81,9 @@ def _op_log(run_dir: Path, step: int, label: str, quiet: bool) -> tuple[list[dic
     records = step_ops(new_dir, step)
     if records is None:
         raise UsageError(
-            f"re-running {run_dir} did not reach step {step}", f"see {new_dir}/stderr.log"
+            f"re-running {run_dir} did not reach step {step}", f"see {RunFolder(new_dir).stderr}"
         )
-    return records, f"{new_dir / 'ops'} (step {step})"
+    return records, f"{RunFolder(new_dir).ops} (step {step})"
 
 
 def _dumped_output(run_dir: Path, step: int, index: int, output: int, label: str, quiet: bool):
@@ -158,7 +158,7 @@ def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
     record = next((r for r in read_trace(RunFolder(new_dir).trace()) if r.step == step), None)
     if record is None:
         raise UsageError(
-            f"replaying {run_dir} did not reach step {step}", f"see {new_dir}/stderr.log"
+            f"replaying {run_dir} did not reach step {step}", f"see {RunFolder(new_dir).stderr}"
         )
     return record
 

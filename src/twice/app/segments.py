@@ -29,9 +29,8 @@ from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
 from twice.store.runs import effective_status, read_manifest
 
-__all__ = ["Segment", "SegmentsCheck", "plan_segments", "verify_segments", "SEGMENTS_FILE"]
+__all__ = ["Segment", "SegmentsCheck", "plan_segments", "verify_segments"]
 
-SEGMENTS_FILE = "verify-segments.json"
 _STEP_FOLDER = re.compile(r"^step-(\d{8,})$")
 
 
@@ -224,7 +223,7 @@ def verify_segments(
             check.checked = list(pool.map(lambda s: _check(run_dir, s, quiet, True), chosen))
     else:
         raise UsageError(f"unknown executor {executor!r}", "use --executor local or ray")
-    write_json_atomic(run_dir / SEGMENTS_FILE, check.to_json())
+    write_json_atomic(RunFolder(run_dir).segments_check, check.to_json())
     return check
 
 

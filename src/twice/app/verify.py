@@ -168,7 +168,7 @@ def verify_resume(
         raise UsageError(
             f"the straight run "
             f"{'failed (exit ' + str(code) + ')' if code else 'recorded fewer than 2 steps'}",
-            f"fix the command first; see {straight}/stderr.log",
+            f"fix the command first; see {RunFolder(straight).stderr}",
         )
     at = len(full) // 2 if at is None else at
     if not 1 <= at < len(full):
@@ -191,7 +191,7 @@ def verify_resume(
         raise UsageError(
             f"the resume command failed (exit {code})",
             f"run it by hand after the interrupted run to see why; its output: "
-            f"{resumed}/stderr.log",
+            f"{RunFolder(resumed).stderr}",
         )
     runs = {"straight": str(straight), "interrupted": str(interrupted), "resumed": str(resumed)}
     # Multi-process runs: every rank's trace must continue exactly; report the rank that parts

@@ -12,8 +12,6 @@ record/hooks.py; where a round ends is core/steps.py's RoundClock.
 
 from __future__ import annotations
 
-import math
-import operator
 import os
 import time
 from pathlib import Path
@@ -25,40 +23,34 @@ from twice.core.digests import (
     digest,
     digest_pairs,
     float_bits,
-    local_tensor,
 )
-from twice.core.fastpath import digest_many, lanes_norm
 from twice.core.protocol import ChildSettings, parse_steps
-from twice.core.records import StepRecord
 from twice.core.steps import RoundClock
 from twice.record.guard import costed, guarded
+from twice.record.handloop import HandLoopWatch
 from twice.record.handsteps import HandSteps
-from twice.record.health import StepHealth
 from twice.record.inputs import ModuleInputs
+from twice.record.lifecycle import ProcessLifecycle
 from twice.record.names import ParamNames, process_stream
-from twice.record.norms import floats
-from twice.record.norms import norms as tensor_norms
 from twice.record.opcontrol import OpControl
 from twice.record.openstep import StepRound
-from twice.record.replicas import ReplicaCheck, ReplicaDesync
-from twice.record.sharding import Layouts, full_digests
+from twice.record.replicas import ReplicaDesync
+from twice.record.sharding import Layouts
+from twice.record.stepchecks import StepChecks
+from twice.record.stepdata import StepData
 from twice.rng.fingerprint import rng_digests
-from twice.rng.seeding import capture_rng
 from twice.store.layout import RunFolder
-from twice.store.resumes import write_resume
 from twice.store.traces import TraceWriter
 
 __all__ = ["Recorder", "ReplicaDesync"]
 
-# Per-tensor digests are written every step for models with at most this many parameter tensors,
-# else every AUTO_PARAMS_INTERVAL steps: names for a difference where it costs little space.
-AUTO_PARAMS_TENSORS = 64
-AUTO_PARAMS_INTERVAL = 100
-PARAM_CHECK_EVERY = 10
 
+class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
+    """Turns hook events into StepRecords written to `trace[.<stream>].jsonl` in the run folder.
 
-class Recorder:
-    """Turns hook events into StepRecords written to `trace[.<stream>].jsonl` in the run folder."""
+    Its parts, one concern each: the events and the open round (here), what a step's record
+    holds (record/stepdata.py), the hand-loop watch (record/handloop.py), the process
+    lifecycle (record/lifecycle.py) and the checks after each step (record/stepchecks.py)."""
 
     def __init__(
         self,
@@ -74,11 +66,12 @@ class Recorder:
         dump_ops: dict[int, int] | None = None,
         replica_every: int = 20,
         replica_mode: str = "stop",
+        health: bool = True,
     ):
         """Record into `run_dir`'s trace of `stream`. The keywords are the launcher's settings
         (core/protocol.py's ChildSettings): only_steps records only those steps (bisection's
         replays); dump_ops saves the outputs of op INDEX of STEP ({STEP: INDEX}, for twice
-        locate)."""
+        locate); health=False turns the numerics check after each step off."""
         self.run_dir = Path(run_dir)
         self.trace_every = max(1, int(trace_every))
         self.params_every = params_every
@@ -112,8 +105,7 @@ class Recorder:
         self.ops = OpControl(self.run_dir, stream, record_ops, dump_ops)
         # Called several times a step: straight to the op control's methods, no call in between.
         self.set_phase, self._paused = self.ops.set_phase, self.ops.paused
-        self._health: StepHealth | None = None  # made at the first recorded step
-        self._replicas = ReplicaCheck(self.run_dir, replica_every, replica_mode)
+        self.checks = StepChecks(self.run_dir, replica_every, replica_mode, health)
         self.capture_error: dict | None = None  # set when an error of our own stopped the capture
         self._stepping: int | None = (
             None  # id of the optimizer whose step() is running (see _outermost)
@@ -317,96 +309,6 @@ class Recorder:
             self._write_round()
         self._advance()
 
-    def drop_open_step(self) -> None:
-        """Forget the step in progress (its round, losses and batches)."""
-        self._round, self._pending_losses, self._pending_batches = StepRound(), [], []
-        self._clock.reset()
-        if self._hand is not None:
-            self._hand.close()
-
-    # -- hand-updated loops (record/handsteps.py) --------------------------------------------------
-    @guarded
-    def after_backward(self) -> None:
-        """A backward call ended in a loop that has no optimizer (yet): its gradients, as the
-        update will read them, and the counters that show the update."""
-        hand = self._hand
-        if hand is None or self.explicit or self._stepping is not None or hand.leaves is None:
-            return
-        if not hand.confirmed:
-            # Not yet known to be a hand loop (most first backward calls come before an
-            # optimizer's step): what the watch cannot read ends the watch, not the capture.
-            try:
-                self._watch_backward(hand)
-            except Exception:  # noqa: BLE001 - the optimizer hooks may still record this loop
-                hand.unwatch()
-                self._hand = None
-            return
-        self._watch_backward(hand)
-
-    def _watch_backward(self, hand: HandSteps) -> None:
-        with self._paused():
-            names, grads = self._named_grads(hand.leaves)
-            digests, hand.grad_squares = self._digests(grads, True)
-            hand.grad_digests = list(zip(names, digests))
-        if self.probe_params and hand.params_before is None:  # before the first update
-            leaves = self.names.of(hand.leaves)
-            with self._paused():
-                digests, _ = self._digests(list(map(_second, leaves)), False)
-            hand.params_before = digest_pairs(list(zip(map(_first, leaves), digests)))
-        hand.backward_ended(len(self._pending_losses), len(self._pending_batches))
-        hand.watch_forward(self._hand_forward)
-
-    @guarded
-    def _hand_forward(self) -> None:
-        """The first module forward after a backward: the step ends here if it was updated."""
-        hand = self._hand
-        if hand is not None:
-            hand.unwatch()
-            if hand.open:
-                self._hand_check(False)
-
-    def _hand_check(self, before_backward: bool) -> None:
-        """End the open hand step if its tensors were updated; before the next backward, whose
-        accumulation would hide it, also if its gradients' bytes changed (an update and a
-        zeroing through `.data` move no counter)."""
-        hand = self._hand
-        if not hand.updated():
-            if not before_backward:
-                return
-            with self._paused():
-                names, grads = self._named_grads(hand.leaves)
-                now, _ = self._digests(grads, False)
-            if list(zip(names, now)) == hand.grad_digests:
-                return  # gradient accumulation: the same step goes on
-        self._end_hand_step()
-        self._exit_if_stopping()
-
-    def _end_hand_step(self) -> None:
-        hand = self._hand
-        if self._tracing_this_step():
-            round_ = self._round = StepRound()
-            round_.params_before, hand.params_before = hand.params_before, None
-            self.probe_params = False
-            round_.grads.extend(hand.grad_digests)
-            round_.grad_squares.extend(hand.grad_squares)
-            with self._paused():
-                self._take_params(hand.leaves)
-                self._move_pending(round_, hand.losses, hand.batches)
-                round_.rng = rng_digests()
-            self._write_round()
-            with self._paused():
-                self._replicas.after_step(self.step_index, round_.params, round_.named)
-        else:
-            del self._pending_losses[: hand.losses], self._pending_batches[: hand.batches]
-        hand.close()
-        hand.confirmed = True
-        self._round = StepRound()
-        self._advance()
-
-    def close_trace(self) -> None:
-        """Close this process's trace file."""
-        self._writer.close()
-
     def _outermost(self, event: str, optimizer) -> bool:
         """Is this step event an outermost optimizer's? An optimizer that steps inside another's
         step (Lookahead's or SAM's base optimizer, ZeroRedundancyOptimizer's local one) is part
@@ -437,246 +339,16 @@ class Recorder:
         finally:
             self._skipping = False
 
-    def _count_only(self, event: str, args: tuple) -> None:
-        """After the capture stopped nothing is recorded, but with a step limit (--max-steps, the
-        re-run of `verify --steps`, verify-resume's interrupted run) optimizer rounds are still
-        counted, so that the run still ends where it was asked to rather than training on."""
-        if self.stop_after is None or self.explicit or os.getpid() != self.pid:
-            return
-        self._exit_if_stopping()
-        if event == "pre_step":
-            ended = self._clock.closes(id(args[0]))
-        elif event == "post_step":
-            ended = self._clock.add(id(args[0]))
-        else:
-            return
-        if ended:
-            self._clock.reset()
-            self._round = StepRound()
-            self._advance()
-
-    # -- pieces -----------------------------------------------------------------------------------
-    def _tracing_this_step(self) -> bool:
-        if self.only_steps is not None:
-            return self.step_index in self.only_steps
-        return self.step_index % self.trace_every == 0
-
-    def _named_grads(self, holder) -> tuple[list[str], list]:
-        """(names, gradients) of the parameters of `holder` (an optimizer, or a hand loop's
-        leaves) that have a gradient."""
-        names, grads = [], []
-        for name, param in self.names.of(holder):
-            if param.grad is not None:
-                names.append(name)
-                grads.append(param.grad)
-        return names, grads
-
-    def _take_grads(self, optimizer) -> None:
-        names, grads = self._named_grads(optimizer)
-        digests, norms = self._digests(grads, True)
-        self._round.grads.extend(zip(names, digests))
-        self._round.grad_squares.extend(norms)
-
-    def _digests(self, tensors: list, norms: bool) -> tuple[list[str], list]:
-        """Digests of tensors and, with `norms`, their L2 norms (floats on the CPU, 0-d tensors on
-        an accelerator): on the CPU through digests.digest_many, one pass over each tensor's
-        bytes. A DTensor is this rank's shard."""
-        tensors = list(map(local_tensor, tensors))
-        if self.ops.current is None:
-            digests, found = digest_many(tensors, norms)
-        # an op-recorded step: through the op log's cache (the same values: both use digest_tensor)
-        else:
-            digests, found = (
-                [self.ops.current.digest(t) for t in tensors],
-                [lanes_norm(t) for t in tensors] if norms else None,
-            )
-        if not norms:
-            return digests, []
-        missing = [
-            i for i, norm in enumerate(found) if norm is None
-        ]  # not float32/64 on the CPU: torch's
-        for i, norm in zip(missing, tensor_norms([tensors[i] for i in missing])):
-            found[i] = norm
-        return digests, found
-
-    def _take_params(self, optimizer) -> None:
-        named = self.names.of(optimizer)
-        # Their norms too, every PARAM_CHECK_EVERY steps: inf or NaN iff some parameter is (cheap
-        # health check). Between checks, a non-finite update shows in the learning rate (checked
-        # every step) or in the next step's loss and gradients.
-        # (map and zip over itemgetters: no generator to resume per tensor, on cold caches)
-        digests, found = self._digests(
-            list(map(_second, named)), self.step_index % PARAM_CHECK_EVERY == 0
-        )
-        self._round.params.extend(zip(map(_first, named), digests))
-        self._round.named.extend(named)
-        if self.full_every and self.step_index % self.full_every == 0:
-            self._round.full.extend(full_digests(named))
-        self.layouts.observe(optimizer, named)
-        if found:
-            found = floats(found)
-            total = math.sqrt(sum(map(operator.mul, found, found)))
-            self._round.param_norm = (
-                total
-                if self._round.param_norm is None
-                else math.hypot(self._round.param_norm, total)
-            )
-
-    def _move_pending(
-        self, round_: StepRound, losses: int | None = None, batches: int | None = None
-    ) -> None:
-        """Move the pending losses and batches (the first `losses` and `batches` of them, when
-        given) into `round_`."""
-        losses = len(self._pending_losses) if losses is None else losses
-        batches = len(self._pending_batches) if batches is None else batches
-        round_.losses.extend(self._pending_losses[:losses])
-        del self._pending_losses[:losses]
-        for digester in self._pending_batches[:batches]:
-            if round_.batch is None:
-                round_.batch = digester
-            else:
-                round_.batch.update(digester.hexdigest())
-        round_.batch_count += batches
-        del self._pending_batches[:batches]
-        data = self.inputs.take()
-        if round_.batch is None and data is not None:
-            round_.batch = data  # a loop without a DataLoader: what its modules were given
-
     def _finish_round(self) -> None:
         if not self._clock.members:
             return
         if self._tracing_this_step():
             self._write_round()
             with self._paused():
-                round_ = self._round
-                self._replicas.after_step(self.step_index, round_.params, round_.named)
+                self.checks.after_step(self.step_index, self._round)
         self._clock.reset()
         self._round = StepRound()
         self._advance()
-
-    @property
-    def completed_steps(self) -> int:
-        """Steps completed so far: 0 before the first optimizer step, 1 after it. The first round
-        stays open until an optimizer steps a second time (only then is the number of optimizers
-        in a round known), so an open first round with an update in it counts as done."""
-        first_round_open = self._clock.size is None and bool(self._clock.members)
-        return self.step_index + (1 if first_round_open and not self.explicit else 0)
-
-    def resume_at(
-        self, step: int, *, keep_batches: int | None = 0, source: str | Path | None = None
-    ) -> None:
-        """Continue numbering at `step` (after a checkpoint restore); the open round is dropped.
-
-        `keep_batches` keeps that many of the batches read last: a framework that fetches the
-        resumed step's batches before it restores state (Lightning, the Hugging Face Trainer) has
-        read them already, after any it skipped to reach the resumed position. None keeps them
-        all. `source` (the checkpoint restored) is recorded in the run folder for verdicts to
-        name."""
-        if source is not None:
-            write_resume(self.run_dir, source, step)
-        self.step_index = step
-        self._round = StepRound()
-        self._clock.reset()
-        if self._hand is not None:
-            self._hand.close()
-        self._pending_losses = []
-        if keep_batches is not None:
-            self._pending_batches = (
-                self._pending_batches[-keep_batches:] if keep_batches > 0 else []
-            )
-
-    def _advance(self) -> None:
-        self.ops.stop(self.step_index)
-        self.step_index += 1
-        self.ops.start(self.step_index)
-        if self.stop_after is not None and self.step_index >= self.stop_after and not self.stopped:
-            self.stopped = True
-            self._writer.close()
-            # Leave at the next event (the next batch, backward or step), not inside this step:
-            # the loop finishes its bookkeeping first (scheduler.step(), its own checkpoint). The
-            # RNGs are taken now, as the step ends: before the next event the loop may already
-            # have drawn from them (input noise, dropout, a new epoch's DataLoader iterator).
-            self.rng_at_stop = capture_rng()
-            self._exit_pending = True
-
-    def _exit_if_stopping(self) -> None:
-        if self._exit_pending and os.getpid() == self.pid:
-            self._exit_pending = False
-            for callback in self.on_stop:
-                callback()  # twice.Run checkpoints here: between two steps
-            # Through normal interpreter exit, so that atexit handlers record the process.
-            raise SystemExit(0)
-
-    def _write_round(self) -> None:
-        round_ = self._round
-        per_tensor = self._per_tensor_due(len(round_.params))
-        record, losses = round_.record(self.step_index, per_tensor, time.perf_counter() - self._t0)
-        self._writer.write(record)
-        self._check_health(record, round_, losses)
-
-    def _check_health(self, record: StepRecord, round_: StepRound, losses: list[float]) -> None:
-        """The cheap always-on numerics mode: loss, gradients and parameters, once per step."""
-        if self._health is None:
-            self._health = StepHealth(self.run_dir)
-        self._health.check(
-            record.step,
-            losses,
-            round_.grads,
-            round_.grad_norms,
-            round_.grad_total,
-            round_.skipped,
-            round_.lr,
-            round_.param_norm,
-        )
-
-    def _per_tensor_due(self, tensors: int) -> bool:
-        every = self.params_every
-        if every is None:
-            every = 1 if tensors <= AUTO_PARAMS_TENSORS else AUTO_PARAMS_INTERVAL
-        return every > 0 and self.step_index % every == 0
-
-    def finish(self) -> None:
-        """Write the step still open (the last one) and close the trace."""
-        if os.getpid() != self.pid:
-            return
-        hand = self._hand
-        if hand is not None and hand.open and not self.stopped and self.capture_error is None:
-            # The last backward of a loop that updates by hand: the loop ended, so it did.
-            self._end_hand_step()
-        self.ops.stop(self.step_index)
-        self.ops.close()
-        if (
-            not self.explicit
-            and self._clock.members
-            and not self.stopped
-            and self.capture_error is None
-        ):
-            if self._tracing_this_step():
-                self._write_round()
-            self._round = StepRound()
-            self._clock.reset()
-        self._writer.close()
-        self._replicas.finish()
-
-    def after_fork_in_child(self, index: int) -> None:
-        # A forked process (Hogwild worker, DataLoader worker) records into a stream of its own,
-        # named by fork order so that two runs name their processes alike.
-        """In a forked child: record into a stream of its own (`fork<index>`), from step 0."""
-        self.pid = os.getpid()
-        self.stream = f"{self.stream + '.' if self.stream else ''}fork{index}"
-        self._writer = TraceWriter(RunFolder(self.run_dir).trace(self.stream))
-        self.ops.forked(self.stream)
-        self._round, self._pending_losses, self._pending_batches = StepRound(), [], []
-        self._clock = RoundClock()
-        if self._hand is not None:
-            self._hand.unwatch()
-            self._hand = HandSteps()
-        self._replicas = ReplicaCheck(self.run_dir, self._replicas.every, self._replicas.mode)
-        self.fork_count = 0
-        self.step_index = 0
-
-
-_first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 
 # [torch.Tensor] once hooks.install ran (a list read is cheaper than an import statement, cold)

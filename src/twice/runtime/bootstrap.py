@@ -165,9 +165,9 @@ def _at_exit() -> None:
         from twice.runtime.capture import torch_runtime_facts
 
         record["torch_runtime"] = torch_runtime_facts(torch)
-    procs = RunFolder(_state["run_dir"]).procs
-    os.makedirs(procs, exist_ok=True)
-    write_json_atomic(os.path.join(procs, f"{os.getpid()}.json"), record)
+    folder = RunFolder(_state["run_dir"])
+    os.makedirs(folder.procs, exist_ok=True)
+    write_json_atomic(folder.proc_record(os.getpid()), record)
 
 
 def _portable_facts() -> dict | None:

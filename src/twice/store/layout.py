@@ -11,6 +11,8 @@ runs/<id>/
   capture_error.json     when an error of twice's own stopped the step capture
   replicas.json          when data-parallel replicas fell out of sync
   resumed.json           when the run restored a checkpoint: which, and the step it went on from
+  verify-segments.json   what `twice verify --segments` checked
+  procs/<pid>.json       one record of facts per process, merged into the manifest at exit
   checkpoints/step-<n>/  see twice.checkpoint
   ops/ops[.<stream>].jsonl  op-level logs of chosen steps, and dumped op outputs
 """
@@ -55,15 +57,28 @@ class RunFolder:
     resumed = property(lambda self: self.path / "resumed.json")
     checkpoints = property(lambda self: self.path / "checkpoints")
     ops = property(lambda self: self.path / "ops")
-    procs = property(
-        lambda self: self.path / "procs"
-    )  # one JSON file of facts per process, merged at exit
+    segments_check = property(lambda self: self.path / "verify-segments.json")
+    procs = property(lambda self: self.path / "procs")
+
+    def proc_record(self, pid: int) -> Path:
+        """The facts of process `pid`, merged into the manifest at exit."""
+        return self.procs / f"{pid}.json"
+
+    def proc_records(self) -> list[Path]:
+        """Every process's record present, by name."""
+        return sorted(self.procs.glob("*.json"))
 
     def trace(self, stream: str | None = None) -> Path:
         """The trace of one stream: the main process's, or a rank's or forked process's."""
         return self.path / (
             f"trace.{stream}.jsonl" if stream and stream != "main" else "trace.jsonl"
         )
+
+    @staticmethod
+    def claimed_trace(trace: Path, attempt: int) -> Path:
+        """Where a process writes when `trace` is another live process's (`attempt`: 1, 2, ...):
+        trace.<stream>.sub<attempt>.jsonl, a stream of its own."""
+        return trace.with_name(f"{trace.name.removesuffix('.jsonl')}.sub{attempt}.jsonl")
 
     def traces(self) -> dict[str, Path]:
         """The traces present, by stream: "main" for trace.jsonl, else the tag of
@@ -77,6 +92,10 @@ class RunFolder:
     def op_log(self, stream: str | None = None) -> Path:
         """The op log of one stream (recorded steps appended, one file per process)."""
         return self.ops / (f"ops.{stream}.jsonl" if stream else "ops.jsonl")
+
+    def legacy_op_log(self, step: int) -> Path:
+        """The op log of one step, as twice wrote it before the per-process file."""
+        return self.ops / f"step-{step}.jsonl"
 
     def location(self, other: str) -> Path:
         """What `twice locate` found comparing this run with run `other` (shown by `twice

@@ -73,11 +73,12 @@ def steps_ops(run_dir: Path, steps, stream: str | None = None) -> dict[int, list
     log."""
     wanted = set(steps)
     found: dict[int, list[dict] | None] = dict.fromkeys(wanted)
-    path = RunFolder(run_dir).op_log(stream)
+    folder = RunFolder(run_dir)
+    path = folder.op_log(stream)
     if not path.is_file():
-        if stream is None:  # op logs written before the per-process file: ops/step-N.jsonl
+        if stream is None:  # op logs written before the per-process file
             for step in wanted:
-                legacy = path.parent / f"step-{step}.jsonl"
+                legacy = folder.legacy_op_log(step)
                 if legacy.is_file():
                     found[step] = read_oplog(legacy)
         return found

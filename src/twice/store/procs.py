@@ -174,7 +174,7 @@ def read_process(path: Path) -> ProcessRecord:
 def read_processes(run_dir: Path) -> tuple[list[ProcessRecord], list[str]]:
     """(the records of every process of the run, by start time; the names of those refused)."""
     records, refused = [], []
-    for path in sorted(RunFolder(run_dir).procs.glob("*.json")):
+    for path in RunFolder(run_dir).proc_records():
         try:
             records.append(read_process(path))
         except CorruptRecord:

@@ -37,7 +37,8 @@ __all__ = [
     "MANIFEST",
 ]
 
-from twice.store.layout import MANIFEST  # noqa: E402 (re-exported: the name every reader uses)
+# MANIFEST is re-exported: the name every reader uses
+from twice.store.layout import MANIFEST, RunFolder  # noqa: E402
 
 
 def read_json(path: Path) -> Any:
@@ -218,7 +219,6 @@ def effective_status(manifest: Manifest) -> str:
 
 def summarize_run(run_dir: Path) -> dict:
     """The facts `twice ls` and `twice show` print for a run, from its validated manifest."""
-    from twice.store.layout import RunFolder
     from twice.store.traceseries import last_loss
 
     manifest = read_manifest(run_dir)
@@ -240,7 +240,7 @@ def summarize_run(run_dir: Path) -> dict:
         "final_loss": final[1] if final else None,
         "command": " ".join(manifest.argv),
         "loss_fault": manifest.loss_fault,
-        "capture_error": (Path(run_dir) / "capture_error.json").is_file(),
+        "capture_error": RunFolder(run_dir).capture_error.is_file(),
         "rerun_of": rerun_of(name),
         "config_not_default": config_not_default(run_dir, manifest.identity.get("config")),
     }
@@ -250,7 +250,6 @@ def config_not_default(run_dir: Path, config: Any) -> list[str]:
     """The config keys whose values differ from their defaults, where the run recorded them
     (config_defaults.json, written by the Hugging Face callback); [] otherwise. A damaged
     defaults file is read as none (it only orders what is shown)."""
-    from twice.store.layout import RunFolder
 
     path = RunFolder(run_dir).config_defaults
     if not isinstance(config, dict) or not path.is_file():

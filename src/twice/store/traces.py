@@ -55,12 +55,12 @@ class TraceWriter:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         if self._claimed:
             return os.open(self.path, flags, 0o644)
-        base = self.path.name.removesuffix(".jsonl")
+        first = self.path
         for attempt in range(1, 10_000):
             try:
                 fd = os.open(self.path, flags | os.O_EXCL, 0o644)
             except FileExistsError:
-                self.path = self.path.with_name(f"{base}.sub{attempt}.jsonl")
+                self.path = RunFolder.claimed_trace(first, attempt)
                 continue
             self._claimed = True
             return fd
