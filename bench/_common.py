@@ -6,6 +6,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# BENCH_TINY=1: every bench runs at a tiny size (the smoke test in tests/test_benches.py), so that
+# a move in the package cannot break one unseen. Its figures then mean nothing.
+TINY = os.environ.get("BENCH_TINY") == "1"
+
+
+def size(name: str, full, tiny):
+    """A bench's size `name`: BENCH_<NAME> where set, else `tiny` under BENCH_TINY=1, else
+    `full` (the size its figures in docs/performance.md come from)."""
+    raw = os.environ.get(f"BENCH_{name}")
+    if raw is not None:
+        return type(full)(raw)
+    return tiny if TINY else full
 
 
 def run_folder() -> tempfile.TemporaryDirectory:

@@ -17,18 +17,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import size
 from torch.utils.data import DataLoader, Dataset
 
 import twice.data
 from twice import checkpoint
 from twice.data import samples
 
-REPEATS = int(os.environ.get("BENCH_REPEATS", "5"))
+REPEATS = size("REPEATS", 5, 1)
 # Smaller sizes for the smoke test (tests/test_benches.py): samples per dataset, loader rounds,
 # and the width of the checkpointed model's five layers (4096: about 1 GB with Adam's state).
-SAMPLES = int(os.environ.get("BENCH_SAMPLES", "20000"))
-LOADER_ROUNDS = int(os.environ.get("BENCH_LOADER_ROUNDS", "25"))
-WIDTH = int(os.environ.get("BENCH_WIDTH", "4096"))
+SAMPLES = size("SAMPLES", 20000, 256)
+LOADER_ROUNDS = size("LOADER_ROUNDS", 25, 2)
+WIDTH = size("WIDTH", 4096, 64)
 
 
 def state_of_about_1gb():

@@ -7,20 +7,19 @@ own line writer. BENCH_STEPS changes the length (default 1,000,000); each diff i
 BENCH_REPEATS times (default 3) and its median printed with the range.
 """
 
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _common import run_folder
+from _common import run_folder, size
 
 from twice.core.records import StepRecord, record_line
 from twice.store.files import write_json_atomic
 
-STEPS = int(os.environ.get("BENCH_STEPS", 1_000_000))
-REPEATS = int(os.environ.get("BENCH_REPEATS", 3))  # each diff timed this often: the median
+STEPS = size("STEPS", 1_000_000, 300)
+REPEATS = size("REPEATS", 3, 1)  # each diff timed this often: the median
 
 
 def _hex(i: int, salt: int) -> str:

@@ -8,6 +8,7 @@ import hashlib
 import time
 
 import torch
+from _common import size
 
 import twice
 
@@ -23,7 +24,7 @@ def best_of(function, repeats=5):
 
 def main():
     torch.set_num_threads(1)
-    tensor = torch.randn(64 * 1024 * 1024)  # 256 MiB of float32
+    tensor = torch.randn(size("MIB", 256, 4) * 256 * 1024)  # 256 MiB of float32
     size_gb = tensor.numel() * tensor.element_size() / 1e9
     ours = best_of(lambda: twice.digest(tensor))
     sha = best_of(lambda: hashlib.sha256(tensor.numpy()).hexdigest(), repeats=2)

@@ -15,11 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import run_folder
+from _common import run_folder, size
 
 from twice.store import inputs
 
-SIZE = int(os.environ.get("BENCH_INPUT_MB", 1024)) << 20
+SIZE = size("INPUT_MB", 1024, 2) << 20
 ROUNDS = 5
 
 

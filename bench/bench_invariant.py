@@ -15,6 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _common import size
+
+TIMED = size("STEPS", 120, 2)  # timed steps per run, after 20 of warm-up
+ROUNDS = size("ROUNDS", 5, 1)
+
 SCRIPT = r"""
 import sys, time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -34,7 +39,7 @@ if mode == "ddp":
 else:
     model = InvariantDataParallel(net, micro_batches=int(mode))
 opt = torch.optim.SGD(net.parameters(), lr=0.01)
-for step in range(140):
+for step in range(20 + __TIMED__):
     if step == 20:
         start = time.perf_counter()
     opt.zero_grad()
@@ -44,7 +49,7 @@ for step in range(140):
         model.backward((x, y), loss_fn)
     opt.step()
 if rank == 0:
-    print(f"LOOP {(time.perf_counter() - start) / 120 * 1e3:.4f}")
+    print(f"LOOP {(time.perf_counter() - start) / __TIMED__ * 1e3:.4f}")
 dist.barrier()  # no rank tears gloo down while another still talks to it
 dist.destroy_process_group()
 """
@@ -78,9 +83,9 @@ def loop_ms(folder: Path, mode: str) -> float:
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        (folder / "t.py").write_text(SCRIPT)
+        (folder / "t.py").write_text(SCRIPT.replace("__TIMED__", str(TIMED)))
         times = {"ddp": [], "2": [], "8": []}
-        for _ in range(5):
+        for _ in range(ROUNDS):
             for mode in times:
                 times[mode].append(loop_ms(folder, mode))
     ddp, two, eight = (statistics.median(times[k]) for k in ("ddp", "2", "8"))

@@ -5,16 +5,15 @@ always-on mode (loss, gradients, parameters once per step) within 5% of the same
 without it. Median CPU time of alternating rounds.
 """
 
-import os
 import statistics
 
 import torch
-from _common import run_folder, small_mlp, train_steps
+from _common import run_folder, size, small_mlp, train_steps
 
 from twice.record import hooks, numerics
 
-STEPS = int(os.environ.get("BENCH_STEPS", "200"))
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "8"))
+STEPS = size("STEPS", 200, 4)
+ROUNDS = size("ROUNDS", 8, 1)
 
 
 def loop(mode=None, health=True, tmp=None):

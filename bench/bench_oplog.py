@@ -17,12 +17,12 @@ import contextlib
 import statistics
 
 import torch
-from _common import run_folder, small_mlp, train_steps
+from _common import run_folder, size, small_mlp, train_steps
 
 from twice.record import hooks
 
-STEPS = 20
-ROUNDS = 25
+STEPS = size("STEPS", 20, 2)
+ROUNDS = size("ROUNDS", 25, 1)
 
 
 def build():

@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+from _common import TINY, size
 from torch import nn
 
 from twice.portable import elementwise as ew
@@ -27,8 +28,8 @@ from twice.portable import nn as pnn
 from twice.portable.exact import exact_matmul, exact_sum
 from twice.portable.mode import PortableMode
 
-STEPS = 6
-ROUNDS = 12
+STEPS = size("STEPS", 6, 2)  # the first of a block is not timed
+ROUNDS = size("ROUNDS", 12, 2)
 
 
 def mlp():
@@ -276,7 +277,7 @@ CASES = {
             f"{name}, {threads} thread{'s' if threads > 1 else ''}", build, threads
         )
     )
-    for threads in (1, 2)
+    for threads in ((1,) if TINY else (1, 2))
     for name, build in (
         ("mlp", mlp),
         ("cnn", cnn),

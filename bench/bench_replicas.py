@@ -14,6 +14,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _common import size
+
+TIMED = size("STEPS", 580, 2)  # timed steps per run, after 20 of warm-up
+ROUNDS = size("ROUNDS", 7, 1)
+
 SCRIPT = r"""
 import time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -24,14 +29,14 @@ model = DistributedDataParallel(
 )
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
-for step in range(600):
+for step in range(20 + __TIMED__):
     if step == 20:
         start = time.perf_counter()
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
 if dist.get_rank() == 0:
-    print(f"LOOP {(time.perf_counter() - start) / 580 * 1e3:.4f}")
+    print(f"LOOP {(time.perf_counter() - start) / __TIMED__ * 1e3:.4f}")
 dist.destroy_process_group()
 """
 
@@ -52,9 +57,9 @@ def loop_ms(folder: Path, every: str) -> float:
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        (folder / "t.py").write_text(SCRIPT)
+        (folder / "t.py").write_text(SCRIPT.replace("__TIMED__", str(TIMED)))
         times = {"off": [], "20": [], "1": []}
-        for round_ in range(7):
+        for round_ in range(ROUNDS):
             # Rotate the order each round: this VM's speed drifts, and a fixed order would bias one
             # mode.
             kinds = list(times)[round_ % 3 :] + list(times)[: round_ % 3]
@@ -65,7 +70,8 @@ def main():
         k: statistics.median(t / o for o, t in zip(times["off"], times[k])) for k in ("20", "1")
     }
     print(
-        f"2 ranks (gloo, CPU), rank 0 wall ms/step, median of 7 rounds: checks off {off:.3f}, "
+        f"2 ranks (gloo, CPU), rank 0 wall ms/step, median of {ROUNDS} rounds: "
+        f"checks off {off:.3f}, "
         f"every 20 steps (default) "
         f"{default:.3f} ({100 * (ratio['20'] - 1):+.1f}%; target <= 2%), every step {each:.3f} "
         f"({100 * (ratio['1'] - 1):+.1f}%)"

@@ -10,12 +10,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import size
+
 from twice.app.report import write_report
 from twice.core.records import StepRecord
 from twice.store.files import write_json_atomic
 from twice.store.traces import TraceWriter
 
-RUNS, STEPS = 20, 10_000
+RUNS, STEPS = size("RUNS", 20, 2), size("STEPS", 10_000, 3_000)
+
+
+def _digest(kind: int, step: int, differs: bool = False) -> str:
+    """A made-up 128-bit digest (32 hex digits) of one field at `step`; another where it differs."""
+    return f"{kind:x}{step:030x}{int(differs):x}"
 
 
 def make_runs(folder: Path) -> list[Path]:
@@ -47,12 +54,12 @@ def make_runs(folder: Path) -> list[Path]:
                 StepRecord(
                     step=step,
                     loss=float.hex(loss),
-                    batch=f"b{step:032x}",
-                    grads=f"g{step:031x}" + ("x" if differs else ""),
+                    batch=_digest(0xB, step),
+                    grads=_digest(0xC, step, differs),
                     grad_norm=float.hex(1.0),
                     lr=[float.hex(0.1)],
-                    params=f"p{step:031x}" + ("x" if differs else ""),
-                    rng={"torch": f"r{step:031x}"},
+                    params=_digest(0xD, step, differs),
+                    rng={"torch": _digest(0xE, step)},
                     time=step * 0.01,
                 )
             )

@@ -6,17 +6,18 @@ steps (20 segments), then a full `twice verify` against `twice verify --segments
 more that start-up weighs against the 20% of the steps the segments re-run.
 """
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _common import run_folder
+from _common import run_folder, size
 
-STEP = float(os.environ.get("BENCH_STEP_SECONDS", 0.5))
+STEP = size("STEP_SECONDS", 0.5, 0.01)
+STEPS = size("STEPS", 200, 20)  # a checkpoint every STEPS // 20
 
-SCRIPT = """
+SCRIPT = (
+    """
 import time, torch, twice
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -26,7 +27,7 @@ x = torch.randn(64, 256)
 with twice.Run(keep_last=None) as run:
     run.track(model=model, optimizer=opt)
     run.resume()
-    while run.step_index < 200:
+    while run.step_index < STEPS:
         until = time.perf_counter() + STEP  # the rest of a real step's work
         opt.zero_grad()
         model(x).pow(2).mean().backward()
@@ -34,9 +35,12 @@ with twice.Run(keep_last=None) as run:
         a = torch.randn(192, 192)
         while time.perf_counter() < until:
             a = torch.tanh(a @ a / 192)
-        if run.step_index % 10 == 0:
+        if run.step_index % EVERY == 0:
             run.checkpoint()
-""".replace("STEP", repr(STEP))
+""".replace("STEPS", str(STEPS))
+    .replace("STEP", repr(STEP))
+    .replace("EVERY", str(STEPS // 20))
+)
 
 
 def twice(*args, cwd) -> float:
@@ -58,7 +62,7 @@ def main() -> None:
         full = twice("verify", run, "-q", cwd=folder)
         one = twice("verify", run, "--segments", "4", "--seed", "1", cwd=folder)
         two = twice("verify", run, "--segments", "4", "--seed", "1", "--jobs", "2", cwd=folder)
-        print(f"200 steps of {STEP:g} s, 20 checkpoints; recording took {recorded:.1f} s")
+        print(f"{STEPS} steps of {STEP:g} s, 20 checkpoints; recording took {recorded:.1f} s")
         print(f"full verify                 {full:6.1f} s")
         print(f"--segments 4 --jobs 1       {one:6.1f} s  {one / full:.0%} of the full verify")
         print(f"--segments 4 --jobs 2       {two:6.1f} s  {two / full:.0%} of the full verify")

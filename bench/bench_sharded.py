@@ -20,9 +20,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-STEPS = int(os.environ.get("BENCH_STEPS", "300"))
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
-WIDTH = int(os.environ.get("BENCH_WIDTH", "512"))
+from _common import size
+
+STEPS = size("STEPS", 300, 3)
+ROUNDS = size("ROUNDS", 5, 1)
+WIDTH = size("WIDTH", 512, 16)
 
 SCRIPT = r"""
 import sys, time, torch, torch.distributed as dist

@@ -14,7 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPEATS = int(os.environ.get("BENCH_REPEATS", "5"))
+from _common import size
+
+REPEATS = size("REPEATS", 5, 1)
 
 
 def timed(command, cwd, env):

@@ -11,6 +11,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import size
+
+REPEATS = size("REPEATS", 3, 1)
+SEEDS = size("SEEDS", 4, 1)  # trials: two learning rates times this
+WORK = size("WORK", 20_000_000, 1000)  # the CPU-bound trial's loop
+
 SCRIPT = """
 import sys, torch
 torch.set_num_threads(1)
@@ -42,8 +48,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "t.py").write_text(SCRIPT)
-        plain = min(timed([sys.executable, "t.py", "0.1", "100"], tmp) for _ in range(3))
-        sweep = ["-m", "twice", "sweep", "--vary", "lr=0.1,0.01", "--seeds", "4"]
+        plain = min(timed([sys.executable, "t.py", "0.1", "100"], tmp) for _ in range(REPEATS))
+        sweep = ["-m", "twice", "sweep", "--vary", "lr=0.1,0.01", "--seeds", str(SEEDS)]
         light = timed(
             [
                 sys.executable,
@@ -58,13 +64,13 @@ def main():
             ],
             tmp,
         )
-        overhead = light / 8 - plain
+        overhead = light / (2 * SEEDS) - plain
         print(
-            f"per-trial overhead: plain run {plain:.2f} s, sweep of 8 trials {light:.2f} s (jobs "
-            f"1): "
+            f"per-trial overhead: plain run {plain:.2f} s, "
+            f"sweep of {2 * SEEDS} trials {light:.2f} s (jobs 1): "
             f"{overhead:.2f} s per trial beyond the trial's own run (target <= 1.5 s)"
         )
-        work = "20000000"
+        work = str(WORK)
         one = timed(
             [
                 sys.executable,
@@ -98,8 +104,8 @@ def main():
             tmp,
         )
         print(
-            f"2x4 sweep of a CPU-bound script: --jobs 1 {one:.1f} s, --jobs 2 {two:.1f} s, ratio "
-            f"{two / one:.2f} "
+            f"2x{SEEDS} sweep of a CPU-bound script: --jobs 1 {one:.1f} s, "
+            f"--jobs 2 {two:.1f} s, ratio {two / one:.2f} "
             f"(target <= 0.6; this machine has {os.cpu_count()} cores)"
         )
 

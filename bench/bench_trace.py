@@ -22,18 +22,17 @@ import sys
 import time
 
 import torch
-from _common import run_folder
+from _common import run_folder, size
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from twice.record import hooks
 from twice.record.recorder import Recorder
 
-STEPS = (
-    20  # per block: short blocks, many of them, so that both sides of a pair see the same machine
-)
+# per block: short blocks, many of them, so that both sides of a pair see the same machine
+STEPS = size("STEPS", 20, 3)
 TIMED = STEPS - 1
-ROUNDS = 100
+ROUNDS = size("ROUNDS", 100, 2)
 
 
 def mlp():
