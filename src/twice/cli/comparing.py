@@ -17,18 +17,18 @@ from twice.app.render import (
 )
 from twice.cli.group import (
     CONTEXT,
-    _color,
-    _err,
-    _json,
-    _json_option,
-    _out,
-    _quiet_option,
-    _reporting,
-    _runs_dir_option,
-    _trusting,
-    _verbose_option,
-    _yes_option,
+    echo_err,
+    echo_out,
+    json_option,
+    json_text,
     main,
+    quiet_option,
+    reporting,
+    runs_dir_option,
+    trusting,
+    use_color,
+    verbose_option,
+    yes_option,
 )
 from twice.core.errors import Exit, UsageError
 
@@ -36,7 +36,7 @@ from twice.core.errors import Exit, UsageError
 @main.command()
 @click.argument("a")
 @click.argument("b")
-@_runs_dir_option
+@runs_dir_option
 @click.option(
     "--steps", type=click.IntRange(min=1), default=None, help="Compare only the first N steps."
 )
@@ -47,7 +47,7 @@ from twice.core.errors import Exit, UsageError
     help="B's step 0 is A's step N (negative: A's step 0 is B's step -N)  [default: by step "
     "number, or where B's starting parameters occur in A when B resumed itself].",
 )
-@_json_option
+@json_option
 @click.option(
     "--html",
     "html_out",
@@ -77,19 +77,19 @@ def diff(a, b, runs_dir, steps, offset, as_json, html_out):
         from twice.app.report import write_report
 
         write_report([result.a, result.b], html_out)
-        _err(f"twice: report written to {html_out}")
-    _out(_json(result.to_json()) if as_json else format_comparison(result, _color()))
+        echo_err(f"twice: report written to {html_out}")
+    echo_out(json_text(result.to_json()) if as_json else format_comparison(result, use_color()))
     sys.exit(result.exit_code)
 
 
 @main.command()
 @click.argument("a")
 @click.argument("b")
-@_runs_dir_option
-@_json_option
-@_quiet_option
-@_verbose_option
-@_yes_option
+@runs_dir_option
+@json_option
+@quiet_option
+@verbose_option
+@yes_option
 def locate(a, b, runs_dir, as_json, quiet, verbose, yes):
     """The first operation whose inputs were identical and whose outputs differed in runs A and B.
 
@@ -105,16 +105,16 @@ def locate(a, b, runs_dir, as_json, quiet, verbose, yes):
     from twice.store.runs import find_run
 
     run_a, run_b = find_run(a, runs_dir), find_run(b, runs_dir)
-    with _reporting("locate", quiet):
-        result = _trusting(lambda ok: locate_runs(run_a, run_b, quiet=not verbose, yes=ok), yes)
-    _out(_json(result.to_json()) if as_json else format_locate(result))
+    with reporting("locate", quiet):
+        result = trusting(lambda ok: locate_runs(run_a, run_b, quiet=not verbose, yes=ok), yes)
+    echo_out(json_text(result.to_json()) if as_json else format_locate(result))
     sys.exit(result.exit_code)
 
 
 @main.command()
 @click.argument("run_ref", metavar="RUN")
-@_runs_dir_option
-@_json_option
+@runs_dir_option
+@json_option
 def nan(run_ref, runs_dir, as_json):
     """Show RUN's numerical health: where its first NaN/Inf came from and the warnings before it.
 
@@ -134,27 +134,27 @@ def nan(run_ref, runs_dir, as_json):
     faulty = report is not None or any(e["kind"] == "non_finite" for e in events)
     loss = manifest.loss_fault
     if as_json:
-        _out(_json({"report": report, "events": events, "loss_fault": loss}))
+        echo_out(json_text({"report": report, "events": events, "loss_fault": loss}))
     elif not faulty and loss is not None:  # seen in the trace's losses, not by a health check
         from twice.store.traceseries import loss_fault_phrase
 
-        _out(
+        echo_out(
             f"{loss_fault_phrase(loss)} (from the trace)\n"
             "(run with `twice run --numerics` to find the operation and line)"
         )
     else:
-        _out(format_nan(report, events, _color()))
+        echo_out(format_nan(report, events, use_color()))
     sys.exit(Exit.DIFFER if faulty or loss is not None else Exit.SAME)
 
 
 @main.command()
 @click.argument("a")
 @click.argument("b")
-@_runs_dir_option
-@_json_option
-@_quiet_option
-@_verbose_option
-@_yes_option
+@runs_dir_option
+@json_option
+@quiet_option
+@verbose_option
+@yes_option
 def bisect(a, b, runs_dir, as_json, quiet, verbose, yes):
     """The first diverging step of runs recorded with a coarse trace (--trace-every K), by replays.
 
@@ -170,11 +170,11 @@ def bisect(a, b, runs_dir, as_json, quiet, verbose, yes):
     from twice.store.runs import find_run
 
     run_a, run_b = find_run(a, runs_dir), find_run(b, runs_dir)
-    with _reporting("bisect", quiet):
-        result = _trusting(
+    with reporting("bisect", quiet):
+        result = trusting(
             lambda ok: bisect_divergence(run_a, run_b, quiet=not verbose, yes=ok), yes
         )
-    _out(_json(result.to_json()) if as_json else format_bisect(result))
+    echo_out(json_text(result.to_json()) if as_json else format_bisect(result))
     sys.exit(Exit.SAME if result.step is None else Exit.DIFFER)
 
 
@@ -187,7 +187,7 @@ def bisect(a, b, runs_dir, as_json, quiet, verbose, yes):
     help="How many steps to record twice.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
-@_runs_dir_option
+@runs_dir_option
 @click.option(
     "--determinism",
     type=click.Choice(["strict", "warn", "off"]),
@@ -216,9 +216,9 @@ def bisect(a, b, runs_dir, as_json, quiet, verbose, yes):
     help="With --portable and no command: how portable mode covers each op of PyTorch's Core "
     "ATen opset (kernel, exact, decomposed or uncovered); exit 1 if one is uncovered.",
 )
-@_json_option
-@_quiet_option
-@_verbose_option
+@json_option
+@quiet_option
+@verbose_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def audit(
     steps, seed, runs_dir, determinism, target, portable, coverage, as_json, quiet, verbose, command
@@ -248,26 +248,26 @@ def audit(
         from twice.app.portability import core_coverage, format_core_coverage
 
         found = core_coverage()
-        _out(_json(found) if as_json else format_core_coverage(found))
+        echo_out(json_text(found) if as_json else format_core_coverage(found))
         sys.exit(Exit.DIFFER if found["counts"].get("uncovered") else Exit.SAME)
     if portable:
         from twice.app.portability import format_portable_audit, portable_audit
 
-        with _reporting("audit", quiet):
+        with reporting("audit", quiet):
             found = portable_audit(
                 list(command),
                 RunOptions(seed=seed, runs_dir=runs_dir, determinism="warn", quiet=not verbose),
                 steps,
             )
-        _out(_json(found.to_json()) if as_json else format_portable_audit(found))
+        echo_out(json_text(found.to_json()) if as_json else format_portable_audit(found))
         sys.exit(found.status)
 
-    with _reporting("audit", quiet):
+    with reporting("audit", quiet):
         report = audit_command(
             list(command),
             RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=not verbose),
             steps=steps,
             target=target,
         )
-    _out(_json(report.to_json()) if as_json else format_audit(report, steps))
+    echo_out(json_text(report.to_json()) if as_json else format_audit(report, steps))
     sys.exit(report.exit_code)

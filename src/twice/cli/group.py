@@ -1,4 +1,8 @@
-"""The `twice` command group: how commands print, and how every error becomes `error:`/`hint:`."""
+"""The `twice` command group: how commands print, and how every error becomes `error:`/`hint:`.
+
+The printing helpers and shared options here are public within the package: every module of
+`cli/` imports them.
+"""
 
 from __future__ import annotations
 
@@ -15,19 +19,22 @@ from twice.core.errors import EXIT_USAGE, Exit, TwiceError, from_os_error
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def _out(text: str = "") -> None:
-    click.echo(printable(text, _color()))
+def echo_out(text: str = "") -> None:
+    """Print `text` on stdout, its control characters escaped (app/terminal.py)."""
+    click.echo(printable(text, use_color()))
 
 
-def _err(text: str) -> None:
-    click.echo(printable(text, _color() and sys.stderr.isatty()), err=True)
+def echo_err(text: str) -> None:
+    """Print `text` on stderr, its control characters escaped."""
+    click.echo(printable(text, use_color() and sys.stderr.isatty()), err=True)
 
 
-def _json(value) -> str:
+def json_text(value) -> str:
+    """`value` as the JSON every `--json` prints: indented, keys sorted."""
     return json.dumps(value, indent=2, sort_keys=True)
 
 
-def _color() -> bool:
+def use_color() -> bool:
     """Style the output: on a terminal, unless NO_COLOR is set."""
     return not os.environ.get("NO_COLOR") and sys.stdout.isatty()
 
@@ -44,27 +51,27 @@ class TwiceGroup(click.Group):
         except TwiceError as exc:
             if debug:
                 raise
-            _err(exc.render())
+            echo_err(exc.render())
             sys.exit(exc.exit_code)
         except OSError as exc:  # a write or read the command could not do (full disk, a file in
             if debug:  # the way, a read-only folder): what and where, exit 2, no traceback
                 raise
-            _err(from_os_error(exc, "read or write a file").render())
+            echo_err(from_os_error(exc, "read or write a file").render())
             sys.exit(EXIT_USAGE)
         except click.exceptions.NoSuchOption as exc:
             hint = f"did you mean {' or '.join(exc.possibilities)}?" if exc.possibilities else None
             command = exc.ctx.command_path if exc.ctx else "twice"
-            _err(
+            echo_err(
                 f"error: unknown option {exc.option_name}\nhint: "
                 f"{hint or f'see `{command} --help`'}"
             )
             sys.exit(EXIT_USAGE)
         except click.exceptions.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx else "twice"
-            _err(f"error: {exc.format_message()}\nhint: see `{command} --help`")
+            echo_err(f"error: {exc.format_message()}\nhint: see `{command} --help`")
             sys.exit(EXIT_USAGE)
         except click.exceptions.Abort:
-            _err("error: aborted")
+            echo_err("error: aborted")
             sys.exit(Exit.INTERRUPTED)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
@@ -84,7 +91,8 @@ def main(debug: bool) -> None:
     """
 
 
-def _runs_dir_option(function):
+def runs_dir_option(function):
+    """The `--runs-dir` option (default: runs)."""
     return click.option(
         "--runs-dir",
         type=click.Path(path_type=Path),
@@ -94,7 +102,8 @@ def _runs_dir_option(function):
     )(function)
 
 
-def _yes_option(function):
+def yes_option(function):
+    """The `--yes` option: re-run a run folder from elsewhere without asking (see trusting)."""
     return click.option(
         "--yes",
         "-y",
@@ -104,7 +113,7 @@ def _yes_option(function):
     )(function)
 
 
-def _trusting(call, yes: bool):
+def trusting(call, yes: bool):
     """`call(yes)`; a run folder from elsewhere is confirmed on a terminal (its command shown),
     refused with a hint otherwise."""
     from twice.app.trust import UntrustedRun
@@ -114,7 +123,7 @@ def _trusting(call, yes: bool):
     except UntrustedRun as exc:
         if yes or not sys.stdin.isatty():
             raise
-        _err(exc.message)
+        echo_err(exc.message)
         if not click.confirm("run it?", default=False, err=True):
             raise
         return call(True)
@@ -123,19 +132,22 @@ def _trusting(call, yes: bool):
 # -- the flags every command spells the same way ---------------------------------------------------
 
 
-def _json_option(function):
+def json_option(function):
+    """The `--json` option (the parameter `as_json`)."""
     return click.option(
         "--json", "as_json", is_flag=True, help="Machine-readable output on stdout."
     )(function)
 
 
-def _quiet_option(function):
+def quiet_option(function):
+    """The `-q/--quiet` option: no progress display."""
     return click.option(
         "--quiet", "-q", is_flag=True, help="Print the result only: no progress on stderr."
     )(function)
 
 
-def _verbose_option(function):
+def verbose_option(function):
+    """The `-v/--verbose` option."""
     return click.option(
         "--verbose",
         "-v",
@@ -144,7 +156,8 @@ def _verbose_option(function):
     )(function)
 
 
-def _determinism_option(function):
+def determinism_option(function):
+    """The `--determinism` option of the commands that run a command."""
     return click.option(
         "--determinism",
         type=click.Choice(["strict", "warn", "off"]),
@@ -155,7 +168,7 @@ def _determinism_option(function):
     )(function)
 
 
-def _reporting(command: str, quiet: bool):
+def reporting(command: str, quiet: bool):
     """The progress display of `command` on stderr (app/progress.py), silenced by -q."""
     from twice.app.progress import Reporter
 

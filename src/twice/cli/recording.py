@@ -15,19 +15,19 @@ from twice.app.render import (
 )
 from twice.cli.group import (
     CONTEXT,
-    _color,
-    _determinism_option,
-    _err,
-    _json,
-    _json_option,
-    _out,
-    _quiet_option,
-    _reporting,
-    _runs_dir_option,
-    _trusting,
-    _verbose_option,
-    _yes_option,
+    determinism_option,
+    echo_err,
+    echo_out,
+    json_option,
+    json_text,
     main,
+    quiet_option,
+    reporting,
+    runs_dir_option,
+    trusting,
+    use_color,
+    verbose_option,
+    yes_option,
 )
 from twice.core.errors import UsageError
 from twice.store.layout import RunFolder
@@ -37,8 +37,8 @@ from twice.store.traceseries import loss_fault_phrase
 @main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
 @click.option("--seed", type=int, default=None, help="Root seed for every RNG  [default: 0].")
 @click.option("--name", help="A label appended to the run id.")
-@_runs_dir_option
-@_determinism_option
+@runs_dir_option
+@determinism_option
 @click.option(
     "--observe",
     is_flag=True,
@@ -196,13 +196,13 @@ def run(
 
     context = read_manifest(run_dir).context
     fault = context.get("loss_fault")
-    _err(
+    echo_err(
         f"twice: run {run_dir} {context['status']} (exit {code})"
         + (f"; {loss_fault_phrase(fault)}: see `twice nan {run_dir}`" if fault else "")
     )
     note = format_trace_cost_note(context, trace_every)
     if note:
-        _err(note)
+        echo_err(note)
     sys.exit(code)
 
 
@@ -220,7 +220,7 @@ def _steps_option(value: str | None) -> str | None:
 
 @main.command()
 @click.argument("run_ref", metavar="RUN")
-@_runs_dir_option
+@runs_dir_option
 @click.option(
     "--steps",
     type=click.IntRange(min=1),
@@ -260,10 +260,10 @@ def _steps_option(value: str | None) -> str | None:
     show_default=True,
     help="Where segments run: here, or as Ray tasks (RAY_ADDRESS's cluster, else a local one).",
 )
-@_json_option
-@_quiet_option
-@_verbose_option
-@_yes_option
+@json_option
+@quiet_option
+@verbose_option
+@yes_option
 def verify(
     run_ref,
     runs_dir,
@@ -290,7 +290,7 @@ def verify(
     from twice.store.runs import find_run
 
     run_dir = find_run(run_ref, runs_dir)
-    with _reporting("verify", quiet):
+    with reporting("verify", quiet):
         _verify(
             run_dir, steps, resume_at, segments, segment_seed, jobs, executor, as_json, verbose, yes
         )
@@ -312,26 +312,26 @@ def _verify(
         if segments != "all" and not segments.isdigit():
             raise UsageError(f"--segments takes a count or 'all', not {segments!r}", "e.g. 4")
         count = None if segments == "all" else int(segments)
-        check = _trusting(
+        check = trusting(
             lambda ok: verify_segments(
                 run_dir, count, segment_seed, jobs=jobs, executor=executor, yes=ok
             ),
             yes,
         )
-        _out(_json(check.to_json()) if as_json else format_segments(check, _color()))
+        echo_out(json_text(check.to_json()) if as_json else format_segments(check, use_color()))
         sys.exit(check.exit_code)
     if resume_at is not None:
         if steps is not None:
             raise UsageError("--steps and --resume-at check different things", "give one of them")
-        check = _trusting(lambda ok: verify_resume_of_run(run_dir, resume_at, yes=ok), yes)
-        _out(_json(check.to_json()) if as_json else format_resume_check(check, _color()))
+        check = trusting(lambda ok: verify_resume_of_run(run_dir, resume_at, yes=ok), yes)
+        echo_out(json_text(check.to_json()) if as_json else format_resume_check(check, use_color()))
         sys.exit(check.exit_code)
-    result, new_dir = _trusting(
+    result, new_dir = trusting(
         lambda ok: verify_run(run_dir, steps=steps, quiet=not verbose or as_json, yes=ok), yes
     )
-    _err(f"twice: re-run recorded in {new_dir}")
+    echo_err(f"twice: re-run recorded in {new_dir}")
     fault = read_manifest(run_dir).loss_fault
-    _out(_json(result.to_json()) if as_json else format_verify(result, _color(), fault))
+    echo_out(json_text(result.to_json()) if as_json else format_verify(result, use_color(), fault))
     sys.exit(result.exit_code)
 
 
@@ -343,8 +343,8 @@ def _verify(
     help="Interrupt after this many steps  [default: half the run].",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
-@_runs_dir_option
-@_determinism_option
+@runs_dir_option
+@determinism_option
 @click.option(
     "--resume-command",
     default=None,
@@ -352,8 +352,8 @@ def _verify(
     help="Resume with this command instead (a script that resumes through its own flag, e.g. "
     "'python train.py --resume ckpt.pt'); where it starts is found by its parameters.",
 )
-@_json_option
-@_quiet_option
+@json_option
+@quiet_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def verify_resume_command(at, seed, runs_dir, determinism, resume_command, as_json, quiet, command):
     """Check that an interrupted and resumed COMMAND equals the uninterrupted one, bit for bit.
@@ -382,7 +382,7 @@ def verify_resume_command(at, seed, runs_dir, determinism, resume_command, as_js
         ) from None
     if resume is not None and not resume:
         raise UsageError("--resume-command is empty", "give the command that resumes the script")
-    with _reporting("verify-resume", quiet):
+    with reporting("verify-resume", quiet):
         check = verify_resume(list(command), options, at=at, resume_command=resume)
-    _out(_json(check.to_json()) if as_json else format_resume_check(check, _color()))
+    echo_out(json_text(check.to_json()) if as_json else format_resume_check(check, use_color()))
     sys.exit(check.exit_code)

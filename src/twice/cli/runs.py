@@ -11,13 +11,13 @@ from twice.app.render import (
     format_env,
     format_run,
 )
-from twice.cli.group import _color, _json, _json_option, _out, _runs_dir_option, main
+from twice.cli.group import echo_out, json_option, json_text, main, runs_dir_option, use_color
 from twice.core.errors import TwiceError, UsageError
 from twice.store.layout import RunFolder
 
 
 @main.command()
-@_json_option
+@json_option
 def env(as_json):
     """This machine's determinism hazards and the facts behind them.
 
@@ -30,15 +30,15 @@ def env(as_json):
 
     hazards, facts = machine_hazards()
     if as_json:
-        _out(_json({"hazards": [h.to_json() for h in hazards], "facts": facts}))
+        echo_out(json_text({"hazards": [h.to_json() for h in hazards], "facts": facts}))
     else:
-        _out(format_env(hazards, facts, _color()))
+        echo_out(format_env(hazards, facts, use_color()))
 
 
 @main.command(name="ls")
 @click.argument("folder", required=False, type=click.Path(path_type=Path), default=None)
-@_runs_dir_option
-@_json_option
+@runs_dir_option
+@json_option
 def list_command(folder, runs_dir, as_json):
     """List the runs in the runs folder (--runs-dir, or FOLDER), oldest first, then its sweeps.
 
@@ -61,14 +61,14 @@ def list_command(folder, runs_dir, as_json):
     rows = [summarize_run(path) for path in list_runs(runs_dir)]
     sweeps = summarize_sweeps(runs_dir)
     if as_json:
-        _out(_json({"runs": rows, "sweeps": sweeps}))
+        echo_out(json_text({"runs": rows, "sweeps": sweeps}))
     elif rows or sweeps:
-        _out(format_run_table(rows, sweeps))
+        echo_out(format_run_table(rows, sweeps))
 
 
 @main.command()
 @click.argument("run_ref", metavar="RUN")
-@_runs_dir_option
+@runs_dir_option
 @click.option(
     "--json", "as_json", is_flag=True, help="Machine-readable output (the whole manifest)."
 )
@@ -87,9 +87,9 @@ def show(run_ref, runs_dir, as_json):
     if as_json:
         data = manifest.to_json()
         data["context"] = {**manifest.context, "effective_status": effective_status(manifest)}
-        _out(_json(data))
+        echo_out(json_text(data))
         return
-    _out(format_run(summarize_run(run_dir), manifest.identity))
+    echo_out(format_run(summarize_run(run_dir), manifest.identity))
 
 
 @main.group(name="export")
@@ -99,7 +99,7 @@ def export_group():
 
 @export_group.command(name="mlflow")
 @click.argument("run_refs", metavar="RUN...", nargs=-1, required=True)
-@_runs_dir_option
+@runs_dir_option
 @click.option(
     "--tracking-uri",
     default=None,
@@ -111,7 +111,7 @@ def export_group():
 @click.option(
     "--no-checkpoints", is_flag=True, help="Leave the checkpoints/ folder out of the artifacts."
 )
-@_json_option
+@json_option
 def export_mlflow(run_refs, runs_dir, tracking_uri, experiment, no_checkpoints, as_json):
     """Export each RUN to MLflow: hyperparameters and identity as params, the trace as metrics,
     the run folder as artifacts. A run exported before is not exported twice.
@@ -143,11 +143,11 @@ def export_mlflow(run_refs, runs_dir, tracking_uri, experiment, no_checkpoints, 
             ) from exc
         exported.append({"run": str(run_dir), "mlflow_run_id": run_id, "created": created})
         if not as_json:
-            _out(
+            echo_out(
                 f"{run_dir.name} -> mlflow run {run_id}" + ("" if created else " (exported before)")
             )
     if as_json:
-        _out(_json(exported))
+        echo_out(json_text(exported))
 
 
 @main.group(name="checkpoint")
@@ -157,7 +157,7 @@ def checkpoint_group():
 
 @checkpoint_group.command(name="verify")
 @click.argument("path", type=click.Path(path_type=Path))
-@_json_option
+@json_option
 def checkpoint_verify(path, as_json):
     """Check every file of the checkpoint at PATH against its recorded digest (exit 0 valid, 2 not).
 
@@ -174,15 +174,15 @@ def checkpoint_verify(path, as_json):
             if hasattr(index, "parts")
             else {"entries": sorted(index.entries)}
         )
-        _out(_json({"path": str(path), "valid": True, **held}))
+        echo_out(json_text({"path": str(path), "valid": True, **held}))
     else:
-        _out(format_checkpoint(path, index))
+        echo_out(format_checkpoint(path, index))
 
 
 @checkpoint_group.command(name="ls")
 @click.argument("run_ref", metavar="RUN")
-@_runs_dir_option
-@_json_option
+@runs_dir_option
+@json_option
 def checkpoint_ls(run_ref, runs_dir, as_json):
     """List RUN's checkpoints, newest last, each valid or why not.
 
@@ -205,9 +205,9 @@ def checkpoint_ls(run_ref, runs_dir, as_json):
                 {"name": path.name, "path": str(path), "valid": False, "problem": exc.message}
             )
     if as_json:
-        _out(_json(rows))
+        echo_out(json_text(rows))
         return
     for row in rows:
-        _out(
+        echo_out(
             f"{row['name']}  valid" if row["valid"] else f"{row['name']}  INVALID: {row['problem']}"
         )

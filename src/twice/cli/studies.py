@@ -12,16 +12,16 @@ from twice.app.render import (
 )
 from twice.cli.group import (
     CONTEXT,
-    _determinism_option,
-    _err,
-    _json,
-    _json_option,
-    _out,
-    _quiet_option,
-    _reporting,
-    _runs_dir_option,
-    _verbose_option,
+    determinism_option,
+    echo_err,
+    echo_out,
+    json_option,
+    json_text,
     main,
+    quiet_option,
+    reporting,
+    runs_dir_option,
+    verbose_option,
 )
 
 
@@ -70,11 +70,11 @@ from twice.cli.group import (
     default=None,
     help="The sweep folder's name under --runs-dir  [default: from the settings].",
 )
-@_runs_dir_option
-@_determinism_option
-@_json_option
-@_quiet_option
-@_verbose_option
+@runs_dir_option
+@determinism_option
+@json_option
+@quiet_option
+@verbose_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def sweep(
     vary,
@@ -108,7 +108,7 @@ def sweep(
     grid = parse_vary(list(vary))
     plan_trials(grid, seeds, list(command))  # validate before creating anything
     folder = sweep_folder(runs_dir, grid, name, seeds, list(command))
-    with _reporting("sweep", quiet) as reporter:
+    with reporting("sweep", quiet) as reporter:
         # A bar of trials on a terminal; in a log a line only when a trial starts or ends.
         def progress(done, total, running, failed, eta):
             reporter.count(
@@ -128,24 +128,24 @@ def sweep(
             ray_address=ray_address,
         )
     if as_json:
-        _out(_json(outcome.to_json()))
+        echo_out(json_text(outcome.to_json()))
         sys.exit(outcome.exit_code)
-    _out(
+    echo_out(
         f"sweep {folder}: {outcome.completed} trials completed ({outcome.skipped} from before), "
         f"{len(outcome.failed)} failed"
         + (f", {outcome.elsewhere} run by another sweep" if outcome.elsewhere else "")
     )
     for failure in outcome.failed:
-        _out(f"  failed: {failure}")
+        echo_out(f"  failed: {failure}")
     if outcome.interrupted:
-        _err("twice: interrupted; run the same command again to continue")
+        echo_err("twice: interrupted; run the same command again to continue")
     sys.exit(outcome.exit_code)
 
 
 @main.command()
 @click.argument("folder", type=click.Path(path_type=Path))
 @click.option("--metric", default=None, help="The metric to compare  [default: the sweep's].")
-@_json_option
+@json_option
 @click.option(
     "--html",
     "html_out",
@@ -173,17 +173,17 @@ def stats(folder, metric, as_json, html_out):
         from twice.app.report import write_report
 
         write_report([folder], html_out)
-        _err(f"twice: report written to {html_out}")
+        echo_err(f"twice: report written to {html_out}")
     if as_json:
         arms_json, pairs_json = [a.to_json() for a in arms], [p.to_json() for p in pairs]
-        _out(_json({"metric": spec["metric"], "arms": arms_json, "pairs": pairs_json}))
+        echo_out(json_text({"metric": spec["metric"], "arms": arms_json, "pairs": pairs_json}))
     else:
-        _out(format_stats(spec["metric"], arms, pairs))
+        echo_out(format_stats(spec["metric"], arms, pairs))
 
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@_runs_dir_option
+@runs_dir_option
 @click.option(
     "-o",
     "--output",
@@ -207,4 +207,4 @@ def report(paths, runs_dir, output):
     resolved = [
         Path(p) if (Path(p) / SWEEP_FILE).is_file() else find_run(p, runs_dir) for p in paths
     ]
-    _out(f"report written to {write_report(resolved, output)}")
+    echo_out(f"report written to {write_report(resolved, output)}")
