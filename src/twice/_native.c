@@ -790,42 +790,42 @@ static PyObject *losses(PyObject *module, PyObject *args) {
 /* Portable mode's kernels live in _portable.c (see there). */
 PyObject *p_init(PyObject *, PyObject *);
 PyObject *p_kernels(PyObject *, PyObject *);
-PyObject *p_unary(PyObject *, PyObject *);
-PyObject *p_binary(PyObject *, PyObject *);
-PyObject *p_split(PyObject *, PyObject *);
-PyObject *p_rowsum(PyObject *, PyObject *);
-PyObject *p_uniform(PyObject *, PyObject *);
-PyObject *p_normal(PyObject *, PyObject *);
-PyObject *p_scale(PyObject *, PyObject *);
-PyObject *p_compound(PyObject *, PyObject *);
-PyObject *p_chansum(PyObject *, PyObject *);
-PyObject *p_chanmap(PyObject *, PyObject *);
-PyObject *p_bnsums(PyObject *, PyObject *);
-PyObject *p_lnfwd(PyObject *, PyObject *);
-PyObject *p_colsum(PyObject *, PyObject *);
+PyObject *p_unary(PyObject *, PyObject *, PyObject *);
+PyObject *p_binary(PyObject *, PyObject *, PyObject *);
+PyObject *p_split(PyObject *, PyObject *, PyObject *);
+PyObject *p_rowsum(PyObject *, PyObject *, PyObject *);
+PyObject *p_uniform(PyObject *, PyObject *, PyObject *);
+PyObject *p_normal(PyObject *, PyObject *, PyObject *);
+PyObject *p_scale(PyObject *, PyObject *, PyObject *);
+PyObject *p_compound(PyObject *, PyObject *, PyObject *);
+PyObject *p_chansum(PyObject *, PyObject *, PyObject *);
+PyObject *p_chanmap(PyObject *, PyObject *, PyObject *);
+PyObject *p_bnsums(PyObject *, PyObject *, PyObject *);
+PyObject *p_lnfwd(PyObject *, PyObject *, PyObject *);
+PyObject *p_colsum(PyObject *, PyObject *, PyObject *);
 PyObject *p_keep_memory(PyObject *, PyObject *);
-PyObject *p_threads(PyObject *, PyObject *);
-PyObject *p_lnbwd(PyObject *, PyObject *);
+PyObject *p_threads(PyObject *, PyObject *, PyObject *);
+PyObject *p_lnbwd(PyObject *, PyObject *, PyObject *);
 
 static PyMethodDef methods[] = {
     {"p_init", p_init, METH_VARARGS, "Portable mode: the coefficients of the elementwise functions."},
     {"p_kernels", p_kernels, METH_NOARGS, "Portable mode: the kernels' names, in code order."},
-    {"p_unary", p_unary, METH_VARARGS, "Portable mode: an elementwise function of a buffer."},
-    {"p_binary", p_binary, METH_VARARGS, "Portable mode: a backward of GELU/SiLU, or softplus."},
-    {"p_split", p_split, METH_VARARGS, "Portable mode: rows as integers on their power-of-two unit."},
-    {"p_rowsum", p_rowsum, METH_VARARGS, "Portable mode: exact row sums."},
-    {"p_uniform", p_uniform, METH_VARARGS, "Portable mode: Philox uniforms."},
-    {"p_normal", p_normal, METH_VARARGS, "Portable mode: Philox normals (Box-Muller)."},
-    {"p_scale", p_scale, METH_VARARGS, "Portable mode: an integer product scaled, plus a bias, rounded once."},
-    {"p_chansum", p_chansum, METH_VARARGS, "Portable mode: batch norm's exact per-channel sums."},
-    {"p_colsum", p_colsum, METH_VARARGS, "Portable mode: exact column sums (one slice)."},
+    {"p_unary", (PyCFunction)(void (*)(void))p_unary, METH_VARARGS | METH_KEYWORDS, "Portable mode: an elementwise function of a buffer."},
+    {"p_binary", (PyCFunction)(void (*)(void))p_binary, METH_VARARGS | METH_KEYWORDS, "Portable mode: a backward of GELU/SiLU, or softplus."},
+    {"p_split", (PyCFunction)(void (*)(void))p_split, METH_VARARGS | METH_KEYWORDS, "Portable mode: rows as integers on their power-of-two unit."},
+    {"p_rowsum", (PyCFunction)(void (*)(void))p_rowsum, METH_VARARGS | METH_KEYWORDS, "Portable mode: exact row sums."},
+    {"p_uniform", (PyCFunction)(void (*)(void))p_uniform, METH_VARARGS | METH_KEYWORDS, "Portable mode: Philox uniforms."},
+    {"p_normal", (PyCFunction)(void (*)(void))p_normal, METH_VARARGS | METH_KEYWORDS, "Portable mode: Philox normals (Box-Muller)."},
+    {"p_scale", (PyCFunction)(void (*)(void))p_scale, METH_VARARGS | METH_KEYWORDS, "Portable mode: an integer product scaled, plus a bias, rounded once."},
+    {"p_chansum", (PyCFunction)(void (*)(void))p_chansum, METH_VARARGS | METH_KEYWORDS, "Portable mode: batch norm's exact per-channel sums."},
+    {"p_colsum", (PyCFunction)(void (*)(void))p_colsum, METH_VARARGS | METH_KEYWORDS, "Portable mode: exact column sums (one slice)."},
     {"p_keep_memory", p_keep_memory, METH_NOARGS, "Portable mode: glibc malloc keeps freed memory for reuse."},
-    {"p_threads", p_threads, METH_VARARGS, "Portable mode: the threads (torch's OpenMP workers) the kernels may use."},
-    {"p_lnfwd", p_lnfwd, METH_VARARGS, "Portable mode: layer norm over rows (float32 precision)."},
-    {"p_lnbwd", p_lnbwd, METH_VARARGS, "Portable mode: layer norm's backward (float32 precision)."},
-    {"p_bnsums", p_bnsums, METH_VARARGS, "Portable mode: batch norm's four backward sums at once."},
-    {"p_chanmap", p_chanmap, METH_VARARGS, "Portable mode: batch norm's per-element formulas."},
-    {"p_compound", p_compound, METH_VARARGS, "Portable mode: addcmul/addcdiv/add-alpha/lerp, one rounding each."},
+    {"p_threads", (PyCFunction)(void (*)(void))p_threads, METH_VARARGS | METH_KEYWORDS, "Portable mode: the threads (torch's OpenMP workers) the kernels may use."},
+    {"p_lnfwd", (PyCFunction)(void (*)(void))p_lnfwd, METH_VARARGS | METH_KEYWORDS, "Portable mode: layer norm over rows (float32 precision)."},
+    {"p_lnbwd", (PyCFunction)(void (*)(void))p_lnbwd, METH_VARARGS | METH_KEYWORDS, "Portable mode: layer norm's backward (float32 precision)."},
+    {"p_bnsums", (PyCFunction)(void (*)(void))p_bnsums, METH_VARARGS | METH_KEYWORDS, "Portable mode: batch norm's four backward sums at once."},
+    {"p_chanmap", (PyCFunction)(void (*)(void))p_chanmap, METH_VARARGS | METH_KEYWORDS, "Portable mode: batch norm's per-element formulas."},
+    {"p_compound", (PyCFunction)(void (*)(void))p_compound, METH_VARARGS | METH_KEYWORDS, "Portable mode: addcmul/addcdiv/add-alpha/lerp, one rounding each."},
     {"fetch", fetch, METH_VARARGS, "twice.data's seeded per-sample fetch (see data.py and sample_rng.py)."},
     {"hash", hash, METH_O, "XXH3-128 digests (and float norms) of many buffers (see digests.digest_many)."},
     {"losses", losses, METH_VARARGS, "Steps and losses of canonical trace lines (see store.traceseries)."},

@@ -91,9 +91,10 @@ static void parallel_for(Py_ssize_t n, Py_ssize_t work, range_fn fn, void *ctx) 
 
 /* p_threads(n): the threads the kernels may use from now on; returns whether an OpenMP
    runtime was found to run them. */
-PyObject *p_threads(PyObject *module, PyObject *args) {
+static char *p_threads_kw[] = {"threads", NULL};
+PyObject *p_threads(PyObject *module, PyObject *args, PyObject *kwargs) {
     int n;
-    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i", p_threads_kw, &n)) return NULL;
     if (!gomp_parallel) {
         const char *names[] = {"libgomp.so.1", "libiomp5.so", "libomp.so", NULL};
         for (int i = 0; names[i] && !gomp_parallel; i++) {
@@ -590,12 +591,13 @@ static void unary_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
 }
 
 /* p_unary(function, src, src_kind, dst, dst_kind, n, a, b): kinds 0 float32, 1 float64. */
-PyObject *p_unary(PyObject *module, PyObject *args) {
+static char *p_unary_kw[] = {"kernel", "src", "src_kind", "dst", "dst_kind", "n", "a", "b", NULL};
+PyObject *p_unary(PyObject *module, PyObject *args, PyObject *kwargs) {
     int fn, sk, dk;
     unsigned long long src, dst;
     Py_ssize_t n;
     double a = 0, b = 0;
-    if (!PyArg_ParseTuple(args, "iKiKin|dd", &fn, &src, &sk, &dst, &dk, &n, &a, &b)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iKiKin|dd", p_unary_kw, &fn, &src, &sk, &dst, &dk, &n, &a, &b)) return NULL;
     if (!check_ready()) return NULL;
     const char *s = (const char *)(uintptr_t)src;
     char *d = (char *)(uintptr_t)dst;
@@ -633,12 +635,13 @@ static void binary_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
 
 /* p_binary(function, grad, grad_kind, x, x_kind, dst, dst_kind, n): 0 GELU, 1 GELU (tanh), 2 SiLU
    backward; 3 softplus (x only; a, b = beta, threshold). */
-PyObject *p_binary(PyObject *module, PyObject *args) {
+static char *p_binary_kw[] = {"kernel", "grad", "grad_kind", "x", "x_kind", "dst", "dst_kind", "n", "a", "b", NULL};
+PyObject *p_binary(PyObject *module, PyObject *args, PyObject *kwargs) {
     int fn, gk, xk, dk;
     unsigned long long gp, xp, dp;
     Py_ssize_t n;
     double a = 0, b = 0;
-    if (!PyArg_ParseTuple(args, "iKiKiKin|dd", &fn, &gp, &gk, &xp, &xk, &dp, &dk, &n, &a, &b))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iKiKiKin|dd", p_binary_kw, &fn, &gp, &gk, &xp, &xk, &dp, &dk, &n, &a, &b))
         return NULL;
     if (!check_ready()) return NULL;
     const char *g = (const char *)(uintptr_t)gp, *x = (const char *)(uintptr_t)xp;
@@ -803,11 +806,12 @@ static void split_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     if (bad) __atomic_fetch_or(&c->bad, bad, __ATOMIC_RELAXED);
 }
 
-PyObject *p_split(PyObject *module, PyObject *args) {
+static char *p_split_kw[] = {"src", "kind", "outer", "rows", "cols", "beta", "axis", "ints", "units", NULL};
+PyObject *p_split(PyObject *module, PyObject *args, PyObject *kwargs) {
     unsigned long long src, ip, up;
     int kind, beta, axis;
     Py_ssize_t outer, rows, cols;
-    if (!PyArg_ParseTuple(args, "KinnniiKK", &src, &kind, &outer, &rows, &cols, &beta, &axis, &ip, &up))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KinnniiKK", p_split_kw, &src, &kind, &outer, &rows, &cols, &beta, &axis, &ip, &up))
         return NULL;
     split_ctx ctx = {(const char *)(uintptr_t)src, kind, beta, axis, 0, outer, rows, cols,
                      (double *)(uintptr_t)ip, (double *)(uintptr_t)up};
@@ -821,11 +825,12 @@ PyObject *p_split(PyObject *module, PyObject *args) {
 
 /* p_rowsum(src, kind, rows, cols, beta, count, out): out[r] = the row's exact sum from `count`
    slices (exact.split), each slice's integers added exactly, the slices' terms in order. */
-PyObject *p_rowsum(PyObject *module, PyObject *args) {
+static char *p_rowsum_kw[] = {"src", "kind", "rows", "cols", "beta", "count", "out", NULL};
+PyObject *p_rowsum(PyObject *module, PyObject *args, PyObject *kwargs) {
     unsigned long long src, op;
     int kind, beta, count, finite = 1;
     Py_ssize_t rows, cols;
-    if (!PyArg_ParseTuple(args, "KinniiK", &src, &kind, &rows, &cols, &beta, &count, &op)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KinniiK", p_rowsum_kw, &src, &kind, &rows, &cols, &beta, &count, &op)) return NULL;
     if (count < 1 || count > 3) {
         PyErr_SetString(PyExc_ValueError, "count");
         return NULL;
@@ -906,11 +911,12 @@ static void scale_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     }
 }
 
-PyObject *p_scale(PyObject *module, PyObject *args) {
+static char *p_scale_kw[] = {"product", "blocks", "rows", "cols", "unit_a", "unit_b", "bias", "bias_kind", "bias_block_stride", "bias_row_stride", "bias_col_stride", "out", "out_kind", NULL};
+PyObject *p_scale(PyObject *module, PyObject *args, PyObject *kwargs) {
     unsigned long long pp, ap, bp, biasp, op;
     Py_ssize_t blocks, rows, cols, bbs, brs, bcs;
     int bk, ok;
-    if (!PyArg_ParseTuple(args, "KnnnKKKinnnKi", &pp, &blocks, &rows, &cols, &ap, &bp, &biasp, &bk, &bbs, &brs, &bcs, &op, &ok))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KnnnKKKinnnKi", p_scale_kw, &pp, &blocks, &rows, &cols, &ap, &bp, &biasp, &bk, &bbs, &brs, &bcs, &op, &ok))
         return NULL;
     scale_ctx ctx = {(const double *)(uintptr_t)pp, (const double *)(uintptr_t)ap, (const double *)(uintptr_t)bp,
                      (const char *)(uintptr_t)biasp, bk, ok, rows, cols, bbs, brs, bcs, (char *)(uintptr_t)op};
@@ -959,12 +965,13 @@ static void compound_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     compound_loops(c->fn, c->kind, hi - lo, c->sp + at, c->ap + at, c->bp + at, c->value, c->op + at);
 }
 
-PyObject *p_compound(PyObject *module, PyObject *args) {
+static char *p_compound_kw[] = {"op", "kind", "n", "self", "a", "b", "value", "out", NULL};
+PyObject *p_compound(PyObject *module, PyObject *args, PyObject *kwargs) {
     int fn, kind;
     Py_ssize_t n;
     unsigned long long sp_, ap_, bp_, op_;
     double value;
-    if (!PyArg_ParseTuple(args, "iinKKKdK", &fn, &kind, &n, &sp_, &ap_, &bp_, &value, &op_)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iinKKKdK", p_compound_kw, &fn, &kind, &n, &sp_, &ap_, &bp_, &value, &op_)) return NULL;
     const char *sp = (const char *)(uintptr_t)sp_, *ap = (const char *)(uintptr_t)ap_, *bp = (const char *)(uintptr_t)bp_;
     char *op = (char *)(uintptr_t)op_;
     compound_ctx ctx = {fn, kind, sp, ap, bp, value, op};
@@ -1007,10 +1014,11 @@ static void uniforms(uint64_t key, Py_ssize_t count, double *out) {
 }
 
 /* p_uniform(key, count, out): float64 uniforms, as philox.uniform. */
-PyObject *p_uniform(PyObject *module, PyObject *args) {
+static char *p_uniform_kw[] = {"key", "count", "out", NULL};
+PyObject *p_uniform(PyObject *module, PyObject *args, PyObject *kwargs) {
     unsigned long long key, op;
     Py_ssize_t count;
-    if (!PyArg_ParseTuple(args, "KnK", &key, &count, &op)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KnK", p_uniform_kw, &key, &count, &op)) return NULL;
     Py_BEGIN_ALLOW_THREADS
     uniforms(key, count, (double *)(uintptr_t)op);
     Py_END_ALLOW_THREADS
@@ -1019,10 +1027,11 @@ PyObject *p_uniform(PyObject *module, PyObject *args) {
 
 /* p_normal(key, count, out, scratch): float64 normals, as philox.normal; scratch holds
    2 * ceil(count / 2) doubles. */
-PyObject *p_normal(PyObject *module, PyObject *args) {
+static char *p_normal_kw[] = {"key", "count", "out", "scratch", NULL};
+PyObject *p_normal(PyObject *module, PyObject *args, PyObject *kwargs) {
     unsigned long long key, op, sp;
     Py_ssize_t count;
-    if (!PyArg_ParseTuple(args, "KnKK", &key, &count, &op, &sp)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KnKK", p_normal_kw, &key, &count, &op, &sp)) return NULL;
     if (!check_ready()) return NULL;
     double *out = (double *)(uintptr_t)op, *u = (double *)(uintptr_t)sp;
     Py_ssize_t pairs = (count + 1) / 2;
@@ -1169,11 +1178,12 @@ static void chan_range(void *p, Py_ssize_t lo, Py_ssize_t hi);
 /* p_chansum(expr, N, C, S, beta, count, x, xk, y, yk, m, s, w, out): out[c] = the exact sum over
    n and s of the expression (0: x; 1: (x - m)^2; 2: y (x - m) s; 3: y w; 4: (y w)((x - m) s)),
    as exact_sum computes it from `count` slices. Returns False where a value is not finite. */
-PyObject *p_chansum(PyObject *module, PyObject *args) {
+static char *p_chansum_kw[] = {"expr", "n", "c", "s", "beta", "count", "x", "x_kind", "y", "y_kind", "mean", "scale", "weight", "out", NULL};
+PyObject *p_chansum(PyObject *module, PyObject *args, PyObject *kwargs) {
     int expr, beta, count, xk, yk, finite = 1;
     Py_ssize_t N, C, S;
     unsigned long long xp, yp, mp, sp, wp, op;
-    if (!PyArg_ParseTuple(args, "innniiKiKiKKKK", &expr, &N, &C, &S, &beta, &count, &xp, &xk, &yp, &yk, &mp, &sp, &wp, &op))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "innniiKiKiKKKK", p_chansum_kw, &expr, &N, &C, &S, &beta, &count, &xp, &xk, &yp, &yk, &mp, &sp, &wp, &op))
         return NULL;
     if (count < 1 || count > 3) {
         PyErr_SetString(PyExc_ValueError, "count");
@@ -1283,11 +1293,12 @@ static void chanmap_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
                   c->b, c->p1, c->p2, c->out, c->ok);
 }
 
-PyObject *p_chanmap(PyObject *module, PyObject *args) {
+static char *p_chanmap_kw[] = {"expr", "n", "c", "s", "x", "x_kind", "y", "y_kind", "mean", "scale", "weight", "bias", "p1", "p2", "out", "out_kind", NULL};
+PyObject *p_chanmap(PyObject *module, PyObject *args, PyObject *kwargs) {
     int expr, xk, yk, ok;
     Py_ssize_t N, C, S;
     unsigned long long xp, yp, mp, sp, wp, bp, p1p, p2p, op;
-    if (!PyArg_ParseTuple(args, "innnKiKiKKKKKKKi", &expr, &N, &C, &S, &xp, &xk, &yp, &yk, &mp, &sp, &wp, &bp, &p1p, &p2p, &op, &ok))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "innnKiKiKKKKKKKi", p_chanmap_kw, &expr, &N, &C, &S, &xp, &xk, &yp, &yk, &mp, &sp, &wp, &bp, &p1p, &p2p, &op, &ok))
         return NULL;
     const char *x = (const char *)(uintptr_t)xp, *y = (const char *)(uintptr_t)yp;
     const double *m = (const double *)(uintptr_t)mp, *sc = (const double *)(uintptr_t)sp, *w = (const double *)(uintptr_t)wp;
@@ -1354,11 +1365,12 @@ static void chan_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     if (!ok) __atomic_store_n(&c->bad, 1, __ATOMIC_RELAXED);
 }
 
-PyObject *p_bnsums(PyObject *module, PyObject *args) {
+static char *p_bnsums_kw[] = {"n", "c", "s", "beta", "x", "x_kind", "y", "y_kind", "mean", "scale", "weight", "out", NULL};
+PyObject *p_bnsums(PyObject *module, PyObject *args, PyObject *kwargs) {
     int beta, xk, yk, finite = 1;
     Py_ssize_t N, C, S;
     unsigned long long xp, yp, mp, sp, wp, op;
-    if (!PyArg_ParseTuple(args, "nnniKiKiKKKK", &N, &C, &S, &beta, &xp, &xk, &yp, &yk, &mp, &sp, &wp, &op))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nnniKiKiKKKK", p_bnsums_kw, &N, &C, &S, &beta, &xp, &xk, &yp, &yk, &mp, &sp, &wp, &op))
         return NULL;
     const char *x = (const char *)(uintptr_t)xp, *y = (const char *)(uintptr_t)yp;
     const double *m = (const double *)(uintptr_t)mp, *sc = (const double *)(uintptr_t)sp, *w = (const double *)(uintptr_t)wp;
@@ -1386,12 +1398,13 @@ static double exact_one(const double *v, Py_ssize_t n, int beta, int *bad) {
 
 /* p_lnfwd(rows, cols, beta, x, xk, w, b, eps, out, ok, mean, rstd): layer norm over each row,
    float32 precision (norms.layer_norm's expressions; w, b float64 or 0). */
-PyObject *p_lnfwd(PyObject *module, PyObject *args) {
+static char *p_lnfwd_kw[] = {"rows", "cols", "beta", "x", "x_kind", "weight", "bias", "eps", "out", "out_kind", "mean", "rstd", NULL};
+PyObject *p_lnfwd(PyObject *module, PyObject *args, PyObject *kwargs) {
     Py_ssize_t rows, cols;
     int beta, xk, ok, bad = 0;
     unsigned long long xp, wp, bp, op, mp, rp;
     double eps;
-    if (!PyArg_ParseTuple(args, "nniKiKKdKiKK", &rows, &cols, &beta, &xp, &xk, &wp, &bp, &eps, &op, &ok, &mp, &rp))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nniKiKKdKiKK", p_lnfwd_kw, &rows, &cols, &beta, &xp, &xk, &wp, &bp, &eps, &op, &ok, &mp, &rp))
         return NULL;
     const char *x = (const char *)(uintptr_t)xp;
     const double *w = (const double *)(uintptr_t)wp, *b = (const double *)(uintptr_t)bp;
@@ -1426,11 +1439,12 @@ PyObject *p_lnfwd(PyObject *module, PyObject *args) {
    norm's backward at float32 precision (norms.layer_norm_backward's expressions): per row the
    input gradient, per column the exact sums of go * x-hat and go into gw and gb (float64, 0 to
    skip). mean and rstd are the saved statistics as float64; w float64 or 0. */
-PyObject *p_lnbwd(PyObject *module, PyObject *args) {
+static char *p_lnbwd_kw[] = {"rows", "cols", "beta_row", "beta_col", "x", "x_kind", "grad", "grad_kind", "mean", "rstd", "weight", "grad_input", "out_kind", "grad_weight", "grad_bias", NULL};
+PyObject *p_lnbwd(PyObject *module, PyObject *args, PyObject *kwargs) {
     Py_ssize_t rows, cols;
     int br, bc, xk, gk, ok, bad = 0;
     unsigned long long xp, gp, mp, rp, wp, ip, gwp, gbp;
-    if (!PyArg_ParseTuple(args, "nniiKiKiKKKKiKK", &rows, &cols, &br, &bc, &xp, &xk, &gp, &gk, &mp, &rp, &wp, &ip, &ok, &gwp, &gbp))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nniiKiKiKKKKiKK", p_lnbwd_kw, &rows, &cols, &br, &bc, &xp, &xk, &gp, &gk, &mp, &rp, &wp, &ip, &ok, &gwp, &gbp))
         return NULL;
     const char *x = (const char *)(uintptr_t)xp, *go = (const char *)(uintptr_t)gp;
     const double *mean = (const double *)(uintptr_t)mp, *rstd = (const double *)(uintptr_t)rp, *w = (const double *)(uintptr_t)wp;
@@ -1543,11 +1557,12 @@ static void colsum_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
 
 /* p_colsum(src, kind, rows, cols, beta, out): out[j] = the exact sum of column j of a row-major
    (rows x cols) matrix at one slice (exact_sum over leading dimensions, with no copy). */
-PyObject *p_colsum(PyObject *module, PyObject *args) {
+static char *p_colsum_kw[] = {"src", "kind", "rows", "cols", "beta", "out", NULL};
+PyObject *p_colsum(PyObject *module, PyObject *args, PyObject *kwargs) {
     unsigned long long src, op;
     int kind, beta;
     Py_ssize_t rows, cols;
-    if (!PyArg_ParseTuple(args, "KinniK", &src, &kind, &rows, &cols, &beta, &op)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KinniK", p_colsum_kw, &src, &kind, &rows, &cols, &beta, &op)) return NULL;
     colsum_ctx ctx = {(const char *)(uintptr_t)src, kind, beta, 0, rows, cols, (double *)(uintptr_t)op};
     Py_BEGIN_ALLOW_THREADS
     parallel_for(cols, rows * cols, colsum_range, &ctx);

@@ -30,7 +30,7 @@ class RunOptions:
     trace_every: int = 1
     """Record every N-th step."""
     params_every: int | None = None
-    """Per-tensor digests every N steps (None: auto, see instrument.AUTO_PARAMS_TENSORS)."""
+    """Per-tensor digests every N steps (None: auto, see record/stepdata.py AUTO_PARAMS_TENSORS)."""
     full_every: int | None = None
     """Placement-independent digests of the parameters every N steps (None: never)."""
     stop_after: int | None = None

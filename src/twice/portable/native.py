@@ -158,7 +158,7 @@ def usable(*tensors: torch.Tensor) -> bool:
         _init()
     threads = torch.get_num_threads()
     if threads != _state["threads"]:  # the kernels follow torch's thread count, in its pool
-        _module.p_threads(threads)
+        _module.p_threads(threads=threads)
         _state["threads"] = threads
     for t in tensors:
         if not t.is_cpu or t.dtype not in KINDS:
@@ -173,7 +173,10 @@ def unary(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
     src = x.contiguous()
     out = empty(x.shape, dtype or x.dtype)
     kind = KINDS[out.dtype]
-    _module.p_unary(_UNARY[name], src.data_ptr(), KINDS[x.dtype], out.data_ptr(), kind, x.numel())
+    _module.p_unary(
+        kernel=_UNARY[name], src=src.data_ptr(), src_kind=KINDS[x.dtype], dst=out.data_ptr(),
+        dst_kind=kind, n=x.numel(),
+    )  # fmt: skip
     return out
 
 
@@ -187,17 +190,10 @@ def binary(name: str, grad: torch.Tensor | None, x: torch.Tensor, dtype, a=0.0, 
     gs = grad.contiguous() if grad is not None else xs
     out = empty(x.shape, dtype)
     _module.p_binary(
-        _BINARY[name],
-        gs.data_ptr(),
-        KINDS[gs.dtype],
-        xs.data_ptr(),
-        KINDS[xs.dtype],
-        out.data_ptr(),
-        KINDS[dtype],
-        x.numel(),
-        float(a),
-        float(b),
-    )
+        kernel=_BINARY[name], grad=gs.data_ptr(), grad_kind=KINDS[gs.dtype], x=xs.data_ptr(),
+        x_kind=KINDS[xs.dtype], dst=out.data_ptr(), dst_kind=KINDS[dtype], n=x.numel(),
+        a=float(a), b=float(b),
+    )  # fmt: skip
     return out
 
 
@@ -220,8 +216,8 @@ def _split_blocks(x: torch.Tensor, axis: int, beta: int):
     unit_shape = (*x.shape[:-2], rows, 1) if axis == 0 else (*x.shape[:-2], 1, cols)
     units = empty(unit_shape, torch.float64)
     finite = _module.p_split(
-        x.data_ptr(), KINDS[x.dtype], outer, rows, cols, beta, axis, ints.data_ptr(),
-        units.data_ptr(),
+        src=x.data_ptr(), kind=KINDS[x.dtype], outer=outer, rows=rows, cols=cols, beta=beta,
+        axis=axis, ints=ints.data_ptr(), units=units.data_ptr(),
     )  # fmt: skip
     return (ints, units) if finite else None
 
@@ -273,14 +269,18 @@ def scaled(product, unit_a, unit_b, out_dtype, bias=None):
     ua = unit_a.expand(*product.shape[:-1], 1).contiguous()
     ub = unit_b.expand(*product.shape[:-2], 1, cols).contiguous()
     out = empty(product.shape, out_dtype)
-    strides, bias_ptr, bias_kind = (0, 0, 0), 0, 0
+    (block_stride, row_stride, col_stride), bias_ptr, bias_kind = (0, 0, 0), 0, 0
     if bias is not None:
         full = bias.expand(product.shape)
-        strides = tuple(full.stride()) if product.dim() == 3 else (0, *full.stride())
+        block_stride, row_stride, col_stride = (
+            tuple(full.stride()) if product.dim() == 3 else (0, *full.stride())
+        )
         bias_ptr, bias_kind = full.data_ptr(), KINDS[bias.dtype]
     _module.p_scale(
-        product.contiguous().data_ptr(), blocks, rows, cols, ua.data_ptr(), ub.data_ptr(),
-        bias_ptr, bias_kind, *strides, out.data_ptr(), KINDS[out_dtype],
+        product=product.contiguous().data_ptr(), blocks=blocks, rows=rows, cols=cols,
+        unit_a=ua.data_ptr(), unit_b=ub.data_ptr(), bias=bias_ptr, bias_kind=bias_kind,
+        bias_block_stride=block_stride, bias_row_stride=row_stride, bias_col_stride=col_stride,
+        out=out.data_ptr(), out_kind=KINDS[out_dtype],
     )  # fmt: skip
     return out
 
@@ -309,8 +309,8 @@ def compound(name: str, self, a, b, value: float, inplace: bool = False):
         out = empty(self.shape, self.dtype)
     other = b if b is not None else a
     _module.p_compound(
-        _COMPOUND[name], KINDS[self.dtype], self.numel(), self.data_ptr(), a.data_ptr(),
-        other.data_ptr(), float(value), out.data_ptr(),
+        op=_COMPOUND[name], kind=KINDS[self.dtype], n=self.numel(), self=self.data_ptr(),
+        a=a.data_ptr(), b=other.data_ptr(), value=float(value), out=out.data_ptr(),
     )  # fmt: skip
     return out
 
@@ -326,8 +326,9 @@ def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):
         cols = math.prod(x.shape[len(dims) :])
         out = empty(cols, torch.float64)
         finite = _module.p_colsum(
-            x.data_ptr(), KINDS[x.dtype], x.numel() // max(1, cols), cols, beta, out.data_ptr()
-        )
+            src=x.data_ptr(), kind=KINDS[x.dtype], rows=x.numel() // max(1, cols), cols=cols,
+            beta=beta, out=out.data_ptr(),
+        )  # fmt: skip
         if not finite:
             return False
         shape = [1] * len(dims) + list(x.shape[len(dims) :]) if keepdim else x.shape[len(dims) :]
@@ -335,8 +336,8 @@ def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):
     rows, kept = _rows(x, dims)
     out = empty(rows.shape[0], torch.float64)
     finite = _module.p_rowsum(
-        rows.data_ptr(), KINDS[x.dtype], rows.shape[0], rows.shape[1], beta, count,
-        out.data_ptr(),
+        src=rows.data_ptr(), kind=KINDS[x.dtype], rows=rows.shape[0], cols=rows.shape[1],
+        beta=beta, count=count, out=out.data_ptr(),
     )  # fmt: skip
     if not finite:
         return False
@@ -355,7 +356,7 @@ def uniform(count: int, key: int, device) -> torch.Tensor | None:
     ):
         return None
     out = empty(count, torch.float64)
-    _module.p_uniform(key, count, out.data_ptr())
+    _module.p_uniform(key=key, count=count, out=out.data_ptr())
     return out
 
 
@@ -365,5 +366,5 @@ def normal(count: int, key: int, device) -> torch.Tensor | None:
         return None
     out = empty(count, torch.float64)
     scratch = empty(2 * max(1, -(-count // 2)), torch.float64)
-    _module.p_normal(key, count, out.data_ptr(), scratch.data_ptr())
+    _module.p_normal(key=key, count=count, out=out.data_ptr(), scratch=scratch.data_ptr())
     return out

@@ -33,9 +33,10 @@ def chansum(expr: int, x, y, m, s, w, beta: int, count: int):
     n, c, size = _nchw(x)
     out = native.empty(c, torch.float64)
     finite = native.module().p_chansum(
-        expr, n, c, size, beta, count, x.data_ptr(), native.KINDS[x.dtype],
-        _f64_ptr(y), native.KINDS[y.dtype] if y is not None else 0,
-        _f64_ptr(m), _f64_ptr(s), _f64_ptr(w), out.data_ptr(),
+        expr=expr, n=n, c=c, s=size, beta=beta, count=count, x=x.data_ptr(),
+        x_kind=native.KINDS[x.dtype], y=_f64_ptr(y),
+        y_kind=native.KINDS[y.dtype] if y is not None else 0,
+        mean=_f64_ptr(m), scale=_f64_ptr(s), weight=_f64_ptr(w), out=out.data_ptr(),
     )  # fmt: skip
     return out if finite else False
 
@@ -48,10 +49,10 @@ def chanmap(expr: int, x, y, m, s, w, b, p1, p2, dtype):
     n, c, size = _nchw(x)
     out = native.empty(x.shape, dtype)
     native.module().p_chanmap(
-        expr, n, c, size, x.data_ptr(), native.KINDS[x.dtype],
-        _f64_ptr(y), native.KINDS[y.dtype] if y is not None else 0,
-        _f64_ptr(m), _f64_ptr(s), _f64_ptr(w), _f64_ptr(b), _f64_ptr(p1), _f64_ptr(p2),
-        out.data_ptr(), native.KINDS[dtype],
+        expr=expr, n=n, c=c, s=size, x=x.data_ptr(), x_kind=native.KINDS[x.dtype],
+        y=_f64_ptr(y), y_kind=native.KINDS[y.dtype] if y is not None else 0,
+        mean=_f64_ptr(m), scale=_f64_ptr(s), weight=_f64_ptr(w), bias=_f64_ptr(b),
+        p1=_f64_ptr(p1), p2=_f64_ptr(p2), out=out.data_ptr(), out_kind=native.KINDS[dtype],
     )  # fmt: skip
     return out
 
@@ -65,8 +66,9 @@ def bnsums(x, y, m, s, w, beta: int):
     n, c, size = _nchw(x)
     out = native.empty((c, 4), torch.float64)
     finite = native.module().p_bnsums(
-        n, c, size, beta, x.data_ptr(), native.KINDS[x.dtype], y.data_ptr(), native.KINDS[y.dtype],
-        m.data_ptr(), s.data_ptr(), w.data_ptr(), out.data_ptr(),
+        n=n, c=c, s=size, beta=beta, x=x.data_ptr(), x_kind=native.KINDS[x.dtype],
+        y=y.data_ptr(), y_kind=native.KINDS[y.dtype], mean=m.data_ptr(), scale=s.data_ptr(),
+        weight=w.data_ptr(), out=out.data_ptr(),
     )  # fmt: skip
     return out if finite else False
 
@@ -80,8 +82,9 @@ def layer_norm(x, cols: int, w, b, eps: float, beta: int):
     out = native.empty(x.shape, x.dtype)
     mean, rstd = native.empty(rows, torch.float64), native.empty(rows, torch.float64)
     finite = native.module().p_lnfwd(
-        rows, cols, beta, x.data_ptr(), 0, _f64_ptr(w), _f64_ptr(b), float(eps),
-        out.data_ptr(), 0, mean.data_ptr(), rstd.data_ptr(),
+        rows=rows, cols=cols, beta=beta, x=x.data_ptr(), x_kind=0, weight=_f64_ptr(w),
+        bias=_f64_ptr(b), eps=float(eps), out=out.data_ptr(), out_kind=0, mean=mean.data_ptr(),
+        rstd=rstd.data_ptr(),
     )  # fmt: skip
     return (out, mean, rstd) if finite else False
 
@@ -98,8 +101,9 @@ def layer_norm_backward(grad, x, cols: int, mean, rstd, w, beta_row, beta_col, w
     gw = native.empty(cols, torch.float64) if want[1] else None
     gb = native.empty(cols, torch.float64) if want[2] else None
     finite = native.module().p_lnbwd(
-        rows, cols, beta_row, beta_col, x.data_ptr(), 0, grad.data_ptr(), 0,
-        mean.data_ptr(), rstd.data_ptr(), _f64_ptr(w), _f64_ptr(gi), 0, _f64_ptr(gw),
-        _f64_ptr(gb),
+        rows=rows, cols=cols, beta_row=beta_row, beta_col=beta_col, x=x.data_ptr(), x_kind=0,
+        grad=grad.data_ptr(), grad_kind=0, mean=mean.data_ptr(), rstd=rstd.data_ptr(),
+        weight=_f64_ptr(w), grad_input=_f64_ptr(gi), out_kind=0, grad_weight=_f64_ptr(gw),
+        grad_bias=_f64_ptr(gb),
     )  # fmt: skip
     return (gi, gw, gb) if finite else False
