@@ -51,7 +51,7 @@ MAX_LINES = 400
 # so it leaves the list) and a listed module may not grow.
 LONG_MODULES: dict[str, tuple[int, str]] = {
     "twice.core.digests": (
-        474,
+        473,
         "one concept: the Digester, and digests of single values and tensors",
     ),
     "twice.rng.sample": (423, "one concept: a sample's RNG states, made in place by its Seeder"),

@@ -359,3 +359,11 @@ def test_a_torch_or_numpy_still_being_imported_by_another_thread_does_not_break_
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout == "True\n", result.stderr
+
+
+def test_the_device_fold_reads_a_view_that_starts_inside_a_word():
+    """x[1:] of a float32 tensor starts 4 bytes into a word: its fold is that of its copy (it
+    raised before, on any device)."""
+    base = torch.arange(11, dtype=torch.float32)
+    assert device_fold(base[1:]) == device_fold(base[1:].clone())
+    assert device_fold(base[3:]) != device_fold(base[1:])

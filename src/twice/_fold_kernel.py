@@ -75,3 +75,69 @@ def _launch(words, first: int):
     out = torch.empty(blocks * 4, dtype=torch.int64, device=words.device)
     _fold_block[(blocks,)](words, words.numel(), first, out, BLOCK=BLOCK)
     return out
+
+
+@triton.jit
+def _fold_table(base, offsets, firsts, counts, owners, out, BLOCK: tl.constexpr):
+    # One program per block of a table of blocks over many tensors, each read where it lies: the
+    # block's words start `offset` words from `base` (another tensor's memory, reached by pointer
+    # arithmetic), are the tensor's words `first`.. (`count` of them), and their four sums go to
+    # row `owner` of `out`, added atomically (integer sums modulo 2**64: any order, same bits).
+    block = tl.program_id(0)
+    offset = tl.load(offsets + block)
+    first = tl.load(firsts + block)
+    count = tl.load(counts + block)
+    owner = tl.load(owners + block)
+    lanes = tl.arange(0, BLOCK)
+    inside = lanes < count
+    word = tl.load(base + offset + lanes, mask=inside, other=0).to(tl.uint64, bitcast=True)
+    index = (first + lanes).to(tl.uint64)
+    low = word & 0xFFFFFFFF
+    high = word >> 32
+    for lane in tl.static_range(2):
+        key = _mix64(index * 2 + (lane * (1 << 40) + 0x5EED))
+        product = ((low + (key & 0xFFFFFFFF)) & 0xFFFFFFFF) * ((high + (key >> 32)) & 0xFFFFFFFF)
+        nothing = tl.zeros_like(product)
+        product_sum = tl.sum(tl.where(inside, product, nothing), axis=0)
+        xor_sum = tl.sum(tl.where(inside, word ^ key, nothing), axis=0)
+        tl.atomic_add(out + owner * 4 + lane, product_sum.to(tl.int64, bitcast=True))
+        tl.atomic_add(out + owner * 4 + 2 + lane, xor_sum.to(tl.int64, bitcast=True))
+
+
+def fold_many(raws: list, keep: list):
+    """device_fold's four sums of each 1-d uint8 tensor of `raws` (one device), as an int64
+    (len(raws), 4) tensor on that device, from one kernel launch over all of them: each is read
+    where it lies (a tensor whose address or size is not a whole number of words is copied to
+    one that is, zero-padded). Nothing waits for the device. `keep` receives what must stay alive
+    until the kernel has run (the staged copies and the block table)."""
+    import numpy as np
+    import torch
+
+    device = raws[0].device
+    words = []
+    for raw in raws:
+        if raw.data_ptr() % 8 or raw.storage_offset() % 8 or raw.numel() % 8:  # staged, padded
+            staged = torch.zeros(-(-raw.numel() // 8), dtype=torch.int64, device=device)
+            staged.view(torch.uint8)[: raw.numel()].copy_(raw)
+            words.append(staged)
+        else:
+            words.append(raw.view(torch.int64))
+    keep.extend(words)
+    out = torch.zeros((len(raws), 4), dtype=torch.int64, device=device)
+    sizes = np.array([w.numel() for w in words], dtype=np.int64)
+    if not sizes.any():
+        return out
+    addresses = np.array([w.data_ptr() for w in words], dtype=np.int64)
+    base = words[int(addresses.argmin())]
+    blocks = -(-sizes // BLOCK)  # a tensor of no words has no block: its sums stay zero
+    owners = np.repeat(np.arange(len(words), dtype=np.int64), blocks)
+    starts = np.repeat(np.cumsum(blocks) - blocks, blocks)
+    firsts = (np.arange(len(owners), dtype=np.int64) - starts) * BLOCK
+    counts = np.minimum(BLOCK, sizes[owners] - firsts)
+    offsets = (addresses[owners] - base.data_ptr()) // 8 + firsts
+    table = torch.from_numpy(np.stack([offsets, firsts, counts, owners]))
+    if device.type == "cuda":  # from pinned memory: the copy does not wait for the device
+        table = table.pin_memory().to(device, non_blocking=True)
+    keep.append(table)
+    _fold_table[(len(owners),)](base, table[0], table[1], table[2], table[3], out, BLOCK=BLOCK)
+    return out

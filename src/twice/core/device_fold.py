@@ -108,7 +108,9 @@ def _words_of(tensor):
         tensor = tensor.resolve_conj()
     if tensor.is_neg():
         tensor = tensor.resolve_neg()
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
+    raw = tensor.contiguous().reshape(-1).view(torch.uint8)
+    # a view that starts inside a word (x[1:] of float32) cannot be read as words where it lies
+    return raw.clone() if raw.storage_offset() % 8 else raw
 
 
 def device_fold_many(tensors: list) -> list[bytes]:

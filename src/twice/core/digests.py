@@ -24,7 +24,9 @@ try:  # the compiled part (see setup.py); where it was not built, the same value
 except ImportError:
     _native = None
 
-__all__ = ["digest", "Digester", "dtensor_type", "local_tensor", "tensor_bytes_view"]
+__all__ = [
+    "digest", "Digester", "device_digest", "dtensor_type", "local_tensor", "tensor_bytes_view"
+]  # fmt: skip
 
 _TAG_NONE, _TAG_BOOL, _TAG_INT, _TAG_FLOAT, _TAG_STR, _TAG_BYTES = (
     b"N",
@@ -49,8 +51,6 @@ _TAG_WRAPPER = b"W"
 # Types a lenient Digester (the step trace's batch digests) could only identify by name, in the
 # order first met: the step trace warns about each once, since a difference in them goes unseen.
 OPAQUE_TYPES: list[str] = []
-
-# Elements per chunk on the device path: bounds the temporary key tensors to a few hundred MB.
 
 
 def _torch():
@@ -82,9 +82,8 @@ class Digester:
 
     def update(self, value: Any) -> Digester:
         """Feed one value (tensor, array, number, string, or a nesting of those)."""
-        # A value cannot be a tensor unless torch is loaded; not importing it keeps the launcher
-        # fast. A torch another thread is still importing may lack `Tensor` yet, and then no
-        # tensor can exist either.
+        # No tensor without torch loaded (not importing it keeps the launcher fast), nor while
+        # another thread is still importing it and `Tensor` is not there yet.
         tensor_type = getattr(sys.modules.get("torch"), "Tensor", _NoTensor)
         if isinstance(value, tensor_type):  # first: batches are mostly tensors
             self._update_tensor(value)
@@ -197,9 +196,7 @@ class Digester:
                     f"cannot digest a {tensor.layout} tensor; convert it with .to_dense() first"
                 )
             # A sparse tensor (an nn.Embedding(sparse=True) gradient) as what it holds: its index
-            # and
-            # value tensors as they are, uncoalesced duplicates included, under its layout and
-            # shape.
+            # and value tensors as they are, duplicates included, under its layout and shape.
             self._frame(
                 _TAG_SPARSE,
                 f"{tensor.layout}|{tensor.dtype}|{tuple(tensor.shape)}|{len(parts)}".encode(),
@@ -210,9 +207,7 @@ class Digester:
         device = tensor.device.type
         if device == "meta":
             raise TypeError("cannot digest a meta tensor: it has no data")
-        if (
-            tensor.is_quantized
-        ):  # the integers and what maps them to values: scale(s), zero point(s), axis
+        if tensor.is_quantized:  # the integers and what maps them to values: scales, zeros, axis
             scheme = tensor.qscheme()
             if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
                 mapping, parts = f"{scheme}|{tensor.q_scale()!r}|{tensor.q_zero_point()}", ()
@@ -372,6 +367,14 @@ _plain_heads: dict = {}
 _strided: list = []  # [torch.strided], once torch is loaded
 
 
+def device_digest(dtype: Any, shape: tuple, words: bytes) -> str:
+    """`digest(tensor)` of an accelerator tensor of `dtype` and `shape` whose `device_fold` is
+    `words`, without the tensor (the step trace reads the fold a step late)."""
+    payload = f"{dtype}|{tuple(shape)}|".encode() + words
+    frame = _TAG_DEVICE_TENSOR + len(payload).to_bytes(8, "little") + payload
+    return xxhash.xxh3_128(frame).hexdigest()
+
+
 def digest_tensor(tensor: Any) -> str:
     """`digest(tensor)` for one tensor, with the per-call work kept small: the step trace digests
     every parameter and gradient of every step, and for small models the Python around the hash
@@ -447,9 +450,7 @@ def _plain_head(tensor: Any) -> tuple | None:
             _plain_heads.clear()
         nbytes = tensor.numel() * tensor.element_size()
         torch = _torch()
-        kind = (
-            1 if key[0] == torch.float32 else 2 if key[0] == torch.float64 else 0
-        )  # norms in twice._native
+        kind = {torch.float32: 1, torch.float64: 2}.get(key[0], 0)  # norms in twice._native
         head = _plain_heads[key] = (
             _framed_header(tensor) + nbytes.to_bytes(8, "little"),
             ctypes.c_char * nbytes if nbytes else None,
@@ -462,9 +463,7 @@ def _plain_head(tensor: Any) -> tuple | None:
 def digest_pairs(pairs: list[tuple[str, str]]) -> str:
     """Digest of (name, digest) pairs: the combined fingerprint of many tensors, in one hash
     call."""
-    return xxhash.xxh3_128_hexdigest(
-        "\n".join(map("\t".join, pairs)).encode("utf-8")
-    )  # (name, digest): str pairs
+    return xxhash.xxh3_128_hexdigest("\n".join(map("\t".join, pairs)).encode("utf-8"))
 
 
 def float_bits(value: float) -> str:

@@ -91,9 +91,7 @@ class HandLoopWatch:
                 self._take_params(hand.leaves)
                 self._move_pending(round_, hand.losses, hand.batches)
                 round_.rng = rng_digests()
-            self._write_round()
-            with self._paused():
-                self.checks.after_step(self.step_index, round_)
+            self._write_round(replicas=True)
         else:
             del self._pending_losses[: hand.losses], self._pending_batches[: hand.batches]
         hand.close()

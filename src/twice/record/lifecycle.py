@@ -41,6 +41,7 @@ class ProcessLifecycle:
         read them already, after any it skipped to reach the resumed position. None keeps them
         all. `source` (the checkpoint restored) is recorded in the run folder for verdicts to
         name."""
+        self.flush_late()  # the step before the restore, held for its device values
         if source is not None:
             write_resume(self.run_dir, source, step)
         self.step_index = step
@@ -67,6 +68,7 @@ class ProcessLifecycle:
         self.ops.start(self.step_index)
         if self.stop_after is not None and self.step_index >= self.stop_after and not self.stopped:
             self.stopped = True
+            self.flush_late()
             self._writer.close()
             # Leave at the next event (the next batch, backward or step), not inside this step:
             # the loop finishes its bookkeeping first (scheduler.step(), its own checkpoint). The
@@ -121,6 +123,7 @@ class ProcessLifecycle:
                 self._write_round()
             self._round = StepRound()
             self._clock.reset()
+        self.flush_late()
         self._writer.close()
         self.checks.finish()
 
@@ -138,9 +141,12 @@ class ProcessLifecycle:
             self._hand.unwatch()
             self._hand = HandSteps()
         self.checks = self.checks.forked()
+        self._late_entry, self.late = None, self.late.forked()  # the parent's to write
+        self.late.on_kill.append(self.flush_late)
         self.fork_count = 0
         self.step_index = 0
 
     def close_trace(self) -> None:
-        """Close this process's trace file."""
+        """Close this process's trace file (writing the step held for its device values)."""
+        self.flush_late()
         self._writer.close()

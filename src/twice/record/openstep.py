@@ -29,11 +29,13 @@ class StepRound:
     batch_count: int = 0
     rng: dict[str, str] = field(default_factory=dict)
     params_before: str | None = None
-    param_norm: float | None = None
+    param_norm: float | None = None  # from param_squares, when the record is made
+    param_squares: list[list[Any]] = field(default_factory=list)  # per optimizer: its norms
     grad_norms: list[float] = field(default_factory=list)
     grad_total: float | None = None  # the L2 norm of all gradients, from grad_norms
     params_digest: str | None = None
     skipped: bool = False  # an optimizer's update was skipped by GradScaler (inf/NaN gradients)
+    late: Any = None  # what record/latewrite.py is bringing back from the device
 
     def record(self, step: int, per_tensor: bool, elapsed: float) -> tuple[StepRecord, list[float]]:
         """The step's record (per-tensor digests when `per_tensor`), and its losses as floats.
@@ -42,6 +44,11 @@ class StepRound:
         loss_values = floats(self.losses)
         losses = [float_bits(x) for x in loss_values]
         self.params_digest = digest_pairs(self.params) if self.params else None
+        for found in self.param_squares:  # inf or NaN iff some parameter is (health check)
+            found = floats(found)
+            total = math.sqrt(sum(map(operator.mul, found, found)))
+            before = self.param_norm
+            self.param_norm = total if before is None else math.hypot(before, total)
         norms = self.grad_norms = floats(self.grad_squares)
         # the squares in order
         self.grad_total = math.sqrt(sum(map(operator.mul, norms, norms))) if norms else None

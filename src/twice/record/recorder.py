@@ -30,6 +30,7 @@ from twice.record.guard import costed, guarded
 from twice.record.handloop import HandLoopWatch
 from twice.record.handsteps import HandSteps
 from twice.record.inputs import ModuleInputs
+from twice.record.latewrite import LateWriter
 from twice.record.lifecycle import ProcessLifecycle
 from twice.record.names import ParamNames, process_stream
 from twice.record.opcontrol import OpControl
@@ -106,6 +107,10 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
         # Called several times a step: straight to the op control's methods, no call in between.
         self.set_phase, self._paused = self.ops.set_phase, self.ops.paused
         self.checks = StepChecks(self.run_dir, replica_every, replica_mode, health)
+        # Device values read a step late (record/latewrite.py): the round held until then.
+        self.late = LateWriter()
+        self._late_entry: tuple | None = None
+        self.late.on_kill.append(self.flush_late)
         self.capture_error: dict | None = None  # set when an error of our own stopped the capture
         self._stepping: int | None = (
             None  # id of the optimizer whose step() is running (see _outermost)
@@ -299,10 +304,10 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
                     self._warn_opaque()
             named = list(params or [])
             with_grads = [(name, param.grad) for name, param in named if param.grad is not None]
-            digests, norms = self._digests([grad for _, grad in with_grads], True)
+            digests, norms = self._digests([grad for _, grad in with_grads], True, late=True)
             round_.grads.extend((name, value) for (name, _), value in zip(with_grads, digests))
             round_.grad_squares.extend(norms)
-            param_digests, _ = self._digests([param for _, param in named], False)
+            param_digests, _ = self._digests([param for _, param in named], False, late=True)
             round_.params.extend((name, value) for (name, _), value in zip(named, param_digests))
             round_.rng = rng_digests()
             self._round = round_
@@ -343,9 +348,7 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
         if not self._clock.members:
             return
         if self._tracing_this_step():
-            self._write_round()
-            with self._paused():
-                self.checks.after_step(self.step_index, self._round)
+            self._write_round(replicas=True)
         self._clock.reset()
         self._round = StepRound()
         self._advance()

@@ -8,13 +8,11 @@ and open round, and writes the round to the trace when the step ends.
 
 from __future__ import annotations
 
-import math
 import operator
 import time
 
 from twice.core.digests import local_tensor
 from twice.core.fastpath import digest_many, lanes_norm
-from twice.record.norms import floats
 from twice.record.norms import norms as tensor_norms
 from twice.record.openstep import StepRound
 from twice.record.sharding import full_digests
@@ -47,16 +45,19 @@ class StepData:
 
     def _take_grads(self, optimizer) -> None:
         names, grads = self._named_grads(optimizer)
-        digests, norms = self._digests(grads, True)
+        digests, norms = self._digests(grads, True, late=True)
         self._round.grads.extend(zip(names, digests))
         self._round.grad_squares.extend(norms)
 
-    def _digests(self, tensors: list, norms: bool) -> tuple[list[str], list]:
+    def _digests(self, tensors: list, norms: bool, late: bool = False) -> tuple[list, list]:
         """Digests of tensors and, with `norms`, their L2 norms (floats on the CPU, 0-d tensors on
         an accelerator): on the CPU through digests.digest_many, one pass over each tensor's
-        bytes. A DTensor is this rank's shard."""
+        bytes. A DTensor is this rank's shard. With `late`, a step's record may take them as
+        LateDigests, read from the device a step later (record/latewrite.py)."""
         tensors = list(map(local_tensor, tensors))
         if self.ops.current is None:
+            if late and (found := self.late.digests(tensors, norms, lanes_norm, tensor_norms)):
+                return found
             digests, found = digest_many(tensors, norms)
         # an op-recorded step: through the op log's cache (the same values: both use digest_tensor)
         else:
@@ -80,21 +81,15 @@ class StepData:
         # the learning rate (checked every step) or in the next step's loss and gradients.
         # (map and zip over itemgetters: no generator to resume per tensor, on cold caches)
         digests, found = self._digests(
-            list(map(tensor_of, named)), self.checks.param_norms_due(self.step_index)
+            list(map(tensor_of, named)), self.checks.param_norms_due(self.step_index), late=True
         )
         self._round.params.extend(zip(map(name_of, named), digests))
         self._round.named.extend(named)
         if self.full_every and self.step_index % self.full_every == 0:
             self._round.full.extend(full_digests(named))
         self.layouts.observe(optimizer, named)
-        if found:
-            found = floats(found)
-            total = math.sqrt(sum(map(operator.mul, found, found)))
-            self._round.param_norm = (
-                total
-                if self._round.param_norm is None
-                else math.hypot(self._round.param_norm, total)
-            )
+        if found:  # their norm is taken when the record is made (openstep.py)
+            self._round.param_squares.append(found)
 
     def _move_pending(
         self, round_: StepRound, losses: int | None = None, batches: int | None = None
@@ -116,12 +111,35 @@ class StepData:
         if round_.batch is None and data is not None:
             round_.batch = data  # a loop without a DataLoader: what its modules were given
 
-    def _write_round(self) -> None:
+    def _write_round(self, replicas: bool = False) -> None:
+        """Write the round that ended (after the replica check, with `replicas`). One that left
+        values on the device is held, and written when the next one is (or at flush_late)."""
         round_ = self._round
         per_tensor = self._per_tensor_due(len(round_.params))
-        record, losses = round_.record(self.step_index, per_tensor, time.perf_counter() - self._t0)
+        entry = (round_, self.step_index, per_tensor, time.perf_counter() - self._t0, replicas)
+        if self.late.start(round_):
+            entry, self._late_entry = self._late_entry, entry
+            if entry is None:
+                return
+            self.late.resolve(entry[0])
+        else:
+            self.flush_late()
+        self._emit(*entry)
+
+    def flush_late(self) -> None:
+        """Write the round held for its device values, if one is."""
+        entry, self._late_entry = self._late_entry, None
+        if entry is not None:
+            self.late.resolve(entry[0])
+            self._emit(*entry)
+
+    def _emit(self, round_, step: int, per_tensor: bool, elapsed: float, replicas: bool) -> None:
+        record, losses = round_.record(step, per_tensor, elapsed)
         self._writer.write(record)
         self.checks.after_record(record, round_, losses)
+        if replicas:
+            with self._paused():
+                self.checks.after_step(step, round_)
 
     def _per_tensor_due(self, tensors: int) -> bool:
         every = self.params_every
