@@ -17,6 +17,10 @@ DIR]`.
    (model, optimizer), or each differing tensor named with its largest difference.
 7. The portable step on the device against the plain step there (target: at most 3x), and the
    trace's overhead at batch 64 and at a realistic size (batch 256) (target: at most 5%).
+8. The trace read a step late (one multi-tensor Triton fold, pinned asynchronous copies) against
+   the synchronous trace of the same training, record by record, and its fold against the CPU's.
+9. The test suite's examples-style scripts (tests/scripts/tiny_train.py, everything.py, with and
+   without DataLoader workers) under `twice run` on the device, twice each: bit-identical.
 
 `--device cpu --smoke` runs the same code paths on the CPU with tiny sizes (CUDA-only checks are
 skipped); tests/test_gpu_check.py does that here.
@@ -361,6 +365,103 @@ def check_portable_price(device, smoke=False):
     return out
 
 
+def check_examples(device, tmp, smoke=False):
+    """The test suite's examples-style scripts (a DataLoader with and without workers, dropout,
+    MixUp, bf16 autocast with a GradScaler, clipping, AdamW with OneCycleLR, twice.Run) under
+    `twice run` on `device` (EXAMPLE_DEVICE), twice each: the two runs must be bit-identical."""
+    import shutil
+
+    cases = {
+        "tiny_train": ["tiny_train.py", "out.pt"],
+        "tiny_train_workers": ["tiny_train.py", "out.pt", "--workers", "2"],
+        "everything": ["everything.py", "0"],
+        "everything_workers": ["everything.py", "2"],
+    }
+    if smoke:
+        cases = {name: cases[name] for name in ("tiny_train", "everything")}
+    out = {}
+    for name, argv in cases.items():
+        folder = tmp / f"example-{name}"
+        folder.mkdir(exist_ok=True)
+        shutil.copy(SCRIPTS / argv[0], folder)
+        env = {**os.environ, "EXAMPLE_DEVICE": device}
+        failed = None
+        for label in ("a", "b"):
+            result = twice("run", "--name", label, "--", sys.executable, *argv, cwd=folder, env=env)
+            if result.returncode != 0:
+                failed = f"run {label} failed: {result.stderr[-400:]}"
+                break
+        if failed:
+            out[name] = {"identical": False, "verdict": failed}
+            continue
+        diff = twice("diff", *sorted((folder / "runs").glob("*-[ab]")), "--json", cwd=folder)
+        found = json.loads(diff.stdout) if diff.stdout.startswith("{") else {}
+        out[name] = {
+            "identical": found.get("identical") is True,
+            "verdict": found.get("verdict") or diff.stderr[-400:],
+        }
+    return out
+
+
+def check_late_trace(device):
+    """The trace read a step late (record/latewrite.py) against the synchronous trace of the
+    same training, record by record; and the multi-tensor fold against the CPU's fold."""
+    if device != "cuda":
+        return {"skipped": "needs CUDA"}
+    import struct
+
+    from twice._fold_kernel import fold_many
+    from twice.core.device_fold import device_fold
+    from twice.record import hooks
+    from twice.record.latewrite import LateWriter
+    from twice.record.recorder import Recorder
+
+    generator = torch.Generator().manual_seed(0)
+    tensors = [
+        torch.randn(n, generator=generator).to(dtype)
+        for n, dtype in ((1, torch.float32), (4097, torch.bfloat16), (3, torch.float16),
+                         (70001, torch.float32), (9, torch.float64), (0, torch.float32))
+    ] + [torch.randint(-9, 9, (13,), generator=generator, dtype=torch.int8)]  # fmt: skip
+    raws = [t.cuda().reshape(-1).view(torch.uint8) for t in tensors]
+    sums = fold_many(raws, []).cpu().numpy()
+    folds_equal = all(
+        struct.pack("<q", raw.numel()) + row.astype("<i8").tobytes() == device_fold(t)
+        for t, raw, row in zip(tensors, raws, sums)
+    )
+    traces, taken = {}, None
+    for mode in ("late", "now"):
+        folder = Path(tempfile.mkdtemp())
+        recorder = Recorder(folder)
+        if mode == "now":
+            recorder.late = LateWriter(devices=())
+        hooks.install(recorder)
+        try:
+            torch.manual_seed(0)
+            model, shape, classes = _resnetish()
+            model = model.to(device)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            for _ in range(6):
+                x = torch.randn(16, *shape, device=device)
+                y = torch.randint(0, classes, (16,), device=device)
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        finally:
+            hooks.uninstall()
+            recorder.finish()
+        if mode == "late":
+            taken = bool(recorder.late._fold)
+        lines = (folder / "trace.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        traces[mode] = [{k: v for k, v in r.items() if k != "time"} for r in records]
+    return {
+        "folds_equal_cpu": folds_equal,
+        "late_path_taken": taken,
+        "identical": traces["late"] == traces["now"] and len(traces["now"]) == 6,
+        "steps": len(traces["late"]),
+    }
+
+
 def judge(report, device):
     """(checks, targets): each a list of (name, passed or None when not measured here, detail).
 
@@ -453,9 +554,28 @@ def judge(report, device):
                             f"{value:+.1%}",
                         )
                     )
+    late = report.get("late_trace", {})
+    if "identical" in late:
+        checks.append(
+            (
+                "the trace read a step late equals the synchronous trace",
+                late["identical"] and late["late_path_taken"] and late["folds_equal_cpu"],
+                f"{late['steps']} steps; late path taken: {late['late_path_taken']}; "
+                f"multi-tensor fold equals the CPU's: {late['folds_equal_cpu']}",
+            )
+        )
+    for name, found in (report.get("examples") or {}).items():
+        if isinstance(found, dict) and "identical" in found:
+            checks.append(
+                (
+                    f"examples: {name} twice under twice run on {device} is bit-identical",
+                    found["identical"],
+                    str(found["verdict"])[:160],
+                )
+            )
     for name in (
         "determinism", "late_cublas", "digests", "price", "cpu_vs_gpu", "portable",
-        "portable_price",
+        "portable_price", "late_trace", "examples",
     ):  # fmt: skip
         if "error" in report.get(name, {}):
             checks.append((f"{name} ran", False, report[name]["error"][:200]))
@@ -514,6 +634,8 @@ def main():
             ("cpu_vs_gpu", lambda: check_cpu_vs_gpu(args.device)),
             ("portable", lambda: check_portable(args.device, Path(tmp), args.smoke)),
             ("portable_price", lambda: check_portable_price(args.device, args.smoke)),
+            ("late_trace", lambda: check_late_trace(args.device)),
+            ("examples", lambda: check_examples(args.device, Path(tmp), args.smoke)),
         ):
             start = time.perf_counter()
             try:

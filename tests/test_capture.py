@@ -492,7 +492,7 @@ def test_digests_and_norms_of_many_tensors_are_the_same_bits_compiled_or_not(mon
     from twice.core import digests
 
     assert (
-        digests._native is not None
+        digests.native is not None
     )  # built at install (setup.py): else the compiled path goes untested
     torch.manual_seed(1)
     tensors = [
@@ -527,7 +527,7 @@ def test_digests_and_norms_of_many_tensors_are_the_same_bits_compiled_or_not(mon
     expected_digests = [twice.digest(t) for t in tensors]
     compiled = fastpath.digest_many(tensors, norms=True)
     if not native:
-        monkeypatch.setattr(digests, "_native", None)
+        monkeypatch.setattr(digests, "native", None)
     found, norms = fastpath.digest_many(tensors, norms=True)
     assert found == expected_digests
     bits = lambda values: [None if n is None else struct.pack("<d", n).hex() for n in values]  # noqa: E731
@@ -574,7 +574,7 @@ def test_rng_digests_are_the_same_compiled_or_not(monkeypatch):
         k: compiled[k] for k in ("python", "numpy")
     }
     torch_before = torch.get_rng_state()
-    monkeypatch.setattr(digests, "_native", None)
+    monkeypatch.setattr(digests, "native", None)
     assert fingerprint.rng_digests() == moved
     random.random()
     assert fingerprint.rng_digests()["python"] != moved["python"]
@@ -592,17 +592,17 @@ def test_an_rng_state_not_read_in_place_is_still_digested_the_same(monkeypatch, 
 
     random.gauss(0, 1)
     np.random.standard_normal()
-    views = list(layouts._state_views())
+    views = list(layouts.state_views())
     if missing in (0, 2):
         views[0] = None
     if missing in (1, 2):
         views[1] = views[2] = None
     views = tuple(views)
-    monkeypatch.setattr(fingerprint, "_state_views", lambda: views)
-    assert digests._native is not None
+    monkeypatch.setattr(fingerprint, "state_views", lambda: views)
+    assert digests.native is not None
     compiled = fingerprint.rng_digests()
     assert set(compiled) >= {"python", "numpy", "torch"}
-    monkeypatch.setattr(digests, "_native", None)
+    monkeypatch.setattr(digests, "native", None)
     assert fingerprint.rng_digests() == compiled
 
 

@@ -25,7 +25,7 @@ class Augmented(Dataset):
 @pytest.fixture
 def python_loop(monkeypatch):
     """The loader's Python loop, as where twice._native was not built (epoch tables are its own)."""
-    monkeypatch.setattr(twice.data.samples, "_native", None)
+    monkeypatch.setattr(twice.data.samples, "native", None)
 
 
 def stream(workers, epochs=2, **kwargs):
@@ -170,14 +170,10 @@ def _unconfirmed_layouts(monkeypatch):
     from twice.rng import layouts, snapshot
     from twice.rng import sample as sample_rng
 
-    monkeypatch.setattr(layouts, "_python_state_offset", [None])
-    monkeypatch.setattr(layouts, "_numpy_gauss_offset", [None])
-    monkeypatch.setattr(layouts, "_torch_layout", [None])
-    monkeypatch.setattr(
-        snapshot, "_snapshot_readers", {}
-    )  # readers made before were for the in-place layouts
-    monkeypatch.setattr(layouts, "_views", {})  # and so were the views they read through
-    monkeypatch.setattr(sample_rng, "_seeders", {})
+    monkeypatch.setattr(layouts, "CONFIRMED", layouts.Confirmed(trusted=False))
+    # readers and seeders made before were for the in-place layouts
+    monkeypatch.setattr(snapshot, "READERS", {})
+    monkeypatch.setattr(sample_rng, "SEEDERS", {})
 
 
 def test_where_rng_layouts_are_not_confirmed_the_loader_sets_the_same_states_through_the_apis(
@@ -331,10 +327,10 @@ def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, mak
     # Python loop's NumPy-made states, with the same fresh words learnt, for every way a sample
     # draws.
     assert (
-        twice.data.samples._native is not None
+        twice.data.samples.native is not None
     )  # built at install (setup.py); else only the Python loop is tested
     calls = []
-    compiled = twice.data.samples._native
+    compiled = twice.data.samples.native
 
     class Counting:
         def fetch(self, *args):
@@ -352,11 +348,11 @@ def test_the_compiled_loop_gives_the_samples_of_the_python_loop(monkeypatch, mak
         return [b for _ in range(2) for b in data], data._samples.words, data._samples.used
 
     torch.manual_seed(0)
-    monkeypatch.setattr(twice.data.samples, "_native", Counting())
+    monkeypatch.setattr(twice.data.samples, "native", Counting())
     fast = batches()
     assert calls  # the compiled loop did fetch them
     torch.manual_seed(0)
-    monkeypatch.setattr(twice.data.samples, "_native", None)
+    monkeypatch.setattr(twice.data.samples, "native", None)
     slow = batches()
     assert fast[1:] == slow[1:] and len(fast[0]) == len(slow[0]) > 0
     assert all(torch.equal(a, b) for a, b in zip(fast[0], slow[0]))
@@ -368,11 +364,11 @@ def test_an_epoch_of_values_made_at_once_gives_the_samples_made_batch_by_batch(
     from twice.rng import sample as sample_rng
 
     at_once = stream(0, epochs=2)  # 30 samples: the epoch's values are made at its first batch
-    assert sample_rng._tables
+    assert sample_rng.TABLES
     monkeypatch.setattr(sample_rng, "TABLE_VALUES", 0)
-    monkeypatch.setattr(sample_rng, "_tables", {})
+    monkeypatch.setattr(sample_rng, "TABLES", {})
     assert all(torch.equal(a, b) for a, b in zip(at_once, stream(0, epochs=2)))
-    assert not sample_rng._tables  # batch by batch this time
+    assert not sample_rng.TABLES  # batch by batch this time
 
 
 def test_loaders_used_in_turn_keep_their_epoch_tables(monkeypatch, python_loop):
@@ -383,7 +379,7 @@ def test_loaders_used_in_turn_keep_their_epoch_tables(monkeypatch, python_loop):
     monkeypatch.setattr(
         sample_rng, "_values", lambda *a, keep=True: (made.append(keep), values(*a, keep=keep))[1]
     )
-    monkeypatch.setattr(sample_rng, "_tables", {})
+    monkeypatch.setattr(sample_rng, "TABLES", {})
     first = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=1)
     second = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=2)
     pairs = list(zip(first, second))

@@ -142,8 +142,8 @@ def test_many_tensors_folded_together_give_each_ones_own_fold(
     split tensors over many blocks and send large ones down the one-tensor path."""
     from twice.core import device_fold as module
 
-    monkeypatch.setattr(module, "_DEVICE_CHUNK_WORDS", chunk_words)
-    monkeypatch.setattr(module, "_BLOCK_WORDS", block_words)
+    monkeypatch.setattr(module, "DEVICE_CHUNK_WORDS", chunk_words)
+    monkeypatch.setattr(module, "BLOCK_WORDS", block_words)
     generator = torch.Generator().manual_seed(0)
     tensors = [sample(dtype) for dtype in DTYPES] + [
         torch.zeros(0),

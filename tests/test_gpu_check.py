@@ -29,6 +29,12 @@ def test_gpu_check_runs_every_check_on_the_cpu(tmp_path):
     assert report["digests"]["correct_for_every_dtype"] is True
     assert set(report["price"]) == {"resnet_style", "transformer_style"}
     assert report["late_cublas"] == {"skipped": "needs CUDA"}
+    assert report["late_trace"] == {"skipped": "needs CUDA"}
+    # the examples-style scripts, twice each on the CPU here
+    assert report["examples"] == {
+        name: {"identical": True, "verdict": report["examples"][name]["verdict"]}
+        for name in ("tiny_train", "everything")
+    }, report["examples"]
     # portable mode's CPU-against-device check, here the CPU against itself: every case equal
     assert report["portable"]["bits_equal"] is True, report["portable"]
     assert sorted(report["portable"]["identical"]) == [

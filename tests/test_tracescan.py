@@ -50,10 +50,10 @@ def _scan(path_a, path_b, steps=None, start=0):
 @pytest.fixture(params=["native", "python"])
 def walk(request, monkeypatch):
     if request.param == "native":
-        if digests._native is None:
+        if digests.native is None:
             pytest.skip("twice._native is not built here")
     else:
-        monkeypatch.setattr(digests, "_native", None)
+        monkeypatch.setattr(digests, "native", None)
     return request.param
 
 
@@ -82,13 +82,13 @@ def test_a_streaming_scan_gives_what_a_full_parse_gives(
         )
     )
     for native in (True, False):
-        saved = digests._native
+        saved = digests.native
         if not native:
-            digests._native = None
+            digests.native = None
         try:
             assert _scan(a, b, steps, start) == _full(a, b, steps, start)
         finally:
-            digests._native = saved
+            digests.native = saved
 
 
 BAD_LINES = [
@@ -140,13 +140,13 @@ def test_a_difference_after_millions_of_bytes_is_found_and_the_rest_counted(tmp_
 
 
 def test_the_native_walk_and_the_python_walk_agree_line_for_line():
-    if digests._native is None:
+    if digests.native is None:
         pytest.skip("twice._native is not built here")
     lines = [record_line(_record(s, time=t)) for s, t in ((0, 1.0), (1, None), (2, 2.5e-7))]
     a = b"".join(lines) + b'{"step":3}\n' + b'{"x":1,"step":4,"time":-1E+3}\n' + b"{\n"
     b = b"".join(lines) + b'{"step":3}\n' + b'{"x":1,"step":4,"time":5}\n' + b"{\n"
     for args in ((0, 0, -1, -1, 2**63 - 1), (0, 0, -1, -1, 2), (0, 0, 0, -1, 2**63 - 1)):
-        assert digests._native.same_lines(a, b, *args) == tracescan._same_lines_py(a, b, *args)
+        assert digests.native.same_lines(a, b, *args) == tracescan._same_lines_py(a, b, *args)
     # the three whole records are taken; a record holding only its step is damage, for the reader
     assert tracescan._same_lines_py(a, b, 0, 0, -1, -1, 2**63 - 1)[0] == 3
     assert json.loads(lines[1])["step"] == 1

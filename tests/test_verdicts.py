@@ -203,8 +203,8 @@ def _verdict(tmp_path, lines_a, lines_b):
 def walk(request, monkeypatch):
     """Run each check through the compiled fast path and through its Python twin."""
     if request.param == "python":
-        monkeypatch.setattr(digests, "_native", None)
-    elif digests._native is None:
+        monkeypatch.setattr(digests, "native", None)
+    elif digests.native is None:
         pytest.skip("twice._native is not built here")
 
 
@@ -233,11 +233,11 @@ def test_the_same_damage_in_both_traces_is_never_bit_identical(tmp_path_factory,
 @CHECKS
 @given(data=st.data())
 def test_the_native_validator_accepts_only_valid_canonical_records(data):
-    if digests._native is None:
+    if digests.native is None:
         pytest.skip("twice._native is not built here")
     lines = _mutate(data.draw, _lines(data.draw(traces())))
     for line in lines:
-        native = digests._native.record_valid(line)
+        native = digests.native.record_valid(line)
         found = tracescan.line_step(line)
         python = found is not None and tracescan.record_valid(line, found[0])
         assert native == python, line

@@ -12,8 +12,8 @@ import struct
 
 __all__ = ["device_fold", "device_fold_many"]
 
-_DEVICE_CHUNK_WORDS = 1 << 24
-_BLOCK_WORDS = 1 << 12  # device_fold_many aligns each tensor to blocks of this many words
+DEVICE_CHUNK_WORDS = 1 << 24
+BLOCK_WORDS = 1 << 12  # device_fold_many aligns each tensor to blocks of this many words
 
 
 def _torch():
@@ -86,8 +86,8 @@ def _fold_sums(raw):
     words = raw.view(torch.int64)
     low_mask = (1 << 32) - 1
     sums = torch.zeros(4, dtype=torch.int64, device=raw.device)
-    for start in range(0, words.numel(), _DEVICE_CHUNK_WORDS):
-        chunk = words[start : start + _DEVICE_CHUNK_WORDS]
+    for start in range(0, words.numel(), DEVICE_CHUNK_WORDS):
+        chunk = words[start : start + DEVICE_CHUNK_WORDS]
         index = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=raw.device)
         low, high = chunk & low_mask, (chunk >> 32) & low_mask
         for lane in range(2):
@@ -132,17 +132,17 @@ def device_fold_many(tensors: list) -> list[bytes]:
         by_device.setdefault(tensor.device, []).append(i)
     for device, members in by_device.items():
         raws = {i: _words_of(tensors[i]) for i in members}
-        large = [i for i in members if raws[i].numel() >= 8 * _DEVICE_CHUNK_WORDS]
+        large = [i for i in members if raws[i].numel() >= 8 * DEVICE_CHUNK_WORDS]
         groups, group, words = [], [], 0
         for i in members:
             if i in large:
                 continue
-            blocks = max(1, -(-raws[i].numel() // (8 * _BLOCK_WORDS)))
-            if group and words + blocks * _BLOCK_WORDS > _DEVICE_CHUNK_WORDS:
+            blocks = max(1, -(-raws[i].numel() // (8 * BLOCK_WORDS)))
+            if group and words + blocks * BLOCK_WORDS > DEVICE_CHUNK_WORDS:
                 groups.append(group)
                 group, words = [], 0
             group.append(i)
-            words += blocks * _BLOCK_WORDS
+            words += blocks * BLOCK_WORDS
         if group:
             groups.append(group)
         parts = [_fold_sums(raws[i])[:, None] for i in large]
@@ -156,7 +156,7 @@ def device_fold_many(tensors: list) -> list[bytes]:
         with np.errstate(over="ignore"):
             for group in groups:
                 for i in group:
-                    count = max(1, -(-raws[i].numel() // (8 * _BLOCK_WORDS)))
+                    count = max(1, -(-raws[i].numel() // (8 * BLOCK_WORDS)))
                     folded = found[:, column : column + count].sum(axis=1, dtype=np.int64)
                     out[i] = struct.pack("<q", raws[i].numel()) + folded.astype("<i8").tobytes()
                     column += count
@@ -170,12 +170,12 @@ def _fold_blocks(raws: list, device):
     """The four sums of each block of the tensors' bytes laid out block-aligned: int64 [4, blocks]
     on the device."""
     torch = _torch()
-    zeros = torch.zeros(8 * _BLOCK_WORDS, dtype=torch.uint8, device=device)
+    zeros = torch.zeros(8 * BLOCK_WORDS, dtype=torch.uint8, device=device)
     parts = []
     for raw in raws:
-        count = max(1, -(-raw.numel() // (8 * _BLOCK_WORDS)))
-        parts += [raw, zeros[: count * 8 * _BLOCK_WORDS - raw.numel()]]
-    chunk = torch.cat(parts).view(torch.int64).view(-1, _BLOCK_WORDS)
+        count = max(1, -(-raw.numel() // (8 * BLOCK_WORDS)))
+        parts += [raw, zeros[: count * 8 * BLOCK_WORDS - raw.numel()]]
+    chunk = torch.cat(parts).view(torch.int64).view(-1, BLOCK_WORDS)
     base, length, positions = _block_layout(tuple(raw.numel() for raw in raws), device)
     index, valid = base + positions, positions < length
     low_mask = (1 << 32) - 1
@@ -194,23 +194,23 @@ def _block_layout(sizes: tuple, device):
     """Each block's first word index within its tensor and its count of the tensor's words, kept
     on the device for the sizes seen (a host-to-device copy waits for the device to drain)."""
     torch = _torch()
-    found = _layouts.get((device, sizes, _BLOCK_WORDS))
+    found = _layouts.get((device, sizes, BLOCK_WORDS))
     if found is not None:
         return found
     base, length = [], []
     for size in sizes:
         words = -(-size // 8)
-        for b in range(max(1, -(-size // (8 * _BLOCK_WORDS)))):
-            base.append(b * _BLOCK_WORDS)
-            length.append(min(_BLOCK_WORDS, max(0, words - b * _BLOCK_WORDS)))
+        for b in range(max(1, -(-size // (8 * BLOCK_WORDS)))):
+            base.append(b * BLOCK_WORDS)
+            length.append(min(BLOCK_WORDS, max(0, words - b * BLOCK_WORDS)))
     # Only the per-block starts and lengths are kept (a few bytes a block); the [blocks, words]
     # index and mask are two kernels each time, rather than memory held for the whole run.
     found = (
         torch.tensor(base, dtype=torch.int64, device=device)[:, None],
         torch.tensor(length, dtype=torch.int64, device=device)[:, None],
-        torch.arange(_BLOCK_WORDS, dtype=torch.int64, device=device)[None, :],
+        torch.arange(BLOCK_WORDS, dtype=torch.int64, device=device)[None, :],
     )
     if len(_layouts) >= 256:
         _layouts.clear()
-    _layouts[(device, sizes, _BLOCK_WORDS)] = found
+    _layouts[(device, sizes, BLOCK_WORDS)] = found
     return found

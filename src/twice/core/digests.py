@@ -19,10 +19,10 @@ from typing import Any
 
 import xxhash
 
-try:  # the compiled part (see setup.py); where it was not built, the same values come from Python
-    from twice import _native
+try:  # the compiled part (setup.py); where not built, None: the same values come from Python
+    from twice import _native as native
 except ImportError:
-    _native = None
+    native = None
 
 __all__ = [
     "digest", "Digester", "device_digest", "dtensor_type", "local_tensor", "tensor_bytes_view"

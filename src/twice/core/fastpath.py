@@ -30,7 +30,7 @@ def digest_many(tensors: list, norms: bool = False) -> tuple[list[str], list[flo
     own (`lanes_norm`), the same bits whether _native was built or not. A DTensor (FSDP2, tensor
     parallel) is this rank's shard: its digest and norm are the shard's."""
     tensors = list(map(_digests.local_tensor, tensors))
-    if _digests._native is None:
+    if _digests.native is None:
         folds = _device_folds(tensors)
         return [
             _digests.digest_tensor(t)
@@ -55,7 +55,7 @@ def digest_many(tensors: list, norms: bool = False) -> tuple[list[str], list[flo
             if norms:
                 out[i] = lanes_norm(tensors[i])
     if items:
-        hashed, normed = _digests._native.hash(items)
+        hashed, normed = _digests.native.hash(items)
         for i, value, norm in zip(where, hashed, normed):
             digests[i] = value
             if norms:
@@ -91,7 +91,7 @@ def _strided():
 def hash_items(items: list) -> list[str] | None:
     """Digests of `buffers_item`s and `tensor_item`s in one call to twice._native; None where it
     was not built."""
-    return None if _digests._native is None else _digests._native.hash(items)[0]
+    return None if _digests.native is None else _digests.native.hash(items)[0]
 
 
 def buffers_item(main: Any, tail: bytes | None = None) -> tuple:
@@ -130,9 +130,9 @@ def lanes_norm(tensor: Any) -> float | None:
     tensor = tensor.detach()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    if _digests._native is not None:
+    if _digests.native is not None:
         width = tensor.element_size()
-        return _digests._native.hash(
+        return _digests.native.hash(
             [(b"", tensor.data_ptr(), tensor.numel() * width, 1 if width == 4 else 2, None)]
         )[1][0]
     import numpy as np

@@ -18,10 +18,12 @@ from twice.rng.sample import prepare as prepare_states
 from twice.rng.seeding import seed_cpu_rngs
 from twice.rng.snapshot import rng_changed, rng_restore, rng_snapshot
 
-try:  # the per-sample loop in C, where it was built at install (see setup.py); else the Python loop
-    from twice import _native
+# The per-sample loop in C where it was built at install (see setup.py), else None: the Python loop
+# (tests set None to hold the two together).
+try:
+    from twice import _native as native
 except ImportError:
-    _native = None
+    native = None
 
 __all__ = ["SeededSamples", "Collated", "collated"]
 
@@ -83,7 +85,7 @@ class SeededSamples(Dataset):
             key = np.asarray([self._epoch_key(e) for e, _ in keys], dtype=np.uint64)
         seeders = [seeder(name) for name in self.RNGS if name in used]
         counts = [(one, self.words.get(one.name, START_WORDS)) for one in seeders]
-        if _native is not None and all(one.in_place for one in seeders):
+        if native is not None and all(one.in_place for one in seeders):
             return self._fetch_compiled(keys, key, counts)
         indices = np.fromiter(map(_second, keys), np.uint64, len(keys))
         prepare_states(
@@ -128,7 +130,7 @@ class SeededSamples(Dataset):
         specs = tuple(one.compiled_spec(words) for one, words in counts)
         cleared = tuple(pair for one, _ in counts for pair in one.cleared)
         stream_keys = key if isinstance(key, int) else key.tolist()
-        samples, needed = _native.fetch(
+        samples, needed = native.fetch(
             self.dataset, keys if type(keys) is list else list(keys), stream_keys, specs, cleared
         )
         return samples, {one.name: count for (one, _), count in zip(counts, needed) if count}

@@ -13,12 +13,12 @@ import struct
 from twice.core import digests as _digests
 from twice.core import fastpath
 from twice.core.digests import digest, digest_buffers, digest_tensor
-from twice.rng.layouts import _state_views
+from twice.rng.layouts import state_views
 from twice.rng.seeding import RNG_SOURCES, RngSource, _torch
 
 __all__ = ["rng_digests"]
 
-# id of a _state_views() tuple -> (it, the hash items rng_digests reuses every step: see _rng_plan)
+# id of a state_views() tuple -> (it, the hash items rng_digests reuses every step: see _rng_plan)
 _rng_plans: dict = {}
 
 
@@ -28,7 +28,7 @@ def _rng_plan(views: tuple) -> tuple | None:
     sources other than torch's CPU generator left to ask. None without twice._native. Built once:
     the step trace asks every step, on code and data the step has evicted from the caches, where
     each Python call costs ten times its warm cost."""
-    if _digests._native is None:
+    if _digests.native is None:
         return None
     entry = _rng_plans.get(id(views))
     if (
@@ -56,7 +56,7 @@ def _rng_plan(views: tuple) -> tuple | None:
 def rng_digests() -> dict[str, str]:
     """A digest of each available RNG's state: cheap evidence of whether two runs drew the same
     numbers."""
-    views = _state_views()
+    views = state_views()
     python_view, numpy_view, gauss_view = views
     plan = _rng_plan(views)
     if plan is None:

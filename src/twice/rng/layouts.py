@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from twice.rng.seeding import _numpy, _torch
 
 __all__ = [
+    "Confirmed",
+    "CONFIRMED",
     "MT_WORDS",
     "TorchLayout",
     "torch_layout",
@@ -25,7 +27,25 @@ __all__ = [
     "readable",
 ]
 
-_numpy_state_address: dict[int, int] = {}
+
+class Confirmed:
+    """What this process has confirmed of the RNGs' memory layouts, each found once: offsets as a
+    one-element list (`[None]` where the layout is not the one read here, `[]` before the check),
+    addresses by generator, and the views of state_views(). `CONFIRMED` is the process's; a test
+    replaces it with `Confirmed(trusted=False)` to take every state through the libraries' APIs."""
+
+    def __init__(self, trusted: bool = True):
+        """Nothing checked yet; or, untrusted, every layout taken as not confirmed."""
+        unknown = [] if trusted else [None]
+        self.python_state_offset: list = list(unknown)
+        self.numpy_gauss_offset: list = list(unknown)
+        self.torch_layout: list = list(unknown)
+        self.numpy_state_address: dict[int, int] = {}
+        self.torch_state_address: dict[int, int] = {}
+        self.views: dict = {}  # (ids of random's and NumPy's generators) -> state_views()
+
+
+CONFIRMED = Confirmed()
 
 
 def _numpy_state_bytes() -> bytes | None:
@@ -37,16 +57,12 @@ def _numpy_state_bytes() -> bytes | None:
         if type(generator).__name__ != "MT19937":
             return None
         key = id(generator)
-        if key not in _numpy_state_address:
-            _numpy_state_address[key] = generator.ctypes.state_address
+        if key not in CONFIRMED.numpy_state_address:
+            CONFIRMED.numpy_state_address[key] = generator.ctypes.state_address
         # struct s_mt19937_state { uint32_t key[624]; int pos; }
-        return ctypes.string_at(_numpy_state_address[key], 624 * 4 + 4)
+        return ctypes.string_at(CONFIRMED.numpy_state_address[key], 624 * 4 + 4)
     except (AttributeError, TypeError):
         return None
-
-
-# [offset] once checked, [None] where the layout is not the one read here
-_python_state_offset: list = []
 
 
 def _python_state_bytes() -> bytes | None:
@@ -56,7 +72,7 @@ def _python_state_bytes() -> bytes | None:
     CPython's RandomObject is {PyObject_HEAD; int index; uint32_t state[624]}. The layout is
     checked once against getstate() on a private generator; any other layout (another
     interpreter, a free-threaded build) falls back to getstate()."""
-    if not _python_state_offset:
+    if not CONFIRMED.python_state_offset:
         offset = None
         if sys.implementation.name == "cpython":
             probe = random.Random(12345)
@@ -66,8 +82,8 @@ def _python_state_bytes() -> bytes | None:
             candidate = 2 * ctypes.sizeof(ctypes.c_void_p)
             if ctypes.string_at(id(probe) + candidate, 4 + 624 * 4) == expected:
                 offset = candidate
-        _python_state_offset.append(offset)
-    offset = _python_state_offset[0]
+        CONFIRMED.python_state_offset.append(offset)
+    offset = CONFIRMED.python_state_offset[0]
     if offset is None:
         return None
     inst = random._inst
@@ -78,9 +94,6 @@ def _python_state_bytes() -> bytes | None:
 
 
 # [offset of RandomState's (has_gauss, gauss)] once checked, [None] if not found
-_numpy_gauss_offset: list = []
-
-
 def _numpy_gauss_address() -> int | None:
     """Where the legacy global RandomState keeps its cached Gaussian (has_gauss, gauss), found once.
 
@@ -89,7 +102,7 @@ def _numpy_gauss_address() -> int | None:
     private
     RandomState by planting two known values through set_state and reading them back."""
     np = _numpy()
-    if not _numpy_gauss_offset:
+    if not CONFIRMED.numpy_gauss_offset:
         offset = None
         try:
             probe = np.random.RandomState(7)
@@ -110,8 +123,8 @@ def _numpy_gauss_address() -> int | None:
                 offset = candidates[0]
         except Exception:  # any other NumPy: fall back to get_state()
             offset = None
-        _numpy_gauss_offset.append(offset)
-    offset = _numpy_gauss_offset[0]
+        CONFIRMED.numpy_gauss_offset.append(offset)
+    offset = CONFIRMED.numpy_gauss_offset[0]
     return None if offset is None else id(np.random.mtrand._rand) + offset
 
 
@@ -134,9 +147,6 @@ class TorchLayout:
 
 
 # [TorchLayout] once checked, [None] where the layout is not the one read here
-_torch_layout: list = []
-
-
 def _generator_impl(generator) -> int | None:
     """The address of a torch.Generator's C++ GeneratorImpl, or None if it cannot be read safely.
 
@@ -187,8 +197,8 @@ def torch_layout() -> TorchLayout | None:
     planting values through the official set_state; then states written into that memory are
     read back through get_state() and drawn from, against the same states set officially. Any
     mismatch leaves the layout unconfirmed (None), and callers use get_state/set_state."""
-    if _torch_layout:
-        return _torch_layout[0]
+    if CONFIRMED.torch_layout:
+        return CONFIRMED.torch_layout[0]
     layout = None
     torch = _torch()
     try:
@@ -196,7 +206,7 @@ def torch_layout() -> TorchLayout | None:
             layout = _find_torch_layout(torch)
     except Exception:  # any other build: the official API
         layout = None
-    _torch_layout.append(layout)
+    CONFIRMED.torch_layout.append(layout)
     return layout
 
 
@@ -285,7 +295,7 @@ def torch_state_address() -> int | None:
     torch = _torch()
     generator = torch.default_generator
     key = id(generator)
-    address = _torch_state_address.get(key)
+    address = CONFIRMED.torch_state_address.get(key)
     if address is None:
         impl = _generator_impl(generator)
         if impl is None:
@@ -298,17 +308,11 @@ def torch_state_address() -> int | None:
         at = memory.find(words)
         if at < 20 or struct.unpack_from("<qi", memory, at - 20) != (seed, left):
             return None
-        address = _torch_state_address[key] = impl + at - 20
+        address = CONFIRMED.torch_state_address[key] = impl + at - 20
     return address
 
 
-_torch_state_address: dict[int, int] = {}
-
-
-_views: dict = {}  # (ids of random's generator and NumPy's bit generator) -> _state_views()
-
-
-def _state_views() -> tuple:
+def state_views() -> tuple:
     """Python's MT19937 state, NumPy's, and NumPy's cached Gaussian ({int has_gauss; double gauss})
     as ctypes arrays over their memory, made once per pair of generator objects; each None where
     its layout is not confirmed. rng_snapshot copies from them, rng_digests hashes them in place."""
@@ -319,20 +323,20 @@ def _state_views() -> tuple:
         None,
     )
     key = (id(random._inst), id(generator))
-    views = _views.get(key)
+    views = CONFIRMED.views.get(key)
     if views is None:
         python_view = numpy_view = gauss_view = None
         if _python_state_bytes() is not None:
             python_view = (ctypes.c_char * (4 + 624 * 4)).from_address(
-                id(random._inst) + _python_state_offset[0]
+                id(random._inst) + CONFIRMED.python_state_offset[0]
             )
         if np is not None and _numpy_state_bytes() is not None:
             numpy_view = (ctypes.c_char * (624 * 4 + 4)).from_address(
-                _numpy_state_address[id(generator)]
+                CONFIRMED.numpy_state_address[id(generator)]
             )
             if _numpy_gauss_address() is not None:
                 gauss_view = (ctypes.c_char * 16).from_address(_numpy_gauss_address())
-        if len(_views) > 16:
-            _views.clear()
-        views = _views[key] = (python_view, numpy_view, gauss_view)
+        if len(CONFIRMED.views) > 16:
+            CONFIRMED.views.clear()
+        views = CONFIRMED.views[key] = (python_view, numpy_view, gauss_view)
     return views

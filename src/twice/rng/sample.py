@@ -278,14 +278,14 @@ def prepare(seeders: list[tuple[Seeder, int]], key, indices, size: int | None = 
         and isinstance(key, int)
         and size * sum(len(one._columns(words)) for one, words in seeders) <= TABLE_VALUES
     ):
-        table = _tables.get((which, key, size))
+        table = TABLES.get((which, key, size))
         if table is None:
             if (
-                len(_tables) >= TABLES_KEPT
+                len(TABLES) >= TABLES_KEPT
             ):  # loaders used in turn (zipped, or train and validation) keep theirs
-                del _tables[next(iter(_tables))]
+                del TABLES[next(iter(TABLES))]
             every = _values(which, key, np.arange(size, dtype=np.uint64), keep=False)
-            table = _tables[(which, key, size)] = (key, every, _spans(seeders), {})
+            table = TABLES[(which, key, size)] = (key, every, _spans(seeders), {})
         taken = table[3].get(rows)
         if taken is None:
             taken = table[3][rows] = np.empty((rows, table[1].shape[1]), np.uint64)
@@ -301,14 +301,14 @@ def _values(which: tuple, key, indices, keep: bool = True):
     the arithmetic, is what a batch pays for)."""
     np = sys.modules["numpy"]
     rows = len(indices)
-    plan = _plans.get((which, rows)) if keep else None
+    plan = PLANS.get((which, rows)) if keep else None
     if plan is None:
         counters = np.concatenate([one._columns(words) for one, words in which])
         plan = (counters, np.empty(rows, np.uint64), np.empty((rows, len(counters)), np.uint64), {})
         if keep:
-            if len(_plans) > 8:
-                _plans.clear()  # batch sizes or fresh words changed: keep a few
-            _plans[(which, rows)] = plan
+            if len(PLANS) > 8:
+                PLANS.clear()  # batch sizes or fresh words changed: keep a few
+            PLANS[(which, rows)] = plan
     counters, firsts, values, keyed = plan
     np.multiply(indices, _STEP, out=firsts)
     if isinstance(key, int):
@@ -338,13 +338,13 @@ def _fill_all(spans: list[tuple[int, Seeder]], values, rows: int) -> None:
 
 
 # ((Seeder, words) pairs, rows) -> (counters, buffers, {key: counters + key}) for _values
-_plans: dict = {}
+PLANS: dict = {}
 # ((Seeder, words) pairs, epoch key, samples) -> (key, every sample's values, column spans, {rows:
 # buffer})
-_tables: dict = {}
+TABLES: dict = {}
 
 
-_seeders: dict = {}  # (name, ids of the RNG objects) -> Seeder
+SEEDERS: dict = {}  # (name, ids of the RNG objects) -> Seeder
 
 
 def seeder(name: str) -> Seeder:
@@ -356,9 +356,9 @@ def seeder(name: str) -> Seeder:
         id(np),
         id(torch.default_generator) if torch is not None else None,
     )
-    found = _seeders.get(key)
+    found = SEEDERS.get(key)
     if found is None:
-        found = _seeders[key] = _make(name)
+        found = SEEDERS[key] = _make(name)
     return found
 
 
@@ -378,7 +378,7 @@ def _make(name: str) -> Seeder:
             template,
             4,
             None,
-            id(inst) + layouts._python_state_offset[0],
+            id(inst) + layouts.CONFIRMED.python_state_offset[0],
             0,
             cleared=((inst, "gauss_next"),),
         )
@@ -388,7 +388,7 @@ def _make(name: str) -> Seeder:
             return Seeder(name, template, 0, None)
         generator = sys.modules["numpy"].random.mtrand._rand._bit_generator
         target, gauss_at = (
-            layouts._numpy_state_address[id(generator)],
+            layouts.CONFIRMED.numpy_state_address[id(generator)],
             layouts._numpy_gauss_address(),
         )
         # the position (after the words) and the cached Gaussian

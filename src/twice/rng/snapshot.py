@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from twice.rng.layouts import _state_views, torch_layout, torch_state_address
+from twice.rng.layouts import state_views, torch_layout, torch_state_address
 from twice.rng.seeding import _numpy, _torch
 
 __all__ = ["rng_snapshot", "rng_restore", "rng_changed"]
@@ -37,15 +37,15 @@ def _rng_access() -> tuple[Callable[[], tuple], Callable[[tuple, Any], None]]:
         id(sys.modules.get("numpy")),
         id(torch.default_generator) if torch is not None else None,
     )
-    access = _snapshot_readers.get(key)
+    access = READERS.get(key)
     if access is None:
-        _snapshot_readers.clear()
-        access = _snapshot_readers[key] = _snapshot_access()
+        READERS.clear()
+        access = READERS[key] = _snapshot_access()
     return access
 
 
 # ids of random's generator, numpy and torch's default generator -> _snapshot_access()
-_snapshot_readers: dict = {}
+READERS: dict = {}
 
 
 def _snapshot_access() -> tuple[Callable[[], tuple], Callable[[tuple, Any], None]]:
@@ -54,7 +54,7 @@ def _snapshot_access() -> tuple[Callable[[], tuple], Callable[[tuple, Any], None
     batch and restores one, and a memoryview's tobytes() or slice assignment costs a quarter of
     bytes() of a ctypes array or ctypes.memmove."""
     np, inst = _numpy(), random._inst
-    python_view, numpy_view, gauss_view = _state_views()
+    python_view, numpy_view, gauss_view = state_views()
     python_mv = None if python_view is None else memoryview(python_view).cast("B")
     numpy_mvs = None
     if numpy_view is not None and gauss_view is not None:

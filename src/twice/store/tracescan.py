@@ -136,7 +136,7 @@ def same_lines(a, b, at_a: int, at_b: int, last_a: int, last_b: int, limit: int 
     below `limit`."""
     from twice.core import digests
 
-    native = digests._native
+    native = digests.native
     if native is not None and hasattr(native, "same_lines"):
         return native.same_lines(a, b, at_a, at_b, last_a, last_b, limit)
     return _same_lines_py(bytes(a), bytes(b), at_a, at_b, last_a, last_b, limit)

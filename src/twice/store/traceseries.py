@@ -91,7 +91,7 @@ def loss_series(path: Path):
 
     from twice.core import digests
 
-    native = getattr(digests._native, "losses", None)
+    native = getattr(digests.native, "losses", None)
     lines = TraceLines(Path(path))
     steps, values = [], []
     try:
