@@ -133,19 +133,19 @@ class CheapAugment(Dataset):
 def bench_loader(dataset, label):
     """twice.data.loader against a plain DataLoader over the same dataset, with its per-sample loop
     in C (twice._native, built at install) and in Python (where it was not built), alternating."""
-    compiled = samples._native
+    compiled = samples.native
 
     def plain():
         for _ in DataLoader(dataset, batch_size=64, shuffle=True):
             pass
 
     def ours(loop):
-        samples._native = loop
+        samples.native = loop
         try:
             for _ in twice.data.loader(dataset, batch_size=64, shuffle=True, seed=0):
                 pass
         finally:
-            samples._native = compiled
+            samples.native = compiled
 
     kinds = {"plain": plain, "C loop": lambda: ours(compiled), "Python loop": lambda: ours(None)}
     if compiled is None:

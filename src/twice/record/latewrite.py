@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import struct
+import sys
 import threading
 from typing import Any
 
@@ -125,6 +126,10 @@ class LateWriter:
         """Start the copies of what `round_` left on the device (this step's fold sums, norms and
         losses) and return True; False where it holds nothing on the device (write it now)."""
         batches, self._batches = self._batches, []
+        if not batches and "cpu" not in self.devices:  # on the CPU: one cheap test a step
+            torch = sys.modules.get("torch")
+            if torch is None or not torch.cuda.is_initialized():
+                return False
         devices = {v.device.type for v in _device_values(round_) if _on_device(v)}
         devices |= {batch.sums[0].device.type for batch in batches}
         if not devices:
