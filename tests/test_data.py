@@ -375,10 +375,13 @@ def test_loaders_used_in_turn_keep_their_epoch_tables(monkeypatch, python_loop):
     from twice.rng import sample as sample_rng
 
     made = []
-    values = sample_rng._values
-    monkeypatch.setattr(
-        sample_rng, "_values", lambda *a, keep=True: (made.append(keep), values(*a, keep=keep))[1]
-    )
+    values = sample_rng.sample_values
+
+    def spy(*args, keep=True):
+        made.append(keep)
+        return values(*args, keep=keep)
+
+    monkeypatch.setattr(sample_rng, "sample_values", spy)
     monkeypatch.setattr(sample_rng, "TABLES", {})
     first = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=1)
     second = twice.data.loader(Augmented(), batch_size=4, shuffle=True, seed=2)

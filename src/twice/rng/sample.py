@@ -284,7 +284,7 @@ def prepare(seeders: list[tuple[Seeder, int]], key, indices, size: int | None = 
                 len(TABLES) >= TABLES_KEPT
             ):  # loaders used in turn (zipped, or train and validation) keep theirs
                 del TABLES[next(iter(TABLES))]
-            every = _values(which, key, np.arange(size, dtype=np.uint64), keep=False)
+            every = sample_values(which, key, np.arange(size, dtype=np.uint64), keep=False)
             table = TABLES[(which, key, size)] = (key, every, _spans(seeders), {})
         taken = table[3].get(rows)
         if taken is None:
@@ -292,10 +292,10 @@ def prepare(seeders: list[tuple[Seeder, int]], key, indices, size: int | None = 
         np.take(table[1], indices.astype(np.intp), axis=0, out=taken)
         _fill_all(table[2], taken, rows)
         return
-    _fill_all(_spans(seeders), _values(which, key, indices), rows)
+    _fill_all(_spans(seeders), sample_values(which, key, indices), rows)
 
 
-def _values(which: tuple, key, indices, keep: bool = True):
+def sample_values(which: tuple, key, indices, keep: bool = True):
     """The finished SplitMix64 values of a batch's samples for (Seeder, words) pairs `which`; with
     `keep`, in a buffer reused by the next call with as many samples (numpy's per-call cost, not
     the arithmetic, is what a batch pays for)."""
@@ -337,7 +337,7 @@ def _fill_all(spans: list[tuple[int, Seeder]], values, rows: int) -> None:
         column += width
 
 
-# ((Seeder, words) pairs, rows) -> (counters, buffers, {key: counters + key}) for _values
+# ((Seeder, words) pairs, rows) -> (counters, buffers, {key: counters + key}) for sample_values
 PLANS: dict = {}
 # ((Seeder, words) pairs, epoch key, samples) -> (key, every sample's values, column spans, {rows:
 # buffer})
