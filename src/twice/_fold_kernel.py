@@ -30,22 +30,30 @@ def _mix64(x):
 
 
 @triton.jit
+def _lane_sums(word, index, inside, lane: tl.constexpr):
+    # one lane's two sums over a block's words (padding masked out): NH's keyed products, and the
+    # keyed XORs, each summed modulo 2**64
+    key = _mix64(index * 2 + (lane * (1 << 40) + 0x5EED))
+    low = word & 0xFFFFFFFF
+    high = word >> 32
+    product = ((low + (key & 0xFFFFFFFF)) & 0xFFFFFFFF) * ((high + (key >> 32)) & 0xFFFFFFFF)
+    nothing = tl.zeros_like(product)
+    product_sum = tl.sum(tl.where(inside, product, nothing), axis=0)
+    xor_sum = tl.sum(tl.where(inside, word ^ key, nothing), axis=0)
+    return product_sum.to(tl.int64, bitcast=True), xor_sum.to(tl.int64, bitcast=True)
+
+
+@triton.jit
 def _fold_block(words, n, first, out, BLOCK: tl.constexpr):
     block = tl.program_id(0)
     offsets = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < n
     word = tl.load(words + offsets, mask=inside, other=0).to(tl.uint64, bitcast=True)
     index = (offsets + first).to(tl.uint64)
-    low = word & 0xFFFFFFFF
-    high = word >> 32
     for lane in tl.static_range(2):
-        key = _mix64(index * 2 + (lane * (1 << 40) + 0x5EED))
-        product = ((low + (key & 0xFFFFFFFF)) & 0xFFFFFFFF) * ((high + (key >> 32)) & 0xFFFFFFFF)
-        nothing = tl.zeros_like(product)
-        product_sum = tl.sum(tl.where(inside, product, nothing), axis=0)
-        xor_sum = tl.sum(tl.where(inside, word ^ key, nothing), axis=0)
-        tl.store(out + block * 4 + lane, product_sum.to(tl.int64, bitcast=True))
-        tl.store(out + block * 4 + 2 + lane, xor_sum.to(tl.int64, bitcast=True))
+        product_sum, xor_sum = _lane_sums(word, index, inside, lane)
+        tl.store(out + block * 4 + lane, product_sum)
+        tl.store(out + block * 4 + 2 + lane, xor_sum)
 
 
 def fold_sums(raw):
@@ -92,16 +100,10 @@ def _fold_table(base, offsets, firsts, counts, owners, out, BLOCK: tl.constexpr)
     inside = lanes < count
     word = tl.load(base + offset + lanes, mask=inside, other=0).to(tl.uint64, bitcast=True)
     index = (first + lanes).to(tl.uint64)
-    low = word & 0xFFFFFFFF
-    high = word >> 32
     for lane in tl.static_range(2):
-        key = _mix64(index * 2 + (lane * (1 << 40) + 0x5EED))
-        product = ((low + (key & 0xFFFFFFFF)) & 0xFFFFFFFF) * ((high + (key >> 32)) & 0xFFFFFFFF)
-        nothing = tl.zeros_like(product)
-        product_sum = tl.sum(tl.where(inside, product, nothing), axis=0)
-        xor_sum = tl.sum(tl.where(inside, word ^ key, nothing), axis=0)
-        tl.atomic_add(out + owner * 4 + lane, product_sum.to(tl.int64, bitcast=True))
-        tl.atomic_add(out + owner * 4 + 2 + lane, xor_sum.to(tl.int64, bitcast=True))
+        product_sum, xor_sum = _lane_sums(word, index, inside, lane)
+        tl.atomic_add(out + owner * 4 + lane, product_sum)
+        tl.atomic_add(out + owner * 4 + 2 + lane, xor_sum)
 
 
 def fold_many(raws: list, keep: list):

@@ -58,7 +58,7 @@ class LateWriter:
         self.devices = devices
         self._fold = None  # twice._fold_kernel.fold_many, once known to load
         self._batches: list[_Batch] = []  # of the step being gathered
-        self._killed = None  # the SIGTERM handler this replaced, once installed
+        self._watching = False  # the SIGTERM handler is installed (once per writer)
         self.on_kill: list = []  # called on SIGTERM before it goes on: the recorder's flush
 
     def digests(self, tensors: list, norms: bool, lanes_norm, tensor_norms):
@@ -161,13 +161,13 @@ class LateWriter:
 
     def _watch_kill(self) -> None:
         """On the first late step: SIGTERM writes the step still held, then does what it did."""
-        if self._killed is not None or threading.current_thread() is not threading.main_thread():
+        if self._watching or threading.current_thread() is not threading.main_thread():
             return
+        self._watching = True
+        # (None: a handler set outside Python, which cannot be chained: the default then)
         previous = signal.getsignal(signal.SIGTERM)
         if previous is signal.SIG_IGN:
-            self._killed = previous
             return
-        self._killed = previous
 
         def on_term(signum, frame):
             for callback in list(self.on_kill):
