@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 
 from twice.core.errors import UsageError
 
-__all__ = ["ChildSettings", "parse_steps", "PER_RUN", "PREFIX", "NO_TRITON"]
+__all__ = ["ChildSettings", "parse_steps", "PER_RUN", "PREFIX", "NO_TRITON", "NO_FUSED_RNN"]
 
 PREFIX = "TWICE_"
 NO_TRITON = "TWICE_NO_TRITON"
 """Set to 1 by a user: digest CUDA tensors with torch's operations, not the Triton fold kernel."""
+NO_FUSED_RNN = "TWICE_NO_FUSED_RNN"
+"""Set to 1 by a user: portable mode runs nn.LSTM op by op (twice differentiable), not fused."""
 
 
 @dataclass(frozen=True)

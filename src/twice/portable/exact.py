@@ -32,8 +32,10 @@ __all__ = [
     "exact_sum",
     "exact_cumsum",
     "exact_bilinear",
+    "Repeated",
     "slices_for",
     "split",
+    "beta_for",
 ]
 
 _MANTISSA = 53  # float64 keeps integers exact below 2**53
@@ -46,7 +48,7 @@ def slices_for(dtype: torch.dtype) -> int:
     return 3 if dtype == torch.float64 else 1
 
 
-def _beta(terms: int, factors: int) -> int:
+def beta_for(terms: int, factors: int) -> int:
     """Bits per slice so that `terms` products of `factors` slice integers sum exactly."""
     room = _MANTISSA - max(1, math.ceil(math.log2(max(terms, 2))))
     return max(
@@ -106,7 +108,7 @@ def exact_bilinear(
         return form(a.to(torch.float64), b.to(torch.float64)).to(out_dtype)
     scale = scale or form
     count = slices_for(precision or out_dtype)
-    beta = _beta(terms * count, 2)
+    beta = beta_for(terms * count, 2)
     sa = _slices(a, a_dims, count, beta)
     sb = _slices(b, b_dims, count, beta) if sa is not None else None
     if sa is None or sb is None:
@@ -182,7 +184,7 @@ def _fast_matmul(a, b, out_dtype, precision, bias):
         return None
     if a.dim() == 3 and a.shape[0] != b.shape[0]:
         return None
-    beta = _beta(max(1, a.shape[-1]), 2)
+    beta = beta_for(max(1, a.shape[-1]), 2)
     sa = native.split_rows(a, (-1,), beta)
     if not sa:
         return None
@@ -191,6 +193,37 @@ def _fast_matmul(a, b, out_dtype, precision, bias):
         return None
     (ints_a, unit_a), (ints_b, unit_b) = sa[0], sb[0]
     return native.scaled(torch.matmul(ints_a, ints_b), unit_a, unit_b, out_dtype, bias)
+
+
+class Repeated:
+    """One operand of many products, cut into slices once: `Repeated(w, dtype, "right")(a)`
+    is `exact_matmul(a, w, dtype)` and `Repeated(w, dtype, "left")(b)` is `exact_matmul(w, b,
+    dtype)`, bit for bit, as the slicing of an operand depends on that operand alone (a
+    recurrent layer's weight at every time step, a convolution's weight for every batch of
+    columns)."""
+
+    def __init__(self, operand: torch.Tensor, out_dtype, side: str) -> None:
+        self.operand, self.out_dtype, self.right = operand, out_dtype, side == "right"
+        self.parts = None
+        if operand.dim() != 2:
+            return
+        self.beta = beta_for(max(1, operand.shape[0 if self.right else 1]), 2)
+        if slices_for(out_dtype) == 1 and operand.numel():
+            parts = native.split_rows(operand, (-2,) if self.right else (-1,), self.beta)
+            self.parts = parts[0] if parts else None
+
+    def __call__(self, other: torch.Tensor) -> torch.Tensor:
+        if self.parts is not None and other.dim() == 2 and other.numel():
+            found = native.split_rows(other, (-1,) if self.right else (-2,), self.beta)
+            if found:
+                (ints_a, unit_a), (ints_b, unit_b) = (
+                    (found[0], self.parts) if self.right else (self.parts, found[0])
+                )
+                product = torch.matmul(ints_a, ints_b)
+                return native.scaled(product, unit_a, unit_b, self.out_dtype, None)
+        if self.right:
+            return exact_matmul(other, self.operand, self.out_dtype)
+        return exact_matmul(self.operand, other, self.out_dtype)
 
 
 def exact_addmm(bias, a, b, out_dtype) -> torch.Tensor:
@@ -212,7 +245,7 @@ def exact_sum(
     dims = tuple(range(x.dim())) if dims is None else tuple(d % max(x.dim(), 1) for d in dims)
     if x.dim() == 0 or x.numel() == 0:
         return x.to(torch.float64).sum(dim=dims, keepdim=keepdim).to(out_dtype)
-    count, beta = slices_for(precision), _beta(math.prod(x.shape[d] for d in dims), 1)
+    count, beta = slices_for(precision), beta_for(math.prod(x.shape[d] for d in dims), 1)
     fast = native.row_sums(x, dims, beta, count, keepdim)
     if fast is not None and fast is not False:
         return fast.to(out_dtype)
@@ -251,7 +284,7 @@ def exact_cumsum(x: torch.Tensor, dim: int, out_dtype=None) -> torch.Tensor:
     clean = torch.where(finite, x64, 0.0)
     count = slices_for(out_dtype if out_dtype != torch.float64 else x.dtype)
     total = None
-    for ints, unit in split(clean, (dim,), count, _beta(x.shape[dim], 1)):
+    for ints, unit in split(clean, (dim,), count, beta_for(x.shape[dim], 1)):
         term = torch.cumsum(ints, dim) * unit
         total = term if total is None else total + term
     if not bool(finite.all()):

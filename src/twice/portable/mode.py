@@ -32,7 +32,7 @@ import twice.portable.ops_random  # noqa: F401
 import twice.portable.ops_resample  # noqa: F401
 import twice.portable.optim  # noqa: F401
 from twice.core.errors import DeterminismError
-from twice.portable import half, native, routes
+from twice.portable import half, native, recurrent, routes
 from twice.portable.table import PortableUnsupported
 
 __all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]
@@ -130,6 +130,7 @@ class PortableMode(TorchDispatchMode):
         if not self._saved:
             torch._C._set_mkldnn_enabled(False)
             torch.backends.mha.set_fastpath_enabled(False)
+            recurrent.install(PortableMode)  # nn.LSTM as one portable operation per layer
         self._saved.append(self._switches)
         return super().__enter__()
 
@@ -141,6 +142,7 @@ class PortableMode(TorchDispatchMode):
             if not self._saved:
                 torch._C._set_mkldnn_enabled(mkldnn)
                 torch.backends.mha.set_fastpath_enabled(fastpath)
+                recurrent.uninstall()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         route = _ROUTES.get(func)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from twice.portable import elementwise as ew
 from twice.portable.exact import (
-    exact_addmm,
+    Repeated,
     exact_bilinear,
     exact_matmul,
     exact_sum,
@@ -127,17 +127,23 @@ def _as_2d(x, weight, stride, padding, dilation):
 def _columns(x, weight, stride, padding, dilation):
     """The input's windows as a (C * kh * kw, N * Ho * Wo) matrix (unfold's rows, the batch and
     positions as columns), in one copy of a strided view of the padded input."""
-    kh, kw = weight.shape[-2:]
     xp = F.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+    windows = _windows(xp, weight.shape[-2:], stride, dilation)
+    c, kh, kw, n, ho, wo = windows.shape
+    return windows.reshape(c * kh * kw, n * ho * wo)
+
+
+def _windows(xp, kernel, stride, dilation):
+    """The padded input's windows as a (C, kh, kw, N, Ho, Wo) view."""
+    kh, kw = kernel
     n, c, hp, wp = xp.shape
     ho = (hp - dilation[0] * (kh - 1) - 1) // stride[0] + 1
     wo = (wp - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     sn, sc, sh, sw = xp.stride()
-    windows = xp.as_strided(
+    return xp.as_strided(
         (c, kh, kw, n, ho, wo),
         (sc, sh * dilation[0], sw * dilation[1], sn, sh * stride[0], sw * stride[1]),
     )
-    return windows.reshape(c * kh * kw, n * ho * wo)
 
 
 def _fold(cols, size, kernel, dilation, padding, stride):
@@ -165,32 +171,43 @@ def _out_size(size, k, s, p, d):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+COLUMN_CHUNK = 1 << 19
+"""How many column elements a convolution unfolds at a time (4 MB in float64): a few samples'
+columns, their integer slices and their product stay in the cache. Each output, and each
+sample's input gradient, is computed from its own columns whatever the chunk, so the bits do
+not depend on it (tests vary it)."""
+
+
+def _chunks(n: int, per_sample: int) -> list[tuple[int, int]]:
+    step = max(1, COLUMN_CHUNK // max(1, per_sample))
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+
 def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad, groups):
-    """aten.convolution: columns of the input times the weight, exactly. A transposed
-    convolution is the input gradient of the ordinary convolution with the same weight."""
+    """aten.convolution: columns of the input times the weight, exactly, a few samples at a
+    time (the weight cut into slices once). A transposed convolution is the input gradient of
+    the ordinary convolution with the same weight."""
     if transposed:
         return _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups)
     squeeze = x.dim() == 3
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     n, cout = x4.shape[0], w4.shape[0]
-    cols = _columns(x4, w4, stride, padding, dilation)
-    k, cg = cols.shape[0] // groups, cout // groups
-    length = cols.shape[-1] // n
-    w = w4.reshape(groups, cg, k)
-    parts = []
-    for g in range(groups):  # (cg, k) @ (k, n * L): each output column scaled over its k inputs
-        columns = cols[g * k : (g + 1) * k]
-        if bias is not None:
-            b = bias[g * cg : (g + 1) * cg].reshape(cg, 1)
-            part = exact_addmm(b, w[g], columns, x.dtype)
-        else:
-            part = exact_matmul(w[g], columns, x.dtype)
-        parts.append(part.reshape(cg, n, length))
-    out = torch.cat(parts, 0).permute(1, 0, 2).contiguous()  # NCHW, as torch's kernels give
     hw = [
         _out_size(x4.shape[i + 2], w4.shape[i + 2], stride[i], padding[i], dilation[i])
         for i in (0, 1)
     ]
+    length, cg = hw[0] * hw[1], cout // groups
+    k = w4.shape[1] * w4.shape[2] * w4.shape[3]
+    w = w4.reshape(groups, cg, k)
+    left = [Repeated(w[g], x.dtype, "left") for g in range(groups)]
+    out = torch.empty(n, cout, length, dtype=x.dtype, device=x.device)
+    for lo, hi in _chunks(n, groups * k * length):
+        cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
+        for g in range(groups):  # (cg, k) @ (k, samples * L): each column scaled over its k
+            part = left[g](cols[g * k : (g + 1) * k])
+            if bias is not None:
+                part = torch.add(part, bias[g * cg : (g + 1) * cg].reshape(cg, 1).to(x.dtype))
+            out[lo:hi, g * cg : (g + 1) * cg] = part.reshape(cg, hi - lo, length).transpose(0, 1)
     out = out.reshape(n, cout, *hw)
     return out.squeeze(2) if squeeze else out
 
@@ -222,14 +239,18 @@ def convolution_backward(
         size = tuple(x4.shape[-2:])
 
         def form(a, b):  # the columns' gradient, folded back onto the input (sums of overlaps)
-            cols = torch.matmul(a.unsqueeze(0), b).reshape(n, groups * k, -1)
+            cols = torch.matmul(a.unsqueeze(0), b).reshape(b.shape[0], groups * k, -1)
             return _fold(cols, size, kernel, dilation, padding, stride)
 
         def scale(ua, ub):
-            return ua.reshape(()) * ub.reshape(n, 1, 1, 1)
+            return ua.reshape(()) * ub.reshape(-1, 1, 1, 1)
 
         terms = cg * kernel[0] * kernel[1]
-        gi = exact_bilinear(wt, g, form, None, (1, 2, 3), terms, x.dtype, scale=scale)
+        gi = torch.empty(x4.shape, dtype=x.dtype, device=x.device)
+        for lo, hi in _chunks(n, groups * k * g.shape[-1] // 4):  # each sample on its grid
+            gi[lo:hi] = exact_bilinear(
+                wt, g[lo:hi], form, None, (1, 2, 3), terms, x.dtype, scale=scale
+            )
         gi = gi.squeeze(2) if squeeze else gi
     if squeeze and gw is not None:
         gw = gw.squeeze(2)

@@ -14,7 +14,7 @@ import torch
 
 from twice.portable import elementwise as ew
 from twice.portable import native_norms
-from twice.portable.exact import _beta, exact_sum, slices_for
+from twice.portable.exact import beta_for, exact_sum, slices_for
 
 __all__ = [
     "layer_norm",
@@ -41,7 +41,7 @@ def layer_norm(x, shape, weight, bias, eps: float):
     b64 = bias.to(_F64).reshape(-1) if bias is not None else None
     fast = None
     if x.dim() > len(shape):
-        fast = native_norms.layer_norm(x, n, w64, b64, eps, _beta(n, 1))
+        fast = native_norms.layer_norm(x, n, w64, b64, eps, beta_for(n, 1))
     if fast:
         out, mean, rstd = fast
         stats = x.shape[: x.dim() - len(shape)] + (1,) * len(shape)
@@ -75,7 +75,7 @@ def layer_norm_backward(grad, x, shape, mean, rstd, weight, bias, mask):
         fast = native_norms.layer_norm_backward(
             grad, x, cols, mean.to(_F64).reshape(-1), rstd.to(_F64).reshape(-1),
             weight.to(_F64).reshape(-1) if weight is not None else None,
-            _beta(cols, 1), _beta(x.numel() // max(1, cols), 1), want,
+            beta_for(cols, 1), beta_for(x.numel() // max(1, cols), 1), want,
         )  # fmt: skip
     if fast:
         gi, gw, gb = fast
@@ -105,7 +105,7 @@ def _chan_sum(expr: int, x, y, m, s, w, like) -> torch.Tensor:
     """The exact per-channel sum over (N, spatial) of one of batch norm's expressions, float64
     (C,): 0 x, 1 (x - m)^2, 2 y (x - m) s, 3 y w, 4 (y w)((x - m) s)."""
     terms = x.numel() // max(1, x.shape[1])
-    fast = native_norms.chansum(expr, x, y, m, s, w, _beta(terms, 1), slices_for(like))
+    fast = native_norms.chansum(expr, x, y, m, s, w, beta_for(terms, 1), slices_for(like))
     if fast is not None and fast is not False:
         return fast
     x64, y64 = x.to(_F64), (y.to(_F64) if y is not None else None)
@@ -182,7 +182,7 @@ def batch_norm_backward(grad, x, weight, rmean, rvar, smean, sinvstd, train, eps
     w = weight.to(_F64) if weight is not None else torch.ones_like(mean)
     sums = None
     if train and slices_for(x.dtype) == 1:  # the four sums in two passes (the same bits)
-        sums = native_norms.bnsums(x, grad, mean, invstd, w, _beta(n, 1))
+        sums = native_norms.bnsums(x, grad, mean, invstd, w, beta_for(n, 1))
     if sums is None or sums is False:
         sums = None
     gi = None

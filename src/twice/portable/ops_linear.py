@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from twice.portable.exact import _beta, exact_cumsum, slices_for, split
+from twice.portable.exact import beta_for, exact_cumsum, slices_for, split
 from twice.portable.ops_math import floating
 from twice.portable.table import PortableUnsupported, kernel
 
@@ -32,7 +32,7 @@ def exact_linear(x: torch.Tensor, form, dims, terms: int, precision) -> torch.Te
     finite = torch.isfinite(x64)
     total = None
     clean = torch.where(finite, x64, 0.0)
-    for ints, unit in split(clean, dims, slices_for(precision), _beta(terms, 1)):
+    for ints, unit in split(clean, dims, slices_for(precision), beta_for(terms, 1)):
         term = form(ints) * unit
         total = term if total is None else total + term
     if not bool(finite.all()):

@@ -1,0 +1,269 @@
+"""Portable mode's fused paths give the op-by-op route's bits where they say they do.
+
+nn.LSTM runs as one autograd operation per layer and direction (twice.portable.recurrent): its
+outputs, final states and the gradients of the input, the initial states and the input weights
+and bias must equal, bit for bit, what the op-by-op route (TWICE_NO_FUSED_RNN=1) computes,
+for generated layer shapes and settings; the recurrent weight's and bias's gradients are exact
+sums rounded once and must be close to the op-by-op ones. A convolution unfolds a few samples
+at a time (nn.COLUMN_CHUNK): any chunk size gives the same bits. exact.Repeated gives
+exact_matmul's bits with one operand cut into slices once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twice.core.protocol import NO_FUSED_RNN
+from twice.portable import nn as pnn
+from twice.portable import recurrent
+from twice.portable.exact import Repeated, exact_matmul
+from twice.portable.mode import PortableMode
+
+EXHAUSTIVE = os.environ.get("TWICE_EXHAUSTIVE") == "1"
+EXAMPLES = settings(max_examples=200 if EXHAUSTIVE else 12, derandomize=True, deadline=None)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-equal, NaNs matched by position (their payloads are not canonical)."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(
+        torch.nan_to_num(a, nan=7.0), torch.nan_to_num(b, nan=7.0)
+    )
+
+
+LSTM_CASES = st.fixed_dictionaries(
+    {
+        "layers": st.integers(1, 2),
+        "bidirectional": st.booleans(),
+        "batch_first": st.booleans(),
+        "bias": st.booleans(),
+        "inputs": st.integers(1, 6),
+        "hidden": st.integers(1, 7),
+        "steps": st.integers(1, 5),
+        "batch": st.integers(1, 4),
+        "dtype": st.sampled_from([torch.float32, torch.float64]),
+        "dropout": st.sampled_from([0.0, 0.0, 0.3]),
+        "loss": st.sampled_from(["output", "final", "all", "cell"]),
+        "scale": st.sampled_from([1e-3, 1.0, 30.0]),
+    }
+)
+
+
+def _lstm_run(case: dict, fused: bool, spoil=None) -> dict[str, torch.Tensor]:
+    with pytest.MonkeyPatch.context() as patch:
+        if fused:
+            patch.delenv(NO_FUSED_RNN, raising=False)
+        else:
+            patch.setenv(NO_FUSED_RNN, "1")
+        return _lstm_train(case, spoil or {})
+
+
+def _lstm_train(case: dict, spoil: dict) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.LSTM(
+        case["inputs"], case["hidden"], num_layers=case["layers"], bias=case["bias"],
+        batch_first=case["batch_first"], bidirectional=case["bidirectional"],
+        dropout=case["dropout"] if case["layers"] > 1 else 0.0,
+    ).to(case["dtype"])  # fmt: skip
+    directions = 2 if case["bidirectional"] else 1
+    shape = (case["batch"], case["steps"])
+    shape = shape if case["batch_first"] else shape[::-1]
+    x = torch.randn(*shape, case["inputs"], dtype=case["dtype"]) * case["scale"]
+    for where, value in spoil.items():
+        x[where] = value
+    x.requires_grad_()
+    states = (case["layers"] * directions, case["batch"], case["hidden"])
+    h0 = torch.randn(states, dtype=case["dtype"]).requires_grad_()
+    c0 = torch.randn(states, dtype=case["dtype"]).requires_grad_()
+    with PortableMode("strict"):
+        torch.manual_seed(1)  # the dropout's key
+        y, (h_n, c_n) = model(x, (h0, c0))
+        loss = {
+            "output": lambda: (y * y).sum(),
+            "final": lambda: h_n.sum(),
+            "cell": lambda: (c_n * 0.5).sum(),
+            "all": lambda: (y * y).sum() + h_n.sum() + (c_n * c_n).sum(),
+        }[case["loss"]]()
+        loss.backward()
+    out = {"y": y, "h_n": h_n, "c_n": c_n, "x": x.grad, "h0": h0.grad, "c0": c0.grad}
+    out.update({name: p.grad for name, p in model.named_parameters()})
+    return out
+
+
+@EXAMPLES
+@given(case=LSTM_CASES)
+def test_fused_lstm_gives_the_op_by_op_bits(case):
+    fused = _lstm_run(case, True)
+    plain = _lstm_run(case, False)
+    assert fused.keys() == plain.keys()
+    for name in fused:
+        a, b = fused[name], plain[name]
+        assert (a is None) == (b is None), name
+        if a is None:
+            continue
+        if name.startswith(("weight_hh", "bias_hh")):
+            # one exact sum over every step, rounded once, against one rounding per step
+            tolerance = 1e-12 if a.dtype == torch.float64 else 1e-5
+            assert torch.allclose(a, b, rtol=tolerance, atol=tolerance * b.abs().max()), name
+        else:
+            assert _same(a, b), name
+
+
+def test_the_fused_path_is_taken_and_its_recurrent_gradient_is_one_rounding(monkeypatch):
+    """The recurrent weight's gradient is the exact product of every step's gate gradients
+    and hidden states, rounded once: against float64 it is at least as close as the op-by-op
+    route's per-step rounding, and it differs from it (so the fused path ran)."""
+    case = dict(
+        layers=1, bidirectional=False, batch_first=True, bias=True, inputs=5, hidden=8,
+        steps=12, batch=6, dtype=torch.float32, dropout=0.0, loss="output", scale=1.0,
+    )  # fmt: skip
+    fused = _lstm_run(case, True)["weight_hh_l0"]
+    plain = _lstm_run(case, False)["weight_hh_l0"]
+    reference = _lstm_run(dict(case, dtype=torch.float64), False)["weight_hh_l0"]
+    assert not torch.equal(fused, plain)
+    error = (fused.double() - reference).abs().max()
+    assert error <= (plain.double() - reference).abs().max() * 1.5
+
+
+def test_the_fused_lstm_does_not_depend_on_the_thread_count(monkeypatch):
+    case = dict(
+        layers=2, bidirectional=True, batch_first=True, bias=True, inputs=16, hidden=32,
+        steps=6, batch=8, dtype=torch.float32, dropout=0.2, loss="all", scale=1.0,
+    )  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _lstm_run(case, True)
+        torch.set_num_threads(2)
+        two = _lstm_run(case, True)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(one[k], two[k]) for k in one)
+
+
+def test_non_finite_values_give_the_op_by_op_nans_and_infinities():
+    case = dict(
+        layers=2, bidirectional=False, batch_first=False, bias=True, inputs=3, hidden=4,
+        steps=4, batch=3, dtype=torch.float32, dropout=0.0, loss="all", scale=1.0,
+    )  # fmt: skip
+    spoil = {(1, 0, 0): math.inf, (2, 1, 1): math.nan}  # saturates the gates; spreads
+    fused = _lstm_run(case, True, spoil)
+    plain = _lstm_run(case, False, spoil)
+    assert fused["y"][2:, 1].isnan().all() and not fused["y"][:, 0].isnan().any()
+    for name in ("y", "h_n", "c_n", "x", "h0", "c0", "weight_ih_l0"):
+        assert _same(fused[name], plain[name]), name
+
+
+def test_what_the_fused_path_does_not_take_runs_op_by_op_under_strict():
+    """Projections, packed sequences and autocast leave the fused path; each still trains."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    projected = torch.nn.LSTM(4, 6, proj_size=3, batch_first=True)
+    plain = torch.nn.LSTM(4, 6, batch_first=True)
+    x = torch.randn(3, 5, 4)
+    with PortableMode("strict"):
+        projected(x)[0].sum().backward()
+        packed = pack_padded_sequence(x, [5, 3, 2], batch_first=True)
+        plain(packed)[0].data.sum().backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            plain(x)[0].float().sum().backward()
+    assert projected.weight_hr_l0.grad is not None and plain.weight_hh_l0.grad is not None
+
+
+def test_install_restores_torch_and_other_threads_see_the_original():
+    before = torch._VF.lstm
+    seen = {}
+    with PortableMode("strict"):
+        with PortableMode("strict"):  # nested entries install once
+            assert torch._VF.lstm is not before
+
+        def other():  # no portable mode in this thread: the fused path declines
+            seen["fusable"] = recurrent._fusable(
+                (torch.zeros(1, 1, 1), (torch.zeros(1, 1, 1),) * 2, [], True, 1, 0.0, False,
+                 False, False)
+            )  # fmt: skip
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert torch._VF.lstm is not before
+    assert torch._VF.lstm is before
+    assert seen["fusable"] is False
+
+
+CONV_CASES = st.fixed_dictionaries(
+    {
+        "groups": st.sampled_from([1, 1, 2]),
+        "batch": st.integers(1, 5),
+        "cin": st.integers(1, 3),
+        "cout": st.integers(1, 3),
+        "kernel": st.tuples(st.integers(1, 3), st.integers(1, 3)),
+        "stride": st.tuples(st.integers(1, 2), st.integers(1, 2)),
+        "padding": st.tuples(st.integers(0, 1), st.integers(0, 1)),
+        "dilation": st.tuples(st.integers(1, 2), st.integers(1, 2)),
+        "size": st.tuples(st.integers(6, 10), st.integers(6, 10)),
+        "dtype": st.sampled_from([torch.float32, torch.float64]),
+        "spoil": st.sampled_from([None, None, math.inf, math.nan]),
+    }
+)
+
+
+@EXAMPLES
+@given(case=CONV_CASES)
+def test_a_convolution_has_the_same_bits_whatever_its_chunk(case):
+    g = case["groups"]
+    torch.manual_seed(0)
+    scales = torch.logspace(-3, 3, case["batch"], dtype=case["dtype"]).reshape(-1, 1, 1, 1)
+    x = torch.randn(case["batch"], g * case["cin"], *case["size"], dtype=case["dtype"]) * scales
+    if case["spoil"] is not None:
+        x[0, 0, 0, 0] = case["spoil"]
+    w = torch.randn(g * case["cout"], case["cin"], *case["kernel"], dtype=case["dtype"])
+    b = torch.randn(g * case["cout"], dtype=case["dtype"])
+    settings_ = (case["stride"], case["padding"], case["dilation"], False, (0, 0), g)
+    results = []
+    for chunk in (1, 1 << 40):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(pnn, "COLUMN_CHUNK", chunk)
+            out = pnn.convolution(x, w, b, *settings_)
+            grad = torch.linspace(-2, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+            back = pnn.convolution_backward(grad, x, w, [w.shape[0]], *settings_, [True] * 3)
+        results.append([out, *back])
+    for first, second in zip(*results):
+        assert _same(first, second)
+
+
+@EXAMPLES
+@given(
+    rows=st.integers(1, 6),
+    inner=st.integers(1, 9),
+    cols=st.integers(1, 6),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    spoil=st.sampled_from([None, math.inf, math.nan]),
+)
+def test_a_repeated_operand_gives_exact_matmuls_bits(rows, inner, cols, dtype, spoil):
+    torch.manual_seed(rows * 100 + inner * 10 + cols)
+    weight = torch.randn(inner, cols, dtype=dtype) * 10.0
+    right, left = Repeated(weight, dtype, "right"), Repeated(weight.t(), dtype, "left")
+    for step in range(3):
+        a = torch.randn(rows, inner, dtype=dtype) * 10.0**step
+        if spoil is not None and step == 1:
+            a[0, 0] = spoil
+        assert _same(right(a), exact_matmul(a, weight, dtype))
+        assert _same(left(a.t()), exact_matmul(weight.t(), a.t(), dtype))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_repeated_operand_that_is_not_finite_falls_back_to_the_whole_product(side):
+    weight = torch.randn(4, 4)
+    weight[1, 2] = math.inf
+    other = torch.randn(4, 4)
+    repeated = Repeated(weight, torch.float32, side)
+    got = repeated(other)
+    want = exact_matmul(other, weight) if side == "right" else exact_matmul(weight, other)
+    assert _same(got, want)
