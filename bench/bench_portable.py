@@ -22,9 +22,9 @@ import torch
 from _common import TINY, size
 from torch import nn
 
+from twice.portable import conv as pconv
 from twice.portable import elementwise as ew
 from twice.portable import native
-from twice.portable import nn as pnn
 from twice.portable.exact import exact_matmul, exact_sum
 from twice.portable.mode import PortableMode
 
@@ -252,7 +252,7 @@ def kernels():
     x, w = torch.randn(32, 16, 32, 32, generator=g), torch.randn(32, 16, 3, 3, generator=g)
     flops = 2 * 32 * 32 * 32 * 32 * 16 * 9
     t_torch = best(lambda: torch.nn.functional.conv2d(x, w, padding=1))
-    t_port = best(lambda: pnn.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1))
+    t_port = best(lambda: pconv.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1))
     print(
         f"conv2d 32x16x32x32, 32 3x3     torch {flops / t_torch / 1e9:7.2f} GFLOP/s   portable "
         f"{flops / t_port / 1e9:7.2f} GFLOP/s  ({t_port / t_torch:.1f}x the time)"

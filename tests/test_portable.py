@@ -19,6 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from twice.portable import conv as pconv
 from twice.portable import elementwise as ew
 from twice.portable import native, norms, philox
 from twice.portable import nn as pnn
@@ -314,17 +315,17 @@ def test_network_operations_match_torch_in_float64():
     assert torch.allclose(out, torch.nn.functional.layer_norm(x, [7]), **close)
     img = torch.randn(2, 3, 9, 8, generator=g, dtype=F64)
     w = torch.randn(5, 3, 3, 3, generator=g, dtype=F64)
-    ours = pnn.convolution(img, w, None, [2, 1], [1, 0], [1, 2], False, [0, 0], 1)
+    ours = pconv.convolution(img, w, None, [2, 1], [1, 0], [1, 2], False, [0, 0], 1)
     ref = torch.nn.functional.conv2d(img, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2))
     assert torch.allclose(ours, ref, **close)
     go = torch.randn(ref.shape, generator=g, dtype=F64)
     settings = ([2, 1], [1, 0], [1, 2], False, [0, 0], 1, [True, True, True])
-    grads = pnn.convolution_backward(go, img, w, [5], *settings)
+    grads = pconv.convolution_backward(go, img, w, [5], *settings)
     expected = torch.ops.aten.convolution_backward(go, img, w, [5], *settings)
     for mine, theirs in zip(grads, expected):
         assert torch.allclose(mine, theirs, **close)
     wg = torch.randn(6, 1, 3, 3, generator=g, dtype=F64)
-    grouped = pnn.convolution(img, wg, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 3)
+    grouped = pconv.convolution(img, wg, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 3)
     ref = torch.nn.functional.conv2d(img, wg, padding=1, groups=3)
     assert torch.allclose(grouped, ref, **close)
 

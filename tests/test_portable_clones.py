@@ -28,7 +28,7 @@ if path != "-":  # this build of the extension, in place of the installed one
 import torch
 from twice.portable import native, norms, philox
 from twice.portable import elementwise as ew
-from twice.portable import nn as pnn
+from twice.portable import conv as pconv
 from twice.portable import ops_math as om
 from twice.portable.exact import exact_addmm, exact_matmul, exact_sum
 assert native.available() and (path == "-" or native._module is sys.modules["twice._native"])
@@ -81,8 +81,8 @@ for dt in (torch.float32, torch.float64):
                                    w.repeat(54)[:323], None, [True] * 3))
     img = torch.randn(4, 3, 12, 11, generator=g).to(dt)
     k = torch.randn(5, 3, 3, 3, generator=g).to(dt)
-    out = pnn.convolution(img, k, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
-    add(out, *pnn.convolution_backward(torch.ones_like(out), img, k, [5], [1, 1], [1, 1],
+    out = pconv.convolution(img, k, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    add(out, *pconv.convolution_backward(torch.ones_like(out), img, k, [5], [1, 1], [1, 1],
                                        [1, 1], False, [0, 0], 1, [True] * 3))
 key = 123456789
 add(philox.uniform(50_001, key, "cpu"), philox.normal(50_001, key, "cpu"))

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twice.core.protocol import NO_FUSED_RNN
-from twice.portable import nn as pnn
+from twice.portable import conv as pconv
 from twice.portable import recurrent
 from twice.portable.exact import Repeated, exact_matmul
 from twice.portable.mode import PortableMode
@@ -229,13 +229,22 @@ def test_a_convolution_has_the_same_bits_whatever_its_chunk(case):
     results = []
     for chunk in (1, 1 << 40):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(pnn, "COLUMN_CHUNK", chunk)
-            out = pnn.convolution(x, w, b, *settings_)
+            patch.setattr(pconv, "COLUMN_CHUNK", chunk)
+            out = pconv.convolution(x, w, b, *settings_)
             grad = torch.linspace(-2, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
-            back = pnn.convolution_backward(grad, x, w, [w.shape[0]], *settings_, [True] * 3)
+            back = pconv.convolution_backward(grad, x, w, [w.shape[0]], *settings_, [True] * 3)
         results.append([out, *back])
     for first, second in zip(*results):
         assert _same(first, second)
+    # the weight's gradient, summed a few samples at a time on grids fixed over the batch, is
+    # the one exact product of the whole batch's columns
+    n, cout = x.shape[0], w.shape[0]
+    columns = torch.nn.functional.unfold(x, case["kernel"], case["dilation"], case["padding"],
+                                         case["stride"])  # fmt: skip
+    k, length = columns.shape[1] // g, columns.shape[2]
+    a = grad.reshape(n, g, cout // g, length).permute(1, 2, 0, 3).reshape(g, cout // g, -1)
+    b = columns.reshape(n, g, k, length).permute(1, 0, 3, 2).reshape(g, n * length, k)
+    assert _same(results[0][2], exact_matmul(a, b, x.dtype).reshape(w.shape))
 
 
 @EXAMPLES

@@ -740,20 +740,23 @@ ROW_MAX(double)
     }                                                                                          \
     CLONED                                                                                     \
     static int split_block_##T(const T *x, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t ld,     \
-                               int beta, int axis, double *out, double *u, void *scratch) {    \
+                               int beta, int axis, int given, double *out, double *u,          \
+                               void *scratch) {                                                \
         U worst = 0, *top = (U *)scratch;                                                      \
         double *inv = (double *)scratch + cols;                                                \
         if (axis == 0) {                                                                       \
             for (Py_ssize_t r = 0; r < rows; r++) {                                            \
                 const T *xr = x + r * ld;                                                    \
                 double *orow = out + r * ld;                                                 \
-                U m = 0;                                                                       \
-                for (Py_ssize_t j = 0; j < cols; j++) {                                        \
-                    U b = bits_##T(xr[j]);                                                     \
-                    m = b > m ? b : m;                                                         \
+                if (!given) {                                                                  \
+                    U m = 0;                                                                   \
+                    for (Py_ssize_t j = 0; j < cols; j++) {                                    \
+                        U b = bits_##T(xr[j]);                                                 \
+                        m = b > m ? b : m;                                                     \
+                    }                                                                          \
+                    worst = m > worst ? m : worst;                                             \
+                    u[r] = unit_of(m >= INF ? 0.0 : magnitude_##T(m), beta);                   \
                 }                                                                              \
-                worst = m > worst ? m : worst;                                                 \
-                u[r] = unit_of(m >= INF ? 0.0 : magnitude_##T(m), beta);                       \
                 const double s = 1.0 / u[r];                                                   \
                 _Pragma("GCC ivdep") for (Py_ssize_t j = 0; j < cols; j++)                     \
                     orow[j] = round_even((double)xr[j] * s);                                   \
@@ -775,7 +778,7 @@ SPLIT_BLOCK(double, uint64_t, 0x7FFFFFFFFFFFFFFFull, 0x7FF0000000000000ull)
 
 typedef struct {
     const char *base;
-    int kind, beta, axis, bad; /* bad: 1 a value not finite, 2 no memory (any thread sets it) */
+    int kind, beta, axis, given, bad; /* bad: 1 a value not finite, 2 no memory (any thread) */
     Py_ssize_t outer, rows, cols;
     double *ints, *units;
 } split_ctx;
@@ -789,8 +792,8 @@ static void split_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     if (c->axis == 0) {
         const Py_ssize_t off = lo * c->cols;
         const char *x = c->base + (size_t)off * size;
-        bad = !(c->kind ? split_block_double((const double *)x, hi - lo, c->cols, c->cols, c->beta, 0, c->ints + off, c->units + lo, NULL)
-                        : split_block_float((const float *)x, hi - lo, c->cols, c->cols, c->beta, 0, c->ints + off, c->units + lo, NULL));
+        bad = !(c->kind ? split_block_double((const double *)x, hi - lo, c->cols, c->cols, c->beta, 0, c->given, c->ints + off, c->units + lo, NULL)
+                        : split_block_float((const float *)x, hi - lo, c->cols, c->cols, c->beta, 0, c->given, c->ints + off, c->units + lo, NULL));
     } else {
         double *scratch = (double *)malloc(sizeof(double) * 2 * (size_t)(hi - lo > 0 ? hi - lo : 1));
         if (!scratch) bad = 2;
@@ -798,22 +801,29 @@ static void split_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
             const Py_ssize_t off = o * c->rows * c->cols + lo;
             const char *x = c->base + (size_t)off * size;
             double *u = c->units + o * c->cols + lo;
-            bad = !(c->kind ? split_block_double((const double *)x, c->rows, hi - lo, c->cols, c->beta, 1, c->ints + off, u, scratch)
-                            : split_block_float((const float *)x, c->rows, hi - lo, c->cols, c->beta, 1, c->ints + off, u, scratch));
+            bad = !(c->kind ? split_block_double((const double *)x, c->rows, hi - lo, c->cols, c->beta, 1, 0, c->ints + off, u, scratch)
+                            : split_block_float((const float *)x, c->rows, hi - lo, c->cols, c->beta, 1, 0, c->ints + off, u, scratch));
         }
         free(scratch);
     }
     if (bad) __atomic_fetch_or(&c->bad, bad, __ATOMIC_RELAXED);
 }
 
-static char *p_split_kw[] = {"src", "kind", "outer", "rows", "cols", "beta", "axis", "ints", "units", NULL};
+/* given=1 (axis 0 only): the rows' units are read from `units`, fixed over more values than
+   these (a convolution's weight gradient, a few samples at a time); only the integers are
+   computed, and the values are taken to be finite (the caller checked them). */
+static char *p_split_kw[] = {"src", "kind", "outer", "rows", "cols", "beta", "axis", "ints", "units", "given", NULL};
 PyObject *p_split(PyObject *module, PyObject *args, PyObject *kwargs) {
     unsigned long long src, ip, up;
-    int kind, beta, axis;
+    int kind, beta, axis, given = 0;
     Py_ssize_t outer, rows, cols;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KinnniiKK", p_split_kw, &src, &kind, &outer, &rows, &cols, &beta, &axis, &ip, &up))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KinnniiKK|i", p_split_kw, &src, &kind, &outer, &rows, &cols, &beta, &axis, &ip, &up, &given))
         return NULL;
-    split_ctx ctx = {(const char *)(uintptr_t)src, kind, beta, axis, 0, outer, rows, cols,
+    if (given && axis != 0) {
+        PyErr_SetString(PyExc_ValueError, "p_split: given units are per row (axis 0)");
+        return NULL;
+    }
+    split_ctx ctx = {(const char *)(uintptr_t)src, kind, beta, axis, given, 0, outer, rows, cols,
                      (double *)(uintptr_t)ip, (double *)(uintptr_t)up};
     Py_BEGIN_ALLOW_THREADS
     if (axis == 0) parallel_for(outer * rows, outer * rows * cols, split_range, &ctx);

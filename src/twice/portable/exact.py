@@ -36,6 +36,7 @@ __all__ = [
     "slices_for",
     "split",
     "beta_for",
+    "unit_for",
 ]
 
 _MANTISSA = 53  # float64 keeps integers exact below 2**53
@@ -63,9 +64,7 @@ def split(x: torch.Tensor, dims: tuple[int, ...] | None, count: int, beta: int) 
     `dims` (all dimensions when None), so each slice's integers stay within 2**beta; each next
     slice holds the previous one's remainder on a grid 2**beta finer. Every step is exact."""
     mag = x.abs()
-    amax = mag.amax() if dims is None else mag.amax(dim=dims, keepdim=True)
-    _, exponent = torch.frexp(amax)
-    unit = _pow2(torch.clamp(exponent.to(torch.int64) - beta, min=-1022))
+    unit = unit_for(mag.amax() if dims is None else mag.amax(dim=dims, keepdim=True), beta)
     parts, rest = [], x
     for index in range(count):
         ints = torch.round(rest / unit)
@@ -74,6 +73,14 @@ def split(x: torch.Tensor, dims: tuple[int, ...] | None, count: int, beta: int) 
             rest = rest - ints * unit
             unit = unit * (2.0**-beta)
     return parts
+
+
+def unit_for(amax: torch.Tensor, beta: int) -> torch.Tensor:
+    """The first slice's unit, 2**(e - beta), for values whose largest magnitude is `amax`
+    (float64, finite), 2**e bounding it, never below 2**-1022: what `split` and the compiled
+    kernel give."""
+    _, exponent = torch.frexp(amax)
+    return _pow2(torch.clamp(exponent.to(torch.int64) - beta, min=-1022))
 
 
 def _pow2(k: torch.Tensor) -> torch.Tensor:

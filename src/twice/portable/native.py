@@ -257,6 +257,21 @@ def split_rows(x: torch.Tensor, dims, beta: int):
     return [(ints.reshape([x.shape[d] for d in order]).permute(*back), units.reshape(unit_shape))]
 
 
+def split_given(x: torch.Tensor, units: torch.Tensor) -> torch.Tensor | None:
+    """The integers of a split of the rows of matrix `x` on units fixed elsewhere (float64, one
+    per row, each a power of two the row's values are below 2**beta of): round(x / unit), as
+    split_rows computes them. The values must be finite. None where the kernel does not apply."""
+    if not usable(x, units) or x.dim() != 2 or not x.numel() or units.numel() != x.shape[0]:
+        return None
+    src, units = x.contiguous(), units.to(torch.float64).contiguous()
+    ints = empty(x.shape, torch.float64)
+    _module.p_split(
+        src=src.data_ptr(), kind=KINDS[x.dtype], outer=1, rows=x.shape[0], cols=x.shape[1],
+        beta=0, axis=0, ints=ints.data_ptr(), units=units.data_ptr(), given=1,
+    )  # fmt: skip
+    return ints
+
+
 def scaled(product, unit_a, unit_b, out_dtype, bias=None):
     """product * (unit_a * unit_b) (+ bias), rounded once to out_dtype, for a product of shape
     (M, N) or (B, M, N) with units (.., M, 1) and (.., 1, N); or None."""

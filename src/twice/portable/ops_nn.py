@@ -7,8 +7,8 @@ import math
 
 import torch
 
+from twice.portable import conv, nn, norms
 from twice.portable import elementwise as ew
-from twice.portable import nn, norms
 from twice.portable.exact import exact_matmul, exact_sum
 from twice.portable.ops_math import floating
 from twice.portable.table import PortableUnsupported, kernel
@@ -46,8 +46,8 @@ kernel("native_batch_norm.default")(_guard(norms.batch_norm))
 kernel("native_batch_norm_backward.default")(_guard(norms.batch_norm_backward))
 kernel("native_group_norm.default")(_guard(norms.group_norm))
 kernel("native_group_norm_backward.default")(_guard(norms.group_norm_backward))
-kernel("convolution.default")(_guard(nn.convolution))
-kernel("convolution_backward.default")(_guard(nn.convolution_backward))
+kernel("convolution.default")(_guard(conv.convolution))
+kernel("convolution_backward.default")(_guard(conv.convolution_backward))
 kernel("embedding_dense_backward.default")(_guard(nn.embedding_backward))
 
 

@@ -1,0 +1,283 @@
+"""Convolutions in portable mode, forward and backward, 1-d and 2-d, ordinary and transposed:
+the input's windows unfolded into columns, a few samples at a time, times the weight, exactly
+(exact.py), each output rounded once.
+
+The forward is `weight @ columns`, the weight cut into slices once for every chunk of samples
+and each column of the input on its own grid: an output's bits depend on its window and the
+weight alone, whatever the chunk. The input's gradient is the weight's transpose times the
+output's gradient, folded back onto the input, each sample on its own grid. The weight's
+gradient sums over every sample and position: its operands' grids are fixed over the whole
+batch first, then every chunk's integer product adds exactly into one float64 sum. A transposed
+convolution is the input gradient of the ordinary one with the same weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from twice.portable import native
+from twice.portable.exact import (
+    Repeated,
+    beta_for,
+    exact_bilinear,
+    exact_matmul,
+    exact_sum,
+    slices_for,
+    unit_for,
+)
+from twice.portable.nn import Unsupported
+
+__all__ = ["convolution", "convolution_backward", "COLUMN_CHUNK"]
+
+
+def _as_2d(x, weight, stride, padding, dilation):
+    """A 1-d convolution's operands and settings as a 2-d one's (height 1)."""
+    if x.dim() == 3:
+        return x.unsqueeze(2), weight.unsqueeze(2), (1, *stride), (0, *padding), (1, *dilation)
+    if x.dim() != 4:
+        raise Unsupported("only 1-d and 2-d convolutions are portable")
+    return x, weight, tuple(stride), tuple(padding), tuple(dilation)
+
+
+def _columns(x, weight, stride, padding, dilation):
+    """The input's windows as a (C * kh * kw, N * Ho * Wo) matrix (unfold's rows, the batch and
+    positions as columns), in one copy of a strided view of the padded input."""
+    xp = F.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+    windows = _windows(xp, weight.shape[-2:], stride, dilation)
+    c, kh, kw, n, ho, wo = windows.shape
+    return windows.reshape(c * kh * kw, n * ho * wo)
+
+
+def _windows(xp, kernel, stride, dilation):
+    """The padded input's windows as a (C, kh, kw, N, Ho, Wo) view."""
+    kh, kw = kernel
+    n, c, hp, wp = xp.shape
+    ho = (hp - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wp - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    sn, sc, sh, sw = xp.stride()
+    return xp.as_strided(
+        (c, kh, kw, n, ho, wo),
+        (sc, sh * dilation[0], sw * dilation[1], sn, sh * stride[0], sw * stride[1]),
+    )
+
+
+def _fold(cols, size, kernel, dilation, padding, stride):
+    """F.fold of columns of integers held in float64: each kernel offset's slice added onto the
+    padded input in one strided add (exact in any order: the sums stay below 2**53), much
+    faster than col2im in float64."""
+    n, kh, kw = cols.shape[0], kernel[0], kernel[1]
+    c = cols.shape[1] // (kh * kw)
+    ho = _out_size(size[0], kh, stride[0], padding[0], dilation[0])
+    wo = _out_size(size[1], kw, stride[1], padding[1], dilation[1])
+    parts = cols.reshape(n, c, kh, kw, ho, wo)
+    out = cols.new_zeros(n, c, size[0] + 2 * padding[0], size[1] + 2 * padding[1])
+    for i in range(kh):
+        for j in range(kw):
+            h0, w0 = i * dilation[0], j * dilation[1]
+            window = out[
+                :, :, h0 : h0 + stride[0] * (ho - 1) + 1 : stride[0],
+                w0 : w0 + stride[1] * (wo - 1) + 1 : stride[1],
+            ]  # fmt: skip
+            window += parts[:, :, i, j]
+    return out[:, :, padding[0] : padding[0] + size[0], padding[1] : padding[1] + size[1]]
+
+
+def _out_size(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+COLUMN_CHUNK = 1 << 19
+"""How many column elements a convolution unfolds at a time (4 MB in float64): a few samples'
+columns, their integer slices and their product stay in the cache. Each output, and each
+sample's input gradient, is computed from its own columns whatever the chunk, so the bits do
+not depend on it (tests vary it)."""
+
+
+def _chunks(n: int, per_sample: int) -> list[tuple[int, int]]:
+    step = max(1, COLUMN_CHUNK // max(1, per_sample))
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+
+def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad, groups):
+    """aten.convolution: columns of the input times the weight, exactly, a few samples at a
+    time (the weight cut into slices once). A transposed convolution is the input gradient of
+    the ordinary convolution with the same weight."""
+    if transposed:
+        return _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups)
+    squeeze = x.dim() == 3
+    x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
+    n, cout = x4.shape[0], w4.shape[0]
+    hw = [
+        _out_size(x4.shape[i + 2], w4.shape[i + 2], stride[i], padding[i], dilation[i])
+        for i in (0, 1)
+    ]
+    length, cg = hw[0] * hw[1], cout // groups
+    k = w4.shape[1] * w4.shape[2] * w4.shape[3]
+    w = w4.reshape(groups, cg, k)
+    left = [Repeated(w[g], x.dtype, "left") for g in range(groups)]
+    out = torch.empty(n, cout, length, dtype=x.dtype, device=x.device)
+    for lo, hi in _chunks(n, groups * k * length):
+        cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
+        for g in range(groups):  # (cg, k) @ (k, samples * L): each column scaled over its k
+            part = left[g](cols[g * k : (g + 1) * k])
+            if bias is not None:
+                part = torch.add(part, bias[g * cg : (g + 1) * cg].reshape(cg, 1).to(x.dtype))
+            out[lo:hi, g * cg : (g + 1) * cg] = part.reshape(cg, hi - lo, length).transpose(0, 1)
+    out = out.reshape(n, cout, *hw)
+    return out.squeeze(2) if squeeze else out
+
+
+def convolution_backward(
+    go, x, weight, bias_sizes, stride, padding, dilation, transposed, out_pad, groups, mask
+):
+    """aten.convolution_backward: (grad input, grad weight, grad bias), each exact."""
+    if transposed:
+        return _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask)
+    squeeze = x.dim() == 3
+    x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
+    go4 = go.unsqueeze(2) if squeeze else go
+    n, cout, kernel = x4.shape[0], w4.shape[0], tuple(w4.shape[-2:])
+    cg = cout // groups
+    g = go4.reshape(n, groups, cg, -1)
+    gi = gw = gb = None
+    if mask[2]:
+        gb = exact_sum(go4, (0, 2, 3), False, go.dtype)
+    if mask[1]:
+        gw = _weight_grad(g, x4, w4, stride, padding, dilation, weight.dtype)
+        if gw is None:
+            cols = _columns(x4, w4, stride, padding, dilation)
+            k = cols.shape[0] // groups
+            a = g.permute(1, 2, 0, 3).reshape(groups, cg, -1)
+            b = cols.reshape(groups, k, -1).transpose(1, 2)  # (groups, N * L, k), read in place
+            gw = exact_matmul(a, b, weight.dtype)
+        gw = gw.reshape(weight.shape)
+    if mask[0]:
+        k = w4.shape[1] * kernel[0] * kernel[1]
+        wt = w4.reshape(groups, cg, k).transpose(1, 2)  # (groups, k, cg)
+        size = tuple(x4.shape[-2:])
+
+        def form(a, b):  # the columns' gradient, folded back onto the input (sums of overlaps)
+            cols = torch.matmul(a.unsqueeze(0), b).reshape(b.shape[0], groups * k, -1)
+            return _fold(cols, size, kernel, dilation, padding, stride)
+
+        def scale(ua, ub):
+            return ua.reshape(()) * ub.reshape(-1, 1, 1, 1)
+
+        terms = cg * kernel[0] * kernel[1]
+        gi = torch.empty(x4.shape, dtype=x.dtype, device=x.device)
+        for lo, hi in _chunks(n, groups * k * g.shape[-1] // 4):  # each sample on its grid
+            gi[lo:hi] = exact_bilinear(
+                wt, g[lo:hi], form, None, (1, 2, 3), terms, x.dtype, scale=scale
+            )
+        gi = gi.squeeze(2) if squeeze else gi
+    if squeeze and gw is not None:
+        gw = gw.squeeze(2)
+    return gi, gw, gb
+
+
+def _weight_grad(g, x4, w4, stride, padding, dilation, dtype):
+    """The weight's gradient, the sum over every sample and position of the output gradient
+    times the input's window, a few samples' columns at a time: each operand's unit is fixed
+    first over the whole batch (an output channel's gradients; a window offset's inputs, its
+    columns' row), so every chunk's integer product adds exactly into one float64 sum, which is
+    then scaled and rounded once: `exact_matmul` of the whole columns, bit for bit. None where
+    that path does not apply (float64 results, values that are not finite, no compiled
+    kernels, one sample): the caller takes the whole product."""
+    n, groups, cg, length = g.shape
+    if slices_for(dtype) != 1 or n < 2 or not length or not native.usable(g, x4):
+        return None
+    kh, kw = w4.shape[-2:]
+    k = w4.shape[1] * kh * kw
+    amax_a = g.abs().amax(dim=(0, 3)).to(torch.float64).reshape(groups * cg)
+    padded = F.pad(x4, (padding[1], padding[1], padding[0], padding[0])).abs()
+    amax_b = _windows(padded, (kh, kw), stride, dilation).amax(dim=(3, 4, 5))
+    amax_b = amax_b.to(torch.float64).reshape(groups * k)
+    if not bool(torch.isfinite(amax_a).all()) or not bool(torch.isfinite(amax_b).all()):
+        return None
+    beta = beta_for(n * length, 2)
+    unit_a, unit_b = unit_for(amax_a, beta), unit_for(amax_b, beta)
+    total = None
+    for lo, hi in _chunks(n, groups * k * length):
+        a = g[lo:hi].permute(1, 2, 0, 3).reshape(groups * cg, -1)
+        cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
+        ints_a, ints_b = native.split_given(a, unit_a), native.split_given(cols, unit_b)
+        part = torch.matmul(ints_a.reshape(groups, cg, -1), ints_b.reshape(groups, k, -1).mT)
+        total = part if total is None else total.add_(part)
+    units = unit_a.reshape(groups, cg, 1), unit_b.reshape(groups, 1, k)
+    return native.scaled(total, *units, dtype, None)
+
+
+def _full_sizes(x, weight, stride, dilation):
+    """The transposed convolution's output before padding crops it and output padding extends
+    it: (H - 1) stride + dilation (K - 1) + 1 per spatial dimension."""
+    return [
+        (x.shape[2 + i] - 1) * stride[i] + dilation[i] * (weight.shape[2 + i] - 1) + 1
+        for i in range(x.dim() - 2)
+    ]
+
+
+def _crop(t, padding, sizes, full):
+    """The positions [p, p + size) of each spatial dimension of `t` (length `full`): crops where
+    padding removes them, zeros where output padding goes past the full output."""
+    pads = []
+    for p, size, length in reversed(list(zip(padding, sizes, full))):
+        pads += [-p, p + size - length]
+    return torch.nn.functional.pad(t, pads)
+
+
+def _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups):
+    """conv_transpose(x, W): the gradient, with respect to its input, of the unpadded
+    convolution by W whose output gradient is x (exact), cropped by the padding and extended by
+    the output padding, plus the bias (one addition)."""
+    if x.dim() not in (3, 4):
+        raise Unsupported(f"{x.dim() - 2}-d transposed convolutions are not portable yet")
+    spatial = x.dim() - 2
+    full = _full_sizes(x, weight, stride, dilation)
+    like = torch.empty(
+        (x.shape[0], weight.shape[1] * groups, *full), dtype=x.dtype, device=x.device
+    )
+    zeros = [0] * spatial
+    whole, _, _ = convolution_backward(
+        x, like, weight, None, stride, zeros, dilation, False, zeros, groups, [True, False, False]
+    )
+    sizes = [full[i] - 2 * padding[i] + out_pad[i] for i in range(spatial)]
+    out = _crop(whole, padding, sizes, full)
+    if bias is not None:
+        out = out + bias.reshape(1, -1, *([1] * spatial))
+    return out
+
+
+def _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask):
+    """The backward of `_transposed`: the output's gradient placed back in the full output (the
+    inverse crop), then the unpadded ordinary convolution by W gives the input's gradient, and
+    its weight gradient, with input and output gradient exchanged, the weight's."""
+    if x.dim() not in (3, 4):
+        raise Unsupported(f"{x.dim() - 2}-d transposed convolutions are not portable yet")
+    spatial = x.dim() - 2
+    full = _full_sizes(x, weight, stride, dilation)
+    pads = []
+    for p, size, length in reversed(list(zip(padding, go.shape[2:], full))):
+        pads += [p, length - p - size]
+    whole = torch.nn.functional.pad(go, pads)
+    zeros = [0] * spatial
+    gi = gw = gb = None
+    if mask[0]:
+        gi = convolution(whole, weight, None, stride, zeros, dilation, False, zeros, groups)
+    if mask[1]:
+        _, gw, _ = convolution_backward(
+            x,
+            whole,
+            weight,
+            None,
+            stride,
+            zeros,
+            dilation,
+            False,
+            zeros,
+            groups,
+            [False, True, False],
+        )
+    if mask[2]:
+        gb = exact_sum(go, (0, *range(2, go.dim())), False, go.dtype)
+    return gi, gw, gb
