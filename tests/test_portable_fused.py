@@ -5,7 +5,7 @@ outputs, final states and the gradients of the input, the initial states and the
 and bias must equal, bit for bit, what the op-by-op route (TWICE_NO_FUSED_RNN=1) computes,
 for generated layer shapes and settings; the recurrent weight's and bias's gradients are exact
 sums rounded once and must be close to the op-by-op ones. A convolution unfolds a few samples
-at a time (nn.COLUMN_CHUNK): any chunk size gives the same bits. exact.Repeated gives
+at a time (conv.COLUMN_CHUNK): any chunk size gives the same bits. exact.Repeated gives
 exact_matmul's bits with one operand cut into slices once.
 """
 

@@ -49,6 +49,25 @@ def _columns(x, weight, stride, padding, dilation):
     return windows.reshape(c * kh * kw, n * ho * wo)
 
 
+def _window_amax(x, kernel, stride, padding, dilation) -> torch.Tensor:
+    """The largest magnitude of each row of the columns (channel, offset) over every sample and
+    position, in float64, without unfolding them: the samples' largest magnitudes first, then
+    each offset's positions of the padded result."""
+    top = F.pad(x.abs().amax(dim=0), (padding[1], padding[1], padding[0], padding[0]))
+    kh, kw = kernel
+    ho = (top.shape[1] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (top.shape[2] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    offsets = [
+        top[
+            :, i * dilation[0] : i * dilation[0] + stride[0] * (ho - 1) + 1 : stride[0],
+            j * dilation[1] : j * dilation[1] + stride[1] * (wo - 1) + 1 : stride[1],
+        ].amax(dim=(1, 2))
+        for i in range(kh)
+        for j in range(kw)
+    ]  # fmt: skip
+    return torch.stack(offsets, 1).to(torch.float64)
+
+
 def _windows(xp, kernel, stride, dilation):
     """The padded input's windows as a (C, kh, kw, N, Ho, Wo) view."""
     kh, kw = kernel
@@ -87,11 +106,12 @@ def _out_size(size, k, s, p, d):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-COLUMN_CHUNK = 1 << 19
-"""How many column elements a convolution unfolds at a time (4 MB in float64): a few samples'
-columns, their integer slices and their product stay in the cache. Each output, and each
-sample's input gradient, is computed from its own columns whatever the chunk, so the bits do
-not depend on it (tests vary it)."""
+COLUMN_CHUNK = 1 << 21
+"""How many column elements a convolution's gradients unfold at a time (16 MB in float64; the
+forward takes a quarter: its columns, their integer slices and their product stay in the
+cache). Each output, and each sample's input gradient, is computed from its own columns
+whatever the chunk, and the weight's gradient is one exact sum, so the bits do not depend on it
+(tests vary it). The sizes are this project's measurements (docs/performance.md)."""
 
 
 def _chunks(n: int, per_sample: int) -> list[tuple[int, int]]:
@@ -117,7 +137,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad,
     w = w4.reshape(groups, cg, k)
     left = [Repeated(w[g], x.dtype, "left") for g in range(groups)]
     out = torch.empty(n, cout, length, dtype=x.dtype, device=x.device)
-    for lo, hi in _chunks(n, groups * k * length):
+    for lo, hi in _chunks(n, 4 * groups * k * length):
         cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
         for g in range(groups):  # (cg, k) @ (k, samples * L): each column scaled over its k
             part = left[g](cols[g * k : (g + 1) * k])
@@ -166,7 +186,7 @@ def convolution_backward(
 
         terms = cg * kernel[0] * kernel[1]
         gi = torch.empty(x4.shape, dtype=x.dtype, device=x.device)
-        for lo, hi in _chunks(n, groups * k * g.shape[-1] // 4):  # each sample on its grid
+        for lo, hi in _chunks(n, groups * k * g.shape[-1]):  # each sample on its grid
             gi[lo:hi] = exact_bilinear(
                 wt, g[lo:hi], form, None, (1, 2, 3), terms, x.dtype, scale=scale
             )
@@ -182,17 +202,17 @@ def _weight_grad(g, x4, w4, stride, padding, dilation, dtype):
     first over the whole batch (an output channel's gradients; a window offset's inputs, its
     columns' row), so every chunk's integer product adds exactly into one float64 sum, which is
     then scaled and rounded once: `exact_matmul` of the whole columns, bit for bit. None where
-    that path does not apply (float64 results, values that are not finite, no compiled
-    kernels, one sample): the caller takes the whole product."""
+    that path does not apply (columns of up to two chunks, float64 results, values that are not
+    finite, no compiled kernels): the caller takes the whole product."""
     n, groups, cg, length = g.shape
-    if slices_for(dtype) != 1 or n < 2 or not length or not native.usable(g, x4):
-        return None
     kh, kw = w4.shape[-2:]
     k = w4.shape[1] * kh * kw
+    if groups * k * n * length <= 2 * COLUMN_CHUNK:  # small enough whole: one product is faster
+        return None
+    if slices_for(dtype) != 1 or not native.usable(g, x4):
+        return None
     amax_a = g.abs().amax(dim=(0, 3)).to(torch.float64).reshape(groups * cg)
-    padded = F.pad(x4, (padding[1], padding[1], padding[0], padding[0])).abs()
-    amax_b = _windows(padded, (kh, kw), stride, dilation).amax(dim=(3, 4, 5))
-    amax_b = amax_b.to(torch.float64).reshape(groups * k)
+    amax_b = _window_amax(x4, (kh, kw), stride, padding, dilation).reshape(groups * k)
     if not bool(torch.isfinite(amax_a).all()) or not bool(torch.isfinite(amax_b).all()):
         return None
     beta = beta_for(n * length, 2)
