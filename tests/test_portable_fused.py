@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from twice.core.protocol import NO_FUSED_RNN
 from twice.portable import conv as pconv
-from twice.portable import recurrent
+from twice.portable import native, recurrent
 from twice.portable.exact import Repeated, exact_matmul
 from twice.portable.mode import PortableMode
 
@@ -276,3 +276,33 @@ def test_a_repeated_operand_that_is_not_finite_falls_back_to_the_whole_product(s
     got = repeated(other)
     want = exact_matmul(other, weight) if side == "right" else exact_matmul(weight, other)
     assert _same(got, want)
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the compiled kernels")
+@pytest.mark.parametrize("spoil", [None, math.inf, math.nan])
+def test_pooling_sums_cut_by_the_compiled_kernel_give_the_fallbacks_bits(spoil):
+    torch.manual_seed(5)
+    x = torch.randn(3, 4, 9, 11) * torch.logspace(-4, 4, 4).reshape(1, 4, 1, 1)
+    x3 = torch.randn(2, 3, 5, 6, 7)
+    if spoil is not None:
+        x[1, 2, 3, 4] = spoil
+
+    def pools():
+        out = []
+        for inp, pool in (
+            (x, torch.nn.functional.avg_pool2d),
+            (x3, torch.nn.functional.avg_pool3d),
+        ):
+            leaf = inp.clone().requires_grad_()
+            with PortableMode("strict"):
+                y = pool(leaf, 3, 2, 1, ceil_mode=True, count_include_pad=False)
+                (grad,) = torch.autograd.grad(
+                    y, leaf, torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+                )
+            out += [y, grad]
+        return out
+
+    fast = pools()
+    with native.fallback():
+        slow = pools()
+    assert all(_same(a, b) for a, b in zip(fast, slow))

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from twice.portable import native
 from twice.portable.exact import beta_for, exact_cumsum, slices_for, split
 from twice.portable.ops_math import floating
 from twice.portable.table import PortableUnsupported, kernel
@@ -28,6 +29,11 @@ def exact_linear(x: torch.Tensor, form, dims, terms: int, precision) -> torch.Te
     `terms` in any output), exact: on integer slices of `x` on grids fixed by its largest
     magnitude over `dims` (all when None; the grid's unit must broadcast through `form`), with
     infinities and NaNs placed where IEEE addition in any order puts them."""
+    if slices_for(precision) == 1:  # one slice, cut by the compiled kernel where it applies
+        parts = native.split_rows(x, dims, beta_for(terms, 1))
+        if parts:
+            ints, unit = parts[0]
+            return form(ints) * unit
     x64 = x.to(_F64)
     finite = torch.isfinite(x64)
     total = None
