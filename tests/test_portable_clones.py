@@ -31,6 +31,7 @@ from twice.portable import elementwise as ew
 from twice.portable import conv as pconv
 from twice.portable import ops_math as om
 from twice.portable.exact import exact_addmm, exact_matmul, exact_sum
+from twice.portable.mode import PortableMode
 assert native.available() and (path == "-" or native._module is sys.modules["twice._native"])
 torch.set_num_threads(2)
 g = torch.Generator().manual_seed(0)
@@ -84,6 +85,13 @@ for dt in (torch.float32, torch.float64):
     out = pconv.convolution(img, k, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     add(out, *pconv.convolution_backward(torch.ones_like(out), img, k, [5], [1, 1], [1, 1],
                                        [1, 1], False, [0, 0], 1, [True] * 3))
+    torch.manual_seed(0)  # the layer's initial weights
+    lstm = torch.nn.LSTM(7, 37, num_layers=2, bidirectional=True).to(dt)
+    seq = torch.randn(6, 3, 7, generator=g).to(dt).requires_grad_()
+    with PortableMode("strict"):
+        y, (h_n, c_n) = lstm(seq)
+        (y * y).sum().add(c_n.sum()).backward()
+    add(y, h_n, c_n, seq.grad, *(p.grad for p in lstm.parameters()))
 key = 123456789
 add(philox.uniform(50_001, key, "cpu"), philox.normal(50_001, key, "cpu"))
 print(digest.hexdigest())

@@ -115,7 +115,19 @@ def test_fused_lstm_gives_the_op_by_op_bits(case):
             assert _same(a, b), name
 
 
-def test_the_fused_path_is_taken_and_its_recurrent_gradient_is_one_rounding(monkeypatch):
+@pytest.mark.skipif(not native.available(), reason="needs the compiled kernels")
+@EXAMPLES
+@given(case=LSTM_CASES)
+def test_the_compiled_cell_gives_the_fallbacks_bits(case):
+    compiled = _lstm_run(case, True)
+    with native.fallback():
+        fallback = _lstm_run(case, True)
+    for name, value in compiled.items():
+        assert (value is None) == (fallback[name] is None), name
+        assert value is None or _same(value, fallback[name]), name
+
+
+def test_the_fused_path_is_taken_and_its_recurrent_gradient_is_one_rounding():
     """The recurrent weight's gradient is the exact product of every step's gate gradients
     and hidden states, rounded once: against float64 it is at least as close as the op-by-op
     route's per-step rounding, and it differs from it (so the fused path ran)."""
@@ -131,7 +143,7 @@ def test_the_fused_path_is_taken_and_its_recurrent_gradient_is_one_rounding(monk
     assert error <= (plain.double() - reference).abs().max() * 1.5
 
 
-def test_the_fused_lstm_does_not_depend_on_the_thread_count(monkeypatch):
+def test_the_fused_lstm_does_not_depend_on_the_thread_count():
     case = dict(
         layers=2, bidirectional=True, batch_first=True, bias=True, inputs=16, hidden=32,
         steps=6, batch=8, dtype=torch.float32, dropout=0.2, loss="all", scale=1.0,

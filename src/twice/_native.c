@@ -806,6 +806,8 @@ PyObject *p_colsum(PyObject *, PyObject *, PyObject *);
 PyObject *p_keep_memory(PyObject *, PyObject *);
 PyObject *p_threads(PyObject *, PyObject *, PyObject *);
 PyObject *p_lnbwd(PyObject *, PyObject *, PyObject *);
+PyObject *p_lstm_cell(PyObject *, PyObject *, PyObject *);
+PyObject *p_lstm_cell_backward(PyObject *, PyObject *, PyObject *);
 
 static PyMethodDef methods[] = {
     {"p_init", p_init, METH_VARARGS, "Portable mode: the coefficients of the elementwise functions."},
@@ -826,6 +828,8 @@ static PyMethodDef methods[] = {
     {"p_bnsums", (PyCFunction)(void (*)(void))p_bnsums, METH_VARARGS | METH_KEYWORDS, "Portable mode: batch norm's four backward sums at once."},
     {"p_chanmap", (PyCFunction)(void (*)(void))p_chanmap, METH_VARARGS | METH_KEYWORDS, "Portable mode: batch norm's per-element formulas."},
     {"p_compound", (PyCFunction)(void (*)(void))p_compound, METH_VARARGS | METH_KEYWORDS, "Portable mode: addcmul/addcdiv/add-alpha/lerp, one rounding each."},
+    {"p_lstm_cell", (PyCFunction)(void (*)(void))p_lstm_cell, METH_VARARGS | METH_KEYWORDS, "Portable mode: one LSTM step, forward."},
+    {"p_lstm_cell_backward", (PyCFunction)(void (*)(void))p_lstm_cell_backward, METH_VARARGS | METH_KEYWORDS, "Portable mode: one LSTM step, backward."},
     {"fetch", fetch, METH_VARARGS, "twice.data's seeded per-sample fetch (see data.py and sample_rng.py)."},
     {"hash", hash, METH_O, "XXH3-128 digests (and float norms) of many buffers (see digests.digest_many)."},
     {"losses", losses, METH_VARARGS, "Steps and losses of canonical trace lines (see store.traceseries)."},

@@ -14,6 +14,7 @@
    p_rowsum    per row: the exact sum, from up to three integer slices, in float64
    p_scale     an integer product scaled by its units (plus a bias), rounded once
    p_compound  addcmul, addcdiv, add with alpha, lerp: one rounding per operation
+   p_lstm_cell, p_lstm_cell_backward  one LSTM time step (recurrent.py's cell)
    p_uniform   Philox-4x32-10 uniforms in [0, 1) (float64), element i from counter i / 2
    p_normal    Box-Muller normals (float64) from those uniforms
    p_keep_memory  glibc's malloc keeps freed memory for reuse (no kernel's bits depend on it)
@@ -1593,4 +1594,148 @@ PyObject *p_keep_memory(PyObject *module, PyObject *args) {
 #else
     Py_RETURN_FALSE;
 #endif
+}
+
+/* ---- The LSTM cell (twice/portable/recurrent.py), forward and backward: one time step of
+   torch's CPU cell for `rows` samples of `hidden` units, the gates' functions twice's own
+   (sigmoid_chunk, tanh_chunk: p_unary's), every other operation one IEEE operation in the
+   layer's dtype (float32 or float64) in the order recurrent.py's torch fallback spells it, so
+   the two give the same bits. ---- */
+
+/* Forward: gates = (hg + bias) + gx (bias may be absent); act = sigmoid, sigmoid, tanh, sigmoid
+   of the four blocks of the gates; c_out = f c + i g; tanh_c = tanh(c_out); h = o tanh_c. */
+#define LSTM_FORWARD(T)                                                                          \
+    CLONED static void lstm_forward_##T(Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t H,              \
+                                        const T *hg, const T *bias, const T *gx, const T *c,     \
+                                        T *act, T *c_out, T *tanh_c, T *h) {                     \
+        double v[CHUNK], w[CHUNK];                                                               \
+        for (Py_ssize_t r = lo; r < hi; r++) {                                                   \
+            const T *hr = hg + r * 4 * H, *gr = gx + r * 4 * H, *cr = c + r * H;                 \
+            T *ar = act + r * 4 * H;                                                             \
+            for (int block = 0; block < 4; block++)                                              \
+                for (Py_ssize_t j0 = 0; j0 < H; j0 += CHUNK) {                                   \
+                    const Py_ssize_t len = H - j0 < CHUNK ? H - j0 : CHUNK, at = block * H + j0; \
+                    if (bias)                                                                    \
+                        for (Py_ssize_t j = 0; j < len; j++) {                                   \
+                            T g = hr[at + j] + bias[at + j];                                     \
+                            g = g + gr[at + j];                                                  \
+                            v[j] = (double)g;                                                    \
+                        }                                                                        \
+                    else                                                                         \
+                        for (Py_ssize_t j = 0; j < len; j++) {                                   \
+                            T g = hr[at + j] + gr[at + j];                                       \
+                            v[j] = (double)g;                                                    \
+                        }                                                                        \
+                    if (block == 2) tanh_chunk(v, w, len);                                       \
+                    else sigmoid_chunk(v, w, len);                                               \
+                    for (Py_ssize_t j = 0; j < len; j++) ar[at + j] = (T)w[j];                   \
+                }                                                                                \
+            const T *i = ar, *f = ar + H, *g = ar + 2 * H, *o = ar + 3 * H;                      \
+            T *cn = c_out + r * H, *tc = tanh_c + r * H, *hn = h + r * H;                        \
+            for (Py_ssize_t j0 = 0; j0 < H; j0 += CHUNK) {                                       \
+                const Py_ssize_t len = H - j0 < CHUNK ? H - j0 : CHUNK;                          \
+                for (Py_ssize_t j = 0; j < len; j++) {                                           \
+                    const T kept = f[j0 + j] * cr[j0 + j], added = i[j0 + j] * g[j0 + j];        \
+                    const T cell = kept + added;                                                 \
+                    cn[j0 + j] = cell;                                                           \
+                    v[j] = (double)cell;                                                         \
+                }                                                                                \
+                tanh_chunk(v, w, len);                                                           \
+                for (Py_ssize_t j = 0; j < len; j++) {                                           \
+                    const T t = (T)w[j];                                                         \
+                    tc[j0 + j] = t;                                                              \
+                    hn[j0 + j] = o[j0 + j] * t;                                                  \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+    }
+LSTM_FORWARD(float)
+LSTM_FORWARD(double)
+
+/* Backward: dh = dy + dh_in (either may be absent: 0 when both are); the gates' gradients
+   (autograd's formulas: sigmoid's grad (1 - y) y and tanh's grad (1 - y y) in float64, rounded
+   once) into dgates, and the previous cell's gradient, f dc, into dc_out. */
+#define LSTM_BACKWARD(T)                                                                         \
+    CLONED static void lstm_backward_##T(Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t H,             \
+                                         const T *dy, const T *dh_in, const T *dc_in,            \
+                                         const T *act, const T *tanh_c, const T *c_prev,         \
+                                         T *dgates, T *dc_out) {                                 \
+        for (Py_ssize_t r = lo; r < hi; r++) {                                                   \
+            const T *ar = act + r * 4 * H, *tc = tanh_c + r * H, *cp = c_prev + r * H;           \
+            const T *i = ar, *f = ar + H, *g = ar + 2 * H, *o = ar + 3 * H;                      \
+            T *dg = dgates + r * 4 * H, *dco = dc_out + r * H;                                   \
+            for (Py_ssize_t j = 0; j < H; j++) {                                                 \
+                const Py_ssize_t at = r * H + j;                                                 \
+                T dh = dy ? dy[at] : (T)0;                                                       \
+                if (dh_in) dh = dy ? dh + dh_in[at] : dh_in[at];                                 \
+                const T d_o = dh * tc[j], d_tc = dh * o[j];                                      \
+                const double t64 = (double)tc[j];                                                \
+                T dc = (T)((double)d_tc * (1.0 - t64 * t64));                                    \
+                if (dc_in) dc = dc + dc_in[at];                                                  \
+                const T d_f = dc * cp[j], d_i = dc * g[j], d_g = dc * i[j];                      \
+                dco[j] = dc * f[j];                                                              \
+                const double i64 = (double)i[j], f64 = (double)f[j], g64 = (double)g[j];         \
+                const double o64 = (double)o[j];                                                 \
+                dg[j] = (T)((double)d_i * ((1.0 - i64) * i64));                                  \
+                dg[H + j] = (T)((double)d_f * ((1.0 - f64) * f64));                              \
+                dg[2 * H + j] = (T)((double)d_g * (1.0 - g64 * g64));                            \
+                dg[3 * H + j] = (T)((double)d_o * ((1.0 - o64) * o64));                          \
+            }                                                                                    \
+        }                                                                                        \
+    }
+LSTM_BACKWARD(float)
+LSTM_BACKWARD(double)
+
+typedef struct {
+    int kind, backward;
+    Py_ssize_t hidden;
+    const void *a, *b, *c, *d, *e, *f;
+    void *g, *h, *i, *j;
+} lstm_ctx;
+
+static void lstm_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    const lstm_ctx *x = (const lstm_ctx *)p;
+    if (!x->backward) {
+        if (x->kind) lstm_forward_double(lo, hi, x->hidden, x->a, x->b, x->c, x->d, x->g, x->h, x->i, x->j);
+        else lstm_forward_float(lo, hi, x->hidden, x->a, x->b, x->c, x->d, x->g, x->h, x->i, x->j);
+    } else {
+        if (x->kind) lstm_backward_double(lo, hi, x->hidden, x->a, x->b, x->c, x->d, x->e, x->f, x->g, x->h);
+        else lstm_backward_float(lo, hi, x->hidden, x->a, x->b, x->c, x->d, x->e, x->f, x->g, x->h);
+    }
+}
+
+#define PTR(v) ((void *)(uintptr_t)(v))
+
+/* p_lstm_cell(kind, rows, hidden, hg, bias, gx, c, act, c_out, tanh_c, h): the forward above;
+   every buffer contiguous, of the kind's dtype, bias 0 where there is none. */
+static char *p_lstm_cell_kw[] = {"kind", "rows", "hidden", "hg", "bias", "gx", "c", "act", "c_out", "tanh_c", "h", NULL};
+PyObject *p_lstm_cell(PyObject *module, PyObject *args, PyObject *kwargs) {
+    int kind;
+    Py_ssize_t rows, hidden;
+    unsigned long long hg, bias, gx, c, act, c_out, tanh_c, h;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "innKKKKKKKK", p_lstm_cell_kw, &kind, &rows, &hidden, &hg, &bias, &gx, &c, &act, &c_out, &tanh_c, &h))
+        return NULL;
+    if (!check_ready()) return NULL;
+    lstm_ctx ctx = {kind, 0, hidden, PTR(hg), PTR(bias), PTR(gx), PTR(c), NULL, NULL, PTR(act), PTR(c_out), PTR(tanh_c), PTR(h)};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(rows, rows * hidden * 16, lstm_range, &ctx);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* p_lstm_cell_backward(kind, rows, hidden, dy, dh, dc, act, tanh_c, c_prev, dgates, dc_out):
+   the backward above; dy, dh and dc may be 0 (absent). */
+static char *p_lstm_back_kw[] = {"kind", "rows", "hidden", "dy", "dh", "dc", "act", "tanh_c", "c_prev", "dgates", "dc_out", NULL};
+PyObject *p_lstm_cell_backward(PyObject *module, PyObject *args, PyObject *kwargs) {
+    int kind;
+    Py_ssize_t rows, hidden;
+    unsigned long long dy, dh, dc, act, tanh_c, c_prev, dgates, dc_out;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "innKKKKKKKK", p_lstm_back_kw, &kind, &rows, &hidden, &dy, &dh, &dc, &act, &tanh_c, &c_prev, &dgates, &dc_out))
+        return NULL;
+    if (!check_ready()) return NULL;
+    lstm_ctx ctx = {kind, 1, hidden, PTR(dy), PTR(dh), PTR(dc), PTR(act), PTR(tanh_c), PTR(c_prev), PTR(dgates), PTR(dc_out), NULL, NULL};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(rows, rows * hidden * 4, lstm_range, &ctx);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }

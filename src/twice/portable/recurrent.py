@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import (
 )
 
 from twice.portable import elementwise as ew
+from twice.portable import native_rnn
 from twice.portable.exact import Repeated, exact_matmul, exact_sum
 from twice.portable.ops_math import unary
 from twice.portable.table import KERNELS
@@ -105,6 +106,13 @@ class LSTMLayer(torch.autograd.Function):
             g_cols = slice(2 * hidden, 3 * hidden)
             for t in _order(steps, reverse):
                 gates = recurrent(h)
+                c_prev[t].copy_(c)
+                c_next = torch.empty(batch, hidden, dtype=x.dtype)
+                if native_rnn.lstm_cell(
+                    gates, b_hh, gx[t], c_prev[t], acts[t], c_next, tanh_c[t], y[t]
+                ):  # the compiled cell: the operations below, in one pass
+                    h, c = y[t], c_next
+                    continue
                 if b_hh is not None:
                     gates = torch.add(gates, b_hh)
                 gates = torch.add(gates, gx[t])
@@ -112,7 +120,6 @@ class LSTMLayer(torch.autograd.Function):
                 act.copy_(_sigmoid(gates))
                 act[:, g_cols].copy_(_tanh(gates[:, g_cols]))
                 i, f, g, o = act.chunk(4, 1)
-                c_prev[t].copy_(c)
                 c = torch.add(torch.mul(f, c), torch.mul(i, g))
                 tc = _tanh(c)
                 tanh_c[t].copy_(tc)
@@ -134,11 +141,17 @@ class LSTMLayer(torch.autograd.Function):
             hidden = w_hh.shape[1]
             transposed = Repeated(w_hh, x.dtype, "right")
             dgates = torch.empty_like(acts)
-            dh_rec, dc_rec = dh_n, dc_n
             g_cols = slice(2 * hidden, 3 * hidden)
             order = _order(steps, ctx.reverse)
+            dy, dh_rec, dc_rec = (None if d is None else d.contiguous() for d in (dy, dh_n, dc_n))
             for t in reversed(order):
-                dh = dy[t] if dy is not None else None
+                dg, dc_next = dgates[t], torch.empty(batch, hidden, dtype=x.dtype)
+                dy_t = dy[t] if dy is not None else None
+                args = (acts[t], tanh_c[t], c_prev[t], dg, dc_next)
+                if native_rnn.lstm_cell_backward(dy_t, dh_rec, dc_rec, *args):
+                    dc_rec, dh_rec = dc_next, transposed(dg)  # the compiled cell: as below
+                    continue
+                dh = dy_t
                 if dh_rec is not None:
                     dh = dh_rec if dh is None else torch.add(dh, dh_rec)
                 if dh is None:
@@ -156,7 +169,6 @@ class LSTMLayer(torch.autograd.Function):
                 dc_rec = torch.mul(dc, f)
                 torch.mul(dc, g, out=d_i)
                 torch.mul(dc, i, out=d_g)
-                dg = dgates[t]
                 dg.copy_(_sigmoid_backward(dact, act))
                 dg[:, g_cols].copy_(_tanh_backward(d_g, g))
                 dh_rec = transposed(dg)
