@@ -106,12 +106,13 @@ def _out_size(size, k, s, p, d):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-COLUMN_CHUNK = 1 << 21
-"""How many column elements a convolution's gradients unfold at a time (16 MB in float64; the
-forward takes a quarter: its columns, their integer slices and their product stay in the
-cache). Each output, and each sample's input gradient, is computed from its own columns
-whatever the chunk, and the weight's gradient is one exact sum, so the bits do not depend on it
-(tests vary it). The sizes are this project's measurements (docs/performance.md)."""
+COLUMN_CHUNK = 1 << 20
+"""How many column elements a convolution unfolds at a time (8 MB in float64; the input's
+gradient takes twice as many): a few samples' columns, their integer slices and their product
+stay in the cache, and the product is still large enough to spread over threads. Each output,
+and each sample's input gradient, is computed from its own columns whatever the chunk, and the
+weight's gradient is one exact sum, so the bits do not depend on it (tests vary it). The sizes
+are what measured fastest here at 1 and 2 threads."""
 
 
 def _chunks(n: int, per_sample: int) -> list[tuple[int, int]]:
@@ -137,7 +138,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad,
     w = w4.reshape(groups, cg, k)
     left = [Repeated(w[g], x.dtype, "left") for g in range(groups)]
     out = torch.empty(n, cout, length, dtype=x.dtype, device=x.device)
-    for lo, hi in _chunks(n, 4 * groups * k * length):
+    for lo, hi in _chunks(n, groups * k * length):
         cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
         for g in range(groups):  # (cg, k) @ (k, samples * L): each column scaled over its k
             part = left[g](cols[g * k : (g + 1) * k])
@@ -186,7 +187,7 @@ def convolution_backward(
 
         terms = cg * kernel[0] * kernel[1]
         gi = torch.empty(x4.shape, dtype=x.dtype, device=x.device)
-        for lo, hi in _chunks(n, groups * k * g.shape[-1]):  # each sample on its grid
+        for lo, hi in _chunks(n, groups * k * g.shape[-1] // 2):  # each sample on its grid
             gi[lo:hi] = exact_bilinear(
                 wt, g[lo:hi], form, None, (1, 2, 3), terms, x.dtype, scale=scale
             )
