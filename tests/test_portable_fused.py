@@ -172,6 +172,32 @@ def test_non_finite_values_give_the_op_by_op_nans_and_infinities():
         assert _same(fused[name], plain[name]), name
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_a_second_derivative_goes_through_the_op_by_op_layer(bidirectional):
+    """A gradient penalty through an LSTM: the first derivative under create_graph is the
+    op-by-op route's, bit for bit; the second is close to it (its path back through the layer's
+    output takes the fused backward, whose recurrent sums round once)."""
+
+    def penalty(fused: bool):
+        with pytest.MonkeyPatch.context() as patch:
+            if fused:
+                patch.delenv(NO_FUSED_RNN, raising=False)
+            else:
+                patch.setenv(NO_FUSED_RNN, "1")
+            torch.manual_seed(0)
+            model = torch.nn.LSTM(3, 4, num_layers=2, bidirectional=bidirectional)
+            x = torch.randn(5, 2, 3, requires_grad=True)
+            with PortableMode("strict"):
+                (grad,) = torch.autograd.grad((model(x)[0] ** 2).sum(), x, create_graph=True)
+                (grad * grad).sum().backward()
+        return grad.detach(), [x.grad, *(p.grad for p in model.parameters())]
+
+    (first, second), (first_op, second_op) = penalty(True), penalty(False)
+    assert torch.equal(first, first_op)
+    for a, b in zip(second, second_op):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * b.abs().max())
+
+
 def test_what_the_fused_path_does_not_take_runs_op_by_op_under_strict():
     """Projections, packed sequences and autocast leave the fused path; each still trains."""
     from torch.nn.utils.rnn import pack_padded_sequence

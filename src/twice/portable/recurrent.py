@@ -16,10 +16,10 @@ once, where the op-by-op route rounds once per step. Both depend on the inputs a
 
 The fused path is taken for CPU tensors of float32 or float64, one dtype throughout, without
 projections (`proj_size`), packed sequences or autocast, when the portable mode is the
-innermost dispatch mode; every other call runs op by op through the mode, as before. Its
-backward is not differentiable again (`torch.autograd.grad(..., create_graph=True)` through an
-LSTM raises), a limit of the fused path only: such programs can leave it with
-`TWICE_NO_FUSED_RNN=1`.
+innermost dispatch mode; every other call runs op by op through the mode, as before. A backward
+with `create_graph=True` (a second derivative, a gradient penalty) runs the layer again op by op
+and differentiates that, so its gradients are the op-by-op route's and can be differentiated
+again. `TWICE_NO_FUSED_RNN=1` keeps every call op by op.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from __future__ import annotations
 import threading
 
 import torch
-from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import (
     _disable_current_modes,
     _get_current_dispatch_mode,
@@ -127,15 +126,18 @@ class LSTMLayer(torch.autograd.Function):
                 y[t].copy_(h)
             h_n, c_n = h.clone(), c.clone()
         ctx.reverse = reverse
-        ctx.save_for_backward(x, h0, w_ih, w_hh, b_ih, b_hh, acts, tanh_c, c_prev, y)
+        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, acts, tanh_c, c_prev, y)
         return y, h_n, c_n
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy, dh_n, dc_n):
         """The steps in reverse, the gates' gradients by autograd's formulas for the cell's
-        operations; then the products and sums over all steps at once."""
-        x, h0, w_ih, w_hh, b_ih, b_hh, acts, tanh_c, c_prev, y = ctx.saved_tensors
+        operations; then the products and sums over all steps at once. Under
+        `create_graph=True`, the op-by-op layer's gradients instead, which can be
+        differentiated again."""
+        if torch.is_grad_enabled():
+            return _differentiable_backward(ctx, dy, dh_n, dc_n)
+        x, h0, c0, w_ih, w_hh, b_ih, b_hh, acts, tanh_c, c_prev, y = ctx.saved_tensors
         with _bare():
             steps, batch = x.shape[0], x.shape[1]
             hidden = w_hh.shape[1]
@@ -189,6 +191,34 @@ class LSTMLayer(torch.autograd.Function):
             (db.clone() if need[5] else db) if need[6] else None,
             None,
         )
+
+
+def _differentiable_backward(ctx, dy, dh_n, dc_n):
+    """The gradients a second derivative can go through (`create_graph=True`): the layer run
+    again op by op (torch's own composition, each operation routed through the portable mode,
+    with autograd recording it), then differentiated. These are the op-by-op route's bits, for
+    the recurrent weight's gradient too."""
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh = ctx.saved_tensors[:7]
+    weights = [w for w in (w_ih, w_hh, b_ih, b_hh) if w is not None]
+    steps = x.flip(0) if ctx.reverse else x  # a reversed layer is a forward one on flipped time
+    out, h_n, c_n = torch._C._VariableFunctions.lstm(
+        steps, (h0.unsqueeze(0), c0.unsqueeze(0)), weights, b_ih is not None, 1, 0.0, False,
+        False, False,
+    )  # fmt: skip
+    out = out.flip(0) if ctx.reverse else out
+    pairs = [(o, g) for o, g in ((out, dy), (h_n[0], dh_n), (c_n[0], dc_n)) if g is not None]
+    need = ctx.needs_input_grad[:7]
+    inputs = [t for t, wanted in zip((x, h0, c0, w_ih, w_hh, b_ih, b_hh), need) if wanted]
+    grads = iter(
+        torch.autograd.grad(
+            [o for o, _ in pairs],
+            inputs,
+            [g for _, g in pairs],
+            create_graph=True,
+            allow_unused=True,
+        )  # fmt: skip
+    )
+    return (*(next(grads) if wanted else None for wanted in need), None)
 
 
 def _order(steps: int, reverse: bool) -> list[int]:
