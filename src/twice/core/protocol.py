@@ -23,7 +23,7 @@ PREFIX = "TWICE_"
 NO_TRITON = "TWICE_NO_TRITON"
 """Set to 1 by a user: digest CUDA tensors with torch's operations, not the Triton fold kernel."""
 NO_FUSED_RNN = "TWICE_NO_FUSED_RNN"
-"""Set to 1 by a user: portable mode runs nn.LSTM op by op (twice differentiable), not fused."""
+"""Set to 1 by a user: portable mode runs nn.LSTM op by op, not as one operation per layer."""
 
 
 @dataclass(frozen=True)

@@ -51,12 +51,17 @@ def coverage(func) -> str:
 
 
 def _complex(args, kwargs) -> bool:
-    """Whether a complex tensor is among the arguments (in lists too)."""
-    for value in (*args, *kwargs.values()):
-        values = value if isinstance(value, (list, tuple)) else (value,)
-        if any(isinstance(v, torch.Tensor) and v.is_complex() for v in values):
-            return True
-    return False
+    """Whether a complex tensor is among the arguments (in lists too). Runs before every exact
+    operation: plain loops, no generators."""
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            if value.is_complex():
+                return True
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                if isinstance(v, torch.Tensor) and v.is_complex():
+                    return True
+    return bool(kwargs) and _complex(tuple(kwargs.values()), None)
 
 
 _INEXACT, _HALF = 1, 2
@@ -104,6 +109,13 @@ def _where() -> tuple[str | None, str | None]:
 
 class PortableMode(TorchDispatchMode):
     """Portable kernels for every covered operation; `policy` ("strict" or "warn") for the rest."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in Dynamo's `disable` (a few microseconds on
+        # every operation, and an import of torch._dynamo on the first) unless the mode says
+        # no; under portable mode Dynamo is off altogether (_compile_eagerly).
+        return False
 
     def __init__(self, policy: str = "strict") -> None:
         super().__init__()
