@@ -46,7 +46,7 @@ test: setup browser
 
 test-slow: setup browser
 	$(PY) -m pytest -q -n $(JOBS) -m slow
-	TWICE_EXHAUSTIVE=1 $(PY) -m pytest -q -n $(JOBS) tests/test_verdicts.py tests/test_portable_coverage.py
+	TWICE_EXHAUSTIVE=1 $(PY) -m pytest -q -n $(JOBS) tests/test_verdicts.py tests/test_portable_coverage.py tests/test_portable_fused.py
 
 bench: setup
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done

@@ -2,10 +2,11 @@
 kernel's throughput against torch's, measured side by side in one process.
 
 Steps: for an MLP, a CNN with batch norm, a small transformer (dropout on), RepDL's LeNet, an
-LSTM language model, a DCGAN, a VAE, a ResNet-style CNN and a bfloat16-autocast MLP, with Adam,
-the same loop runs in alternating blocks with and without the portable dispatch mode (ROUNDS
-pairs of STEPS steps; each block's first step untimed), at 1 and at 2 threads. The median of the
-per-pair ratios of wall time is reported with the pairs' quartiles. Target: at most 3x.
+LSTM language model (and the same with GRU layers), a DCGAN, a VAE, a ResNet-style CNN and a
+bfloat16-autocast MLP, with Adam, the same loop runs in alternating blocks with and without the
+portable dispatch mode (ROUNDS pairs of STEPS steps; each block's first step untimed), at 1 and
+at 2 threads. The median of the per-pair ratios of wall time is reported with the pairs'
+quartiles. Target: at most 3x.
 
 Kernels: matrix product and convolution in GFLOP/s, elementwise exp and a sum in GB/s (bytes of
 the input read), portable against torch, the best of several calls each.
@@ -82,10 +83,10 @@ def lenet():
 
 
 class LSTMLanguageModel(nn.Module):
-    def __init__(self):
+    def __init__(self, layer=nn.LSTM):
         super().__init__()
         self.emb = nn.Embedding(1000, 128)
-        self.rnn = nn.LSTM(128, 256, num_layers=2, batch_first=True, dropout=0.1)
+        self.rnn = layer(128, 256, num_layers=2, batch_first=True, dropout=0.1)
         self.head = nn.Linear(256, 1000)
 
     def forward(self, x):
@@ -98,6 +99,11 @@ def lstm():
         return tokens[:, :-1], tokens[:, 1:].flatten()
 
     return LSTMLanguageModel(), data
+
+
+def gru():
+    """The LSTM language model with GRU layers."""
+    return LSTMLanguageModel(nn.GRU), lstm()[1]
 
 
 class DCGAN(nn.Module):
@@ -284,6 +290,7 @@ CASES = {
         ("transformer", transformer),
         ("lenet", lenet),
         ("lstm", lstm),
+        ("gru", gru),
         ("dcgan", dcgan),
         ("vae", vae),
         ("resnet", resnet),

@@ -1,12 +1,12 @@
 """Portable mode's fused paths give the op-by-op route's bits where they say they do.
 
-nn.LSTM runs as one autograd operation per layer and direction (twice.portable.recurrent): its
-outputs, final states and the gradients of the input, the initial states and the input weights
-and bias must equal, bit for bit, what the op-by-op route (TWICE_NO_FUSED_RNN=1) computes,
-for generated layer shapes and settings; the recurrent weight's and bias's gradients are exact
-sums rounded once and must be close to the op-by-op ones. A convolution unfolds a few samples
-at a time (conv.COLUMN_CHUNK): any chunk size gives the same bits. exact.Repeated gives
-exact_matmul's bits with one operand cut into slices once.
+nn.LSTM, nn.GRU and nn.RNN run as one autograd operation per layer and direction
+(twice.portable.recurrent): their outputs, final states and the gradients of the input, the
+initial states and the input weights and bias must equal, bit for bit, what the op-by-op route
+(TWICE_NO_FUSED_RNN=1) computes, for generated layer shapes and settings; the recurrent
+weight's and bias's gradients are exact sums rounded once and must be close to the op-by-op
+ones. A convolution unfolds a few samples at a time (conv.COLUMN_CHUNK): any chunk size gives
+the same bits. exact.Repeated gives exact_matmul's bits with one operand cut into slices once.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-LSTM_CASES = st.fixed_dictionaries(
+RNN_CASES = st.fixed_dictionaries(
     {
+        "kind": st.sampled_from(["lstm", "gru", "rnn_tanh", "rnn_relu"]),
         "layers": st.integers(1, 2),
         "bidirectional": st.booleans(),
         "batch_first": st.booleans(),
@@ -55,21 +56,24 @@ LSTM_CASES = st.fixed_dictionaries(
 )
 
 
-def _lstm_run(case: dict, fused: bool, spoil=None) -> dict[str, torch.Tensor]:
+def _rnn_run(case: dict, fused: bool, spoil=None) -> dict[str, torch.Tensor]:
     with pytest.MonkeyPatch.context() as patch:
         if fused:
             patch.delenv(NO_FUSED_RNN, raising=False)
         else:
             patch.setenv(NO_FUSED_RNN, "1")
-        return _lstm_train(case, spoil or {})
+        return _rnn_train(dict({"kind": "lstm"}, **case), spoil or {})
 
 
-def _lstm_train(case: dict, spoil: dict) -> dict[str, torch.Tensor]:
+def _rnn_train(case: dict, spoil: dict) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    model = torch.nn.LSTM(
+    kind = case["kind"]
+    layer = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(kind, torch.nn.RNN)
+    extra = {"nonlinearity": kind[4:]} if kind.startswith("rnn") else {}
+    model = layer(
         case["inputs"], case["hidden"], num_layers=case["layers"], bias=case["bias"],
         batch_first=case["batch_first"], bidirectional=case["bidirectional"],
-        dropout=case["dropout"] if case["layers"] > 1 else 0.0,
+        dropout=case["dropout"] if case["layers"] > 1 else 0.0, **extra,
     ).to(case["dtype"])  # fmt: skip
     directions = 2 if case["bidirectional"] else 1
     shape = (case["batch"], case["steps"])
@@ -83,11 +87,14 @@ def _lstm_train(case: dict, spoil: dict) -> dict[str, torch.Tensor]:
     c0 = torch.randn(states, dtype=case["dtype"]).requires_grad_()
     with PortableMode("strict"):
         torch.manual_seed(1)  # the dropout's key
-        y, (h_n, c_n) = model(x, (h0, c0))
+        if kind == "lstm":
+            y, (h_n, c_n) = model(x, (h0, c0))
+        else:
+            (y, h_n), c_n = model(x, h0), h0 * 2.0  # no cell state: a stand-in the loss can use
         loss = {
             "output": lambda: (y * y).sum(),
             "final": lambda: h_n.sum(),
-            "cell": lambda: (c_n * 0.5).sum(),
+            "cell": lambda: (c_n * 0.5).sum() + (h_n * 0.0).sum(),
             "all": lambda: (y * y).sum() + h_n.sum() + (c_n * c_n).sum(),
         }[case["loss"]]()
         loss.backward()
@@ -97,10 +104,10 @@ def _lstm_train(case: dict, spoil: dict) -> dict[str, torch.Tensor]:
 
 
 @EXAMPLES
-@given(case=LSTM_CASES)
-def test_fused_lstm_gives_the_op_by_op_bits(case):
-    fused = _lstm_run(case, True)
-    plain = _lstm_run(case, False)
+@given(case=RNN_CASES)
+def test_fused_recurrent_layers_give_the_op_by_op_bits(case):
+    fused = _rnn_run(case, True)
+    plain = _rnn_run(case, False)
     assert fused.keys() == plain.keys()
     for name in fused:
         a, b = fused[name], plain[name]
@@ -117,11 +124,11 @@ def test_fused_lstm_gives_the_op_by_op_bits(case):
 
 @pytest.mark.skipif(not native.available(), reason="needs the compiled kernels")
 @EXAMPLES
-@given(case=LSTM_CASES)
+@given(case=RNN_CASES)
 def test_the_compiled_cell_gives_the_fallbacks_bits(case):
-    compiled = _lstm_run(case, True)
+    compiled = _rnn_run(case, True)
     with native.fallback():
-        fallback = _lstm_run(case, True)
+        fallback = _rnn_run(case, True)
     for name, value in compiled.items():
         assert (value is None) == (fallback[name] is None), name
         assert value is None or _same(value, fallback[name]), name
@@ -135,9 +142,9 @@ def test_the_fused_path_is_taken_and_its_recurrent_gradient_is_one_rounding():
         layers=1, bidirectional=False, batch_first=True, bias=True, inputs=5, hidden=8,
         steps=12, batch=6, dtype=torch.float32, dropout=0.0, loss="output", scale=1.0,
     )  # fmt: skip
-    fused = _lstm_run(case, True)["weight_hh_l0"]
-    plain = _lstm_run(case, False)["weight_hh_l0"]
-    reference = _lstm_run(dict(case, dtype=torch.float64), False)["weight_hh_l0"]
+    fused = _rnn_run(case, True)["weight_hh_l0"]
+    plain = _rnn_run(case, False)["weight_hh_l0"]
+    reference = _rnn_run(dict(case, dtype=torch.float64), False)["weight_hh_l0"]
     assert not torch.equal(fused, plain)
     error = (fused.double() - reference).abs().max()
     assert error <= (plain.double() - reference).abs().max() * 1.5
@@ -151,9 +158,9 @@ def test_the_fused_lstm_does_not_depend_on_the_thread_count():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = _lstm_run(case, True)
+        one = _rnn_run(case, True)
         torch.set_num_threads(2)
-        two = _lstm_run(case, True)
+        two = _rnn_run(case, True)
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(one[k], two[k]) for k in one)
@@ -165,16 +172,17 @@ def test_non_finite_values_give_the_op_by_op_nans_and_infinities():
         steps=4, batch=3, dtype=torch.float32, dropout=0.0, loss="all", scale=1.0,
     )  # fmt: skip
     spoil = {(1, 0, 0): math.inf, (2, 1, 1): math.nan}  # saturates the gates; spreads
-    fused = _lstm_run(case, True, spoil)
-    plain = _lstm_run(case, False, spoil)
+    fused = _rnn_run(case, True, spoil)
+    plain = _rnn_run(case, False, spoil)
     assert fused["y"][2:, 1].isnan().all() and not fused["y"][:, 0].isnan().any()
     for name in ("y", "h_n", "c_n", "x", "h0", "c0", "weight_ih_l0"):
         assert _same(fused[name], plain[name]), name
 
 
+@pytest.mark.parametrize("layer", [torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN])
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_a_second_derivative_goes_through_the_op_by_op_layer(bidirectional):
-    """A gradient penalty through an LSTM: the first derivative under create_graph is the
+def test_a_second_derivative_goes_through_the_op_by_op_layer(layer, bidirectional):
+    """A gradient penalty through a recurrent layer: the first derivative under create_graph is the
     op-by-op route's, bit for bit; the second is close to it (its path back through the layer's
     output takes the fused backward, whose recurrent sums round once)."""
 
@@ -185,7 +193,7 @@ def test_a_second_derivative_goes_through_the_op_by_op_layer(bidirectional):
             else:
                 patch.setenv(NO_FUSED_RNN, "1")
             torch.manual_seed(0)
-            model = torch.nn.LSTM(3, 4, num_layers=2, bidirectional=bidirectional)
+            model = layer(3, 4, num_layers=2, bidirectional=bidirectional)
             x = torch.randn(5, 2, 3, requires_grad=True)
             with PortableMode("strict"):
                 (grad,) = torch.autograd.grad((model(x)[0] ** 2).sum(), x, create_graph=True)
@@ -215,24 +223,28 @@ def test_what_the_fused_path_does_not_take_runs_op_by_op_under_strict():
 
 
 def test_install_restores_torch_and_other_threads_see_the_original():
-    before = torch._VF.lstm
+    before = {kind: getattr(torch._VF, kind) for kind in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
     seen = {}
+
+    def original(*args):
+        return "op by op"
+
     with PortableMode("strict"):
         with PortableMode("strict"):  # nested entries install once
-            assert torch._VF.lstm is not before
+            assert all(getattr(torch._VF, k) is not f for k, f in before.items())
 
         def other():  # no portable mode in this thread: the fused path declines
-            seen["fusable"] = recurrent._fusable(
-                (torch.zeros(1, 1, 1), (torch.zeros(1, 1, 1),) * 2, [], True, 1, 0.0, False,
-                 False, False)
-            )  # fmt: skip
+            x, h = torch.zeros(1, 1, 1), torch.zeros(1, 1, 1)
+            weights = [torch.zeros(3, 1)] * 2
+            seen["call"] = recurrent.layers("gru", original, x, h, weights, False, 1, 0.0,
+                                            False, False, False)  # fmt: skip
 
         thread = threading.Thread(target=other)
         thread.start()
         thread.join()
-        assert torch._VF.lstm is not before
-    assert torch._VF.lstm is before
-    assert seen["fusable"] is False
+        assert all(getattr(torch._VF, k) is not f for k, f in before.items())
+    assert all(getattr(torch._VF, k) is f for k, f in before.items())
+    assert seen["call"] == "op by op"
 
 
 CONV_CASES = st.fixed_dictionaries(

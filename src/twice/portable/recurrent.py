@@ -1,12 +1,13 @@
-"""`nn.LSTM` in portable mode as one autograd operation per layer and direction.
+"""Recurrent layers in portable mode (`nn.LSTM`, `nn.GRU`, `nn.RNN`) as one autograd operation
+per layer and direction.
 
-With oneDNN's fused kernel switched off (mode.py), torch runs an LSTM layer as the products and
-functions it is made of: a few dozen operations per time step, each routed through the mode, and
-a backward that cuts the recurrent weight into slices again at every step and adds each step's
-weight gradient into the total, one rounding per step. Here a layer is one autograd function
-whose steps call the same portable kernels directly, with the recurrent weight cut into slices
-once for all steps (`exact.Repeated`), and whose weight and bias gradients are each one
-exact product, or sum, over all steps and samples, rounded once.
+With oneDNN's fused kernel switched off (mode.py), torch runs a recurrent layer as the products
+and functions it is made of: a few dozen operations per time step, each routed through the mode,
+and a backward that cuts the recurrent weight into slices again at every step and adds each
+step's weight gradient into the total, one rounding per step. Here a layer is one autograd
+function whose steps (cells.py) call the same portable kernels directly, with the recurrent
+weight cut into slices once for all steps (`exact.Repeated`), and whose weight and bias
+gradients are each one exact product, or sum, over all steps and samples, rounded once.
 
 What that changes in bits, by construction: the outputs, the final states, and the gradients of
 the input, the initial states, the input weights and the input bias are the op-by-op route's
@@ -33,25 +34,13 @@ from torch.utils._python_dispatch import (
     _pop_mode_temporarily,
 )
 
-from twice.portable import elementwise as ew
-from twice.portable import native_rnn
+from twice.portable.cells import CELLS, previous
 from twice.portable.exact import Repeated, exact_matmul, exact_sum
-from twice.portable.ops_math import unary
-from twice.portable.table import KERNELS
 
-__all__ = ["install", "uninstall", "lstm", "LSTMLayer"]
+__all__ = ["install", "uninstall", "layers", "RecurrentLayer"]
 
-_sigmoid = unary(ew.sigmoid, "sigmoid")  # the registered kernels' own construction
-_tanh = unary(ew.tanh, "tanh")
 _DTYPES = (torch.float32, torch.float64)
-
-
-def _sigmoid_backward(grad, y):
-    return KERNELS["sigmoid_backward.default"](grad, y)
-
-
-def _tanh_backward(grad, y):
-    return KERNELS["tanh_backward.default"](grad, y)
+_KINDS = ("lstm", "gru", "rnn_tanh", "rnn_relu")  # the torch._VF functions replaced
 
 
 class _bare:
@@ -82,115 +71,55 @@ def _linear(x, weight, bias):
     return out if bias is None else torch.add(out, bias)
 
 
-class LSTMLayer(torch.autograd.Function):
-    """One LSTM layer in one direction over a time-major input (T, B, I): the output (T, B, H),
-    the final hidden and cell states (B, H)."""
+class RecurrentLayer(torch.autograd.Function):
+    """One layer in one direction over a time-major input (T, B, I), of the cell `kind`: the
+    output (T, B, H) and the final hidden state (B, H), and for an LSTM the final cell state."""
 
     @staticmethod
-    def forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse):
-        """The steps in order (`reverse`: last to first), each gate's function and the cell
-        update as torch's CPU cell spells them; saves the gates for the backward."""
+    def forward(ctx, kind, reverse, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+        """The input's projection for every step at once, as torch's CPU layer computes it,
+        then the cell's steps in order (`reverse`: last to first)."""
         ctx.set_materialize_grads(False)
+        cell = CELLS[kind]
         with _bare():
             steps, batch = x.shape[0], x.shape[1]
-            hidden = w_hh.shape[1]
-            # the input's projection for every step at once, as torch's CPU layer computes it
             gx = _linear(x.reshape(steps * batch, -1), w_ih, b_ih).reshape(steps, batch, -1)
             recurrent = Repeated(w_hh.t(), x.dtype, "right")
-            acts = torch.empty(steps, batch, 4 * hidden, dtype=x.dtype)
-            tanh_c = torch.empty(steps, batch, hidden, dtype=x.dtype)
-            c_prev = torch.empty(steps, batch, hidden, dtype=x.dtype)
-            y = torch.empty(steps, batch, hidden, dtype=x.dtype)
-            h, c = h0, c0
-            g_cols = slice(2 * hidden, 3 * hidden)
-            for t in _order(steps, reverse):
-                gates = recurrent(h)
-                c_prev[t].copy_(c)
-                c_next = torch.empty(batch, hidden, dtype=x.dtype)
-                if native_rnn.lstm_cell(
-                    gates, b_hh, gx[t], c_prev[t], acts[t], c_next, tanh_c[t], y[t]
-                ):  # the compiled cell: the operations below, in one pass
-                    h, c = y[t], c_next
-                    continue
-                if b_hh is not None:
-                    gates = torch.add(gates, b_hh)
-                gates = torch.add(gates, gx[t])
-                act = acts[t]
-                act.copy_(_sigmoid(gates))
-                act[:, g_cols].copy_(_tanh(gates[:, g_cols]))
-                i, f, g, o = act.chunk(4, 1)
-                c = torch.add(torch.mul(f, c), torch.mul(i, g))
-                tc = _tanh(c)
-                tanh_c[t].copy_(tc)
-                h = torch.mul(o, tc)
-                y[t].copy_(h)
-            h_n, c_n = h.clone(), c.clone()
-        ctx.reverse = reverse
-        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, acts, tanh_c, c_prev, y)
-        return y, h_n, c_n
+            y = torch.empty(steps, batch, w_hh.shape[1], dtype=x.dtype)
+            order = _order(steps, reverse)
+            saved, h_n, c_n = cell.forward(gx, recurrent, h0, c0, b_hh, order, y)
+        ctx.kind, ctx.reverse, ctx.count = kind, reverse, len(saved)
+        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, y, *saved)
+        return (y, h_n, c_n) if cell.has_cell else (y, h_n)
 
     @staticmethod
-    def backward(ctx, dy, dh_n, dc_n):
-        """The steps in reverse, the gates' gradients by autograd's formulas for the cell's
-        operations; then the products and sums over all steps at once. Under
-        `create_graph=True`, the op-by-op layer's gradients instead, which can be
+    def backward(ctx, dy, dh_n, dc_n=None):
+        """The cell's steps in reverse, then the products and sums over all steps at once.
+        Under `create_graph=True`, the op-by-op layer's gradients instead, which can be
         differentiated again."""
         if torch.is_grad_enabled():
             return _differentiable_backward(ctx, dy, dh_n, dc_n)
-        x, h0, c0, w_ih, w_hh, b_ih, b_hh, acts, tanh_c, c_prev, y = ctx.saved_tensors
+        x, h0, c0, w_ih, w_hh, b_ih, b_hh, y, *saved = ctx.saved_tensors
         with _bare():
             steps, batch = x.shape[0], x.shape[1]
-            hidden = w_hh.shape[1]
-            transposed = Repeated(w_hh, x.dtype, "right")
-            dgates = torch.empty_like(acts)
-            g_cols = slice(2 * hidden, 3 * hidden)
             order = _order(steps, ctx.reverse)
-            dy, dh_rec, dc_rec = (None if d is None else d.contiguous() for d in (dy, dh_n, dc_n))
-            for t in reversed(order):
-                dg, dc_next = dgates[t], torch.empty(batch, hidden, dtype=x.dtype)
-                dy_t = dy[t] if dy is not None else None
-                args = (acts[t], tanh_c[t], c_prev[t], dg, dc_next)
-                if native_rnn.lstm_cell_backward(dy_t, dh_rec, dc_rec, *args):
-                    dc_rec, dh_rec = dc_next, transposed(dg)  # the compiled cell: as below
-                    continue
-                dh = dy_t
-                if dh_rec is not None:
-                    dh = dh_rec if dh is None else torch.add(dh, dh_rec)
-                if dh is None:
-                    dh = torch.zeros(batch, hidden, dtype=x.dtype)
-                act = acts[t]
-                i, f, g, o = act.chunk(4, 1)
-                tc = tanh_c[t]
-                dact = torch.empty_like(act)
-                d_i, d_f, d_g, d_o = dact.chunk(4, 1)
-                torch.mul(dh, tc, out=d_o)
-                dc = _tanh_backward(torch.mul(dh, o), tc)
-                if dc_rec is not None:
-                    dc = torch.add(dc, dc_rec)
-                torch.mul(dc, c_prev[t], out=d_f)
-                dc_rec = torch.mul(dc, f)
-                torch.mul(dc, g, out=d_i)
-                torch.mul(dc, i, out=d_g)
-                dg.copy_(_sigmoid_backward(dact, act))
-                dg[:, g_cols].copy_(_tanh_backward(d_g, g))
-                dh_rec = transposed(dg)
-            flat = dgates.reshape(steps * batch, 4 * hidden)
-            h_prev = _previous(h0, y, ctx.reverse)
+            h_prev = previous(h0, y, ctx.reverse)
+            dy, dh_n, dc_n = (None if d is None else d.contiguous() for d in (dy, dh_n, dc_n))
+            transposed = Repeated(w_hh, x.dtype, "right")
+            dgx, dhg, dh0, dc0 = CELLS[ctx.kind].backward(
+                saved, y, h_prev, dy, dh_n, dc_n, transposed, order
+            )
             need, rows = ctx.needs_input_grad, steps * batch
-            dx = exact_matmul(flat, w_ih, x.dtype).reshape(x.shape) if need[0] else None
-            dw_ih = exact_matmul(flat.t(), x.reshape(rows, -1), x.dtype) if need[3] else None
-            dw_hh = exact_matmul(flat.t(), h_prev.reshape(rows, -1), x.dtype) if need[4] else None
-            db = exact_sum(flat, (0,)) if (need[5] or need[6]) else None
+            dgx, dhg = dgx.reshape(rows, -1), dhg.reshape(rows, -1)
+            dx = exact_matmul(dgx, w_ih, x.dtype).reshape(x.shape) if need[2] else None
+            dw_ih = exact_matmul(dgx.t(), x.reshape(rows, -1), x.dtype) if need[5] else None
+            dw_hh = exact_matmul(dhg.t(), h_prev.reshape(rows, -1), x.dtype) if need[6] else None
+            db_ih = exact_sum(dgx, (0,)) if need[7] else None
+            db_hh = exact_sum(dhg, (0,)) if need[8] else None
         return (
-            dx,
-            dh_rec if need[1] else None,
-            dc_rec if need[2] else None,
-            dw_ih,
-            dw_hh,
-            db if need[5] else None,
-            (db.clone() if need[5] else db) if need[6] else None,
-            None,
-        )
+            None, None, dx, dh0 if need[3] else None, dc0 if need[4] else None,
+            dw_ih, dw_hh, db_ih, db_hh,
+        )  # fmt: skip
 
 
 def _differentiable_backward(ctx, dy, dh_n, dc_n):
@@ -201,14 +130,14 @@ def _differentiable_backward(ctx, dy, dh_n, dc_n):
     x, h0, c0, w_ih, w_hh, b_ih, b_hh = ctx.saved_tensors[:7]
     weights = [w for w in (w_ih, w_hh, b_ih, b_hh) if w is not None]
     steps = x.flip(0) if ctx.reverse else x  # a reversed layer is a forward one on flipped time
-    out, h_n, c_n = torch._C._VariableFunctions.lstm(
-        steps, (h0.unsqueeze(0), c0.unsqueeze(0)), weights, b_ih is not None, 1, 0.0, False,
-        False, False,
-    )  # fmt: skip
+    hx = (h0.unsqueeze(0), c0.unsqueeze(0)) if c0 is not None else h0.unsqueeze(0)
+    run = getattr(torch._C._VariableFunctions, ctx.kind)
+    out, *finals = run(steps, hx, weights, b_ih is not None, 1, 0.0, False, False, False)
     out = out.flip(0) if ctx.reverse else out
-    pairs = [(o, g) for o, g in ((out, dy), (h_n[0], dh_n), (c_n[0], dc_n)) if g is not None]
-    need = ctx.needs_input_grad[:7]
-    inputs = [t for t, wanted in zip((x, h0, c0, w_ih, w_hh, b_ih, b_hh), need) if wanted]
+    states = [out] + [state[0] for state in finals]
+    pairs = [(o, g) for o, g in zip(states, (dy, dh_n, dc_n)) if g is not None]
+    need = ctx.needs_input_grad
+    inputs = [t for t, wanted in zip((x, h0, c0, w_ih, w_hh, b_ih, b_hh), need[2:]) if wanted]
     grads = iter(
         torch.autograd.grad(
             [o for o, _ in pairs],
@@ -218,57 +147,52 @@ def _differentiable_backward(ctx, dy, dh_n, dc_n):
             allow_unused=True,
         )  # fmt: skip
     )
-    return (*(next(grads) if wanted else None for wanted in need), None)
+    return (None, None, *(next(grads) if wanted else None for wanted in need[2:]))
 
 
 def _order(steps: int, reverse: bool) -> list[int]:
     return list(range(steps - 1, -1, -1)) if reverse else list(range(steps))
 
 
-def _previous(h0, y, reverse):
-    """The hidden state each step started from, at the step's position."""
-    if reverse:
-        return torch.cat([y[1:], h0.unsqueeze(0)], 0)
-    return torch.cat([h0.unsqueeze(0), y[:-1]], 0)
-
-
-def lstm(original, *args):
-    """`torch._VF.lstm` under portable mode: the fused layers where they apply, else `original`
-    (run op by op through the mode)."""
-    if not _fusable(args):
+def layers(kind, original, *args):
+    """`torch._VF.<kind>` (lstm, gru, rnn_tanh, rnn_relu) under portable mode: the fused layers
+    where they apply, else `original` (run op by op through the mode)."""
+    if not _fusable(kind, args):
         return original(*args)
     inputs, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first = args
     directions = 2 if bidirectional else 1
     per_layer = 4 if has_biases else 2
     x = inputs.transpose(0, 1) if batch_first else inputs
-    h0s, c0s = hx[0].unbind(0), hx[1].unbind(0)
-    finals_h, finals_c = [], []
+    h0s = (hx[0] if kind == "lstm" else hx).unbind(0)
+    c0s = hx[1].unbind(0) if kind == "lstm" else [None] * len(h0s)
+    finals = [[], []]
     for layer in range(num_layers):
         outputs = []
         for direction in range(directions):
             index = layer * directions + direction
             w = params[index * per_layer : (index + 1) * per_layer]
             b_ih, b_hh = (w[2], w[3]) if has_biases else (None, None)
-            y, h_n, c_n = LSTMLayer.apply(
-                x, h0s[index], c0s[index], w[0], w[1], b_ih, b_hh, direction == 1
+            y, *states = RecurrentLayer.apply(
+                kind, direction == 1, x, h0s[index], c0s[index], w[0], w[1], b_ih, b_hh
             )
             outputs.append(y)
-            finals_h.append(h_n)
-            finals_c.append(c_n)
+            for kept, state in zip(finals, states):
+                kept.append(state)
         x = outputs[0] if directions == 1 else torch.cat(outputs, -1)
         if dropout and train and layer < num_layers - 1:
             x = torch.dropout(x, dropout, True)
     output = x.transpose(0, 1) if batch_first else x
-    return output, torch.stack(finals_h, 0), torch.stack(finals_c, 0)
+    return output, *(torch.stack(kept, 0) for kept in finals if kept)
 
 
-def _fusable(args) -> bool:
-    if len(args) != 9 or not isinstance(args[1], (tuple, list)) or len(args[1]) != 2:
-        return False  # the packed-sequence form: (data, batch_sizes, hx, ...)
+def _fusable(kind, args) -> bool:
+    if len(args) != 9 or not isinstance(args[3], bool):
+        return False  # the packed-sequence form: (data, batch_sizes, hx, params, has_biases, ...)
     if not isinstance(_get_current_dispatch_mode(), _installed["mode"]):
         return False
     inputs, hx, params, has_biases, num_layers, _, _, bidirectional, _ = args
-    tensors = [inputs, *hx, *params]
+    states = list(hx) if kind == "lstm" else [hx]
+    tensors = [inputs, *states, *params]
     if any(not isinstance(t, torch.Tensor) for t in tensors) or inputs.dim() != 3:
         return False
     if inputs.dtype not in _DTYPES or any(
@@ -281,7 +205,9 @@ def _fusable(args) -> bool:
     if len(params) != num_layers * (2 if bidirectional else 1) * per_layer:
         return False  # projections (proj_size) add a weight per layer
     hidden = params[1].shape[1]
-    return hx[0].shape[-1] == hidden == hx[1].shape[-1] and params[1].shape[0] == 4 * hidden
+    return all(t.shape[-1] == hidden for t in states) and (
+        params[1].shape[0] == CELLS[kind].gates * hidden
+    )
 
 
 _lock = threading.Lock()
@@ -289,9 +215,9 @@ _installed: dict = {"count": 0, "saved": None, "mode": ()}
 
 
 def install(mode_type: type) -> None:
-    """Route `nn.LSTM`'s call (`torch._VF.lstm`) through `lstm` while any portable mode (an
-    instance of `mode_type`) is entered; every call checks that such a mode is the innermost
-    one of its thread."""
+    """Route the recurrent layers' calls (`torch._VF.lstm`, `gru`, `rnn_tanh`, `rnn_relu`)
+    through `layers` while any portable mode (an instance of `mode_type`) is entered; every
+    call checks that such a mode is the innermost one of its thread."""
     import os
 
     from twice.core.protocol import NO_FUSED_RNN
@@ -302,20 +228,23 @@ def install(mode_type: type) -> None:
         _installed["mode"] = mode_type
         if _installed["count"] > 1 or os.environ.get(NO_FUSED_RNN) == "1":
             return
-        saved = vf.__dict__.get("lstm")
-        original = saved or vf.lstm
-        _installed["saved"] = (saved,)
+        saved = {kind: vf.__dict__.get(kind) for kind in _KINDS}
+        _installed["saved"] = saved
+        for kind in _KINDS:
+            setattr(vf, kind, _fused(kind, saved[kind] or getattr(vf, kind)))
 
-        def fused_lstm(*args, **kwargs):
-            if kwargs:
-                return original(*args, **kwargs)
-            return lstm(original, *args)
 
-        vf.lstm = fused_lstm
+def _fused(kind: str, original):
+    def fused(*args, **kwargs):
+        if kwargs:
+            return original(*args, **kwargs)
+        return layers(kind, original, *args)
+
+    return fused
 
 
 def uninstall() -> None:
-    """Undo one `install`; the last restores `torch._VF.lstm`."""
+    """Undo one `install`; the last restores `torch._VF`'s functions."""
     vf = torch._VF
     with _lock:
         if _installed["count"] == 0:
@@ -323,9 +252,9 @@ def uninstall() -> None:
         _installed["count"] -= 1
         if _installed["count"] or _installed["saved"] is None:
             return
-        (saved,) = _installed["saved"]
-        _installed["saved"] = None
-        if saved is None:
-            vf.__dict__.pop("lstm", None)
-        else:
-            vf.lstm = saved
+        saved, _installed["saved"] = _installed["saved"], None
+        for kind, function in saved.items():
+            if function is None:
+                vf.__dict__.pop(kind, None)
+            else:
+                setattr(vf, kind, function)
