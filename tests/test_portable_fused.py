@@ -206,20 +206,30 @@ def test_a_second_derivative_goes_through_the_op_by_op_layer(layer, bidirectiona
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * b.abs().max())
 
 
-def test_what_the_fused_path_does_not_take_runs_op_by_op_under_strict():
-    """Projections, packed sequences and autocast leave the fused path; each still trains."""
+def test_what_the_fused_path_does_not_take_runs_op_by_op_under_strict(monkeypatch):
+    """Projections, packed sequences and autocast leave the fused path (no fused layer runs);
+    each still trains under strict. A plain call takes it."""
     from torch.nn.utils.rnn import pack_padded_sequence
 
+    fused = []
+    apply = recurrent.RecurrentLayer.apply
+    monkeypatch.setattr(
+        recurrent.RecurrentLayer, "apply", lambda *args: fused.append(args[0]) or apply(*args)
+    )
     projected = torch.nn.LSTM(4, 6, proj_size=3, batch_first=True)
-    plain = torch.nn.LSTM(4, 6, batch_first=True)
+    lstm, gru = torch.nn.LSTM(4, 6, batch_first=True), torch.nn.GRU(4, 6, batch_first=True)
     x = torch.randn(3, 5, 4)
     with PortableMode("strict"):
         projected(x)[0].sum().backward()
-        packed = pack_padded_sequence(x, [5, 3, 2], batch_first=True)
-        plain(packed)[0].data.sum().backward()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            plain(x)[0].float().sum().backward()
-    assert projected.weight_hr_l0.grad is not None and plain.weight_hh_l0.grad is not None
+        for layer in (lstm, gru):
+            packed = pack_padded_sequence(x, [5, 3, 2], batch_first=True)
+            layer(packed)[0].data.sum().backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                layer(x)[0].float().sum().backward()
+        assert fused == []
+        gru(x)[0].sum().backward()
+    assert fused == ["gru"]
+    assert projected.weight_hr_l0.grad is not None and lstm.weight_hh_l0.grad is not None
 
 
 def test_install_restores_torch_and_other_threads_see_the_original():
