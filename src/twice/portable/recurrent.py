@@ -88,7 +88,7 @@ class RecurrentLayer(torch.autograd.Function):
             y = torch.empty(steps, batch, w_hh.shape[1], dtype=x.dtype)
             order = _order(steps, reverse)
             saved, h_n, c_n = cell.forward(gx, recurrent, h0, c0, b_hh, order, y)
-        ctx.kind, ctx.reverse, ctx.count = kind, reverse, len(saved)
+        ctx.kind, ctx.reverse = kind, reverse
         ctx.save_for_backward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, y, *saved)
         return (y, h_n, c_n) if cell.has_cell else (y, h_n)
 
