@@ -69,15 +69,24 @@ _INEXACT, _HALF = 1, 2
 
 def _scan(args, kwargs) -> int:
     """0: no floating-point or complex tensor among the arguments (in lists too); _HALF: a
-    float16 or bfloat16 one; _INEXACT: others. One pass: it runs before every kernel."""
+    float16 or bfloat16 one; _INEXACT: others. One pass of plain loops: it runs before every
+    kernel."""
     found = 0
-    for value in (*args, *kwargs.values()):
-        values = value if isinstance(value, (list, tuple)) else (value,)
-        for v in values:
-            if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
-                if v.dtype in half.HALF:
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() or value.is_complex():
+                if value.dtype in half.HALF:
                     return _HALF
                 found = _INEXACT
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
+                    if v.dtype in half.HALF:
+                        return _HALF
+                    found = _INEXACT
+    if kwargs:
+        more = _scan(tuple(kwargs.values()), None)
+        return more if more == _HALF else (found or more)
     return found
 
 
