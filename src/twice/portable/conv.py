@@ -52,28 +52,20 @@ def _columns(x, weight, stride, padding, dilation):
 def _window_amax(x, kernel, stride, padding, dilation) -> torch.Tensor:
     """The largest magnitude of each row of the columns (channel, offset) over every sample and
     position, in float64, without unfolding them: the samples' largest magnitudes first, then
-    each offset's positions of the padded result."""
+    each offset's over the windows of the padded result."""
     top = F.pad(x.abs().amax(dim=0), (padding[1], padding[1], padding[0], padding[0]))
-    kh, kw = kernel
-    ho = (top.shape[1] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (top.shape[2] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    offsets = [
-        top[
-            :, i * dilation[0] : i * dilation[0] + stride[0] * (ho - 1) + 1 : stride[0],
-            j * dilation[1] : j * dilation[1] + stride[1] * (wo - 1) + 1 : stride[1],
-        ].amax(dim=(1, 2))
-        for i in range(kh)
-        for j in range(kw)
-    ]  # fmt: skip
-    return torch.stack(offsets, 1).to(torch.float64)
+    rows = _windows(top.unsqueeze(0), kernel, stride, dilation).amax(dim=(3, 4, 5))
+    return rows.reshape(top.shape[0], -1).to(torch.float64)
 
 
 def _windows(xp, kernel, stride, dilation):
     """The padded input's windows as a (C, kh, kw, N, Ho, Wo) view."""
     kh, kw = kernel
     n, c, hp, wp = xp.shape
-    ho = (hp - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (wp - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    ho, wo = (
+        _out_size(hp, kh, stride[0], 0, dilation[0]),
+        _out_size(wp, kw, stride[1], 0, dilation[1]),
+    )
     sn, sc, sh, sw = xp.stride()
     return xp.as_strided(
         (c, kh, kw, n, ho, wo),
