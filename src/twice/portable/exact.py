@@ -198,7 +198,13 @@ def _fast_matmul(a, b, out_dtype, precision, bias):
     sb = native.split_rows(b, (-2,), beta)
     if not sb:
         return None
-    (ints_a, unit_a), (ints_b, unit_b) = sa[0], sb[0]
+    return _scaled_product(sa[0], sb[0], out_dtype, bias)
+
+
+def _scaled_product(part_a, part_b, out_dtype, bias=None):
+    """The integer product of one slice of each operand, scaled by their units and rounded once
+    by the C kernel (plus the bias)."""
+    (ints_a, unit_a), (ints_b, unit_b) = part_a, part_b
     return native.scaled(torch.matmul(ints_a, ints_b), unit_a, unit_b, out_dtype, bias)
 
 
@@ -223,11 +229,8 @@ class Repeated:
         if self.parts is not None and other.dim() == 2 and other.numel():
             found = native.split_rows(other, (-1,) if self.right else (-2,), self.beta)
             if found:
-                (ints_a, unit_a), (ints_b, unit_b) = (
-                    (found[0], self.parts) if self.right else (self.parts, found[0])
-                )
-                product = torch.matmul(ints_a, ints_b)
-                return native.scaled(product, unit_a, unit_b, self.out_dtype, None)
+                pair = (found[0], self.parts) if self.right else (self.parts, found[0])
+                return _scaled_product(*pair, self.out_dtype)
         if self.right:
             return exact_matmul(other, self.operand, self.out_dtype)
         return exact_matmul(self.operand, other, self.out_dtype)
