@@ -11,6 +11,7 @@ the same bits. exact.Repeated gives exact_matmul's bits with one operand cut int
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 
 from twice.core.protocol import NO_FUSED_RNN
 from twice.portable import conv as pconv
-from twice.portable import native, recurrent
+from twice.portable import native, native_conv, recurrent
 from twice.portable.exact import Repeated, exact_matmul
 from twice.portable.mode import PortableMode
 
@@ -257,6 +258,10 @@ def test_install_restores_torch_and_other_threads_see_the_original():
     assert seen["call"] == "op by op"
 
 
+def _compiled(on: bool):
+    return contextlib.nullcontext() if on else native.fallback()
+
+
 CONV_CASES = st.fixed_dictionaries(
     {
         "groups": st.sampled_from([1, 1, 2]),
@@ -265,11 +270,12 @@ CONV_CASES = st.fixed_dictionaries(
         "cout": st.integers(1, 3),
         "kernel": st.tuples(st.integers(1, 3), st.integers(1, 3)),
         "stride": st.tuples(st.integers(1, 2), st.integers(1, 2)),
-        "padding": st.tuples(st.integers(0, 1), st.integers(0, 1)),
+        "padding": st.tuples(st.integers(0, 3), st.integers(0, 1)),
         "dilation": st.tuples(st.integers(1, 2), st.integers(1, 2)),
         "size": st.tuples(st.integers(6, 10), st.integers(6, 10)),
         "dtype": st.sampled_from([torch.float32, torch.float64]),
         "spoil": st.sampled_from([None, None, math.inf, math.nan]),
+        "spoil_weight": st.booleans(),
     }
 )
 
@@ -286,16 +292,19 @@ def test_a_convolution_has_the_same_bits_whatever_its_chunk(case):
     w = torch.randn(g * case["cout"], case["cin"], *case["kernel"], dtype=case["dtype"])
     b = torch.randn(g * case["cout"], dtype=case["dtype"])
     settings_ = (case["stride"], case["padding"], case["dilation"], False, (0, 0), g)
+    if case["spoil_weight"]:
+        w[-1, 0, 0, 0] = math.inf
     results = []
-    for chunk in (1, 1 << 40):
-        with pytest.MonkeyPatch.context() as patch:
+    # a chunk of one sample, the whole batch in one chunk, and the torch steps one by one
+    for chunk, compiled in ((1, True), (1 << 40, True), (1, False)):
+        with pytest.MonkeyPatch.context() as patch, _compiled(compiled):
             patch.setattr(pconv, "COLUMN_CHUNK", chunk)
             out = pconv.convolution(x, w, b, *settings_)
             grad = torch.linspace(-2, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
             back = pconv.convolution_backward(grad, x, w, [w.shape[0]], *settings_, [True] * 3)
         results.append([out, *back])
-    for first, second in zip(*results):
-        assert _same(first, second)
+    for first, *others in zip(*results):
+        assert all(_same(first, other) for other in others)
     # the weight's gradient, summed a few samples at a time on grids fixed over the batch, is
     # the one exact product of the whole batch's columns
     n, cout = x.shape[0], w.shape[0]
@@ -366,3 +375,43 @@ def test_pooling_sums_cut_by_the_compiled_kernel_give_the_fallbacks_bits(spoil):
     with native.fallback():
         slow = pools()
     assert all(_same(a, b) for a, b in zip(fast, slow))
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the compiled kernels")
+@EXAMPLES
+@given(case=CONV_CASES, first=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_the_compiled_unfold_and_fold_give_the_torch_steps_bits(case, first, seed):
+    """p_unfold is unfold then p_split (per column, or on given units per row); p_fold_scale
+    is conv.py's fold of integer columns, then the scaling and one rounding."""
+    gen = torch.Generator().manual_seed(seed)
+    channels, kernel = case["cin"] + first, case["kernel"]
+    stride, padding, dilation = case["stride"], case["padding"], case["dilation"]
+    shape = (case["batch"], channels, *case["size"])
+    x = torch.randn(shape, generator=gen, dtype=case["dtype"])
+    x = x * torch.exp2(torch.randint(-60, 60, shape, generator=gen)).to(case["dtype"])
+    if case["spoil"] is not None:
+        x.view(-1)[seed % x.numel()] = case["spoil"]
+    w = torch.empty(1, channels, *kernel)
+    out_hw = [pconv._out_size(case["size"][i], kernel[i], stride[i], padding[i], dilation[i])
+              for i in (0, 1)]  # fmt: skip
+    cols = pconv._columns(x, w, stride, padding, dilation)
+    area = kernel[0] * kernel[1]
+    beta = 1 + seed % 50
+    want = native.split_rows(cols[first * area :], (-2,), beta)
+    got = native_conv.columns(x, kernel, stride, padding, dilation, out_hw,
+                              (first, channels - first), beta)  # fmt: skip
+    assert (got is False) == (want is False)
+    if want:
+        assert torch.equal(got[0][0], want[0][0]) and torch.equal(got[0][1], want[0][1])
+    if case["spoil"] is None:
+        units = torch.exp2(torch.randint(-70, 70, (cols.shape[0],), generator=gen).double())
+        given_ = native_conv.columns_given(x, kernel, stride, padding, dilation, out_hw, units)
+        assert torch.equal(given_, native.split_given(cols, units))
+    ints = torch.randint(-(2**40), 2**40, (case["batch"], channels * area, cols.shape[1] //
+                         case["batch"]), generator=gen).double()  # fmt: skip
+    unit_b = torch.exp2(torch.randint(-80, 20, (case["batch"],), generator=gen).double())
+    folded = pconv._fold(ints, case["size"], kernel, dilation, padding, stride)
+    want = (folded * (0.5 * unit_b.reshape(-1, 1, 1, 1))).to(case["dtype"])
+    got = native_conv.fold_scaled(ints, case["size"], kernel, stride, padding, dilation, 0.5,
+                                  unit_b, case["dtype"])  # fmt: skip
+    assert torch.equal(got, want)

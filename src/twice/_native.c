@@ -807,6 +807,8 @@ PyObject *p_keep_memory(PyObject *, PyObject *);
 PyObject *p_threads(PyObject *, PyObject *, PyObject *);
 PyObject *p_lnbwd(PyObject *, PyObject *, PyObject *);
 PyObject *p_lstm_cell(PyObject *, PyObject *, PyObject *);
+PyObject *p_unfold(PyObject *, PyObject *, PyObject *);
+PyObject *p_fold_scale(PyObject *, PyObject *, PyObject *);
 PyObject *p_lstm_cell_backward(PyObject *, PyObject *, PyObject *);
 
 static PyMethodDef methods[] = {
@@ -828,6 +830,8 @@ static PyMethodDef methods[] = {
     {"p_bnsums", (PyCFunction)(void (*)(void))p_bnsums, METH_VARARGS | METH_KEYWORDS, "Portable mode: batch norm's four backward sums at once."},
     {"p_chanmap", (PyCFunction)(void (*)(void))p_chanmap, METH_VARARGS | METH_KEYWORDS, "Portable mode: batch norm's per-element formulas."},
     {"p_compound", (PyCFunction)(void (*)(void))p_compound, METH_VARARGS | METH_KEYWORDS, "Portable mode: addcmul/addcdiv/add-alpha/lerp, one rounding each."},
+    {"p_unfold", (PyCFunction)(void (*)(void))p_unfold, METH_VARARGS | METH_KEYWORDS, "Portable mode: a convolution's input windows as integers on their grid."},
+    {"p_fold_scale", (PyCFunction)(void (*)(void))p_fold_scale, METH_VARARGS | METH_KEYWORDS, "Portable mode: integer columns folded onto the input, scaled, rounded once."},
     {"p_lstm_cell", (PyCFunction)(void (*)(void))p_lstm_cell, METH_VARARGS | METH_KEYWORDS, "Portable mode: one LSTM step, forward."},
     {"p_lstm_cell_backward", (PyCFunction)(void (*)(void))p_lstm_cell_backward, METH_VARARGS | METH_KEYWORDS, "Portable mode: one LSTM step, backward."},
     {"fetch", fetch, METH_VARARGS, "twice.data's seeded per-sample fetch (see data.py and sample_rng.py)."},

@@ -15,6 +15,8 @@
    p_scale     an integer product scaled by its units (plus a bias), rounded once
    p_compound  addcmul, addcdiv, add with alpha, lerp: one rounding per operation
    p_lstm_cell, p_lstm_cell_backward  one LSTM time step (recurrent.py's cell)
+   p_unfold    a convolution's input windows as integers on their grid (p_split's)
+   p_fold_scale  integer columns folded back onto the input, scaled and rounded once
    p_uniform   Philox-4x32-10 uniforms in [0, 1) (float64), element i from counter i / 2
    p_normal    Box-Muller normals (float64) from those uniforms
    p_keep_memory  glibc's malloc keeps freed memory for reuse (no kernel's bits depend on it)
@@ -1737,5 +1739,282 @@ PyObject *p_lstm_cell_backward(PyObject *module, PyObject *args, PyObject *kwarg
     Py_BEGIN_ALLOW_THREADS
     parallel_for(rows, rows * hidden * 4, lstm_range, &ctx);
     Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* Convolutions (portable/conv.py): the input's windows unfolded straight into integers on
+   their grid, and an integer product folded back onto the input, scaled and rounded, each in
+   one pass where torch's unfold, p_split, fold, the scaling and the rounding took five. The
+   values are those of the Python steps (unfold's zeros where a window leaves the input, then
+   p_split's integers; fold's sums of integers, exact in any order, then p_scale's product and
+   rounding), so the two routes give the same bits and tests hold them together. */
+typedef struct {
+    Py_ssize_t n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo;
+} conv_geom;
+
+static int read_geom(PyObject *t, conv_geom *g) {
+    if (!PyArg_ParseTuple(t, "nnnnnnnnnnnnnn;geometry: (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)",
+                          &g->n, &g->c, &g->h, &g->w, &g->kh, &g->kw, &g->sh, &g->sw, &g->ph, &g->pw, &g->dh, &g->dw, &g->ho, &g->wo))
+        return 0;
+    if (g->n < 0 || g->c < 0 || g->h < 0 || g->w < 0 || g->kh < 1 || g->kw < 1 || g->sh < 1 || g->sw < 1 ||
+        g->ph < 0 || g->pw < 0 || g->dh < 1 || g->dw < 1 || g->ho < 0 || g->wo < 0) {
+        PyErr_SetString(PyExc_ValueError, "convolution geometry out of range");
+        return 0;
+    }
+    return 1;
+}
+
+/* The outputs [*lo, *hi) of `out` along one axis whose input index o * s - p + off lies in
+   [0, size): the others read the padding's zeros. */
+static inline void inside(Py_ssize_t out, Py_ssize_t s, Py_ssize_t p, Py_ssize_t off, Py_ssize_t size,
+                          Py_ssize_t *lo, Py_ssize_t *hi) {
+    const Py_ssize_t a = p - off, b = size - 1 + p - off;
+    Py_ssize_t l = a <= 0 ? 0 : (a + s - 1) / s, h = b < 0 ? 0 : b / s + 1;
+    if (h > out) h = out;
+    if (l > h) l = h;
+    *lo = l, *hi = h;
+}
+
+/* unfold_top: for input rows [lo, hi) of (n, h), each position's largest magnitude over the
+   channels [c0, c0 + cc) as a sign-cleared bit pattern (integer maxima, as in SPLIT_BLOCK).
+   unfold_units: for output rows [lo, hi) of (n, ho), each column's unit from the largest
+   pattern over its window (padding reads 0), and its inverse; returns the largest pattern.
+   unfold_rows: unfold's rows [lo, hi) (channel c0 + r / (kh kw), offset i, j) as the integers
+   round(x / unit), the unit the column's (inv per column) or the row's (inv per row). */
+#define UNFOLD(T, U, INF)                                                                         \
+    static void unfold_top_##T(const T *x, const conv_geom *g, Py_ssize_t c0, Py_ssize_t cc,       \
+                               U *top, Py_ssize_t lo, Py_ssize_t hi) {                            \
+        for (Py_ssize_t r = lo; r < hi; r++) {                                                    \
+            const Py_ssize_t n = r / g->h, y = r % g->h;                                          \
+            U *t = top + r * g->w;                                                                \
+            for (Py_ssize_t v = 0; v < g->w; v++) t[v] = 0;                                       \
+            for (Py_ssize_t c = c0; c < c0 + cc; c++) {                                           \
+                const T *row = x + ((n * g->c + c) * g->h + y) * g->w;                            \
+                for (Py_ssize_t v = 0; v < g->w; v++) {                                           \
+                    U b = bits_##T(row[v]);                                                       \
+                    t[v] = b > t[v] ? b : t[v];                                                   \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    static U unfold_units_##T(const U *top, const conv_geom *g, int beta, double *u, double *inv, \
+                              Py_ssize_t lo, Py_ssize_t hi) {                                     \
+        U worst = 0;                                                                              \
+        for (Py_ssize_t r = lo; r < hi; r++) {                                                    \
+            const Py_ssize_t n = r / g->ho, oy = r % g->ho;                                       \
+            for (Py_ssize_t ox = 0; ox < g->wo; ox++) {                                           \
+                U m = 0;                                                                          \
+                for (Py_ssize_t i = 0; i < g->kh; i++) {                                          \
+                    const Py_ssize_t iy = oy * g->sh - g->ph + i * g->dh;                         \
+                    if (iy < 0 || iy >= g->h) continue;                                           \
+                    const U *t = top + (n * g->h + iy) * g->w;                                    \
+                    for (Py_ssize_t j = 0; j < g->kw; j++) {                                      \
+                        const Py_ssize_t ix = ox * g->sw - g->pw + j * g->dw;                     \
+                        if (ix >= 0 && ix < g->w && t[ix] > m) m = t[ix];                         \
+                    }                                                                             \
+                }                                                                                 \
+                worst = m > worst ? m : worst;                                                    \
+                const double unit = unit_of(m >= INF ? 0.0 : magnitude_##T(m), beta);             \
+                u[r * g->wo + ox] = unit, inv[r * g->wo + ox] = 1.0 / unit;                       \
+            }                                                                                     \
+        }                                                                                         \
+        return worst;                                                                             \
+    }                                                                                             \
+    CLONED                                                                                        \
+    static void unfold_rows_##T(const T *x, const conv_geom *g, Py_ssize_t c0, const double *inv, \
+                                int per_row, double *ints, Py_ssize_t lo, Py_ssize_t hi) {        \
+        const Py_ssize_t kk = g->kh * g->kw, cols = g->n * g->ho * g->wo;                         \
+        for (Py_ssize_t r = lo; r < hi; r++) {                                                    \
+            const Py_ssize_t c = c0 + r / kk, i = (r % kk) / g->kw, j = r % g->kw;                \
+            Py_ssize_t xlo, xhi;                                                                  \
+            inside(g->wo, g->sw, g->pw, j * g->dw, g->w, &xlo, &xhi);                             \
+            const double rinv = per_row ? inv[r] : 0.0;                                           \
+            for (Py_ssize_t n = 0; n < g->n; n++)                                                 \
+                for (Py_ssize_t oy = 0; oy < g->ho; oy++) {                                       \
+                    double *o = ints + r * cols + (n * g->ho + oy) * g->wo;                       \
+                    const Py_ssize_t iy = oy * g->sh - g->ph + i * g->dh;                         \
+                    if (iy < 0 || iy >= g->h) {                                                   \
+                        for (Py_ssize_t ox = 0; ox < g->wo; ox++) o[ox] = 0.0;                    \
+                        continue;                                                                 \
+                    }                                                                             \
+                    const T *src = x + ((n * g->c + c) * g->h + iy) * g->w + j * g->dw - g->pw;   \
+                    for (Py_ssize_t ox = 0; ox < xlo; ox++) o[ox] = 0.0;                          \
+                    for (Py_ssize_t ox = xhi; ox < g->wo; ox++) o[ox] = 0.0;                      \
+                    if (per_row && g->sw == 1) {                                                  \
+                        _Pragma("GCC ivdep") for (Py_ssize_t ox = xlo; ox < xhi; ox++)            \
+                            o[ox] = round_even((double)src[ox] * rinv);                           \
+                    } else if (per_row) {                                                         \
+                        for (Py_ssize_t ox = xlo; ox < xhi; ox++)                                 \
+                            o[ox] = round_even((double)src[ox * g->sw] * rinv);                   \
+                    } else {                                                                      \
+                        const double *iv = inv + (n * g->ho + oy) * g->wo;                        \
+                        if (g->sw == 1) {                                                         \
+                            _Pragma("GCC ivdep") for (Py_ssize_t ox = xlo; ox < xhi; ox++)        \
+                                o[ox] = round_even((double)src[ox] * iv[ox]);                     \
+                        } else {                                                                  \
+                            for (Py_ssize_t ox = xlo; ox < xhi; ox++)                             \
+                                o[ox] = round_even((double)src[ox * g->sw] * iv[ox]);             \
+                        }                                                                         \
+                    }                                                                             \
+                }                                                                                 \
+        }                                                                                         \
+    }
+UNFOLD(float, uint32_t, 0x7F800000u)
+UNFOLD(double, uint64_t, 0x7FF0000000000000ull)
+
+typedef struct {
+    const char *x;
+    int kind, beta, per_row;
+    conv_geom g;
+    Py_ssize_t c0, cc;
+    void *top;
+    double *units, *inv, *ints;
+    int bad;
+} unfold_ctx;
+
+static void unfold_top_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    unfold_ctx *u = (unfold_ctx *)p;
+    if (u->kind) unfold_top_double((const double *)u->x, &u->g, u->c0, u->cc, (uint64_t *)u->top, lo, hi);
+    else unfold_top_float((const float *)u->x, &u->g, u->c0, u->cc, (uint32_t *)u->top, lo, hi);
+}
+
+static void unfold_units_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    unfold_ctx *u = (unfold_ctx *)p;
+    const int bad = u->kind
+        ? unfold_units_double((const uint64_t *)u->top, &u->g, u->beta, u->units, u->inv, lo, hi) >= 0x7FF0000000000000ull
+        : unfold_units_float((const uint32_t *)u->top, &u->g, u->beta, u->units, u->inv, lo, hi) >= 0x7F800000u;
+    if (bad) __atomic_fetch_or(&u->bad, 1, __ATOMIC_RELAXED);
+}
+
+static void unfold_rows_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    unfold_ctx *u = (unfold_ctx *)p;
+    if (u->kind) unfold_rows_double((const double *)u->x, &u->g, u->c0, u->inv, u->per_row, u->ints, lo, hi);
+    else unfold_rows_float((const float *)u->x, &u->g, u->c0, u->inv, u->per_row, u->ints, lo, hi);
+}
+
+/* p_unfold(src, kind, geometry, c0, cc, beta, given, ints, units): the columns of channels
+   [c0, c0 + cc) of the contiguous (n, c, h, w) input src, unfold's (cc kh kw, n ho wo) matrix,
+   as float64 integers in ints. given=0: each column's unit (units: n ho wo of them) from the
+   largest magnitude of its window, as p_split's axis 1 has it; returns False where a value in
+   a window is not finite (ints then unreliable). given=1: each row's unit read from units (cc
+   kh kw of them), as p_split's given=1; the values are taken to be finite. */
+static char *p_unfold_kw[] = {"src", "kind", "geometry", "c0", "cc", "beta", "given", "ints", "units", NULL};
+PyObject *p_unfold(PyObject *module, PyObject *args, PyObject *kwargs) {
+    unsigned long long src, ip, up;
+    int kind, beta, given;
+    Py_ssize_t c0, cc;
+    PyObject *geometry;
+    unfold_ctx u;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KiO!nniiKK", p_unfold_kw, &src, &kind, &PyTuple_Type, &geometry, &c0, &cc, &beta, &given, &ip, &up))
+        return NULL;
+    memset(&u, 0, sizeof u);
+    if (!read_geom(geometry, &u.g)) return NULL;
+    if (c0 < 0 || cc < 0 || c0 + cc > u.g.c) {
+        PyErr_SetString(PyExc_ValueError, "p_unfold: channels out of range");
+        return NULL;
+    }
+    const conv_geom *g = &u.g;
+    const Py_ssize_t rows = cc * g->kh * g->kw, cols = g->n * g->ho * g->wo;
+    u.x = (const char *)(uintptr_t)src, u.kind = kind, u.beta = beta, u.per_row = given;
+    u.c0 = c0, u.cc = cc, u.units = (double *)(uintptr_t)up, u.ints = (double *)(uintptr_t)ip;
+    const size_t pattern = kind ? 8 : 4;
+    u.inv = (double *)malloc(sizeof(double) * (size_t)((given ? rows : cols) + 1));
+    u.top = given ? NULL : malloc(pattern * (size_t)(g->n * g->h * g->w + 1));
+    if (!u.inv || (!given && !u.top)) {
+        free(u.inv), free(u.top);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (given) {
+        for (Py_ssize_t r = 0; r < rows; r++) u.inv[r] = 1.0 / u.units[r];
+    } else {
+        parallel_for(g->n * g->h, g->n * g->h * g->w * (cc + 1), unfold_top_range, &u);
+        parallel_for(g->n * g->ho, cols * g->kh * g->kw, unfold_units_range, &u);
+    }
+    if (!u.bad) parallel_for(rows, rows * cols, unfold_rows_range, &u);
+    Py_END_ALLOW_THREADS
+    free(u.inv), free(u.top);
+    return PyBool_FromLong(!u.bad);
+}
+
+/* p_fold_scale(cols, geometry, unit_a, unit_b, out, out_kind): fold's sums of the integer
+   columns cols (float64, (n, c kh kw, ho wo) contiguous) onto each (n, c) plane of the padded
+   input, exact in any order, the padding cropped, each sum times unit_a * unit_b[n] rounded
+   once into out ((n, c, h, w), float32 or float64 by out_kind). */
+typedef struct {
+    const double *cols, *ub;
+    double ua;
+    conv_geom g;
+    char *out;
+    int ok, bad;
+} fold_ctx;
+
+CLONED
+static void fold_plane(const double *cols, const conv_geom *g, double *acc, Py_ssize_t wp) {
+    const Py_ssize_t L = g->ho * g->wo;
+    for (Py_ssize_t i = 0; i < g->kh; i++)
+        for (Py_ssize_t j = 0; j < g->kw; j++) {
+            const double *col = cols + (i * g->kw + j) * L;
+            for (Py_ssize_t oy = 0; oy < g->ho; oy++) {
+                double *a = acc + (oy * g->sh + i * g->dh) * wp + j * g->dw;
+                const double *s = col + oy * g->wo;
+                if (g->sw == 1) {
+                    _Pragma("GCC ivdep") for (Py_ssize_t ox = 0; ox < g->wo; ox++) a[ox] += s[ox];
+                } else {
+                    for (Py_ssize_t ox = 0; ox < g->wo; ox++) a[ox * g->sw] += s[ox];
+                }
+            }
+        }
+}
+
+static void fold_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    fold_ctx *f = (fold_ctx *)p;
+    const conv_geom *g = &f->g;
+    const Py_ssize_t hp = g->h + 2 * g->ph, wp = g->w + 2 * g->pw, kk = g->kh * g->kw;
+    double *acc = (double *)malloc(sizeof(double) * (size_t)(hp * wp + 1));
+    if (!acc) {
+        __atomic_fetch_or(&f->bad, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (Py_ssize_t plane = lo; plane < hi; plane++) {
+        const Py_ssize_t n = plane / g->c;
+        memset(acc, 0, sizeof(double) * (size_t)(hp * wp));
+        fold_plane(f->cols + plane * kk * g->ho * g->wo, g, acc, wp);
+        const double s = f->ua * f->ub[n];
+        for (Py_ssize_t y = 0; y < g->h; y++) {
+            const double *a = acc + (y + g->ph) * wp + g->pw;
+            const Py_ssize_t at = (plane * g->h + y) * g->w;
+            if (f->ok) {
+                double *o = (double *)f->out + at;
+                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = a[v] * s;
+            } else {
+                float *o = (float *)f->out + at;
+                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = (float)(a[v] * s);
+            }
+        }
+    }
+    free(acc);
+}
+
+static char *p_fold_scale_kw[] = {"cols", "geometry", "unit_a", "unit_b", "out", "out_kind", NULL};
+PyObject *p_fold_scale(PyObject *module, PyObject *args, PyObject *kwargs) {
+    unsigned long long cp, bp, op;
+    PyObject *geometry;
+    fold_ctx f;
+    memset(&f, 0, sizeof f);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KO!dKKi", p_fold_scale_kw, &cp, &PyTuple_Type, &geometry, &f.ua, &bp, &op, &f.ok))
+        return NULL;
+    if (!read_geom(geometry, &f.g)) return NULL;
+    const conv_geom *g = &f.g;
+    if ((g->ho - 1) * g->sh + (g->kh - 1) * g->dh >= g->h + 2 * g->ph ||
+        (g->wo - 1) * g->sw + (g->kw - 1) * g->dw >= g->w + 2 * g->pw) {
+        PyErr_SetString(PyExc_ValueError, "p_fold_scale: the windows leave the padded input");
+        return NULL;
+    }
+    f.cols = (const double *)(uintptr_t)cp, f.ub = (const double *)(uintptr_t)bp, f.out = (char *)(uintptr_t)op;
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(g->n * g->c, g->n * g->c * g->kh * g->kw * g->ho * g->wo, fold_range, &f);
+    Py_END_ALLOW_THREADS
+    if (f.bad) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from twice.portable import native
+from twice.portable import native, native_conv
 from twice.portable.exact import (
     Repeated,
     beta_for,
@@ -130,10 +130,19 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad,
     w = w4.reshape(groups, cg, k)
     left = [Repeated(w[g], x.dtype, "left") for g in range(groups)]
     out = torch.empty(n, cout, length, dtype=x.dtype, device=x.device)
+    geometry = (tuple(w4.shape[-2:]), stride, padding, dilation, hw)
     for lo, hi in _chunks(n, groups * k * length):
-        cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
+        cols = None
         for g in range(groups):  # (cg, k) @ (k, samples * L): each column scaled over its k
-            part = left[g](cols[g * k : (g + 1) * k])
+            found = left[g].parts is not None and native_conv.columns(
+                x4[lo:hi], *geometry, (g * w4.shape[1], w4.shape[1]), left[g].beta
+            )
+            if found:  # unfolded straight into integers, in one pass
+                part = left[g].times(found[0])
+            else:
+                if cols is None:
+                    cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
+                part = left[g](cols[g * k : (g + 1) * k])
             if bias is not None:
                 part = torch.add(part, bias[g * cg : (g + 1) * cg].reshape(cg, 1).to(x.dtype))
             out[lo:hi, g * cg : (g + 1) * cg] = part.reshape(cg, hi - lo, length).transpose(0, 1)
@@ -150,7 +159,7 @@ def convolution_backward(
     squeeze = x.dim() == 3
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     go4 = go.unsqueeze(2) if squeeze else go
-    n, cout, kernel = x4.shape[0], w4.shape[0], tuple(w4.shape[-2:])
+    n, cout = x4.shape[0], w4.shape[0]
     cg = cout // groups
     g = go4.reshape(n, groups, cg, -1)
     gi = gw = gb = None
@@ -166,27 +175,46 @@ def convolution_backward(
             gw = exact_matmul(a, b, weight.dtype)
         gw = gw.reshape(weight.shape)
     if mask[0]:
-        k = w4.shape[1] * kernel[0] * kernel[1]
-        wt = w4.reshape(groups, cg, k).transpose(1, 2)  # (groups, k, cg)
-        size = tuple(x4.shape[-2:])
-
-        def form(a, b):  # the columns' gradient, folded back onto the input (sums of overlaps)
-            cols = torch.matmul(a.unsqueeze(0), b).reshape(b.shape[0], groups * k, -1)
-            return _fold(cols, size, kernel, dilation, padding, stride)
-
-        def scale(ua, ub):
-            return ua.reshape(()) * ub.reshape(-1, 1, 1, 1)
-
-        terms = cg * kernel[0] * kernel[1]
-        gi = torch.empty(x4.shape, dtype=x.dtype, device=x.device)
-        for lo, hi in _chunks(n, groups * k * g.shape[-1] // 2):  # each sample on its grid
-            gi[lo:hi] = exact_bilinear(
-                wt, g[lo:hi], form, None, (1, 2, 3), terms, x.dtype, scale=scale
-            )
+        gi = _input_grad(g, w4, tuple(x4.shape[-2:]), stride, padding, dilation, x.dtype)
         gi = gi.squeeze(2) if squeeze else gi
     if squeeze and gw is not None:
         gw = gw.squeeze(2)
     return gi, gw, gb
+
+
+def _input_grad(g, w4, size, stride, padding, dilation, dtype):
+    """The input's gradient: the weight's transpose times the output's gradient, folded back
+    onto the input (sums of overlaps), a few samples at a time, each sample on its own grid and
+    the weight on one. Where the compiled kernels apply, the integer product is folded, scaled
+    and rounded in one pass; otherwise `exact_bilinear` takes the same steps one by one."""
+    n, groups, cg, _ = g.shape
+    kernel = tuple(w4.shape[-2:])
+    k = w4.shape[1] * kernel[0] * kernel[1]
+    wt = w4.reshape(groups, cg, k).transpose(1, 2)  # (groups, k, cg)
+    terms = cg * kernel[0] * kernel[1]
+    beta = beta_for(terms, 2)
+    whole = slices_for(dtype) == 1 and native.split_rows(wt, None, beta)
+
+    def form(a, b):
+        cols = torch.matmul(a.unsqueeze(0), b).reshape(b.shape[0], groups * k, -1)
+        return _fold(cols, size, kernel, dilation, padding, stride)
+
+    def scale(ua, ub):
+        return ua.reshape(()) * ub.reshape(-1, 1, 1, 1)
+
+    gi = torch.empty(g.shape[0], groups * w4.shape[1], *size, dtype=dtype, device=g.device)
+    for lo, hi in _chunks(n, groups * k * g.shape[-1] // 2):
+        part = whole and native.split_rows(g[lo:hi], (1, 2, 3), beta)
+        if part:
+            (ints_w, unit_w), (ints_g, unit_g) = whole[0], part[0]
+            cols = torch.matmul(ints_w.unsqueeze(0), ints_g).reshape(hi - lo, groups * k, -1)
+            part = native_conv.fold_scaled(
+                cols, size, kernel, stride, padding, dilation, unit_w, unit_g.reshape(-1), dtype
+            )
+        if part is None or part is False:
+            part = exact_bilinear(wt, g[lo:hi], form, None, (1, 2, 3), terms, dtype, scale=scale)
+        gi[lo:hi] = part
+    return gi
 
 
 def _weight_grad(g, x4, w4, stride, padding, dilation, dtype):
@@ -211,10 +239,18 @@ def _weight_grad(g, x4, w4, stride, padding, dilation, dtype):
     beta = beta_for(n * length, 2)
     unit_a, unit_b = unit_for(amax_a, beta), unit_for(amax_b, beta)
     total = None
+    out_hw = [
+        _out_size(x4.shape[2 + i], (kh, kw)[i], stride[i], padding[i], dilation[i]) for i in (0, 1)
+    ]
     for lo, hi in _chunks(n, groups * k * length):
         a = g[lo:hi].permute(1, 2, 0, 3).reshape(groups * cg, -1)
-        cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
-        ints_a, ints_b = native.split_given(a, unit_a), native.split_given(cols, unit_b)
+        ints_a = native.split_given(a, unit_a)
+        ints_b = native_conv.columns_given(
+            x4[lo:hi], (kh, kw), stride, padding, dilation, out_hw, unit_b
+        )
+        if ints_b is None:
+            cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
+            ints_b = native.split_given(cols, unit_b)
         part = torch.matmul(ints_a.reshape(groups, cg, -1), ints_b.reshape(groups, k, -1).mT)
         total = part if total is None else total.add_(part)
     units = unit_a.reshape(groups, cg, 1), unit_b.reshape(groups, 1, k)

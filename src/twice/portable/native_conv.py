@@ -1,0 +1,97 @@
+"""The compiled convolution steps (src/twice/_portable.c p_unfold, p_fold_scale), where they
+apply.
+
+`columns` is `_columns` followed by `native.split_rows` on unfold's columns, `columns_given` the
+same followed by `native.split_given`, and `fold_scaled` conv.py's `_fold` of integer columns
+followed by the scaling and the rounding: one pass each instead of several, the same bits. As in
+native.py, each returns None where the kernel does not apply (no compiled module, a tensor not
+on the CPU or of another dtype), and conv.py then takes those steps one by one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from twice.portable import native
+
+__all__ = ["columns", "columns_given", "fold_scaled"]
+
+
+def _kernels():
+    module = native.module()
+    return module if module is not None and hasattr(module, "p_unfold") else None
+
+
+def _geometry(shape, kernel, stride, padding, dilation, out_hw) -> tuple[int, ...]:
+    return (*shape, *kernel, *stride, *padding, *dilation, *out_hw)
+
+
+def columns(x, kernel, stride, padding, dilation, out_hw, channels, beta):
+    """The columns of channels [c0, c0 + count) (`channels`) of the (N, C, H, W) input, unfold's
+    (count * kh * kw, N * Ho * Wo) matrix, each column cut on the unit its window's largest
+    magnitude gives: [(ints, units (1, N * Ho * Wo))], as `native.split_rows(columns, (-2,),
+    beta)` gives it. False where a window holds a value not finite; None where the kernel does
+    not apply."""
+    module = _kernels()
+    if module is None or not native.usable(x) or x.dim() != 4 or x.numel() == 0:
+        return None
+    c0, count = channels
+    x = x.contiguous()
+    rows, cols = count * kernel[0] * kernel[1], x.shape[0] * out_hw[0] * out_hw[1]
+    ints, units = native.empty((rows, cols), torch.float64), native.empty((1, cols), torch.float64)
+    finite = module.p_unfold(
+        src=x.data_ptr(), kind=native.KINDS[x.dtype],
+        geometry=_geometry(tuple(x.shape), kernel, stride, padding, dilation, out_hw),
+        c0=c0, cc=count, beta=beta, given=0, ints=ints.data_ptr(), units=units.data_ptr(),
+    )  # fmt: skip
+    return [(ints, units)] if finite else False
+
+
+def columns_given(x, kernel, stride, padding, dilation, out_hw, units):
+    """The integers of every channel's columns of the (N, C, H, W) input on units fixed
+    elsewhere, one per row of unfold's matrix (float64, C * kh * kw): round(x / unit), as
+    `native.split_given(columns, units)` gives them. The values must be finite. None where the
+    kernel does not apply."""
+    module = _kernels()
+    if module is None or not native.usable(x, units) or x.dim() != 4 or x.numel() == 0:
+        return None
+    rows = x.shape[1] * kernel[0] * kernel[1]
+    if units.numel() != rows:
+        return None
+    x, units = x.contiguous(), units.to(torch.float64).contiguous()
+    ints = native.empty((rows, x.shape[0] * out_hw[0] * out_hw[1]), torch.float64)
+    module.p_unfold(
+        src=x.data_ptr(), kind=native.KINDS[x.dtype],
+        geometry=_geometry(tuple(x.shape), kernel, stride, padding, dilation, out_hw),
+        c0=0, cc=x.shape[1], beta=0, given=1, ints=ints.data_ptr(), units=units.data_ptr(),
+    )  # fmt: skip
+    return ints
+
+
+def fold_scaled(cols, size, kernel, stride, padding, dilation, unit_a, unit_b, out_dtype):
+    """conv.py's `_fold` of the integer columns `cols` (float64, (N, C * kh * kw, Ho * Wo)) onto
+    inputs of spatial `size`, each sum times `unit_a` (one unit) times its sample's `unit_b`
+    (N units), rounded once to `out_dtype`: an (N, C, *size) tensor. None where the kernel does
+    not apply."""
+    module = _kernels()
+    if module is None or out_dtype not in native.KINDS or not native.usable(cols, unit_b):
+        return None
+    if cols.dtype != torch.float64 or cols.dim() != 3 or unit_b.numel() != cols.shape[0]:
+        return None
+    n, rows = cols.shape[0], cols.shape[1]
+    channels = rows // (kernel[0] * kernel[1])
+    out_hw = [
+        (size[i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1
+        for i in (0, 1)
+    ]
+    if out_hw[0] * out_hw[1] != cols.shape[2]:
+        return None
+    cols, unit_b = cols.contiguous(), unit_b.to(torch.float64).contiguous()
+    out = native.empty((n, channels, *size), out_dtype)
+    module.p_fold_scale(
+        cols=cols.data_ptr(),
+        geometry=_geometry((n, channels, *size), kernel, stride, padding, dilation, out_hw),
+        unit_a=float(unit_a), unit_b=unit_b.data_ptr(), out=out.data_ptr(),
+        out_kind=native.KINDS[out_dtype],
+    )  # fmt: skip
+    return out
