@@ -202,6 +202,12 @@ def _input_grad(g, w4, size, stride, padding, dilation, dtype):
     def scale(ua, ub):
         return ua.reshape(()) * ub.reshape(-1, 1, 1, 1)
 
+    if whole:
+        fast = _torch_input_grad(
+            g, whole[0], w4.shape, size, stride, padding, dilation, beta, dtype
+        )
+        if fast is not None:
+            return fast
     gi = torch.empty(g.shape[0], groups * w4.shape[1], *size, dtype=dtype, device=g.device)
     for lo, hi in _chunks(n, groups * k * g.shape[-1] // 2):
         part = whole and native.split_rows(g[lo:hi], (1, 2, 3), beta)
@@ -215,6 +221,42 @@ def _input_grad(g, w4, size, stride, padding, dilation, dtype):
             part = exact_bilinear(wt, g[lo:hi], form, None, (1, 2, 3), terms, dtype, scale=scale)
         gi[lo:hi] = part
     return gi
+
+
+_SUMS_OF_PRODUCTS = (torch._C._ConvBackend.Slow2d, torch._C._ConvBackend.SlowDilated2d)
+
+
+def _torch_input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dtype):
+    """`_input_grad`'s integer product by torch's own float64 convolution backward, where torch
+    picks a kernel made of matrix products and column sums (Slow2d, SlowDilated2d: each sum of
+    integers below 2**53 is exact in any order, so its result is the fold's, bit for bit), then
+    scaled and rounded as the fold is. Its products run one sample per thread, faster than a
+    few samples at a time here. None where it does not apply (torch would pick another kernel,
+    a value is not finite, no compiled kernels)."""
+    n, groups, cg, length = g.shape
+    ints_w, unit_w = weight_part
+    like = native.empty((n, groups * shape[1], *size), torch.float64)
+    ints_w = ints_w.transpose(1, 2).reshape(shape)  # back to (cout, cin / groups, kh, kw)
+    zeros = [0, 0]
+    backend = torch._C._select_conv_backend(
+        like, ints_w, None, list(stride), list(padding), list(dilation), False, zeros, groups, None
+    )
+    if backend not in _SUMS_OF_PRODUCTS or not g.is_cpu:
+        return None
+    part = native.split_rows(g, (1, 2, 3), beta)
+    if not part:
+        return None
+    ints_g, unit_g = part[0]
+    out_hw = [_out_size(size[i], shape[2 + i], stride[i], padding[i], dilation[i]) for i in (0, 1)]
+    ints_g = ints_g.reshape(n, groups * cg, *out_hw)
+    total, _, _ = torch.ops.aten.convolution_backward(
+        ints_g, like, ints_w, None, list(stride), list(padding), list(dilation), False, zeros,
+        groups, [True, False, False],
+    )  # fmt: skip
+    total = total.reshape(n, groups * shape[1], -1)  # scaled and rounded: a fold of 1x1 windows
+    return native_conv.fold_scaled(
+        total, size, (1, 1), (1, 1), (0, 0), (1, 1), unit_w, unit_g.reshape(-1), dtype
+    )
 
 
 def _weight_grad(g, x4, w4, stride, padding, dilation, dtype):
