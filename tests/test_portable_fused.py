@@ -299,6 +299,7 @@ def test_a_convolution_has_the_same_bits_whatever_its_chunk(case):
     for chunk, compiled in ((1, True), (1 << 40, True), (1, False)):
         with pytest.MonkeyPatch.context() as patch, _compiled(compiled):
             patch.setattr(pconv, "COLUMN_CHUNK", chunk)
+            patch.setattr(pconv, "WHOLE_WEIGHT_GRAD", 2 * chunk)
             out = pconv.convolution(x, w, b, *settings_)
             grad = torch.linspace(-2, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
             back = pconv.convolution_backward(grad, x, w, [w.shape[0]], *settings_, [True] * 3)
