@@ -235,10 +235,13 @@ def _torch_input_grad(g, weight_part, shape, size, stride, padding, dilation, be
     """`_input_grad`'s integer product by torch's own float64 convolution backward, where torch
     picks a kernel made of matrix products and column sums (Slow2d, SlowDilated2d: each sum of
     integers below 2**53 is exact in any order, so its result is the fold's, bit for bit), then
-    scaled and rounded as the fold is. Its products run one sample per thread, faster than a
-    few samples at a time here. None where it does not apply (torch would pick another kernel,
-    a value is not finite, no compiled kernels)."""
+    scaled and rounded as the fold is. Its products run one sample per thread: for stride 1,
+    0.46x to 0.96x the time of the chunked product and fold here; for stride 2, 1.2x to 1.8x, so
+    strided convolutions keep the fold. None where it does not apply (a stride, torch would pick
+    another kernel, a value is not finite, no compiled kernels)."""
     n, groups, cg, length = g.shape
+    if any(step != 1 for step in stride):
+        return None
     ints_w, unit_w = weight_part
     like = native.empty((n, groups * shape[1], *size), torch.float64)
     ints_w = ints_w.transpose(1, 2).reshape(shape)  # back to (cout, cin / groups, kh, kw)
