@@ -416,3 +416,31 @@ def test_the_compiled_unfold_and_fold_give_the_torch_steps_bits(case, first, see
     got = native_conv.fold_scaled(ints, case["size"], kernel, stride, padding, dilation, 0.5,
                                   unit_b, case["dtype"])  # fmt: skip
     assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the compiled kernels")
+def test_torch_computes_the_input_gradient_only_with_a_kernel_of_sums_of_products(monkeypatch):
+    """Torch's own float64 convolution backward takes the integer slices only where it would
+    pick Slow2d or SlowDilated2d; any other kernel (Winograd, NNPACK, one torch adds later) is
+    never asked, and the fold gives the same bits."""
+    torch.manual_seed(3)
+    x, w = torch.randn(4, 3, 9, 9), torch.randn(5, 3, 3, 3)
+    grad = torch.randn(4, 5, 9, 9)
+    settings_ = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, False, False])
+    calls = []
+    real = torch.ops.aten.convolution_backward
+
+    class Counting:
+        def __call__(self, *args):
+            calls.append(args[0].dtype)
+            return real(*args)
+
+    monkeypatch.setattr(torch.ops.aten, "convolution_backward", Counting())
+    by_torch = pconv.convolution_backward(grad, x, w, None, *settings_)[0]
+    assert calls == [torch.float64]  # torch's kernel took the integers
+    for other in (torch._C._ConvBackend.Winograd3x3Depthwise, torch._C._ConvBackend.Mkldnn):
+        calls.clear()
+        monkeypatch.setattr(torch._C, "_select_conv_backend", lambda *a, other=other: other)
+        by_fold = pconv.convolution_backward(grad, x, w, None, *settings_)[0]
+        assert calls == []
+        assert torch.equal(by_fold, by_torch)
