@@ -228,7 +228,19 @@ def _input_grad(g, w4, size, stride, padding, dilation, dtype):
     return gi
 
 
-_SUMS_OF_PRODUCTS = (torch._C._ConvBackend.Slow2d, torch._C._ConvBackend.SlowDilated2d)
+_BACKENDS = getattr(torch._C, "_ConvBackend", None)
+_SUMS_OF_PRODUCTS = tuple(
+    getattr(_BACKENDS, name) for name in ("Slow2d", "SlowDilated2d") if hasattr(_BACKENDS, name)
+)
+
+
+def _backend(*args):
+    """torch's choice of convolution kernel for these arguments, or None where this torch does
+    not say (a private function: its absence or another signature only keeps the fold)."""
+    try:
+        return torch._C._select_conv_backend(*args)
+    except (AttributeError, TypeError, RuntimeError):
+        return None
 
 
 def _torch_input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dtype):
@@ -246,10 +258,10 @@ def _torch_input_grad(g, weight_part, shape, size, stride, padding, dilation, be
     like = native.empty((n, groups * shape[1], *size), torch.float64)
     ints_w = ints_w.transpose(1, 2).reshape(shape)  # back to (cout, cin / groups, kh, kw)
     zeros = [0, 0]
-    backend = torch._C._select_conv_backend(
+    backend = _backend(
         like, ints_w, None, list(stride), list(padding), list(dilation), False, zeros, groups, None
     )
-    if backend not in _SUMS_OF_PRODUCTS or not g.is_cpu:
+    if backend is None or backend not in _SUMS_OF_PRODUCTS or not g.is_cpu:
         return None
     part = native.split_rows(g, (1, 2, 3), beta)
     if not part:
