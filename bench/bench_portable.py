@@ -11,6 +11,10 @@ quartiles. Target: at most 3x.
 Kernels: matrix product and convolution in GFLOP/s, elementwise exp and a sum in GB/s (bytes of
 the input read), portable against torch, the best of several calls each.
 
+Convolution routes: for ResNet, LeNet and DCGAN shapes, each route conv.py takes against the one
+it stands in for, alternately in one process: the input gradient by torch's float64 kernel
+against the chunked product and fold, and 32 MB chunks of columns against 8 MB ones.
+
 `python bench/bench_portable.py` runs everything; words given pick the cases whose names hold
 them all (`bench_portable.py cnn`, `bench_portable.py kernels`).
 """
@@ -277,6 +281,77 @@ def kernels():
         )
 
 
+def _paired(first, second, rounds):
+    """Median and quartiles of first's time over second's, the two timed alternately (the best
+    of 3 calls each, per round)."""
+    ratios = []
+    for _ in range(rounds):
+        times = []
+        for fn in (first, second):
+            fn()
+            times.append(min(_timed(fn) for _ in range(3)))
+        ratios.append(times[0] / times[1])
+    q1, med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return med, q1, q3
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _route_ratios(x, w, stride, padding):
+    """(input gradient: torch's kernel over the fold; forward and weight gradient: 32 MB chunks
+    over 8 MB), each as (median, q1, q3)."""
+    settings = ([stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1)
+    go = torch.randn(pconv.convolution(x, w, None, *settings).shape)
+    torch_route, chunk = pconv._torch_input_grad, pconv.COLUMN_CHUNK
+
+    def grad_input(route):
+        pconv._torch_input_grad = route
+        pconv.convolution_backward(go, x, w, None, *settings, [True, False, False])
+
+    def forward_and_weight(size_):
+        pconv.COLUMN_CHUNK = size_
+        pconv.convolution(x, w, None, *settings)
+        pconv.convolution_backward(go, x, w, None, *settings, [False, True, False])
+
+    try:
+        gi = _paired(lambda: grad_input(torch_route), lambda: grad_input(lambda *a: None), ROUNDS)
+        big = _paired(
+            lambda: forward_and_weight(chunk), lambda: forward_and_weight(1 << 20), ROUNDS
+        )
+    finally:
+        pconv._torch_input_grad, pconv.COLUMN_CHUNK = torch_route, chunk
+    return gi, big
+
+
+def conv_routes():
+    """Each convolution route against the one it stands in for, side by side: the input gradient
+    by torch's float64 kernel against the chunked product and fold (taken at stride 1 only), and
+    32 MB chunks of columns against 8 MB ones (forward and weight gradient)."""
+    native.keep_memory()
+    assert hasattr(pconv, "_torch_input_grad") and hasattr(pconv, "COLUMN_CHUNK")
+    shapes = [  # (label, input, weight, stride, padding)
+        ("ResNet 32x32x32, 3x3", (32, 32, 32, 32), (32, 32, 3, 3), 1, 1),
+        ("ResNet 32x16x16, 3x3", (32, 32, 16, 16), (32, 32, 3, 3), 1, 1),
+        ("LeNet 6x14x14, 5x5", (64, 6, 14, 14), (16, 6, 5, 5), 1, 0),
+        ("DCGAN 64x8x8, 4x4 stride 2", (32, 64, 8, 8), (128, 64, 4, 4), 2, 1),
+    ]
+    if TINY:
+        shapes = [("tiny", (2, 3, 8, 8), (4, 3, 3, 3), 1, 1)]
+    for threads in (1,) if TINY else (1, 2):
+        torch.set_num_threads(threads)
+        for label, xs, ws, stride, padding in shapes:
+            gi, big = _route_ratios(torch.randn(xs), torch.randn(ws), stride, padding)
+            print(
+                f"{label:28s} {threads} thread{'s' if threads > 1 else ' '}  input gradient, "
+                f"torch's kernel / fold {gi[0]:.2f}x ({gi[1]:.2f}x, {gi[2]:.2f}x)   forward + "
+                f"weight gradient, 32 MB / 8 MB chunks {big[0]:.2f}x ({big[1]:.2f}x, {big[2]:.2f}x)"
+            )
+
+
 CASES = {
     f"step {name} {threads} thread{'s' if threads > 1 else ''}": (
         lambda build=build, name=name, threads=threads: step_case(
@@ -298,6 +373,7 @@ CASES = {
     )
 }
 CASES["kernels"] = kernels
+CASES["conv routes"] = conv_routes
 
 
 if __name__ == "__main__":
