@@ -189,9 +189,10 @@ def convolution_backward(
 
 def _input_grad(g, w4, size, stride, padding, dilation, dtype):
     """The input's gradient: the weight's transpose times the output's gradient, folded back
-    onto the input (sums of overlaps), a few samples at a time, each sample on its own grid and
-    the weight on one. Where the compiled kernels apply, the integer product is folded, scaled
-    and rounded in one pass; otherwise `exact_bilinear` takes the same steps one by one."""
+    onto the input (sums of overlaps), each sample on its own grid and the weight on one. At
+    stride 1 torch's own float64 kernel takes the integer product (`_torch_input_grad`); else,
+    a few samples at a time, it is folded, scaled and rounded in one compiled pass, or, where
+    the compiled kernels do not apply, `exact_bilinear` takes the same steps one by one."""
     n, groups, cg, _ = g.shape
     kernel = tuple(w4.shape[-2:])
     k = w4.shape[1] * kernel[0] * kernel[1]
@@ -251,7 +252,7 @@ def _torch_input_grad(g, weight_part, shape, size, stride, padding, dilation, be
     0.46x to 0.96x the time of the chunked product and fold here; for stride 2, 1.2x to 1.8x, so
     strided convolutions keep the fold. None where it does not apply (a stride, torch would pick
     another kernel, a value is not finite, no compiled kernels)."""
-    n, groups, cg, length = g.shape
+    n, groups, cg, _ = g.shape
     if any(step != 1 for step in stride):
         return None
     ints_w, unit_w = weight_part
