@@ -284,21 +284,9 @@ def kernels():
 def _paired(first, second, rounds):
     """Median and quartiles of first's time over second's, the two timed alternately (the best
     of 3 calls each, per round)."""
-    ratios = []
-    for _ in range(rounds):
-        times = []
-        for fn in (first, second):
-            fn()
-            times.append(min(_timed(fn) for _ in range(3)))
-        ratios.append(times[0] / times[1])
+    ratios = [best(first, 3) / best(second, 3) for _ in range(rounds)]
     q1, med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
     return med, q1, q3
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def _route_ratios(x, w, stride, padding):

@@ -22,8 +22,27 @@ def _kernels():
     return module if module is not None and hasattr(module, "p_unfold") else None
 
 
-def _geometry(shape, kernel, stride, padding, dilation, out_hw) -> tuple[int, ...]:
-    return (*shape, *kernel, *stride, *padding, *dilation, *out_hw)
+def _unfold(x, geometry, channels, beta, units):
+    """p_unfold of channels [c0, c0 + count) of the (N, C, H, W) input x into float64 integers:
+    on each column's own unit (written into `units`) where `beta` is given, else on the rows'
+    units read from `units`. Returns (ints, whether every value was finite), or None where the
+    kernel does not apply."""
+    module = _kernels()
+    if module is None or not native.usable(x, units) or x.dim() != 4 or x.numel() == 0:
+        return None
+    kernel, stride, padding, dilation, out_hw = geometry
+    c0, count = channels
+    x = x.contiguous()
+    ints = native.empty(
+        (count * kernel[0] * kernel[1], x.shape[0] * out_hw[0] * out_hw[1]), torch.float64
+    )
+    finite = module.p_unfold(
+        src=x.data_ptr(), kind=native.KINDS[x.dtype],
+        geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
+        c0=c0, cc=count, beta=beta or 0, given=int(beta is None), ints=ints.data_ptr(),
+        units=units.data_ptr(),
+    )  # fmt: skip
+    return ints, finite
 
 
 def columns(x, kernel, stride, padding, dilation, out_hw, channels, beta):
@@ -32,19 +51,11 @@ def columns(x, kernel, stride, padding, dilation, out_hw, channels, beta):
     magnitude gives: [(ints, units (1, N * Ho * Wo))], as `native.split_rows(columns, (-2,),
     beta)` gives it. False where a window holds a value not finite; None where the kernel does
     not apply."""
-    module = _kernels()
-    if module is None or not native.usable(x) or x.dim() != 4 or x.numel() == 0:
+    units = native.empty((1, x.shape[0] * out_hw[0] * out_hw[1]), torch.float64)
+    done = _unfold(x, (kernel, stride, padding, dilation, out_hw), channels, beta, units)
+    if done is None:
         return None
-    c0, count = channels
-    x = x.contiguous()
-    rows, cols = count * kernel[0] * kernel[1], x.shape[0] * out_hw[0] * out_hw[1]
-    ints, units = native.empty((rows, cols), torch.float64), native.empty((1, cols), torch.float64)
-    finite = module.p_unfold(
-        src=x.data_ptr(), kind=native.KINDS[x.dtype],
-        geometry=_geometry(tuple(x.shape), kernel, stride, padding, dilation, out_hw),
-        c0=c0, cc=count, beta=beta, given=0, ints=ints.data_ptr(), units=units.data_ptr(),
-    )  # fmt: skip
-    return [(ints, units)] if finite else False
+    return [(done[0], units)] if done[1] else False
 
 
 def columns_given(x, kernel, stride, padding, dilation, out_hw, units):
@@ -52,20 +63,12 @@ def columns_given(x, kernel, stride, padding, dilation, out_hw, units):
     elsewhere, one per row of unfold's matrix (float64, C * kh * kw): round(x / unit), as
     `native.split_given(columns, units)` gives them. The values must be finite. None where the
     kernel does not apply."""
-    module = _kernels()
-    if module is None or not native.usable(x, units) or x.dim() != 4 or x.numel() == 0:
+    if x.dim() != 4 or units.numel() != x.shape[1] * kernel[0] * kernel[1]:
         return None
-    rows = x.shape[1] * kernel[0] * kernel[1]
-    if units.numel() != rows:
-        return None
-    x, units = x.contiguous(), units.to(torch.float64).contiguous()
-    ints = native.empty((rows, x.shape[0] * out_hw[0] * out_hw[1]), torch.float64)
-    module.p_unfold(
-        src=x.data_ptr(), kind=native.KINDS[x.dtype],
-        geometry=_geometry(tuple(x.shape), kernel, stride, padding, dilation, out_hw),
-        c0=0, cc=x.shape[1], beta=0, given=1, ints=ints.data_ptr(), units=units.data_ptr(),
-    )  # fmt: skip
-    return ints
+    units = units.to(torch.float64).contiguous()
+    geometry = (kernel, stride, padding, dilation, out_hw)
+    done = _unfold(x, geometry, (0, x.shape[1]), None, units)
+    return None if done is None else done[0]
 
 
 def fold_scaled(cols, size, kernel, stride, padding, dilation, unit_a, unit_b, out_dtype):
@@ -90,7 +93,7 @@ def fold_scaled(cols, size, kernel, stride, padding, dilation, unit_a, unit_b, o
     out = native.empty((n, channels, *size), out_dtype)
     module.p_fold_scale(
         cols=cols.data_ptr(),
-        geometry=_geometry((n, channels, *size), kernel, stride, padding, dilation, out_hw),
+        geometry=(n, channels, *size, *kernel, *stride, *padding, *dilation, *out_hw),
         unit_a=float(unit_a), unit_b=unit_b.data_ptr(), out=out.data_ptr(),
         out_kind=native.KINDS[out_dtype],
     )  # fmt: skip
