@@ -267,12 +267,12 @@ CONV_CASES = st.fixed_dictionaries(
         "groups": st.sampled_from([1, 1, 2]),
         "batch": st.integers(1, 5),
         "cin": st.integers(1, 3),
-        "cout": st.integers(1, 3),
+        "cout": st.integers(1, 6),
         "kernel": st.tuples(st.integers(1, 3), st.integers(1, 3)),
         "stride": st.tuples(st.integers(1, 2), st.integers(1, 2)),
         "padding": st.tuples(st.integers(0, 3), st.integers(0, 1)),
         "dilation": st.tuples(st.integers(1, 2), st.integers(1, 2)),
-        "size": st.tuples(st.integers(6, 10), st.integers(6, 10)),
+        "size": st.tuples(st.integers(6, 10), st.integers(6, 21)),
         "dtype": st.sampled_from([torch.float32, torch.float64]),
         "spoil": st.sampled_from([None, None, math.inf, math.nan]),
         "spoil_weight": st.booleans(),
@@ -295,15 +295,27 @@ def test_a_convolution_has_the_same_bits_whatever_its_chunk(case):
     if case["spoil_weight"]:
         w[-1, 0, 0, 0] = math.inf
     results = []
-    # a chunk of one sample, the whole batch in one chunk, and the torch steps one by one
-    for chunk, compiled in ((1, True), (1 << 40, True), (1, False)):
+    # the compiled forward with no columns in memory; columns unfolded a sample at a time, or
+    # the whole batch in one chunk; and the torch steps one by one
+    routes = ((1, True, True), (1, True, False), (1 << 40, True, False), (1, False, False))
+    seen, forward = [], native_conv.forward
+
+    def spied(*args):
+        seen.append(forward(*args))
+        return seen[-1]
+
+    for chunk, compiled, in_cache in routes:
         with pytest.MonkeyPatch.context() as patch, _compiled(compiled):
             patch.setattr(pconv, "COLUMN_CHUNK", chunk)
             patch.setattr(pconv, "WHOLE_WEIGHT_GRAD", 2 * chunk)
+            patch.setattr(native_conv, "forward", spied if in_cache else lambda *args: None)
             out = pconv.convolution(x, w, b, *settings_)
             grad = torch.linspace(-2, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
             back = pconv.convolution_backward(grad, x, w, [w.shape[0]], *settings_, [True] * 3)
         results.append([out, *back])
+    finite = case["spoil"] is None and not case["spoil_weight"]
+    if native.available() and case["dtype"] == torch.float32 and finite:
+        assert seen and all(seen)  # the route in cache was taken
     for first, *others in zip(*results):
         assert all(_same(first, other) for other in others)
     # the weight's gradient, summed a few samples at a time on grids fixed over the batch, is

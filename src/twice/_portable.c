@@ -2018,3 +2018,177 @@ PyObject *p_fold_scale(PyObject *module, PyObject *args, PyObject *kwargs) {
     if (f.bad) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
+
+/* p_conv_forward(src, kind, geometry, c0, cc, beta, wints, wunits, m, out, out_kind, out_c, co0):
+   a convolution's forward with no columns in memory. Each column's unit comes from its
+   window's largest magnitude (p_unfold's first two passes); then, a panel of up to PANEL
+   columns of one output row at a time, the panel's integers are unfolded into a buffer that
+   stays in the first-level cache and multiplied there by the m rows of the weight's integers
+   wints ((m, cc kh kw), float64, units wunits), each sum times (wunit * column unit) rounded
+   once into out ((n, out_c, ho wo), out_kind), channels [co0, co0 + m). The same integers as
+   p_unfold writes, and sums of integer products below 2**53, exact in any order and with or
+   without fused multiply-adds: the bits of torch.matmul of the columns followed by p_scale.
+   Returns False where a window holds a value not finite (nothing written then). */
+#define PANEL 8
+#define MR 4
+
+/* c[r][q] = the sum over k of a[k][r] b[k][q], for MR rows and PANEL columns: exact integer
+   arithmetic, so the order and the fused multiply-adds change no bit. */
+static void micro_plain(const double *a, const double *b, Py_ssize_t K, double *c) {
+    double acc[MR][PANEL] = {{0}};
+    for (Py_ssize_t k = 0; k < K; k++)
+        for (int r = 0; r < MR; r++)
+            for (int q = 0; q < PANEL; q++) acc[r][q] += a[k * MR + r] * b[k * PANEL + q];
+    memcpy(c, acc, sizeof acc);
+}
+
+/* micro_fma: the same sums with AVX2's fused multiply-adds, taken where the CPU has them (in a
+   TWICE_NO_CLONES build, only where the compiler's target has them: the clone tests then hold
+   micro_plain's bits to the dispatched build's). */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && \
+    (!defined(TWICE_NO_CLONES) || (defined(__AVX2__) && defined(__FMA__)))
+#include <immintrin.h>
+__attribute__((target("avx2,fma"))) static void micro_fma(const double *a, const double *b, Py_ssize_t K,
+                                                          double *c) {
+    __m256d c00 = _mm256_setzero_pd(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+            c31 = c00;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        const __m256d b0 = _mm256_loadu_pd(b + k * PANEL), b1 = _mm256_loadu_pd(b + k * PANEL + 4);
+        __m256d av = _mm256_broadcast_sd(a + k * MR);
+        c00 = _mm256_fmadd_pd(av, b0, c00), c01 = _mm256_fmadd_pd(av, b1, c01);
+        av = _mm256_broadcast_sd(a + k * MR + 1);
+        c10 = _mm256_fmadd_pd(av, b0, c10), c11 = _mm256_fmadd_pd(av, b1, c11);
+        av = _mm256_broadcast_sd(a + k * MR + 2);
+        c20 = _mm256_fmadd_pd(av, b0, c20), c21 = _mm256_fmadd_pd(av, b1, c21);
+        av = _mm256_broadcast_sd(a + k * MR + 3);
+        c30 = _mm256_fmadd_pd(av, b0, c30), c31 = _mm256_fmadd_pd(av, b1, c31);
+    }
+    _mm256_storeu_pd(c, c00), _mm256_storeu_pd(c + 4, c01), _mm256_storeu_pd(c + 8, c10);
+    _mm256_storeu_pd(c + 12, c11), _mm256_storeu_pd(c + 16, c20), _mm256_storeu_pd(c + 20, c21);
+    _mm256_storeu_pd(c + 24, c30), _mm256_storeu_pd(c + 28, c31);
+}
+static int fma_ok(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+#else
+static void micro_fma(const double *a, const double *b, Py_ssize_t K, double *c) { micro_plain(a, b, K, c); }
+static int fma_ok(void) { return 0; }
+#endif
+
+typedef struct {
+    const char *x;
+    int kind, out_kind, fma;
+    conv_geom g;
+    Py_ssize_t c0, cc, m, out_c, co0, K, per_row;
+    const double *apack, *wunits, *units, *inv;
+    char *out;
+    int bad;
+} convf_ctx;
+
+/* The panel's integers, k-major: bp[k * PANEL + q] for column q (ox0 + q of output row oy of
+   sample n), zero where the window reads padding or q >= count: unfold_rows' values. */
+#define PACK(T)                                                                                   \
+    static void pack_panel_##T(const T *x, const conv_geom *g, Py_ssize_t c0, Py_ssize_t cc,       \
+                               Py_ssize_t n, Py_ssize_t oy, Py_ssize_t ox0, Py_ssize_t count,      \
+                               const double *inv, double *bp) {                                   \
+        for (Py_ssize_t c = 0; c < cc; c++)                                                       \
+            for (Py_ssize_t i = 0; i < g->kh; i++) {                                              \
+                const Py_ssize_t iy = oy * g->sh - g->ph + i * g->dh;                             \
+                const T *row = x + ((n * g->c + c0 + c) * g->h + iy) * g->w;                      \
+                for (Py_ssize_t j = 0; j < g->kw; j++) {                                          \
+                    double *dst = bp + ((c * g->kh + i) * g->kw + j) * PANEL;                     \
+                    const Py_ssize_t ix0 = ox0 * g->sw - g->pw + j * g->dw;                       \
+                    const Py_ssize_t last = ix0 + (PANEL - 1) * g->sw;                            \
+                    if (iy < 0 || iy >= g->h) {                                                   \
+                        for (int q = 0; q < PANEL; q++) dst[q] = 0.0;                             \
+                    } else if (count == PANEL && g->sw == 1 && ix0 >= 0 && last < g->w) {         \
+                        for (int q = 0; q < PANEL; q++)                                           \
+                            dst[q] = round_even((double)row[ix0 + q] * inv[q]);                   \
+                    } else {                                                                      \
+                        for (int q = 0; q < PANEL; q++) {                                         \
+                            const Py_ssize_t ix = ix0 + q * g->sw;                                \
+                            dst[q] = q < count && ix >= 0 && ix < g->w                            \
+                                         ? round_even((double)row[ix] * inv[q])                   \
+                                         : 0.0;                                                   \
+                        }                                                                         \
+                    }                                                                             \
+                }                                                                                 \
+            }                                                                                     \
+    }
+CLONED PACK(float)
+CLONED PACK(double)
+
+static void convf_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    convf_ctx *f = (convf_ctx *)p;
+    const conv_geom *g = &f->g;
+    const Py_ssize_t L = g->ho * g->wo, blocks = (f->m + MR - 1) / MR;
+    double *bp = (double *)malloc(sizeof(double) * (size_t)(f->K * PANEL + 1)), inv[PANEL], c[MR * PANEL];
+    if (!bp) {
+        __atomic_store_n(&f->bad, 2, __ATOMIC_RELAXED);
+        return;
+    }
+    for (Py_ssize_t panel = lo; panel < hi; panel++) {
+        const Py_ssize_t row = panel / f->per_row, ox0 = (panel % f->per_row) * PANEL;
+        const Py_ssize_t n = row / g->ho, oy = row % g->ho;
+        const Py_ssize_t count = g->wo - ox0 < PANEL ? g->wo - ox0 : PANEL, col = row * g->wo + ox0;
+        for (int q = 0; q < PANEL; q++) inv[q] = q < count ? f->inv[col + q] : 0.0;
+        if (f->kind) pack_panel_double((const double *)f->x, g, f->c0, f->cc, n, oy, ox0, count, inv, bp);
+        else pack_panel_float((const float *)f->x, g, f->c0, f->cc, n, oy, ox0, count, inv, bp);
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            if (f->fma) micro_fma(f->apack + b * f->K * MR, bp, f->K, c);
+            else micro_plain(f->apack + b * f->K * MR, bp, f->K, c);
+            for (int r = 0; r < MR && b * MR + r < f->m; r++) {
+                const Py_ssize_t o = b * MR + r, at = (n * f->out_c + f->co0 + o) * L + oy * g->wo + ox0;
+                const double a = f->wunits[o];
+                for (Py_ssize_t q = 0; q < count; q++)
+                    store(f->out, f->out_kind, at + q, c[r * PANEL + q] * (a * f->units[col + q]));
+            }
+        }
+    }
+    free(bp);
+}
+
+static char *p_conv_forward_kw[] = {"src", "kind", "geometry", "c0", "cc", "beta", "wints", "wunits", "m", "out", "out_kind", "out_c", "co0", NULL};
+PyObject *p_conv_forward(PyObject *module, PyObject *args, PyObject *kwargs) {
+    unsigned long long src, wp, wup, op;
+    int kind, beta, out_kind;
+    Py_ssize_t c0, cc, m, out_c, co0;
+    PyObject *geometry;
+    convf_ctx f;
+    unfold_ctx u;
+    memset(&f, 0, sizeof f), memset(&u, 0, sizeof u);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KiO!nniKKnKinn", p_conv_forward_kw, &src, &kind, &PyTuple_Type, &geometry, &c0, &cc, &beta, &wp, &wup, &m, &op, &out_kind, &out_c, &co0))
+        return NULL;
+    if (!read_geom(geometry, &u.g)) return NULL;
+    const conv_geom *g = &u.g;
+    if (c0 < 0 || cc < 0 || c0 + cc > g->c || m < 0 || co0 < 0 || co0 + m > out_c) {
+        PyErr_SetString(PyExc_ValueError, "p_conv_forward: channels out of range");
+        return NULL;
+    }
+    const Py_ssize_t cols = g->n * g->ho * g->wo, K = cc * g->kh * g->kw, blocks = (m + MR - 1) / MR;
+    u.x = (const char *)(uintptr_t)src, u.kind = kind, u.beta = beta, u.c0 = c0, u.cc = cc;
+    u.units = (double *)malloc(sizeof(double) * (size_t)(cols + 1));
+    u.inv = (double *)malloc(sizeof(double) * (size_t)(cols + 1));
+    u.top = malloc((kind ? 8 : 4) * (size_t)(g->n * g->h * g->w + 1));
+    double *apack = (double *)calloc((size_t)(blocks * K * MR + 1), sizeof(double));
+    if (!u.units || !u.inv || !u.top || !apack) {
+        free(u.units), free(u.inv), free(u.top), free(apack);
+        return PyErr_NoMemory();
+    }
+    const double *w = (const double *)(uintptr_t)wp;
+    for (Py_ssize_t o = 0; o < m; o++)
+        for (Py_ssize_t k = 0; k < K; k++) apack[((o / MR) * K + k) * MR + o % MR] = w[o * K + k];
+    f.x = u.x, f.kind = kind, f.out_kind = out_kind, f.fma = fma_ok(), f.g = *g, f.c0 = c0, f.cc = cc;
+    f.m = m, f.out_c = out_c, f.co0 = co0, f.K = K, f.per_row = (g->wo + PANEL - 1) / PANEL;
+    f.apack = apack, f.wunits = (const double *)(uintptr_t)wup, f.units = u.units, f.inv = u.inv;
+    f.out = (char *)(uintptr_t)op;
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(g->n * g->h, g->n * g->h * g->w * (cc + 1), unfold_top_range, &u);
+    parallel_for(g->n * g->ho, cols * g->kh * g->kw, unfold_units_range, &u);
+    if (!u.bad) {
+        const Py_ssize_t panels = g->n * g->ho * f.per_row;
+        parallel_for(panels, panels * PANEL * K * (m + 1), convf_range, &f);
+    }
+    Py_END_ALLOW_THREADS
+    free(u.units), free(u.inv), free(u.top), free(apack);
+    if (f.bad) return PyErr_NoMemory();
+    return PyBool_FromLong(!u.bad);
+}

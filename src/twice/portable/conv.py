@@ -136,9 +136,19 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad,
     left = [Repeated(w[g], x.dtype, "left") for g in range(groups)]
     out = torch.empty(n, cout, length, dtype=x.dtype, device=x.device)
     geometry = (tuple(w4.shape[-2:]), stride, padding, dilation, hw)
-    for lo, hi in _chunks(n, groups * k * length):
+    done = set()
+    for g in range(groups):  # the whole batch at once, with no columns in memory
+        channels = (g * w4.shape[1], w4.shape[1])
+        if native_conv.forward(x4, geometry, channels, left[g], out, g * cg):
+            if bias is not None:
+                bias_g = bias[g * cg : (g + 1) * cg].reshape(cg, 1).to(x.dtype)
+                out[:, g * cg : (g + 1) * cg] += bias_g  # torch.add's rounding, as below
+            done.add(g)
+    for lo, hi in _chunks(n, groups * k * length) if len(done) < groups else ():
         cols = None
         for g in range(groups):  # (cg, k) @ (k, samples * L): each column scaled over its k
+            if g in done:
+                continue
             found = left[g].parts is not None and native_conv.columns(
                 x4[lo:hi], *geometry, (g * w4.shape[1], w4.shape[1]), left[g].beta
             )

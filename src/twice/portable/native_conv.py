@@ -1,5 +1,9 @@
-"""The compiled convolution steps (src/twice/_portable.c p_unfold, p_fold_scale), where they
-apply.
+"""The compiled convolution steps (src/twice/_portable.c p_conv_forward, p_unfold,
+p_fold_scale), where they apply.
+
+`forward` is conv.py's whole forward for one group: `columns` then `Repeated.times`, with the
+columns unfolded a panel at a time into a buffer that stays in cache and multiplied there (no
+columns in memory), the same integers, sums and scaling.
 
 `columns` is `_columns` followed by `native.split_rows` on unfold's columns, `columns_given` the
 same followed by `native.split_given`, and `fold_scaled` conv.py's `_fold` of integer columns
@@ -14,12 +18,40 @@ import torch
 
 from twice.portable import native
 
-__all__ = ["columns", "columns_given", "fold_scaled"]
+__all__ = ["forward", "columns", "columns_given", "fold_scaled"]
 
 
 def _kernels():
     module = native.module()
     return module if module is not None and hasattr(module, "p_unfold") else None
+
+
+def forward(x, geometry, channels, left, out, co0: int):
+    """Channels [co0, co0 + m) of the convolution's output `out` ((N, out channels, Ho * Wo),
+    contiguous, x's dtype) from input channels [c0, c0 + count) (`channels`) of the (N, C, H, W)
+    input x and `left`, the group's weight cut once (an `exact.Repeated` of (m, count * kh *
+    kw) with `parts`): each column on its own grid, as `columns` cuts it, times the weight's
+    integers, each sum scaled and rounded once, as `Repeated.times` gives it. True when done;
+    False where a window holds a value not finite (nothing written); None where the kernel
+    does not apply."""
+    module = _kernels()
+    if module is None or not hasattr(module, "p_conv_forward") or left.parts is None:
+        return None
+    if not native.usable(x, out) or x.dim() != 4 or x.numel() == 0 or out.dtype != x.dtype:
+        return None
+    if not out.is_contiguous() or out.dim() != 3:
+        return None
+    kernel, stride, padding, dilation, out_hw = geometry
+    ints, units = left.parts
+    x, ints = x.contiguous(), ints.to(torch.float64).contiguous()
+    units = units.to(torch.float64).contiguous()
+    (c0, count), m = channels, ints.shape[0]
+    return module.p_conv_forward(
+        src=x.data_ptr(), kind=native.KINDS[x.dtype],
+        geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
+        c0=c0, cc=count, beta=left.beta, wints=ints.data_ptr(), wunits=units.data_ptr(), m=m,
+        out=out.data_ptr(), out_kind=native.KINDS[out.dtype], out_c=out.shape[1], co0=co0,
+    )  # fmt: skip
 
 
 def _unfold(x, geometry, channels, beta, units):
