@@ -2032,13 +2032,15 @@ PyObject *p_fold_scale(PyObject *module, PyObject *args, PyObject *kwargs) {
 #define PANEL 8
 #define MR 4
 
-/* c[r][q] = the sum over k of a[k][r] b[k][q], for MR rows and PANEL columns: exact integer
-   arithmetic, so the order and the fused multiply-adds change no bit. */
-static void micro_plain(const double *a, const double *b, Py_ssize_t K, double *c) {
+/* c[r][q] = the sum over k of a(k, r) b[k][q], for MR rows and PANEL columns, a(k, r) at
+   a[k * as + r * ar]: exact integer arithmetic, so the order and the fused multiply-adds change
+   no bit. */
+static void micro_plain(const double *a, Py_ssize_t as, Py_ssize_t ar, const double *b, Py_ssize_t K,
+                        double *c) {
     double acc[MR][PANEL] = {{0}};
     for (Py_ssize_t k = 0; k < K; k++)
         for (int r = 0; r < MR; r++)
-            for (int q = 0; q < PANEL; q++) acc[r][q] += a[k * MR + r] * b[k * PANEL + q];
+            for (int q = 0; q < PANEL; q++) acc[r][q] += a[k * as + r * ar] * b[k * PANEL + q];
     memcpy(c, acc, sizeof acc);
 }
 
@@ -2048,19 +2050,20 @@ static void micro_plain(const double *a, const double *b, Py_ssize_t K, double *
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && \
     (!defined(TWICE_NO_CLONES) || (defined(__AVX2__) && defined(__FMA__)))
 #include <immintrin.h>
-__attribute__((target("avx2,fma"))) static void micro_fma(const double *a, const double *b, Py_ssize_t K,
-                                                          double *c) {
+__attribute__((target("avx2,fma"))) static void micro_fma(const double *a, Py_ssize_t as, Py_ssize_t ar,
+                                                          const double *b, Py_ssize_t K, double *c) {
     __m256d c00 = _mm256_setzero_pd(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
             c31 = c00;
     for (Py_ssize_t k = 0; k < K; k++) {
         const __m256d b0 = _mm256_loadu_pd(b + k * PANEL), b1 = _mm256_loadu_pd(b + k * PANEL + 4);
-        __m256d av = _mm256_broadcast_sd(a + k * MR);
+        const double *ak = a + k * as;
+        __m256d av = _mm256_broadcast_sd(ak);
         c00 = _mm256_fmadd_pd(av, b0, c00), c01 = _mm256_fmadd_pd(av, b1, c01);
-        av = _mm256_broadcast_sd(a + k * MR + 1);
+        av = _mm256_broadcast_sd(ak + ar);
         c10 = _mm256_fmadd_pd(av, b0, c10), c11 = _mm256_fmadd_pd(av, b1, c11);
-        av = _mm256_broadcast_sd(a + k * MR + 2);
+        av = _mm256_broadcast_sd(ak + 2 * ar);
         c20 = _mm256_fmadd_pd(av, b0, c20), c21 = _mm256_fmadd_pd(av, b1, c21);
-        av = _mm256_broadcast_sd(a + k * MR + 3);
+        av = _mm256_broadcast_sd(ak + 3 * ar);
         c30 = _mm256_fmadd_pd(av, b0, c30), c31 = _mm256_fmadd_pd(av, b1, c31);
     }
     _mm256_storeu_pd(c, c00), _mm256_storeu_pd(c + 4, c01), _mm256_storeu_pd(c + 8, c10);
@@ -2069,7 +2072,9 @@ __attribute__((target("avx2,fma"))) static void micro_fma(const double *a, const
 }
 static int fma_ok(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #else
-static void micro_fma(const double *a, const double *b, Py_ssize_t K, double *c) { micro_plain(a, b, K, c); }
+static void micro_fma(const double *a, Py_ssize_t as, Py_ssize_t ar, const double *b, Py_ssize_t K, double *c) {
+    micro_plain(a, as, ar, b, K, c);
+}
 static int fma_ok(void) { return 0; }
 #endif
 
@@ -2133,8 +2138,8 @@ static void convf_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
         if (f->kind) pack_panel_double((const double *)f->x, g, f->c0, f->cc, n, oy, ox0, count, inv, bp);
         else pack_panel_float((const float *)f->x, g, f->c0, f->cc, n, oy, ox0, count, inv, bp);
         for (Py_ssize_t b = 0; b < blocks; b++) {
-            if (f->fma) micro_fma(f->apack + b * f->K * MR, bp, f->K, c);
-            else micro_plain(f->apack + b * f->K * MR, bp, f->K, c);
+            if (f->fma) micro_fma(f->apack + b * f->K * MR, MR, 1, bp, f->K, c);
+            else micro_plain(f->apack + b * f->K * MR, MR, 1, bp, f->K, c);
             for (int r = 0; r < MR && b * MR + r < f->m; r++) {
                 const Py_ssize_t o = b * MR + r, at = (n * f->out_c + f->co0 + o) * L + oy * g->wo + ox0;
                 const double a = f->wunits[o];
@@ -2191,4 +2196,143 @@ PyObject *p_conv_forward(PyObject *module, PyObject *args, PyObject *kwargs) {
     free(u.units), free(u.inv), free(u.top), free(apack);
     if (f.bad) return PyErr_NoMemory();
     return PyBool_FromLong(!u.bad);
+}
+
+/* p_conv_weight_grad(src, kind, geometry, gints, m, units, total): a convolution's weight
+   gradient as exact integer sums, with no columns in memory (groups of one). total[o, k] (m x
+   c kh kw, float64) = the sum over every sample and position of gints[o, n ho wo + l] (the
+   output gradient's integers, float64) times the input's window value at (k, n, l) on row k's
+   unit (units, c kh kw of them): round(x / unit), as p_unfold's given=1 writes it. A few output
+   rows of positions at a time, the window values and the gradient's integers are packed into
+   buffers that stay in cache, multiplied there (micro_fma's tile, the positions as its sum),
+   and added into each thread's own sums, which are then added together: every sum is of
+   integers below 2**53 (the caller's grid), exact in any order, so the bits are torch.matmul's
+   of the whole columns. The values must be finite. */
+typedef struct {
+    const char *x;
+    int kind, fma;
+    conv_geom g;
+    Py_ssize_t m, K, kpad, mpad, rows_per, per_row;
+    const double *gints, *inv;
+    double *total;
+    int lock, bad;
+} convw_ctx;
+
+/* xq[k][q]: the window value of row k at position q of the rows [row0, row0 + rows), on row k's
+   unit (zero where the window reads padding): p_unfold's given=1 integers, position-major. */
+#define PACKW(T)                                                                                  \
+    static void packw_##T(const T *x, const conv_geom *g, Py_ssize_t K, Py_ssize_t row0,           \
+                          Py_ssize_t rows, Py_ssize_t P, const double *inv, double *xq) {         \
+        for (Py_ssize_t k = 0; k < K; k++) {                                                      \
+            const Py_ssize_t c = k / (g->kh * g->kw), i = (k / g->kw) % g->kh, j = k % g->kw;       \
+            const double rinv = inv[k];                                                           \
+            Py_ssize_t xlo, xhi;                                                                  \
+            inside(g->wo, g->sw, g->pw, j * g->dw, g->w, &xlo, &xhi);                             \
+            for (Py_ssize_t r = 0; r < rows; r++) {                                               \
+                const Py_ssize_t n = (row0 + r) / g->ho, oy = (row0 + r) % g->ho;                 \
+                const Py_ssize_t iy = oy * g->sh - g->ph + i * g->dh;                             \
+                double *d = xq + k * P + r * g->wo;                                               \
+                if (iy < 0 || iy >= g->h) {                                                       \
+                    for (Py_ssize_t ox = 0; ox < g->wo; ox++) d[ox] = 0.0;                        \
+                    continue;                                                                     \
+                }                                                                                 \
+                const T *src = x + ((n * g->c + c) * g->h + iy) * g->w + j * g->dw - g->pw;       \
+                for (Py_ssize_t ox = 0; ox < xlo; ox++) d[ox] = 0.0;                              \
+                for (Py_ssize_t ox = xhi; ox < g->wo; ox++) d[ox] = 0.0;                          \
+                if (g->sw == 1) {                                                                 \
+                    _Pragma("GCC ivdep") for (Py_ssize_t ox = xlo; ox < xhi; ox++)                \
+                        d[ox] = round_even((double)src[ox] * rinv);                               \
+                } else {                                                                          \
+                    for (Py_ssize_t ox = xlo; ox < xhi; ox++)                                     \
+                        d[ox] = round_even((double)src[ox * g->sw] * rinv);                       \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+    }
+CLONED PACKW(float)
+CLONED PACKW(double)
+
+/* Chunks [lo, hi) of rows_per output rows: acc[k][o] (kpad x mpad, this thread's) += the sum
+   over the chunk's positions of xq[k][q] gq[q][o], MR rows of k by PANEL output channels a
+   tile; then acc is added into total under a lock (integer sums: any order). */
+static void convw_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    convw_ctx *f = (convw_ctx *)p;
+    const conv_geom *g = &f->g;
+    const Py_ssize_t L = g->ho * g->wo, Pmax = f->rows_per * g->wo;
+    const Py_ssize_t kb = f->kpad / MR, ob = f->mpad / PANEL;
+    double *xq = (double *)calloc((size_t)(f->kpad * Pmax + 1), sizeof(double));
+    double *gq = (double *)calloc((size_t)(f->mpad * Pmax + 1), sizeof(double));
+    double *acc = (double *)calloc((size_t)(f->mpad * f->kpad + 1), sizeof(double));
+    double c[MR * PANEL];
+    if (!xq || !gq || !acc) {
+        free(xq), free(gq), free(acc);
+        __atomic_store_n(&f->bad, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (Py_ssize_t chunk = lo; chunk < hi; chunk++) {
+        const Py_ssize_t row0 = chunk * f->rows_per, total_rows = g->n * g->ho;
+        const Py_ssize_t rows = total_rows - row0 < f->rows_per ? total_rows - row0 : f->rows_per;
+        const Py_ssize_t P = rows * g->wo;
+        if (f->kind) packw_double((const double *)f->x, g, f->K, row0, rows, P, f->inv, xq);
+        else packw_float((const float *)f->x, g, f->K, row0, rows, P, f->inv, xq);
+        for (Py_ssize_t o = 0; o < f->mpad; o++) { /* gq[o / PANEL][q][o % PANEL] */
+            double *d = gq + (o / PANEL) * P * PANEL + o % PANEL;
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                const Py_ssize_t n = (row0 + r) / g->ho, oy = (row0 + r) % g->ho;
+                const double *s = f->gints + o * g->n * L + n * L + oy * g->wo;
+                for (Py_ssize_t ox = 0; ox < g->wo; ox++) d[(r * g->wo + ox) * PANEL] = o < f->m ? s[ox] : 0.0;
+            }
+        }
+        for (Py_ssize_t k = f->K; k < f->kpad; k++)
+            for (Py_ssize_t q = 0; q < P; q++) xq[k * P + q] = 0.0;
+        for (Py_ssize_t b = 0; b < kb; b++)
+            for (Py_ssize_t a = 0; a < ob; a++) {
+                if (f->fma) micro_fma(xq + b * MR * P, 1, P, gq + a * P * PANEL, P, c);
+                else micro_plain(xq + b * MR * P, 1, P, gq + a * P * PANEL, P, c);
+                for (int r = 0; r < MR; r++)
+                    for (int q = 0; q < PANEL; q++) acc[(b * MR + r) * f->mpad + a * PANEL + q] += c[r * PANEL + q];
+            }
+    }
+    while (__atomic_test_and_set(&f->lock, __ATOMIC_ACQUIRE)) {
+    }
+    for (Py_ssize_t o = 0; o < f->m; o++)
+        for (Py_ssize_t k = 0; k < f->K; k++) f->total[o * f->K + k] += acc[k * f->mpad + o];
+    __atomic_clear(&f->lock, __ATOMIC_RELEASE);
+    free(xq), free(gq), free(acc);
+}
+
+static char *p_conv_weight_grad_kw[] = {"src", "kind", "geometry", "gints", "m", "units", "total", NULL};
+PyObject *p_conv_weight_grad(PyObject *module, PyObject *args, PyObject *kwargs) {
+    unsigned long long src, gp, up, tp;
+    int kind;
+    Py_ssize_t m;
+    PyObject *geometry;
+    convw_ctx f;
+    memset(&f, 0, sizeof f);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KiO!KnKK", p_conv_weight_grad_kw, &src, &kind, &PyTuple_Type, &geometry, &gp, &m, &up, &tp))
+        return NULL;
+    if (!read_geom(geometry, &f.g)) return NULL;
+    const conv_geom *g = &f.g;
+    if (m < 0) {
+        PyErr_SetString(PyExc_ValueError, "p_conv_weight_grad: m out of range");
+        return NULL;
+    }
+    f.x = (const char *)(uintptr_t)src, f.kind = kind, f.fma = fma_ok(), f.m = m;
+    f.K = g->c * g->kh * g->kw, f.kpad = (f.K + MR - 1) / MR * MR, f.mpad = (m + PANEL - 1) / PANEL * PANEL;
+    const Py_ssize_t want = f.K > 512 ? (Py_ssize_t)(131072 / f.K) : 256; /* xq: about 1 MB */
+    f.rows_per = g->wo >= want ? 1 : want / (g->wo ? g->wo : 1);
+    f.gints = (const double *)(uintptr_t)gp, f.total = (double *)(uintptr_t)tp;
+    const double *units = (const double *)(uintptr_t)up;
+    double *inv = (double *)malloc(sizeof(double) * (size_t)(f.K + 1));
+    if (!inv) return PyErr_NoMemory();
+    for (Py_ssize_t k = 0; k < f.K; k++) inv[k] = 1.0 / units[k];
+    for (Py_ssize_t i = 0; i < m * f.K; i++) f.total[i] = 0.0;
+    f.inv = inv;
+    const Py_ssize_t chunks = (g->n * g->ho + f.rows_per - 1) / f.rows_per;
+    Py_BEGIN_ALLOW_THREADS
+    if (g->n * g->ho * g->wo > 0) parallel_for(chunks, g->n * g->ho * g->wo * f.K * (m + 1) / 8, convw_range, &f);
+    Py_END_ALLOW_THREADS
+    free(inv);
+    if (f.bad) return PyErr_NoMemory();
+    Py_RETURN_NONE;
 }

@@ -1,14 +1,15 @@
 """Convolutions in portable mode, forward and backward, 1-d and 2-d, ordinary and transposed:
-the input's windows unfolded into columns, a few samples at a time, times the weight, exactly
-(exact.py), each output rounded once.
+the input's windows cut into integers, times the weight's, exactly (exact.py), each output
+rounded once.
 
-The forward is `weight @ columns`, the weight cut into slices once for every chunk of samples
-and each column of the input on its own grid: an output's bits depend on its window and the
-weight alone, whatever the chunk. The input's gradient is the weight's transpose times the
-output's gradient, folded back onto the input, each sample on its own grid. The weight's
-gradient sums over every sample and position: its operands' grids are fixed over the whole
-batch first, then every chunk's integer product adds exactly into one float64 sum. A transposed
-convolution is the input gradient of the ordinary one with the same weight.
+The forward is `weight @ columns`, the weight cut into slices once and each column of the input
+on its own grid: an output's bits depend on its window and the weight alone. The input's
+gradient is the weight's transpose times the output's gradient, folded back onto the input,
+each sample on its own grid. The weight's gradient sums over every sample and position on grids
+fixed over the whole batch. The compiled kernels (native_conv) unfold a few columns at a time
+into cache and multiply them there, where torch's route would write every column to memory:
+the same integers and exact sums, so the same bits. A transposed convolution is the input
+gradient of the ordinary one with the same weight.
 """
 
 from __future__ import annotations
@@ -99,13 +100,11 @@ def _out_size(size, k, s, p, d):
 
 
 COLUMN_CHUNK = 1 << 22
-"""How many column elements a convolution unfolds at a time (32 MB of float64 integers; the
-input's gradient, where torch's own kernel does not take it, twice as many): the columns are
-written straight as integers, so what counts is that each product is large enough to spread
-over threads. Each output, and each sample's input gradient, is computed from its own columns
-whatever the chunk, and the weight's gradient is one exact sum, so the bits do not depend on it
-(tests vary it). Measured here side by side: 0.94x the step time of 8 MB chunks for the
-ResNet-style CNN at 2 threads, 0.98x at 1, the small convolutions' models unchanged within 2%."""
+"""How many column elements a convolution unfolds at a time where the compiled kernels that
+need no columns do not apply (32 MB of float64 integers; the input's gradient twice as many):
+large enough that each product spreads over threads. Each output, and each sample's input
+gradient, comes from its own columns, and the weight's gradient is one exact sum: no bit
+depends on the chunk (tests vary it)."""
 
 WHOLE_WEIGHT_GRAD = 1 << 21
 """Up to how many column elements the weight's gradient is one product of the whole columns
@@ -118,9 +117,8 @@ def _chunks(n: int, per_sample: int) -> list[tuple[int, int]]:
 
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad, groups):
-    """aten.convolution: columns of the input times the weight, exactly, a few samples at a
-    time (the weight cut into slices once). A transposed convolution is the input gradient of
-    the ordinary convolution with the same weight."""
+    """aten.convolution: columns of the input times the weight, exactly, in cache or a few
+    samples at a time (the weight cut into slices once); transposed: `_transposed`."""
     if transposed:
         return _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups)
     squeeze = x.dim() == 3
@@ -138,8 +136,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad,
     geometry = (tuple(w4.shape[-2:]), stride, padding, dilation, hw)
     done = set()
     for g in range(groups):  # the whole batch at once, with no columns in memory
-        channels = (g * w4.shape[1], w4.shape[1])
-        if native_conv.forward(x4, geometry, channels, left[g], out, g * cg):
+        if native_conv.forward(x4, geometry, (g * w4.shape[1], w4.shape[1]), left[g], out, g * cg):
             if bias is not None:
                 bias_g = bias[g * cg : (g + 1) * cg].reshape(cg, 1).to(x.dtype)
                 out[:, g * cg : (g + 1) * cg] += bias_g  # torch.add's rounding, as below
@@ -292,18 +289,17 @@ def _torch_input_grad(g, weight_part, shape, size, stride, padding, dilation, be
 
 def _weight_grad(g, x4, w4, stride, padding, dilation, dtype):
     """The weight's gradient, the sum over every sample and position of the output gradient
-    times the input's window, a few samples' columns at a time: each operand's unit is fixed
-    first over the whole batch (an output channel's gradients; a window offset's inputs, its
-    columns' row), so every chunk's integer product adds exactly into one float64 sum, which is
-    then scaled and rounded once: `exact_matmul` of the whole columns, bit for bit. None where
-    that path does not apply (columns of up to WHOLE_WEIGHT_GRAD elements, float64 results,
-    values that are not finite, no compiled kernels): the caller takes the whole product."""
+    times the input's window: each operand's unit fixed first over the whole batch (an output
+    channel's gradients; a window offset's inputs, its columns' row), the integer products (in
+    cache for one group, else a few samples' columns at a time) add exactly into one float64
+    sum, scaled and rounded once: `exact_matmul` of the whole columns, bit for bit. None where
+    no compiled route applies (groups and columns of up to WHOLE_WEIGHT_GRAD elements, float64
+    results, values that are not finite): the caller takes the whole product."""
     n, groups, cg, length = g.shape
     kh, kw = w4.shape[-2:]
     k = w4.shape[1] * kh * kw
-    if groups * k * n * length <= WHOLE_WEIGHT_GRAD:  # small: one product is faster
-        return None
-    if slices_for(dtype) != 1 or not native.usable(g, x4):
+    small = groups * k * n * length <= WHOLE_WEIGHT_GRAD  # one product of the columns is faster
+    if (small and groups != 1) or slices_for(dtype) != 1 or not native.usable(g, x4):
         return None
     amax_a = g.abs().amax(dim=(0, 3)).to(torch.float64).reshape(groups * cg)
     amax_b = _window_amax(x4, (kh, kw), stride, padding, dilation).reshape(groups * k)
@@ -315,6 +311,16 @@ def _weight_grad(g, x4, w4, stride, padding, dilation, dtype):
     out_hw = [
         _out_size(x4.shape[2 + i], (kh, kw)[i], stride[i], padding[i], dilation[i]) for i in (0, 1)
     ]
+    if groups == 1:  # the whole batch's product with no columns in memory
+        ints_a = native.split_given(
+            g.reshape(n, cg, length).transpose(0, 1).reshape(cg, -1), unit_a
+        )
+        geometry = ((kh, kw), stride, padding, dilation, out_hw)
+        total = None if ints_a is None else native_conv.weight_grad(x4, geometry, ints_a, unit_b)
+        if total is not None:
+            return native.scaled(total, unit_a.reshape(cg, 1), unit_b.reshape(1, k), dtype, None)
+    if small:
+        return None
     for lo, hi in _chunks(n, groups * k * length):
         a = g[lo:hi].permute(1, 2, 0, 3).reshape(groups * cg, -1)
         ints_a = native.split_given(a, unit_a)
@@ -387,19 +393,8 @@ def _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask)
     if mask[0]:
         gi = convolution(whole, weight, None, stride, zeros, dilation, False, zeros, groups)
     if mask[1]:
-        _, gw, _ = convolution_backward(
-            x,
-            whole,
-            weight,
-            None,
-            stride,
-            zeros,
-            dilation,
-            False,
-            zeros,
-            groups,
-            [False, True, False],
-        )
+        _, gw, _ = convolution_backward(x, whole, weight, None, stride, zeros, dilation, False,
+                                        zeros, groups, [False, True, False])  # fmt: skip
     if mask[2]:
         gb = exact_sum(go, (0, *range(2, go.dim())), False, go.dtype)
     return gi, gw, gb

@@ -3,7 +3,8 @@ p_fold_scale), where they apply.
 
 `forward` is conv.py's whole forward for one group: `columns` then `Repeated.times`, with the
 columns unfolded a panel at a time into a buffer that stays in cache and multiplied there (no
-columns in memory), the same integers, sums and scaling.
+columns in memory), the same integers, sums and scaling. `weight_grad` is the weight
+gradient's integer product of the whole batch the same way.
 
 `columns` is `_columns` followed by `native.split_rows` on unfold's columns, `columns_given` the
 same followed by `native.split_given`, and `fold_scaled` conv.py's `_fold` of integer columns
@@ -18,7 +19,7 @@ import torch
 
 from twice.portable import native
 
-__all__ = ["forward", "columns", "columns_given", "fold_scaled"]
+__all__ = ["forward", "weight_grad", "columns", "columns_given", "fold_scaled"]
 
 
 def _kernels():
@@ -52,6 +53,34 @@ def forward(x, geometry, channels, left, out, co0: int):
         c0=c0, cc=count, beta=left.beta, wints=ints.data_ptr(), wunits=units.data_ptr(), m=m,
         out=out.data_ptr(), out_kind=native.KINDS[out.dtype], out_c=out.shape[1], co0=co0,
     )  # fmt: skip
+
+
+def weight_grad(x, geometry, ints_a, units_b):
+    """The weight gradient's exact integer product, float64 (m, C * kh * kw), for one group:
+    `ints_a` (m, N * Ho * Wo) the output gradient's integers (float64) times the input's
+    columns on the rows' units `units_b` (C * kh * kw, fixed over the batch), as
+    `torch.matmul(ints_a, columns_given(...).mT)` gives it, with no columns in memory. The
+    values must be finite. None where the kernel does not apply."""
+    module = _kernels()
+    if module is None or not hasattr(module, "p_conv_weight_grad") or x.dim() != 4:
+        return None
+    kernel, stride, padding, dilation, out_hw = geometry
+    if not native.usable(x) or ints_a.dtype != torch.float64 or ints_a.dim() != 2:
+        return None
+    if units_b.numel() != x.shape[1] * kernel[0] * kernel[1]:
+        return None
+    if ints_a.shape[1] != x.shape[0] * out_hw[0] * out_hw[1]:
+        return None
+    x, ints_a = x.contiguous(), ints_a.contiguous()
+    units_b = units_b.to(torch.float64).contiguous()
+    total = native.empty((ints_a.shape[0], units_b.numel()), torch.float64)
+    module.p_conv_weight_grad(
+        src=x.data_ptr(), kind=native.KINDS[x.dtype],
+        geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
+        gints=ints_a.data_ptr(), m=ints_a.shape[0], units=units_b.data_ptr(),
+        total=total.data_ptr(),
+    )  # fmt: skip
+    return total
 
 
 def _unfold(x, geometry, channels, beta, units):
