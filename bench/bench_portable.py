@@ -13,7 +13,8 @@ the input read), portable against torch, the best of several calls each.
 
 Convolution routes: for ResNet, LeNet and DCGAN shapes, each route conv.py takes against the one
 it stands in for, alternately in one process: the input gradient by torch's float64 kernel
-against the chunked product and fold, and 32 MB chunks of columns against 8 MB ones.
+against the chunked product and fold, and the forward and weight gradient multiplied in cache
+against columns written to memory.
 
 `python bench/bench_portable.py` runs everything; words given pick the cases whose names hold
 them all (`bench_portable.py cnn`, `bench_portable.py kernels`).
@@ -29,7 +30,7 @@ from torch import nn
 
 from twice.portable import conv as pconv
 from twice.portable import elementwise as ew
-from twice.portable import native
+from twice.portable import native, native_conv
 from twice.portable.exact import exact_matmul, exact_sum
 from twice.portable.mode import PortableMode
 
@@ -290,37 +291,42 @@ def _paired(first, second, rounds):
 
 
 def _route_ratios(x, w, stride, padding):
-    """(input gradient: torch's kernel over the fold; forward and weight gradient: 32 MB chunks
-    over 8 MB), each as (median, q1, q3)."""
+    """(input gradient: torch's kernel over the fold; forward and weight gradient: in cache
+    over columns in memory), each as (median, q1, q3)."""
     settings = ([stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1)
     go = torch.randn(pconv.convolution(x, w, None, *settings).shape)
-    torch_route, chunk = pconv._torch_input_grad, pconv.COLUMN_CHUNK
+    torch_route = pconv._torch_input_grad
+    in_cache = native_conv.forward, native_conv.weight_grad
 
     def grad_input(route):
         pconv._torch_input_grad = route
         pconv.convolution_backward(go, x, w, None, *settings, [True, False, False])
 
-    def forward_and_weight(size_):
-        pconv.COLUMN_CHUNK = size_
+    def forward_and_weight(cached):
+        native_conv.forward, native_conv.weight_grad = (
+            in_cache if cached else (lambda *a: None, lambda *a: None)
+        )
         pconv.convolution(x, w, None, *settings)
         pconv.convolution_backward(go, x, w, None, *settings, [False, True, False])
 
     try:
         gi = _paired(lambda: grad_input(torch_route), lambda: grad_input(lambda *a: None), ROUNDS)
-        big = _paired(
-            lambda: forward_and_weight(chunk), lambda: forward_and_weight(1 << 20), ROUNDS
+        cached = _paired(
+            lambda: forward_and_weight(True), lambda: forward_and_weight(False), ROUNDS
         )
     finally:
-        pconv._torch_input_grad, pconv.COLUMN_CHUNK = torch_route, chunk
-    return gi, big
+        pconv._torch_input_grad = torch_route
+        native_conv.forward, native_conv.weight_grad = in_cache
+    return gi, cached
 
 
 def conv_routes():
     """Each convolution route against the one it stands in for, side by side: the input gradient
     by torch's float64 kernel against the chunked product and fold (taken at stride 1 only), and
-    32 MB chunks of columns against 8 MB ones (forward and weight gradient)."""
+    the forward and weight gradient multiplied in cache (p_conv_forward, p_conv_weight_grad)
+    against columns of integers written to memory and torch's float64 product."""
     native.keep_memory()
-    assert hasattr(pconv, "_torch_input_grad") and hasattr(pconv, "COLUMN_CHUNK")
+    assert hasattr(pconv, "_torch_input_grad") and hasattr(native_conv, "weight_grad")
     shapes = [  # (label, input, weight, stride, padding)
         ("ResNet 32x32x32, 3x3", (32, 32, 32, 32), (32, 32, 3, 3), 1, 1),
         ("ResNet 32x16x16, 3x3", (32, 32, 16, 16), (32, 32, 3, 3), 1, 1),
@@ -332,11 +338,12 @@ def conv_routes():
     for threads in (1,) if TINY else (1, 2):
         torch.set_num_threads(threads)
         for label, xs, ws, stride, padding in shapes:
-            gi, big = _route_ratios(torch.randn(xs), torch.randn(ws), stride, padding)
+            gi, cached = _route_ratios(torch.randn(xs), torch.randn(ws), stride, padding)
             print(
                 f"{label:28s} {threads} thread{'s' if threads > 1 else ' '}  input gradient, "
                 f"torch's kernel / fold {gi[0]:.2f}x ({gi[1]:.2f}x, {gi[2]:.2f}x)   forward + "
-                f"weight gradient, 32 MB / 8 MB chunks {big[0]:.2f}x ({big[1]:.2f}x, {big[2]:.2f}x)"
+                f"weight gradient, in cache / columns {cached[0]:.2f}x ({cached[1]:.2f}x, "
+                f"{cached[2]:.2f}x)"
             )
 
 

@@ -295,27 +295,41 @@ def test_a_convolution_has_the_same_bits_whatever_its_chunk(case):
     if case["spoil_weight"]:
         w[-1, 0, 0, 0] = math.inf
     results = []
-    # the compiled forward with no columns in memory; columns unfolded a sample at a time, or
-    # the whole batch in one chunk; and the torch steps one by one
+    # the compiled kernels in cache; columns unfolded a sample at a time, or the whole batch in
+    # one chunk (torch's float64 kernel for the input gradient); and the torch steps one by one
     routes = ((1, True, True), (1, True, False), (1 << 40, True, False), (1, False, False))
-    seen, forward = [], native_conv.forward
+    kernels = ("forward", "weight_grad", "input_grad")
+    seen = {name: [] for name in kernels}
 
-    def spied(*args):
-        seen.append(forward(*args))
-        return seen[-1]
+    def spy(name, kernel=None):
+        kernel = getattr(native_conv, name)
 
+        def spied(*args):
+            seen[name].append(kernel(*args))
+            return seen[name][-1]
+
+        return spied
+
+    spies = {name: spy(name) for name in kernels}
     for chunk, compiled, in_cache in routes:
         with pytest.MonkeyPatch.context() as patch, _compiled(compiled):
             patch.setattr(pconv, "COLUMN_CHUNK", chunk)
             patch.setattr(pconv, "WHOLE_WEIGHT_GRAD", 2 * chunk)
-            patch.setattr(native_conv, "forward", spied if in_cache else lambda *args: None)
+            patch.setattr(native_conv, "INPUT_GRAD_CHANNELS", 1)  # any count takes it
+            for name in kernels:
+                patch.setattr(native_conv, name, spies[name] if in_cache else lambda *a: None)
             out = pconv.convolution(x, w, b, *settings_)
             grad = torch.linspace(-2, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
             back = pconv.convolution_backward(grad, x, w, [w.shape[0]], *settings_, [True] * 3)
         results.append([out, *back])
     finite = case["spoil"] is None and not case["spoil_weight"]
-    if native.available() and case["dtype"] == torch.float32 and finite:
-        assert seen and all(seen)  # the route in cache was taken
+    if native.available() and case["dtype"] == torch.float32 and finite:  # in cache, taken
+        assert seen["forward"] and all(seen["forward"])
+        assert g > 1 or all(t is not None for t in seen["weight_grad"])
+        spread = [d * (k - 1) - p for d, k, p in zip(case["dilation"], case["kernel"],
+                                                     case["padding"])]  # fmt: skip
+        if case["stride"] == (1, 1) and min(spread) >= 0:
+            assert seen["input_grad"] and all(t is not None for t in seen["input_grad"])
     for first, *others in zip(*results):
         assert all(_same(first, other) for other in others)
     # the weight's gradient, summed a few samples at a time on grids fixed over the batch, is
@@ -448,6 +462,7 @@ def test_torch_computes_the_input_gradient_only_with_a_kernel_of_sums_of_product
             return real(*args)
 
     monkeypatch.setattr(torch.ops.aten, "convolution_backward", Counting())
+    monkeypatch.setattr(native_conv, "input_grad", lambda *a: None)  # the route in cache off
     by_torch = pconv.convolution_backward(grad, x, w, None, *settings_)[0]
     assert calls == [torch.float64]  # torch's kernel took the integers
     for other in (torch._C._ConvBackend.Winograd3x3Depthwise, torch._C._ConvBackend.Mkldnn):

@@ -2151,17 +2151,21 @@ static void convf_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     free(bp);
 }
 
-static char *p_conv_forward_kw[] = {"src", "kind", "geometry", "c0", "cc", "beta", "wints", "wunits", "m", "out", "out_kind", "out_c", "co0", NULL};
+static char *p_conv_forward_kw[] = {"src", "kind", "geometry", "c0", "cc", "beta", "wints", "wunits", "m", "out", "out_kind", "out_c", "co0", "units", "inv", NULL};
 PyObject *p_conv_forward(PyObject *module, PyObject *args, PyObject *kwargs) {
-    unsigned long long src, wp, wup, op;
+    unsigned long long src, wp, wup, op, given_units = 0, given_inv = 0;
     int kind, beta, out_kind;
     Py_ssize_t c0, cc, m, out_c, co0;
     PyObject *geometry;
     convf_ctx f;
     unfold_ctx u;
     memset(&f, 0, sizeof f), memset(&u, 0, sizeof u);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KiO!nniKKnKinn", p_conv_forward_kw, &src, &kind, &PyTuple_Type, &geometry, &c0, &cc, &beta, &wp, &wup, &m, &op, &out_kind, &out_c, &co0))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KiO!nniKKnKinn|KK", p_conv_forward_kw, &src, &kind, &PyTuple_Type, &geometry, &c0, &cc, &beta, &wp, &wup, &m, &op, &out_kind, &out_c, &co0, &given_units, &given_inv))
         return NULL;
+    if (!given_units != !given_inv) {
+        PyErr_SetString(PyExc_ValueError, "p_conv_forward: units and inv go together");
+        return NULL;
+    }
     if (!read_geom(geometry, &u.g)) return NULL;
     const conv_geom *g = &u.g;
     if (c0 < 0 || cc < 0 || c0 + cc > g->c || m < 0 || co0 < 0 || co0 + m > out_c) {
@@ -2170,12 +2174,14 @@ PyObject *p_conv_forward(PyObject *module, PyObject *args, PyObject *kwargs) {
     }
     const Py_ssize_t cols = g->n * g->ho * g->wo, K = cc * g->kh * g->kw, blocks = (m + MR - 1) / MR;
     u.x = (const char *)(uintptr_t)src, u.kind = kind, u.beta = beta, u.c0 = c0, u.cc = cc;
-    u.units = (double *)malloc(sizeof(double) * (size_t)(cols + 1));
-    u.inv = (double *)malloc(sizeof(double) * (size_t)(cols + 1));
-    u.top = malloc((kind ? 8 : 4) * (size_t)(g->n * g->h * g->w + 1));
+    const int given = given_units != 0;
+    u.units = given ? (double *)(uintptr_t)given_units : (double *)malloc(sizeof(double) * (size_t)(cols + 1));
+    u.inv = given ? (double *)(uintptr_t)given_inv : (double *)malloc(sizeof(double) * (size_t)(cols + 1));
+    u.top = given ? NULL : malloc((kind ? 8 : 4) * (size_t)(g->n * g->h * g->w + 1));
     double *apack = (double *)calloc((size_t)(blocks * K * MR + 1), sizeof(double));
-    if (!u.units || !u.inv || !u.top || !apack) {
-        free(u.units), free(u.inv), free(u.top), free(apack);
+    if (!u.units || !u.inv || (!given && !u.top) || !apack) {
+        if (!given) free(u.units), free(u.inv), free(u.top);
+        free(apack);
         return PyErr_NoMemory();
     }
     const double *w = (const double *)(uintptr_t)wp;
@@ -2186,14 +2192,17 @@ PyObject *p_conv_forward(PyObject *module, PyObject *args, PyObject *kwargs) {
     f.apack = apack, f.wunits = (const double *)(uintptr_t)wup, f.units = u.units, f.inv = u.inv;
     f.out = (char *)(uintptr_t)op;
     Py_BEGIN_ALLOW_THREADS
-    parallel_for(g->n * g->h, g->n * g->h * g->w * (cc + 1), unfold_top_range, &u);
-    parallel_for(g->n * g->ho, cols * g->kh * g->kw, unfold_units_range, &u);
+    if (!given) {
+        parallel_for(g->n * g->h, g->n * g->h * g->w * (cc + 1), unfold_top_range, &u);
+        parallel_for(g->n * g->ho, cols * g->kh * g->kw, unfold_units_range, &u);
+    }
     if (!u.bad) {
         const Py_ssize_t panels = g->n * g->ho * f.per_row;
         parallel_for(panels, panels * PANEL * K * (m + 1), convf_range, &f);
     }
     Py_END_ALLOW_THREADS
-    free(u.units), free(u.inv), free(u.top), free(apack);
+    if (!given) free(u.units), free(u.inv), free(u.top);
+    free(apack);
     if (f.bad) return PyErr_NoMemory();
     return PyBool_FromLong(!u.bad);
 }

@@ -146,15 +146,9 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad,
         for g in range(groups):  # (cg, k) @ (k, samples * L): each column scaled over its k
             if g in done:
                 continue
-            found = left[g].parts is not None and native_conv.columns(
-                x4[lo:hi], *geometry, (g * w4.shape[1], w4.shape[1]), left[g].beta
-            )
-            if found:  # unfolded straight into integers, in one pass
-                part = left[g].times(found[0])
-            else:
-                if cols is None:
-                    cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
-                part = left[g](cols[g * k : (g + 1) * k])
+            if cols is None:
+                cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
+            part = left[g](cols[g * k : (g + 1) * k])
             if bias is not None:
                 part = torch.add(part, bias[g * cg : (g + 1) * cg].reshape(cg, 1).to(x.dtype))
             out[lo:hi, g * cg : (g + 1) * cg] = part.reshape(cg, hi - lo, length).transpose(0, 1)
@@ -216,11 +210,10 @@ def _input_grad(g, w4, size, stride, padding, dilation, dtype):
         return ua.reshape(()) * ub.reshape(-1, 1, 1, 1)
 
     if whole:
-        fast = _torch_input_grad(
-            g, whole[0], w4.shape, size, stride, padding, dilation, beta, dtype
-        )
-        if fast is not None:
-            return fast
+        for route in (native_conv.input_grad, _torch_input_grad):
+            fast = route(g, whole[0], w4.shape, size, stride, padding, dilation, beta, dtype)
+            if fast is not None:
+                return fast
     gi = torch.empty(g.shape[0], groups * w4.shape[1], *size, dtype=dtype, device=g.device)
     for lo, hi in _chunks(n, groups * k * g.shape[-1] // 2):
         part = whole and native.split_rows(g[lo:hi], (1, 2, 3), beta)
