@@ -408,8 +408,9 @@ def test_pooling_sums_cut_by_the_compiled_kernel_give_the_fallbacks_bits(spoil):
 @EXAMPLES
 @given(case=CONV_CASES, first=st.integers(0, 2), seed=st.integers(0, 2**16))
 def test_the_compiled_unfold_and_fold_give_the_torch_steps_bits(case, first, seed):
-    """p_unfold is unfold then p_split (per column, or on given units per row); p_fold_scale
-    is conv.py's fold of integer columns, then the scaling and one rounding."""
+    """p_conv_forward cuts each column as unfold then p_split does; p_unfold is unfold then
+    p_split on given units per row; p_fold_scale is conv.py's fold of integer columns, then the
+    scaling and one rounding."""
     gen = torch.Generator().manual_seed(seed)
     channels, kernel = case["cin"] + first, case["kernel"]
     stride, padding, dilation = case["stride"], case["padding"], case["dilation"]
@@ -425,11 +426,20 @@ def test_the_compiled_unfold_and_fold_give_the_torch_steps_bits(case, first, see
     area = kernel[0] * kernel[1]
     beta = 1 + seed % 50
     want = native.split_rows(cols[first * area :], (-2,), beta)
-    got = native_conv.columns(x, kernel, stride, padding, dilation, out_hw,
-                              (first, channels - first), beta)  # fmt: skip
-    assert (got is False) == (want is False)
+    # the forward kernel's columns, through an identity weight into float64: integers * units
+    rows, n = (channels - first) * area, case["batch"]
+    eye, ones = torch.eye(rows, dtype=torch.float64), torch.ones(rows, dtype=torch.float64)
+    out = torch.zeros(n, rows, out_hw[0] * out_hw[1], dtype=torch.float64)
+    got = native.module().p_conv_forward(
+        src=x.data_ptr(), kind=native.KINDS[x.dtype],
+        geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw), c0=first,
+        cc=channels - first, beta=beta, wints=eye.data_ptr(), wunits=ones.data_ptr(), m=rows,
+        out=out.data_ptr(), out_kind=1, out_c=rows, co0=0,
+    )  # fmt: skip
+    assert got == (want is not False)
     if want:
-        assert torch.equal(got[0][0], want[0][0]) and torch.equal(got[0][1], want[0][1])
+        ((ints, units),) = want
+        assert torch.equal(out, (ints * units).reshape(rows, n, -1).transpose(0, 1))
     if case["spoil"] is None:
         units = torch.exp2(torch.randint(-70, 70, (cols.shape[0],), generator=gen).double())
         given_ = native_conv.columns_given(x, kernel, stride, padding, dilation, out_hw, units)

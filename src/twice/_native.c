@@ -832,7 +832,7 @@ static PyMethodDef methods[] = {
     {"p_bnsums", (PyCFunction)(void (*)(void))p_bnsums, METH_VARARGS | METH_KEYWORDS, "Portable mode: batch norm's four backward sums at once."},
     {"p_chanmap", (PyCFunction)(void (*)(void))p_chanmap, METH_VARARGS | METH_KEYWORDS, "Portable mode: batch norm's per-element formulas."},
     {"p_compound", (PyCFunction)(void (*)(void))p_compound, METH_VARARGS | METH_KEYWORDS, "Portable mode: addcmul/addcdiv/add-alpha/lerp, one rounding each."},
-    {"p_unfold", (PyCFunction)(void (*)(void))p_unfold, METH_VARARGS | METH_KEYWORDS, "Portable mode: a convolution's input windows as integers on their grid."},
+    {"p_unfold", (PyCFunction)(void (*)(void))p_unfold, METH_VARARGS | METH_KEYWORDS, "Portable mode: a convolution's input windows as integers on their rows' given grid."},
     {"p_fold_scale", (PyCFunction)(void (*)(void))p_fold_scale, METH_VARARGS | METH_KEYWORDS, "Portable mode: integer columns folded onto the input, scaled, rounded once."},
     {"p_conv_forward", (PyCFunction)(void (*)(void))p_conv_forward, METH_VARARGS | METH_KEYWORDS, "Portable mode: a convolution's forward, columns unfolded panel by panel in cache."},
     {"p_conv_weight_grad", (PyCFunction)(void (*)(void))p_conv_weight_grad, METH_VARARGS | METH_KEYWORDS, "Portable mode: a convolution's weight gradient as exact integer sums, in cache."},

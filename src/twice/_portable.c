@@ -15,7 +15,9 @@
    p_scale     an integer product scaled by its units (plus a bias), rounded once
    p_compound  addcmul, addcdiv, add with alpha, lerp: one rounding per operation
    p_lstm_cell, p_lstm_cell_backward  one LSTM time step (recurrent.py's cell)
-   p_unfold    a convolution's input windows as integers on their grid (p_split's)
+   p_unfold    a convolution's input windows as integers on their rows' given grid (p_split's)
+   p_conv_forward  a convolution's forward, columns unfolded and multiplied in cache
+   p_conv_weight_grad  a convolution's weight gradient, exact integer sums in cache
    p_fold_scale  integer columns folded back onto the input, scaled and rounded once
    p_uniform   Philox-4x32-10 uniforms in [0, 1) (float64), element i from counter i / 2
    p_normal    Box-Muller normals (float64) from those uniforms
@@ -1780,7 +1782,7 @@ static inline void inside(Py_ssize_t out, Py_ssize_t s, Py_ssize_t p, Py_ssize_t
    unfold_units: for output rows [lo, hi) of (n, ho), each column's unit from the largest
    pattern over its window (padding reads 0), and its inverse; returns the largest pattern.
    unfold_rows: unfold's rows [lo, hi) (channel c0 + r / (kh kw), offset i, j) as the integers
-   round(x / unit), the unit the column's (inv per column) or the row's (inv per row). */
+   round(x / unit) on the row's unit (inv per row). */
 #define UNFOLD(T, U, INF)                                                                         \
     static void unfold_top_##T(const T *x, const conv_geom *g, Py_ssize_t c0, Py_ssize_t cc,       \
                                U *top, Py_ssize_t lo, Py_ssize_t hi) {                            \
@@ -1822,13 +1824,13 @@ static inline void inside(Py_ssize_t out, Py_ssize_t s, Py_ssize_t p, Py_ssize_t
     }                                                                                             \
     CLONED                                                                                        \
     static void unfold_rows_##T(const T *x, const conv_geom *g, Py_ssize_t c0, const double *inv, \
-                                int per_row, double *ints, Py_ssize_t lo, Py_ssize_t hi) {        \
+                                double *ints, Py_ssize_t lo, Py_ssize_t hi) {                     \
         const Py_ssize_t kk = g->kh * g->kw, cols = g->n * g->ho * g->wo;                         \
         for (Py_ssize_t r = lo; r < hi; r++) {                                                    \
             const Py_ssize_t c = c0 + r / kk, i = (r % kk) / g->kw, j = r % g->kw;                \
             Py_ssize_t xlo, xhi;                                                                  \
             inside(g->wo, g->sw, g->pw, j * g->dw, g->w, &xlo, &xhi);                             \
-            const double rinv = per_row ? inv[r] : 0.0;                                           \
+            const double rinv = inv[r];                                                           \
             for (Py_ssize_t n = 0; n < g->n; n++)                                                 \
                 for (Py_ssize_t oy = 0; oy < g->ho; oy++) {                                       \
                     double *o = ints + r * cols + (n * g->ho + oy) * g->wo;                       \
@@ -1840,21 +1842,12 @@ static inline void inside(Py_ssize_t out, Py_ssize_t s, Py_ssize_t p, Py_ssize_t
                     const T *src = x + ((n * g->c + c) * g->h + iy) * g->w + j * g->dw - g->pw;   \
                     for (Py_ssize_t ox = 0; ox < xlo; ox++) o[ox] = 0.0;                          \
                     for (Py_ssize_t ox = xhi; ox < g->wo; ox++) o[ox] = 0.0;                      \
-                    if (per_row && g->sw == 1) {                                                  \
+                    if (g->sw == 1) {                                                             \
                         _Pragma("GCC ivdep") for (Py_ssize_t ox = xlo; ox < xhi; ox++)            \
                             o[ox] = round_even((double)src[ox] * rinv);                           \
-                    } else if (per_row) {                                                         \
+                    } else {                                                                      \
                         for (Py_ssize_t ox = xlo; ox < xhi; ox++)                                 \
                             o[ox] = round_even((double)src[ox * g->sw] * rinv);                   \
-                    } else {                                                                      \
-                        const double *iv = inv + (n * g->ho + oy) * g->wo;                        \
-                        if (g->sw == 1) {                                                         \
-                            _Pragma("GCC ivdep") for (Py_ssize_t ox = xlo; ox < xhi; ox++)        \
-                                o[ox] = round_even((double)src[ox] * iv[ox]);                     \
-                        } else {                                                                  \
-                            for (Py_ssize_t ox = xlo; ox < xhi; ox++)                             \
-                                o[ox] = round_even((double)src[ox * g->sw] * iv[ox]);             \
-                        }                                                                         \
                     }                                                                             \
                 }                                                                                 \
         }                                                                                         \
@@ -1864,7 +1857,7 @@ UNFOLD(double, uint64_t, 0x7FF0000000000000ull)
 
 typedef struct {
     const char *x;
-    int kind, beta, per_row;
+    int kind, beta;
     conv_geom g;
     Py_ssize_t c0, cc;
     void *top;
@@ -1888,53 +1881,36 @@ static void unfold_units_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
 
 static void unfold_rows_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     unfold_ctx *u = (unfold_ctx *)p;
-    if (u->kind) unfold_rows_double((const double *)u->x, &u->g, u->c0, u->inv, u->per_row, u->ints, lo, hi);
-    else unfold_rows_float((const float *)u->x, &u->g, u->c0, u->inv, u->per_row, u->ints, lo, hi);
+    if (u->kind) unfold_rows_double((const double *)u->x, &u->g, u->c0, u->inv, u->ints, lo, hi);
+    else unfold_rows_float((const float *)u->x, &u->g, u->c0, u->inv, u->ints, lo, hi);
 }
 
-/* p_unfold(src, kind, geometry, c0, cc, beta, given, ints, units): the columns of channels
-   [c0, c0 + cc) of the contiguous (n, c, h, w) input src, unfold's (cc kh kw, n ho wo) matrix,
-   as float64 integers in ints. given=0: each column's unit (units: n ho wo of them) from the
-   largest magnitude of its window, as p_split's axis 1 has it; returns False where a value in
-   a window is not finite (ints then unreliable). given=1: each row's unit read from units (cc
-   kh kw of them), as p_split's given=1; the values are taken to be finite. */
-static char *p_unfold_kw[] = {"src", "kind", "geometry", "c0", "cc", "beta", "given", "ints", "units", NULL};
+/* p_unfold(src, kind, geometry, ints, units): every channel's columns of the contiguous (n, c,
+   h, w) input src, unfold's (c kh kw, n ho wo) matrix, as float64 integers in ints on each row's
+   unit read from units (c kh kw of them), as p_split's given=1; the values are taken to be
+   finite. (p_conv_forward cuts each column on its own unit itself, in cache.) */
+static char *p_unfold_kw[] = {"src", "kind", "geometry", "ints", "units", NULL};
 PyObject *p_unfold(PyObject *module, PyObject *args, PyObject *kwargs) {
     unsigned long long src, ip, up;
-    int kind, beta, given;
-    Py_ssize_t c0, cc;
+    int kind;
     PyObject *geometry;
     unfold_ctx u;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KiO!nniiKK", p_unfold_kw, &src, &kind, &PyTuple_Type, &geometry, &c0, &cc, &beta, &given, &ip, &up))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KiO!KK", p_unfold_kw, &src, &kind, &PyTuple_Type, &geometry, &ip, &up))
         return NULL;
     memset(&u, 0, sizeof u);
     if (!read_geom(geometry, &u.g)) return NULL;
-    if (c0 < 0 || cc < 0 || c0 + cc > u.g.c) {
-        PyErr_SetString(PyExc_ValueError, "p_unfold: channels out of range");
-        return NULL;
-    }
     const conv_geom *g = &u.g;
-    const Py_ssize_t rows = cc * g->kh * g->kw, cols = g->n * g->ho * g->wo;
-    u.x = (const char *)(uintptr_t)src, u.kind = kind, u.beta = beta, u.per_row = given;
-    u.c0 = c0, u.cc = cc, u.units = (double *)(uintptr_t)up, u.ints = (double *)(uintptr_t)ip;
-    const size_t pattern = kind ? 8 : 4;
-    u.inv = (double *)malloc(sizeof(double) * (size_t)((given ? rows : cols) + 1));
-    u.top = given ? NULL : malloc(pattern * (size_t)(g->n * g->h * g->w + 1));
-    if (!u.inv || (!given && !u.top)) {
-        free(u.inv), free(u.top);
-        return PyErr_NoMemory();
-    }
+    const Py_ssize_t rows = g->c * g->kh * g->kw, cols = g->n * g->ho * g->wo;
+    u.x = (const char *)(uintptr_t)src, u.kind = kind, u.cc = g->c;
+    u.units = (double *)(uintptr_t)up, u.ints = (double *)(uintptr_t)ip;
+    u.inv = (double *)malloc(sizeof(double) * (size_t)(rows + 1));
+    if (!u.inv) return PyErr_NoMemory();
+    for (Py_ssize_t r = 0; r < rows; r++) u.inv[r] = 1.0 / u.units[r];
     Py_BEGIN_ALLOW_THREADS
-    if (given) {
-        for (Py_ssize_t r = 0; r < rows; r++) u.inv[r] = 1.0 / u.units[r];
-    } else {
-        parallel_for(g->n * g->h, g->n * g->h * g->w * (cc + 1), unfold_top_range, &u);
-        parallel_for(g->n * g->ho, cols * g->kh * g->kw, unfold_units_range, &u);
-    }
-    if (!u.bad) parallel_for(rows, rows * cols, unfold_rows_range, &u);
+    parallel_for(rows, rows * cols, unfold_rows_range, &u);
     Py_END_ALLOW_THREADS
-    free(u.inv), free(u.top);
-    return PyBool_FromLong(!u.bad);
+    free(u.inv);
+    Py_RETURN_NONE;
 }
 
 /* p_fold_scale(cols, geometry, unit_a, unit_b, out, out_kind): fold's sums of the integer

@@ -1,18 +1,17 @@
-"""The compiled convolution steps (src/twice/_portable.c p_conv_forward, p_unfold,
-p_fold_scale), where they apply.
+"""The compiled convolution steps (src/twice/_portable.c p_conv_forward, p_conv_weight_grad,
+p_unfold, p_fold_scale), where they apply.
 
-`forward` is conv.py's whole forward for one group: `columns` then `Repeated.times`, with the
-columns unfolded a panel at a time into a buffer that stays in cache and multiplied there (no
-columns in memory), the same integers, sums and scaling. `weight_grad` is the weight
-gradient's integer product of the whole batch the same way, and `input_grad` the input
-gradient at stride 1, as the forward of the output gradient's integers by the flipped weight.
-
-`columns` is `_columns` followed by `native.split_rows` on unfold's columns, `columns_given` the
-same followed by `native.split_given`, and `fold_scaled` conv.py's `_fold` of integer columns
-followed by the scaling and the rounding: one pass each instead of several, the same bits. As in
-native.py, each returns None where the kernel does not apply (no compiled module, a tensor not
-on the CPU or of another dtype), and conv.py then takes those steps one by one.
-"""
+`forward` is conv.py's whole forward for one group: the input's columns, each cut on its own
+grid, times the weight's integers, with the columns unfolded a panel at a time into a buffer
+that stays in cache and multiplied there (no columns in memory), each sum scaled and rounded as
+`Repeated.times` does. `weight_grad` is the weight gradient's integer product of the whole batch
+the same way, and `input_grad` the input gradient at stride 1, as the forward of the output
+gradient's integers by the flipped weight. Where those do not apply, `columns_given` is
+`_columns` followed by `native.split_given` on unfold's columns, and `fold_scaled` conv.py's
+`_fold` of integer columns followed by the scaling and the rounding, each one pass. All give the
+bits of conv.py's torch steps. As in native.py, each returns None where the kernel does not
+apply (no compiled module, a tensor not on the CPU or of another dtype), and conv.py then takes
+those steps one by one."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ __all__ = [
     "weight_grad",
     "input_grad",
     "INPUT_GRAD_CHANNELS",
-    "columns",
     "columns_given",
     "fold_scaled",
 ]
@@ -143,40 +141,23 @@ def input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dty
     return out.reshape(n, groups * cin, *size)
 
 
-def _unfold(x, geometry, channels, beta, units):
-    """p_unfold of channels [c0, c0 + count) of the (N, C, H, W) input x into float64 integers:
-    on each column's own unit (written into `units`) where `beta` is given, else on the rows'
-    units read from `units`. Returns (ints, whether every value was finite), or None where the
-    kernel does not apply."""
+def _unfold(x, geometry, units):
+    """p_unfold of the (N, C, H, W) input x into float64 integers on the rows' units read from
+    `units` (C * kh * kw), or None where the kernel does not apply."""
     module = _kernels()
     if module is None or not native.usable(x, units) or x.dim() != 4 or x.numel() == 0:
         return None
     kernel, stride, padding, dilation, out_hw = geometry
-    c0, count = channels
     x = x.contiguous()
     ints = native.empty(
-        (count * kernel[0] * kernel[1], x.shape[0] * out_hw[0] * out_hw[1]), torch.float64
+        (x.shape[1] * kernel[0] * kernel[1], x.shape[0] * out_hw[0] * out_hw[1]), torch.float64
     )
-    finite = module.p_unfold(
+    module.p_unfold(
         src=x.data_ptr(), kind=native.KINDS[x.dtype],
         geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
-        c0=c0, cc=count, beta=beta or 0, given=int(beta is None), ints=ints.data_ptr(),
-        units=units.data_ptr(),
+        ints=ints.data_ptr(), units=units.data_ptr(),
     )  # fmt: skip
-    return ints, finite
-
-
-def columns(x, kernel, stride, padding, dilation, out_hw, channels, beta):
-    """The columns of channels [c0, c0 + count) (`channels`) of the (N, C, H, W) input, unfold's
-    (count * kh * kw, N * Ho * Wo) matrix, each column cut on the unit its window's largest
-    magnitude gives: [(ints, units (1, N * Ho * Wo))], as `native.split_rows(columns, (-2,),
-    beta)` gives it. False where a window holds a value not finite; None where the kernel does
-    not apply."""
-    units = native.empty((1, x.shape[0] * out_hw[0] * out_hw[1]), torch.float64)
-    done = _unfold(x, (kernel, stride, padding, dilation, out_hw), channels, beta, units)
-    if done is None:
-        return None
-    return [(done[0], units)] if done[1] else False
+    return ints
 
 
 def columns_given(x, kernel, stride, padding, dilation, out_hw, units):
@@ -188,8 +169,7 @@ def columns_given(x, kernel, stride, padding, dilation, out_hw, units):
         return None
     units = units.to(torch.float64).contiguous()
     geometry = (kernel, stride, padding, dilation, out_hw)
-    done = _unfold(x, geometry, (0, x.shape[1]), None, units)
-    return None if done is None else done[0]
+    return _unfold(x, geometry, units)
 
 
 def fold_scaled(cols, size, kernel, stride, padding, dilation, unit_a, unit_b, out_dtype):
