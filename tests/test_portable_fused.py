@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from twice.core.protocol import NO_FUSED_RNN
 from twice.portable import conv as pconv
-from twice.portable import native, native_conv, recurrent
+from twice.portable import native, native_conv, native_rnn, recurrent
 from twice.portable.exact import Repeated, exact_matmul
 from twice.portable.mode import PortableMode
 
@@ -127,12 +127,23 @@ def test_fused_recurrent_layers_give_the_op_by_op_bits(case):
 @EXAMPLES
 @given(case=RNN_CASES)
 def test_the_compiled_cell_gives_the_fallbacks_bits(case):
-    compiled = _rnn_run(case, True)
+    """Whole compiled steps (p_lstm_step), the compiled cell between separate cuts and scalings,
+    and the torch operations one by one: the same bits."""
+    taken, whole = [], native_rnn.Steps.forward
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native_rnn.Steps, "forward", lambda *a: taken.append(1) or whole(*a))
+        compiled = _rnn_run(case, True)
+    with pytest.MonkeyPatch.context() as patch:  # no whole steps
+        patch.setattr(native_rnn.Steps, "__init__", lambda self, *a: setattr(self, "usable", 0))
+        cells = _rnn_run(case, True)
     with native.fallback():
         fallback = _rnn_run(case, True)
+    if case.get("kind", "lstm") == "lstm" and case["dtype"] == torch.float32:
+        assert taken  # the whole steps ran
     for name, value in compiled.items():
-        assert (value is None) == (fallback[name] is None), name
-        assert value is None or _same(value, fallback[name]), name
+        for other in (cells, fallback):
+            assert (value is None) == (other[name] is None), name
+            assert value is None or _same(value, other[name]), name
 
 
 def test_the_fused_path_is_taken_and_its_recurrent_gradient_is_one_rounding():

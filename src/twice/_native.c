@@ -811,6 +811,8 @@ PyObject *p_unfold(PyObject *, PyObject *, PyObject *);
 PyObject *p_fold_scale(PyObject *, PyObject *, PyObject *);
 PyObject *p_conv_forward(PyObject *, PyObject *, PyObject *);
 PyObject *p_conv_weight_grad(PyObject *, PyObject *, PyObject *);
+PyObject *p_lstm_step(PyObject *, PyObject *);
+PyObject *p_lstm_step_backward(PyObject *, PyObject *);
 PyObject *p_lstm_cell_backward(PyObject *, PyObject *, PyObject *);
 
 static PyMethodDef methods[] = {
@@ -836,6 +838,8 @@ static PyMethodDef methods[] = {
     {"p_fold_scale", (PyCFunction)(void (*)(void))p_fold_scale, METH_VARARGS | METH_KEYWORDS, "Portable mode: integer columns folded onto the input, scaled, rounded once."},
     {"p_conv_forward", (PyCFunction)(void (*)(void))p_conv_forward, METH_VARARGS | METH_KEYWORDS, "Portable mode: a convolution's forward, columns unfolded panel by panel in cache."},
     {"p_conv_weight_grad", (PyCFunction)(void (*)(void))p_conv_weight_grad, METH_VARARGS | METH_KEYWORDS, "Portable mode: a convolution's weight gradient as exact integer sums, in cache."},
+    {"p_lstm_step", p_lstm_step, METH_VARARGS, "Portable mode: one LSTM step forward from its integer product, the next hidden state cut."},
+    {"p_lstm_step_backward", p_lstm_step_backward, METH_VARARGS, "Portable mode: one LSTM step backward from its integer product, the gates' gradients cut."},
     {"p_lstm_cell", (PyCFunction)(void (*)(void))p_lstm_cell, METH_VARARGS | METH_KEYWORDS, "Portable mode: one LSTM step, forward."},
     {"p_lstm_cell_backward", (PyCFunction)(void (*)(void))p_lstm_cell_backward, METH_VARARGS | METH_KEYWORDS, "Portable mode: one LSTM step, backward."},
     {"fetch", fetch, METH_VARARGS, "twice.data's seeded per-sample fetch (see data.py and sample_rng.py)."},

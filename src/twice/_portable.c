@@ -15,6 +15,8 @@
    p_scale     an integer product scaled by its units (plus a bias), rounded once
    p_compound  addcmul, addcdiv, add with alpha, lerp: one rounding per operation
    p_lstm_cell, p_lstm_cell_backward  one LSTM time step (recurrent.py's cell)
+   p_lstm_step, p_lstm_step_backward  the same from the step's integer product, scaled, and
+               the next product's operand cut
    p_unfold    a convolution's input windows as integers on their rows' given grid (p_split's)
    p_conv_forward  a convolution's forward, columns unfolded and multiplied in cache
    p_conv_weight_grad  a convolution's weight gradient, exact integer sums in cache
@@ -2320,4 +2322,123 @@ PyObject *p_conv_weight_grad(PyObject *module, PyObject *args, PyObject *kwargs)
     free(inv);
     if (f.bad) return PyErr_NoMemory();
     Py_RETURN_NONE;
+}
+
+/* p_lstm_step and p_lstm_step_backward: one LSTM time step whole but for the recurrent product,
+   for recurrent.py's loop (cells.py). The step takes the product of the integers (float64, rows
+   x columns) with its units (ua per row, ub per column) and scales and rounds it as p_scale
+   does, runs p_lstm_cell (p_lstm_cell_backward) on it, and cuts the result the next product
+   takes (the hidden state forward, the gates' gradients backward) into integers on each row's
+   unit, as p_split's axis 0 does: the same operations as the separate kernels, in one call.
+   Each returns False where the cut met a value not finite (the caller then cuts it its own
+   way). */
+typedef struct {
+    int kind, beta, bad;
+    Py_ssize_t H;
+    const double *prod, *ua, *ub;
+    const char *bias, *gx, *c, *dy, *dh, *dc, *act, *tanh_c, *c_prev;
+    char *act_out, *c_out, *tanh_out, *h_out, *dgates, *dc_out;
+    double *ints, *units;
+} lstm_step_ctx;
+
+#define LSTM_STEP(T)                                                                                        \
+    static int lstm_step_##T(const lstm_step_ctx *s, Py_ssize_t lo, Py_ssize_t hi, T *buf) {               \
+        const Py_ssize_t H = s->H, G = 4 * H, n = hi - lo;                                                 \
+        int ok = 1;                                                                                         \
+        for (Py_ssize_t r = 0; r < n; r++) {                                                                \
+            const double a = s->ua[lo + r], *pr = s->prod + (lo + r) * G;                                   \
+            for (Py_ssize_t j = 0; j < G; j++) buf[r * G + j] = (T)(pr[j] * (a * s->ub[j]));               \
+        }                                                                                                   \
+        lstm_forward_##T(0, n, H, buf, (const T *)s->bias, (const T *)s->gx + lo * G,                      \
+                         (const T *)s->c + lo * H, (T *)s->act_out + lo * G, (T *)s->c_out + lo * H,      \
+                         (T *)s->tanh_out + lo * H, (T *)s->h_out + lo * H);                              \
+        for (Py_ssize_t r = lo; r < hi; r++)                                                               \
+            ok &= split_block_##T((const T *)s->h_out + r * H, 1, H, H, s->beta, 0, 0, s->ints + r * H,   \
+                                  s->units + r, buf);                                                      \
+        return ok;                                                                                          \
+    }                                                                                                       \
+    static int lstm_step_back_##T(const lstm_step_ctx *s, Py_ssize_t lo, Py_ssize_t hi, T *buf) {          \
+        const Py_ssize_t H = s->H, G = 4 * H, n = hi - lo;                                                 \
+        const T *dh = s->dh ? (const T *)s->dh + lo * H : NULL;                                            \
+        int ok = 1;                                                                                         \
+        if (s->prod) {                                                                                      \
+            for (Py_ssize_t r = 0; r < n; r++) {                                                            \
+                const double a = s->ua[lo + r], *pr = s->prod + (lo + r) * H;                               \
+                for (Py_ssize_t j = 0; j < H; j++) buf[r * H + j] = (T)(pr[j] * (a * s->ub[j]));           \
+            }                                                                                               \
+            dh = buf;                                                                                       \
+        }                                                                                                   \
+        lstm_backward_##T(0, n, H, s->dy ? (const T *)s->dy + lo * H : NULL, dh,                           \
+                          s->dc ? (const T *)s->dc + lo * H : NULL, (const T *)s->act + lo * G,            \
+                          (const T *)s->tanh_c + lo * H, (const T *)s->c_prev + lo * H,                    \
+                          (T *)s->dgates + lo * G, (T *)s->dc_out + lo * H);                               \
+        for (Py_ssize_t r = lo; r < hi; r++)                                                               \
+            ok &= split_block_##T((const T *)s->dgates + r * G, 1, G, G, s->beta, 0, 0, s->ints + r * G,  \
+                                  s->units + r, buf);                                                      \
+        return ok;                                                                                          \
+    }
+LSTM_STEP(float)
+LSTM_STEP(double)
+
+static void lstm_step_range(void *p, Py_ssize_t lo, Py_ssize_t hi, int backward) {
+    lstm_step_ctx *s = (lstm_step_ctx *)p;
+    const size_t size = s->kind ? 8 : 4;
+    void *buf = malloc(size * (size_t)((hi - lo) * 4 * s->H + 1));
+    int ok;
+    if (!buf) {
+        __atomic_store_n(&s->bad, 2, __ATOMIC_RELAXED);
+        return;
+    }
+    if (backward) ok = s->kind ? lstm_step_back_double(s, lo, hi, buf) : lstm_step_back_float(s, lo, hi, buf);
+    else ok = s->kind ? lstm_step_double(s, lo, hi, buf) : lstm_step_float(s, lo, hi, buf);
+    free(buf);
+    if (!ok) __atomic_fetch_or(&s->bad, 1, __ATOMIC_RELAXED);
+}
+static void lstm_step_fwd_range(void *p, Py_ssize_t lo, Py_ssize_t hi) { lstm_step_range(p, lo, hi, 0); }
+static void lstm_step_back_range(void *p, Py_ssize_t lo, Py_ssize_t hi) { lstm_step_range(p, lo, hi, 1); }
+
+static PyObject *step_done(const lstm_step_ctx *s) {
+    if (s->bad & 2) return PyErr_NoMemory();
+    return PyBool_FromLong(!s->bad);
+}
+
+/* p_lstm_step(kind, rows, hidden, beta, prod, ua, ub, bias, gx, c, act, c_out, tanh_c, h, ints,
+   units), positional: prod (rows x 4 hidden), ua (rows), ub (4 hidden) float64; bias 0 where
+   there is none; ints (rows x hidden) and units (rows) receive h's cut. */
+PyObject *p_lstm_step(PyObject *module, PyObject *args) {
+    lstm_step_ctx s;
+    unsigned long long prod, ua, ub, bias, gx, c, act, c_out, tanh_c, h, ints, units;
+    Py_ssize_t rows;
+    memset(&s, 0, sizeof s);
+    if (!PyArg_ParseTuple(args, "innKKKKKKKKKKKKK", &s.kind, &rows, &s.H, &s.beta, &prod, &ua, &ub, &bias, &gx, &c, &act, &c_out, &tanh_c, &h, &ints, &units))
+        return NULL;
+    if (!check_ready()) return NULL;
+    s.prod = PTR(prod), s.ua = PTR(ua), s.ub = PTR(ub), s.bias = PTR(bias), s.gx = PTR(gx), s.c = PTR(c);
+    s.act_out = PTR(act), s.c_out = PTR(c_out), s.tanh_out = PTR(tanh_c), s.h_out = PTR(h);
+    s.ints = PTR(ints), s.units = PTR(units);
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(rows, rows * s.H * 16, lstm_step_fwd_range, &s);
+    Py_END_ALLOW_THREADS
+    return step_done(&s);
+}
+
+/* p_lstm_step_backward(kind, rows, hidden, beta, prod, ua, ub, dh, dy, dc, act, tanh_c, c_prev,
+   dgates, dc_out, ints, units), positional: the incoming hidden gradient is prod (rows x
+   hidden, float64) scaled by ua (rows) and ub (hidden) where prod is not 0, else dh (0: none);
+   dy and dc may be 0; ints (rows x 4 hidden) and units (rows) receive the gates' gradients' cut. */
+PyObject *p_lstm_step_backward(PyObject *module, PyObject *args) {
+    lstm_step_ctx s;
+    unsigned long long prod, ua, ub, dh, dy, dc, act, tanh_c, c_prev, dgates, dc_out, ints, units;
+    Py_ssize_t rows;
+    memset(&s, 0, sizeof s);
+    if (!PyArg_ParseTuple(args, "innKKKKKKKKKKKKKK", &s.kind, &rows, &s.H, &s.beta, &prod, &ua, &ub, &dh, &dy, &dc, &act, &tanh_c, &c_prev, &dgates, &dc_out, &ints, &units))
+        return NULL;
+    if (!check_ready()) return NULL;
+    s.prod = PTR(prod), s.ua = PTR(ua), s.ub = PTR(ub), s.dh = PTR(dh), s.dy = PTR(dy), s.dc = PTR(dc);
+    s.act = PTR(act), s.tanh_c = PTR(tanh_c), s.c_prev = PTR(c_prev), s.dgates = PTR(dgates);
+    s.dc_out = PTR(dc_out), s.ints = PTR(ints), s.units = PTR(units);
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(rows, rows * s.H * 8, lstm_step_back_range, &s);
+    Py_END_ALLOW_THREADS
+    return step_done(&s);
 }

@@ -78,10 +78,17 @@ class LSTM:
         c_prev = torch.empty(steps, batch, hidden, dtype=y.dtype)
         h, c = h0, c0
         g_cols = slice(2 * hidden, 3 * hidden)
+        steps_ = native_rnn.Steps(recurrent, y, batch, hidden)
+        if steps_.usable and not native_rnn.ready(gx, h0, c0, b_hh, acts, tanh_c, c_prev, y):
+            steps_.usable = False
         for t in order:
-            gates = recurrent(h)
             c_prev[t].copy_(c)
             c_next = torch.empty(batch, hidden, dtype=y.dtype)
+            if steps_.usable and (steps_.cut or steps_.cut_from(h)):  # one compiled call
+                steps_.forward(b_hh, gx[t], c_prev[t], acts[t], c_next, tanh_c[t], y[t])
+                h, c = y[t], c_next
+                continue
+            gates = recurrent(h)
             if native_rnn.lstm_cell(
                 gates, b_hh, gx[t], c_prev[t], acts[t], c_next, tanh_c[t], y[t]
             ):  # the compiled cell: the operations below, in one pass
@@ -109,9 +116,17 @@ class LSTM:
         dgates = torch.empty_like(acts)
         g_cols = slice(2 * hidden, 3 * hidden)
         dh_rec, dc_rec = dh_n, dc_n
+        steps_ = native_rnn.Steps(transposed, y, batch, 4 * hidden)
+        if steps_.usable and not native_rnn.ready(acts, tanh_c, c_prev, dy, dh_n, dc_n):
+            steps_.usable = False
         for t in reversed(order):
             dg, dc_next = dgates[t], torch.empty(batch, hidden, dtype=y.dtype)
             dy_t = dy[t] if dy is not None else None
+            if steps_.usable and (steps_.cut or native_rnn.ready(dh_rec, y)):
+                steps_.backward(dh_rec, dy_t, dc_rec, acts[t], tanh_c[t], c_prev[t], dg, dc_next)
+                dc_rec = dc_next  # the hidden gradient stays cut for the next product
+                dh_rec = None if steps_.cut else transposed(dg)
+                continue
             args = (acts[t], tanh_c[t], c_prev[t], dg, dc_next)
             if native_rnn.lstm_cell_backward(dy_t, dh_rec, dc_rec, *args):
                 dc_rec, dh_rec = dc_next, transposed(dg)  # the compiled cell: as below
@@ -133,6 +148,8 @@ class LSTM:
             dg.copy_(_sigmoid_backward(dact, act))
             dg[:, g_cols].copy_(_tanh_backward(d_g, g))
             dh_rec = transposed(dg)
+        if steps_.usable and steps_.cut:  # the first step's gates' gradients, still cut
+            dh_rec = transposed(dgates[order[0]])
         return dgates, dgates, dh_rec, dc_rec
 
 

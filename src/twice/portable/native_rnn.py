@@ -1,5 +1,6 @@
-"""The compiled LSTM cell (src/twice/_portable.c p_lstm_cell, p_lstm_cell_backward), where it
-applies.
+"""The compiled LSTM cell (src/twice/_portable.c p_lstm_cell, p_lstm_cell_backward; p_lstm_step,
+p_lstm_step_backward with the step's product scaled and the next product's operand cut), where
+it applies.
 
 As in native.py, each function returns False where the kernel does not apply (a tensor not on
 the CPU, of another dtype, or not contiguous; no compiled module), and recurrent.py then computes
@@ -12,10 +13,12 @@ import torch
 
 from twice.portable import native
 
-__all__ = ["lstm_cell", "lstm_cell_backward"]
+__all__ = ["lstm_cell", "lstm_cell_backward", "ready", "Steps"]
 
 
-def _ready(*tensors) -> bool:
+def ready(*tensors) -> bool:
+    """Whether the kernels take these tensors (None ones aside): on the CPU, float32 or float64,
+    one dtype, contiguous."""
     present = [t for t in tensors if t is not None]
     dtype = present[0].dtype
     return native.usable(*present) and all(t.dtype == dtype and t.is_contiguous() for t in present)
@@ -29,7 +32,7 @@ def lstm_cell(hg, bias, gx, c, act, c_out, tanh_c, h) -> bool:
     """One step forward: gates = (hg + bias) + gx; act = the gates' functions; c_out = f c + i g;
     tanh_c = tanh(c_out); h = o tanh_c. hg, gx, act: (rows, 4H); c and the outputs: (rows, H);
     bias (4H) or None. Whether it ran."""
-    if not _ready(hg, bias, gx, c, act, c_out, tanh_c, h):
+    if not ready(hg, bias, gx, c, act, c_out, tanh_c, h):
         return False
     native.module().p_lstm_cell(
         kind=native.KINDS[hg.dtype], rows=c.shape[0], hidden=c.shape[1], hg=hg.data_ptr(),
@@ -43,7 +46,7 @@ def lstm_cell_backward(dy, dh, dc, act, tanh_c, c_prev, dgates, dc_out) -> bool:
     """One step backward: the gates' gradients into dgates (rows, 4H) and the previous cell's
     into dc_out (rows, H), from the output's gradient dy, the next step's dh and dc (each may be
     None). Whether it ran."""
-    if not _ready(act, dy, dh, dc, tanh_c, c_prev, dgates, dc_out):
+    if not ready(act, dy, dh, dc, tanh_c, c_prev, dgates, dc_out):
         return False
     native.module().p_lstm_cell_backward(
         kind=native.KINDS[act.dtype], rows=c_prev.shape[0], hidden=c_prev.shape[1],
@@ -51,3 +54,72 @@ def lstm_cell_backward(dy, dh, dc, act, tanh_c, c_prev, dgates, dc_out) -> bool:
         c_prev=c_prev.data_ptr(), dgates=dgates.data_ptr(), dc_out=dc_out.data_ptr(),
     )  # fmt: skip
     return True
+
+
+class Steps:
+    """An LSTM layer's time steps by p_lstm_step (p_lstm_step_backward): each step one float64
+    product of integers (torch's) and one compiled call that scales and rounds it as
+    `Repeated`'s product does, runs the cell, and cuts the next product's operand (the hidden
+    state forward, the gates' gradients backward) as `native.split_rows` does, the same bits
+    as the separate kernels. `repeated` is the recurrent weight's `exact.Repeated` (right
+    side); `like` a tensor of the layer's dtype. Where it does not apply, `usable` is False."""
+
+    def __init__(self, repeated, like: torch.Tensor, rows: int, width: int) -> None:
+        module = native.module()
+        self.usable = bool(
+            module is not None
+            and hasattr(module, "p_lstm_step")
+            and repeated.parts is not None
+            and native.usable(like)
+        )
+        if not self.usable:
+            return
+        self.module, self.repeated, self.kind = module, repeated, native.KINDS[like.dtype]
+        ints, units = repeated.parts
+        self.ints_w, self.units_w = ints, units.reshape(-1).contiguous()
+        self.rows, self.width = rows, width  # width: the cut operand's columns
+        out = ints.shape[1]
+        self.prod = torch.empty(rows, out, dtype=torch.float64)
+        self.ints = torch.empty(rows, width, dtype=torch.float64)
+        self.units = [torch.empty(rows, dtype=torch.float64) for _ in range(2)]
+        self.flip, self.cut = 0, False
+
+    def cut_from(self, t: torch.Tensor) -> bool:
+        """Cut `t` (rows, width) for the next product; False where a value is not finite."""
+        parts = native.split_rows(t, (-1,), self.repeated.beta)
+        if not parts:
+            self.cut = False
+            return False
+        self.ints.copy_(parts[0][0])
+        self.units[self.flip].copy_(parts[0][1].reshape(-1))
+        self.cut = True
+        return True
+
+    def _product(self) -> tuple[int, int]:
+        """The pending product into self.prod; (its pointer, its row units' pointer)."""
+        torch.matmul(self.ints, self.ints_w, out=self.prod)
+        units = self.units[self.flip]
+        self.flip ^= 1
+        return self.prod.data_ptr(), units.data_ptr()
+
+    def forward(self, bias, gx, c, act, c_out, tanh_c, h) -> None:
+        """One step from the cut hidden state: p_lstm_cell's outputs, and h's cut (self.cut)."""
+        prod, ua = self._product()
+        self.cut = self.module.p_lstm_step(
+            self.kind, self.rows, c.shape[1], self.repeated.beta, prod, ua,
+            self.units_w.data_ptr(), _ptr(bias), gx.data_ptr(), c.data_ptr(), act.data_ptr(),
+            c_out.data_ptr(), tanh_c.data_ptr(), h.data_ptr(), self.ints.data_ptr(),
+            self.units[self.flip].data_ptr(),
+        )  # fmt: skip
+
+    def backward(self, dh, dy, dc, act, tanh_c, c_prev, dgates, dc_out) -> None:
+        """One step back: the incoming hidden gradient is the pending cut's product (when
+        self.cut) or `dh` (a tensor or None); p_lstm_cell_backward's outputs, and the gates'
+        gradients' cut (self.cut)."""
+        prod, ua = self._product() if self.cut else (0, 0)
+        self.cut = self.module.p_lstm_step_backward(
+            self.kind, self.rows, c_prev.shape[1], self.repeated.beta, prod, ua,
+            self.units_w.data_ptr(), 0 if self.cut else _ptr(dh), _ptr(dy), _ptr(dc),
+            act.data_ptr(), tanh_c.data_ptr(), c_prev.data_ptr(), dgates.data_ptr(),
+            dc_out.data_ptr(), self.ints.data_ptr(), self.units[self.flip].data_ptr(),
+        )  # fmt: skip
