@@ -12,9 +12,9 @@ Kernels: matrix product and convolution in GFLOP/s, elementwise exp and a sum in
 the input read), portable against torch, the best of several calls each.
 
 Convolution routes: for ResNet, LeNet and DCGAN shapes, each route conv.py takes against the one
-it stands in for, alternately in one process: the input gradient by torch's float64 kernel
-against the chunked product and fold, and the forward and weight gradient multiplied in cache
-against columns written to memory.
+it stands in for, alternately in one process: the input gradient in cache against torch's
+float64 kernel, and that against the chunked product and fold; the forward and weight gradient
+multiplied in cache against columns written to memory.
 
 `python bench/bench_portable.py` runs everything; words given pick the cases whose names hold
 them all (`bench_portable.py cnn`, `bench_portable.py kernels`).
@@ -291,40 +291,43 @@ def _paired(first, second, rounds):
 
 
 def _route_ratios(x, w, stride, padding):
-    """(input gradient: torch's kernel over the fold; forward and weight gradient: in cache
-    over columns in memory), each as (median, q1, q3)."""
+    """(input gradient: in cache over torch's kernel, torch's kernel over the fold; forward
+    and weight gradient: in cache over columns in memory), each as (median, q1, q3)."""
     settings = ([stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1)
     go = torch.randn(pconv.convolution(x, w, None, *settings).shape)
-    torch_route = pconv._torch_input_grad
-    in_cache = native_conv.forward, native_conv.weight_grad
+    real = native_conv.forward, native_conv.weight_grad, native_conv.input_grad
+    torch_route, off = pconv._torch_input_grad, (lambda *a: None)
 
-    def grad_input(route):
-        pconv._torch_input_grad = route
+    def grad_input(cached, by_torch):
+        native_conv.input_grad = real[2] if cached else off
+        pconv._torch_input_grad = torch_route if by_torch else off
         pconv.convolution_backward(go, x, w, None, *settings, [True, False, False])
 
     def forward_and_weight(cached):
-        native_conv.forward, native_conv.weight_grad = (
-            in_cache if cached else (lambda *a: None, lambda *a: None)
-        )
+        native_conv.forward, native_conv.weight_grad = real[:2] if cached else (off, off)
         pconv.convolution(x, w, None, *settings)
         pconv.convolution_backward(go, x, w, None, *settings, [False, True, False])
 
     try:
-        gi = _paired(lambda: grad_input(torch_route), lambda: grad_input(lambda *a: None), ROUNDS)
+        cache = _paired(lambda: grad_input(True, True), lambda: grad_input(False, True), ROUNDS)
+        by_torch = _paired(
+            lambda: grad_input(False, True), lambda: grad_input(False, False), ROUNDS
+        )
         cached = _paired(
             lambda: forward_and_weight(True), lambda: forward_and_weight(False), ROUNDS
         )
     finally:
+        native_conv.forward, native_conv.weight_grad, native_conv.input_grad = real
         pconv._torch_input_grad = torch_route
-        native_conv.forward, native_conv.weight_grad = in_cache
-    return gi, cached
+    return cache, by_torch, cached
 
 
 def conv_routes():
     """Each convolution route against the one it stands in for, side by side: the input gradient
-    by torch's float64 kernel against the chunked product and fold (taken at stride 1 only), and
-    the forward and weight gradient multiplied in cache (p_conv_forward, p_conv_weight_grad)
-    against columns of integers written to memory and torch's float64 product."""
+    in cache (native_conv.input_grad) against torch's float64 kernel, and that against the
+    chunked product and fold (each taken at stride 1 only), and the forward and weight gradient
+    multiplied in cache (p_conv_forward, p_conv_weight_grad) against columns of integers written
+    to memory and torch's float64 product."""
     native.keep_memory()
     assert hasattr(pconv, "_torch_input_grad") and hasattr(native_conv, "weight_grad")
     shapes = [  # (label, input, weight, stride, padding)
@@ -335,16 +338,16 @@ def conv_routes():
     ]
     if TINY:
         shapes = [("tiny", (2, 3, 8, 8), (4, 3, 3, 3), 1, 1)]
+    print(
+        "columns: input gradient in cache / torch's kernel; torch's kernel / fold; forward and "
+        "weight gradient in cache / columns in memory"
+    )
     for threads in (1,) if TINY else (1, 2):
         torch.set_num_threads(threads)
         for label, xs, ws, stride, padding in shapes:
-            gi, cached = _route_ratios(torch.randn(xs), torch.randn(ws), stride, padding)
-            print(
-                f"{label:28s} {threads} thread{'s' if threads > 1 else ' '}  input gradient, "
-                f"torch's kernel / fold {gi[0]:.2f}x ({gi[1]:.2f}x, {gi[2]:.2f}x)   forward + "
-                f"weight gradient, in cache / columns {cached[0]:.2f}x ({cached[1]:.2f}x, "
-                f"{cached[2]:.2f}x)"
-            )
+            ratios = _route_ratios(torch.randn(xs), torch.randn(ws), stride, padding)
+            cells = "   ".join(f"{m:.2f}x ({q1:.2f}x, {q3:.2f}x)" for m, q1, q3 in ratios)
+            print(f"{label:28s} {threads} thread{'s' if threads > 1 else ' '}  {cells}")
 
 
 CASES = {

@@ -339,7 +339,8 @@ def test_a_convolution_has_the_same_bits_whatever_its_chunk(case):
         assert g > 1 or all(t is not None for t in seen["weight_grad"])
         spread = [d * (k - 1) - p for d, k, p in zip(case["dilation"], case["kernel"],
                                                      case["padding"])]  # fmt: skip
-        if case["stride"] == (1, 1) and min(spread) >= 0:
+        half = 2 * results[0][0][0, 0].numel() >= x[0, 0].numel()  # most taps inside
+        if case["stride"] == (1, 1) and min(spread) >= 0 and half:
             assert seen["input_grad"] and all(t is not None for t in seen["input_grad"])
     for first, *others in zip(*results):
         assert all(_same(first, other) for other in others)

@@ -1998,14 +1998,15 @@ PyObject *p_fold_scale(PyObject *module, PyObject *args, PyObject *kwargs) {
 }
 
 /* p_conv_forward(src, kind, geometry, c0, cc, beta, wints, wunits, m, out, out_kind, out_c, co0):
-   a convolution's forward with no columns in memory. Each column's unit comes from its
-   window's largest magnitude (p_unfold's first two passes); then, a panel of up to PANEL
-   columns of one output row at a time, the panel's integers are unfolded into a buffer that
-   stays in the first-level cache and multiplied there by the m rows of the weight's integers
-   wints ((m, cc kh kw), float64, units wunits), each sum times (wunit * column unit) rounded
-   once into out ((n, out_c, ho wo), out_kind), channels [co0, co0 + m). The same integers as
-   p_unfold writes, and sums of integer products below 2**53, exact in any order and with or
-   without fused multiply-adds: the bits of torch.matmul of the columns followed by p_scale.
+   a convolution's forward with no columns in memory. Each column's unit comes from its window's
+   largest magnitude; then, PANEL consecutive columns at a time (a panel runs on into the next
+   output row where rows are short), the panel's integers are unfolded into a buffer that stays
+   in the first-level cache and multiplied there by the m rows of the weight's integers wints
+   ((m, cc kh kw), float64, units wunits), each sum times (wunit * column unit) rounded once
+   into out ((n, out_c, ho wo), out_kind), channels [co0, co0 + m). The integers are unfold's
+   values cut as p_split cuts them, and the sums of integer products below 2**53 are exact in
+   any order and with or without fused multiply-adds: the bits of torch.matmul of the columns
+   followed by p_scale.
    Returns False where a window holds a value not finite (nothing written then). */
 #define PANEL 8
 #define MR 4
@@ -2060,69 +2061,81 @@ typedef struct {
     const char *x;
     int kind, out_kind, fma;
     conv_geom g;
-    Py_ssize_t c0, cc, m, out_c, co0, K, per_row;
+    Py_ssize_t c0, cc, m, out_c, co0, K;
     const double *apack, *wunits, *units, *inv;
     char *out;
     int bad;
 } convf_ctx;
 
-/* The panel's integers, k-major: bp[k * PANEL + q] for column q (ox0 + q of output row oy of
-   sample n), zero where the window reads padding or q >= count: unfold_rows' values. */
+/* The panel's integers, k-major: bp[k * PANEL + q] for its column q (sample nq[q], output row
+   oyq[q], column oxq[q]; count columns, the rest zero), zero where the window reads padding:
+   unfold's values cut as p_split cuts them. `row`: the columns are one run of an output row. */
 #define PACK(T)                                                                                   \
     static void pack_panel_##T(const T *x, const conv_geom *g, Py_ssize_t c0, Py_ssize_t cc,       \
-                               Py_ssize_t n, Py_ssize_t oy, Py_ssize_t ox0, Py_ssize_t count,      \
-                               const double *inv, double *bp) {                                   \
+                               const Py_ssize_t *nq, const Py_ssize_t *oyq, const Py_ssize_t *oxq, \
+                               Py_ssize_t count, int row, const double *inv, double *bp) {        \
         for (Py_ssize_t c = 0; c < cc; c++)                                                       \
-            for (Py_ssize_t i = 0; i < g->kh; i++) {                                              \
-                const Py_ssize_t iy = oy * g->sh - g->ph + i * g->dh;                             \
-                const T *row = x + ((n * g->c + c0 + c) * g->h + iy) * g->w;                      \
+            for (Py_ssize_t i = 0; i < g->kh; i++)                                                \
                 for (Py_ssize_t j = 0; j < g->kw; j++) {                                          \
                     double *dst = bp + ((c * g->kh + i) * g->kw + j) * PANEL;                     \
-                    const Py_ssize_t ix0 = ox0 * g->sw - g->pw + j * g->dw;                       \
+                    const Py_ssize_t iy = oyq[0] * g->sh - g->ph + i * g->dh;                     \
+                    const Py_ssize_t ix0 = oxq[0] * g->sw - g->pw + j * g->dw;                    \
                     const Py_ssize_t last = ix0 + (PANEL - 1) * g->sw;                            \
-                    if (iy < 0 || iy >= g->h) {                                                   \
+                    if (row && (iy < 0 || iy >= g->h)) {                                          \
                         for (int q = 0; q < PANEL; q++) dst[q] = 0.0;                             \
-                    } else if (count == PANEL && g->sw == 1 && ix0 >= 0 && last < g->w) {         \
-                        for (int q = 0; q < PANEL; q++)                                           \
-                            dst[q] = round_even((double)row[ix0 + q] * inv[q]);                   \
+                    } else if (row && count == PANEL && ix0 >= 0 && last < g->w) {                \
+                        const T *src = x + ((nq[0] * g->c + c0 + c) * g->h + iy) * g->w + ix0;    \
+                        if (g->sw == 1)                                                           \
+                            for (int q = 0; q < PANEL; q++)                                       \
+                                dst[q] = round_even((double)src[q] * inv[q]);                     \
+                        else                                                                      \
+                            for (int q = 0; q < PANEL; q++)                                       \
+                                dst[q] = round_even((double)src[q * g->sw] * inv[q]);             \
                     } else {                                                                      \
                         for (int q = 0; q < PANEL; q++) {                                         \
-                            const Py_ssize_t ix = ix0 + q * g->sw;                                \
-                            dst[q] = q < count && ix >= 0 && ix < g->w                            \
-                                         ? round_even((double)row[ix] * inv[q])                   \
+                            const Py_ssize_t y = oyq[q] * g->sh - g->ph + i * g->dh;              \
+                            const Py_ssize_t v = oxq[q] * g->sw - g->pw + j * g->dw;              \
+                            dst[q] = q < count && y >= 0 && y < g->h && v >= 0 && v < g->w        \
+                                         ? round_even((double)x[((nq[q] * g->c + c0 + c) * g->h + \
+                                                                 y) * g->w + v] * inv[q])         \
                                          : 0.0;                                                   \
                         }                                                                         \
                     }                                                                             \
                 }                                                                                 \
-            }                                                                                     \
     }
 CLONED PACK(float)
 CLONED PACK(double)
 
+/* Panels [lo, hi): PANEL consecutive columns each (of n ho wo; a panel may run over rows). */
 static void convf_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     convf_ctx *f = (convf_ctx *)p;
     const conv_geom *g = &f->g;
-    const Py_ssize_t L = g->ho * g->wo, blocks = (f->m + MR - 1) / MR;
+    const Py_ssize_t L = g->ho * g->wo, cols = g->n * L, blocks = (f->m + MR - 1) / MR;
     double *bp = (double *)malloc(sizeof(double) * (size_t)(f->K * PANEL + 1)), inv[PANEL], c[MR * PANEL];
+    Py_ssize_t nq[PANEL], oyq[PANEL], oxq[PANEL], lq[PANEL];
     if (!bp) {
         __atomic_store_n(&f->bad, 2, __ATOMIC_RELAXED);
         return;
     }
     for (Py_ssize_t panel = lo; panel < hi; panel++) {
-        const Py_ssize_t row = panel / f->per_row, ox0 = (panel % f->per_row) * PANEL;
-        const Py_ssize_t n = row / g->ho, oy = row % g->ho;
-        const Py_ssize_t count = g->wo - ox0 < PANEL ? g->wo - ox0 : PANEL, col = row * g->wo + ox0;
-        for (int q = 0; q < PANEL; q++) inv[q] = q < count ? f->inv[col + q] : 0.0;
-        if (f->kind) pack_panel_double((const double *)f->x, g, f->c0, f->cc, n, oy, ox0, count, inv, bp);
-        else pack_panel_float((const float *)f->x, g, f->c0, f->cc, n, oy, ox0, count, inv, bp);
+        const Py_ssize_t col = panel * PANEL, count = cols - col < PANEL ? cols - col : PANEL;
+        for (int q = 0; q < PANEL; q++) {
+            const Py_ssize_t at = q < count ? col + q : col;
+            nq[q] = at / L, lq[q] = at % L, oyq[q] = lq[q] / g->wo, oxq[q] = lq[q] % g->wo;
+            inv[q] = q < count ? f->inv[at] : 0.0;
+        }
+        const int row = nq[count - 1] == nq[0] && oyq[count - 1] == oyq[0];
+        if (f->kind) pack_panel_double((const double *)f->x, g, f->c0, f->cc, nq, oyq, oxq, count, row, inv, bp);
+        else pack_panel_float((const float *)f->x, g, f->c0, f->cc, nq, oyq, oxq, count, row, inv, bp);
         for (Py_ssize_t b = 0; b < blocks; b++) {
             if (f->fma) micro_fma(f->apack + b * f->K * MR, MR, 1, bp, f->K, c);
             else micro_plain(f->apack + b * f->K * MR, MR, 1, bp, f->K, c);
             for (int r = 0; r < MR && b * MR + r < f->m; r++) {
-                const Py_ssize_t o = b * MR + r, at = (n * f->out_c + f->co0 + o) * L + oy * g->wo + ox0;
+                const Py_ssize_t o = b * MR + r;
                 const double a = f->wunits[o];
                 for (Py_ssize_t q = 0; q < count; q++)
-                    store(f->out, f->out_kind, at + q, c[r * PANEL + q] * (a * f->units[col + q]));
+                    store(f->out, f->out_kind, (nq[q] * f->out_c + f->co0 + o) * L + lq[q],
+                          c[r * PANEL + q] * (a * f->units[col + q]));
             }
         }
     }
@@ -2166,7 +2179,7 @@ PyObject *p_conv_forward(PyObject *module, PyObject *args, PyObject *kwargs) {
     for (Py_ssize_t o = 0; o < m; o++)
         for (Py_ssize_t k = 0; k < K; k++) apack[((o / MR) * K + k) * MR + o % MR] = w[o * K + k];
     f.x = u.x, f.kind = kind, f.out_kind = out_kind, f.fma = fma_ok(), f.g = *g, f.c0 = c0, f.cc = cc;
-    f.m = m, f.out_c = out_c, f.co0 = co0, f.K = K, f.per_row = (g->wo + PANEL - 1) / PANEL;
+    f.m = m, f.out_c = out_c, f.co0 = co0, f.K = K;
     f.apack = apack, f.wunits = (const double *)(uintptr_t)wup, f.units = u.units, f.inv = u.inv;
     f.out = (char *)(uintptr_t)op;
     Py_BEGIN_ALLOW_THREADS
@@ -2175,7 +2188,7 @@ PyObject *p_conv_forward(PyObject *module, PyObject *args, PyObject *kwargs) {
         parallel_for(g->n * g->ho, cols * g->kh * g->kw, unfold_units_range, &u);
     }
     if (!u.bad) {
-        const Py_ssize_t panels = g->n * g->ho * f.per_row;
+        const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
         parallel_for(panels, panels * PANEL * K * (m + 1), convf_range, &f);
     }
     Py_END_ALLOW_THREADS
@@ -2199,7 +2212,7 @@ typedef struct {
     const char *x;
     int kind, fma;
     conv_geom g;
-    Py_ssize_t m, K, kpad, mpad, rows_per, per_row;
+    Py_ssize_t m, K, kpad, mpad, rows_per;
     const double *gints, *inv;
     double *total;
     int lock, bad;

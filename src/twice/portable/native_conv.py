@@ -90,11 +90,12 @@ def weight_grad(x, geometry, ints_a, units_b):
     return total
 
 
-INPUT_GRAD_CHANNELS = 24
+INPUT_GRAD_CHANNELS = 48
 """From how many input channels (per group) `input_grad` takes the input gradient: each panel's
 packing is shared by the input channels' sums, so with few of them torch's float64 kernel is
-faster. Measured here side by side (3x3, 32 samples, 14x14 and 32x32): 2.2x torch's time at 3
-channels, 1.1x at 16, 0.9x to 1.03x at 24, 0.8x to 0.9x at 32, 0.65x to 0.76x at 64."""
+as fast or faster. Measured here side by side (3x3, 32 samples, 14x14 to 32x32, 1 and 2
+threads): 2.2x torch's time at 3 channels, 1.1x at 16, 0.9x to 1.08x at 32 (even), 0.65x to
+0.76x at 64."""
 
 
 def input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dtype):
@@ -106,7 +107,8 @@ def input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dty
     gives it. `g` is the output gradient (N, groups, Cout / groups, Ho * Wo), `weight_part` the
     weight's (integers (groups, Cin / groups * kh * kw, Cout / groups), unit), `shape` the
     weight's. None where it does not apply (a stride, a padding wider than the kernel, fewer
-    than INPUT_GRAD_CHANNELS input channels, a value not finite, no compiled kernel)."""
+    than INPUT_GRAD_CHANNELS input channels, an output gradient under half the input's size,
+    whose windows would mostly read padding, a value not finite, no compiled kernel)."""
     module = _kernels()
     if shape[1] < INPUT_GRAD_CHANNELS:
         return None
@@ -116,13 +118,15 @@ def input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dty
     spread = [dilation[i] * (kernel[i] - 1) - padding[i] for i in (0, 1)]
     if any(s != 1 for s in stride) or min(spread) < 0 or not native.usable(g):
         return None
+    out_hw = [(size[i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) + 1 for i in (0, 1)]
+    if 2 * out_hw[0] * out_hw[1] < size[0] * size[1]:  # most window taps would read padding
+        return None
     part = native.split_rows(g, (1, 2, 3), beta)
     if not part:
         return None
     (ints_g, unit_g), (ints_w, unit_w) = part[0], weight_part
     n, groups, cg, _ = g.shape
     cin = shape[1]  # per group
-    out_hw = [(size[i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) + 1 for i in (0, 1)]
     image = ints_g.reshape(n, groups * cg, *out_hw).contiguous()
     flipped = ints_w.reshape(groups, cin, *kernel, cg).flip(2, 3).permute(0, 1, 4, 2, 3)
     flipped = flipped.reshape(groups, cin, cg * kernel[0] * kernel[1]).contiguous()
