@@ -93,9 +93,9 @@ def weight_grad(x, geometry, ints_a, units_b):
 INPUT_GRAD_CHANNELS = 48
 """From how many input channels (per group) `input_grad` takes the input gradient: each panel's
 packing is shared by the input channels' sums, so with few of them torch's float64 kernel is
-as fast or faster. Measured here side by side (3x3, 32 samples, 14x14 to 32x32, 1 and 2
-threads): 2.2x torch's time at 3 channels, 1.1x at 16, 0.9x to 1.08x at 32 (even), 0.65x to
-0.76x at 64."""
+faster. Measured here side by side against it (3x3, 32 samples, 1 / 2 threads): 2.2x its time
+at 3 channels, 1.1x at 16, even at 32; from 64, 0.67x to 1.07x by shape (64 in, 16 out, 14x14:
+0.71x / 0.67x; 128 in and out, 8x8: 0.82x / 0.77x; 64 in and out, 16x16: 1.07x / 0.99x)."""
 
 
 def input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dtype):
