@@ -191,9 +191,10 @@ def convolution_backward(
 def _input_grad(g, w4, size, stride, padding, dilation, dtype):
     """The input's gradient: the weight's transpose times the output's gradient, folded back
     onto the input (sums of overlaps), each sample on its own grid and the weight on one. At
-    stride 1 torch's own float64 kernel takes the integer product (`_torch_input_grad`); else,
-    a few samples at a time, it is folded, scaled and rounded in one compiled pass, or, where
-    the compiled kernels do not apply, `exact_bilinear` takes the same steps one by one."""
+    stride 1 the forward kernel in cache (`native_conv.input_grad`, many input channels) or
+    torch's own float64 kernel (`_torch_input_grad`) takes the integer product; else, a few
+    samples at a time, it is folded, scaled and rounded in one compiled pass, or, where the
+    compiled kernels do not apply, `exact_bilinear` takes the same steps one by one."""
     n, groups, cg, _ = g.shape
     kernel = tuple(w4.shape[-2:])
     k = w4.shape[1] * kernel[0] * kernel[1]
