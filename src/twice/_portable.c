@@ -1824,6 +1824,27 @@ static inline void inside(Py_ssize_t out, Py_ssize_t s, Py_ssize_t p, Py_ssize_t
         }                                                                                         \
         return worst;                                                                             \
     }                                                                                             \
+    /* One output row (sample n, row oy) of unfold's row for channel c, offset (i, j), the   \
+       columns [xlo, xhi) inside the input (`inside`), as the integers round(x * rinv). */    \
+    STAGE void window_row_##T(const T *x, const conv_geom *g, Py_ssize_t n, Py_ssize_t c,        \
+                              Py_ssize_t i, Py_ssize_t j, Py_ssize_t oy, Py_ssize_t xlo,          \
+                              Py_ssize_t xhi, double rinv, double *o) {                           \
+        const Py_ssize_t iy = oy * g->sh - g->ph + i * g->dh;                                     \
+        if (iy < 0 || iy >= g->h) {                                                               \
+            for (Py_ssize_t ox = 0; ox < g->wo; ox++) o[ox] = 0.0;                                \
+            return;                                                                               \
+        }                                                                                         \
+        const T *src = x + ((n * g->c + c) * g->h + iy) * g->w + j * g->dw - g->pw;               \
+        for (Py_ssize_t ox = 0; ox < xlo; ox++) o[ox] = 0.0;                                      \
+        for (Py_ssize_t ox = xhi; ox < g->wo; ox++) o[ox] = 0.0;                                  \
+        if (g->sw == 1) {                                                                         \
+            _Pragma("GCC ivdep") for (Py_ssize_t ox = xlo; ox < xhi; ox++)                        \
+                o[ox] = round_even((double)src[ox] * rinv);                                       \
+        } else {                                                                                  \
+            for (Py_ssize_t ox = xlo; ox < xhi; ox++)                                             \
+                o[ox] = round_even((double)src[ox * g->sw] * rinv);                               \
+        }                                                                                         \
+    }                                                                                             \
     CLONED                                                                                        \
     static void unfold_rows_##T(const T *x, const conv_geom *g, Py_ssize_t c0, const double *inv, \
                                 double *ints, Py_ssize_t lo, Py_ssize_t hi) {                     \
@@ -1832,26 +1853,10 @@ static inline void inside(Py_ssize_t out, Py_ssize_t s, Py_ssize_t p, Py_ssize_t
             const Py_ssize_t c = c0 + r / kk, i = (r % kk) / g->kw, j = r % g->kw;                \
             Py_ssize_t xlo, xhi;                                                                  \
             inside(g->wo, g->sw, g->pw, j * g->dw, g->w, &xlo, &xhi);                             \
-            const double rinv = inv[r];                                                           \
             for (Py_ssize_t n = 0; n < g->n; n++)                                                 \
-                for (Py_ssize_t oy = 0; oy < g->ho; oy++) {                                       \
-                    double *o = ints + r * cols + (n * g->ho + oy) * g->wo;                       \
-                    const Py_ssize_t iy = oy * g->sh - g->ph + i * g->dh;                         \
-                    if (iy < 0 || iy >= g->h) {                                                   \
-                        for (Py_ssize_t ox = 0; ox < g->wo; ox++) o[ox] = 0.0;                    \
-                        continue;                                                                 \
-                    }                                                                             \
-                    const T *src = x + ((n * g->c + c) * g->h + iy) * g->w + j * g->dw - g->pw;   \
-                    for (Py_ssize_t ox = 0; ox < xlo; ox++) o[ox] = 0.0;                          \
-                    for (Py_ssize_t ox = xhi; ox < g->wo; ox++) o[ox] = 0.0;                      \
-                    if (g->sw == 1) {                                                             \
-                        _Pragma("GCC ivdep") for (Py_ssize_t ox = xlo; ox < xhi; ox++)            \
-                            o[ox] = round_even((double)src[ox] * rinv);                           \
-                    } else {                                                                      \
-                        for (Py_ssize_t ox = xlo; ox < xhi; ox++)                                 \
-                            o[ox] = round_even((double)src[ox * g->sw] * rinv);                   \
-                    }                                                                             \
-                }                                                                                 \
+                for (Py_ssize_t oy = 0; oy < g->ho; oy++)                                         \
+                    window_row_##T(x, g, n, c, i, j, oy, xlo, xhi, inv[r],                        \
+                                   ints + r * cols + (n * g->ho + oy) * g->wo);                   \
         }                                                                                         \
     }
 UNFOLD(float, uint32_t, 0x7F800000u)
@@ -2219,34 +2224,17 @@ typedef struct {
 } convw_ctx;
 
 /* xq[k][q]: the window value of row k at position q of the rows [row0, row0 + rows), on row k's
-   unit (zero where the window reads padding): p_unfold's given=1 integers, position-major. */
+   unit (zero where the window reads padding): p_unfold's integers, position-major. */
 #define PACKW(T)                                                                                  \
     static void packw_##T(const T *x, const conv_geom *g, Py_ssize_t K, Py_ssize_t row0,           \
                           Py_ssize_t rows, Py_ssize_t P, const double *inv, double *xq) {         \
         for (Py_ssize_t k = 0; k < K; k++) {                                                      \
             const Py_ssize_t c = k / (g->kh * g->kw), i = (k / g->kw) % g->kh, j = k % g->kw;       \
-            const double rinv = inv[k];                                                           \
             Py_ssize_t xlo, xhi;                                                                  \
             inside(g->wo, g->sw, g->pw, j * g->dw, g->w, &xlo, &xhi);                             \
-            for (Py_ssize_t r = 0; r < rows; r++) {                                               \
-                const Py_ssize_t n = (row0 + r) / g->ho, oy = (row0 + r) % g->ho;                 \
-                const Py_ssize_t iy = oy * g->sh - g->ph + i * g->dh;                             \
-                double *d = xq + k * P + r * g->wo;                                               \
-                if (iy < 0 || iy >= g->h) {                                                       \
-                    for (Py_ssize_t ox = 0; ox < g->wo; ox++) d[ox] = 0.0;                        \
-                    continue;                                                                     \
-                }                                                                                 \
-                const T *src = x + ((n * g->c + c) * g->h + iy) * g->w + j * g->dw - g->pw;       \
-                for (Py_ssize_t ox = 0; ox < xlo; ox++) d[ox] = 0.0;                              \
-                for (Py_ssize_t ox = xhi; ox < g->wo; ox++) d[ox] = 0.0;                          \
-                if (g->sw == 1) {                                                                 \
-                    _Pragma("GCC ivdep") for (Py_ssize_t ox = xlo; ox < xhi; ox++)                \
-                        d[ox] = round_even((double)src[ox] * rinv);                               \
-                } else {                                                                          \
-                    for (Py_ssize_t ox = xlo; ox < xhi; ox++)                                     \
-                        d[ox] = round_even((double)src[ox * g->sw] * rinv);                       \
-                }                                                                                 \
-            }                                                                                     \
+            for (Py_ssize_t r = 0; r < rows; r++)                                                 \
+                window_row_##T(x, g, (row0 + r) / g->ho, c, i, j, (row0 + r) % g->ho, xlo, xhi,   \
+                               inv[k], xq + k * P + r * g->wo);                                   \
         }                                                                                         \
     }
 CLONED PACKW(float)
