@@ -229,17 +229,11 @@ class Repeated:
         if self.parts is not None and other.dim() == 2 and other.numel():
             found = native.split_rows(other, (-1,) if self.right else (-2,), self.beta)
             if found:
-                return self.times(found[0])
+                pair = (found[0], self.parts) if self.right else (self.parts, found[0])
+                return _scaled_product(*pair, self.out_dtype)
         if self.right:
             return exact_matmul(other, self.operand, self.out_dtype)
         return exact_matmul(self.operand, other, self.out_dtype)
-
-    def times(self, part) -> torch.Tensor:
-        """The product with the other operand given already cut: `part` is its (ints, units)
-        on `self.beta`, as `native.split_rows` gives them (a convolution's columns, cut as they
-        are unfolded). Only where `self.parts` is not None."""
-        pair = (part, self.parts) if self.right else (self.parts, part)
-        return _scaled_product(*pair, self.out_dtype)
 
 
 def exact_addmm(bias, a, b, out_dtype) -> torch.Tensor:

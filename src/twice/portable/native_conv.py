@@ -4,9 +4,9 @@ p_unfold, p_fold_scale), where they apply.
 `forward` is conv.py's whole forward for one group: the input's columns, each cut on its own
 grid, times the weight's integers, with the columns unfolded a panel at a time into a buffer
 that stays in cache and multiplied there (no columns in memory), each sum scaled and rounded as
-`Repeated.times` does. `weight_grad` is the weight gradient's integer product of the whole batch
-the same way, and `input_grad` the input gradient at stride 1, as the forward of the output
-gradient's integers by the flipped weight. Where those do not apply, `columns_given` is
+`Repeated`'s product does. `weight_grad` is the weight gradient's integer product of the whole
+batch the same way, and `input_grad` the input gradient at stride 1, as the forward of the
+output gradient's integers by the flipped weight. Where those do not apply, `columns_given` is
 `_columns` followed by `native.split_given` on unfold's columns, and `fold_scaled` conv.py's
 `_fold` of integer columns followed by the scaling and the rounding, each one pass. All give the
 bits of conv.py's torch steps. As in native.py, each returns None where the kernel does not
@@ -29,21 +29,22 @@ __all__ = [
 ]
 
 
-def _kernels():
+def _kernels(name: str):
+    """The compiled module where it has the kernel `name`, else None."""
     module = native.module()
-    return module if module is not None and hasattr(module, "p_unfold") else None
+    return module if module is not None and hasattr(module, name) else None
 
 
 def forward(x, geometry, channels, left, out, co0: int):
     """Channels [co0, co0 + m) of the convolution's output `out` ((N, out channels, Ho * Wo),
     contiguous, x's dtype) from input channels [c0, c0 + count) (`channels`) of the (N, C, H, W)
     input x and `left`, the group's weight cut once (an `exact.Repeated` of (m, count * kh *
-    kw) with `parts`): each column on its own grid, as `columns` cuts it, times the weight's
-    integers, each sum scaled and rounded once, as `Repeated.times` gives it. True when done;
-    False where a window holds a value not finite (nothing written); None where the kernel
-    does not apply."""
-    module = _kernels()
-    if module is None or not hasattr(module, "p_conv_forward") or left.parts is None:
+    kw) with `parts`): each column on its own grid, as `native.split_rows` cuts unfold's
+    columns, times the weight's integers, each sum scaled and rounded once, as `left(columns)`
+    gives it. True when done; False where a window holds a value not finite (nothing written);
+    None where the kernel does not apply."""
+    module = _kernels("p_conv_forward")
+    if module is None or left.parts is None:
         return None
     if not native.usable(x, out) or x.dim() != 4 or x.numel() == 0 or out.dtype != x.dtype:
         return None
@@ -68,8 +69,8 @@ def weight_grad(x, geometry, ints_a, units_b):
     columns on the rows' units `units_b` (C * kh * kw, fixed over the batch), as
     `torch.matmul(ints_a, columns_given(...).mT)` gives it, with no columns in memory. The
     values must be finite. None where the kernel does not apply."""
-    module = _kernels()
-    if module is None or not hasattr(module, "p_conv_weight_grad") or x.dim() != 4:
+    module = _kernels("p_conv_weight_grad")
+    if module is None or x.dim() != 4:
         return None
     kernel, stride, padding, dilation, out_hw = geometry
     if not native.usable(x) or ints_a.dtype != torch.float64 or ints_a.dim() != 2:
@@ -109,10 +110,8 @@ def input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dty
     weight's. None where it does not apply (a stride, a padding wider than the kernel, fewer
     than INPUT_GRAD_CHANNELS input channels, an output gradient under half the input's size,
     whose windows would mostly read padding, a value not finite, no compiled kernel)."""
-    module = _kernels()
-    if shape[1] < INPUT_GRAD_CHANNELS:
-        return None
-    if module is None or not hasattr(module, "p_conv_weight_grad") or dtype not in native.KINDS:
+    module = _kernels("p_conv_forward")
+    if module is None or shape[1] < INPUT_GRAD_CHANNELS or dtype not in native.KINDS:
         return None
     kernel = shape[2:]
     spread = [dilation[i] * (kernel[i] - 1) - padding[i] for i in (0, 1)]
@@ -145,14 +144,17 @@ def input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dty
     return out.reshape(n, groups * cin, *size)
 
 
-def _unfold(x, geometry, units):
-    """p_unfold of the (N, C, H, W) input x into float64 integers on the rows' units read from
-    `units` (C * kh * kw), or None where the kernel does not apply."""
-    module = _kernels()
+def columns_given(x, kernel, stride, padding, dilation, out_hw, units):
+    """The integers of every channel's columns of the (N, C, H, W) input on units fixed
+    elsewhere, one per row of unfold's matrix (float64, C * kh * kw): round(x / unit), as
+    `native.split_given(columns, units)` gives them (p_unfold). The values must be finite.
+    None where the kernel does not apply."""
+    module = _kernels("p_unfold")
     if module is None or not native.usable(x, units) or x.dim() != 4 or x.numel() == 0:
         return None
-    kernel, stride, padding, dilation, out_hw = geometry
-    x = x.contiguous()
+    if units.numel() != x.shape[1] * kernel[0] * kernel[1]:
+        return None
+    x, units = x.contiguous(), units.to(torch.float64).contiguous()
     ints = native.empty(
         (x.shape[1] * kernel[0] * kernel[1], x.shape[0] * out_hw[0] * out_hw[1]), torch.float64
     )
@@ -164,24 +166,12 @@ def _unfold(x, geometry, units):
     return ints
 
 
-def columns_given(x, kernel, stride, padding, dilation, out_hw, units):
-    """The integers of every channel's columns of the (N, C, H, W) input on units fixed
-    elsewhere, one per row of unfold's matrix (float64, C * kh * kw): round(x / unit), as
-    `native.split_given(columns, units)` gives them. The values must be finite. None where the
-    kernel does not apply."""
-    if x.dim() != 4 or units.numel() != x.shape[1] * kernel[0] * kernel[1]:
-        return None
-    units = units.to(torch.float64).contiguous()
-    geometry = (kernel, stride, padding, dilation, out_hw)
-    return _unfold(x, geometry, units)
-
-
 def fold_scaled(cols, size, kernel, stride, padding, dilation, unit_a, unit_b, out_dtype):
     """conv.py's `_fold` of the integer columns `cols` (float64, (N, C * kh * kw, Ho * Wo)) onto
     inputs of spatial `size`, each sum times `unit_a` (one unit) times its sample's `unit_b`
     (N units), rounded once to `out_dtype`: an (N, C, *size) tensor. None where the kernel does
     not apply."""
-    module = _kernels()
+    module = _kernels("p_fold_scale")
     if module is None or out_dtype not in native.KINDS or not native.usable(cols, unit_b):
         return None
     if cols.dtype != torch.float64 or cols.dim() != 3 or unit_b.numel() != cols.shape[0]:

@@ -77,10 +77,9 @@ class Steps:
         self.module, self.repeated, self.kind = module, repeated, native.KINDS[like.dtype]
         ints, units = repeated.parts
         self.ints_w, self.units_w = ints, units.reshape(-1).contiguous()
-        self.rows, self.width = rows, width  # width: the cut operand's columns
-        out = ints.shape[1]
-        self.prod = torch.empty(rows, out, dtype=torch.float64)
-        self.ints = torch.empty(rows, width, dtype=torch.float64)
+        self.rows = rows
+        self.prod = torch.empty(rows, ints.shape[1], dtype=torch.float64)
+        self.ints = torch.empty(rows, width, dtype=torch.float64)  # the cut operand's integers
         self.units = [torch.empty(rows, dtype=torch.float64) for _ in range(2)]
         self.flip, self.cut = 0, False
 
