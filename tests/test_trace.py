@@ -2,7 +2,8 @@ import pytest
 
 from twice.core.errors import CorruptRecord
 from twice.core.records import StepRecord
-from twice.store.traces import TraceWriter, read_trace, trace_files
+from twice.store.layout import RunFolder
+from twice.store.traces import TraceWriter, read_trace
 
 
 def write(path, n):
@@ -39,10 +40,13 @@ def test_damage_in_the_middle_is_an_error_naming_the_line(tmp_path):
         read_trace(path)
 
 
-def test_trace_files_names_streams(tmp_path):
-    for name in ("trace.jsonl", "trace.rank1.jsonl", "trace.fork2.jsonl"):
+def test_a_run_folder_names_streams_only_from_trace_names(tmp_path):
+    names = ("trace.jsonl", "trace.rank1.jsonl", "trace.fork2.jsonl", "trace.rank0.sub1.jsonl")
+    strays = ("trace_orig.jsonl", "trace~.jsonl", "traceX.jsonl", "trace.main.jsonl", "trace..jsonl")
+    for name in names + strays:
         (tmp_path / name).write_text("")
-    assert set(trace_files(tmp_path)) == {"main", "rank1", "fork2"}
+    assert set(RunFolder(tmp_path).traces()) == {"main", "rank1", "fork2", "rank0.sub1"}
+    assert RunFolder(tmp_path).traces()["main"].name == "trace.jsonl"
 
 
 def _full_record(name="layer3.weight", step=12):

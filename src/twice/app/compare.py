@@ -215,7 +215,7 @@ def compare_runs(
     )
     if chosen:
         diffs.sort(key=lambda d: -chosen.count(d.key[7:]) if d.key.startswith("config.") else 0)
-    traces_a, traces_b = trace_files(a), trace_files(b)
+    traces_a, traces_b = trace_files(a, manifest_a), trace_files(b, manifest_b)
     # A resumed run never ran the steps before its checkpoint: compare from where both ran.
     resumes = {label: read_resume(path) for label, path in (("A", a), ("B", b))}
     resumes = {label: resume for label, resume in resumes.items() if resume is not None}

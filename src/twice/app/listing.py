@@ -1,16 +1,14 @@
-"""`twice ls`: the runs and sweeps of a runs folder as a table (rich), and the sweep summaries it
-lists beside the runs."""
+"""`twice ls`: the runs and sweeps of a runs folder as a table (drawn by app/terminal.py), and
+the sweep summaries it lists beside the runs."""
 
 from __future__ import annotations
 
-import io
 import math
-import shutil
-import sys
 import time
 from pathlib import Path
 
 from twice.core.errors import CorruptRecord, UsageError
+from twice.store.reader import present
 from twice.store.sweeps import SWEEP_FILE, read_sweep
 from twice.store.traceseries import loss_fault_phrase
 
@@ -23,7 +21,7 @@ def summarize_sweeps(runs_dir: Path) -> list[dict]:
     from twice.store.runs import effective_status, list_runs, read_manifest
 
     out = []
-    for folder in sorted(p for p in Path(runs_dir).iterdir() if (p / SWEEP_FILE).is_file()):
+    for folder in sorted(p for p in Path(runs_dir).iterdir() if present(p / SWEEP_FILE)):
         row: dict = {"sweep": folder.name, "path": str(folder)}
         try:
             spec = read_sweep(folder)
@@ -66,22 +64,22 @@ def _status(row: dict) -> str:
         status += " (non-finite loss)"
     if row.get("capture_error"):
         status += " (capture stopped)"
+    if row.get("error"):
+        status += f": {row['error']}"
     return status
 
 
 def format_run_table(rows: list[dict], sweeps: list[dict], width: int | None = None) -> str:
     """The table `twice ls` prints: a header, one row per run (its name first; runs made by
     twice's own commands marked), then the sweeps."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
+    from twice.app.terminal import table_text
 
-    if width is None:
-        width = shutil.get_terminal_size((160, 24)).columns if sys.stdout.isatty() else 160
-    buffer = io.StringIO()
-    console = Console(file=buffer, width=width, color_system=None, highlight=False, markup=False)
-    if rows:
-        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    columns = {
+        column: {
+            "justify": justify,
+            "overflow": "fold" if column != "command" else "ellipsis",
+            "no_wrap": column == "command",
+        }
         for column, justify in (
             ("run", "left"),
             ("id", "left"),
@@ -91,26 +89,23 @@ def format_run_table(rows: list[dict], sweeps: list[dict], width: int | None = N
             ("steps", "right"),
             ("final loss", "right"),
             ("command", "left"),
-        ):
-            table.add_column(
-                column,
-                justify=justify,
-                overflow="fold" if column != "command" else "ellipsis",
-                no_wrap=column == "command",
-            )
-        names = {"-".join(r["id"].split("-", 4)[:4]): r.get("name") for r in rows}
-        for row in rows:
-            name = row.get("name") or "-"
-            if row.get("rerun_of"):  # "verify of 20261204-162038-444-120047" -> "verify of base"
-                what, _, of = row["rerun_of"].rpartition(" of ")
-                name = f"[{what} of {names.get(of[:26]) or of}]"
-            started = (
-                time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"]))
-                if row.get("started")
-                else "?"
-            )
-            loss = row.get("final_loss")
-            table.add_row(
+        )
+    }
+    cells, notes = [], []
+    names = {"-".join(r["id"].split("-", 4)[:4]): r.get("name") for r in rows}
+    for row in rows:
+        name = row.get("name") or "-"
+        if row.get("rerun_of"):  # "verify of 20261204-162038-444-120047" -> "verify of base"
+            what, _, of = row["rerun_of"].rpartition(" of ")
+            name = f"[{what} of {names.get(of[:26]) or of}]"
+        started = (
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started"]))
+            if row.get("started")
+            else "?"
+        )
+        loss = row.get("final_loss")
+        cells.append(
+            [
                 name,
                 "-".join(row["id"].split("-", 4)[:4]),
                 _status(row),
@@ -119,22 +114,22 @@ def format_run_table(rows: list[dict], sweeps: list[dict], width: int | None = N
                 "-" if row.get("steps") is None else str(row["steps"]),
                 "-" if loss is None else f"{loss:.6g}",
                 row["command"],
+            ]
+        )
+    for row in rows:  # the faults in words, under the table
+        if row.get("loss_fault"):
+            notes.append(
+                f"{row.get('name') or row['id']}: {loss_fault_phrase(row['loss_fault'])}: "
+                f"see `twice nan {row['id']}`"
             )
-        console.print(table)
-        for row in rows:  # the faults in words, under the table
-            if row.get("loss_fault"):
-                console.print(
-                    f"{row.get('name') or row['id']}: {loss_fault_phrase(row['loss_fault'])}: "
-                    f"see `twice nan {row['id']}`"
-                )
     for sweep in sweeps:
         if "error" in sweep:
-            console.print(f"sweep {sweep['sweep']}: damaged ({sweep['error']})")
+            notes.append(f"sweep {sweep['sweep']}: damaged ({sweep['error']})")
             continue
         grid = " x ".join(f"{k}={','.join(v)}" for k, v in sweep["grid"].items())
         counts = ", ".join(f"{n} {status}" for status, n in sorted(sweep["statuses"].items()))
-        console.print(
+        notes.append(
             f"sweep {sweep['sweep']}: {grid}, {sweep['seeds']} seeds: {sweep['trials']} trials "
             f"({counts or 'none run yet'})"
         )
-    return buffer.getvalue().rstrip("\n")
+    return table_text(columns, cells, notes, width)

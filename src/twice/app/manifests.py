@@ -261,6 +261,8 @@ def finish_manifest(
             identity["config"] = config
         except CorruptRecord:  # the manifest must still be finished: say so, do not crash
             summary["damaged_config"] = True
+    # The closed set of streams this run wrote: a trace file it does not list is never merged.
+    context["streams"] = sorted(RunFolder(run_dir).traces())
     context.update(
         ended=time.time(),
         exit_code=returncode,

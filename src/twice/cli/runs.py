@@ -12,7 +12,7 @@ from twice.app.render import (
     format_run,
 )
 from twice.cli.group import echo_out, json_option, json_text, main, runs_dir_option, use_color
-from twice.core.errors import TwiceError, UsageError
+from twice.core.errors import CorruptRecord, TwiceError, UsageError
 from twice.store.layout import RunFolder
 
 
@@ -50,7 +50,7 @@ def list_command(folder, runs_dir, as_json):
       twice ls --runs-dir experiments/runs --json
     """
     from twice.app.listing import format_run_table, summarize_sweeps
-    from twice.store.runs import list_runs, summarize_run
+    from twice.store.runs import summarize_runs
 
     runs_dir = folder if folder is not None else runs_dir
     if not runs_dir.is_dir():
@@ -58,12 +58,18 @@ def list_command(folder, runs_dir, as_json):
             f"no runs folder {runs_dir}",
             "start a run with `twice run`, or pass the folder that holds runs (--runs-dir)",
         )
-    rows = [summarize_run(path) for path in list_runs(runs_dir)]
+    rows = summarize_runs(runs_dir)
     sweeps = summarize_sweeps(runs_dir)
     if as_json:
         echo_out(json_text({"runs": rows, "sweeps": sweeps}))
     elif rows or sweeps:
         echo_out(format_run_table(rows, sweeps))
+    damaged = [row["id"] for row in rows if row.get("error")]
+    if damaged:  # listed with the rest, then refused: a damaged record is never a quiet row
+        raise CorruptRecord(
+            f"{len(damaged)} run folder(s) could not be read: {', '.join(damaged[:5])}",
+            "see `twice show <run>` for what is wrong with each; remove or re-record them",
+        )
 
 
 @main.command()

@@ -154,3 +154,5 @@ class Manifest:
     events = property(lambda self: self.context.get("events"))
     outputs = property(lambda self: self.context.get("outputs") or {})
     launcher = property(lambda self: self.context.get("launcher", {}))
+    # The trace streams the run wrote (None: a run still running, or recorded before the list).
+    streams = property(lambda self: self.context.get("streams"))

@@ -4,14 +4,24 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from twice.core.errors import CorruptRecord
 
-__all__ = ["FIELDS", "SHAPES", "check"]
+__all__ = ["FIELDS", "SHAPES", "STREAM", "check"]
 
 
 _HINT = "the manifest is damaged or was edited: re-record the run (twice never guesses a verdict)"
+
+
+# A trace stream's name: "main" (trace.jsonl) or a tag of dot-separated words ("rank3", "proc1-2",
+# "rank0.sub1": trace.<tag>.jsonl). store/layout.py names the files from it.
+STREAM = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
+def _is_stream(value: Any) -> bool:
+    return isinstance(value, str) and STREAM.fullmatch(value) is not None
 
 
 def _is_int(value: Any, low: int = -(2**63), high: int = 2**63 - 1) -> bool:
@@ -87,6 +97,13 @@ _FIELDS: tuple[tuple[str, str, str, Any, bool], ...] = (
     ("context", "params_every", "a count or null", lambda v: v is None or _is_int(v, 0), False),
     ("context", "full_every", "a count or null", lambda v: v is None or _is_int(v, 1), False),
     ("context", "cwd", "a path", lambda v: isinstance(v, str), False),
+    (
+        "context",
+        "streams",
+        "a list of stream names",
+        lambda v: isinstance(v, list) and all(_is_stream(s) for s in v) and len(set(v)) == len(v),
+        False,
+    ),
     ("context", "git_root", "a path or null", lambda v: v is None or isinstance(v, str), False),
     (
         "context",

@@ -5,11 +5,10 @@ Read without torch: `twice diff`, `show` and `nan` judge these files on any mach
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from twice.core.errors import CorruptRecord
-from twice.store.files import read_record
+from twice.store import reader
 from twice.store.layout import RunFolder
 
 __all__ = ["read_numerics", "first_fault"]
@@ -17,7 +16,7 @@ __all__ = ["read_numerics", "first_fault"]
 
 def _load(path: Path) -> str:
     try:
-        return read_record(path).decode("utf-8")
+        return reader.read_record(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CorruptRecord(
             f"cannot read {path}: {exc}", "the run folder is damaged; re-record the run"
@@ -25,12 +24,7 @@ def _load(path: Path) -> str:
 
 
 def _json(text: str, where: str, kind: type):
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise CorruptRecord(
-            f"{where} is not valid JSON: {exc}", "the run folder is damaged; re-record the run"
-        ) from exc
+    value = reader.loads(text, where)
     if not isinstance(value, kind):
         raise CorruptRecord(
             f"{where} holds a {type(value).__name__}, not a JSON {kind.__name__}",
@@ -43,7 +37,7 @@ def read_numerics(run_dir: Path) -> tuple[dict | None, list[dict]]:
     """(the NaN/Inf report or None, every numerical event) of a run."""
     folder = RunFolder(run_dir)
     report = None
-    if folder.numerics_report.is_file():
+    if reader.present(folder.numerics_report):
         report = _json(_load(folder.numerics_report), str(folder.numerics_report), dict)
         fault = report.get("fault")
         if (
@@ -56,7 +50,7 @@ def read_numerics(run_dir: Path) -> tuple[dict | None, list[dict]]:
                 "the run folder is damaged; re-record the run",
             )
     events = []
-    if folder.numerics_events.is_file():
+    if reader.present(folder.numerics_events):
         for number, line in enumerate(_load(folder.numerics_events).splitlines(), start=1):
             if not line:
                 continue

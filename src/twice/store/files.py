@@ -1,15 +1,16 @@
-"""Atomic file writes: a crash leaves the old file or the new one, never half of either."""
+"""Atomic file writes: a crash leaves the old file or the new one, never half of either (reads go
+through store/reader.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import stat
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from twice.core.errors import CorruptRecord
+# The read side of the door lives in store/reader.py; these names are kept here for old imports.
+from twice.store.reader import RECORD_LIMIT, open_record, read_record  # noqa: F401
 
 __all__ = [
     "write_bytes_atomic",
@@ -22,56 +23,6 @@ __all__ = [
     "read_record",
     "RECORD_LIMIT",
 ]
-
-RECORD_LIMIT = 256 << 20
-"""The largest record file read whole (a manifest, a resume record, a checkpoint's index): far
-above any twice writes, far below what would exhaust memory."""
-
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-
-
-def open_record(path: Path) -> BinaryIO:
-    """Open a record file for reading: a regular file, not a link, FIFO or device (a trace that
-    is a link to /dev/zero, or a FIFO, must be refused, not read until memory runs out or
-    forever). A missing file raises FileNotFoundError; anything else unreadable, CorruptRecord."""
-    try:
-        fd = os.open(path, _READ_FLAGS | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise CorruptRecord(
-            f"cannot read {path}: {exc.strerror or exc} (a record must be a regular file in the "
-            "run folder, not a link)",
-            "the run folder is damaged or was edited; re-record the run",
-        ) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise CorruptRecord(
-                f"cannot read {path}: it is not a regular file",
-                "a record must be a regular file in the run folder; re-record the run",
-            )
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_record(path: Path, limit: int = RECORD_LIMIT) -> bytes:
-    """A record file's bytes, read through open_record and refused above `limit` bytes."""
-    with open_record(path) as handle:
-        try:
-            data = handle.read(limit + 1)
-        except OSError as exc:
-            raise CorruptRecord(
-                f"cannot read {path}: {exc}", "the file is damaged; re-record the run"
-            ) from None
-    if len(data) > limit:
-        raise CorruptRecord(
-            f"cannot read {path}: larger than {limit >> 20} MiB, far more than twice writes",
-            "the run folder is damaged or was edited; re-record the run",
-        )
-    return data
 
 
 def fsync_dir(path: Path) -> None:

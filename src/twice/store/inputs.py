@@ -9,7 +9,6 @@ run's end (the run rewrote it) is listed as `changed`, without a digest: what wa
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,8 @@ from pathlib import Path
 import xxhash
 from filelock import FileLock, Timeout
 
+from twice.core.errors import CorruptRecord
+from twice.store import reader
 from twice.store.files import write_json_atomic
 
 __all__ = ["InputFile", "hash_inputs", "cache_path", "SAMPLE_ABOVE", "inputs_under"]
@@ -24,6 +25,7 @@ __all__ = ["InputFile", "hash_inputs", "cache_path", "SAMPLE_ABOVE", "inputs_und
 SAMPLE_ABOVE = 4 << 30  # 4 GiB: above it, sampled
 SAMPLES, BLOCK = 64, 1 << 20
 _CACHE_ENTRIES = 20_000
+CACHE_LIMIT = 64 << 20  # the cache of digests: 20,000 entries of ~150 bytes
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ def cache_path() -> Path:
 def _digest(path: str, size: int) -> tuple[str, bool]:
     """(xxh3-128 hex, sampled) of a file's bytes."""
     hasher = xxhash.xxh3_128()
-    with open(path, "rb") as handle:
+    with reader.open_input(Path(path)) as handle:
         if size <= SAMPLE_ABOVE:
             while chunk := handle.read(1 << 22):
                 hasher.update(chunk)
@@ -88,11 +90,11 @@ def hash_inputs(reads: dict[str, list[int]], cwd: str) -> list[InputFile]:
     cache_file = cache_path()
     cache: dict[str, list] = {}
     try:
-        loaded = json.loads(cache_file.read_bytes())
+        loaded = reader.read_json(cache_file, CACHE_LIMIT)
         if isinstance(loaded, dict):
             cache = {k: v for k, v in loaded.items() if isinstance(v, list) and len(v) == 2}
-    except (OSError, ValueError, RecursionError):
-        pass
+    except (OSError, CorruptRecord):
+        pass  # a damaged cache only costs a re-hash
     found, added = [], {}
     for path, (size, mtime_ns, inode) in sorted(reads.items()):
         try:
@@ -110,8 +112,8 @@ def hash_inputs(reads: dict[str, list[int]], cwd: str) -> list[InputFile]:
         else:
             try:
                 digest, sampled = _digest(path, size)
-            except OSError:
-                continue
+            except (OSError, CorruptRecord):
+                continue  # gone, or no longer a regular file: not an input to hash
             added[key] = [digest, sampled]
         found.append(InputFile(shown, size, mtime_ns, digest, sampled))
     if added:
@@ -126,9 +128,9 @@ def _save_cache(cache_file: Path, added: dict) -> None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(cache_file) + ".lock", timeout=30):
             try:
-                cache = json.loads(cache_file.read_bytes())
+                cache = reader.read_json(cache_file, CACHE_LIMIT)
                 cache = cache if isinstance(cache, dict) else {}
-            except (OSError, ValueError, RecursionError):
+            except (OSError, CorruptRecord):
                 cache = {}
             cache.update(added)
             if len(cache) > _CACHE_ENTRIES:  # oldest first out (dicts keep insertion order)

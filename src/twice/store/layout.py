@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["RunFolder", "MANIFEST", "CAPTURE_ERROR"]
+from twice.core.manifest_schema import STREAM
+
+__all__ = ["RunFolder", "MANIFEST", "CAPTURE_ERROR", "STREAM"]
 
 MANIFEST = "manifest.json"
 CAPTURE_ERROR = "capture_error.json"
@@ -82,11 +84,15 @@ class RunFolder:
 
     def traces(self) -> dict[str, Path]:
         """The traces present, by stream: "main" for trace.jsonl, else the tag of
-        trace.<tag>.jsonl."""
+        trace.<tag>.jsonl. Only those names: `trace_orig.jsonl` or `trace~.jsonl` is no stream
+        (what a run wrote is the closed set its manifest lists: store.traces.trace_files)."""
         out = {}
         for path in sorted(self.path.glob("trace*.jsonl")):
-            parts = path.name.split(".")
-            out["main" if len(parts) == 2 else ".".join(parts[1:-1])] = path
+            tag = path.name[len("trace.") : -len(".jsonl")] if path.name != "trace.jsonl" else ""
+            if path.name == "trace.jsonl":
+                out["main"] = path
+            elif path.name.startswith("trace.") and tag != "main" and STREAM.fullmatch(tag):
+                out[tag] = path
         return out
 
     def op_log(self, stream: str | None = None) -> Path:

@@ -12,7 +12,7 @@ from typing import Any
 
 from twice.core.errors import CorruptRecord, UsageError
 from twice.core.protocol import ChildSettings
-from twice.store.files import read_record
+from twice.store import reader
 from twice.store.layout import RunFolder
 from twice.store.traces import read_trace
 
@@ -86,10 +86,7 @@ def read_logged(run_dir: Path) -> list[LoggedMetric]:
     for number, line in enumerate(lines, start=1):
         if not line:
             continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            record = None
+        record = reader.loads(line, f"{path} line {number}")
         ok = (
             isinstance(record, dict)
             and isinstance(record.get("name"), str)
@@ -121,10 +118,7 @@ def read_final(run_dir: Path) -> dict[str, float]:
     text = _text(path)
     if text is None:
         return {}
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        data = None
+    data = reader.loads(text, str(path))
     if not isinstance(data, dict) or not all(_number(v) for v in data.values()):
         raise CorruptRecord(
             f"{path} is not a metrics file: expected an object of metric names to numbers",
@@ -135,7 +129,7 @@ def read_final(run_dir: Path) -> dict[str, float]:
 
 def _text(path: Path) -> str | None:
     try:
-        return read_record(path).decode("utf-8")
+        return reader.read_record(path).decode("utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:

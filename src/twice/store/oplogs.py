@@ -7,11 +7,10 @@ one-file-per-step form (`ops/step-<n>.jsonl`) still reads.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from twice.core.errors import CorruptRecord
-from twice.store.files import read_record
+from twice.store import reader
 from twice.store.layout import RunFolder
 
 __all__ = ["step_ops", "steps_ops", "recorded_steps", "read_oplog"]
@@ -20,10 +19,7 @@ _HINT = "the op log is damaged: re-record the step with `twice run --record-ops 
 
 
 def _parse(line: str, path: Path, number: int) -> dict:
-    try:
-        value = json.loads(line)
-    except (ValueError, RecursionError) as exc:
-        raise CorruptRecord(f"{path} line {number} is not JSON: {exc}", _HINT) from None
+    value = reader.loads(line, f"{path} line {number}", _HINT)
     if not isinstance(value, dict):
         raise CorruptRecord(f"{path} line {number} is not an object", _HINT)
     return value
@@ -58,7 +54,7 @@ def _header(line: str, path: Path, number: int) -> tuple[int, int]:
 
 def _read(path: Path) -> str:
     try:
-        return read_record(path).decode("utf-8")
+        return reader.read_record(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CorruptRecord(f"cannot read {path}: {exc}", _HINT) from exc
 
@@ -75,11 +71,11 @@ def steps_ops(run_dir: Path, steps, stream: str | None = None) -> dict[int, list
     found: dict[int, list[dict] | None] = dict.fromkeys(wanted)
     folder = RunFolder(run_dir)
     path = folder.op_log(stream)
-    if not path.is_file():
+    if not reader.present(path):
         if stream is None:  # op logs written before the per-process file
             for step in wanted:
                 legacy = folder.legacy_op_log(step)
-                if legacy.is_file():
+                if reader.present(legacy):
                     found[step] = read_oplog(legacy)
         return found
     lines = _read(path).split("\n")
@@ -106,7 +102,7 @@ def steps_ops(run_dir: Path, steps, stream: str | None = None) -> dict[int, list
 def recorded_steps(run_dir: Path, stream: str | None = None) -> list[int]:
     """The steps a run's op log holds."""
     path = RunFolder(run_dir).op_log(stream)
-    if not path.is_file():
+    if not reader.present(path):
         return []
     return sorted(
         {

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import xxhash
 
-from twice.store import dcpmeta
+from twice.core.errors import CorruptRecord
+from twice.store import dcpmeta, reader
 
 __all__ = ["written_files", "compare_outputs", "outputs_phrase", "SKIPPED_FOLDERS"]
 
@@ -72,10 +73,10 @@ def written_files(root: Path, since: float, exclude: list[Path]) -> dict[str, di
 def _file_digest(path: str) -> str | None:
     hasher = xxhash.xxh3_128()
     try:
-        with open(path, "rb") as handle:
+        with reader.open_input(Path(path)) as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 hasher.update(block)
-    except OSError:
+    except (OSError, CorruptRecord):
         return None
     return hasher.hexdigest()
 

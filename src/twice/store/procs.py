@@ -8,14 +8,13 @@ validates every field twice reads and the caller skips what it refuses.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from twice.core.errors import CorruptRecord
-from twice.store.files import read_record
+from twice.store import reader
 from twice.store.layout import RunFolder
 
 __all__ = ["ProcessRecord", "read_process", "read_processes"]
@@ -165,9 +164,9 @@ class ProcessRecord:
 def read_process(path: Path) -> ProcessRecord:
     """The validated record in `path`; unreadable or malformed is a CorruptRecord."""
     try:
-        data = json.loads(read_record(Path(path)))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise CorruptRecord(f"cannot read {path}: {type(exc).__name__}") from None
+        data = reader.read_json(Path(path), within=Path(path).parent.parent)
+    except OSError as exc:
+        raise CorruptRecord(f"cannot read {path}: {exc.strerror or exc}") from None
     return ProcessRecord.from_json(data, str(path))
 
 

@@ -7,13 +7,13 @@ checkpoint failed to restore, not at nondeterminism.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from twice.core.errors import CorruptRecord
-from twice.store.files import read_record, write_json_atomic
+from twice.store import reader
+from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
 
 __all__ = ["Resume", "write_resume", "read_resume"]
@@ -61,10 +61,10 @@ def read_resume(run_dir: Path) -> Resume | None:
     """The run's resume record, validated; None for a run that did not resume."""
     path = RunFolder(run_dir).resumed
     try:
-        data = json.loads(read_record(path))
+        data = reader.read_json(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, RecursionError) as exc:
+    except OSError as exc:
         raise CorruptRecord(
             f"cannot read {path}: {type(exc).__name__}",
             "the run folder is damaged; re-record the run",

@@ -3,7 +3,6 @@ runs."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
@@ -14,19 +13,22 @@ from typing import Any
 
 from twice.core.errors import CorruptRecord, RunNotFound, UsageError
 from twice.core.manifest import Manifest
+from twice.store import reader
 from twice.store.files import (  # noqa: F401 (re-exported)
     dumps,
     fsync_dir,
-    read_record,
     write_bytes_atomic,
     write_json_atomic,
 )
+
+CONFIG_LIMIT = 16 << 20  # a config or its defaults: hyperparameters, never megabytes
 
 __all__ = [
     "write_json_atomic",
     "read_json",
     "read_manifest",
     "summarize_run",
+    "summarize_runs",
     "new_run_dir",
     "check_run_name",
     "find_run",
@@ -42,15 +44,9 @@ from twice.store.layout import MANIFEST, RunFolder  # noqa: E402
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file's value; damaged is a CorruptRecord (a missing file raises FileNotFoundError)."""
-    try:
-        return json.loads(read_record(Path(path)).decode("utf-8"))
-    except FileNotFoundError:
-        raise
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptRecord(
-            f"cannot read {path}: {exc}", "the file is damaged; re-record the run"
-        ) from exc
+    """A JSON file's value, through the read door (store/reader.py): damaged is a CorruptRecord,
+    a missing file raises FileNotFoundError."""
+    return reader.read_json(Path(path))
 
 
 def new_run_id(name: str | None = None, now: float | None = None) -> str:
@@ -102,7 +98,7 @@ def new_run_dir(runs_dir: Path, name: str | None = None) -> Path:
 
 def is_run(path: Path) -> bool:
     """Whether `path` is a run folder (it has a manifest)."""
-    return (Path(path) / MANIFEST).is_file()
+    return reader.present(Path(path) / MANIFEST)
 
 
 def run_name(folder: Path) -> str | None:
@@ -164,8 +160,8 @@ def process_start_time(pid: int) -> int | None:
     """The kernel's start time of `pid` (clock ticks since boot), to tell a live process from a
     reused pid."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        stat = reader.read_system(f"/proc/{pid}/stat")
+    except (OSError, CorruptRecord):
         return None
     # The command name (field 2) may contain spaces; fields after the last ')' are safe to split.
     return int(stat.rsplit(")", 1)[1].split()[19])
@@ -194,10 +190,6 @@ def read_manifest(run_dir: Path) -> Manifest:
     except FileNotFoundError:
         raise RunNotFound(
             f"{run_dir} has no {MANIFEST}", "pass a folder made by `twice run`"
-        ) from None
-    except RecursionError:
-        raise CorruptRecord(
-            f"cannot read {path}: nested too deeply", "the file is damaged; re-record the run"
         ) from None
     return Manifest.from_json(data, str(path))
 
@@ -240,26 +232,42 @@ def summarize_run(run_dir: Path) -> dict:
         "final_loss": final[1] if final else None,
         "command": " ".join(manifest.argv),
         "loss_fault": manifest.loss_fault,
-        "capture_error": RunFolder(run_dir).capture_error.is_file(),
+        "capture_error": reader.present(RunFolder(run_dir).capture_error),
         "rerun_of": rerun_of(name),
         "config_not_default": config_not_default(run_dir, manifest.identity.get("config")),
     }
 
 
+def summarize_runs(runs_dir: Path) -> list[dict]:
+    """summarize_run of every run under `runs_dir`; a damaged run is one row saying so (with
+    what is wrong), so one crafted folder does not hide the others."""
+    rows = []
+    for path in list_runs(runs_dir):
+        try:
+            rows.append(summarize_run(path))
+        except (CorruptRecord, RunNotFound) as exc:
+            rows.append({"id": path.name, "name": run_name(path), "path": str(path),
+                         "status": "damaged", "error": exc.message, "command": ""})  # fmt: skip
+    return rows
+
+
 def config_not_default(run_dir: Path, config: Any) -> list[str]:
     """The config keys whose values differ from their defaults, where the run recorded them
     (config_defaults.json, written by the Hugging Face callback); [] otherwise. A damaged
-    defaults file is read as none (it only orders what is shown)."""
+    defaults file is an error, as any damaged record is."""
 
     path = RunFolder(run_dir).config_defaults
-    if not isinstance(config, dict) or not path.is_file():
+    if not isinstance(config, dict):
         return []
     try:
-        defaults = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
+        defaults = reader.read_json(path, CONFIG_LIMIT)
+    except FileNotFoundError:
         return []
     if not isinstance(defaults, dict):
-        return []
+        raise CorruptRecord(
+            f"cannot read {path}: not a JSON object of defaults",
+            "the run folder is damaged or was edited; remove the file or re-record the run",
+        )
     return sorted(k for k, v in config.items() if k in defaults and defaults[k] != v)
 
 

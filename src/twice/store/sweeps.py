@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from twice.core.errors import CorruptRecord, UsageError
-from twice.store.files import read_record
+from twice.store import reader
 from twice.store.runs import check_run_name
 
 __all__ = ["SWEEP_FILE", "SweepSpec", "read_sweep", "sweep_folder", "SETTING_NAME"]
@@ -32,7 +32,6 @@ def sweep_folder(
     if name is not None:
         check_run_name(name)
         return Path(runs_dir) / name
-    import json
 
     import xxhash
 
@@ -93,14 +92,14 @@ def read_sweep(folder: Path) -> SweepSpec:
     """The validated spec of the sweep in `folder`."""
     path = Path(folder) / SWEEP_FILE
     try:
-        data = json.loads(read_record(path))
+        data = reader.read_json(path)
     except FileNotFoundError:
         raise UsageError(
             f"{folder} is not a sweep folder (it has no {SWEEP_FILE})",
             "pass the folder `twice sweep` printed",
         ) from None
-    except (OSError, ValueError, RecursionError) as exc:
+    except OSError as exc:
         raise CorruptRecord(
-            f"cannot read {path}: {type(exc).__name__}", "the sweep folder is damaged"
+            f"cannot read {path}: {exc.strerror or exc}", "the sweep folder is damaged"
         ) from None
     return SweepSpec.from_json(data, path)

@@ -11,8 +11,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from twice.core.errors import CorruptRecord
+from twice.core.manifest import Manifest
 from twice.core.records import StepRecord, record_line
 from twice.store.layout import RunFolder
+from twice.store.reader import present
 from twice.store.tracescan import read_lines
 
 __all__ = ["TraceWriter", "read_trace", "trace_files"]
@@ -82,6 +85,22 @@ def read_trace(path: Path) -> list[StepRecord]:
     return read_lines(Path(path))
 
 
-def trace_files(run_dir: Path) -> dict[str, Path]:
-    """The traces of a run by stream: "main" for trace.jsonl, else the tag of trace.<tag>.jsonl."""
-    return RunFolder(run_dir).traces()
+def trace_files(run_dir: Path, manifest: Manifest | None = None) -> dict[str, Path]:
+    """The traces of a run by stream ("main" for trace.jsonl, else the tag of trace.<tag>.jsonl):
+    the closed set its manifest lists, each present, else (a run still running, or recorded
+    before the list) the files named as streams are. A listed stream that is missing is a
+    CorruptRecord; a trace-like file the manifest does not list is never merged."""
+    from twice.store.runs import read_manifest
+
+    folder = RunFolder(run_dir)
+    listed = (manifest if manifest is not None else read_manifest(run_dir)).streams
+    if listed is None:
+        return folder.traces()
+    missing = [stream for stream in listed if not present(folder.trace(stream))]
+    if missing:
+        raise CorruptRecord(
+            f"{run_dir}: the manifest lists trace stream(s) {', '.join(missing)}, but "
+            f"{folder.trace(missing[0]).name} is missing",
+            "the run folder is damaged or was edited; re-record the run",
+        )
+    return {stream: folder.trace(stream) for stream in listed}

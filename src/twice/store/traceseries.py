@@ -30,22 +30,19 @@ def _first_loss(record) -> float | None:
 def last_loss(path: Path) -> tuple[int, float] | None:
     """(step, loss) of the trace's last record that has a loss, read from the file's end (the
     last 64 KiB), or None. A damaged last line is skipped, as a kill mid-write leaves one."""
-    import json
-
+    from twice.core.errors import CorruptRecord
     from twice.core.records import StepRecord
+    from twice.store import reader
 
     try:
-        with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - 65536))
-            tail = handle.read()
-    except OSError:
+        tail = reader.read_tail(path, 65536)
+    except FileNotFoundError:
         return None
-    for line in reversed(tail.split(b"\n")[1 if size > 65536 else 0 :]):
+    lines = tail.split(b"\n")
+    for line in reversed(lines[1 if len(tail) == 65536 else 0 :]):
         try:
-            record = StepRecord.from_json(json.loads(line))
-        except (ValueError, RecursionError):
+            record = StepRecord.from_json(reader.loads(line, str(path)))
+        except (ValueError, CorruptRecord):
             continue
         loss = record.loss[-1] if isinstance(record.loss, list) and record.loss else record.loss
         if isinstance(loss, str):
