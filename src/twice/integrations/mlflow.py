@@ -23,7 +23,10 @@ from typing import Any
 from twice.core.manifest import Manifest
 from twice.integrations import require
 from twice.integrations.mlflow_store import mlflow_failure, open_store
+from twice.store import reader
 from twice.store.layout import RunFolder
+
+_TRACE_BLOCK = 64 << 20  # what one poll reads of a trace at most; the rest comes next poll
 
 mlflow = require("mlflow", "mlflow")
 
@@ -73,8 +76,8 @@ def _params(run_dir: Path, manifest: Manifest, options: bool = True) -> dict[str
     change once logged), and the identity."""
     out: dict[str, str] = {}
     config = RunFolder(run_dir).config
-    if config.is_file():
-        _flatten(json.loads(config.read_text(encoding="utf-8")), "", out)
+    if reader.present(config):
+        _flatten(reader.read_json(config), "", out)
     if options:  # a script configured by its command line
         for key, value in argv_params(manifest.argv[1:]).items():
             out.setdefault(key, value)
@@ -147,14 +150,14 @@ class _TraceTail:
         metrics = []
         for stream, path in trace_files(self.run_dir).items():
             suffix = "" if stream in ("main", "rank0") else f"/{stream}"
-            with open(path, "rb") as handle:
+            with reader.open_record(path) as handle:  # what was added since, at most a block
                 handle.seek(self.offsets.get(stream, 0))
-                data = handle.read()
+                data = handle.read(_TRACE_BLOCK)
             complete = data[: data.rfind(b"\n") + 1]
             self.offsets[stream] = self.offsets.get(stream, 0) + len(complete)
             for line in complete.splitlines():
                 try:
-                    record = StepRecord.from_json(json.loads(line))
+                    record = StepRecord.from_json(reader.parse(line))
                 except (ValueError, TypeError, KeyError):
                     continue
                 metrics.extend(_step_metrics(record, suffix, timestamp, recorded))
@@ -265,7 +268,10 @@ def export_run(
 def _warn(message: str) -> None:
     import sys
 
-    print(f"twice: warning: {message}", file=sys.stderr, flush=True)
+    from twice.core.escaping import escape_controls
+
+    sys.stderr.write(escape_controls(f"twice: warning: {message}\n"))
+    sys.stderr.flush()
 
 
 class LiveExport:

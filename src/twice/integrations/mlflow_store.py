@@ -49,11 +49,18 @@ def _check_sqlite(uri: str) -> None:
             "name a database file you can write",
         )
     if path.exists() and path.stat().st_size:
-        with path.open("rb") as handle:
-            if handle.read(16) != b"SQLite format 3\x00":
-                raise UsageError(
-                    f"the SQLite tracking store {path} is not an SQLite database", _URI_HINT
-                )
+        from twice.core.errors import CorruptRecord
+        from twice.store.reader import open_input
+
+        try:
+            with open_input(path) as handle:
+                head = handle.read(16)
+        except CorruptRecord:  # a FIFO or device in its place
+            head = b""
+        if head != b"SQLite format 3\x00":
+            raise UsageError(
+                f"the SQLite tracking store {path} is not an SQLite database", _URI_HINT
+            )
 
 
 def check_tracking_uri(tracking_uri: str | None) -> None:

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from twice.store.files import finite_json
 from twice.store.layout import RunFolder
 
 __all__ = ["Event", "HealthLog", "StepHealth", "FIXES"]
@@ -96,7 +97,7 @@ class HealthLog:
         self._seen.add(key)
         self.events.append(event)
         if self.run_dir is not None:
-            line = json.dumps(event.to_json(), sort_keys=True) + "\n"
+            line = json.dumps(finite_json(event.to_json()), sort_keys=True) + "\n"
             # Both checks of a process (the step's and the op watch) log here: a line is written
             # once per process, whichever logs it first.
             written = _WRITTEN.setdefault(os.getpid(), set())

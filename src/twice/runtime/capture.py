@@ -19,7 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from twice.core.errors import CorruptRecord
 from twice.core.protocol import PREFIX
+from twice.store import reader
 
 __all__ = [
     "gather_identity_facts",
@@ -123,11 +125,11 @@ def cpu_facts() -> dict[str, Any]:
     """The CPU model, its flags that change numerics, and the cores available to this process."""
     model = platform.processor() or ""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in reader.read_system("/proc/cpuinfo").splitlines():
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-    except OSError:
+    except (OSError, CorruptRecord):
         pass
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"model": model, "count": os.cpu_count(), "available": available}
@@ -181,7 +183,7 @@ def _untracked_by_digest(top: Path, paths: list[str]) -> tuple[list[str], list[d
         path = top / name
         try:
             size = path.stat().st_size
-            with path.open("rb") as handle:
+            with reader.open_input(path) as handle:
                 head = handle.read(_BINARY_PROBE)
                 if size <= UNTRACKED_PATCH_LIMIT and b"\0" not in head:
                     small.append(name)
@@ -189,7 +191,7 @@ def _untracked_by_digest(top: Path, paths: list[str]) -> tuple[list[str], list[d
                 hasher = xxhash.xxh3_64(head)
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     hasher.update(block)
-        except OSError:
+        except (OSError, CorruptRecord):
             continue  # unreadable or gone: git would not capture it either
         recorded.append({"path": name, "size": size, "xxh3": hasher.hexdigest()})
     return small, recorded

@@ -33,20 +33,39 @@ def _json(text: str, where: str, kind: type):
     return value
 
 
+# The fields of a report's fault and of each link of its chain: name -> (type, required).
+_FAULT = {"value": (str, True), "step": (int, True), "op": (str, True), "phase": (str, True)}
+_LINK = {"step": (int, True), "summary": (str, True), "fix": (str, False)}
+_WHERE = {"module": (str, False), "line": (str, False)}
+
+
+def _event(value, fields: dict) -> bool:
+    """Whether `value` is an object with `fields` (and module/line) of their types, null allowed
+    where a field is optional."""
+    if not isinstance(value, dict):
+        return False
+    for name, (kind, required) in {**fields, **_WHERE}.items():
+        item = value.get(name)
+        if item is None and not required:
+            continue
+        if not isinstance(item, kind) or isinstance(item, bool):
+            return False
+    return True
+
+
 def read_numerics(run_dir: Path) -> tuple[dict | None, list[dict]]:
     """(the NaN/Inf report or None, every numerical event) of a run."""
     folder = RunFolder(run_dir)
     report = None
     if reader.present(folder.numerics_report):
         report = _json(_load(folder.numerics_report), str(folder.numerics_report), dict)
-        fault = report.get("fault")
-        if (
-            not isinstance(fault, dict)
-            or not isinstance(fault.get("step"), int)
-            or isinstance(fault["step"], bool)
+        chain = report.get("chain", [])
+        if not _event(report.get("fault"), _FAULT) or not (
+            isinstance(chain, list) and all(_event(link, _LINK) for link in chain)
         ):
             raise CorruptRecord(
-                f"{folder.numerics_report} has no valid 'fault' (with an integer 'step')",
+                f"{folder.numerics_report} is not a NaN/Inf report: a 'fault' (value, step, op, "
+                "phase) and a 'chain' of events (step, summary) were expected",
                 "the run folder is damaged; re-record the run",
             )
     events = []

@@ -4,6 +4,7 @@ through store/reader.py)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -16,6 +17,7 @@ __all__ = [
     "write_bytes_atomic",
     "write_json_atomic",
     "dumps",
+    "finite_json",
     "fsync_dir",
     "current_umask",
     "check_output_path",
@@ -42,12 +44,14 @@ def fsync_dir(path: Path) -> None:
 def current_umask() -> int:
     """The process's umask, read without changing it where Linux shows it (/proc), else by the
     usual swap."""
+    from twice.core.errors import CorruptRecord
+    from twice.store.reader import read_system
+
     try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
+        for line in read_system("/proc/self/status").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, CorruptRecord):
         pass
     mask = os.umask(0o022)
     os.umask(mask)
@@ -77,8 +81,21 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def dumps(value: Any) -> str:
-    """Canonical JSON: sorted keys, UTF-8, two-space indent, trailing newline."""
-    return json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    """Canonical JSON: sorted keys, UTF-8, two-space indent, trailing newline. A non-finite float
+    (a config's `nan`) is written as the text "nan", "inf" or "-inf": NaN and Infinity are not
+    JSON, and the reader refuses them."""
+    return json.dumps(finite_json(value), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every non-finite float as its text ("nan", "inf", "-inf"), for JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(item) for item in value]
+    return value
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

@@ -44,7 +44,9 @@ def log_metric(name: str, value: float, step: int | None = None) -> None:
     path = metrics_path()
     if path is None:
         return
-    record = {"name": str(name), "value": float(value), "step": step, "time": time.time()}
+    value = float(value)  # a non-finite value as text: NaN and Infinity are not JSON
+    shown = value if math.isfinite(value) else _NON_FINITE_TEXT[repr(value)]
+    record = {"name": str(name), "value": shown, "step": step, "time": time.time()}
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
         handle.flush()
@@ -69,8 +71,11 @@ class LoggedMetric:
     time: float | None = None  # seconds since the epoch, when logged
 
 
+_NON_FINITE_TEXT = {"nan": "nan", "inf": "inf", "-inf": "-inf"}
+
+
 def _number(value: Any) -> bool:
-    return type(value) in (int, float)
+    return type(value) in (int, float) or (isinstance(value, str) and value in _NON_FINITE_TEXT)
 
 
 def read_logged(run_dir: Path) -> list[LoggedMetric]:

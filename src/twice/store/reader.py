@@ -38,7 +38,9 @@ __all__ = [
     "read_tail",
     "iter_lines",
     "loads",
+    "parse",
     "open_input",
+    "read_input",
     "read_system",
     "present",
 ]
@@ -153,19 +155,26 @@ def _depth_ok(value: Any) -> bool:
     return True
 
 
+def parse(data: bytes | str) -> Any:
+    """`data` parsed as strict JSON (see the module's docstring); damage is a ValueError. For a
+    caller that words the error itself (a trace line with its number); else use `loads`."""
+    try:
+        text = bytes(data).decode("utf-8") if not isinstance(data, str) else data
+        value = _DECODER.decode(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if not _depth_ok(value):
+        raise ValueError(f"nested deeper than {MAX_DEPTH}")
+    return value
+
+
 def loads(data: bytes | str, where: str, hint: str = _HINT) -> Any:
     """`data` parsed as strict JSON (see the module's docstring); damage is a CorruptRecord naming
     `where`. Every JSON twice reads, from a file or a string, is parsed here."""
     try:
-        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) else data
-        value = _DECODER.decode(text)
-    except RecursionError:
-        raise CorruptRecord(f"cannot read {where}: nested too deeply", hint) from None
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and _Damage included
+        return parse(data)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and _Damage included
         raise CorruptRecord(f"cannot read {where}: {exc}", hint) from None
-    if not _depth_ok(value):
-        raise CorruptRecord(f"cannot read {where}: nested deeper than {MAX_DEPTH}", hint)
-    return value
 
 
 def read_json(path: Path, limit: int = RECORD_LIMIT, *, within: Path | None = None) -> Any:
@@ -230,6 +239,13 @@ def present(path: Path) -> bool:
     error, never taken for a file that is absent (`Path.is_file()` says False for a link to
     `/dev/zero`, which would hide a damaged record)."""
     return os.path.lexists(path)
+
+
+def read_input(path: Path, limit: int = RECORD_LIMIT) -> bytes:
+    """A file the run read (a source file, the script), through open_input, at most `limit`
+    bytes: larger is a CorruptRecord, as a FIFO or device is."""
+    with open_input(path) as handle:
+        return _bounded(handle, Path(path), limit)
 
 
 def read_system(path: str, limit: int = 1 << 20) -> str:

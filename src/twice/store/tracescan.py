@@ -12,14 +12,13 @@ blocks whatever the trace's length (the tests hold the result to a full parse's)
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from twice.core.errors import CorruptRecord
 from twice.core.records import StepRecord, differing_fields, record_line
-from twice.store.files import open_record
+from twice.store.reader import open_record, parse
 
 __all__ = [
     "read_lines",
@@ -50,11 +49,15 @@ class PairScan:
     only: tuple[int, int] | None = None  # (side 0 or 1, step): the first step one run lacks
     resumed: bool = False  # one run's trace starts later (a resume): see differing_fields
     last_same: int = -1  # the last common step, before the first difference, found equal
+    # fields compared only where both records hold them (records.differing_fields)
+    partial: frozenset[str] = frozenset()
+    # each run's --trace-every: a step the other run was not due to record is no difference
+    every: tuple[int, int] = (1, 1)
 
     def add_one(self, side: int, step: int) -> None:
         """Count one step recorded on one side only."""
         self.counts[side] += 1
-        if self.only is None:
+        if self.only is None and step % self.every[1 - side] == 0:
             self.only = (side, step)
 
     def add_pair(self, record_a: StepRecord, record_b: StepRecord) -> None:
@@ -63,7 +66,7 @@ class PairScan:
         self.counts[1] += 1
         self.common += 1
         if self.first is None:
-            if differing_fields(record_a, record_b, self.resumed):
+            if differing_fields(record_a, record_b, self.resumed, self.partial):
                 self.first = (record_a, record_b)
             else:
                 self.same_before += 1
@@ -80,8 +83,8 @@ def record_valid(line: bytes, body: int) -> bool:
     if not line.isascii() or b"\\" in line or _TAIL.fullmatch(line, body) is None:
         return False
     try:
-        record = StepRecord.from_json(json.loads(line))
-    except (ValueError, RecursionError):
+        record = StepRecord.from_json(parse(line))
+    except ValueError:
         return False
     if record.params_before is not None:
         return False
@@ -145,7 +148,7 @@ def same_lines(a, b, at_a: int, at_b: int, last_a: int, last_b: int, limit: int 
 try:  # a canonical line, already validated, is parsed by orjson (a dependency) where it loads
     from orjson import loads as _loads
 except ImportError:
-    _loads = json.loads
+    _loads = parse
 
 
 def _canonical(line: bytes | None) -> bool:
@@ -219,11 +222,18 @@ class TraceLines:
         return found[1] if found is not None else self.record(peek=True).step
 
     def skip(self) -> None:
-        """Take the next line, its step checked but its record not parsed."""
+        """Take the next line without building its record: validated all the same (a skipped
+        prefix of a resumed run is still read as a trace: `{not JSON,"step":0}` is damage),
+        by the compiled validator where it is built, else parsed."""
         line = self.line()
         found = line_step(line)
-        if found is None or found[1] <= self.last_step or found[1] < self.floor:
-            self.record()  # the error a full read gives
+        if (
+            found is None
+            or found[1] <= self.last_step
+            or found[1] < self.floor
+            or not _canonical(line)
+        ):
+            self.record()  # parsed and validated: the error a full read gives, or the record
             return
         self.pos += len(line)
         self.number += 1
@@ -236,7 +246,7 @@ class TraceLines:
             if _canonical(line):  # the compiled validator's language is from_json's (a test)
                 record = StepRecord(**_loads(line))
             else:
-                record = StepRecord.from_json(json.loads(line))
+                record = StepRecord.from_json(parse(line))
         except (ValueError, RecursionError) as exc:
             problem = "nested too deeply" if isinstance(exc, RecursionError) else exc
             raise CorruptRecord(
@@ -309,13 +319,16 @@ def scan_pair(
     steps: int | None = None,
     start: int = 0,
     resumed_at: tuple[int, int] = (0, 0),
+    partial: frozenset[str] = frozenset(),
+    every: tuple[int, int] = (1, 1),
 ) -> PairScan:
     """Compare two traces of one stream over steps [start, steps): counts, common steps, the
-    records at the first step whose compared fields differ, and the first step only one holds.
-    `resumed_at`: where each run resumed; a run's trace holding a step before it is damaged."""
+    records at the first step whose compared fields differ, and the first step only one holds
+    (that the other was due to record, by its --trace-every `every`). `resumed_at`: where each
+    run resumed; a run's trace holding a step before it is damaged. `partial`: see PairScan."""
     a, b = TraceLines(Path(path_a)), TraceLines(Path(path_b))
     a.floor, b.floor = resumed_at
-    scan = PairScan(resumed=any(resumed_at))
+    scan = PairScan(resumed=any(resumed_at), partial=partial, every=every)
     limit = NO_LIMIT if steps is None else steps
     try:
         while True:
