@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import clean_env, runs, script, twice
 
+from twice.core.errors import Exit
 from twice.record import hooks, numerics
 from twice.store.traces import read_trace
 
@@ -18,8 +19,10 @@ def test_gradient_normalisation_nan_is_traced_to_its_line_with_saturation_and_ze
 ):
     script("gradnorm.py", tmp_path)
     result = twice("run", "--numerics", "--", sys.executable, "gradnorm.py", cwd=tmp_path)
-    # One clear line and exit 3, not a traceback through the dispatch machinery.
-    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
+    # One clear line and exit 4 (Exit.NUMERICS), not a traceback through the dispatch machinery.
+    assert result.returncode == Exit.NUMERICS == 4 and "Traceback" not in result.stderr, (
+        result.stderr
+    )
     assert "twice: stopped at step " in result.stderr and "`twice nan " in result.stderr
     events = (runs(tmp_path)[0] / "numerics.jsonl").read_text().splitlines()
     assert len(events) == len(set(events))  # no event written twice
@@ -218,7 +221,7 @@ for step in range(3):
 def test_exactly_zero_gradients_are_named_with_the_division_that_reads_them(tmp_path):
     (tmp_path / "dead.py").write_text(DEAD_RELU)
     result = twice("run", "--numerics", "--", sys.executable, "dead.py", cwd=tmp_path)
-    assert result.returncode == 3, result.stderr
+    assert result.returncode == Exit.NUMERICS, result.stderr
     text = twice("nan", runs(tmp_path)[0], cwd=tmp_path).stdout
     assert (
         "the gradients of `0.bias`, `0.weight` and `2.weight` are exactly zero at step 0 "

@@ -75,11 +75,9 @@ def format_run_table(rows: list[dict], sweeps: list[dict], width: int | None = N
     from twice.app.terminal import table_text
 
     columns = {
-        column: {
-            "justify": justify,
-            "overflow": "fold" if column != "command" else "ellipsis",
-            "no_wrap": column == "command",
-        }
+        column: {"justify": justify, "overflow": "fold"}
+        if column != "command"
+        else {"rest": True}  # one line, as wide as the other columns leave
         for column, justify in (
             ("run", "left"),
             ("id", "left"),

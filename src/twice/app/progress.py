@@ -9,12 +9,12 @@ its trace gains. `-q` silences it; nothing is printed to stdout, which carries t
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from twice.app.terminal import is_terminal, live_display, write_line
 from twice.store.layout import RunFolder
 
 __all__ = ["Reporter", "run_started", "run_ended", "active"]
@@ -49,8 +49,8 @@ class Reporter:
 
     def __init__(self, command: str, quiet: bool = False, stream: Any = None):
         self.command, self.quiet = command, quiet
-        self.stream = stream if stream is not None else sys.stderr
-        self.live = not quiet and self.stream.isatty()
+        self.stream = stream  # stderr when None
+        self.live = not quiet and is_terminal(stream)
         self._lock = threading.Lock()
         self._runs: dict[Path, dict] = {}
         self._bars: dict[str, Any] = {}
@@ -60,23 +60,7 @@ class Reporter:
 
     def __enter__(self) -> Reporter:
         if self.live:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._display = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(file=self.stream),
-                transient=True,
-            )
+            self._display = live_display(self.stream)
             self._display.start()
             self._poller = threading.Thread(target=self._poll, daemon=True)
             self._poller.start()
@@ -98,10 +82,9 @@ class Reporter:
         if self.quiet:
             return
         if self._display is not None:
-            self._display.console.print(f"twice {self.command}: {text}", highlight=False)
+            self._display.say(f"twice {self.command}: {text}")
         else:
-            self.stream.write(f"twice {self.command}: {text}\n")
-            self.stream.flush()
+            write_line(self.stream, f"twice {self.command}: {text}")
 
     def count(self, key: str, label: str, done: int, total: int | None) -> None:
         """A count of `total` things (trials, segments) reached `done`: a bar on a terminal; a

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
-
+from twice.app.terminal import style
 from twice.core.divergence import FIELD_MEANING, loss_gap
 from twice.store.outputs import outputs_phrase
 from twice.store.traceseries import loss_fault_phrase, whole_tensors_phrase
@@ -36,8 +35,8 @@ TRACE_COST_NOTE, TRACE_COST_NOTE_SECONDS = 0.05, 1.0
 SHOWN_PER_GROUP = 12  # identity differences listed per group before "first 12 shown"
 
 
-def _paint(text: str, color: bool, **style: Any) -> str:
-    return click.style(text, **style) if color else text
+def _paint(text: str, color: bool, **how: Any) -> str:
+    return style(text, color, **how)  # twice's own colours, the only ones printed (terminal.py)
 
 
 def _verdict(text: str, good: bool, color: bool) -> str:

@@ -9,9 +9,10 @@ from itertools import combinations
 from pathlib import Path
 
 from twice.app.compare import Comparison, compare_runs
-from twice.app.reportplots import metric_panels, paired_seeds_plot, pyplot, svg
+from twice.app.reportplots import metric_panels, paired_seeds_plot, plot_text, pyplot, svg
 from twice.core.divergence import FIELD_MEANING
 from twice.core.errors import UsageError
+from twice.core.escaping import escape_controls
 from twice.core.manifest import group_of
 from twice.core.records import COMPARED_FIELDS
 from twice.store.layout import RunFolder
@@ -30,9 +31,18 @@ tr.diff td{background:#fff4ce} code{font-size:.85em} .muted{color:#777;font-size
 """
 
 
+# The page runs nothing and loads nothing: scripts, frames, fonts and fetches are refused, should
+# a record's text ever slip past html.escape; the plots are inline SVG, the style inline.
+_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
 def _page(title: str, body: str) -> str:
+    """The page around `body`, whose record strings were escaped with html.escape; control
+    characters (a bidirectional override reorders what a reader sees) shown as escapes."""
+    title, body = escape_controls(title), escape_controls(body)
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_POLICY}">'
         f'<meta name="viewport" content="width=device-width, '
         f'initial-scale=1"><title>{html.escape(title)}</title>'
         f"<style>{_STYLE}</style></head><body>{body}</body></html>\n"
@@ -99,7 +109,7 @@ def _runs_table(rows: list[dict], manifests: list) -> str:
             + (f'<br><span class="muted">{html.escape(row["id"])}</span>' if name else "")
             + "</td>",
             f"<td>{status}</td>",
-            f'<td class="num">{"" if row["steps"] is None else row["steps"]}</td>',
+            f'<td class="num">{"" if row["steps"] is None else html.escape(str(row["steps"]))}</td>',
             f'<td class="num">{took}</td>',
             f'<td class="num">{loss}</td>',
         ]
@@ -159,7 +169,7 @@ def _manifest_table(run_dirs: list[Path], labels: list[str], manifests: list, co
             for m in manifests
         )
         parts.append(
-            f'<tr class="{"diff" if diff else ""}"><td>{group}</td>'
+            f'<tr class="{"diff" if diff else ""}"><td>{html.escape(group)}</td>'
             f"<td><code>{html.escape(key)}</code></td>{cells}</tr>"
         )
     return "".join(parts) + "</table>"
@@ -217,7 +227,7 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison]) -> str:
             for step in diverged:
                 axes.axvline(step, color="#c0392b", linestyle="--", linewidth=1)
             axes.set_xlabel("step", fontsize=8)
-            axes.set_title(label, fontsize=8)
+            axes.set_title(plot_text(label), fontsize=8)
             parts.append(svg(figure))
     parts.append(_manifest_table(run_dirs, labels, manifests, comparisons))
     # Findings recorded in the runs: op-level localisation and numerical health.
@@ -231,9 +241,9 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison]) -> str:
         if numerics.is_file():
             report = json.loads(numerics.read_text())
             items = "".join(
-                f"<li>step {e['step']}: {html.escape(e['summary'])}"
+                f"<li>step {html.escape(str(e['step']))}: {html.escape(str(e['summary']))}"
                 + (
-                    f' <span class="muted">({html.escape(e["line"])})</span>'
+                    f' <span class="muted">({html.escape(str(e["line"]))})</span>'
                     if e.get("line")
                     else ""
                 )
@@ -260,7 +270,8 @@ def _sweep_body(folder: Path) -> str:
             f"[{pair.ci_low:.4g}, {pair.ci_high:.4g}])</p>"
         )
     parts.append(
-        f"<p>metric <code>{html.escape(spec['metric'])}</code>, {spec['seeds']} seeds per arm, "
+        f"<p>metric <code>{html.escape(spec['metric'])}</code>, "
+        f"{html.escape(str(spec['seeds']))} seeds per arm, "
         f"command <code>{html.escape(' '.join(spec['command']))}</code></p>"
     )
     parts.append(
@@ -276,7 +287,7 @@ def _sweep_body(folder: Path) -> str:
         css = "differ" if pair.verdict.startswith("effect") else "same"
         parts.append(
             f"<tr><td>{html.escape(pair.b)} vs {html.escape(pair.a)}</td><td "
-            f'class="{css}">{pair.verdict}</td>'
+            f'class="{css}">{html.escape(pair.verdict)}</td>'
             f"<td>{pair.mean_difference:+.4g} [{pair.ci_low:.4g}, "
             f"{pair.ci_high:.4g}]</td><td>{pair.p_t:.3g}</td>"
             f"<td>{'n/a' if pair.p_wilcoxon is None else format(pair.p_wilcoxon, '.3g')}</td>"

@@ -8,8 +8,9 @@ import io
 from pathlib import Path
 
 from twice.core.errors import UsageError
+from twice.core.escaping import escape_controls
 
-__all__ = ["pyplot", "svg", "metric_panels", "paired_seeds_plot", "PLOT_POINTS"]
+__all__ = ["pyplot", "svg", "plot_text", "metric_panels", "paired_seeds_plot", "PLOT_POINTS"]
 
 PLOT_POINTS = 2000  # per curve: LTTB keeps the extremes, the turns and the divergence
 DIVERGENCE = "#c0392b"
@@ -27,7 +28,17 @@ def pyplot():
 
     plt.rcParams["svg.fonttype"] = "none"  # text as text: smaller files, selectable labels
     plt.rcParams["svg.hashsalt"] = "twice"  # fixed element ids: the same runs, the same bytes
+    # Names come from records (runs, metrics, arms): a `$` must not start mathtext, which styles
+    # the text or crashes on an unknown command (`m$\undefinedcmd$`), nor LaTeX run on them.
+    plt.rcParams["text.usetex"] = False
+    plt.rcParams["text.parse_math"] = False
     return plt
+
+
+def plot_text(name: str) -> str:
+    """A name from a record as a plot shows it: control characters escaped (a font has no glyph
+    for them, and matplotlib's warning would print them raw); `$` is plain text (see pyplot)."""
+    return escape_controls(str(name))
 
 
 def svg(figure) -> str:
@@ -94,6 +105,7 @@ def metric_panels(
     import numpy as np
 
     plt = pyplot()
+    labels = [plot_text(label) for label in labels]
     per_run = [_series(d, diverged, n) for d, n in zip(run_dirs, steps)]
     names = ["loss", "learning rate", "gradient norm"]
     names = [n for n in names if any(n in s for s in per_run)] + sorted(
@@ -141,7 +153,7 @@ def metric_panels(
                 color=DIVERGENCE,
                 fontsize=8,
             )
-        axes.set_ylabel(name)
+        axes.set_ylabel(plot_text(name))
         axes.legend(fontsize=7, loc="best")
         if whole is not None:
             finite = np.concatenate([y[np.isfinite(y)] for _, y in curves])
@@ -199,7 +211,7 @@ def paired_seeds_plot(arms: list, metric: str) -> str:
                 capsize=4,
                 zorder=3,
             )
-    axes.set_xticks(range(len(arms)), [a.arm for a in arms], fontsize=8)
+    axes.set_xticks(range(len(arms)), [plot_text(a.arm) for a in arms], fontsize=8)
     axes.set_xlim(-0.4, len(arms) - 0.6)
-    axes.set_ylabel(metric)
+    axes.set_ylabel(plot_text(metric))
     return svg(figure)

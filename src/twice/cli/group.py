@@ -13,20 +13,15 @@ from pathlib import Path
 
 import click
 
-from twice.app.terminal import printable
+# What every command prints goes through the one writer, app/terminal.py; the modules of cli/
+# import its functions from here.
+from twice.app.terminal import confirm as confirm
+from twice.app.terminal import echo_err as echo_err
+from twice.app.terminal import echo_out as echo_out
+from twice.app.terminal import use_color as use_color
 from twice.core.errors import EXIT_USAGE, Exit, TwiceError, from_os_error
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-def echo_out(text: str = "") -> None:
-    """Print `text` on stdout, its control characters escaped (app/terminal.py)."""
-    click.echo(printable(text, use_color()))
-
-
-def echo_err(text: str) -> None:
-    """Print `text` on stderr, its control characters escaped."""
-    click.echo(printable(text, use_color() and sys.stderr.isatty()), err=True)
 
 
 def json_text(value) -> str:
@@ -34,13 +29,10 @@ def json_text(value) -> str:
     return json.dumps(value, indent=2, sort_keys=True)
 
 
-def use_color() -> bool:
-    """Style the output: on a terminal, unless NO_COLOR is set."""
-    return not os.environ.get("NO_COLOR") and sys.stdout.isatty()
-
-
 class TwiceGroup(click.Group):
-    """Renders every error as `error:` / `hint:` on stderr with exit code 2, never a traceback."""
+    """Renders every error as `error:` / `hint:` on stderr, never a traceback: a TwiceError or
+    usage error with its exit code (2), any other exception as an internal error (3, its
+    traceback saved to a file)."""
 
     def main(self, args=None, prog_name="twice", **kwargs):
         """Run the command line; every TwiceError and usage error becomes `error:`/`hint:` and its
@@ -75,6 +67,54 @@ class TwiceGroup(click.Group):
             sys.exit(Exit.INTERRUPTED)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
+        except Exception as exc:  # a bug of twice's: exit 3, never 1, which is a verdict
+            if debug:
+                raise
+            saved = _save_traceback(exc)
+            try:
+                summary = (str(exc).strip().splitlines() or [""])[0][:200]
+            except Exception:  # an exception whose message itself fails
+                summary = "(no message)"
+            echo_err(
+                f"error: internal error: {type(exc).__name__}: {summary}\nhint: "
+                + (
+                    f"the traceback was saved to {saved}; please report it"
+                    if saved is not None
+                    else "run it again with --debug to see the traceback; please report it"
+                )
+            )
+            sys.exit(Exit.INTERNAL)
+
+
+def _save_traceback(exc: BaseException) -> Path | None:
+    """Write `exc`'s traceback for a bug report: under the user's cache folder, else to a
+    temporary file; None where neither can be written (saving never crashes in turn)."""
+    import tempfile
+    import time
+    import traceback
+
+    name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    try:
+        text = f"twice {' '.join(sys.argv[1:])}\n" + "".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)
+        )
+    except Exception:  # a traceback that cannot be formatted: the exception's type at least
+        text = f"{type(exc).__name__} (its traceback could not be formatted)\n"
+    try:
+        folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "twice"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / name, "x", encoding="utf-8", errors="backslashreplace") as handle:
+            handle.write(text)
+        return folder / name
+    except Exception:  # no cache folder to write in (read-only home, a file in the way)
+        pass
+    try:
+        fd, path = tempfile.mkstemp(prefix="twice-crash-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
+            handle.write(text)
+        return Path(path)
+    except Exception:  # nowhere to write: the hint says how to see the traceback instead
+        return None
 
 
 @click.group(cls=TwiceGroup, context_settings=CONTEXT)
@@ -124,7 +164,7 @@ def trusting(call, yes: bool):
         if yes or not sys.stdin.isatty():
             raise
         echo_err(exc.message)
-        if not click.confirm("run it?", default=False, err=True):
+        if not confirm("run it?", default=False):
             raise
         return call(True)
 

@@ -1,5 +1,7 @@
 """The exception tree of twice, each error carrying its exit code and a hint.
 
+Any other exception reaching the command line is an internal error: exit 3 (Exit.INTERNAL).
+
 TwiceError                 exit 2 (Exit.USAGE): usage or tool error (rendered as error:/hint:)
 ├── UsageError             bad arguments or options
 ├── RunNotFound            a run folder that does not exist or is not a run
@@ -20,7 +22,8 @@ class Exit(IntEnum):
     DIFFER = 1  # a difference or a problem was found
     CANNOT_JUDGE = 2  # no verdict: damaged or missing records, nothing to compare
     USAGE = 2  # bad arguments or options (the same code: no verdict was given)
-    NUMERICS = 3  # `twice run --numerics` stopped the run at a non-finite value
+    INTERNAL = 3  # internal error: a bug of twice's (never 1, which is a verdict)
+    NUMERICS = 4  # `twice run --numerics` stopped the run at a non-finite value
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
     KILLED = 137  # killed because its launcher died (128 + SIGKILL)
 

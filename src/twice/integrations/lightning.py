@@ -154,5 +154,7 @@ def _say_where(run: Any) -> None:
     which says it itself)."""
     import sys
 
+    from twice.core.escaping import escape_controls
+
     if not run.under_launcher:
-        sys.stderr.write(f"twice: run recorded in {run.dir}\n")
+        sys.stderr.write(escape_controls(f"twice: run recorded in {run.dir}\n"))

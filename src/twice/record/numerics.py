@@ -297,14 +297,19 @@ class NumericsWatch(OpContext):
             raise NonFiniteError(self.report)
 
     def stop_process(self, fault: Event) -> None:
-        """End the process at the fault: one line on stderr, exit status 3, no traceback."""
+        """End the process at the fault: one line on stderr (escaped: it names the user's
+        tensors), exit status 4 (Exit.NUMERICS), no traceback."""
         import sys
+
+        from twice.core.escaping import escape_controls
 
         where = f" at {fault.line}" if fault.line else ""
         run = f" {self.log.run_dir}" if self.log.run_dir is not None else ""
         sys.stderr.write(
-            f"twice: stopped at step {fault.step}: {fault.summary}{where}; "
-            f"`twice nan{run}` tells the story\n"
+            escape_controls(
+                f"twice: stopped at step {fault.step}: {fault.summary}{where}; "
+                f"`twice nan{run}` tells the story\n"
+            )
         )
         sys.stderr.flush()
         raise SystemExit(Exit.NUMERICS)

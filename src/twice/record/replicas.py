@@ -127,7 +127,10 @@ class ReplicaCheck:
             if dist.is_initialized():
                 self.resolve()
         except RuntimeError as exc:
-            print(exc, file=sys.stderr, flush=True)
+            from twice.core.escaping import escape_controls
+
+            sys.stderr.write(escape_controls(f"{exc}\n"))
+            sys.stderr.flush()
         self.pending = None
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 
 from twice.core.errors import Exit
+from twice.core.escaping import escape_controls
 from twice.core.protocol import ChildSettings
 from twice.runtime.imports import when_imported
 from twice.runtime.reads import files_read, watch_reads
@@ -42,7 +43,7 @@ def _on_torch(torch) -> None:
             try:
                 report = determinism.deterministic(seed=None, mode=mode)
             except DeterminismError as exc:
-                sys.stderr.write(f"twice: {exc.render()}\n")
+                sys.stderr.write(escape_controls(f"twice: {exc.render()}\n"))
                 raise SystemExit(Exit.USAGE) from None
             _state["determinism"] = report.to_json()
         torch.manual_seed(seed)
