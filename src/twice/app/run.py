@@ -226,12 +226,29 @@ class Run:
         restored = checkpoints.load(
             path, strict=strict, world_size_change=self.resume_world_size_change, **self._tracked
         )
-        counters = restored["__counters__"]
+        counters, rng = restored.get("__counters__"), restored.get("__rng__")
+        if not (
+            isinstance(counters, dict)
+            and type(counters.get("step")) is int
+            and "epoch" in counters
+            and isinstance(rng, dict)
+        ):
+            raise checkpoints.CheckpointError(
+                f"checkpoint {path} holds no step counters and RNG states of twice.Run",
+                "resume from a checkpoint written by run.checkpoint(); load others with "
+                "twice.checkpoint.load",
+            )
         self.epoch = counters["epoch"]
         if self._recorder is not None:
             self._recorder.resume_at(counters["step"], source=path)
         # RNGs last: restoring other objects must not consume random numbers after them.
-        restore_rng(restored["__rng__"])
+        try:
+            restore_rng(rng)
+        except (TypeError, ValueError, RuntimeError, KeyError, IndexError) as exc:
+            raise checkpoints.CheckpointError(
+                f"checkpoint {path} holds RNG states this process cannot take: {exc}",
+                "the checkpoint is damaged or crafted: restore an earlier one",
+            ) from exc
         self._resumed_from = path
         return restored.get("__extras__", {})
 

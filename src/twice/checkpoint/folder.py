@@ -38,8 +38,8 @@ from twice.checkpoint.index import (
 )
 from twice.checkpoint.kinds import kind_of
 from twice.checkpoint.sharded import DCP_FOLDER
-from twice.core.errors import CheckpointError
-from twice.store.files import current_umask
+from twice.core.errors import CheckpointError, CorruptRecord
+from twice.store.files import current_umask, open_record
 from twice.store.files import fsync_dir as _fsync_dir
 
 __all__ = [
@@ -58,10 +58,15 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 def _digest_file(path: Path) -> str:
+    """The xxh3 digest of a checkpoint file, streamed through the bounded reader (a regular file,
+    not a link, FIFO or device); one it refuses is a CheckpointError."""
     hasher = xxhash.xxh3_128()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 24):
-            hasher.update(chunk)
+    try:
+        with open_record(path) as handle:
+            while chunk := handle.read(1 << 24):
+                hasher.update(chunk)
+    except CorruptRecord as exc:
+        raise CheckpointError(exc.message, _RESTORE_HINT) from None
     return hasher.hexdigest()
 
 

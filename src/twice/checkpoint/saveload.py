@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,10 @@ from twice.checkpoint.folder import (
     remove_checkpoint,
     verify,
 )
-from twice.checkpoint.index import CheckpointIndex, RanksIndex
+from twice.checkpoint.index import CheckpointIndex, RanksIndex, read_index
 from twice.checkpoint.ranks import current_rank, process_group, save_ranks
 from twice.checkpoint.sharded import DCP_FOLDER, check_sharded, load_sharded
-from twice.core.errors import CheckpointError
+from twice.core.errors import CheckpointError, CorruptRecord
 from twice.store.files import read_record
 
 __all__ = ["save", "load", "latest", "list_checkpoints", "step_dir"]
@@ -89,20 +90,58 @@ def _retain(parent: Path, keep_last: int) -> None:
 
 
 def verify_loadable(directory: str | Path) -> CheckpointIndex | RanksIndex:
-    """What `twice checkpoint verify` calls "valid": the folder's files match their digests
-    (checkpoint.folder.verify) and everything in it decodes as load() decodes it, sparse tensors
-    through PyTorch's invariant checks, in every rank's part. A crafted folder recomputes its
-    digests; it cannot make a malformed entry decode."""
-    directory = Path(directory)
-    index = verify(directory)
-    if isinstance(index, RanksIndex):
+    """What `twice checkpoint verify` calls "valid", and exactly what load() checks first: the
+    folder's files match their digests (checkpoint.folder.verify) and everything in it decodes as
+    load() decodes it, sparse tensors through PyTorch's invariant checks, in every rank's part,
+    and DCP's metadata and every piece of sharded state through twice's own decoders. A crafted
+    folder recomputes its digests; it cannot make a malformed entry decode, nor a pickle run."""
+    return _open(Path(directory)).index
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """A checkpoint folder verified and decoded (see _open)."""
+
+    index: CheckpointIndex | RanksIndex
+    where: str  # the folder whose entries these are: the checkpoint's, or its kept rank part's
+    kinds: dict
+    state: dict
+    metadata: Any = None  # DCP's record of the sharded state, decoded by store/dcpmeta.py
+
+
+def _open(directory: Path, keep: int = 0) -> _Opened:
+    """The one check behind both `twice checkpoint verify` and load(), so that "valid" and
+    "loads" imply each other: every file against its digest, every entry of every rank part
+    decoded (part `keep`'s, or rank 0's where there is none, kept), DCP's metadata and pieces
+    decoded by check_sharded. Every rank checks the whole folder, so all of them refuse it
+    together, before any collective. Anything wrong with the folder is a CheckpointError."""
+    try:
+        index = verify(directory)
+        if isinstance(index, CheckpointIndex):
+            return _Opened(
+                index, directory.name, index.entries, _read_state(directory, index.entries)
+            )
+        kept = part_name(keep) if part_name(keep) in index.parts else part_name(0)
+        opened = None
         for name in sorted(index.parts):
-            verify_loadable(directory / name)
+            part = read_index(directory / name)
+            if not isinstance(part, CheckpointIndex):
+                raise CheckpointError(
+                    f"rank part {directory / name} is not a one-process checkpoint",
+                    "the checkpoint is damaged or crafted: restore an earlier one",
+                )
+            state = _read_state(directory / name, part.entries)  # decoded, kept or dropped
+            if name == kept:
+                opened = _Opened(index, name, part.entries, state)
+        metadata = None
         if index.sharded_files is not None:
-            check_sharded(directory / DCP_FOLDER, index.sharded_files)
-    else:
-        _read_state(directory, index.entries)
-    return index
+            metadata = check_sharded(directory / DCP_FOLDER, index.sharded_files)
+        return replace(opened, metadata=metadata)
+    except (OSError, CorruptRecord) as exc:  # a file that cannot be read as a record
+        raise CheckpointError(
+            f"checkpoint {directory} cannot be read: {getattr(exc, 'message', None) or exc}",
+            "the checkpoint is damaged or was not written by twice: restore an earlier one",
+        ) from None
 
 
 def load(
@@ -120,16 +159,22 @@ def load(
     an entry in the checkpoint that is not asked for, or a target the checkpoint lacks, is an error
     naming it; `strict=False` restores what matches.
 
+    The folder is checked exactly as `twice checkpoint verify` checks it (verify_loadable) before
+    anything is restored, and no pickle from it is ever run (DCP's metadata is decoded by twice,
+    its pieces by torch's weights-only unpickler). Whatever is wrong with the folder, or does
+    not fit the objects, is a CheckpointError.
+
     A multi-rank checkpoint restores this process's rank's part (or `rank`'s). Resuming it at
     another world size is refused unless `world_size_change=True`; then rank r takes part r (rank
-    0's
-    where there is none), with a warning that the result cannot be bitwise equal to the original.
+    0's where there is none), with a warning that the result cannot be bitwise equal to the
+    original.
     """
     directory = Path(directory)
-    index = verify(directory)
+    here, world = current_rank()
+    opened = _open(directory, keep=here if rank is None else rank)
+    index = opened.index
+    sharded: dict[str, Any] = {}
     if isinstance(index, RanksIndex):
-        here, world = current_rank()
-        rank = here if rank is None else rank
         saved = index.world_size
         if world != saved and not world_size_change:
             raise CheckpointError(
@@ -147,7 +192,6 @@ def load(
                 RuntimeWarning,
                 stacklevel=2,
             )
-        part = part_name(rank) if part_name(rank) in index.parts else part_name(0)
         sharded = {name: targets[name] for name in index.sharded_entries if name in targets}
         missing = sorted(set(index.sharded_entries) - set(sharded))
         if strict and missing:
@@ -157,34 +201,50 @@ def load(
                 "pass those objects too (run.track(name=obj) before run.resume()), or load "
                 "with strict=False",
             )
-        if sharded:  # every rank together, through DCP (which reshards to this mesh)
-            load_sharded(directory / DCP_FOLDER, sharded)
-        rest = {name: target for name, target in targets.items() if name not in sharded}
-        return {**load(directory / part, strict=strict, **rest), **sharded}
-    kinds = index.entries
+    rest = {name: target for name, target in targets.items() if name not in sharded}
+    _check_targets(opened.where, opened.kinds, rest, strict)
+    if sharded:  # every rank together, through DCP (which reshards to this mesh)
+        load_sharded(directory / DCP_FOLDER, sharded, opened.metadata)
+    return {**_restore(opened, rest), **sharded}
+
+
+def _check_targets(where: str, kinds: dict, targets: dict, strict: bool) -> None:
     missing = sorted(set(targets) - set(kinds))
     if missing:
         raise CheckpointError(
-            f"checkpoint {directory.name} has no state for {', '.join(map(repr, missing))}",
+            f"checkpoint {where} has no state for {', '.join(map(repr, missing))}",
             "save it in the checkpoint before resuming, or load with strict=False",
         )
     stateful = {name for name, kind in kinds.items() if kind.name != "value"}
     unexpected = sorted(stateful - set(targets))
     if strict and unexpected:
         raise CheckpointError(
-            f"checkpoint {directory.name} has state for {', '.join(map(repr, unexpected))} that "
+            f"checkpoint {where} has state for {', '.join(map(repr, unexpected))} that "
             f"nothing restores",
             "pass those objects too (under twice.Run: run.track(name=obj) before run.resume()), "
             "or load with strict=False (run.resume(strict=False))",
         )
-    state = _read_state(directory, kinds)
+
+
+def _restore(opened: _Opened, targets: dict) -> dict:
+    """Each decoded entry restored into its target, or returned as a plain value."""
     restored = {}
-    for name, kind in kinds.items():
-        if name in targets:
-            kind.restore(targets[name], state[name], name)
-            restored[name] = targets[name]
-        else:
-            restored[name] = state[name]
+    for name, kind in opened.kinds.items():
+        if name not in targets:
+            restored[name] = opened.state[name]
+            continue
+        try:
+            kind.restore(targets[name], opened.state[name], name)
+        except CheckpointError:
+            raise
+        except (RuntimeError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise CheckpointError(
+                f"entry {name!r} of checkpoint {opened.where} does not restore into the "
+                f"{type(targets[name]).__name__} given for it: {type(exc).__name__}: "
+                f"{str(exc)[:200]}",
+                "restore into the kind of object it was saved from",
+            ) from exc
+        restored[name] = targets[name]
     return restored
 
 
@@ -241,11 +301,11 @@ def list_checkpoints(parent: str | Path) -> list[Path]:
 
 
 def latest(parent: str | Path) -> Path | None:
-    """The newest checkpoint under `parent` that verifies; damaged or incomplete ones are skipped
-    with a warning."""
+    """The newest checkpoint under `parent` that is valid (verify_loadable: it loads); damaged,
+    incomplete or crafted ones are skipped with a warning."""
     for candidate in reversed(list_checkpoints(parent)):
         try:
-            verify(candidate)
+            verify_loadable(candidate)
             return candidate
         except CheckpointError as exc:
             warnings.warn(

@@ -3,7 +3,8 @@
 DCP pickles its Metadata record (which state lies where in the `__R_N.distcp` files). A pickle
 can name any callable; this reader's unpickler resolves only DCP's own metadata records and what
 they hold (torch's size, dtypes and layouts, paths, a few builtin containers), so a crafted file
-is an error, never code run by `twice checkpoint verify` or by the comparison of outputs.
+is an error, never code run by `twice checkpoint verify`, by `twice.checkpoint.load` (which
+hands DCP this reader's record: checkpoint/sharded.py) or by the comparison of outputs.
 
 The record describes the save itself too: a random UUID that DCP draws at every save (`save_id`)
 and the folder it saved to (`checkpoint_id`). Two saves of the same state differ there and
@@ -20,6 +21,7 @@ from typing import Any
 import xxhash
 
 from twice.core.errors import CorruptRecord
+from twice.store.files import read_record
 
 __all__ = ["METADATA", "read", "state_digest", "is_dcp_metadata"]
 
@@ -83,7 +85,7 @@ def state_digest(path: Path) -> str | None:
     """The digest of the DCP metadata in `path` without what describes the save itself (its
     random save id, its folder); None where it cannot be read as DCP metadata."""
     try:
-        value = read(Path(path).read_bytes(), str(path))
+        value = read(read_record(Path(path)), str(path))
     except (OSError, CorruptRecord):
         return None
     storage = getattr(value, "storage_meta", None)
