@@ -8,16 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from twice.app.compare import compare_runs
-from twice.app.launch import run_command
-from twice.app.trust import require_trust
-from twice.app.verify import rerun_options
+from twice.app.rerun import rerun_options, start_rerun
+from twice.app.trust import Consent, Rerun, trusted_rerun
 from twice.core.errors import Exit, UsageError
 from twice.core.opdiff import OpFinding, first_op_difference, value_gap
 from twice.core.protocol import ChildSettings
 from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
 from twice.store.oplogs import step_ops
-from twice.store.runs import read_manifest
 
 __all__ = ["Location", "locate_runs", "bisect_divergence", "describe_op"]
 
@@ -63,21 +61,21 @@ class Location:
         }
 
 
-def _op_log(run_dir: Path, step: int, label: str, quiet: bool) -> tuple[list[dict], str]:
+def _op_log(rerun: Rerun, step: int, label: str, quiet: bool) -> tuple[list[dict], str]:
     """The run's op records of `step` and where they are, recording them by re-running the run up
     to that step if its op log does not hold it."""
-    records = step_ops(Path(run_dir), step)
+    run_dir = rerun.run_dir
+    records = step_ops(run_dir, step)
     if records is not None:
         return records, f"{RunFolder(run_dir).ops} (step {step})"
-    command, options = rerun_options(
-        Path(run_dir),
-        name=f"locate-{label}-{Path(run_dir).name[:26]}",
+    options = rerun_options(
+        rerun,
+        name=f"locate-{label}-{run_dir.name[:26]}",
         steps=step + 1,
-        yes=True,  # checked by locate_runs
         quiet=quiet,
         record_ops=str(step),
     )
-    _, new_dir = run_command(command, options)
+    _, new_dir = start_rerun(rerun, options)
     records = step_ops(new_dir, step)
     if records is None:
         raise UsageError(
@@ -86,21 +84,20 @@ def _op_log(run_dir: Path, step: int, label: str, quiet: bool) -> tuple[list[dic
     return records, f"{RunFolder(new_dir).ops} (step {step})"
 
 
-def _dumped_output(run_dir: Path, step: int, index: int, output: int, label: str, quiet: bool):
-    """Re-run `run_dir` to step `step` saving op `index`'s outputs; return output `output`, or
+def _dumped_output(rerun: Rerun, step: int, index: int, output: int, label: str, quiet: bool):
+    """Re-run the run to step `step` saving op `index`'s outputs; return output `output`, or
     None."""
     from safetensors import safe_open
 
-    command, options = rerun_options(
-        Path(run_dir),
-        name=f"locate-dump-{label}-{Path(run_dir).name[:26]}",
+    options = rerun_options(
+        rerun,
+        name=f"locate-dump-{label}-{rerun.run_dir.name[:26]}",
         steps=step + 1,
-        yes=True,  # checked by locate_runs
         quiet=quiet,
         record_ops=str(step),
     )
     options.env = {**options.env, **ChildSettings(dump_op=f"{step}:{index}").to_env()}
-    _, new_dir = run_command(command, options)
+    _, new_dir = start_rerun(rerun, options)
     values = RunFolder(new_dir).dumped_output(step, index)
     if not values.is_file():
         return None
@@ -137,15 +134,14 @@ class Bisection:
         }
 
 
-def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
-    """Re-run `run_dir` up to `step` (from its latest checkpoint before it, when it has one)
+def _replay_fingerprint(rerun: Rerun, step: int, label: str, quiet: bool):
+    """Re-run the run up to `step` (from its latest checkpoint before it, when it has one)
     recording only that step."""
     import twice.checkpoint as checkpoints
     from twice.store.traces import read_trace
 
-    command, options = rerun_options(
-        Path(run_dir), name=f"bisect-{label}-{step}", steps=step + 1, quiet=quiet, yes=True
-    )  # trust checked by bisect_divergence
+    run_dir = rerun.run_dir
+    options = rerun_options(rerun, name=f"bisect-{label}-{step}", steps=step + 1, quiet=quiet)
     options.env = {**options.env, **ChildSettings(trace_steps=str(step)).to_env()}
     earlier = [
         p
@@ -154,7 +150,7 @@ def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
     ]
     if earlier:
         options.resume_from = earlier[-1]
-    _, new_dir = run_command(command, options)
+    _, new_dir = start_rerun(rerun, options)
     record = next((r for r in read_trace(RunFolder(new_dir).trace()) if r.step == step), None)
     if record is None:
         raise UsageError(
@@ -163,22 +159,18 @@ def _replay_fingerprint(run_dir: Path, step: int, label: str, quiet: bool):
     return record
 
 
-def _check_trust(yes: bool, *run_dirs: Path) -> None:
-    for run_dir in run_dirs:
-        require_trust(Path(run_dir), read_manifest(run_dir), yes)
-
-
-def bisect_divergence(a: Path, b: Path, quiet: bool = True, yes: bool = False) -> Bisection:
+def bisect_divergence(a: Path, b: Path, quiet: bool = True, yes: Consent = False) -> Bisection:
     """First diverging step of runs whose traces are coarse (--trace-every K), in ceil(log2(K))
     replays.
 
     Between the last recorded step where both runs agree and the first where they differ, each
     replay re-runs both up to the middle step, fingerprints only that step, and halves the interval.
+    Folders this user's twice did not sign need `yes` (see app/trust.py).
     """
     from twice.core.divergence import first_divergence
     from twice.store.traces import read_trace
 
-    _check_trust(yes, a, b)
+    rerun_a, rerun_b = trusted_rerun(a, yes), trusted_rerun(b, yes)
     comparison = compare_runs(a, b)
     if comparison.divergence is None:
         return Bisection(None, 0)
@@ -188,8 +180,8 @@ def bisect_divergence(a: Path, b: Path, quiet: bool = True, yes: bool = False) -
     interval, replays = (low, high), 0
     while high - low > 1:
         middle = (low + high) // 2
-        record_a = _replay_fingerprint(a, middle, "a", quiet)
-        record_b = _replay_fingerprint(b, middle, "b", quiet)
+        record_a = _replay_fingerprint(rerun_a, middle, "a", quiet)
+        record_b = _replay_fingerprint(rerun_b, middle, "b", quiet)
         replays += 1
         if first_divergence([record_a], [record_b]) is None:
             low = middle
@@ -198,17 +190,17 @@ def bisect_divergence(a: Path, b: Path, quiet: bool = True, yes: bool = False) -
     return Bisection(high, replays, interval)
 
 
-def locate_runs(a: Path, b: Path, quiet: bool = True, yes: bool = False) -> Location:
+def locate_runs(a: Path, b: Path, quiet: bool = True, yes: Consent = False) -> Location:
     """Find the first diverging step of runs A and B, then the first operation in it that differs;
-    the finding is kept in A's folder (`twice report` shows it). Folders recorded elsewhere need
-    `yes` (their commands are re-run)."""
-    _check_trust(yes, a, b)
-    result = _locate(Path(a), Path(b), quiet)
+    the finding is kept in A's folder (`twice report` shows it). Folders this user's twice did not
+    sign need `yes` (their commands are re-run; see app/trust.py)."""
+    result = _locate(trusted_rerun(a, yes), trusted_rerun(b, yes), quiet)
     write_json_atomic(RunFolder(a).location(Path(b).name), result.to_json())
     return result
 
 
-def _locate(a: Path, b: Path, quiet: bool) -> Location:
+def _locate(rerun_a: Rerun, rerun_b: Rerun, quiet: bool) -> Location:
+    a, b = rerun_a.run_dir, rerun_b.run_dir
     comparison = compare_runs(a, b)
     divergence = comparison.divergence
     if divergence is None:
@@ -227,7 +219,10 @@ def _locate(a: Path, b: Path, quiet: bool) -> Location:
             step,
             OpFinding("input", None),
         )
-    (ops_a, log_a), (ops_b, log_b) = _op_log(a, step, "a", quiet), _op_log(b, step, "b", quiet)
+    (ops_a, log_a), (ops_b, log_b) = (
+        _op_log(rerun_a, step, "a", quiet),
+        _op_log(rerun_b, step, "b", quiet),
+    )
     finding = first_op_difference(ops_a, ops_b)
     logs = (log_a, log_b)
     if finding.kind == "identical":
@@ -280,8 +275,8 @@ def _locate(a: Path, b: Path, quiet: bool) -> Location:
     gap: dict[str, Any] = {}
     # A second, targeted re-run of each side saves just this op's outputs, to measure the
     # difference.
-    x = _dumped_output(a, step, finding.index, finding.outputs[0], "a", quiet)
-    y = _dumped_output(b, step, finding.index, finding.outputs[0], "b", quiet)
+    x = _dumped_output(rerun_a, step, finding.index, finding.outputs[0], "a", quiet)
+    y = _dumped_output(rerun_b, step, finding.index, finding.outputs[0], "b", quiet)
     if x is not None and y is not None:
         gap = value_gap(x, y)
     size = ""

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from twice.app.compare import compare_runs
-from twice.app.launch import run_command
-from twice.app.trust import require_trust
-from twice.app.verify import rerun_options
+from twice.app.rerun import rerun_options, start_rerun
+from twice.app.trust import Consent, Rerun, admit
 from twice.core.errors import CheckpointError, Exit, UsageError
 from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
@@ -131,10 +130,11 @@ def _checkpoints(run_dir: Path) -> dict[int, Path]:
     return found
 
 
-def plan_segments(run_dir: Path, count: int | None, seed: int) -> tuple[list[Segment], int, int]:
-    """(the segments to re-run, the number of segments, the run's steps); `count` None is all."""
-    manifest = read_manifest(run_dir)
-    steps = manifest.steps
+def plan_segments(
+    run_dir: Path, count: int | None, seed: int, steps: int | None
+) -> tuple[list[Segment], int, int]:
+    """(the segments to re-run, the number of segments, the run's `steps`); `count` None is
+    all."""
     checkpoints = _checkpoints(run_dir)
     if not checkpoints:
         raise UsageError(
@@ -170,12 +170,12 @@ def _index_of(checkpoint: Path):
         return f"damaged ({exc.message})"
 
 
-def _check(run_dir: Path, segment: Segment, quiet: bool, yes: bool) -> Segment:
-    """Re-run one segment and judge it."""
-    name = f"verify-{segment.start}-{segment.end}-{Path(run_dir).name[:20]}"
-    command, options = rerun_options(run_dir, name=name, steps=segment.end, quiet=quiet, yes=yes)
-    options = replace(options, resume_from=segment.checkpoint)
-    code, new_dir = run_command(command, options)
+def _check(rerun: Rerun, segment: Segment, quiet: bool) -> Segment:
+    """Re-run one segment of the admitted run and judge it."""
+    run_dir = rerun.run_dir
+    name = f"verify-{segment.start}-{segment.end}-{run_dir.name[:20]}"
+    options = rerun_options(rerun, name=name, steps=segment.end, quiet=quiet)
+    code, new_dir = start_rerun(rerun, replace(options, resume_from=segment.checkpoint))
     segment.rerun = str(new_dir)
     status = effective_status(read_manifest(new_dir))
     if status not in ("completed", "stopped"):
@@ -207,29 +207,32 @@ def verify_segments(
     jobs: int = 1,
     executor: str = "local",
     quiet: bool = True,
-    yes: bool = False,
+    yes: Consent = False,
 ) -> SegmentsCheck:
     """Re-run `count` segments of the run (all when None) and judge each; the outcome is written
-    to the run folder's verify-segments.json."""
+    to the run folder's verify-segments.json. A folder this user's twice did not sign needs `yes`
+    (see app/trust.py)."""
     run_dir = Path(run_dir)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
-    chosen, total, steps = plan_segments(run_dir, count, seed)
-    require_trust(run_dir, read_manifest(run_dir), yes)  # a foreign folder: refused before any run
+    manifest = read_manifest(run_dir)  # read once: its segments planned, then admitted
+    chosen, total, steps = plan_segments(run_dir, count, seed, manifest.steps)
+    rerun = admit(run_dir, manifest, yes)  # a foreign folder: refused before any run
     check = SegmentsCheck(str(run_dir), seed, total, steps)
     if executor == "ray":
-        check.checked = _on_ray(run_dir, chosen)
+        check.checked = _on_ray(rerun, chosen)
     elif executor == "local":
         with ThreadPoolExecutor(max(1, jobs)) as pool:
-            check.checked = list(pool.map(lambda s: _check(run_dir, s, quiet, True), chosen))
+            check.checked = list(pool.map(lambda s: _check(rerun, s, quiet), chosen))
     else:
         raise UsageError(f"unknown executor {executor!r}", "use --executor local or ray")
     write_json_atomic(RunFolder(run_dir).segments_check, check.to_json())
     return check
 
 
-def _on_ray(run_dir: Path, chosen: list[Segment]) -> list[Segment]:
+def _on_ray(rerun: Rerun, chosen: list[Segment]) -> list[Segment]:
     """Each segment as a Ray task (the sweep's executor): ray.init() joins the cluster in
-    RAY_ADDRESS, or starts a local one."""
+    RAY_ADDRESS, or starts a local one. The task gets the admitted Rerun, not the folder's
+    manifest to read again."""
     try:
         import ray
     except ImportError:
@@ -237,15 +240,15 @@ def _on_ray(run_dir: Path, chosen: list[Segment]) -> list[Segment]:
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     remote = ray.remote(num_cpus=1)(_check_remote)
-    results = ray.get([remote.remote(str(run_dir), s.start, s.end) for s in chosen])
-    for segment, (identical, verdict, rerun) in zip(chosen, results):
-        segment.identical, segment.verdict, segment.rerun = identical, verdict, rerun
+    results = ray.get([remote.remote(rerun, s.start, s.end) for s in chosen])
+    for segment, (identical, verdict, new_dir) in zip(chosen, results):
+        segment.identical, segment.verdict, segment.rerun = identical, verdict, new_dir
     return chosen
 
 
-def _check_remote(run_dir: str, start: int, end: int) -> tuple:
-    checkpoints = _checkpoints(Path(run_dir))
+def _check_remote(rerun: Rerun, start: int, end: int) -> tuple:
+    checkpoints = _checkpoints(rerun.run_dir)
     segment = _check(
-        Path(run_dir), Segment(start, end, checkpoints.get(start), checkpoints.get(end)), True, True
+        rerun, Segment(start, end, checkpoints.get(start), checkpoints.get(end)), quiet=True
     )
     return segment.identical, segment.verdict, segment.rerun

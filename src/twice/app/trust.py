@@ -11,6 +11,10 @@ it writes. A folder without a valid signature shows its command and needs a term
 confirmation or `--yes`. Of its recorded environment only an allow-list of exact names with
 validated values is applied again (REPLAYED): never `BASH_ENV`, `LD_PRELOAD`,
 `CUDA_INJECTION64_PATH`, `NCCL_NET_PLUGIN` and the like.
+
+The check is the one door to a re-run: `admit` turns the manifest it judged (read once) into a
+frozen `Rerun`, the only thing app/rerun.py starts. Nothing re-reads manifest.json after the check,
+so a file swapped between the check (or the user's answer) and the start changes nothing.
 """
 
 from __future__ import annotations
@@ -23,15 +27,20 @@ import re
 import secrets
 import shlex
 import stat
+from collections.abc import Callable
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 
 from twice.core.errors import UsageError
 from twice.core.manifest import Manifest
+from twice.store.runs import read_manifest
 
 __all__ = [
     "UntrustedRun",
+    "Rerun",
+    "admit",
+    "trusted_rerun",
     "foreign_reason",
-    "require_trust",
     "replayable_env",
     "sign_manifest",
     "key_path",
@@ -142,16 +151,74 @@ def foreign_reason(run_dir: Path, manifest: Manifest) -> str | None:
     return None
 
 
-def require_trust(run_dir: Path, manifest: Manifest, yes: bool) -> None:
-    """Refuse to re-run a foreign folder's command unless `yes` (the user saw it and agreed)."""
-    reason = None if yes else foreign_reason(run_dir, manifest)
-    if reason is None:
-        return
-    command = shlex.join(str(part) for part in manifest.argv)
-    raise UntrustedRun(
-        f"not re-running the command of {run_dir}: {reason}; it would run: {command}",
-        "check the command, then pass --yes to run it",
+# Made only by `admit`: a Rerun built elsewhere (or by dataclasses.replace) lacks it.
+_ADMITTED = object()
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """What a re-run of `run_dir` executes, from the one manifest the trust check judged: its
+    command, folder and replayable environment, and the settings it was recorded with. Frozen,
+    and made only by `admit`."""
+
+    run_dir: Path
+    argv: tuple[str, ...]
+    cwd: str
+    env: tuple[tuple[str, str], ...]  # the replayable part of the recorded environment, sorted
+    seed: int
+    determinism: str
+    observe: bool
+    portable: bool
+    trace_every: int
+    params_every: int | None
+    full_every: int | None
+    steps: int | None
+    door: InitVar[object]
+
+    def __post_init__(self, door: object) -> None:
+        if door is not _ADMITTED:
+            raise TypeError("a Rerun is made by the trust check only (app/trust.py: admit)")
+
+
+# Consent to a re-run: True (--yes), False (only what this user signed), or a question that is
+# shown the command and answers whether to run it.
+Consent = bool | Callable[[str], bool]
+
+
+def admit(run_dir: Path, manifest: Manifest, yes: Consent = False) -> Rerun:
+    """The trust check: `manifest`, read once from `run_dir`, as the Rerun to execute, when this
+    user's twice signed it or `yes` allows it (True, or a question answered yes); else
+    UntrustedRun. What was judged (and shown) is what runs: nothing is read again."""
+    asked = callable(yes)
+    reason = None if yes and not asked else foreign_reason(run_dir, manifest)
+    if reason is not None:
+        command = shlex.join(str(part) for part in manifest.argv)
+        refusal = UntrustedRun(
+            f"not re-running the command of {run_dir}: {reason}; it would run: {command}",
+            "check the command, then pass --yes to run it",
+        )
+        if not asked or not yes(refusal.message):
+            raise refusal
+    return Rerun(
+        run_dir=Path(run_dir),
+        argv=tuple(str(part) for part in manifest.argv),
+        cwd=str(manifest.cwd),
+        env=tuple(sorted(replayable_env(manifest.env).items())),
+        seed=manifest.seed if manifest.seed is not None else 0,
+        determinism=manifest.determinism,
+        observe=manifest.observe,
+        portable=manifest.portable,
+        trace_every=manifest.trace_every,
+        params_every=manifest.params_every,
+        full_every=manifest.full_every,
+        steps=manifest.steps,
+        door=_ADMITTED,
     )
+
+
+def trusted_rerun(run_dir: Path, yes: Consent = False) -> Rerun:
+    """`run_dir`'s manifest, read once by the validated reader, through `admit`."""
+    return admit(Path(run_dir), read_manifest(run_dir), yes)
 
 
 def replayable_env(recorded: dict) -> dict[str, str]:

@@ -7,86 +7,30 @@ from pathlib import Path
 
 from twice.app.compare import Comparison, compare_runs
 from twice.app.launch import RunOptions, run_command
-from twice.app.trust import REPLAYED, replayable_env, require_trust
+from twice.app.rerun import rerun_options, start_rerun
+from twice.app.trust import Consent, Rerun, admit, trusted_rerun
 from twice.core.divergence import divergence_phrase
 from twice.core.errors import Exit, UsageError
 from twice.core.protocol import ChildSettings
-from twice.runtime.capture import numeric_env
 from twice.store.layout import RunFolder
 from twice.store.runs import effective_status, read_manifest
 
 __all__ = ["verify_run", "verify_resume", "ResumeCheck"]
 
 
-def _portable_policy(manifest) -> str | None:
-    """Portable mode's policy for a re-run: the run's own, as its determinism mode gives it."""
-    from twice.app.launch import portable_policy
-
-    return portable_policy(manifest.determinism) if manifest.portable else None
-
-
-def rerun_options(
-    run_dir: Path,
-    *,
-    name: str,
-    steps: int | None = None,
-    quiet: bool = False,
-    record_ops: str | None = None,
-    yes: bool = False,
-) -> tuple[list[str], RunOptions]:
-    """The command and options that re-execute a recorded run as it was recorded. A folder not
-    recorded by this user on this machine needs `yes` (see app/trust.py)."""
-    import os
-
-    manifest = read_manifest(run_dir)
-    require_trust(Path(run_dir), manifest, yes)
-    recorded_env = replayable_env(manifest.env)
-    # The re-run gets the recorded numerics-relevant variables and none that the original lacked.
-    # Of the names a re-run replays, those the original lacked are removed; the rest of this
-    # shell's environment (paths, caches, plugins: never replayed) is left as it is.
-    unset = tuple(
-        k for k in numeric_env(dict(os.environ)) if k in REPLAYED and k not in recorded_env
-    )
-    options = RunOptions(
-        seed=manifest.seed if manifest.seed is not None else 0,
-        name=name[:100],
-        runs_dir=Path(run_dir).parent.resolve(),
-        determinism=manifest.determinism if not manifest.observe else "strict",
-        portable=_portable_policy(manifest),
-        observe=manifest.observe,
-        trace_every=manifest.trace_every,
-        params_every=manifest.params_every,
-        full_every=manifest.full_every,
-        stop_after=steps,
-        env=dict(recorded_env),
-        unset_env=unset,
-        cwd=Path(manifest.cwd),
-        quiet=quiet,
-        record_ops=record_ops,
-        expected_steps=manifest.steps,
-    )
-    if not options.cwd.is_dir():
-        raise UsageError(
-            f"the run's folder {options.cwd} no longer exists",
-            "re-run on the machine and checkout it was recorded in",
-        )
-    return manifest.argv, options
-
-
 def verify_run(
-    run_dir: Path, steps: int | None = None, quiet: bool = False, yes: bool = False
+    run_dir: Path, steps: int | None = None, quiet: bool = False, yes: Consent = False
 ) -> tuple[Comparison, Path]:
     """Re-execute the run in `run_dir` into a new run beside it; compare the first `steps` steps
-    (or all)."""
+    (or all). A folder this user's twice did not sign needs `yes` (see app/trust.py)."""
     run_dir = Path(run_dir)
     if steps is not None and steps < 1:
         raise UsageError(
             f"--steps must be at least 1, not {steps}", "give the number of steps to verify"
         )
-    command, options = rerun_options(
-        run_dir, name=f"verify-{run_dir.name[:26]}", steps=steps, quiet=quiet, yes=yes
-    )
-    _, new_dir = run_command(command, options)
+    rerun = trusted_rerun(run_dir, yes)
+    options = rerun_options(rerun, name=f"verify-{run_dir.name[:26]}", steps=steps, quiet=quiet)
+    _, new_dir = start_rerun(rerun, options)
     return compare_runs(run_dir, new_dir, steps=steps), new_dir
 
 
@@ -132,7 +76,7 @@ class ResumeCheck:
 
 
 def verify_resume(
-    command: list[str],
+    command: list[str] | Rerun,
     options: RunOptions,
     at: int | None = None,
     straight: Path | None = None,
@@ -149,15 +93,19 @@ def verify_resume(
     Given `straight` (a recorded run of `command`, as `twice verify RUN --resume-at`), that run is
     the uninterrupted one and is not run again. Given `resume_command`, the resumed run is that
     command instead (a script that resumes through its own flag, from its own checkpoint): where
-    it starts is found by its parameters before its first update.
+    it starts is found by its parameters before its first update. Given a Rerun (a run folder's
+    command, admitted by the trust check), it is started through app/rerun.py.
     """
     from dataclasses import replace
 
     import twice.checkpoint as checkpoints
     from twice.store.traces import read_trace, trace_files
 
+    def start(what, chosen: RunOptions) -> tuple[int, Path]:
+        return start_rerun(what, chosen) if isinstance(what, Rerun) else run_command(what, chosen)
+
     if straight is None:
-        code, straight = run_command(command, replace(options, name="straight"))
+        code, straight = start(command, replace(options, name="straight"))
     else:
         code = read_manifest(straight).exit_code or 0
     streams = {stream: read_trace(path) for stream, path in trace_files(straight).items()}
@@ -176,14 +124,14 @@ def verify_resume(
             f"{at_flag} {at} is outside the run's {len(full)} steps",
             f"give a step from 1 to {len(full) - 1}",
         )
-    _, interrupted = run_command(command, replace(options, name=f"stopped-at-{at}", stop_after=at))
+    _, interrupted = start(command, replace(options, name=f"stopped-at-{at}", stop_after=at))
     saved = RunFolder(interrupted).checkpoints
     resume_from = checkpoints.latest(saved)
     env = {
         **options.env,
         **ChildSettings(checkpoint_dir=str(saved.resolve())).to_env(),
     }
-    code, resumed = run_command(
+    code, resumed = start(
         resume_command or command,
         replace(options, name=f"resumed-from-{at}", env=env, resume_from=resume_from),
     )
@@ -283,9 +231,9 @@ def compare_resumed(full: list, after: list, at: int, runs: dict) -> ResumeCheck
     return ResumeCheck(False, verdict, cause, at, runs, found.to_json())
 
 
-def verify_resume_of_run(run_dir: Path, at: int, yes: bool = False) -> ResumeCheck:
+def verify_resume_of_run(run_dir: Path, at: int, yes: Consent = False) -> ResumeCheck:
     """`twice verify RUN --resume-at STEP`: verify-resume with RUN as the uninterrupted run."""
-    manifest = read_manifest(run_dir)
+    manifest = read_manifest(run_dir)  # read once: its status checked, then admitted
     status, stopped = effective_status(manifest), manifest.stopped_after
     if status != "completed" or stopped:
         how = f"was stopped after {stopped} steps" if stopped else f"is {status}"
@@ -295,9 +243,8 @@ def verify_resume_of_run(run_dir: Path, at: int, yes: bool = False) -> ResumeChe
             "record the run to its end, or use `twice verify-resume -- COMMAND`, which runs it "
             "straight first",
         )
-    command, options = rerun_options(
-        run_dir, name=f"resume-{Path(run_dir).name[:26]}", quiet=True, yes=yes
-    )
+    rerun = admit(Path(run_dir), manifest, yes)
+    options = rerun_options(rerun, name=f"resume-{Path(run_dir).name[:26]}", quiet=True)
     return verify_resume(
-        command, options, at=at, straight=Path(run_dir).resolve(), at_flag="--resume-at"
+        rerun, options, at=at, straight=Path(run_dir).resolve(), at_flag="--resume-at"
     )

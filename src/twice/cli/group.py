@@ -154,19 +154,19 @@ def yes_option(function):
 
 
 def trusting(call, yes: bool):
-    """`call(yes)`; a run folder from elsewhere is confirmed on a terminal (its command shown),
-    refused with a hint otherwise."""
-    from twice.app.trust import UntrustedRun
-
-    try:
-        return call(yes)
-    except UntrustedRun as exc:
-        if yes or not sys.stdin.isatty():
-            raise
-        echo_err(exc.message)
-        if not confirm("run it?", default=False):
-            raise
+    """`call(consent)`: True with --yes; else a question the trust check asks about a run folder
+    from elsewhere, on a terminal (its command shown; elsewhere refused with a hint). The library
+    runs the very manifest it showed (app/trust.py): `call` is made once, nothing read again."""
+    if yes:
         return call(True)
+
+    def ask(message: str) -> bool:
+        if not sys.stdin.isatty():
+            return False
+        echo_err(message)
+        return confirm("run it?", default=False)
+
+    return call(ask)
 
 
 # -- the flags every command spells the same way ---------------------------------------------------
