@@ -42,7 +42,8 @@ def test_damage_in_the_middle_is_an_error_naming_the_line(tmp_path):
 
 def test_a_run_folder_names_streams_only_from_trace_names(tmp_path):
     names = ("trace.jsonl", "trace.rank1.jsonl", "trace.fork2.jsonl", "trace.rank0.sub1.jsonl")
-    strays = ("trace_orig.jsonl", "trace~.jsonl", "traceX.jsonl", "trace.main.jsonl", "trace..jsonl")
+    strays = ("trace_orig.jsonl", "trace~.jsonl", "traceX.jsonl", "trace.main.jsonl")
+    strays += ("trace..jsonl",)
     for name in names + strays:
         (tmp_path / name).write_text("")
     assert set(RunFolder(tmp_path).traces()) == {"main", "rank1", "fork2", "rank0.sub1"}

@@ -87,7 +87,7 @@ def _op_log(rerun: Rerun, step: int, label: str, quiet: bool) -> tuple[list[dict
 def _dumped_output(rerun: Rerun, step: int, index: int, output: int, label: str, quiet: bool):
     """Re-run the run to step `step` saving op `index`'s outputs; return output `output`, or
     None."""
-    from safetensors import safe_open
+    from twice.store.oplogs import read_dumped_output
 
     options = rerun_options(
         rerun,
@@ -98,12 +98,7 @@ def _dumped_output(rerun: Rerun, step: int, index: int, output: int, label: str,
     )
     options.env = {**options.env, **ChildSettings(dump_op=f"{step}:{index}").to_env()}
     _, new_dir = start_rerun(rerun, options)
-    values = RunFolder(new_dir).dumped_output(step, index)
-    if not values.is_file():
-        return None
-    with safe_open(str(values), "pt") as handle:
-        key = f"{index}.{output}"
-        return handle.get_tensor(key) if key in handle.keys() else None
+    return read_dumped_output(RunFolder(new_dir).dumped_output(step, index), f"{index}.{output}")
 
 
 def _where(op: dict) -> str:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from twice.app.terminal import is_terminal, live_display, write_line
+from twice.core.errors import CorruptRecord
+from twice.store import reader
 from twice.store.layout import RunFolder
 
 __all__ = ["Reporter", "run_started", "run_ended", "active"]
@@ -140,9 +142,9 @@ class Reporter:
 def _trace_lines(run_dir: Path) -> int:
     """Whole lines in a run's main trace (its recorded steps so far)."""
     try:
-        with open(RunFolder(run_dir).trace(), "rb") as handle:
+        with reader.open_record(RunFolder(run_dir).trace()) as handle:
             return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
-    except OSError:
+    except (OSError, CorruptRecord):  # not there yet, or not a trace: the real read will say
         return 0
 
 

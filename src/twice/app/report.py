@@ -15,6 +15,8 @@ from twice.core.errors import UsageError
 from twice.core.escaping import escape_controls
 from twice.core.manifest import group_of
 from twice.core.records import COMPARED_FIELDS
+from twice.store.faults import read_numerics
+from twice.store.findings import read_location
 from twice.store.layout import RunFolder
 from twice.store.runs import read_manifest
 
@@ -235,11 +237,10 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison]) -> str:
         for located in RunFolder(run_dir).locations():
             parts.append(
                 f"<h2>Localisation ({html.escape(label)})</h2>"
-                f"<p>{html.escape(json.loads(located.read_text())['sentence'])}</p>"
+                f"<p>{html.escape(read_location(located)['sentence'])}</p>"
             )
-        numerics = RunFolder(run_dir).numerics_report
-        if numerics.is_file():
-            report = json.loads(numerics.read_text())
+        report = read_numerics(run_dir)[0]
+        if report is not None:
             items = "".join(
                 f"<li>step {html.escape(str(e['step']))}: {html.escape(str(e['summary']))}"
                 + (

@@ -195,9 +195,12 @@ def _failure_tail(trials_dir: Path, name: str, lines: int = 5) -> str:
     if not tried:
         return ""
     log = RunFolder(tried[-1]).stderr
-    try:
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
+    from twice.core.errors import CorruptRecord
+    from twice.store.reader import read_tail
+
+    try:  # the log's end only: a trial may have written gigabytes
+        tail = read_tail(log, 1 << 16).decode("utf-8", errors="replace").splitlines()[-lines:]
+    except (OSError, CorruptRecord):
         tail = []
     shown = "".join(f"\n      | {line}" for line in tail)
     return f"{shown}\n      log: {log}"

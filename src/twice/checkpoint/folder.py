@@ -39,8 +39,9 @@ from twice.checkpoint.index import (
 from twice.checkpoint.kinds import kind_of
 from twice.checkpoint.sharded import DCP_FOLDER
 from twice.core.errors import CheckpointError, CorruptRecord
-from twice.store.files import current_umask, open_record
+from twice.store.files import current_umask
 from twice.store.files import fsync_dir as _fsync_dir
+from twice.store.reader import open_record
 
 __all__ = [
     "FORMAT",

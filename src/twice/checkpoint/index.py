@@ -18,8 +18,8 @@ import xxhash
 
 from twice.checkpoint.kinds import EntryKind, kind_named
 from twice.checkpoint.sharded import DCP_FILE
-from twice.core.errors import CheckpointError
-from twice.store.files import read_record
+from twice.core.errors import CheckpointError, CorruptRecord
+from twice.store import reader
 
 __all__ = [
     "FORMAT",
@@ -101,14 +101,16 @@ def read_index(directory: Path) -> CheckpointIndex | RanksIndex:
     """The validated index of the checkpoint in `directory`; any damage is a CheckpointError."""
     where = Path(directory) / INDEX
     try:
-        raw = json.loads(read_record(where))
+        raw = reader.read_json(where)
     except FileNotFoundError:
         raise CheckpointError(
             f"{directory} is incomplete or not a twice checkpoint: it has no {INDEX}",
             _RESTORE_HINT,
         ) from None
-    except (OSError, ValueError, RecursionError) as exc:  # JSON and Unicode errors are ValueErrors
-        raise _damaged(where, "not JSON" if not isinstance(exc, OSError) else str(exc)) from None
+    except CorruptRecord as exc:  # not a regular file, too large, not strict JSON
+        raise _damaged(where, exc.message.removeprefix(f"cannot read {where}: ")) from None
+    except OSError as exc:
+        raise _damaged(where, str(exc)) from None
     if not isinstance(raw, dict):
         raise _damaged(where, "not a JSON object")
     fmt = raw.get("format")

@@ -9,7 +9,6 @@ as float.hex).
 from __future__ import annotations
 
 import errno
-import json
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from twice.checkpoint.index import CheckpointIndex, RanksIndex, read_index
 from twice.checkpoint.ranks import current_rank, process_group, save_ranks
 from twice.checkpoint.sharded import DCP_FOLDER, check_sharded, load_sharded
 from twice.core.errors import CheckpointError, CorruptRecord
-from twice.store.files import read_record
+from twice.store import reader
 
 __all__ = ["save", "load", "latest", "list_checkpoints", "step_dir"]
 
@@ -253,11 +252,10 @@ def _read_state(directory: Path, kinds: dict) -> dict:
     folder has digests to match: whatever they hold that twice would not write is a
     CheckpointError, never another exception."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     try:
-        tensors = load_file(str(directory / TENSORS))
-        raw = json.loads(read_record(directory / STATE))
+        tensors = reader.read_tensors(directory / TENSORS)
+        raw = reader.read_json(directory / STATE)
         if not isinstance(raw, dict) or not isinstance(raw.get("entries"), dict):
             raise ValueError("state.json holds no entries")
         state = decode(raw["entries"], tensors)
@@ -267,6 +265,11 @@ def _read_state(directory: Path, kinds: dict) -> dict:
             )
     except CheckpointError:
         raise
+    except (CorruptRecord, OSError) as exc:
+        raise CheckpointError(
+            f"checkpoint {directory.name} cannot be read: {getattr(exc, 'message', exc)}",
+            "the checkpoint is damaged: restore an earlier one, or re-create it",
+        ) from None
     except (
         SafetensorError,
         ValueError,

@@ -24,7 +24,7 @@ from typing import Any
 from twice.core.digests import dtensor_type
 from twice.core.errors import CheckpointError, CorruptRecord
 from twice.store import dcpmeta
-from twice.store.files import open_record, read_record
+from twice.store.reader import open_record, read_record
 
 __all__ = [
     "DCP_FOLDER",

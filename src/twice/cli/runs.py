@@ -65,6 +65,7 @@ def list_command(folder, runs_dir, as_json):
     elif rows or sweeps:
         echo_out(format_run_table(rows, sweeps))
     damaged = [row["id"] for row in rows if row.get("error")]
+    damaged += [f"sweep {row['sweep']}" for row in sweeps if row.get("error")]
     if damaged:  # listed with the rest, then refused: a damaged record is never a quiet row
         raise CorruptRecord(
             f"{len(damaged)} run folder(s) could not be read: {', '.join(damaged[:5])}",

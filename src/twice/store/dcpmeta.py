@@ -21,7 +21,7 @@ from typing import Any
 import xxhash
 
 from twice.core.errors import CorruptRecord
-from twice.store.files import read_record
+from twice.store.reader import read_record
 
 __all__ = ["METADATA", "read", "state_digest", "is_dcp_metadata"]
 

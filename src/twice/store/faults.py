@@ -11,7 +11,7 @@ from twice.core.errors import CorruptRecord
 from twice.store import reader
 from twice.store.layout import RunFolder
 
-__all__ = ["read_numerics", "first_fault"]
+__all__ = ["read_numerics", "first_fault", "read_capture_error"]
 
 
 def _load(path: Path) -> str:
@@ -98,3 +98,26 @@ def first_fault(run_dir: Path) -> dict | None:
         }
     bad = next((e for e in events if e["kind"] == "non_finite"), None)
     return None if bad is None else {"step": bad["step"], "summary": bad["summary"]}
+
+
+def read_capture_error(run_dir: Path) -> dict | None:
+    """capture_error.json, validated (the step, the handler and the error of twice's own that
+    stopped the step capture), or None where the capture was never stopped."""
+    path = RunFolder(run_dir).capture_error
+    try:
+        value = reader.read_json(path)
+    except FileNotFoundError:
+        return None
+    step = value.get("step") if isinstance(value, dict) else None
+    if not (
+        isinstance(value, dict)
+        and type(step) is int
+        and step >= 0
+        and isinstance(value.get("error"), str)
+        and isinstance(value.get("handler", ""), str)
+    ):
+        raise CorruptRecord(
+            f"{path} is not a capture error (a step, a handler and an error were expected)",
+            "the run folder is damaged or was edited; remove the file or re-record the run",
+        )
+    return value

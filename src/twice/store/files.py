@@ -10,9 +10,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# The read side of the door lives in store/reader.py; these names are kept here for old imports.
-from twice.store.reader import RECORD_LIMIT, open_record, read_record  # noqa: F401
-
 __all__ = [
     "write_bytes_atomic",
     "write_json_atomic",
@@ -21,9 +18,6 @@ __all__ = [
     "fsync_dir",
     "current_umask",
     "check_output_path",
-    "open_record",
-    "read_record",
-    "RECORD_LIMIT",
 ]
 
 

@@ -13,7 +13,7 @@ from twice.core.errors import CorruptRecord
 from twice.store import reader
 from twice.store.layout import RunFolder
 
-__all__ = ["step_ops", "steps_ops", "recorded_steps", "read_oplog"]
+__all__ = ["step_ops", "steps_ops", "recorded_steps", "read_oplog", "read_dumped_output"]
 
 _HINT = "the op log is damaged: re-record the step with `twice run --record-ops STEP`"
 
@@ -120,3 +120,17 @@ def read_oplog(path: Path) -> list[dict]:
         for number, line in enumerate(_read(Path(path)).splitlines(), start=1)
         if line
     ]
+
+
+def read_dumped_output(path: Path, key: str):
+    """The tensor `key` ("<op>.<output>") of a file of dumped op outputs, or None where the file
+    or the key is absent. Read through the door, decoded by safetensors (no code in the format)."""
+    if not reader.present(path):
+        return None
+    try:
+        tensors = reader.read_tensors(path)
+    except CorruptRecord:
+        raise
+    except Exception as exc:  # noqa: BLE001 - safetensors' own errors have no common base
+        raise CorruptRecord(f"cannot read {path}: {exc}", _HINT) from None
+    return tensors.get(key)

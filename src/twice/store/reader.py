@@ -42,6 +42,7 @@ __all__ = [
     "open_input",
     "read_input",
     "read_system",
+    "read_tensors",
     "present",
 ]
 
@@ -106,7 +107,11 @@ def read_record(path: Path, limit: int = RECORD_LIMIT, *, within: Path | None = 
 
 
 def _bounded(handle: BinaryIO, path: Path, limit: int) -> bytes:
-    try:
+    try:  # a file known too large is refused before a byte of it is read
+        if os.fstat(handle.fileno()).st_size > limit:
+            raise CorruptRecord(
+                f"cannot read {path}: larger than {_size(limit)}, far more than twice writes", _HINT
+            )
         data = handle.read(limit + 1)
     except OSError as exc:
         raise CorruptRecord(f"cannot read {path}: {exc}", _HINT) from None
@@ -246,6 +251,19 @@ def read_input(path: Path, limit: int = RECORD_LIMIT) -> bytes:
     bytes: larger is a CorruptRecord, as a FIFO or device is."""
     with open_input(path) as handle:
         return _bounded(handle, Path(path), limit)
+
+
+def read_tensors(path: Path, *, within: Path | None = None) -> dict:
+    """The tensors of a safetensors file (a format without code), read from the regular file
+    open_record opened: on Linux through its descriptor, mapped as safetensors maps a file, so
+    a file swapped after the open is never the one read; elsewhere from its bytes."""
+    from safetensors.torch import load, load_file
+
+    with open_record(path, within=within) as handle:
+        descriptor = f"/proc/self/fd/{handle.fileno()}"
+        if os.path.exists(descriptor):
+            return load_file(descriptor)
+        return load(_bounded(handle, Path(path), 1 << 40))
 
 
 def read_system(path: str, limit: int = 1 << 20) -> str:

@@ -34,15 +34,32 @@ def last_loss(path: Path) -> tuple[int, float] | None:
     from twice.core.records import StepRecord
     from twice.store import reader
 
-    try:
-        tail = reader.read_tail(path, 65536)
-    except FileNotFoundError:
-        return None
-    lines = tail.split(b"\n")
-    for line in reversed(lines[1 if len(tail) == 65536 else 0 :]):
+    size = 1 << 16
+    while True:  # back from the end until a whole line is in view (a line is at most 64 MiB)
         try:
-            record = StepRecord.from_json(reader.loads(line, str(path)))
-        except (ValueError, CorruptRecord):
+            tail = reader.read_tail(path, size)
+        except FileNotFoundError:
+            return None
+        whole = tail[: tail.rfind(b"\n") + 1]  # a last line cut short by a kill is dropped
+        lines = whole.split(b"\n")[:-1]
+        if len(tail) < size or len(lines) > 1:
+            break
+        if size >= reader.LINE_LIMIT:
+            raise CorruptRecord(
+                f"trace {path}: its last line is longer than {reader.LINE_LIMIT >> 20} MiB",
+                "the trace is damaged or was edited; re-record the run",
+            )
+        size *= 16
+    lines = lines[1:] if len(tail) == size else lines  # the first may be cut by the window
+    for number, line in enumerate(reversed(lines)):
+        try:
+            record = StepRecord.from_json(reader.parse(line))
+        except ValueError as exc:  # the last whole line is checked; earlier ones are diff's
+            if number == 0:
+                raise CorruptRecord(
+                    f"trace {path}: its last record is damaged: {exc}",
+                    "the trace is damaged or was edited; re-record the run",
+                ) from None
             continue
         loss = record.loss[-1] if isinstance(record.loss, list) and record.loss else record.loss
         if isinstance(loss, str):
