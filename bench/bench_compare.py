@@ -31,7 +31,7 @@ def make_run(folder: Path, name: str, differ_at: int | None) -> Path:
     run_dir.mkdir()
     manifest = {
         "identity": {"argv": ["train.py"], "seed": 0, "determinism": {"mode": "strict"}},
-        "context": {"status": "completed", "started": 0.0, "steps": STEPS},
+        "context": {"status": "completed", "started": 0.0, "steps": STEPS, "streams": ["main"]},
     }
     write_json_atomic(run_dir / "manifest.json", manifest)
     with open(run_dir / "trace.jsonl", "wb", buffering=1 << 20) as out:

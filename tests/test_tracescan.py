@@ -183,3 +183,45 @@ def test_the_loss_series_and_difference_steps_are_what_a_full_parse_gives(tmp_pa
     ]
     assert (first, last) == (0, 299) and where.tolist() == differing
     assert 250 in steps[lttb(steps, values, 20, keep=[250])].tolist()
+
+
+def test_every_plotted_series_is_what_a_full_parse_gives(tmp_path, walk):
+    from twice.store.traceseries import trace_series
+
+    path = tmp_path / "t.jsonl"
+    records = [
+        _record(s, time=s / 3) if s % 4 else StepRecord(step=s, lr=[(0.1 / (s + 1)).hex()])
+        for s in range(0, 200)
+    ]
+    # Tensors named "loss" and "lr" in a digest map are not the run's loss or learning rate.
+    records[5] = StepRecord(
+        step=5, loss="-inf", grad_norm="nan:7ff8000000000001", grad_digests={"loss": "a" * 32}
+    )
+    records[6] = StepRecord(step=6, lr=[(3.0).hex(), (1.0).hex()], param_digests={"lr": "b" * 32})
+    path.write_bytes(b"".join(map(record_line, records)))
+
+    def value(text):
+        return float("nan") if text.startswith("nan") else float.fromhex(text)
+
+    series = trace_series(path)
+    full = read_trace(path)
+    for name, pick in (
+        ("loss", lambda r: r.loss[0] if isinstance(r.loss, list) else r.loss),
+        ("lr", lambda r: (r.lr or [None])[0]),
+        ("grad_norm", lambda r: r.grad_norm),
+    ):
+        held = [r for r in full if pick(r) is not None]
+        steps, values = series[name]
+        assert steps.tolist() == [r.step for r in held], name
+        assert [repr(v) for v in values.tolist()] == [repr(value(pick(r))) for r in held], name
+
+
+def test_a_damaged_line_stops_the_series_with_the_readers_error(tmp_path, walk):
+    from twice.store.traceseries import trace_series
+
+    path = tmp_path / "t.jsonl"
+    lines = [record_line(_record(s)) for s in range(5)]
+    lines[3] = lines[3].replace(b'"step":3', b'"step":3,"step":3')
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(CorruptRecord, match="line 4"):
+        trace_series(path)

@@ -24,9 +24,11 @@
            so, for the Python code to parse and judge. tracescan's Python walk does the same (a
            test holds the two together).
 
-   losses  each canonical trace line's step and loss (the first, where backward ran several
-           times) as int64 and float64 arrays, for plots of long runs (store.traceseries); stops
-           at the first line it cannot read, for the Python code to parse and judge.
+   series  each valid canonical trace line's step, loss (the first, where backward ran several
+           times), learning rate (the first group's) and gradient norm, with which of them the
+           line holds, for plots of long runs (store.traceseries): one pass, every line
+           validated; stops at the first line that is not so, for the Python code to parse and
+           judge.
 
    xxHash is vendored as a header (vendor/xxhash, BSD 2-Clause), compiled inline into this module. */
 
@@ -715,7 +717,58 @@ static PyObject *same_lines(PyObject *module, PyObject *args) {
     return result;
 }
 
-static PyObject *losses(PyObject *module, PyObject *args) {
+/* The value of top-level key `key` in a canonical line (strings hold no escapes: record_valid
+   checked), or NULL: a tensor named "loss" inside a digest map is not the loss. */
+static const char *top_value(const char *p, const char *end, const char *key) {
+    size_t n = strlen(key);
+    int depth = 0;
+    for (const char *c = p; c < end; c++) {
+        if (*c == '"') {
+            const char *close = memchr(c + 1, '"', (size_t)(end - c - 1));
+            if (!close)
+                return NULL;
+            if (depth == 1 && (size_t)(close - c - 1) == n && memcmp(c + 1, key, n) == 0 &&
+                close + 1 < end && close[1] == ':')
+                return close + 2;
+            c = close;
+        } else if (*c == '{' || *c == '[') {
+            depth++;
+        } else if (*c == '}' || *c == ']') {
+            depth--;
+        }
+    }
+    return NULL;
+}
+
+/* A float field's first value ("0x1.8p+0", "-inf", "nan:<bits>"; a list's first item): 1 and
+   the value, 0 where the line has none. */
+static int text_float(const char *v, const char *end, double *out) {
+    if (!v)
+        return 0;
+    if (v < end && *v == '[')
+        v++;
+    if (v >= end || *v != '"')
+        return 0;
+    v++;
+    const char *close = memchr(v, '"', (size_t)(end - v));
+    if (!close || close - v > 60 || close == v)
+        return 0;
+    char text[64];
+    memcpy(text, v, (size_t)(close - v));
+    text[close - v] = 0;
+    if (strncmp(text, "nan", 3) == 0) {
+        *out = NAN;
+        return 1;
+    }
+    char *stop;
+    *out = strtod(text, &stop);
+    return stop != text && *stop == 0;
+}
+
+static const char *SERIES_KEYS[] = {"loss", "lr", "grad_norm"};
+#define SERIES_COUNT 3
+
+static PyObject *series(PyObject *module, PyObject *args) {
     (void)module;
     Py_buffer data;
     Py_ssize_t at;
@@ -726,15 +779,19 @@ static PyObject *losses(PyObject *module, PyObject *args) {
     Py_ssize_t capacity = 0;
     for (const char *c = p; c < end && (c = memchr(c, '\n', (size_t)(end - c))); c++)
         capacity++;
-    PyObject *steps = PyBytes_FromStringAndSize(NULL, capacity * 8), *values = PyBytes_FromStringAndSize(NULL, capacity * 8);
-    if (!steps || !values) {
+    PyObject *steps = PyBytes_FromStringAndSize(NULL, capacity * 8);
+    PyObject *values = PyBytes_FromStringAndSize(NULL, capacity * 8 * SERIES_COUNT);
+    PyObject *present = PyBytes_FromStringAndSize(NULL, capacity * SERIES_COUNT);
+    if (!steps || !values || !present) {
         Py_XDECREF(steps);
         Py_XDECREF(values);
+        Py_XDECREF(present);
         PyBuffer_Release(&data);
         return NULL;
     }
     long long *step_out = (long long *)PyBytes_AS_STRING(steps);
     double *value_out = (double *)PyBytes_AS_STRING(values);
+    char *present_out = PyBytes_AS_STRING(present);
     Py_ssize_t count = 0;
     for (;;) {
         const char *newline = memchr(p, '\n', (size_t)(end - p));
@@ -742,47 +799,26 @@ static PyObject *losses(PyObject *module, PyObject *args) {
             break;
         const char *body;
         unsigned long long step;
-        if (!line_body(p, newline, &body, &step) || (long long)step <= last)
+        if (!line_body(p, newline, &body, &step) || (long long)step <= last || !record_valid(p, newline))
             break;
-        const char *key = NULL;
-        for (const char *c = p; c + 8 <= body; c++) {
-            if (*c == '"' && memcmp(c, "\"loss\":", 7) == 0) {
-                key = c + 7;
-                break;
-            }
+        step_out[count] = (long long)step;
+        for (int k = 0; k < SERIES_COUNT; k++) {
+            double value = NAN;
+            int found = text_float(top_value(p, body, SERIES_KEYS[k]), body, &value);
+            value_out[k * capacity + count] = found ? value : NAN;
+            present_out[k * capacity + count] = (char)found;
         }
-        double value = NAN;
-        if (key) {
-            if (*key == '[')
-                key++;
-            if (*key != '"')
-                break;
-            key++;
-            const char *close = memchr(key, '"', (size_t)(body - key));
-            if (!close || close - key > 60)
-                break;
-            char text[64];
-            memcpy(text, key, (size_t)(close - key));
-            text[close - key] = 0;
-            if (strncmp(text, "nan", 3) == 0)
-                value = NAN;
-            else {
-                char *stop;
-                value = strtod(text, &stop);
-                if (stop == text || *stop != 0)
-                    break;
-            }
-            step_out[count] = (long long)step;
-            value_out[count] = value;
-            count++;
-        }
+        count++;
         last = (long long)step;
         p = newline + 1;
     }
-    PyObject *result = Py_BuildValue("(y#y#nL)", PyBytes_AS_STRING(steps), count * 8, PyBytes_AS_STRING(values),
-                                     count * 8, (Py_ssize_t)(p - base), last);
+    PyObject *result = Py_BuildValue("(y#y#y#nnL)", PyBytes_AS_STRING(steps), count * 8,
+                                     PyBytes_AS_STRING(values), capacity * 8 * SERIES_COUNT,
+                                     PyBytes_AS_STRING(present), capacity * SERIES_COUNT, count,
+                                     (Py_ssize_t)(p - base), last);
     Py_DECREF(steps);
     Py_DECREF(values);
+    Py_DECREF(present);
     PyBuffer_Release(&data);
     return result;
 }
@@ -844,7 +880,7 @@ static PyMethodDef methods[] = {
     {"p_lstm_cell_backward", (PyCFunction)(void (*)(void))p_lstm_cell_backward, METH_VARARGS | METH_KEYWORDS, "Portable mode: one LSTM step, backward."},
     {"fetch", fetch, METH_VARARGS, "twice.data's seeded per-sample fetch (see data.py and sample_rng.py)."},
     {"hash", hash, METH_O, "XXH3-128 digests (and float norms) of many buffers (see digests.digest_many)."},
-    {"losses", losses, METH_VARARGS, "Steps and losses of canonical trace lines (see store.traceseries)."},
+    {"series", series, METH_VARARGS, "Steps, losses, learning rates and gradient norms of valid canonical trace lines (see store.traceseries)."},
     {"record_valid", record_valid_py, METH_VARARGS, "Whether a trace line (with its newline) is a canonical, valid record."},
     {"same_lines", same_lines, METH_VARARGS, "Equal trace lines of two buffers, walked in step (see store.tracescan)."},
     {NULL, NULL, 0, NULL},

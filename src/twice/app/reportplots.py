@@ -60,17 +60,23 @@ def _series(run_dir: Path, diverged: list[int], steps_hint: int | None) -> dict[
     from twice.core.downsample import lttb
     from twice.store.layout import RunFolder
     from twice.store.metrics import read_logged
-    from twice.store.traceseries import loss_series, record_series
+    from twice.store.reader import present
+    from twice.store.traceseries import trace_series
 
     trace = RunFolder(run_dir).trace()
     out: dict[str, tuple] = {}
-    if trace.is_file():
-        steps, values = loss_series(trace)
+    if present(trace):
+        series = trace_series(trace)  # one pass for every plotted series
+        steps, values = series["loss"]
         chosen = lttb(steps, values, PLOT_POINTS, keep=diverged)
         out["loss"] = (steps[chosen], values[chosen])
         every = max(1, (steps_hint or 0) // PLOT_POINTS)
-        for name, series in record_series(trace, every).items():
-            out["learning rate" if name == "lr" else "gradient norm"] = series
+        for name in ("lr", "grad_norm"):
+            steps, values = series[name]
+            out["learning rate" if name == "lr" else "gradient norm"] = (
+                steps[::every],
+                values[::every],
+            )
     logged: dict[str, tuple[list, list]] = {}
     for index, metric in enumerate(read_logged(run_dir)):
         steps_, values_ = logged.setdefault(metric.name, ([], []))

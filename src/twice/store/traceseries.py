@@ -17,6 +17,7 @@ __all__ = [
     "loss_fault_phrase",
     "last_loss",
     "record_series",
+    "trace_series",
 ]
 
 
@@ -67,69 +68,72 @@ def last_loss(path: Path) -> tuple[int, float] | None:
     return None
 
 
-def record_series(path: Path, every: int = 1) -> dict[str, tuple]:
-    """{"lr": (steps, values), "grad_norm": (steps, values)} of a trace, from every `every`-th
-    record (the others are skipped with their step checked, not parsed): the learning rate of
-    the first parameter group and the gradient norm, where recorded."""
+_SERIES = ("loss", "lr", "grad_norm")
+
+
+def trace_series(path: Path) -> dict[str, tuple]:
+    """{"loss", "lr", "grad_norm": (steps, values)} of a trace in one pass, as int64 and float64
+    arrays (NaN for a NaN value; a step without the field left out): the first loss where
+    backward ran several times, the first parameter group's learning rate. Every line is
+    validated: by twice._native's `series` where it is built, else (and for any line it cannot
+    read) parsed as `read_trace` parses it."""
     import numpy as np
 
+    from twice.core import digests
+
+    native = getattr(digests.native, "series", None)
     lines = TraceLines(Path(path))
-    found: dict[str, tuple[list, list]] = {"lr": ([], []), "grad_norm": ([], [])}
-    index = 0
+    found: dict[str, tuple[list, list]] = {name: ([], []) for name in _SERIES}
     try:
         while lines.line() is not None:
-            if index % every:
-                lines.skip()
-                index += 1
-                continue
-            index += 1
+            if native is not None:
+                steps, values, present, count, pos, last = native(
+                    memoryview(lines.buffer)[: lines.end], lines.pos, lines.last_step
+                )
+                if count:
+                    lines.number += count
+                    lines.pos, lines.last_step = pos, last
+                    steps = np.frombuffer(steps, dtype=np.int64)
+                    values = np.frombuffer(values, dtype=np.float64).reshape(len(_SERIES), -1)
+                    present = np.frombuffer(present, dtype=np.bool_).reshape(len(_SERIES), -1)
+                    for index, name in enumerate(_SERIES):
+                        held = present[index, :count]
+                        found[name][0].append(steps[held])
+                        found[name][1].append(values[index, :count][held])
+                    continue
             record = lines.record()
-            for name, text in (("lr", (record.lr or [None])[0]), ("grad_norm", record.grad_norm)):
+            for name, text in (
+                ("loss", _first_loss(record)),
+                ("lr", (record.lr or [None])[0]),
+                ("grad_norm", record.grad_norm),
+            ):
                 if isinstance(text, str):
-                    found[name][0].append(record.step)
-                    found[name][1].append(
-                        float("nan") if text.startswith("nan") else float.fromhex(text)
-                    )
+                    text = float("nan") if text.startswith("nan") else float.fromhex(text)
+                if text is not None:
+                    found[name][0].append(np.array([record.step], dtype=np.int64))
+                    found[name][1].append(np.array([text], dtype=np.float64))
     finally:
         lines.close()
     return {
-        name: (np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        name: (
+            np.concatenate(steps) if steps else np.zeros(0, dtype=np.int64),
+            np.concatenate(values) if values else np.zeros(0, dtype=np.float64),
+        )
         for name, (steps, values) in found.items()
     }
+
+
+def record_series(path: Path, every: int = 1) -> dict[str, tuple]:
+    """{"lr": (steps, values), "grad_norm": (steps, values)} of a trace, every `every`-th value:
+    the learning rate of the first parameter group and the gradient norm, where recorded."""
+    series = trace_series(path)
+    return {name: (series[name][0][::every], series[name][1][::every]) for name in _SERIES[1:]}
 
 
 def loss_series(path: Path):
     """(steps, losses) of a trace as int64 and float64 arrays (NaN for a NaN loss; steps without
     a loss left out)."""
-    import numpy as np
-
-    from twice.core import digests
-
-    native = getattr(digests.native, "losses", None)
-    lines = TraceLines(Path(path))
-    steps, values = [], []
-    try:
-        while lines.line() is not None:
-            if native is not None:
-                found_steps, found_values, pos, last = native(
-                    memoryview(lines.buffer)[: lines.end], lines.pos, lines.last_step
-                )
-                if pos > lines.pos:
-                    lines.number += lines.buffer.count(b"\n", lines.pos, pos)
-                    lines.pos, lines.last_step = pos, last
-                    steps.append(np.frombuffer(found_steps, dtype=np.int64))
-                    values.append(np.frombuffer(found_values, dtype=np.float64))
-                    continue
-            record = lines.record()
-            loss = _first_loss(record)
-            if loss is not None:
-                steps.append(np.array([record.step], dtype=np.int64))
-                values.append(np.array([loss], dtype=np.float64))
-    finally:
-        lines.close()
-    if not steps:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-    return np.concatenate(steps), np.concatenate(values)
+    return trace_series(path)["loss"]
 
 
 def difference_steps(path_a: Path, path_b: Path):
