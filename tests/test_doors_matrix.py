@@ -430,3 +430,72 @@ def test_a_crafted_process_record_is_refused(tmp_path):
     sources = manifest["identity"]["code"]["sources"]
     assert sources.get("/dev/zero") is None and sources.get(str(tmp_path / "fifo")) is None
     assert manifest["context"].get("damaged_config") is True
+
+
+def _streams_stray(a: Path) -> None:
+    """A damaged trace.jsonl beside a stray copy of the good one (trace_orig.jsonl)."""
+    trace = RunFolder(a).trace()
+    shutil.copy(trace, a / "trace_orig.jsonl")
+    shutil.copy(trace, a / "trace~.jsonl")
+    trace.write_text(trace.read_text().replace('"loss":"', '"loss":"x', 1))
+
+
+def _streams_unlisted(a: Path) -> None:
+    """A trace file the manifest does not list: never merged (the runs stay identical)."""
+    shutil.copy(RunFolder(a).trace(), a / "trace.rank9.jsonl")
+
+
+def _streams_missing(a: Path) -> None:
+    """The manifest lists a stream whose file is gone."""
+    manifest = json.loads(RunFolder(a).manifest.read_text())
+    manifest["context"]["streams"] = ["main", "rank1"]
+    RunFolder(a).manifest.write_text(json.dumps(manifest))
+
+
+def _resumed_prefix(a: Path) -> None:
+    """A run that says it resumed at step 3, whose skipped prefix is not JSON."""
+    RunFolder(a).resumed.write_text(json.dumps({"checkpoint": "c", "step": 3}))
+    trace = RunFolder(a).trace()
+    lines = trace.read_text().splitlines(keepends=True)
+    lines[0] = '{this is not JSON,"step":0}\n'
+    trace.write_text("".join(lines))
+
+
+def _capture_error_empty(a: Path) -> None:
+    RunFolder(a).capture_error.write_text("{}")
+
+
+def _duplicate_loss(a: Path) -> None:
+    trace = RunFolder(a).trace()
+    lines = trace.read_text().splitlines(keepends=True)
+    lines[2] = lines[2].replace('{"', '{"loss":"0x1.0p+0","', 1)
+    trace.write_text("".join(lines))
+
+
+# The examples issue 50 gave of each class: (plant, the exit diff must give).
+EXAMPLES = {
+    "stray trace files beside a damaged trace": (_streams_stray, 2),
+    "an unlisted stream file": (_streams_unlisted, 0),
+    "a listed stream that is missing": (_streams_missing, 2),
+    "a resumed run's skipped prefix that is not JSON": (_resumed_prefix, 2),
+    "capture_error.json holding {}": (_capture_error_empty, 2),
+    "a record with a duplicate key": (_duplicate_loss, 2),
+}
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_the_issues_examples_give_an_error_never_bit_identical(recorded, tmp_path, example):
+    base, (run_a, run_b) = recorded
+    runs = tmp_path / "runs"
+    shutil.copytree(base / "runs", runs)
+    a, b = runs / run_a.name, runs / run_b.name
+    plant, expected = EXAMPLES[example]
+    plant(a)
+    result = subprocess.run(
+        [sys.executable, "-m", "twice", "diff", str(a), str(b)],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == expected, (example, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    if expected == 2:
+        assert "error:" in result.stderr and "bit-identical" not in result.stdout
