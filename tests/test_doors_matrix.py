@@ -34,6 +34,7 @@ HOSTILE_TEXT = (
     "\x1b[2J\x1b]52;c;ZXZpbA==\x07\x9b31m\u202eevil\u2066<script>alert(1)</script>"
     "[blink]x[/blink][link=http://e]y[/link]m$\\undefinedcmd$`touch MARKER`$(touch MARKER)"
 )
+MATRIX_COMMANDS = {"show", "ls", "diff", "report", "nan"}  # the commands that read without re-running
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -181,6 +182,12 @@ def test_every_reader_the_inventory_names_exists():
         for dotted in re.findall(r"`(twice\.[\w.]+)`", row["reader"]):
             module, _, name = dotted.rpartition(".")
             assert hasattr(importlib.import_module(module), name), f"{row['kind']}: {dotted}"
+
+
+def test_the_matrix_tries_each_kind_through_every_command_the_inventory_says_reads_it():
+    by_kind = {row["kind"]: {c.strip() for c in row["by"].split(",")} for row in _inventory()}
+    for kind in KINDS:
+        assert set(kind.commands) == by_kind[kind.name] & MATRIX_COMMANDS, kind.name
 
 
 def test_every_kind_read_by_a_command_is_in_the_matrix_or_tried_elsewhere():

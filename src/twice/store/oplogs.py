@@ -53,8 +53,8 @@ def _header(line: str, path: Path, number: int) -> tuple[int, int]:
 
 
 def _read(path: Path) -> str:
-    try:
-        return reader.read_record(path).decode("utf-8")
+    try:  # ops/ lies in the run folder: a linked ops/ leading out of it is refused
+        return reader.read_record(path, within=Path(path).parent.parent).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CorruptRecord(f"cannot read {path}: {exc}", _HINT) from exc
 
@@ -128,7 +128,7 @@ def read_dumped_output(path: Path, key: str):
     if not reader.present(path):
         return None
     try:
-        tensors = reader.read_tensors(path)
+        tensors = reader.read_tensors(path, within=Path(path).parent.parent)
     except CorruptRecord:
         raise
     except Exception as exc:  # noqa: BLE001 - safetensors' own errors have no common base
