@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from twice.app.recordings import length_mismatch, recorded
 from twice.core.causes import explain, explain_resumed
 from twice.core.divergence import Divergence, divergence_phrase, first_divergence, loss_gap
 from twice.core.errors import Exit
 from twice.core.manifest import Difference, Manifest, compare_identity
+from twice.core.seedcalls import seeding_difference
 from twice.store.faults import first_fault
 from twice.store.layout import CAPTURE_ERROR, RunFolder
 from twice.store.outputs import compare_outputs, outputs_phrase
@@ -44,6 +46,8 @@ class Comparison:
     whole: dict | None = None  # store.traceseries.compare_whole_tensors (--full-every)
     # each stream's own first divergence (step, field), where it has one: every rank's
     diverged: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # the recording settings the runs differ in (core/manifest.py RECORDING): never a verdict
+    recording: list[Difference] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -70,6 +74,7 @@ class Comparison:
             "judged": self.judged,
             "diverged": {k: {"step": v[0], "first": v[1]} for k, v in self.diverged.items()},
             "whole_tensors": self.whole,
+            "recording": [d.to_json() for d in self.recording],
         }
 
 
@@ -144,31 +149,6 @@ def _identity_cause(diffs: list[Difference]) -> bool:
     return any(d.group != "environment" for d in diffs)
 
 
-def _recording_mismatch(a: Manifest, b: Manifest, steps: int | None, resumed: bool) -> list[str]:
-    """How the two runs were recorded differently (interval, per-tensor interval, steps run): each
-    makes "bit-identical" impossible whatever the common steps hold."""
-    found = []
-    if a.trace_every != b.trace_every:
-        found.append(
-            f"they recorded at different intervals (--trace-every {a.trace_every} and "
-            f"{b.trace_every})"
-        )
-    if a.full_every != b.full_every:
-        found.append(
-            "they recorded whole-tensor digests at different intervals (--full-every "
-            f"{a.full_every} and {b.full_every})"
-        )
-    if a.params_every != b.params_every:
-        found.append(
-            "they recorded per-tensor digests at different intervals (--params-every "
-            f"{a.params_every} and {b.params_every})"
-        )
-    if steps is None and not resumed and a.steps is not None and b.steps is not None:
-        if a.steps != b.steps:
-            found.append(f"A ran {a.steps} steps and B {b.steps}")
-    return found
-
-
 def _one_sided_phrase(
     one_sided: dict[str, tuple[int, int]],
     lengths: dict[str, tuple[int, int]],
@@ -208,6 +188,10 @@ def compare_runs(
         for d in compare_identity(manifest_a.identity, manifest_b.identity)
         if not d.key.startswith(_IGNORED)
     ]
+    # What was recorded is not what was trained: fields and steps one run's settings left
+    # unrecorded are compared nowhere, and a run stopped at --max-steps is compared up to there.
+    recording = recorded(manifest_a, manifest_b, diffs, steps)
+    diffs, steps, partial = recording.identity, recording.steps, recording.partial
     # Settings chosen away from their defaults (where the runs know them) first: those both runs
     # chose, then those one did, then the rest.
     chosen = config_not_default(a, manifest_a.identity.get("config")) + config_not_default(
@@ -235,14 +219,14 @@ def compare_runs(
         scan = (
             scan_offset(path_a, path_b, alignment.offset, steps)
             if alignment is not None
-            else scan_pair(path_a, path_b, steps, start, resumed_at)
+            else scan_pair(path_a, path_b, steps, start, resumed_at, partial, recording.every)
         )
         lengths[stream] = tuple(scan.counts)
         if scan.only is not None:
             one_sided[stream] = scan.only
         if scan.first is not None:
             record_a, record_b = scan.first
-            found = first_divergence([record_a], [record_b], stream, scan.resumed)
+            found = first_divergence([record_a], [record_b], stream, scan.resumed, partial)
             # the state before the step is known equal: the step before it compared equal, or
             # step 0's starting parameters (params_before, first in causal order) were equal
             start_known = (found.step > 0 and scan.last_same == found.step - 1) or (
@@ -271,7 +255,14 @@ def compare_runs(
         else sorted(k for k in {*env_a, *env_b} if env_a.get(k) != env_b.get(k))
     )
     explanation = explain(
-        diffs, first, observed=observed, inputs_recorded=inputs_recorded, env_changed=env_changed
+        diffs,
+        first,
+        observed=observed,
+        inputs_recorded=inputs_recorded,
+        env_changed=env_changed,
+        seeding=seeding_difference(
+            manifest_a.context.get("seeding"), manifest_b.context.get("seeding")
+        ),
     )
     if alignment is not None and alignment.offset:
         # A resume that lost state shows at its first step, whatever else the command changed
@@ -309,11 +300,12 @@ def compare_runs(
         if compared == 0
         else []
     )
-    mismatch = _recording_mismatch(manifest_a, manifest_b, steps, bool(resumes or alignment))
+    mismatch = length_mismatch(manifest_a, manifest_b, steps, bool(resumes or alignment))
+    settings = recording.phrases()
     if first is not None:
         verdict = f"runs differ: {divergence_phrase(first)}; steps before it bit-identical"
-        if mismatch:
-            verdict += "; also, " + "; ".join(mismatch)
+        if mismatch or settings:
+            verdict += "; also, " + "; ".join(mismatch + settings)
         if "loss" in first.fields:
             gap = loss_gap(first.loss_a, first.loss_b)
             if gap.get("abs") is not None:
@@ -347,7 +339,13 @@ def compare_runs(
             mismatch + [_one_sided_phrase(one_sided, lengths, statuses)] if one_sided else mismatch
         )
         verdict += f"; the {compared} steps both recorded are bit-identical" if compared else ""
+        verdict += "; " + "; ".join(settings) if settings else ""
         identical = False
+    elif settings:  # a difference of recording alone: what both recorded decides
+        verdict = f"runs are bit-identical at the {compared} steps both recorded; " + "; ".join(
+            settings
+        )
+        identical = True
     else:
         verdict = f"runs are bit-identical: {compared} steps compared"
         identical = True
@@ -388,4 +386,5 @@ def compare_runs(
         compared_steps=compared,
         diverged={d.stream: (d.step, d.first) for d in sorted(divergences, key=lambda d: d.stream)},
         whole=_whole(manifest_a, manifest_b, traces_a, traces_b),
+        recording=recording.differences,
     )

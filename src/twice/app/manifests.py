@@ -112,6 +112,7 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
         "stopped_after": main.stopped_after if main else None,
         "trace_cost": _trace_cost(main),
         "events": _events(procs),
+        "seeding": _seeding(procs),
     }
     if refused:
         summary["damaged_process_records"] = refused
@@ -155,6 +156,34 @@ def _events(procs: list[ProcessRecord]) -> dict | None:
 
 
 _EVENT_COUNTS = ("batches", "backward_calls", "optimizer_steps", "steps")
+
+
+def _seeding(procs: list[ProcessRecord]) -> dict:
+    """The script's own seeding calls (runtime/seedcalls.py), summed over the run's processes by
+    API and line: their values' digests combined in sorted order, so that processes started in
+    another order (ranks, spawned workers) give the same record; and the APIs the processes
+    watched (a process watches an API once it imports its module)."""
+    sites: dict[tuple[str, str], list[dict]] = {}
+    watched: set[str] = set()
+    for proc in procs:
+        if proc.seeding is None:
+            continue
+        watched.update(proc.seeding["watched"])
+        for call in proc.seeding["calls"]:
+            sites.setdefault((call["api"], call["site"]), []).append(call)
+    calls = []
+    for (api, site), found in sorted(sites.items()):
+        values = sorted(c["values"] for c in found if c["values"] is not None)
+        calls.append(
+            {
+                "api": api,
+                "site": site,
+                "calls": sum(c["calls"] for c in found),
+                "values": digest("\n".join(values)) if values else None,
+                "entropy": sum(c["entropy"] for c in found),
+            }
+        )
+    return {"calls": calls, "watched": sorted(watched)}
 
 
 def _trace_cost(proc: ProcessRecord | None) -> dict | None:
@@ -227,6 +256,17 @@ def start_manifest(
         "params_every": options.params_every,
         "full_every": options.full_every,
         "stop_after": options.stop_after,
+        "recording": {
+            "trace_every": options.trace_every,
+            "params_every": options.params_every,
+            "full_every": options.full_every,
+            "max_steps": options.stop_after,
+            "record_ops": options.record_ops or None,
+            "numerics": options.numerics,
+            "inputs": list(options.inputs),
+            "inputs_exclude": list(options.inputs_exclude),
+            "mlflow": options.live is not None,
+        },
         "inputs_roots": [str(Path(cwd).resolve()), *options.inputs],
         "inputs_exclude": list(options.inputs_exclude),
         "env_digests": env_digests(env),

@@ -32,8 +32,9 @@ def _argv_change(diff: Difference) -> str:
     return "the command lines differ"
 
 
-def _identity_reason(diffs: list[Difference]) -> str | None:
-    """One clause naming the identity difference most likely to change results."""
+def _identity_reason(diffs: list[Difference], seeding: str | None = None) -> str | None:
+    """One clause naming the identity difference most likely to change results; `seeding`: how
+    the script's own seeding calls differ (core/seedcalls.py), after twice's own seeds."""
     by_group: dict[str, list[Difference]] = {}
     for diff in diffs:
         by_group.setdefault(diff.group, []).append(diff)
@@ -76,6 +77,8 @@ def _identity_reason(diffs: list[Difference]) -> str | None:
             return "no seed (--observe)" if value is None else value
 
         return f"the runs used different seeds ({seed(d.a)} and {seed(d.b)})"
+    if seeding:
+        return seeding
     if "arguments" in by_group:
         return _argv_change(by_group["arguments"][0])
     if "code" in by_group:
@@ -224,10 +227,17 @@ def explain(
     observed: bool = False,
     inputs_recorded: bool = True,
     env_changed: list[str] | None = None,
+    seeding: str | None = None,
 ) -> str:
     """One sentence: what differed first and the most likely cause, combining manifest and trace.
-    `env_changed`: the environment variables the launches differed in (None: not recorded)."""
-    reason = _identity_reason(diffs)
+    `env_changed`: the environment variables the launches differed in (None: not recorded).
+    `seeding`: how the script's own seeding calls differ (core/seedcalls.py), the cause where
+    what differs first is what an RNG decides (the starting state, batches, RNG states, the
+    loss); elsewhere it only takes "same seeds" away."""
+    drawn = divergence is not None and (
+        divergence.first in ("params_before", "batch", "rng", "loss") or "rng" in divergence.fields
+    )
+    reason = _identity_reason(diffs, seeding if drawn or divergence is None else None)
     if divergence is None:
         if reason:  # identical: no fix to suggest
             reason = reason.removesuffix(PORTABLE_FIX).removesuffix(DEVICE_FIX)
@@ -248,6 +258,11 @@ def explain(
             f"{sentence}; the runs were recorded with --observe, so RNGs the script does not "
             f"seed itself "
             "start differently (run without --observe to seed every RNG)"
+        )
+    if seeding:  # not what an RNG decides: no cause to name, and the seeds were not the same
+        return (
+            f"{sentence}; the cause cannot be named from what was recorded: the runs were not "
+            f"seeded alike ({seeding})"
         )
     if divergence.first == "lr":
         # A learning rate is set by the script, not computed by a kernel from this step's data:

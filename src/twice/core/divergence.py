@@ -127,12 +127,17 @@ def _held(value: Any) -> bool:
 
 
 def first_divergence(
-    a: list[StepRecord], b: list[StepRecord], stream: str = "main", resumed: bool = False
+    a: list[StepRecord],
+    b: list[StepRecord],
+    stream: str = "main",
+    resumed: bool = False,
+    partial: frozenset[str] = frozenset(),
 ) -> Divergence | None:
     """The first step recorded in both traces whose compared fields differ, or None.
 
     Steps recorded in only one trace are not compared here; app/compare.py reports them as a
-    difference of their own. Every field but records.NOT_COMPARED is compared.
+    difference of their own. Every field but records.NOT_COMPARED is compared; those in
+    `partial` only where both records hold them (records.differing_fields).
     """
     by_step_b = {record.step: record for record in b}
     same, last_same = 0, -1
@@ -140,7 +145,7 @@ def first_divergence(
         record_b = by_step_b.get(record_a.step)
         if record_b is None:
             continue
-        fields = differing_fields(record_a, record_b, resumed)
+        fields = differing_fields(record_a, record_b, resumed, partial)
         if not fields:
             same, last_same = same + 1, record_a.step
             continue

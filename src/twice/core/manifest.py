@@ -10,7 +10,16 @@ from twice.core.manifest_schema import FIELDS as _FIELDS
 from twice.core.manifest_schema import SHAPES as _SHAPES
 from twice.core.manifest_schema import check as _check
 
-__all__ = ["Manifest", "Difference", "compare_identity", "GROUPS", "group_of", "MISSING"]
+__all__ = [
+    "Manifest",
+    "Difference",
+    "compare_identity",
+    "GROUPS",
+    "group_of",
+    "MISSING",
+    "RECORDING",
+    "recording_differences",
+]
 
 # The order in which difference groups are reported, and which identity keys fall in each.
 GROUPS = (
@@ -103,6 +112,34 @@ def compare_identity(a: dict, b: dict) -> list[Difference]:
     return sorted(diffs, key=lambda d: (order.get(d.group, len(GROUPS)), d.key))
 
 
+# The recording settings: what `twice run` recorded, how often and for how long, never what the
+# training did. They live in the context (context.recording), apart from the identity, and a
+# difference in them is named as such, never as a difference of training. (key, option)
+RECORDING = (
+    ("trace_every", "--trace-every"),
+    ("params_every", "--params-every"),
+    ("full_every", "--full-every"),
+    ("max_steps", "--max-steps"),
+    ("record_ops", "--record-ops"),
+    ("numerics", "--numerics"),
+    ("inputs", "--inputs"),
+    ("inputs_exclude", "--inputs-exclude"),
+    ("mlflow", "--mlflow"),
+)
+# Their values where a run did not choose them (a manifest of an older twice lacks the rest).
+_RECORDING_DEFAULTS = {"trace_every": 1, "inputs": [], "inputs_exclude": [], "mlflow": False}
+
+
+def recording_differences(a: Manifest, b: Manifest) -> list[Difference]:
+    """The recording settings two runs differ in (group "recording"), in RECORDING order."""
+    ra, rb = a.recording, b.recording
+    return [
+        Difference("recording", option, ra.get(key), rb.get(key))
+        for key, option in RECORDING
+        if ra.get(key) != rb.get(key)
+    ]
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A manifest read and validated: `identity` (compared between runs) and `context` (never
@@ -146,6 +183,18 @@ class Manifest:
     env_digests = property(lambda self: self.context.get("env_digests"))
     full_every = property(lambda self: self.context.get("full_every"))
     trace_every = property(lambda self: self.context.get("trace_every") or 1)
+
+    @property
+    def recording(self) -> dict:
+        """Every recording setting (RECORDING's keys): context.recording, or for a manifest
+        written before it the keys the context held on their own."""
+        found = self.context.get("recording")
+        if found is None:
+            found = {key: self.context.get(key) for key in ("params_every", "full_every")}
+            found["trace_every"] = self.trace_every
+            found["max_steps"] = self.context.get("stop_after")
+        return {**_RECORDING_DEFAULTS, **{k: v for k, v in found.items() if v is not None}}
+
     params_every = property(lambda self: self.context.get("params_every"))
     started = property(lambda self: self.context.get("started"))
     cwd = property(lambda self: self.context.get("cwd", "."))

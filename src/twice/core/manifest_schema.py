@@ -232,6 +232,39 @@ _SHAPES: tuple[tuple[str, str, str, Any], ...] = (
         ),
     ),
     ("context", "inputs_roots", "a list of folders", _list_of(_text)),
+    (
+        "context",
+        "recording",
+        "an object of the recording settings (core/manifest.py RECORDING)",
+        _shape(
+            trace_every=lambda v: _is_int(v, 1),
+            params_every=_nullable(lambda v: _is_int(v, 0)),
+            full_every=_nullable(lambda v: _is_int(v, 1)),
+            max_steps=_nullable(lambda v: _is_int(v, 1)),
+            record_ops=_nullable(_text),
+            numerics=_nullable(_text),
+            inputs=_list_of(_text),
+            inputs_exclude=_list_of(_text),
+            mlflow=lambda v: isinstance(v, bool),
+        ),
+    ),
+    (
+        "context",
+        "seeding",
+        "an object of the script's seeding calls and the APIs watched for them",
+        _shape(
+            calls=_list_of(
+                _shape(
+                    api=_text,
+                    site=_text,
+                    calls=lambda v: _is_int(v, 1),
+                    values=_nullable(_text),
+                    entropy=lambda v: _is_int(v, 0),
+                )
+            ),
+            watched=_list_of(_text),
+        ),
+    ),
     ("context", "inputs_exclude", "a list of folders", _list_of(_text)),
     ("context", "env_digests", "an object of variable names and digests", _map_of(_text)),
     (

@@ -118,16 +118,22 @@ def _held(value: Any) -> bool:
     return value is not None and value != {} and value != []
 
 
-def differing_fields(a: StepRecord, b: StepRecord, resumed: bool = False) -> list[str]:
+def differing_fields(
+    a: StepRecord, b: StepRecord, resumed: bool = False, partial: frozenset[str] = frozenset()
+) -> list[str]:
     """The causal fields (CAUSAL_ORDER) in which two records of one step differ: every field but
     those in NOT_COMPARED. A field one record holds and the other lacks differs, except, where a
     run `resumed` (its trace starts later than the other's), params_before: a process records it
     once, on the first record of its trace, so a resumed run holds it at a step where the
-    uninterrupted run does not; there it is compared where both hold it."""
+    uninterrupted run does not; there it is compared where both hold it. So are the fields in
+    `partial`: those the two runs' recording settings had them record at other steps
+    (--params-every, --full-every), where one lacking them says nothing about training."""
     found = set()
     for name, causal in FIELD_OF.items():
         va, vb = getattr(a, name), getattr(b, name)
-        if name == "params_before" and resumed and not (_held(va) and _held(vb)):
+        if (name in partial or (name == "params_before" and resumed)) and not (
+            _held(va) and _held(vb)
+        ):
             continue
         if (va if _held(va) else None) != (vb if _held(vb) else None):
             found.add(causal)

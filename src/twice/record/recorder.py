@@ -167,7 +167,7 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
         if self._hand is not None and self._hand.open:
             self._hand_check(False)
         self.set_phase("forward")
-        if self.explicit or not self._tracing_this_step():
+        if self.explicit or not self._tracing_events():
             return
         with self._paused():
             self._pending_batches.append(Digester(strict=False).update(batch))
@@ -179,7 +179,7 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
         """A module is called: the outermost call's data is the step's batch where no DataLoader
         batch came (record/inputs.py)."""
         inputs = self.inputs  # an outermost call (hooks.py counts the inner ones itself)
-        if self.explicit or self._pending_batches or not self._tracing_this_step():
+        if self.explicit or self._pending_batches or not self._tracing_events():
             inputs.depth += 1
             return
         with self._paused():
@@ -211,7 +211,7 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
             if self._hand.open:
                 self._hand_check(True)
             self._hand.backward_starts(tensors)
-        if self.explicit or not self._tracing_this_step():
+        if self.explicit or not self._tracing_events():
             return
         if isinstance(tensors, tensor_type[0]) and tensors.numel() == 1:
             self._pending_losses.append(tensors.detach())
@@ -275,6 +275,9 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
             )
             self._move_pending(round_)
             round_.rng = rng_digests()
+        else:  # what this untraced step consumed: not the next traced step's
+            del self._pending_losses[:], self._pending_batches[:]
+            self.inputs.take()
         if complete:
             self._finish_round()
 

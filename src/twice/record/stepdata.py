@@ -29,9 +29,21 @@ class StepData:
     """The recorder's part that gathers a step's tensors, digests them and writes the round."""
 
     def _tracing_this_step(self) -> bool:
+        return self._traced(self.step_index)
+
+    def _traced(self, step: int) -> bool:
         if self.only_steps is not None:
-            return self.step_index in self.only_steps
-        return self.step_index % self.trace_every == 0
+            return step in self.only_steps
+        return step % self.trace_every == 0
+
+    def _tracing_events(self) -> bool:
+        """Whether a batch, loss or module input arriving now is kept: this step's, or, once an
+        optimizer stepped in this round, maybe the next step's (a round is known to have ended
+        only when an optimizer steps again). What an untraced round consumed is dropped at its
+        end, so a traced step holds its own, whatever --trace-every."""
+        return self._traced(self.step_index) or (
+            bool(self._clock.members) and self._traced(self.step_index + 1)
+        )
 
     def _named_grads(self, holder) -> tuple[list[str], list]:
         """(names, gradients) of the parameters of `holder` (an optimizer, or a hand loop's

@@ -20,6 +20,7 @@ from twice.core.escaping import escape_controls
 from twice.core.protocol import ChildSettings
 from twice.runtime.imports import when_imported
 from twice.runtime.reads import files_read, watch_reads
+from twice.runtime.seedcalls import recorded, watch_numpy, watch_random, watch_torch
 from twice.store.layout import RunFolder
 
 _state: dict = {}
@@ -29,6 +30,7 @@ def _on_numpy(numpy) -> None:
     seed = _state.get("seed")
     if seed is not None:
         numpy.random.seed(seed if seed < 2**32 else [seed & 0xFFFFFFFF, seed >> 32])
+    watch_numpy(numpy)  # the script's own seeding calls, under --observe too
 
 
 def _on_torch(torch) -> None:
@@ -47,6 +49,7 @@ def _on_torch(torch) -> None:
                 raise SystemExit(Exit.USAGE) from None
             _state["determinism"] = report.to_json()
         torch.manual_seed(seed)
+    watch_torch(torch)
     if settings_portable := _state["settings"].portable:
         from twice.portable.mode import enable
 
@@ -158,6 +161,7 @@ def _at_exit() -> None:
         "distributed": _distributed_facts(),
         "portable": _portable_facts(),
         "reads": files_read(),
+        "seeding": recorded(),
     }
     if record["distributed"] is not None and recorder is not None and recorder.layouts.sharding:
         record["distributed"]["sharding"] = recorder.layouts.sharding
@@ -231,6 +235,7 @@ def boot() -> None:
         # an at-fork hook), so fork-based workers (multiprocessing, Hogwild) would draw
         # different numbers on every run. Ours runs after it and reseeds by fork order instead.
         os.register_at_fork(before=_count_fork, after_in_child=_reseed_forked_child)
-        when_imported("numpy", _on_numpy)
+    watch_random()
+    when_imported("numpy", _on_numpy)
     when_imported("torch", _on_torch)
     atexit.register(_at_exit)

@@ -86,6 +86,28 @@ def _portable(value: Any) -> bool:
     )
 
 
+def _seeding(value: Any) -> bool:
+    """None, or {"calls": [{api, site, calls, values, entropy}], "watched": [api]}
+    (runtime/seedcalls.py)."""
+    return value is None or (
+        isinstance(value, dict)
+        and isinstance(value.get("watched"), list)
+        and all(isinstance(api, str) for api in value["watched"])
+        and isinstance(value.get("calls"), list)
+        and all(
+            isinstance(call, dict)
+            and isinstance(call.get("api"), str)
+            and isinstance(call.get("site"), str)
+            and type(call.get("calls")) is int
+            and call["calls"] >= 1
+            and type(call.get("entropy")) is int
+            and 0 <= call["entropy"] <= call["calls"]
+            and (call.get("values") is None or isinstance(call.get("values"), str))
+            for call in value["calls"]
+        )
+    )
+
+
 _FIELDS = {
     "started": _time,
     "ended": _time,
@@ -97,6 +119,7 @@ _FIELDS = {
     "events": _events,
     "determinism": _determinism,
     "portable": _portable,
+    "seeding": _seeding,
     "torch": lambda v: v is None or isinstance(v, dict),
     "torch_runtime": lambda v: v is None or isinstance(v, dict),
     "reads": lambda v: (
@@ -132,6 +155,7 @@ class ProcessRecord:
     events: dict | None = None  # what the recorder's hooks saw (Recorder.events)
     portable: dict | None = None  # portable mode's policy and the ops it did not cover
     reads: dict | None = None  # runtime/reads.py: path -> [size, mtime_ns, inode] when opened
+    seeding: dict | None = None  # runtime/seedcalls.py: the script's own seeding calls
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> ProcessRecord:
@@ -158,6 +182,7 @@ class ProcessRecord:
             data.get("events"),
             data.get("portable"),
             data.get("reads"),
+            data.get("seeding"),
         )
 
 

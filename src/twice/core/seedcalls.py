@@ -1,0 +1,64 @@
+"""The script's own seeding calls of two runs compared, in words (pure: the manifests' `seeding`
+records in, a clause out; runtime/seedcalls.py records them)."""
+
+from __future__ import annotations
+
+__all__ = ["seeding_difference", "SEEDED"]
+
+# What each watched API seeds, as a sentence names it.
+SEEDED = {
+    "torch.manual_seed": "torch",
+    "torch.seed": "torch",
+    "torch.Generator.manual_seed": "a torch.Generator",
+    "torch.cuda.manual_seed": "CUDA",
+    "torch.cuda.manual_seed_all": "CUDA",
+    "torch.cuda.seed": "CUDA",
+    "torch.cuda.seed_all": "CUDA",
+    "numpy.random.seed": "NumPy",
+    "numpy.random.default_rng": "a NumPy Generator",
+    "numpy.random.RandomState": "a NumPy RandomState",
+    "random.seed": "Python's random",
+}
+
+
+def _differs(api: str, site: str, a: dict | None, b: dict | None, watched: tuple) -> str | None:
+    """How one API's calls at one line differ between the runs, or None."""
+    what = SEEDED.get(api, api)
+    if a is not None and b is not None:
+        if a["entropy"] or b["entropy"]:
+            return (
+                f"the script seeds {what} from OS entropy at {site} (`{api}` without a seed), "
+                "with another value in each run"
+            )
+        if a["values"] != b["values"] or a["calls"] != b["calls"]:
+            return f"the script seeds {what} itself at {site}, with another value in each run"
+        return None
+    # a call one run made: a difference only where the other run watched that API
+    label, other = ("A", watched[1]) if a is not None else ("B", watched[0])
+    if api not in other:
+        return None
+    return f"the script seeds {what} at {site} in run {label} only"
+
+
+def seeding_difference(a: dict | None, b: dict | None) -> str | None:
+    """The first difference in the script's own seeding calls (API and line, the digest of the
+    values, how many), as a clause naming the line: "the script seeds torch itself at
+    clock_seed.py:2, with another value in each run". None where they agree, or where a run
+    has no record of them (made by an older twice, or outside `twice run`)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    calls = [{(c["api"], c["site"]): c for c in side.get("calls", [])} for side in (a, b)]
+    watched = (tuple(a.get("watched", [])), tuple(b.get("watched", [])))
+    found = []
+    for api, site in sorted(set(calls[0]) | set(calls[1]), key=lambda k: (k[1], k[0])):
+        clause = _differs(api, site, calls[0].get((api, site)), calls[1].get((api, site)), watched)
+        if clause is not None:
+            found.append(clause)
+    if not found:
+        return None
+    # the values that change from run to run first: they change the run wherever they are used
+    found.sort(key=lambda clause: "in each run" not in clause)
+    more = len(found) - 1
+    return found[0] + (
+        f" ({more} more seeding call{'s' if more > 1 else ''} differ)" if more else ""
+    )
