@@ -717,19 +717,27 @@ static PyObject *same_lines(PyObject *module, PyObject *args) {
     return result;
 }
 
-/* The value of top-level key `key` in a canonical line (strings hold no escapes: record_valid
-   checked), or NULL: a tensor named "loss" inside a digest map is not the loss. */
-static const char *top_value(const char *p, const char *end, const char *key) {
-    size_t n = strlen(key);
+/* The values of the top-level keys SERIES_KEYS in a canonical line, in one scan (strings hold no
+   escapes: record_valid checked): found[k] is NULL where the line has no key k. A tensor named
+   "loss" inside a digest map is not the loss. */
+static const char *SERIES_KEYS[] = {"loss", "lr", "grad_norm"};
+#define SERIES_COUNT 3
+
+static void top_values(const char *p, const char *end, const char *found[SERIES_COUNT]) {
     int depth = 0;
+    for (int k = 0; k < SERIES_COUNT; k++)
+        found[k] = NULL;
     for (const char *c = p; c < end; c++) {
         if (*c == '"') {
             const char *close = memchr(c + 1, '"', (size_t)(end - c - 1));
             if (!close)
-                return NULL;
-            if (depth == 1 && (size_t)(close - c - 1) == n && memcmp(c + 1, key, n) == 0 &&
-                close + 1 < end && close[1] == ':')
-                return close + 2;
+                return;
+            if (depth == 1 && close + 1 < end && close[1] == ':') {
+                size_t n = (size_t)(close - c - 1);
+                for (int k = 0; k < SERIES_COUNT; k++)
+                    if (strlen(SERIES_KEYS[k]) == n && memcmp(c + 1, SERIES_KEYS[k], n) == 0)
+                        found[k] = close + 2;
+            }
             c = close;
         } else if (*c == '{' || *c == '[') {
             depth++;
@@ -737,7 +745,6 @@ static const char *top_value(const char *p, const char *end, const char *key) {
             depth--;
         }
     }
-    return NULL;
 }
 
 /* A float field's first value ("0x1.8p+0", "-inf", "nan:<bits>"; a list's first item): 1 and
@@ -765,9 +772,6 @@ static int text_float(const char *v, const char *end, double *out) {
     return stop != text && *stop == 0;
 }
 
-static const char *SERIES_KEYS[] = {"loss", "lr", "grad_norm"};
-#define SERIES_COUNT 3
-
 static PyObject *series(PyObject *module, PyObject *args) {
     (void)module;
     Py_buffer data;
@@ -793,6 +797,7 @@ static PyObject *series(PyObject *module, PyObject *args) {
     double *value_out = (double *)PyBytes_AS_STRING(values);
     char *present_out = PyBytes_AS_STRING(present);
     Py_ssize_t count = 0;
+    Py_BEGIN_ALLOW_THREADS  /* the buffer is held: two traces' series run side by side */
     for (;;) {
         const char *newline = memchr(p, '\n', (size_t)(end - p));
         if (!newline)
@@ -802,16 +807,19 @@ static PyObject *series(PyObject *module, PyObject *args) {
         if (!line_body(p, newline, &body, &step) || (long long)step <= last || !record_valid(p, newline))
             break;
         step_out[count] = (long long)step;
+        const char *found[SERIES_COUNT];
+        top_values(p, body, found);
         for (int k = 0; k < SERIES_COUNT; k++) {
             double value = NAN;
-            int found = text_float(top_value(p, body, SERIES_KEYS[k]), body, &value);
-            value_out[k * capacity + count] = found ? value : NAN;
-            present_out[k * capacity + count] = (char)found;
+            int held = text_float(found[k], body, &value);
+            value_out[k * capacity + count] = held ? value : NAN;
+            present_out[k * capacity + count] = (char)held;
         }
         count++;
         last = (long long)step;
         p = newline + 1;
     }
+    Py_END_ALLOW_THREADS
     PyObject *result = Py_BuildValue("(y#y#y#nnL)", PyBytes_AS_STRING(steps), count * 8,
                                      PyBytes_AS_STRING(values), capacity * 8 * SERIES_COUNT,
                                      PyBytes_AS_STRING(present), capacity * SERIES_COUNT, count,

@@ -5,6 +5,7 @@ readable beside a run that blew up; and the sweep's paired-seed plot. Inline SVG
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 from twice.core.errors import UsageError
@@ -112,7 +113,11 @@ def metric_panels(
 
     plt = pyplot()
     labels = [plot_text(label) for label in labels]
-    per_run = [_series(d, diverged, n) for d, n in zip(run_dirs, steps)]
+    # Each run's series side by side: the compiled pass lets go of the interpreter while it reads.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(run_dirs), os.cpu_count() or 1))) as pool:
+        per_run = list(pool.map(lambda d, n: _series(d, diverged, n), run_dirs, steps))
     names = ["loss", "learning rate", "gradient norm"]
     names = [n for n in names if any(n in s for s in per_run)] + sorted(
         {n for s in per_run for n in s} - set(names)

@@ -18,6 +18,7 @@ whether that is an error. tests/test_doors_read.py forbids reading a file anywhe
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -66,7 +67,11 @@ def _open_regular(path: Path, flags: int, hint: str) -> BinaryIO:
     except FileNotFoundError:
         raise
     except OSError as exc:
-        reason = "it is a link" if exc.errno == getattr(os, "ELOOP", -1) else exc.strerror or exc
+        reason = (
+            "it is a link, not a regular file"
+            if exc.errno == errno.ELOOP
+            else exc.strerror or str(exc)
+        )
         raise CorruptRecord(f"cannot read {path}: {reason}", hint) from None
     try:
         mode = os.fstat(fd).st_mode
