@@ -11,11 +11,11 @@ from twice.core.divergence import Divergence, divergence_phrase, first_divergenc
 from twice.core.errors import Exit
 from twice.core.manifest import Difference, Manifest, compare_identity
 from twice.core.seedcalls import seeding_difference
-from twice.store.faults import first_fault
-from twice.store.layout import CAPTURE_ERROR, RunFolder
+from twice.store.faults import first_fault, read_capture_error
+from twice.store.layout import RunFolder
 from twice.store.outputs import compare_outputs, outputs_phrase
 from twice.store.resumes import read_resume
-from twice.store.runs import config_not_default, effective_status, read_json, read_manifest
+from twice.store.runs import config_not_default, effective_status, read_manifest
 from twice.store.tracealign import Alignment, content_alignment, first_record, scan_offset
 from twice.store.traces import trace_files
 from twice.store.tracescan import scan_pair
@@ -360,7 +360,7 @@ def compare_runs(
             + (f", so steps from {start} on" if start else "")
         )
     for label, path in (("A", Path(a)), ("B", Path(b))):
-        stopped = read_json(path / CAPTURE_ERROR) if (path / CAPTURE_ERROR).exists() else None
+        stopped = read_capture_error(path)
         if (
             stopped is not None
         ):  # the training went on untraced: its trace is shorter for that reason alone
