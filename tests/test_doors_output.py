@@ -390,3 +390,33 @@ def test_python_dash_m_twice_gives_exit_3_for_an_internal_error(tmp_path):
     assert result.returncode == 3, result.stderr
     assert result.stderr.startswith("error: internal error: KeyError: 'planted'\nhint: ")
     assert len(list((tmp_path / "cache" / "twice").glob("crash-*.txt"))) == 1
+
+
+def _unescaped_warnings(source: str) -> list[int]:
+    """Lines of `warnings.warn` / `warn_explicit` calls whose message is not escape_controls(...):
+    a warning reaches the user's terminal through Python's warnings, around the writer."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("warn", "warn_explicit")
+            and getattr(node.func.value, "id", None) == "warnings"
+        ):
+            message = node.args[0] if node.args else None
+            if not (
+                isinstance(message, ast.Call)
+                and getattr(message.func, "id", None) == "escape_controls"
+            ):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_every_warning_twice_gives_is_escaped():
+    wrong = [
+        f"{module}:{line}"
+        for module, path in _modules().items()
+        for line in _unescaped_warnings(path.read_text())
+    ]
+    assert wrong == [], f"warn with escape_controls(message) (twice.core.escaping): {wrong}"
+    assert _unescaped_warnings("import warnings\nwarnings.warn(f'{name}')\n") == [2]

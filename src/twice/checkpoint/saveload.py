@@ -29,6 +29,7 @@ from twice.checkpoint.index import CheckpointIndex, RanksIndex, read_index
 from twice.checkpoint.ranks import current_rank, process_group, save_ranks
 from twice.checkpoint.sharded import DCP_FOLDER, check_sharded, load_sharded
 from twice.core.errors import CheckpointError, CorruptRecord
+from twice.core.escaping import escape_controls
 from twice.store import reader
 
 __all__ = ["save", "load", "latest", "list_checkpoints", "step_dir"]
@@ -185,9 +186,11 @@ def load(
             )
         if world != saved:
             warnings.warn(
-                f"twice: resuming a {saved}-process checkpoint in {world} processes: data order, "
-                f"RNG streams "
-                "and reduction order change, so the run cannot match the original bit for bit",
+                escape_controls(
+                    f"twice: resuming a {saved}-process checkpoint in {world} processes: data "
+                    "order, RNG streams and reduction order change, so the run cannot match the "
+                    "original bit for bit"
+                ),
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -312,7 +315,7 @@ def latest(parent: str | Path) -> Path | None:
             return candidate
         except CheckpointError as exc:
             warnings.warn(
-                f"twice: skipping checkpoint {candidate.name}: {exc.message}",
+                escape_controls(f"twice: skipping checkpoint {candidate.name}: {exc.message}"),
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import struct
 
+from twice.core.escaping import escape_controls
+
 __all__ = ["device_fold", "device_fold_many"]
 
 DEVICE_CHUNK_WORDS = 1 << 24
@@ -76,7 +78,8 @@ def _fold_sums(raw):
             import warnings
 
             warnings.warn(
-                f"twice: the Triton digest kernel failed ({exc}); using torch's", stacklevel=2
+                escape_controls(f"twice: the Triton digest kernel failed ({exc}); using torch's"),
+                stacklevel=2,
             )
             _kernel[0] = None
     nbytes = raw.numel()

@@ -32,6 +32,7 @@ import twice.portable.ops_random  # noqa: F401
 import twice.portable.ops_resample  # noqa: F401
 import twice.portable.optim  # noqa: F401
 from twice.core.errors import DeterminismError
+from twice.core.escaping import escape_controls
 from twice.portable import half, native, recurrent, routes
 from twice.portable.table import PortableUnsupported
 
@@ -286,11 +287,13 @@ class PortableMode(TorchDispatchMode):
                 entry["count"] += 1
                 return func(*args, **kwargs)
             warnings.warn(
-                f"twice: {op} is not covered by portable mode"
-                + (f" ({why})" if why else "")
-                + (f" (in {module})" if module else "")
-                + (f" at {line}" if line else "")
-                + "; its bits may depend on the machine",
+                escape_controls(
+                    f"twice: {op} is not covered by portable mode"
+                    + (f" ({why})" if why else "")
+                    + (f" (in {module})" if module else "")
+                    + (f" at {line}" if line else "")
+                    + "; its bits may depend on the machine"
+                ),
                 stacklevel=2,
             )
         entry["count"] += 1

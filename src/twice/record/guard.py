@@ -13,6 +13,7 @@ import time
 import traceback
 import warnings
 
+from twice.core.escaping import escape_controls
 from twice.record.replicas import ReplicaDesync
 from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
@@ -87,9 +88,12 @@ def stop_capture(recorder, handler: str, exc: Exception) -> None:
         pass
     # Placed at "twice" rather than at a line of the hook machinery, which would say nothing useful.
     warnings.warn_explicit(
-        f"twice: step capture stopped at step {recorder.step_index}: {type(exc).__name__}: {exc}; "
-        f"the training goes on untraced (the trace holds steps 0-{recorder.step_index - 1}; "
-        f"details in {path})",
+        escape_controls(
+            f"twice: step capture stopped at step {recorder.step_index}: "
+            f"{type(exc).__name__}: {exc}; "
+            f"the training goes on untraced (the trace holds steps 0-{recorder.step_index - 1}; "
+            f"details in {path})"
+        ),
         RuntimeWarning,
         "twice",
         0,

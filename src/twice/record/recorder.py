@@ -24,6 +24,7 @@ from twice.core.digests import (
     digest_pairs,
     float_bits,
 )
+from twice.core.escaping import escape_controls
 from twice.core.protocol import ChildSettings, parse_steps
 from twice.core.steps import RoundClock
 from twice.record.guard import costed, guarded
@@ -190,11 +191,12 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
 
         names, self._opaque_warned = OPAQUE_TYPES[self._opaque_warned :], len(OPAQUE_TYPES)
         warnings.warn_explicit(
-            f"twice: the batches hold {', '.join(names)}, which twice cannot read: the batch "
-            f"digest "
-            "covers its type only, so a difference in its contents goes unseen in the trace; yield "
-            "tensors, arrays, numbers, strings, or lists, dicts, dataclasses or plain objects of "
-            "those",
+            escape_controls(
+                f"twice: the batches hold {', '.join(names)}, which twice cannot read: the batch "
+                "digest covers its type only, so a difference in its contents goes unseen in the "
+                "trace; yield tensors, arrays, numbers, strings, or lists, dicts, dataclasses or "
+                "plain objects of those"
+            ),
             RuntimeWarning,
             "twice",
             0,

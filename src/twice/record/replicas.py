@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from twice.core.escaping import escape_controls
 from twice.record.sharding import replica_classes
 from twice.store.files import write_json_atomic
 from twice.store.layout import RunFolder
@@ -115,7 +116,7 @@ class ReplicaCheck:
             )
         if self.mode == "stop":
             raise ReplicaDesync(f"twice: {message}")
-        warnings.warn(f"twice: {message}", RuntimeWarning, stacklevel=2)
+        warnings.warn(escape_controls(f"twice: {message}"), RuntimeWarning, stacklevel=2)
 
     def finish(self) -> None:
         """The last check, unless the process group is gone already."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twice.core.errors import DeterminismError
+from twice.core.escaping import escape_controls
 from twice.rng.seeding import capture_rng, restore_rng, seed_everything
 from twice.runtime.imports import when_imported
 
@@ -349,7 +350,11 @@ def deterministic(
         raise
     if not strict:
         for problem in report.problems:
-            warnings.warn(f"twice: {problem.name}: {problem.reason}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                escape_controls(f"twice: {problem.name}: {problem.reason}"),
+                RuntimeWarning,
+                stacklevel=2,
+            )
     return report
 
 
