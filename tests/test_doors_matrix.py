@@ -34,7 +34,13 @@ HOSTILE_TEXT = (
     "\x1b[2J\x1b]52;c;ZXZpbA==\x07\x9b31m\u202eevil\u2066<script>alert(1)</script>"
     "[blink]x[/blink][link=http://e]y[/link]m$\\undefinedcmd$`touch MARKER`$(touch MARKER)"
 )
-MATRIX_COMMANDS = {"show", "ls", "diff", "report", "nan"}  # the commands that read without re-running
+MATRIX_COMMANDS = {
+    "show",
+    "ls",
+    "diff",
+    "report",
+    "nan",
+}  # the commands that read without re-running
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -251,6 +257,15 @@ def _duplicate(records: list, kind: Kind) -> str:
     return "".join(json.dumps(r) + "\n" for r in records[:-1]) + doubled + "\n"
 
 
+def _huge(records: list, kind: Kind) -> str:
+    """The text of `records` with a 400-digit number in the last record (no double holds it)."""
+    last = json.dumps(records[-1])
+    huge = '{"huge": 1' + "0" * 400 + ", " + last[1:]
+    if not kind.lines:
+        return huge
+    return "".join(json.dumps(r) + "\n" for r in records[:-1]) + huge + "\n"
+
+
 def _forms(kind: Kind) -> dict:
     """form name -> (plant(path, records), exits expected, or None: any of 0, 1, 2)."""
     damage = {2}
@@ -282,6 +297,7 @@ def _forms(kind: Kind) -> dict:
         "1GB": (big, damage),
         "deep": (lambda p, r: _write(p, kind, r, "[" * 100_000 + "]" * 100_000 + "\n"), damage),
         "duplicate_key": (lambda p, r: _write(p, kind, r, _duplicate(r, kind)), damage),
+        "huge_number": (lambda p, r: _write(p, kind, r, _huge(r, kind)), damage),
         "escapes": (lambda p, r: _write(p, kind, [_hostile_strings(x) for x in r]), None),
     }
     for name in sorted(kind.sample) if kind.sample is not None else kind.checked:

@@ -255,6 +255,8 @@ def test_a_subfolder_linked_out_of_the_folder_is_refused(tmp_path):
         ("[" * 100_000 + "]" * 100_000, "nested"),
         ("[" * 65 + "]" * 65, "nested deeper than 64"),
         ("{this is not JSON}", "Expecting property name"),
+        ("1" + "0" * 400, "too large for any record"),
+        ('{"time": 1e400}', "too large for a float"),
         (b"\xff\xfe", "utf-8"),
     ],
 )

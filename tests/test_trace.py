@@ -97,5 +97,5 @@ def test_a_record_orjson_refuses_is_written_through_json_and_refused_on_reading(
     writer.write(_full_record(step=2**70))
     writer.close()
     assert b'"step":1180591620717411303424' in (tmp_path / "trace.jsonl").read_bytes()
-    with pytest.raises(CorruptRecord, match="line 1 .*'step'"):
+    with pytest.raises(CorruptRecord, match="line 1 .*('step'|too large)"):
         read_trace(tmp_path / "trace.jsonl")

@@ -225,3 +225,15 @@ def test_a_damaged_line_stops_the_series_with_the_readers_error(tmp_path, walk):
     path.write_bytes(b"".join(lines))
     with pytest.raises(CorruptRecord, match="line 4"):
         trace_series(path)
+
+
+@pytest.mark.parametrize("loss", ["0x1.0000000000000p+9999", "0x1.0000000000000p-1075"])
+def test_a_float_text_no_double_holds_is_damage_on_both_paths(tmp_path, walk, loss):
+    """A canonical line but for an exponent no double has: the compiled validator and the
+    Python reader both refuse it (float.fromhex would overflow where it is read)."""
+    good = (1.5).hex()
+    line = record_line(StepRecord(step=0, loss=good)).replace(good.encode(), loss.encode())
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(line)
+    with pytest.raises(CorruptRecord, match="line 1"):
+        read_trace(path)

@@ -563,7 +563,14 @@ static const char *v_float(const char *p, const char *end) {
             p++;
             if (!(p = lit(p, end, ".")) || !(p = hex_run(p, end, 1, 13))) return NULL;
             if (!(p = lit(p, end, "p")) || p >= end || (*p != '+' && *p != '-')) return NULL;
-            p = digit_run(p + 1, end, 1, 4);
+            /* an exponent a double has: float.hex writes +1023 at most, -1022 at least (subnormals
+               as 0x0.…p-1022); "0x1.0p+9999" is no float, and would overflow where it is read */
+            int negative = *p == '-';
+            const char *digits = p + 1;
+            if (!(p = digit_run(digits, end, 1, 4))) return NULL;
+            int exponent = 0;
+            for (const char *d = digits; d < p; d++) exponent = exponent * 10 + (*d - '0');
+            if (exponent > (negative ? 1022 : 1023)) return NULL;
         }
     }
     return p ? lit(p, end, "\"") : NULL;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import string
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from twice.app.launch import RunOptions, run_command
-from twice.core.errors import Exit, UsageError
+from twice.core.errors import Exit, TwiceError, UsageError
 from twice.store.layout import RunFolder
 from twice.store.runs import effective_status, read_manifest, write_json_atomic
 from twice.store.sweeps import SETTING_NAME, SWEEP_FILE, SweepSpec, read_sweep
@@ -389,6 +390,12 @@ def sweep_results(
     for trial in trials:
         if trial.name in done:
             value = read_metric(done[trial.name], metric)
+            if value is not None and not math.isfinite(value):
+                raise TwiceError(
+                    f"trial {trial.name}'s {metric} is {value}: an effect against seed noise "
+                    "cannot be judged from a non-finite value",
+                    f"see `twice nan {done[trial.name]}`; fix the run, or compare another metric",
+                )
             if value is not None:
                 values.setdefault(trial.arm_label, {})[trial.seed] = value
     return {**spec.to_json(), "metric": metric}, values

@@ -294,14 +294,16 @@ def _read_state(directory: Path, kinds: dict) -> dict:
 
 
 def list_checkpoints(parent: str | Path) -> list[Path]:
-    """`step-<n>` folders under `parent`, oldest step first (complete or not)."""
+    """`step-<n>` folders under `parent`, oldest step first (complete or not). A link named like
+    one is none: twice writes a checkpoint as a folder, renamed into place, never as a link (one
+    would lead out of the run folder, to whatever it names)."""
     parent = Path(parent)
     if not parent.is_dir():
         return []
     found = [
         (int(m.group(1)), p)
         for p in parent.iterdir()
-        if p.is_dir() and (m := STEP_DIR.match(p.name))
+        if p.is_dir() and not p.is_symlink() and (m := STEP_DIR.match(p.name))
     ]
     return [p for _, p in sorted(found)]
 

@@ -163,8 +163,12 @@ def is_digest(value: Any) -> bool:
 
 
 def is_hex_float(value: Any) -> bool:
-    """Whether `value` is a float's exact text as twice writes it (digests.float_bits)."""
-    return type(value) is str and _HEX_FLOAT.fullmatch(value) is not None
+    """Whether `value` is a float's exact text as twice writes it (digests.float_bits), with an
+    exponent a double has (float.hex writes +1023 at most, -1022 at least)."""
+    if type(value) is not str or _HEX_FLOAT.fullmatch(value) is None:
+        return False
+    mark = value.find("p")
+    return mark < 0 or -1022 <= int(value[mark + 1 :]) <= 1023
 
 
 def _is_optional_digest(value: Any) -> bool:

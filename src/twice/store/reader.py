@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 from collections.abc import Iterator
@@ -148,7 +149,22 @@ def _constant(name: str) -> Any:
     raise _Damage(f"{name} is not JSON (a non-finite number must be written as a string)")
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant)
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > 20:  # no count, size, time or seed twice writes is longer
+        raise _Damage(f"the number {text[:24]}... is too large for any record")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: a finite literal that is no double
+        raise _Damage(f"the number {text[:24]} is too large for a float")
+    return value
+
+
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_pairs, parse_constant=_constant, parse_int=_int, parse_float=_float
+)
 
 
 def _depth_ok(value: Any) -> bool:
