@@ -4,6 +4,7 @@ progress on stderr (live on a terminal, a line per event elsewhere), JSON where 
 import io
 import json
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -99,3 +100,8 @@ def test_verify_reports_its_re_run_on_stderr_and_q_silences_it(tmp_path):
     listed = json.loads(twice("checkpoint", "ls", "base", "--json", cwd=tmp_path).stdout)
     assert isinstance(listed, list)
     assert len(runs(tmp_path)) == 3
+
+
+def test_the_readme_is_a_guide_of_at_most_300_lines():
+    readme = Path(__file__).parents[1] / "README.md"
+    assert len(readme.read_text().splitlines()) <= 300, "move reference to docs/, keep the guide"

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import SCRIPTS, clean_env, twice
 
-from tests.conftest import SCRIPTS, clean_env, twice
 from twice.store.layout import RunFolder
 
 ARCHITECTURE = Path(__file__).parents[1] / "docs" / "ARCHITECTURE.md"
