@@ -2,13 +2,22 @@
 its batch, and a changed data file is named as the cause, never nondeterminism (real processes,
 real files)."""
 
+import faulthandler
 import json
+import os
+import signal
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import clean_env, runs, script, twice
 
+from twice.core.causes import explain
+from twice.core.coverage import judge_inputs
+from twice.core.divergence import Divergence
+from twice.core.manifest import Manifest, compare_identity
 from twice.store import inputs as inputs_module
 from twice.store.inputs import hash_inputs
 from twice.store.traces import read_trace
@@ -86,7 +95,7 @@ def test_a_changed_npy_file_is_named_as_the_cause_in_a_slicing_loop(tmp_path):
     assert "inputs read: 1 files" in result.stdout and "train.npy (xxh3 " in result.stdout
 
 
-def test_inputs_outside_the_working_folder_are_recorded_when_named_and_exclusions_hold(tmp_path):
+def test_inputs_outside_the_working_folder_are_recorded_and_exclusions_hold(tmp_path):
     work, data = tmp_path / "work", tmp_path / "datasets"
     work.mkdir(), data.mkdir()
     (data / "a.txt").write_text("a")
@@ -100,8 +109,11 @@ def test_inputs_outside_the_working_folder_are_recorded_when_named_and_exclusion
         result = twice("run", *extra, "--", sys.executable, "read.py", cwd=work, env=env)
         assert result.returncode == 0, result.stderr
     plain, named = (json.loads((r / "manifest.json").read_text()) for r in runs(work))
-    assert plain["identity"]["inputs"] == {"skip/b.txt": plain["identity"]["inputs"]["skip/b.txt"]}
+    assert sorted(plain["identity"]["inputs"]) == [str(data / "a.txt"), "skip/b.txt"]
     assert list(named["identity"]["inputs"]) == [str(data / "a.txt")]
+    outside = {e["path"]: e for e in plain["context"]["inputs"]}[str(data / "a.txt")]
+    assert outside["outside"] and len(outside["xxh3"]) == 32  # within the budget: hashed
+    assert "outside" not in {e["path"]: e for e in named["context"]["inputs"]}[str(data / "a.txt")]
 
 
 def test_a_file_is_hashed_once_then_taken_from_the_cache(tmp_path, monkeypatch):
@@ -158,3 +170,151 @@ def test_a_learning_rate_read_from_the_environment_is_named_as_a_configuration(t
     assert code == 1 and report["divergence"]["first"] == "lr"
     assert "their environments differ in LR" in report["explanation"]
     assert "nondeterminism" not in report["explanation"]
+
+
+def _reads(*paths):
+    found = {}
+    for path in paths:
+        info = path.stat()
+        found[str(path)] = [info.st_size, info.st_mtime_ns, info.st_ino]
+    return found
+
+
+def test_files_outside_the_folders_are_hashed_within_the_budget_then_by_size_and_time(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir(), data.mkdir()
+    (work / "in.bin").write_bytes(b"i" * 2000)
+    (data / "small.bin").write_bytes(b"s" * 10)
+    (data / "big.bin").write_bytes(b"b" * 1000)
+    reads = _reads(work / "in.bin", data / "small.bin", data / "big.bin")
+
+    def record(budget):
+        files = hash_inputs(reads, str(work), roots=[str(work)], budget=budget)
+        return {Path(f.path).name: f for f in files}
+
+    files = record(100)  # smallest first: small.bin fits, big.bin does not
+    assert files["in.bin"].xxh3 and not files["in.bin"].outside  # always hashed in the folder
+    assert files["small.bin"].xxh3 and files["small.bin"].outside
+    big = files["big.bin"]
+    assert big.xxh3 is None and big.not_hashed == "over the budget"
+    assert big.to_json()["not_hashed"] == "over the budget" and big.to_json()["inode"] > 0
+    assert big.identity() == f"not hashed: 1000 bytes, mtime_ns {big.mtime_ns}"
+    assert record(1 << 20)["big.bin"].xxh3  # within a larger budget
+    assert record(0)["big.bin"].xxh3  # a digest in the cache costs nothing against the budget
+    device = (data / "big.bin").stat().st_dev
+    cache = json.loads(inputs_module.cache_path().read_text())
+    assert any(f"|{device}|" in key and "big.bin" in key for key in cache)  # keyed by the device
+    summary = inputs_module.coverage(list(record(0).values()))
+    assert summary["scope"] == "everywhere" and summary["outside"] == 2
+
+
+def test_a_file_written_after_the_run_started_is_its_product_not_an_input(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    started = time.time() - 1
+    (tmp_path / "made.tmp").write_bytes(b"written by the run")
+    (entry,) = hash_inputs(_reads(tmp_path / "made.tmp"), str(tmp_path), started=started)
+    assert entry.made_by_run and entry.xxh3 is None and entry.identity() == "made by the run"
+
+
+def _manifest(files, cwd):
+    identity = {"inputs": {f.path: f.identity() for f in files}}
+    context = {
+        "cwd": cwd,
+        "inputs": [f.to_json() for f in files],
+        "inputs_coverage": inputs_module.coverage(files),
+    }
+    return Manifest(identity, context)
+
+
+def test_a_file_compared_by_size_and_time_is_named_with_what_was_not_covered(tmp_path, monkeypatch):
+    """A file one run could not hash is compared by size and time: equal, it takes "same input
+    files" away (the sentence says what was not covered); different, it is the cause, and the
+    sentence says how far the comparison reached. Never nondeterminism."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir(), data.mkdir()
+    path = data / "train-images"
+    path.write_bytes(b"x" * 100)
+
+    def record(budget):
+        files = hash_inputs(_reads(path), str(work), roots=[str(work)], budget=budget)
+        return _manifest(files, str(work))
+
+    hashed, unhashed = record(1000), record(0)
+    inputs_module.cache_path().unlink()
+    unhashed = record(0)  # not in the cache now: over the budget
+    diffs = compare_identity(hashed.identity, unhashed.identity)
+    kept, premise = judge_inputs(hashed, unhashed, diffs)
+    assert len(diffs) == 1 and kept == [] and not premise.complete  # equal as far as known
+    divergence = Divergence("main", 3, ["grads"])
+    sentence = explain(kept, divergence, inputs=premise)
+    assert "1 file read outside the working folder was compared by size and time only" in sentence
+    assert "nondeterminism" not in sentence
+
+    path.write_bytes(b"y" * 101)  # another size (and time)
+    changed = record(0)
+    diffs = compare_identity(hashed.identity, changed.identity)
+    kept, premise = judge_inputs(hashed, changed, diffs)
+    assert premise.clause() == (
+        "the runs read different data: 1 file read outside the working folder was compared by "
+        "size and time only; ../data/train-images differs in size or modification time"
+    )
+    assert premise.clause() in explain(kept, divergence, inputs=premise)
+
+
+def test_reads_in_a_forked_child_a_subprocess_and_runpy_are_recorded(tmp_path):
+    """A forked child that ends with os._exit (no exit handler runs) and a Python subprocess
+    record what they read; a config run with runpy is code read as data; an imported module and
+    a source line read for a traceback are not."""
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir(), data.mkdir()
+    for name in ("forked.txt", "sub.txt"):
+        (data / name).write_text(name)
+    (data / "conf.py").write_text("lr = 0.1\n")
+    (work / "helper.py").write_text("VALUE = 1\n")
+    (work / "reads.py").write_text(
+        "import linecache, os, runpy, subprocess, sys\n"
+        "import helper\n"
+        "linecache.getline(helper.__file__, 1)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    open('../data/forked.txt').read()\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "subprocess.run([sys.executable, '-c', \"open('../data/sub.txt').read()\"], check=True)\n"
+        "runpy.run_path('../data/conf.py')\n"
+    )
+    result = twice("run", "--", sys.executable, "reads.py", cwd=work, env=_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (run,) = runs(work)
+    identity = json.loads((run / "manifest.json").read_text())["identity"]
+    assert sorted(identity["inputs"]) == [str(data / "forked.txt"), str(data / "sub.txt")]
+    assert list(identity["code"]["read_as_data"]) == [str(data / "conf.py")]
+    assert "helper.py" in identity["code"]["sources"]
+
+
+def test_a_large_file_hashed_from_a_mapping_has_the_digest_of_its_bytes(tmp_path, monkeypatch):
+    """Large files are hashed from a memory mapping in a forked child; the digest is the one a
+    read gives, and a child that dies (SIGBUS: the file was truncated while mapped) leaves its
+    files to be hashed by reading."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(inputs_module, "MAP_ABOVE", 1000)
+    big = tmp_path / "big.bin"
+    big.write_bytes(np.random.default_rng(0).bytes(3 << 20))
+    read = inputs_module._digest(str(big), big.stat().st_size)[0]
+    assert inputs_module._mapped_digests([(str(big), big.stat().st_size)]) == {str(big): read}
+    (entry,) = hash_inputs(_reads(big), str(tmp_path))
+    assert entry.xxh3 == read
+
+    def killed(path, size):
+        faulthandler.disable()  # pytest's: it would print the child's death
+        os.kill(os.getpid(), signal.SIGBUS)
+
+    monkeypatch.setattr(inputs_module, "_mapped_digest", killed)
+    assert inputs_module._mapped_digests([(str(big), big.stat().st_size)]) == {}
+    inputs_module.cache_path().unlink()
+    (entry,) = hash_inputs(_reads(big), str(tmp_path))
+    assert entry.xxh3 == read

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from twice.app.recordings import length_mismatch, recorded
 from twice.core.causes import explain, explain_resumed
+from twice.core.coverage import judge_inputs
 from twice.core.divergence import Divergence, divergence_phrase, first_divergence, loss_gap
 from twice.core.errors import Exit
 from twice.core.manifest import Difference, Manifest, compare_identity
@@ -192,6 +193,8 @@ def compare_runs(
     # unrecorded are compared nowhere, and a run stopped at --max-steps is compared up to there.
     recording = recorded(manifest_a, manifest_b, diffs, steps)
     diffs, steps, partial = recording.identity, recording.steps, recording.partial
+    # "same input files" from what both records cover (core/coverage.py)
+    diffs, inputs = judge_inputs(manifest_a, manifest_b, diffs)
     # Settings chosen away from their defaults (where the runs know them) first: those both runs
     # chose, then those one did, then the rest.
     chosen = config_not_default(a, manifest_a.identity.get("config")) + config_not_default(
@@ -263,6 +266,7 @@ def compare_runs(
         seeding=seeding_difference(
             manifest_a.context.get("seeding"), manifest_b.context.get("seeding")
         ),
+        inputs=inputs,
     )
     if alignment is not None and alignment.offset:
         # A resume that lost state shows at its first step, whatever else the command changed

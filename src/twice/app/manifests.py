@@ -23,7 +23,8 @@ from twice.runtime.capture import (
     git_state,
     numeric_env,
 )
-from twice.store.inputs import hash_inputs, inputs_under
+from twice.runtime.reads import OVERFLOW
+from twice.store.inputs import coverage, hash_inputs, inputs_under
 from twice.store.layout import MANIFEST, RunFolder
 from twice.store.outputs import written_files
 from twice.store.procs import ProcessRecord, read_processes
@@ -120,19 +121,42 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
 
 
 def _record_inputs(run_dir: Path, identity: dict, context: dict) -> None:
-    """The files the run's processes read under its input folders (store/inputs.py): digests in
-    the identity (compared: a changed data file is a difference), details in the context."""
+    """Every file the run's processes read, wherever it lies (store/inputs.py): digests in the
+    identity (compared: a changed data file is a difference), Python sources read as data
+    (`exec(open(...).read())`, runpy) with the code, details and coverage in the context."""
     procs, _ = read_processes(run_dir)
+    if all(proc.reads is None for proc in procs):
+        return  # no process watched its reads (twice.Run outside `twice run`): none recorded
     reads: dict[str, list[int]] = {}
     for proc in procs:
         for path, facts in (proc.reads or {}).items():
             reads.setdefault(path, facts)
+    unrecorded = reads.pop(OVERFLOW, None) is not None
     runs = run_dir.resolve().parent
     exclude = [*context.get("inputs_exclude", []), str(runs)]
-    roots = context.get("inputs_roots") or [context["cwd"]]
-    files = hash_inputs(inputs_under(reads, roots, exclude), str(Path(context["cwd"]).resolve()))
-    identity["inputs"] = {f.path: (f.xxh3 or "changed during the run") for f in files}
+    cwd = Path(context["cwd"]).resolve()
+    # a source a process imported, or the script itself, is in the code record already
+    imported = {os.path.realpath(source) for proc in procs for source in proc.sources}
+    script = identity["code"].get("script")
+    if script:
+        imported.add(os.path.realpath(cwd / script["path"]))
+    kept = {
+        path: facts
+        for path, facts in inputs_under(reads, ["/"], exclude).items()
+        if not (path.endswith(".py") and os.path.realpath(path) in imported)
+    }
+    files = hash_inputs(
+        kept,
+        str(cwd),
+        roots=context.get("inputs_roots") or [context["cwd"]],
+        started=context.get("started"),
+    )
+    identity["inputs"] = {f.path: f.identity() for f in files if not (f.code or f.made_by_run)}
+    as_code = {f.path: f.identity() for f in files if f.code and not f.made_by_run}
+    if as_code:
+        identity["code"]["read_as_data"] = as_code
     context["inputs"] = [f.to_json() for f in files]
+    context["inputs_coverage"] = coverage(files, unrecorded)
 
 
 def _outputs(run_dir: Path, context: dict) -> dict:

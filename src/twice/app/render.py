@@ -215,7 +215,7 @@ def format_run(row: dict, identity: dict) -> str:
     lines.append(f"  sources: {len(code.get('sources', {}))} local files digested")
     inputs = identity.get("inputs")
     if isinstance(inputs, dict):
-        lines.append(f"  inputs read: {len(inputs)} files under the working and --inputs folders")
+        lines.append(f"  inputs read: {len(inputs)} files")
         for path, digest in list(inputs.items())[:SHOWN_PER_GROUP]:
             lines.append(f"    {path} ({'xxh3 ' if len(digest) == 32 else ''}{digest})")
         if len(inputs) > SHOWN_PER_GROUP:

@@ -4,6 +4,7 @@ records in, sentences out)."""
 
 from __future__ import annotations
 
+from twice.core.coverage import InputPremise, code_names
 from twice.core.divergence import Divergence
 from twice.core.manifest import MISSING as _MISSING
 from twice.core.manifest import Difference
@@ -32,7 +33,9 @@ def _argv_change(diff: Difference) -> str:
     return "the command lines differ"
 
 
-def _identity_reason(diffs: list[Difference], seeding: str | None = None) -> str | None:
+def _identity_reason(
+    diffs: list[Difference], seeding: str | None = None, inputs: InputPremise | None = None
+) -> str | None:
     """One clause naming the identity difference most likely to change results; `seeding`: how
     the script's own seeding calls differ (core/seedcalls.py), after twice's own seeds."""
     by_group: dict[str, list[Difference]] = {}
@@ -60,6 +63,8 @@ def _identity_reason(diffs: list[Difference], seeding: str | None = None) -> str
             f"the runs placed their parameters differently ({name}: {d.a} and {d.b}): each rank "
             "holds other shards, so bits differ"
         )
+    if "data" in by_group and inputs is not None and inputs.clause():
+        return inputs.clause()  # named from what the records cover (core/coverage.py)
     if "data" in by_group:
         phrases = []
         for d in by_group["data"]:
@@ -82,13 +87,8 @@ def _identity_reason(diffs: list[Difference], seeding: str | None = None) -> str
     if "arguments" in by_group:
         return _argv_change(by_group["arguments"][0])
     if "code" in by_group:
-        keys = sorted(
-            {
-                d.key.split(".", 2)[-1] if d.key.startswith("code.sources.") else d.key
-                for d in by_group["code"]
-            }
-        )
-        return f"the code differs ({', '.join(keys[:3])})"
+        keys = code_names([d.key for d in by_group["code"]])
+        return f"the code differs ({'; '.join(keys[:3])})"
     portable = next((d for d in diffs if d.key == "determinism.portable"), None)
     if portable is not None:
         return (
@@ -214,6 +214,13 @@ def missing_evidence(divergence: Divergence, inputs_recorded: bool) -> list[str]
     return [name for name in needed if not held[name]]
 
 
+def _unknown(name: str, inputs: InputPremise | None) -> str:
+    """What is missing of EVIDENCE: for the inputs, what the records do not cover of them."""
+    if name == "inputs" and inputs is not None and inputs.recorded and inputs.gaps:
+        return inputs.unknown()
+    return UNKNOWN[name]
+
+
 def _child_stream(stream: str) -> bool:
     """A stream of a process the script started (forkN, procN, subN), whose parameters may be
     shared with, and changed by, the others."""
@@ -228,16 +235,19 @@ def explain(
     inputs_recorded: bool = True,
     env_changed: list[str] | None = None,
     seeding: str | None = None,
+    inputs: InputPremise | None = None,
 ) -> str:
     """One sentence: what differed first and the most likely cause, combining manifest and trace.
     `env_changed`: the environment variables the launches differed in (None: not recorded).
+    `inputs`: how the files the runs read compare and what the records cover of them
+    (core/coverage.py): a differing file is the cause, a gap takes "same input files" away.
     `seeding`: how the script's own seeding calls differ (core/seedcalls.py), the cause where
     what differs first is what an RNG decides (the starting state, batches, RNG states, the
     loss); elsewhere it only takes "same seeds" away."""
     drawn = divergence is not None and (
         divergence.first in ("params_before", "batch", "rng", "loss") or "rng" in divergence.fields
     )
-    reason = _identity_reason(diffs, seeding if drawn or divergence is None else None)
+    reason = _identity_reason(diffs, seeding if drawn or divergence is None else None, inputs)
     if divergence is None:
         if reason:  # identical: no fix to suggest
             reason = reason.removesuffix(PORTABLE_FIX).removesuffix(DEVICE_FIX)
@@ -268,11 +278,12 @@ def explain(
         # A learning rate is set by the script, not computed by a kernel from this step's data:
         # with everything upstream equal it differs because the runs were configured apart.
         return f"{sentence}; {_unrecorded_configuration(env_changed)}"
-    missing = missing_evidence(divergence, inputs_recorded)
+    covered = inputs_recorded and (inputs is None or inputs.complete)
+    missing = missing_evidence(divergence, covered)
     if missing:  # a cause only from its evidence: say what is unknown instead of guessing
         return (
             f"{sentence}; same code, seeds and settings, but the cause cannot be named from what "
-            f"was recorded: {'; '.join(UNKNOWN[name] for name in missing)}"
+            f"was recorded: {'; '.join(_unknown(name, inputs) for name in missing)}"
         )
     if divergence.first == "params_before" and not _child_stream(divergence.stream):
         # the launched process's (or a rank's) own initial weights: twice records no RNG state

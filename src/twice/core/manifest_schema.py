@@ -228,7 +228,25 @@ _SHAPES: tuple[tuple[str, str, str, Any], ...] = (
                 xxh3=_nullable(_text),
                 sampled=lambda v: isinstance(v, bool),
                 changed=lambda v: isinstance(v, bool),
+                inode=lambda v: _is_int(v, 0),
+                outside=lambda v: isinstance(v, bool),
+                not_hashed=_text,
+                made_by_run=lambda v: isinstance(v, bool),
+                code=lambda v: isinstance(v, bool),
             )
+        ),
+    ),
+    (
+        "context",
+        "inputs_coverage",
+        "an object of what the record of the files read covers (store/inputs.py coverage)",
+        _shape(
+            scope=_text,
+            unrecorded=lambda v: isinstance(v, bool),
+            **{
+                key: lambda v: _is_int(v, 0)
+                for key in ("files", "outside", "not_hashed", "sampled", "changed", "made_by_run")
+            },
         ),
     ),
     ("context", "inputs_roots", "a list of folders", _list_of(_text)),
@@ -297,6 +315,7 @@ _SHAPES: tuple[tuple[str, str, str, Any], ...] = (
             git=_is_git_facts,
             script=_nullable(_shape(path=_text, digest=_nullable(_text))),
             sources=_map_of(_nullable(_text)),
+            read_as_data=_map_of(_text),
         ),
     ),
     ("context", "started", "a time in seconds since 1970, or null", _nullable(_time)),

@@ -1,14 +1,23 @@
-"""The files a run read, as the manifest records them: path, size, mtime and xxh3, hashed once
-and cached by (path, size, mtime, inode), so a large dataset is not read again on every run.
+"""The files a run read, as the manifest records them: path, size, mtime, inode and xxh3, hashed
+once and cached by (path, device, inode, size, mtime), so a large dataset is not read again on
+every run.
+
+Every file under the working folder and the `--inputs` folders is hashed. Elsewhere (a dataset in
+../data, weights in ~/.cache) files are hashed within a budget of HASH_BUDGET bytes and
+HASH_SECONDS per run, smallest first; a digest found in the cache costs nothing against it. A file
+left over is recorded by size and time only and labelled `not_hashed: "over the budget"`.
 
 A file larger than SAMPLE_ABOVE is hashed from SAMPLES evenly spaced blocks and its size (and
 labelled `sampled`): a change outside those blocks that keeps the size and mtime goes unseen,
 which the label says. A file whose size, mtime or inode changed between its first open and the
-run's end (the run rewrote it) is listed as `changed`, without a digest: what was read is gone.
+run's end (the run rewrote it) is listed as `changed`, without a digest: what was read is gone. A
+file last written after the run started (a temporary file, a cache the run filled) is the run's
+own product, not an input: listed as `made_by_run`, without a digest.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +29,24 @@ from twice.core.errors import CorruptRecord
 from twice.store import reader
 from twice.store.files import write_json_atomic
 
-__all__ = ["InputFile", "hash_inputs", "cache_path", "SAMPLE_ABOVE", "inputs_under"]
+__all__ = [
+    "InputFile",
+    "hash_inputs",
+    "cache_path",
+    "coverage",
+    "SAMPLE_ABOVE",
+    "HASH_BUDGET",
+    "inputs_under",
+]
 
 SAMPLE_ABOVE = 4 << 30  # 4 GiB: above it, sampled
 SAMPLES, BLOCK = 64, 1 << 20
+HASH_BUDGET = 2 << 30
+"""Bytes hashed per run outside the working and --inputs folders (cache hits are free)."""
+MAP_ABOVE = 64 << 20
+"""Files at least this large are hashed from a memory mapping, in a child process."""
+OVER_BUDGET = "over the budget"
+_CHUNK = 1 << 20  # read into one buffer, hashed while it is in the CPU's cache
 _CACHE_ENTRIES = 20_000
 CACHE_LIMIT = 64 << 20  # the cache of digests: 20,000 entries of ~150 bytes
 
@@ -32,21 +55,43 @@ CACHE_LIMIT = 64 << 20  # the cache of digests: 20,000 entries of ~150 bytes
 class InputFile:
     """One file a run read."""
 
-    path: str  # relative to the run's working folder where it lies under it
+    path: str  # relative to the run's working folder where it lies under it, else absolute
     size: int
     mtime_ns: int
-    xxh3: str | None  # None: the run changed it (`changed`)
+    xxh3: str | None  # None: the run changed or made it, or it was not hashed
     sampled: bool = False
     changed: bool = False
+    inode: int = 0
+    outside: bool = False  # outside the working and --inputs folders
+    not_hashed: str | None = None  # why it was compared by size and time only
+    made_by_run: bool = False  # last written after the run started: its product, not an input
+    code: bool = False  # a Python source read as data (exec, runpy): part of the code
 
     def to_json(self) -> dict:
         """As the manifest's context.inputs holds it."""
-        data = {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "xxh3": self.xxh3}
-        if self.sampled:
-            data["sampled"] = True
-        if self.changed:
-            data["changed"] = True
+        data = {
+            "path": self.path,
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "inode": self.inode,
+            "xxh3": self.xxh3,
+        }
+        for flag in ("sampled", "changed", "outside", "made_by_run", "code"):
+            if getattr(self, flag):
+                data[flag] = True
+        if self.not_hashed:
+            data["not_hashed"] = self.not_hashed
         return data
+
+    def identity(self) -> str:
+        """What the manifest's identity compares: the digest, or what stands for it."""
+        if self.xxh3 is not None:
+            return self.xxh3
+        if self.changed:
+            return "changed during the run"
+        if self.made_by_run:
+            return "made by the run"
+        return f"not hashed: {self.size} bytes, mtime_ns {self.mtime_ns}"
 
 
 def cache_path() -> Path:
@@ -55,13 +100,69 @@ def cache_path() -> Path:
     return Path(base) / "twice" / "inputs.json"
 
 
+def _mapped_digests(files: list[tuple[str, int]]) -> dict[str, str]:
+    """{path: xxh3-128 hex} of large files, hashed from a memory mapping: no copy out of the
+    page cache, so about 0.9x the cost of reading the file once, against 1.2x for a read into a
+    buffer and its hash (bench/bench_inputs.py). A mapped file truncated by another process
+    raises SIGBUS on the next page touched, which would end the process: so a forked child
+    hashes them and writes each digest down a pipe; what it did not report (it died, or it
+    could not map a file) the caller hashes by reading."""
+    if not files or not hasattr(os, "fork"):
+        return {}
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns, never raises
+        try:
+            os.close(readable)
+            for index, (path, size) in enumerate(files):
+                try:
+                    os.write(writable, f"{index} {_mapped_digest(path, size)}\n".encode())
+                except Exception:  # noqa: BLE001 - unreported: the parent reads it instead
+                    continue
+        finally:
+            os._exit(0)
+    os.close(writable)
+    received = b""
+    try:
+        while chunk := os.read(readable, 1 << 16):
+            received += chunk
+    finally:
+        os.close(readable)
+        os.waitpid(pid, 0)
+    found = {}
+    for line in received.decode("ascii", "replace").splitlines():
+        index, _, digest = line.partition(" ")
+        if index.isdigit() and int(index) < len(files) and len(digest) == 32:
+            found[files[int(index)][0]] = digest
+    return found
+
+
+def _mapped_digest(path: str, size: int) -> str:
+    hasher = xxhash.xxh3_128()
+    with reader.open_input(Path(path)) as handle:
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if len(mapped) != size:
+                return "changed"  # not a digest: the caller reads it instead
+            if hasattr(mapped, "madvise"):  # read ahead from a disk, as a sequential read does
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(mapped)
+            for start in range(0, size, 1 << 24):
+                hasher.update(view[start : start + (1 << 24)])
+            view.release()
+    return hasher.hexdigest()
+
+
 def _digest(path: str, size: int) -> tuple[str, bool]:
     """(xxh3-128 hex, sampled) of a file's bytes."""
     hasher = xxhash.xxh3_128()
     with reader.open_input(Path(path)) as handle:
         if size <= SAMPLE_ABOVE:
-            while chunk := handle.read(1 << 22):
-                hasher.update(chunk)
+            # one buffer, refilled: no allocation per chunk, and each chunk hashed while it is
+            # still in the CPU's cache, so hashing costs about what reading the file once does
+            buffer = bytearray(_CHUNK)
+            view = memoryview(buffer)
+            while count := handle.readinto(buffer):
+                hasher.update(view[:count])
             return hasher.hexdigest(), False
         hasher.update(size.to_bytes(8, "little"))
         for index in range(SAMPLES):
@@ -84,9 +185,19 @@ def inputs_under(
     }
 
 
-def hash_inputs(reads: dict[str, list[int]], cwd: str) -> list[InputFile]:
+def hash_inputs(
+    reads: dict[str, list[int]],
+    cwd: str,
+    *,
+    roots: list[str] | None = None,
+    started: float | None = None,
+    budget: int = HASH_BUDGET,
+) -> list[InputFile]:
     """The files in `reads` ({path: [size, mtime_ns, inode] when first opened}), each hashed or
-    taken from the cache; paths under `cwd` relative to it. Files gone since are left out."""
+    taken from the cache; paths under `cwd` relative to it. Files under `roots` (None: all of
+    them) and Python sources are always hashed; the others within `budget` bytes, smallest
+    first. `started`: the run's start (seconds since 1970), after which a file written
+    is the run's own. Files gone since are left out."""
     cache_file = cache_path()
     cache: dict[str, list] = {}
     try:
@@ -95,30 +206,73 @@ def hash_inputs(reads: dict[str, list[int]], cwd: str) -> list[InputFile]:
             cache = {k: v for k, v in loaded.items() if isinstance(v, list) and len(v) == 2}
     except (OSError, CorruptRecord):
         pass  # a damaged cache only costs a re-hash
-    found, added = [], {}
-    for path, (size, mtime_ns, inode) in sorted(reads.items()):
+    inside = tuple(os.path.join(os.path.realpath(r), "") for r in roots or ())
+    since = None if started is None else int(started * 1e9)
+    found, added, files = [], {}, []
+    for path, (size, mtime_ns, inode) in reads.items():
         try:
             info = os.stat(path)
         except OSError:
             continue
+        outside = roots is not None and not os.path.realpath(path).startswith(inside)
+        files.append((outside, size if outside else 0, path, size, mtime_ns, inode, info))
+    spent, pending = 0, []
+    for outside, _, path, size, mtime_ns, inode, info in sorted(files):
         shown = os.path.relpath(path, cwd) if path.startswith(os.path.join(cwd, "")) else path
+        facts = dict(inode=inode, outside=outside, code=path.endswith(".py"))
         if (info.st_size, info.st_mtime_ns, info.st_ino) != (size, mtime_ns, inode):
-            found.append(InputFile(shown, info.st_size, info.st_mtime_ns, None, changed=True))
+            found.append(
+                InputFile(shown, info.st_size, info.st_mtime_ns, None, changed=True, **facts)
+            )
             continue
-        key = f"{os.path.realpath(path)}|{size}|{mtime_ns}|{inode}"
+        if since is not None and mtime_ns >= since:
+            found.append(InputFile(shown, size, mtime_ns, None, made_by_run=True, **facts))
+            continue
+        key = f"{os.path.realpath(path)}|{info.st_dev}|{inode}|{size}|{mtime_ns}"
         hit = cache.get(key)
         if hit is not None and isinstance(hit[0], str) and isinstance(hit[1], bool):
-            digest, sampled = hit
-        else:
-            try:
-                digest, sampled = _digest(path, size)
-            except (OSError, CorruptRecord):
-                continue  # gone, or no longer a regular file: not an input to hash
-            added[key] = [digest, sampled]
-        found.append(InputFile(shown, size, mtime_ns, digest, sampled))
+            found.append(InputFile(shown, size, mtime_ns, hit[0], hit[1], **facts))
+            continue
+        cost = size if size <= SAMPLE_ABOVE else SAMPLES * BLOCK
+        if outside and not facts["code"]:
+            if spent + cost > budget:
+                found.append(
+                    InputFile(shown, size, mtime_ns, None, not_hashed=OVER_BUDGET, **facts)
+                )
+                continue
+            spent += cost
+        pending.append((shown, path, size, mtime_ns, key, facts))
+    mapped = _mapped_digests([(p[1], p[2]) for p in pending if MAP_ABOVE <= p[2] <= SAMPLE_ABOVE])
+    for shown, path, size, mtime_ns, key, facts in pending:
+        try:
+            digest, sampled = (mapped[path], False) if path in mapped else _digest(path, size)
+        except (OSError, CorruptRecord):
+            continue  # gone, or no longer a regular file: not an input to hash
+        added[key] = [digest, sampled]
+        found.append(InputFile(shown, size, mtime_ns, digest, sampled, **facts))
     if added:
         _save_cache(cache_file, added)
-    return found
+    return sorted(found, key=lambda f: f.path)
+
+
+def coverage(files: list[InputFile], unrecorded: bool = False) -> dict:
+    """What the record of `files` covers, as the manifest's context.inputs_coverage holds it:
+    `scope` "everywhere" (every file the run's processes read, but the interpreter's, installed
+    packages' and the system's), counts of the files compared by content and of those that are
+    not (not hashed, sampled, changed during the run), and whether a process read more files
+    than it records (`unrecorded`)."""
+    data = [f for f in files if not f.code and not f.made_by_run]
+    return {
+        "scope": "everywhere",
+        "files": len(data),
+        "outside": sum(f.outside for f in data),
+        "not_hashed": sum(f.not_hashed is not None for f in data),
+        "sampled": sum(f.sampled for f in data),
+        "changed": sum(f.changed for f in data),
+        "made_by_run": sum(f.made_by_run for f in files),
+        "budget_bytes": HASH_BUDGET,
+        "unrecorded": unrecorded,
+    }
 
 
 def _save_cache(cache_file: Path, added: dict) -> None:
