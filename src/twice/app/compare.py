@@ -10,7 +10,7 @@ from twice.core.causes import explain, explain_resumed
 from twice.core.coverage import judge_inputs
 from twice.core.divergence import Divergence, divergence_phrase, first_divergence, loss_gap
 from twice.core.errors import Exit
-from twice.core.manifest import Difference, Manifest, compare_identity
+from twice.core.manifest import MISSING, Difference, Manifest, compare_identity
 from twice.core.seedcalls import seeding_difference
 from twice.store.faults import first_fault, read_capture_error
 from twice.store.layout import RunFolder
@@ -24,7 +24,9 @@ from twice.store.traceseries import compare_whole_tensors
 
 __all__ = ["Comparison", "compare_runs"]
 
-# Identity keys that legitimately differ between a run and its re-run and say nothing about results.
+# Identity keys whose presence legitimately differs between a run and its re-run (a module one
+# run imported and the other did not) and says nothing about results; the same source with
+# other contents is a code difference all the same.
 _IGNORED = ("code.sources",)
 
 
@@ -187,7 +189,7 @@ def compare_runs(
     diffs = [
         d
         for d in compare_identity(manifest_a.identity, manifest_b.identity)
-        if not d.key.startswith(_IGNORED)
+        if not (d.key.startswith(_IGNORED) and MISSING in (d.a, d.b))
     ]
     # What was recorded is not what was trained: fields and steps one run's settings left
     # unrecorded are compared nowhere, and a run stopped at --max-steps is compared up to there.

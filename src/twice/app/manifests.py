@@ -24,12 +24,15 @@ from twice.runtime.capture import (
     numeric_env,
 )
 from twice.runtime.reads import OVERFLOW
+from twice.store import reader
 from twice.store.inputs import coverage, hash_inputs, inputs_under
 from twice.store.layout import MANIFEST, RunFolder
 from twice.store.outputs import written_files
 from twice.store.procs import ProcessRecord, read_processes
 from twice.store.runs import process_start_time, read_json, write_bytes_atomic, write_json_atomic
 from twice.store.traceseries import loss_fault
+
+SOURCE_LIMIT = 64 << 20  # a source file or script hashed: larger is no source
 
 __all__ = ["start_manifest", "finish_manifest", "SCHEMA"]
 
@@ -58,9 +61,9 @@ def _merge_processes(run_dir: Path, identity: dict, base: Path) -> dict:
                 key = path.relative_to(base).as_posix()
             except ValueError:
                 key = str(path)
-            try:
-                sources[key] = digest(path.read_bytes())
-            except OSError:
+            try:  # a crafted record may name a FIFO or /dev/zero: refused, never read
+                sources[key] = digest(reader.read_input(path, SOURCE_LIMIT))
+            except (OSError, CorruptRecord):
                 sources[key] = None
     identity["code"]["sources"] = dict(sorted(sources.items()))
     ranks = [
@@ -249,7 +252,7 @@ def start_manifest(
         }
     }
     if script is not None:
-        code["script"] = {"path": script.as_posix(), "digest": digest((cwd / script).read_bytes())}
+        code["script"] = {"path": script.as_posix(), "digest": _script_digest(cwd / script)}
     identity = {
         "schema": SCHEMA,
         "argv": list(argv),
@@ -301,6 +304,13 @@ def start_manifest(
     return manifest
 
 
+def _script_digest(path: Path) -> str | None:
+    try:
+        return digest(reader.read_input(path, SOURCE_LIMIT))
+    except (OSError, CorruptRecord):
+        return None
+
+
 def finish_manifest(
     run_dir: Path, manifest: dict, returncode: int | None, interrupted: bool
 ) -> None:
@@ -317,7 +327,7 @@ def finish_manifest(
         summary["loss_fault"] = fault
     summary["outputs"] = _outputs(run_dir, context)
     _record_inputs(run_dir, identity, context)
-    if config_path.is_file():
+    if reader.present(config_path):
         try:
             config = read_json(config_path)
             if not isinstance(config, dict):

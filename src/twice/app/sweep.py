@@ -387,15 +387,14 @@ def sweep_results(
     done = _completed(folder / "trials")
     require_metric(list(done.values()), metric)
     values: dict[str, dict[int, float]] = {}
-    for trial in trials:
-        if trial.name in done:
-            value = read_metric(done[trial.name], metric)
-            if value is not None and not math.isfinite(value):
-                raise TwiceError(
-                    f"trial {trial.name}'s {metric} is {value}: an effect against seed noise "
-                    "cannot be judged from a non-finite value",
-                    f"see `twice nan {done[trial.name]}`; fix the run, or compare another metric",
-                )
-            if value is not None:
-                values.setdefault(trial.arm_label, {})[trial.seed] = value
+    for trial in (t for t in trials if t.name in done):
+        value = read_metric(done[trial.name], metric)
+        if value is not None and not math.isfinite(value):
+            raise TwiceError(
+                f"trial {trial.name}'s {metric} is {value}: an effect against seed noise cannot "
+                "be judged from a non-finite value",
+                f"see `twice nan {done[trial.name]}`; fix the run, or compare another metric",
+            )
+        if value is not None:
+            values.setdefault(trial.arm_label, {})[trial.seed] = value
     return {**spec.to_json(), "metric": metric}, values

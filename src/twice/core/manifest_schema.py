@@ -29,9 +29,9 @@ def _is_int(value: Any, low: int = -(2**63), high: int = 2**63 - 1) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(
-        value
-    )
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return -(2**64) < value < 2**64 if isinstance(value, int) else math.isfinite(value)
 
 
 def _check(ok: bool, where: str, key: str, expected: str, value: Any) -> None:
