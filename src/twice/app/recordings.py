@@ -118,11 +118,14 @@ def _recorded_inputs_only(diffs: list[Difference], a: Manifest, b: Manifest) -> 
     (a folder the other run did not record): unrecorded in the other, not different."""
 
     def recorded_by(manifest: Manifest, path: Path) -> bool:
-        roots = manifest.context.get("inputs_roots") or [manifest.cwd]
         exclude = manifest.context.get("inputs_exclude") or []
-        return any(path.is_relative_to(r) for r in roots) and not any(
-            path.is_relative_to(e) for e in exclude
-        )
+        if any(path.is_relative_to(e) for e in exclude):
+            return False
+        # a run that recorded every file its processes read would have recorded this one
+        if (manifest.context.get("inputs_coverage") or {}).get("scope") == "everywhere":
+            return True
+        roots = manifest.context.get("inputs_roots") or [manifest.cwd]
+        return any(path.is_relative_to(r) for r in roots)
 
     found = []
     for d in diffs:
