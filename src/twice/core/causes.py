@@ -301,15 +301,20 @@ def explain(
             "changed shared parameters before its first update, a race or unsynchronised shared "
             "state)"
         )
-    source = (
-        "a nondeterministic data pipeline"
-        if divergence.first == "batch"
-        else "a nondeterministic kernel, a race or unsynchronised shared state"
-    )
+    if divergence.first == "batch":
+        # What picks a batch may be an RNG of the script's own (a random.Random or a NumPy
+        # Generator seeded from the clock) that no record holds: not nondeterminism, as far as
+        # the records can tell.
+        return (
+            f"{sentence}; same code, watched seeds, settings, input files and starting state: "
+            "the batches differ from a source the records do not hold, an RNG twice does not "
+            "watch (one the script makes and seeds from the clock or os.urandom) or a "
+            "nondeterministic data pipeline (worker order, a race)"
+        )
     return (
         f"{sentence}; same code, seeds, settings, input files and starting state, and "
-        "everything before it in the step equal: nondeterminism inside the run, not seeding "
-        f"({source})"
+        "everything before it in the step equal: nondeterminism inside the run (a "
+        "nondeterministic kernel, a race or unsynchronised shared state)"
     )
 
 
