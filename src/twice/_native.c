@@ -697,6 +697,7 @@ static PyObject *same_lines(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "a position is outside its buffer");
         return NULL;
     }
+    Py_BEGIN_ALLOW_THREADS  /* the buffers are held: a report walks other traces meanwhile */
     for (;;) {
         const char *na = memchr(pa, '\n', (size_t)(end_a - pa)), *nb = memchr(pb, '\n', (size_t)(end_b - pb));
         if (!na || !nb)
@@ -718,6 +719,7 @@ static PyObject *same_lines(PyObject *module, PyObject *args) {
         pa = na + 1;
         pb = nb + 1;
     }
+    Py_END_ALLOW_THREADS
     PyObject *result = Py_BuildValue("LnnL", lines, (Py_ssize_t)(pa - base_a), (Py_ssize_t)(pb - base_b), last);
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+from concurrent.futures import ThreadPoolExecutor
 from itertools import combinations
 from pathlib import Path
 
@@ -200,14 +201,18 @@ def _runs_body(run_dirs: list[Path], comparisons: list[Comparison]) -> str:
     parts.append(_runs_table(rows, manifests))
     diverged = sorted({c.divergence.step for c in comparisons if c.divergence is not None})
     faulty = [bool(row.get("loss_fault")) for row in rows]
-    for name, picture in metric_panels(
-        run_dirs, labels, diverged, faulty, [row["steps"] for row in rows]
-    ):
+    # The step-by-step differences are walked (compiled, without the interpreter) while the
+    # panels' series are read: two cores, two passes at once.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        base = RunFolder(run_dirs[0]).trace()
+        strips = [pool.submit(_difference_strip, base, RunFolder(d).trace()) for d in run_dirs[1:]]
+        panels = metric_panels(run_dirs, labels, diverged, faulty, [row["steps"] for row in rows])
+        strips = [future.result() for future in strips]
+    for name, picture in panels:
         parts.append(f"<h2>{html.escape(name[:1].upper() + name[1:])}</h2>" + picture)
     if len(run_dirs) >= 2:
         parts.append("<h2>What differs, step by step (vs the first run)</h2>")
-        for run_dir, label in zip(run_dirs[1:], labels[1:]):
-            strip = _difference_strip(RunFolder(run_dirs[0]).trace(), RunFolder(run_dir).trace())
+        for strip, label in zip(strips, labels[1:]):
             if strip is None:
                 continue
             grid, first, last = strip
