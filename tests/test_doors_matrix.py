@@ -308,7 +308,49 @@ def _forms(kind: Kind) -> dict:
             _write(path, kind, records)
 
         forms[f"wrong_type:{name}"] = (wrong, damage if name in kind.checked else None)
+    for dotted, value in SCHEMA_WRONG.get(kind.name, {}).items():
+
+        def schema_wrong(path, records, dotted=dotted, value=value):
+            records = json.loads(json.dumps(records))
+            *parents, key = dotted.split(".")
+            place = records[-1]
+            for parent in parents:
+                place = place.setdefault(parent, {})
+            place[key] = value
+            _write(path, kind, records)
+
+        forms[f"schema:{dotted}"] = (schema_wrong, damage)
     return forms
+
+
+_CANDIDATES = ([[]], "x", -1, {"x": 1}, True, 2**70, 0.5)
+
+
+def _schema_wrong() -> dict[str, dict[str, object]]:
+    """{kind: {field: a value its own check refuses}}, generated from the validators themselves:
+    the manifest's schema (core/manifest_schema.py) and a trace record's (core/records.py)."""
+    from twice.core import manifest_schema, records
+
+    manifest = {}
+    for section, key, _, check, *_ in (*manifest_schema.FIELDS, *manifest_schema.SHAPES):
+        wrong = next(v for v in _CANDIDATES if not _accepts(check, v))
+        manifest[f"{section}.{key}"] = wrong
+    trace = {
+        name: next(v for v in _CANDIDATES if not _accepts(check, v))
+        for name, check in records._CHECKS.items()
+        if name != "params_before"  # once per trace, on its first line: tried by test_trace.py
+    }
+    return {"manifest": manifest, "trace": trace}
+
+
+def _accepts(check, value) -> bool:
+    try:
+        return bool(check(value))
+    except Exception:  # noqa: BLE001 - a check that chokes on a value refuses it
+        return False
+
+
+SCHEMA_WRONG = _schema_wrong()
 
 
 _RECORDED: dict[str, list] = {}
