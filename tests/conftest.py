@@ -55,9 +55,16 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def twice(
-    *args: str, cwd: Path, env: dict | None = None, timeout: float = 300
+    *args: str,
+    cwd: Path,
+    env: dict | None = None,
+    timeout: float = 300,
+    stdin=subprocess.DEVNULL,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the real `twice` command line in a subprocess."""
+    """Run the real `twice` command line in a subprocess. Its standard input is /dev/null
+    unless `stdin` (a file) or `input` (text down a pipe) is given: `twice run` counts a pipe
+    as data it cannot see, and pytest's own standard input may be one."""
     return subprocess.run(
         [sys.executable, "-m", "twice", *map(str, args)],
         cwd=cwd,
@@ -65,6 +72,7 @@ def twice(
         capture_output=True,
         text=True,
         timeout=timeout,
+        **({"input": input} if input is not None else {"stdin": stdin}),
     )
 
 

@@ -117,18 +117,36 @@ def test_inputs_outside_the_working_folder_are_recorded_and_exclusions_hold(tmp_
 
 
 def test_a_file_is_hashed_once_then_taken_from_the_cache(tmp_path, monkeypatch):
+    """Outside the working and --inputs folders only; a rewrite that keeps the inode, size and
+    mtime (`cp -p`, `rsync --inplace -t`, `touch -r`) changes the ctime, which is in the key."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = tmp_path / "data.bin"
     path.write_bytes(b"x" * 5000)
     info = path.stat()
     reads = {str(path): [info.st_size, info.st_mtime_ns, info.st_ino]}
-    (first,) = hash_inputs(reads, str(tmp_path))
+    work = [str(tmp_path / "work")]
+    (first,) = hash_inputs(reads, str(tmp_path), roots=work)
     cache = json.loads(inputs_module.cache_path().read_text())
     (key,) = cache
     cache[key] = ["c" * 32, False]  # what the cache says is what a second run takes
     inputs_module.cache_path().write_text(json.dumps(cache))
-    (second,) = hash_inputs(reads, str(tmp_path))
+    (second,) = hash_inputs(reads, str(tmp_path), roots=work)
     assert first.xxh3 != "c" * 32 and second.xxh3 == "c" * 32
+    (inside,) = hash_inputs(reads, str(tmp_path), roots=[str(tmp_path)])
+    assert inside.xxh3 == first.xxh3  # under the folders: always hashed, never the cache's
+    time.sleep(0.01)
+    with open(path, "r+b") as handle:  # in place: the same inode and size
+        handle.write(b"z")
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))  # the mtime put back: touch -r
+    now = path.stat()
+    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (
+        info.st_ino,
+        info.st_size,
+        info.st_mtime_ns,
+    )
+    assert now.st_ctime_ns != info.st_ctime_ns
+    (rewritten,) = hash_inputs(reads, str(tmp_path), roots=work)
+    assert rewritten.xxh3 not in (first.xxh3, "c" * 32)
     monkeypatch.setattr(inputs_module, "SAMPLE_ABOVE", 1000)
     monkeypatch.setattr(inputs_module, "BLOCK", 100)
     path.write_bytes(b"y" * 5000)
@@ -217,6 +235,22 @@ def test_a_file_written_after_the_run_started_is_its_product_not_an_input(tmp_pa
     (tmp_path / "made.tmp").write_bytes(b"written by the run")
     (entry,) = hash_inputs(_reads(tmp_path / "made.tmp"), str(tmp_path), started=started)
     assert entry.made_by_run and entry.xxh3 is None and entry.identity() == "made by the run"
+    future = tmp_path / "skewed.bin"  # clock skew, a tar from another machine: an input
+    future.write_bytes(b"data")
+    os.utime(future, (time.time() + 86400, time.time() + 86400))
+    (entry,) = hash_inputs(_reads(future), str(tmp_path), started=started)
+    assert not entry.made_by_run and entry.xxh3 and inputs_module.coverage([entry])["files"] == 1
+
+
+def test_a_file_read_and_gone_by_the_runs_end_is_kept_as_not_compared(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = tmp_path / "inbox.f32"
+    path.write_bytes(b"data")
+    reads = _reads(path)
+    path.unlink()
+    (entry,) = hash_inputs(reads, str(tmp_path), started=time.time())
+    assert entry.gone and entry.xxh3 is None and entry.size == 4 and entry.inode > 0
+    assert entry.to_json()["gone"] is True and inputs_module.coverage([entry])["gone"] == 1
 
 
 def _manifest(files, cwd):
@@ -315,6 +349,6 @@ def test_a_large_file_hashed_from_a_mapping_has_the_digest_of_its_bytes(tmp_path
 
     monkeypatch.setattr(inputs_module, "_mapped_digest", killed)
     assert inputs_module._mapped_digests([(str(big), big.stat().st_size)]) == {}
-    inputs_module.cache_path().unlink()
+    inputs_module.cache_path().unlink(missing_ok=True)  # under the folder: never cached
     (entry,) = hash_inputs(_reads(big), str(tmp_path))
     assert entry.xxh3 == read

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -164,6 +165,29 @@ def _tee(source: IO[bytes], sinks: list) -> None:
     source.close()
 
 
+def _stdin_facts() -> dict | None:
+    """What the command's standard input (inherited from twice's) is, where it may carry data
+    that no hook sees, because the shell opened it: a regular file (`< data.bin`), by path,
+    size, mtime and inode, hashed at the run's end like any file read; or a pipe or socket,
+    whose data twice cannot see. None for a terminal, /dev/null or none."""
+    try:
+        info = os.fstat(0)
+    except OSError:
+        return None
+    if stat.S_ISREG(info.st_mode):
+        try:
+            path = os.readlink("/proc/self/fd/0")
+        except OSError:
+            path = "<stdin>"
+        if not os.path.isabs(path) or path.endswith(" (deleted)"):
+            path = "<stdin>"  # not a path to hash: recorded as read and gone
+        facts = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "inode": info.st_ino}
+        return {"kind": "file", "path": path, **facts}
+    if stat.S_ISFIFO(info.st_mode) or stat.S_ISSOCK(info.st_mode):
+        return {"kind": "pipe"}
+    return None
+
+
 def check_resume_source(path: Path) -> None:
     """`--resume PATH` is checked before the command starts: a checkpoint that verifies, or a
     checkpoints folder holding one. Anything else is an error now, not a traceback later."""
@@ -209,6 +233,9 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
         manifest = start_manifest(run_dir, list(command), script, cwd, options, env, runs_dir)
         context = manifest["context"]
         context["executable"] = argv
+        stdin = _stdin_facts()
+        if stdin is not None:
+            context["stdin"] = stdin
         stdout_log = open(RunFolder(run_dir).stdout, "wb")
         stderr_log = open(RunFolder(run_dir).stderr, "wb")
     except BaseException as exc:  # nothing ran: leave no empty or half-made run folder behind

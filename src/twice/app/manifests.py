@@ -23,9 +23,9 @@ from twice.runtime.capture import (
     git_state,
     numeric_env,
 )
-from twice.runtime.reads import OVERFLOW
+from twice.runtime.reads import OVERFLOW, STARTED
 from twice.store import reader
-from twice.store.inputs import coverage, hash_inputs, inputs_under
+from twice.store.inputs import coverage, hash_inputs, inputs_under, python_program
 from twice.store.layout import MANIFEST, RunFolder
 from twice.store.outputs import written_files
 from twice.store.procs import ProcessRecord, read_processes
@@ -131,10 +131,18 @@ def _record_inputs(run_dir: Path, identity: dict, context: dict) -> None:
     if all(proc.reads is None for proc in procs):
         return  # no process watched its reads (twice.Run outside `twice run`): none recorded
     reads: dict[str, list[int]] = {}
+    started: dict[str, int] = {}  # program -> 1 if it inherited twice's settings
     for proc in procs:
         for path, facts in (proc.reads or {}).items():
-            reads.setdefault(path, facts)
+            if path.startswith(STARTED):
+                program = path.removeprefix(STARTED)
+                started[program] = min(started.get(program, 1), facts[0])
+            else:
+                reads.setdefault(path, facts)
     unrecorded = reads.pop(OVERFLOW, None) is not None
+    stdin = context.get("stdin") or {}
+    if stdin.get("kind") == "file":  # opened by the shell (`< data.bin`): no hook saw it
+        reads.setdefault(stdin["path"], [stdin["size"], stdin["mtime_ns"], stdin["inode"]])
     runs = run_dir.resolve().parent
     exclude = [*context.get("inputs_exclude", []), str(runs)]
     cwd = Path(context["cwd"]).resolve()
@@ -153,13 +161,21 @@ def _record_inputs(run_dir: Path, identity: dict, context: dict) -> None:
         str(cwd),
         roots=context.get("inputs_roots") or [context["cwd"]],
         started=context.get("started"),
+        ended=time.time(),
     )
     identity["inputs"] = {f.path: f.identity() for f in files if not (f.code or f.made_by_run)}
     as_code = {f.path: f.identity() for f in files if f.code and not f.made_by_run}
     if as_code:
         identity["code"]["read_as_data"] = as_code
     context["inputs"] = [f.to_json() for f in files]
-    context["inputs_coverage"] = coverage(files, unrecorded)
+    python = {program: python_program(program) for program in started}
+    context["inputs_coverage"] = coverage(
+        files,
+        unrecorded,
+        stdin_pipe=stdin.get("kind") == "pipe",
+        not_python=[os.path.basename(p) for p in started if not python[p]],
+        unwatched_python=[os.path.basename(p) for p, w in started.items() if python[p] and not w],
+    )
 
 
 def _outputs(run_dir: Path, context: dict) -> dict:

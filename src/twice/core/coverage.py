@@ -82,6 +82,8 @@ def judge_inputs(
     files = (_files(a), _files(b))
     everywhere = (_everywhere(a), _everywhere(b))
     both = set(ids[0]) & set(ids[1])
+    # read, and gone by a run's end: nothing to compare it by, so it is a gap, not a difference
+    gone = {p for f in files for p, e in f.items() if e.get("gone") and not e.get("made_by_run")}
     by_time = {p for p in both if any(str(x[p]).startswith(_NOT_HASHED) for x in ids)}
     kept, differing, alone, by_time_differs = [], [], [], False
     for d in diffs:
@@ -90,6 +92,8 @@ def judge_inputs(
             continue
         path = d.key.removeprefix("inputs.")
         shown = _shown(path, a.cwd)
+        if path in gone and path in both:
+            continue  # named below as a gap
         if MISSING in (d.a, d.b):
             lacking = 1 if d.b == MISSING else 0
             if not everywhere[lacking] and posixpath.isabs(path):
@@ -136,12 +140,43 @@ def judge_inputs(
     if flagged["changed"]:
         n = len(flagged["changed"])
         gaps.append(_count(n, "changed while a run read it") + " (what was read is gone)")
+    if gone:
+        named = sorted(_shown(p, a.cwd) for p in gone)
+        more = f" and {len(named) - _SHOWN} more" if len(named) > _SHOWN else ""
+        verb = "was read but is" if len(named) == 1 else "were read but are"
+        gaps.append(f"{', '.join(named[:_SHOWN])}{more} {verb} gone: not compared")
+    gaps.extend(_unseen(a, b))
     if any((m.context.get("inputs_coverage") or {}).get("unrecorded") for m in (a, b)):
         gaps.append("a process read more than 100,000 files, and those after were not recorded")
     premise = InputPremise(
         True, tuple(differing + alone), tuple(gaps), by_time_words, by_time_differs
     )
     return kept, premise
+
+
+def _unseen(a: Manifest, b: Manifest) -> list[str]:
+    """What no hook of either run saw: standard input from a pipe, and programs the script
+    started that are not Python, or Python started without twice's settings."""
+    covers = [m.context.get("inputs_coverage") or {} for m in (a, b)]
+    gaps = []
+    piped = [label for label, c in zip("AB", covers) if c.get("stdin_pipe")]
+    if piped:
+        gaps.append(
+            f"standard input was a pipe in {' and '.join(piped)}: data twice cannot see "
+            "(give a file with `< FILE` to have it hashed)"
+        )
+    for key, what in (
+        ("not_python", "that is not Python"),
+        ("unwatched_python", "of Python started without twice's settings"),
+    ):
+        names = sorted({str(n) for c in covers for n in c.get(key) or []})
+        if names:
+            many = len(names) > 1
+            gaps.append(
+                f"{'processes' if many else 'a process'} {what} ({', '.join(names)}) may have "
+                "read files twice cannot see"
+            )
+    return gaps
 
 
 def code_names(keys: list[str]) -> list[str]:

@@ -15,6 +15,12 @@ DataLoader worker, a multiprocessing fork) inherits the hook but never reaches t
 exit, and a worker may be terminated: such a process writes its own record of what it read as it
 reads (the first few files at once, then at most every REWRITE_S), and once more as
 multiprocessing ends it.
+
+A program the script starts (subprocess, os.exec*, os.posix_spawn, os.system) is recorded too,
+under a STARTED key: one that is not Python, or Python started without twice's settings, reads
+files no hook sees, and the launcher counts it as a gap. A program started by an installed
+package or the standard library (a compiler, `ldconfig` for ctypes) is left out: it reads what
+its package gave it, not the run's data.
 """
 
 from __future__ import annotations
@@ -27,12 +33,24 @@ import sys
 import sysconfig
 import time
 
-__all__ = ["watch_reads", "files_read", "MAX_FILES", "OVERFLOW", "SYSTEM_FOLDERS"]
+__all__ = ["watch_reads", "files_read", "MAX_FILES", "OVERFLOW", "STARTED", "SYSTEM_FOLDERS"]
 
 MAX_FILES = 100_000  # a process that opens more records the first ones (and says so)
 OVERFLOW = "<more files than recorded>"
 """The key files_read() adds when the process read more than MAX_FILES files (every other key
 is an absolute path, so it cannot be taken for a file)."""
+STARTED = "<started> "
+"""The prefix of a key files_read() holds for a program the process started: STARTED + its
+path, with [1 if it inherits twice's settings else 0, 0, 0]."""
+# audit event -> (index of the program's path, index of its environment) in the event's args
+_STARTS = {
+    "subprocess.Popen": (0, 3),
+    "os.posix_spawn": (0, 2),
+    "os.exec": (0, 2),
+    "os.spawn": (1, 3),
+    "os.system": (None, None),
+}
+_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
 SYSTEM_FOLDERS = (
     *("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/boot"),
     *("/etc", "/proc", "/sys", "/dev", "/run"),
@@ -75,12 +93,55 @@ def _skipped_prefixes(run_dir: str | None) -> tuple[str, ...]:
 
 
 def _on_event(event: str, args: tuple) -> None:
-    if event != "open" or _state["full"]:
+    if _state["full"] or (event != "open" and event not in _STARTS):
         return
     try:  # an audit hook that raises would fail the user's open(): never
-        _record_open(*args)
+        if event == "open":
+            _record_open(*args)
+        else:
+            _record_start(event, args)
     except Exception:  # noqa: BLE001 - a file twice cannot examine is a file it does not list
         return
+
+
+def _record_start(event: str, args: tuple) -> None:
+    """A program this process starts, unless an installed package or the standard library
+    (not the script) starts it."""
+    frame = sys._getframe(2)
+    while frame is not None and os.path.basename(frame.f_code.co_filename) in (
+        "subprocess.py", "os.py", "pty.py",
+    ):  # fmt: skip
+        frame = frame.f_back
+    if frame is None or _left_out(os.path.realpath(frame.f_code.co_filename)):
+        return
+    at, env_at = _STARTS[event]
+    program = "/bin/sh" if at is None else os.fsdecode(args[at])
+    if os.sep not in program:
+        import shutil
+
+        program = shutil.which(program) or program
+    env = None if env_at is None else args[env_at]
+    watched = env is None or _BOOT in str(_env_value(env, "PYTHONPATH")).split(os.pathsep)
+    _note(STARTED + os.path.abspath(program), [int(watched), 0, 0])
+    if _state["forked"] or _in_child() or event == "os.exec":
+        _write_own_record()  # an exec replaces this process before its exit could write it
+
+
+def _env_value(env, name: str):
+    """A variable of an environment given as str or bytes keys."""
+    found = env.get(name)
+    if found is None:
+        found = env.get(name.encode())
+    return os.fsdecode(found) if found is not None else ""
+
+
+def _note(name: str, facts: list[int]) -> None:
+    if len(_seen) >= MAX_FILES:
+        _state["full"] = True
+        return
+    _seen[name] = facts
+    if _state["forked"]:
+        _child[name] = facts
 
 
 def _record_open(path, mode, flags) -> None:
@@ -105,14 +166,8 @@ def _record_open(path, mode, flags) -> None:
     if not stat.S_ISREG(info.st_mode):  # a FIFO, a device, a socket: no content to compare
         _ignore(name)
         return
-    if len(_seen) >= MAX_FILES:
-        _state["full"] = True
-        return
-    facts = [info.st_size, info.st_mtime_ns, info.st_ino]
-    _seen[name] = facts
-    if _state["forked"]:
-        _child[name] = facts
-    if _state["forked"] or _in_child():
+    _note(name, [info.st_size, info.st_mtime_ns, info.st_ino])
+    if not _state["full"] and (_state["forked"] or _in_child()):
         mine = len(_child) if _state["forked"] else len(_seen)
         if mine <= EAGER_FILES or time.monotonic() - _state["written"] >= REWRITE_S:
             _write_own_record()

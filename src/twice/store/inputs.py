@@ -1,8 +1,10 @@
 """The files a run read, as the manifest records them: path, size, mtime, inode and xxh3, hashed
-once and cached by (path, device, inode, size, mtime), so a large dataset is not read again on
-every run.
+once and cached by (path, device, inode, size, mtime, ctime), so a large dataset is not read
+again on every run: `cp -p`, `rsync --inplace -t` and `touch -r` keep the inode, size and mtime
+of a rewritten file, but no user can set its ctime.
 
-Every file under the working folder and the `--inputs` folders is hashed. Elsewhere (a dataset in
+Every file under the working folder and the `--inputs` folders is hashed, never taken from the
+cache. Elsewhere (a dataset in
 ../data, weights in ~/.cache) files are hashed within a budget of HASH_BUDGET bytes and
 HASH_SECONDS per run, smallest first; a digest found in the cache costs nothing against it. A file
 left over is recorded by size and time only and labelled `not_hashed: "over the budget"`.
@@ -11,14 +13,18 @@ A file larger than SAMPLE_ABOVE is hashed from SAMPLES evenly spaced blocks and 
 labelled `sampled`): a change outside those blocks that keeps the size and mtime goes unseen,
 which the label says. A file whose size, mtime or inode changed between its first open and the
 run's end (the run rewrote it) is listed as `changed`, without a digest: what was read is gone. A
-file last written after the run started (a temporary file, a cache the run filled) is the run's
-own product, not an input: listed as `made_by_run`, without a digest.
+file read and gone by the run's end is listed as `gone` (the size, mtime and inode seen at its
+open, no digest): not compared, and said so. A file last written while the run ran (a temporary
+file, a cache the run filled) is the run's own product, not an input: listed as `made_by_run`,
+without a digest; a file whose mtime lies after the run's end (clock skew, a tar from another
+machine) is an input like any other.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +43,7 @@ __all__ = [
     "SAMPLE_ABOVE",
     "HASH_BUDGET",
     "inputs_under",
+    "python_program",
 ]
 
 SAMPLE_ABOVE = 4 << 30  # 4 GiB: above it, sampled
@@ -66,6 +73,7 @@ class InputFile:
     not_hashed: str | None = None  # why it was compared by size and time only
     made_by_run: bool = False  # last written after the run started: its product, not an input
     code: bool = False  # a Python source read as data (exec, runpy): part of the code
+    gone: bool = False  # read, and gone by the run's end: not compared
 
     def to_json(self) -> dict:
         """As the manifest's context.inputs holds it."""
@@ -76,7 +84,7 @@ class InputFile:
             "inode": self.inode,
             "xxh3": self.xxh3,
         }
-        for flag in ("sampled", "changed", "outside", "made_by_run", "code"):
+        for flag in ("sampled", "changed", "outside", "made_by_run", "code", "gone"):
             if getattr(self, flag):
                 data[flag] = True
         if self.not_hashed:
@@ -91,6 +99,8 @@ class InputFile:
             return "changed during the run"
         if self.made_by_run:
             return "made by the run"
+        if self.gone:
+            return "read, and gone by the run's end"
         return f"not hashed: {self.size} bytes, mtime_ns {self.mtime_ns}"
 
 
@@ -191,13 +201,15 @@ def hash_inputs(
     *,
     roots: list[str] | None = None,
     started: float | None = None,
+    ended: float | None = None,
     budget: int = HASH_BUDGET,
 ) -> list[InputFile]:
     """The files in `reads` ({path: [size, mtime_ns, inode] when first opened}), each hashed or
     taken from the cache; paths under `cwd` relative to it. Files under `roots` (None: all of
-    them) and Python sources are always hashed; the others within `budget` bytes, smallest
-    first. `started`: the run's start (seconds since 1970), after which a file written
-    is the run's own. Files gone since are left out."""
+    them) are always hashed, never taken from the cache; Python sources are always hashed; the
+    others within `budget` bytes, smallest first. A file written between `started` and `ended`
+    (seconds since 1970; `ended` None: now) is the run's own. A file gone since is listed as
+    `gone`."""
     cache_file = cache_path()
     cache: dict[str, list] = {}
     try:
@@ -207,29 +219,36 @@ def hash_inputs(
     except (OSError, CorruptRecord):
         pass  # a damaged cache only costs a re-hash
     inside = tuple(os.path.join(os.path.realpath(r), "") for r in roots or ())
+    # the run's own files were written while it ran: an mtime after its end is no sign of that
     since = None if started is None else int(started * 1e9)
+    until = int((time.time() if ended is None else ended) * 1e9)
     found, added, files = [], {}, []
     for path, (size, mtime_ns, inode) in reads.items():
         try:
             info = os.stat(path)
         except OSError:
-            continue
+            info = None  # read, and gone by now
         outside = roots is not None and not os.path.realpath(path).startswith(inside)
         files.append((outside, size if outside else 0, path, size, mtime_ns, inode, info))
     spent, pending = 0, []
-    for outside, _, path, size, mtime_ns, inode, info in sorted(files):
+    for outside, _, path, size, mtime_ns, inode, info in sorted(files, key=lambda f: f[:3]):
         shown = os.path.relpath(path, cwd) if path.startswith(os.path.join(cwd, "")) else path
         facts = dict(inode=inode, outside=outside, code=path.endswith(".py"))
+        if since is not None and since <= mtime_ns <= until:
+            found.append(
+                InputFile(shown, size, mtime_ns, None, made_by_run=True, gone=info is None, **facts)
+            )
+            continue
+        if info is None:
+            found.append(InputFile(shown, size, mtime_ns, None, gone=True, **facts))
+            continue
         if (info.st_size, info.st_mtime_ns, info.st_ino) != (size, mtime_ns, inode):
             found.append(
                 InputFile(shown, info.st_size, info.st_mtime_ns, None, changed=True, **facts)
             )
             continue
-        if since is not None and mtime_ns >= since:
-            found.append(InputFile(shown, size, mtime_ns, None, made_by_run=True, **facts))
-            continue
-        key = f"{os.path.realpath(path)}|{info.st_dev}|{inode}|{size}|{mtime_ns}"
-        hit = cache.get(key)
+        key = f"{os.path.realpath(path)}|{info.st_dev}|{inode}|{size}|{mtime_ns}|{info.st_ctime_ns}"
+        hit = cache.get(key) if outside else None  # under the folders: always hashed
         if hit is not None and isinstance(hit[0], str) and isinstance(hit[1], bool):
             found.append(InputFile(shown, size, mtime_ns, hit[0], hit[1], **facts))
             continue
@@ -241,28 +260,47 @@ def hash_inputs(
                 )
                 continue
             spent += cost
-        pending.append((shown, path, size, mtime_ns, key, facts))
+        pending.append((shown, path, size, mtime_ns, key if outside else None, facts))
     mapped = _mapped_digests([(p[1], p[2]) for p in pending if MAP_ABOVE <= p[2] <= SAMPLE_ABOVE])
     for shown, path, size, mtime_ns, key, facts in pending:
         try:
             digest, sampled = (mapped[path], False) if path in mapped else _digest(path, size)
-        except (OSError, CorruptRecord):
-            continue  # gone, or no longer a regular file: not an input to hash
-        added[key] = [digest, sampled]
+        except (OSError, CorruptRecord):  # gone, or no longer a regular file: not compared
+            found.append(InputFile(shown, size, mtime_ns, None, gone=True, **facts))
+            continue
+        if key is not None:
+            added[key] = [digest, sampled]
         found.append(InputFile(shown, size, mtime_ns, digest, sampled, **facts))
     if added:
         _save_cache(cache_file, added)
     return sorted(found, key=lambda f: f.path)
 
 
-def coverage(files: list[InputFile], unrecorded: bool = False) -> dict:
+def coverage(
+    files: list[InputFile],
+    unrecorded: bool = False,
+    *,
+    stdin_pipe: bool = False,
+    not_python: list[str] | None = None,
+    unwatched_python: list[str] | None = None,
+) -> dict:
     """What the record of `files` covers, as the manifest's context.inputs_coverage holds it:
     `scope` "everywhere" (every file the run's processes read, but the interpreter's, installed
     packages' and the system's), counts of the files compared by content and of those that are
-    not (not hashed, sampled, changed during the run), and whether a process read more files
-    than it records (`unrecorded`)."""
+    not (not hashed, sampled, changed during the run, gone by its end), whether a process read
+    more files than it records (`unrecorded`), and what no record can see: standard input that
+    was a pipe (`stdin_pipe`), programs the script started that are not Python (`not_python`)
+    or Python that twice did not watch (`unwatched_python`)."""
     data = [f for f in files if not f.code and not f.made_by_run]
+    seen = {
+        key: sorted(set(names))
+        for key, names in (("not_python", not_python), ("unwatched_python", unwatched_python))
+        if names
+    }
     return {
+        **({"stdin_pipe": True} if stdin_pipe else {}),
+        **seen,
+        "gone": sum(f.gone for f in data),
         "scope": "everywhere",
         "files": len(data),
         "outside": sum(f.outside for f in data),
@@ -273,6 +311,19 @@ def coverage(files: list[InputFile], unrecorded: bool = False) -> dict:
         "budget_bytes": HASH_BUDGET,
         "unrecorded": unrecorded,
     }
+
+
+def python_program(program: str) -> bool:
+    """Whether a program a process started is a Python interpreter, or a script it runs (by its
+    `#!` line): twice's bootstrap records what it reads."""
+    if os.path.basename(program).startswith("python"):
+        return True
+    try:
+        with reader.open_input(Path(program)) as handle:
+            first = handle.read(256).split(b"\n", 1)[0]
+    except (OSError, CorruptRecord):
+        return False
+    return first.startswith(b"#!") and b"python" in first
 
 
 def _save_cache(cache_file: Path, added: dict) -> None:
