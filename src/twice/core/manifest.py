@@ -40,6 +40,7 @@ _GROUP_OF_TOP = {
     "config": "arguments",
     "command": "arguments",
     "packages": "packages",
+    "package_files": "packages",
     "python": "packages",
     "torch": "packages",
     "cpu": "hardware",
@@ -96,6 +97,15 @@ MISSING = "<missing>"
 _MISSING = MISSING
 
 
+def _said_otherwise(key: str, va: Any, vb: Any, flat_a: dict, flat_b: dict) -> bool:
+    """A package's installed files are a difference only where both runs recorded them (a run of
+    an older twice did not) and its version is the same: a new version says it better."""
+    if not key.startswith("package_files."):
+        return False
+    version = "packages." + key.split(".", 1)[1]
+    return _MISSING in (va, vb) or flat_a.get(version) != flat_b.get(version)
+
+
 def compare_identity(a: dict, b: dict) -> list[Difference]:
     """Every identity value that differs, grouped (GROUPS order) and sorted by key within a
     group."""
@@ -106,7 +116,7 @@ def compare_identity(a: dict, b: dict) -> list[Difference]:
     diffs = []
     for key in sorted(set(flat_a) | set(flat_b)):
         va, vb = flat_a.get(key, _MISSING), flat_b.get(key, _MISSING)
-        if va != vb:
+        if va != vb and not _said_otherwise(key, va, vb, flat_a, flat_b):
             diffs.append(Difference(group_of(key), key, va, vb))
     order = {g: i for i, g in enumerate(GROUPS)}
     return sorted(diffs, key=lambda d: (order.get(d.group, len(GROUPS)), d.key))

@@ -209,6 +209,7 @@ _SHAPES: tuple[tuple[str, str, str, Any], ...] = (
     ("identity", "torch", "an object of facts (strings, numbers, true/false)", _map_of(_scalar)),
     ("identity", "threads", "an object of thread counts", _map_of(lambda v: _is_int(v, 0))),
     ("identity", "packages", "an object of package versions", _map_of(_text)),
+    ("identity", "package_files", "an object of package files' digests", _map_of(_text)),
     ("identity", "python", "an object of facts", _map_of(_scalar)),
     ("identity", "os", "an object of facts", _map_of(_scalar)),
     ("identity", "cpu", "an object of facts", _map_of(_scalar)),

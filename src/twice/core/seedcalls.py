@@ -10,6 +10,9 @@ SEEDED = {
     "torch.manual_seed": "torch",
     "torch.seed": "torch",
     "torch.Generator.manual_seed": "a torch.Generator",
+    "torch.Generator.seed": "a torch.Generator",
+    "torch.default_generator.manual_seed": "torch",
+    "torch.default_generator.seed": "torch",
     "torch.cuda.manual_seed": "CUDA",
     "torch.cuda.manual_seed_all": "CUDA",
     "torch.cuda.seed": "CUDA",
@@ -17,7 +20,15 @@ SEEDED = {
     "numpy.random.seed": "NumPy",
     "numpy.random.default_rng": "a NumPy Generator",
     "numpy.random.RandomState": "a NumPy RandomState",
+    "numpy.random.SeedSequence": "a NumPy SeedSequence",
+    "numpy.random.PCG64": "a NumPy PCG64",
+    "numpy.random.PCG64DXSM": "a NumPy PCG64DXSM",
+    "numpy.random.Philox": "a NumPy Philox",
+    "numpy.random.MT19937": "a NumPy MT19937",
+    "numpy.random.SFC64": "a NumPy SFC64",
     "random.seed": "Python's random",
+    "random.Random": "a random.Random",
+    "random.Random.seed": "a random.Random",
 }
 
 
@@ -40,6 +51,12 @@ def _differs(api: str, site: str, a: dict | None, b: dict | None, watched: tuple
     return f"the script seeds {what} at {site} in run {label} only"
 
 
+def _place(site: str) -> tuple[str, int]:
+    """A site's file and line, so that line 9 of a file comes before its line 10."""
+    name, _, line = site.rpartition(":")
+    return (name, int(line)) if line.isdigit() else (site, 0)
+
+
 def seeding_difference(a: dict | None, b: dict | None) -> str | None:
     """The first difference in the script's own seeding calls (API and line, the digest of the
     values, how many), as a clause naming the line: "the script seeds torch itself at
@@ -50,7 +67,7 @@ def seeding_difference(a: dict | None, b: dict | None) -> str | None:
     calls = [{(c["api"], c["site"]): c for c in side.get("calls", [])} for side in (a, b)]
     watched = (tuple(a.get("watched", [])), tuple(b.get("watched", [])))
     found = []
-    for api, site in sorted(set(calls[0]) | set(calls[1]), key=lambda k: (k[1], k[0])):
+    for api, site in sorted(set(calls[0]) | set(calls[1]), key=lambda k: (*_place(k[1]), k[0])):
         clause = _differs(api, site, calls[0].get((api, site)), calls[1].get((api, site)), watched)
         if clause is not None:
             found.append(clause)

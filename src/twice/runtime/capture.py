@@ -100,14 +100,51 @@ def python_facts() -> dict[str, Any]:
     }
 
 
+def _normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def package_facts() -> dict[str, str]:
     """Every installed distribution and its version."""
     packages = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"]
         if name:
-            packages[re.sub(r"[-_.]+", "-", name).lower()] = dist.version
+            packages[_normalised(name)] = dist.version
     return dict(sorted(packages.items()))
+
+
+def package_files_facts(path: list[str] | None = None) -> dict[str, str]:
+    """Each distribution's installed files, as a 16-hex digest of the hashes its dist-info
+    `RECORD` lists (pip writes every installed file's hash there): a package whose code changed
+    without a new version (`pip install .` of an edited local package) differs here. A
+    distribution without a RECORD (egg-info, some system packages) is left out. `path`: the
+    folders searched, sys.path if None. About 30 ms for a hundred distributions, torch's 15,000
+    files among them."""
+    import xxhash
+
+    files: dict[str, str] = {}
+    for dist in importlib.metadata.distributions(**({} if path is None else {"path": path})):
+        # the dist-info folder and the name it spells: parsing every METADATA costs 100 ms
+        folder, name = getattr(dist, "_path", None), getattr(dist, "_normalized_name", None)
+        if folder is None or not name or _normalised(name) in files:
+            continue  # the same name twice on the path: the first is what `import` loads
+        try:
+            record = reader.read_input(Path(folder) / "RECORD")
+        except (OSError, CorruptRecord):
+            continue
+        # Left out, as they differ between two installs of the same files: scripts outside the
+        # package (`../../../bin/x`: the shebang names the interpreter), the dist-info's own
+        # files (direct_url.json names the folder installed from), editable installs' path
+        # hooks, and rows without a hash (bytecode compiled at install, or not).
+        outside = (b"../", Path(folder).name.encode() + b"/", b"__editable__")
+        rows = [
+            row
+            for row in record.splitlines()
+            if not row.startswith(outside) and not row.endswith(b",,") and b".pth," not in row
+        ]
+        files[_normalised(name)] = xxhash.xxh3_64_hexdigest(b"\n".join(sorted(rows)))
+    return dict(sorted(files.items()))
 
 
 def os_facts() -> dict[str, Any]:
@@ -266,6 +303,7 @@ def gather_identity_facts() -> dict[str, Any]:
 IDENTITY_GATHERERS: dict[str, Callable[[], Any]] = {
     "python": python_facts,
     "packages": package_facts,
+    "package_files": package_files_facts,
     "os": os_facts,
     "cpu": cpu_facts,
     "gpus": gpu_facts,

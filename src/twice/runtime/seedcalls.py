@@ -56,13 +56,29 @@ def _shown(filename: str) -> str:
     return os.path.relpath(filename, _CWD) if filename.startswith(_CWD + os.sep) else filename
 
 
-def _site(frame) -> str | None:
+# The APIs that seed an RNG every part of the process draws from. The others seed an RNG object,
+# and one a package makes as it is imported (sympy's `random.Random()` for its names) is its own.
+_GLOBAL = {"random.seed", "numpy.random.seed", "torch.default_generator.manual_seed"}
+_GLOBAL.update({"torch.default_generator.seed", "torch.manual_seed", "torch.seed"})
+
+
+def _importing(frame) -> bool:
+    """Whether `frame` runs while its module is being imported (importlib marks its spec)."""
+    module = sys.modules.get(frame.f_globals.get("__name__", ""))
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _site(frame, api: str) -> str | None:
     """`file:line` of the script's call, or None where the seeding is twice's or a library's own:
-    a call from an installed package is placed at the user's line that called into it."""
+    a call from an installed package is placed at the user's line that called into it, unless
+    the package seeds an RNG object of its own while it is imported."""
     if _kind(frame.f_code) in ("twice", "library"):
         return None
+    own = not api.startswith("torch.cuda.") and api not in _GLOBAL
     caller = frame
     while caller is not None and _kind(caller.f_code) != "user":
+        if own and _importing(caller):
+            return None
         caller = caller.f_back
     where = caller or frame
     return f"{_shown(where.f_code.co_filename)}:{where.f_lineno}"
@@ -83,7 +99,7 @@ def _value(value: Any) -> bytes | None:
 
 
 def _record(api: str, value: Any, frame) -> None:
-    site = _site(frame)
+    site = _site(frame, api)
     if site is None:
         return
     entry = _calls.get((api, site))
@@ -132,11 +148,28 @@ def _patch(module, attribute: str, api: str, index: int | None, name: str = "see
 
 
 def watch_random() -> None:
-    """Wrap `random.seed` (the module's own instance; `random.Random(x)` objects are not the
-    global RNG)."""
+    """Wrap `random.seed` (the module's own instance) and `random.Random.seed` in the class, which
+    `Random(x)` calls as it is made: every instance's seeding is recorded, `random.Random` where
+    the constructor seeded it."""
     import random
 
-    _patch(random, "seed", "random.seed", 0, "a")
+    _patch(random, "seed", "random.seed", 0, "a")  # a bound method of the original: not twice
+    original = random.Random.__dict__.get("seed")
+    if original is None or hasattr(original, "__wrapped__"):
+        return
+    constructor = random.Random.__init__.__code__
+
+    @functools.wraps(original)
+    def seed(self, a=None, *args, **kwargs):
+        frame, api = sys._getframe(1), "random.Random.seed"
+        if frame.f_code is constructor:  # the line that made the instance seeded it
+            frame, api = frame.f_back, "random.Random"
+        if frame is not None:
+            _note(api, a, frame)
+        return original(self, a, *args, **kwargs)
+
+    _watched.update(("random.Random", "random.Random.seed"))
+    random.Random.seed = seed
 
 
 def watch_numpy(numpy) -> None:
@@ -146,7 +179,7 @@ def watch_numpy(numpy) -> None:
     _patch(nprandom, "seed", "numpy.random.seed", 0)
     original = nprandom.default_rng
     if not hasattr(original, "__wrapped__"):
-        not_seeds = (nprandom.Generator, nprandom.BitGenerator)
+        not_seeds = (nprandom.Generator, nprandom.BitGenerator, nprandom.SeedSequence)
 
         @functools.wraps(original)
         def default_rng(*args, **kwargs):
@@ -157,14 +190,22 @@ def watch_numpy(numpy) -> None:
 
         _watched.add("numpy.random.default_rng")
         nprandom.default_rng = default_rng
-    if not getattr(nprandom.RandomState, "_twice_watched", False):
-        nprandom.RandomState = _random_state(nprandom.RandomState)
+    # Cython classes, immutable: the names in the module are replaced with recording subclasses.
+    # `Generator(bit_generator)` seeds nothing; NumPy's own code keeps the real classes.
+    made = (nprandom.Generator, nprandom.BitGenerator, nprandom.SeedSequence)
+    for name in ("RandomState", "SeedSequence", "PCG64", "PCG64DXSM", "Philox", "MT19937", "SFC64"):
+        real = getattr(nprandom, name, None)
+        if real is not None and not getattr(real, "_twice_watched", False):
+            setattr(nprandom, name, _seeded_class(real, f"numpy.random.{name}", made))
 
 
-def _random_state(real: type) -> type:
-    """A RandomState that records its seed. isinstance and issubclass answer as for the real
-    class, so that code checking for a RandomState (scikit-learn's check_random_state) accepts
-    NumPy's own instances too; pickles name the real class's constructor."""
+def _seeded_class(real: type, api: str, made: tuple) -> type:
+    """`real` recording the seed it is made with (its first argument, `seed` or `entropy`;
+    Philox's `key`): not where that is a generator, a bit generator or a seed sequence, recorded
+    where it was made, nor for a SeedSequence's spawned children (NumPy's `spawn` makes them from
+    their parent's entropy). isinstance and issubclass answer as for the real class, so that code
+    checking for a RandomState (scikit-learn's check_random_state) accepts NumPy's own instances
+    too; pickles name the real class's constructor."""
 
     class SameClass(type):
         def __instancecheck__(cls, obj):
@@ -173,22 +214,28 @@ def _random_state(real: type) -> type:
         def __subclasscheck__(cls, sub):
             return issubclass(sub, real)
 
-    class RandomState(real, metaclass=SameClass):
+    class Seeded(real, metaclass=SameClass):
         __doc__ = real.__doc__
         _twice_watched = True
 
-        def __init__(self, seed=None):
-            _note("numpy.random.RandomState", seed, sys._getframe(1))
-            super().__init__(seed)
+        def __init__(self, *args, **kwargs):
+            value = args[0] if args else kwargs.get("seed", kwargs.get("entropy"))
+            if value is None:
+                value = kwargs.get("key")
+            if not isinstance(value, made) and not kwargs.get("spawn_key"):
+                _note(api, value, sys._getframe(1))
+            super().__init__(*args, **kwargs)
 
-    RandomState.__module__ = "numpy.random"
-    _watched.add("numpy.random.RandomState")
-    return RandomState
+    Seeded.__name__ = Seeded.__qualname__ = real.__name__
+    Seeded.__module__ = "numpy.random"
+    _watched.add(api)
+    return Seeded
 
 
 def watch_torch(torch) -> None:
     """Wrap `torch.manual_seed`, `torch.seed`, `torch.cuda.manual_seed(_all)`, `torch.cuda.seed
-    (_all)` and `torch.Generator.manual_seed`."""
+    (_all)`, and `torch.Generator`'s `manual_seed` and `seed` (OS entropy), those of
+    `torch.default_generator` named as such."""
     _OWN.append(os.path.dirname(torch.__file__) + os.sep)
     for module in (torch, torch.random):
         _patch(module, "manual_seed", "torch.manual_seed", 0)
@@ -202,24 +249,38 @@ def watch_torch(torch) -> None:
             ("seed_all", None),
         ):
             _patch(cuda, attribute, f"torch.cuda.{attribute}", index)
-    _watch_generator(torch.Generator)
+    for method, index in (("manual_seed", 1), ("seed", None)):
+        _watch_generator(torch.Generator, method, index, torch.default_generator)
 
 
-def _watch_generator(generator: type) -> None:
-    """Put a recording `manual_seed` in torch.Generator's own dictionary: the type is immutable
-    to setattr, and replacing the class would change `type(g) is torch.Generator` for the
+def _watch_generator(generator: type, method: str, index: int | None, default) -> None:
+    """Put a recording `method` in torch.Generator's own dictionary: the type is immutable to
+    setattr, and replacing the class would change `type(g) is torch.Generator` for the
     generators torch makes itself. Where this cannot be done the API is left unwatched."""
     import ctypes
     import gc
 
-    original = generator.__dict__.get("manual_seed")
+    original = generator.__dict__.get(method)
     if original is None or hasattr(original, "__wrapped__"):
         return
     found = [d for d in gc.get_referents(generator.__dict__) if isinstance(d, dict)]
-    if len(found) != 1 or found[0].get("manual_seed") is not original:
+    if len(found) != 1 or found[0].get(method) is not original:
         return
-    found[0]["manual_seed"] = _wrap("torch.Generator.manual_seed", original, 1)
+    apis = (f"torch.Generator.{method}", f"torch.default_generator.{method}")
+
+    @functools.wraps(original)
+    def seeding(self, *args, **kwargs):
+        value = None if index is None else _argument((self, *args), kwargs, index, "seed")
+        _note(apis[self is default], value, sys._getframe(1))
+        return original(self, *args, **kwargs)
+
+    _watched.update(apis)
+    found[0][method] = seeding
     ctypes.pythonapi.PyType_Modified(ctypes.py_object(generator))  # its method cache
+
+
+# A forked child (a DataLoader worker) records its own calls: its parent's are its parent's.
+os.register_at_fork(after_in_child=_calls.clear)
 
 
 def recorded() -> dict:
