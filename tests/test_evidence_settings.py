@@ -74,7 +74,6 @@ SEEDING_APIS = [
 ]
 
 # Until a forked child writes its own process record (bootstrap), a worker's calls are lost.
-FORK_RECORD = pytest.mark.xfail(reason="a forked child writes no process record yet")
 
 # A forked DataLoader worker seeding torch from the clock, and training from its RNG state.
 WORKER = """\
@@ -109,9 +108,7 @@ SEEDINGS = [
         1,
         ["seeds torch from OS entropy at entropy.py:5", "(2 more seeding calls differ)"],
     ),
-    pytest.param(
-        "worker", WORKER, 1, ["worker.py:5", "another value in each run"], marks=FORK_RECORD
-    ),
+    pytest.param("worker", WORKER, 1, ["worker.py:5", "another value in each run"]),
 ]
 
 _SEEDINGS = [getattr(row, "values", row) for row in SEEDINGS]  # a pytest.param's values
@@ -234,7 +231,6 @@ def test_the_entropy_seeding_apis_are_recorded_as_such(recorded):
     assert calls == {}, calls  # torch.seed's own call of default_generator.seed is torch's
 
 
-@FORK_RECORD
 def test_a_forked_workers_seeding_reaches_the_manifest(recorded):
     seeding = read_manifest(recorded["worker-a"]).context["seeding"]
     assert [(c["api"], c["site"], c["calls"]) for c in seeding["calls"]] == [

@@ -108,6 +108,9 @@ def _identity_reason(
     versions = [d for d in by_group.get("packages", []) if d.key != "torch.cpu_capability"]
     if versions:
         d = versions[0]
+        if d.key.startswith("package_files."):  # the same version, other files (an edited build)
+            name = d.key.removeprefix("package_files.")
+            return f"packages differ: {name}'s installed files differ, at the same version"
         return f"package versions differ ({d.key}: {d.a} vs {d.b})"
     isa = next((d for d in diffs if d.key == "torch.cpu_capability"), None)
     if isa is not None:

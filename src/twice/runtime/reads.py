@@ -226,6 +226,10 @@ def _write_own_record() -> None:
                 "started": _state["started"],
                 "reads": dict(_child if _state["forked"] else _seen),
             }
+            if _state["forked"]:  # a forked worker's own seeding (a worker_init_fn's) is its own
+                from twice.runtime import seedcalls
+
+                record["seeding"] = seedcalls.recorded()
             os.makedirs(folder.procs, exist_ok=True)
             temporary = target.with_name(f".{target.name}.{_thread.get_ident()}.tmp")
             with open(temporary, "w", encoding="utf-8") as handle:
@@ -256,8 +260,16 @@ def _at_multiprocessing_exit(_token: _Token) -> None:
 
 def _flush() -> None:
     """A child's last write of its record, for the files read since the one before."""
-    if (_state["forked"] and _child) or (not _state["forked"] and _in_child() and _seen):
+    if (_state["forked"] and (_child or _seeded())) or (
+        not _state["forked"] and _in_child() and _seen
+    ):
         _write_own_record()
+
+
+def _seeded() -> bool:
+    """Whether this (forked) process made seeding calls of its own."""
+    seedcalls = sys.modules.get("twice.runtime.seedcalls")
+    return seedcalls is not None and bool(seedcalls.recorded()["calls"])
 
 
 def watch_reads(run_dir: str | None) -> None:
