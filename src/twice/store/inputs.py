@@ -22,7 +22,6 @@ machine) is an input like any other.
 
 from __future__ import annotations
 
-import mmap
 import os
 import time
 from dataclasses import dataclass
@@ -50,7 +49,6 @@ SAMPLE_ABOVE = 4 << 30  # 4 GiB: above it, sampled
 SAMPLES, BLOCK = 64, 1 << 20
 HASH_BUDGET = 2 << 30
 """Bytes hashed per run outside the working and --inputs folders (cache hits are free)."""
-MAP_ABOVE = 64 << 20
 """Files at least this large are hashed from a memory mapping, in a child process."""
 OVER_BUDGET = "over the budget"
 _CHUNK = 1 << 20  # read into one buffer, hashed while it is in the CPU's cache
@@ -110,56 +108,70 @@ def cache_path() -> Path:
     return Path(base) / "twice" / "inputs.json"
 
 
-def _mapped_digests(files: list[tuple[str, int]]) -> dict[str, str]:
-    """{path: xxh3-128 hex} of large files, hashed from a memory mapping: no copy out of the
-    page cache, so about 0.9x the cost of reading the file once, against 1.2x for a read into a
-    buffer and its hash (bench/bench_inputs.py). A mapped file truncated by another process
-    raises SIGBUS on the next page touched, which would end the process: so a forked child
-    hashes them and writes each digest down a pipe; what it did not report (it died, or it
-    could not map a file) the caller hashes by reading."""
-    if not files or not hasattr(os, "fork"):
-        return {}
-    readable, writable = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns, never raises
-        try:
-            os.close(readable)
-            for index, (path, size) in enumerate(files):
-                try:
-                    os.write(writable, f"{index} {_mapped_digest(path, size)}\n".encode())
-                except Exception:  # noqa: BLE001 - unreported: the parent reads it instead
-                    continue
-        finally:
-            os._exit(0)
-    os.close(writable)
-    received = b""
+MAP_ABOVE = 64 << 20  # from here a file is hashed from a mapping, in a process of its own
+# What that process runs: each descriptor passed to it (opened, and checked a regular file, by
+# the read door here) mapped and hashed; a digest per line, "<index> <xxh3-128 hex>".
+_MAPPED_HASHER = """
+import mmap, sys, xxhash
+args = sys.argv[1:]
+for index in range(0, len(args), 2):
+    fd, size = int(args[index]), int(args[index + 1])
     try:
-        while chunk := os.read(readable, 1 << 16):
-            received += chunk
-    finally:
-        os.close(readable)
-        os.waitpid(pid, 0)
-    found = {}
-    for line in received.decode("ascii", "replace").splitlines():
-        index, _, digest = line.partition(" ")
-        if index.isdigit() and int(index) < len(files) and len(digest) == 32:
-            found[files[int(index)][0]] = digest
-    return found
-
-
-def _mapped_digest(path: str, size: int) -> str:
-    hasher = xxhash.xxh3_128()
-    with reader.open_input(Path(path)) as handle:
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
             if len(mapped) != size:
-                return "changed"  # not a digest: the caller reads it instead
-            if hasattr(mapped, "madvise"):  # read ahead from a disk, as a sequential read does
-                mapped.madvise(mmap.MADV_SEQUENTIAL)
-            view = memoryview(mapped)
+                continue
+            hasher, view = xxhash.xxh3_128(), memoryview(mapped)
             for start in range(0, size, 1 << 24):
                 hasher.update(view[start : start + (1 << 24)])
             view.release()
-    return hasher.hexdigest()
+        print(index // 2, hasher.hexdigest(), flush=True)
+    except Exception:
+        continue
+"""
+
+
+def _mapped_digests(files: list[tuple[str, int]]) -> dict[str, str]:
+    """{path: xxh3-128 hex} of large files, hashed from a memory mapping, which spares the copy
+    out of the page cache (about 0.9x the cost of reading the file once, against 1.2x for a
+    read into a buffer and its hash: bench/bench_inputs.py). In a new process (started by exec,
+    never a fork of this one, whose threads could hold a lock the child needs): a mapped file
+    truncated meanwhile raises SIGBUS, which ends that process, not the run's. What it did not
+    report the caller hashes by reading."""
+    import subprocess
+    import sys
+
+    handles, argv = [], []
+    try:
+        for path, size in files:
+            try:
+                handle = reader.open_input(Path(path))
+            except (OSError, CorruptRecord):
+                handle = None
+            handles.append(handle)
+            if handle is not None:
+                argv += [str(handle.fileno()), str(size)]
+        if not argv:
+            return {}
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", _MAPPED_HASHER, *argv],
+            pass_fds=[h.fileno() for h in handles if h is not None],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    finally:
+        for handle in handles:
+            if handle is not None:
+                handle.close()
+    opened = [path for (path, _), handle in zip(files, handles) if handle is not None]
+    found = {}
+    for line in done.stdout.splitlines():
+        index, _, digest = line.partition(" ")
+        if index.isdigit() and int(index) < len(opened) and len(digest) == 32:
+            found[opened[int(index)]] = digest
+    return found
 
 
 def _digest(path: str, size: int) -> tuple[str, bool]:
