@@ -138,7 +138,7 @@ def _unexcused() -> list[str]:
 def test_no_module_reads_a_file_around_the_door():
     bad = _unexcused()
     assert not bad, (
-        "read through twice.store.reader (read_json, read_record, iter_lines, open_input, ...), "
+        "read through twice.store.reader (read_json, read_record, read_tail, open_input, ...), "
         "or list the exception with its reason:\n" + "\n".join(bad)
     )
 
@@ -207,7 +207,7 @@ HOSTILE_FILES = {"fifo": _fifo, "dev_zero": _dev_zero, "link_out": _link_out, "f
 
 
 @pytest.mark.parametrize("form", sorted(HOSTILE_FILES))
-@pytest.mark.parametrize("read", ["read_record", "read_json", "read_text", "read_tail", "lines"])
+@pytest.mark.parametrize("read", ["read_record", "read_json", "read_tail"])
 def test_the_reader_refuses_what_is_not_a_regular_file(tmp_path, form, read):
     folder = tmp_path / "run"
     folder.mkdir()
@@ -216,9 +216,7 @@ def test_the_reader_refuses_what_is_not_a_regular_file(tmp_path, form, read):
     call = {
         "read_record": reader.read_record,
         "read_json": reader.read_json,
-        "read_text": reader.read_text,
         "read_tail": reader.read_tail,
-        "lines": lambda p: list(reader.iter_lines(p)),
     }[read]
     with pytest.raises(CorruptRecord):
         call(path)
@@ -229,8 +227,6 @@ def test_a_file_larger_than_the_limit_is_refused_before_it_is_read(tmp_path):
     _big(path)
     with pytest.raises(CorruptRecord, match="larger than 256 MiB"):
         reader.read_record(path)
-    with pytest.raises(CorruptRecord, match="line 1 is longer"):
-        list(reader.iter_lines(path, max_line=1 << 20))
 
 
 def test_a_subfolder_linked_out_of_the_folder_is_refused(tmp_path):

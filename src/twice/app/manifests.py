@@ -29,7 +29,7 @@ from twice.store.inputs import coverage, hash_inputs, inputs_under, python_progr
 from twice.store.layout import MANIFEST, RunFolder
 from twice.store.outputs import written_files
 from twice.store.procs import ProcessRecord, read_processes
-from twice.store.runs import process_start_time, read_json, write_bytes_atomic, write_json_atomic
+from twice.store.runs import process_start_time, write_bytes_atomic, write_json_atomic
 from twice.store.traceseries import loss_fault
 
 SOURCE_LIMIT = 64 << 20  # a source file or script hashed: larger is no source
@@ -345,7 +345,7 @@ def finish_manifest(
     _record_inputs(run_dir, identity, context)
     if reader.present(config_path):
         try:
-            config = read_json(config_path)
+            config = reader.read_json(config_path)
             if not isinstance(config, dict):
                 raise CorruptRecord(f"{config_path} is not a JSON object")
             identity["config"] = config

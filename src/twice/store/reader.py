@@ -23,7 +23,6 @@ import json
 import math
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,9 +35,7 @@ __all__ = [
     "open_record",
     "read_record",
     "read_json",
-    "read_text",
     "read_tail",
-    "iter_lines",
     "loads",
     "parse",
     "open_input",
@@ -208,11 +205,6 @@ def read_json(path: Path, limit: int = RECORD_LIMIT, *, within: Path | None = No
     return loads(read_record(path, limit, within=within), str(path))
 
 
-def read_text(path: Path, limit: int = RECORD_LIMIT, *, within: Path | None = None) -> str:
-    """A text record (a patch, a log) as UTF-8, undecodable bytes replaced."""
-    return read_record(path, limit, within=within).decode("utf-8", errors="replace")
-
-
 def read_tail(path: Path, limit: int = 1 << 16, *, within: Path | None = None) -> bytes:
     """The last `limit` bytes of a record file (a log's last lines, a trace's last record):
     never more, however long the file."""
@@ -223,32 +215,6 @@ def read_tail(path: Path, limit: int = 1 << 16, *, within: Path | None = None) -
             return handle.read(limit)
         except OSError as exc:
             raise CorruptRecord(f"cannot read {path}: {exc}", _HINT) from None
-
-
-def iter_lines(
-    path: Path, max_line: int = LINE_LIMIT, *, within: Path | None = None, block: int = 1 << 20
-) -> Iterator[bytes]:
-    """The whole lines of a line-per-record file, each with its newline, read in blocks; a last
-    line without its newline (a kill mid-write) is dropped; a line above `max_line` is damage."""
-    with open_record(path, within=within) as handle:
-        pending, number = b"", 1
-        while True:
-            try:
-                data = handle.read(block)
-            except OSError as exc:
-                raise CorruptRecord(f"cannot read {path}: {exc}", _HINT) from None
-            if not data:
-                return
-            pending += data
-            start = 0
-            while (end := pending.find(b"\n", start)) >= 0:
-                yield pending[start : end + 1]
-                start, number = end + 1, number + 1
-            pending = pending[start:]
-            if len(pending) > max_line:
-                raise CorruptRecord(
-                    f"cannot read {path}: line {number} is longer than {_size(max_line)}", _HINT
-                )
 
 
 def open_input(path: Path) -> BinaryIO:

@@ -25,7 +25,6 @@ CONFIG_LIMIT = 16 << 20  # a config or its defaults: hyperparameters, never mega
 
 __all__ = [
     "write_json_atomic",
-    "read_json",
     "read_manifest",
     "summarize_run",
     "summarize_runs",
@@ -41,12 +40,6 @@ __all__ = [
 
 # MANIFEST is re-exported: the name every reader uses
 from twice.store.layout import MANIFEST, RunFolder  # noqa: E402
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file's value, through the read door (store/reader.py): damaged is a CorruptRecord,
-    a missing file raises FileNotFoundError."""
-    return reader.read_json(Path(path))
 
 
 def new_run_id(name: str | None = None, now: float | None = None) -> str:
@@ -186,7 +179,7 @@ def read_manifest(run_dir: Path) -> Manifest:
     damaged; RunNotFound when absent)."""
     path = Path(run_dir) / MANIFEST
     try:
-        data = read_json(path)
+        data = reader.read_json(path)
     except FileNotFoundError:
         raise RunNotFound(
             f"{run_dir} has no {MANIFEST}", "pass a folder made by `twice run`"
