@@ -85,3 +85,16 @@ def script(name: str, folder: Path) -> Path:
 
 def runs(folder: Path) -> list[Path]:
     return sorted(p for p in (folder / "runs").iterdir() if (p / "manifest.json").is_file())
+
+
+@pytest.fixture
+def one_rank_mesh(tmp_path):
+    """A gloo process group of one rank and its 1-D CPU mesh, torn down after the test."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()

@@ -59,18 +59,6 @@ def saved(tmp_path_factory):
     return folder
 
 
-@pytest.fixture
-def one_rank_mesh(tmp_path):
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
-
-
 def _fresh(mesh):
     """The saved model's shape, other values, sharded on this process's mesh."""
     from torch.distributed.fsdp import fully_shard

@@ -20,11 +20,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import clean_env, runs, script, twice
+from test_architecture import MODULES
 
-import twice as twice_package
 from twice.core.errors import Exit
-
-PACKAGE = Path(twice_package.__file__).parent
 
 # -- the writer is the only door ------------------------------------------------------------------
 
@@ -104,20 +102,12 @@ def output_calls(source: str) -> list[tuple[int, str, bool]]:
     return found
 
 
-def _modules() -> dict[str, Path]:
-    found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return found
-
-
 def test_only_the_writer_writes_to_the_terminal():
     """docs/ARCHITECTURE.md, Doors: print, click.echo/confirm/style, rich and sys.stdout/stderr
     only in app/terminal.py; the user's process writes escaped lines; launch passes the command's
     own output through."""
     wrong, used = [], set()
-    for module, path in _modules().items():
+    for module, path in MODULES.items():
         if module == WRITER or module.startswith("twice.runtime._boot"):
             continue  # _boot: sitecustomize, before twice can be imported (fixed strings)
         for line, what, escaped in output_calls(path.read_text()):
@@ -415,7 +405,7 @@ def _unescaped_warnings(source: str) -> list[int]:
 def test_every_warning_twice_gives_is_escaped():
     wrong = [
         f"{module}:{line}"
-        for module, path in _modules().items()
+        for module, path in MODULES.items()
         for line in _unescaped_warnings(path.read_text())
     ]
     assert wrong == [], f"warn with escape_controls(message) (twice.core.escaping): {wrong}"

@@ -241,18 +241,6 @@ def test_a_script_that_saves_and_loads_dcp_itself_is_lined_up_by_content(tmp_pat
 # -- the pieces, in one process -------------------------------------------------------------------
 
 
-@pytest.fixture
-def one_rank_mesh(tmp_path):
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
-
-
 def test_a_dtensor_is_digested_as_its_local_shard(one_rank_mesh):
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
