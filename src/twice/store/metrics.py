@@ -13,6 +13,7 @@ from typing import Any
 from twice.core.errors import CorruptRecord, UsageError
 from twice.core.protocol import ChildSettings
 from twice.store import reader
+from twice.store.files import finite_json
 from twice.store.layout import RunFolder
 from twice.store.traces import read_trace
 
@@ -44,9 +45,10 @@ def log_metric(name: str, value: float, step: int | None = None) -> None:
     path = metrics_path()
     if path is None:
         return
-    value = float(value)  # a non-finite value as text: NaN and Infinity are not JSON
-    shown = value if math.isfinite(value) else _NON_FINITE_TEXT[repr(value)]
-    record = {"name": str(name), "value": shown, "step": step, "time": time.time()}
+    # a non-finite value as text (finite_json): NaN and Infinity are not JSON
+    record = finite_json(
+        {"name": str(name), "value": float(value), "step": step, "time": time.time()}
+    )
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
         handle.flush()
@@ -71,7 +73,7 @@ class LoggedMetric:
     time: float | None = None  # seconds since the epoch, when logged
 
 
-_NON_FINITE_TEXT = {"nan": "nan", "inf": "inf", "-inf": "-inf"}
+_NON_FINITE_TEXT = ("nan", "inf", "-inf")  # how finite_json writes them
 
 
 def _number(value: Any) -> bool:
