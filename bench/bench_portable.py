@@ -28,11 +28,12 @@ import torch
 from _common import TINY, size
 from torch import nn
 
-from twice.portable import conv as pconv
-from twice.portable import elementwise as ew
-from twice.portable import native, native_conv
-from twice.portable.exact import exact_matmul, exact_sum
-from twice.portable.mode import PortableMode
+from twice.portable import native
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.arithmetic.exact import exact_matmul, exact_sum
+from twice.portable.dispatch.mode import PortableMode
+from twice.portable.native import conv as native_conv
+from twice.portable.ops import conv as pconv
 
 STEPS = size("STEPS", 6, 2)  # the first of a block is not timed
 ROUNDS = size("ROUNDS", 12, 2)

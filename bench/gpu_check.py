@@ -224,7 +224,7 @@ def _transformerish():
 def _step_time(build, device, deterministic, trace, steps=30, batch=64, portable=False, warmup=5):
     """Seconds per training step (after `warmup` untimed steps), deterministic or not, traced or
     not, in portable mode or not."""
-    from twice.portable import mode
+    from twice.portable.dispatch import mode
     from twice.record import hooks
 
     torch.backends.cudnn.benchmark = not deterministic

@@ -19,13 +19,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twice.portable import conv as pconv
-from twice.portable import elementwise as ew
-from twice.portable import native, norms, philox
-from twice.portable import nn as pnn
-from twice.portable import ops_math as om
-from twice.portable.exact import exact_addmm, exact_matmul, exact_sum
-from twice.portable.mode import PortableError, PortableMode
+from twice.portable import native
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.arithmetic import philox
+from twice.portable.arithmetic.exact import exact_addmm, exact_matmul, exact_sum
+from twice.portable.dispatch.mode import PortableError, PortableMode
+from twice.portable.ops import conv as pconv
+from twice.portable.ops import math as om
+from twice.portable.ops import nn as pnn
+from twice.portable.ops import norms
 
 F64 = torch.float64
 needs_native = pytest.mark.skipif(not native.available(), reason="twice._native was not built")
@@ -478,8 +480,9 @@ def test_integer_and_exact_ops_pass_through_untouched():
 
 TRITON_CHECK = """
 import math, torch
-from twice.portable import native, philox
-from twice.portable import elementwise as ew
+from twice.portable import native
+from twice.portable.arithmetic import philox
+from twice.portable.arithmetic import elementwise as ew
 native._state["gpu_tests"] = True  # run the Triton kernels on CPU tensors, in the interpreter
 g = torch.Generator().manual_seed(0)
 specials = [0.0, -0.0, 1e-300, 5e-324, 700.0, -740.0, 800.0, 1.0, -1.0, 6.0, 5.99, -6.5, 1e-10,
@@ -544,7 +547,7 @@ def test_compiled_kernels_are_called_by_name():
     import ast
 
     from twice.portable import native as compiled
-    from twice.portable import native_norms
+    from twice.portable.native import norms as native_norms
 
     calls = 0
     for module in (compiled, native_norms):
@@ -574,8 +577,8 @@ def test_one_table_names_every_compiled_kernel_and_coefficient():
     the Triton kernels' codes; every named offset of the flattened coefficient table holds the
     value of that name."""
     from twice import _native
-    from twice.portable import coefficients
     from twice.portable import native as compiled
+    from twice.portable.arithmetic import coefficients
 
     if not hasattr(_native, "p_kernels"):
         pytest.skip("twice._native was built without a C compiler")

@@ -26,12 +26,14 @@ if path != "-":  # this build of the extension, in place of the installed one
     spec.loader.exec_module(module)
     sys.modules["twice._native"] = module
 import torch
-from twice.portable import native, norms, philox
-from twice.portable import elementwise as ew
-from twice.portable import conv as pconv
-from twice.portable import ops_math as om
-from twice.portable.exact import exact_addmm, exact_matmul, exact_sum
-from twice.portable.mode import PortableMode
+from twice.portable import native
+from twice.portable.ops import norms
+from twice.portable.arithmetic import philox
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.ops import conv as pconv
+from twice.portable.ops import math as om
+from twice.portable.arithmetic.exact import exact_addmm, exact_matmul, exact_sum
+from twice.portable.dispatch.mode import PortableMode
 assert native.available() and (path == "-" or native._module is sys.modules["twice._native"])
 torch.set_num_threads(2)
 g = torch.Generator().manual_seed(0)

@@ -16,8 +16,8 @@ from conftest import clean_env
 from torch import nn
 
 from twice.app.portability import core_coverage
-from twice.portable import routes
-from twice.portable.mode import PortableError, PortableMode
+from twice.portable.dispatch import routes
+from twice.portable.dispatch.mode import PortableError, PortableMode
 
 ROOT = Path(__file__).resolve().parents[1]
 EXHAUSTIVE = os.environ.get("TWICE_EXHAUSTIVE") == "1"
@@ -175,7 +175,7 @@ def test_autocast_trains_under_strict_with_the_same_bits_at_any_thread_count():
 
 
 def test_torch_compile_runs_eagerly_through_the_mode():
-    from twice.portable import mode as portable
+    from twice.portable.dispatch import mode as portable
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))

@@ -1,7 +1,7 @@
 """Portable mode's fused paths give the op-by-op route's bits where they say they do.
 
 nn.LSTM, nn.GRU and nn.RNN run as one autograd operation per layer and direction
-(twice.portable.recurrent): their outputs, final states and the gradients of the input, the
+(twice.portable.ops.recurrent): their outputs, final states and the gradients of the input, the
 initial states and the input weights and bias must equal, bit for bit, what the op-by-op route
 (TWICE_NO_FUSED_RNN=1) computes, for generated layer shapes and settings; the recurrent
 weight's and bias's gradients are exact sums rounded once and must be close to the op-by-op
@@ -22,10 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twice.core.protocol import NO_FUSED_RNN
-from twice.portable import conv as pconv
-from twice.portable import native, native_conv, native_rnn, recurrent
-from twice.portable.exact import Repeated, exact_matmul
-from twice.portable.mode import PortableMode
+from twice.portable import native
+from twice.portable.arithmetic.exact import Repeated, exact_matmul
+from twice.portable.dispatch.mode import PortableMode
+from twice.portable.native import conv as native_conv
+from twice.portable.native import rnn as native_rnn
+from twice.portable.ops import conv as pconv
+from twice.portable.ops import recurrent
 
 EXHAUSTIVE = os.environ.get("TWICE_EXHAUSTIVE") == "1"
 EXAMPLES = settings(max_examples=200 if EXHAUSTIVE else 12, derandomize=True, deadline=None)

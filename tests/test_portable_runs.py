@@ -125,11 +125,11 @@ def test_deterministic_portable_switch_in_process():
 
     x = torch.randn(6, 5)
     with twice.deterministic(seed=0, mode="warn", portable=True) as report:
-        from twice.portable.mode import active
+        from twice.portable.dispatch.mode import active
 
         assert active() is not None and report.to_json()["portable"] is True
         inside = torch.nn.functional.softmax(x, 1)
-    from twice.portable.mode import active
+    from twice.portable.dispatch.mode import active
 
     assert active() is None
     assert torch.allclose(inside, torch.softmax(x, 1), atol=1e-6)

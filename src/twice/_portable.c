@@ -1,7 +1,7 @@
 /* Portable mode's compiled kernels (twice.portable.native), part of the optional twice._native.
 
    Each kernel computes exactly what its Python fallback computes with torch operations
-   (twice.portable.elementwise, exact.split, philox), one IEEE operation for each torch one, in
+   (twice.portable.arithmetic.elementwise, exact.split, philox), one IEEE operation for each torch one, in
    the same order: so the two give the same bits, and tests hold them together. The build has no
    contraction (setup.py: -ffp-contract=off), so a multiply and the add after it are two
    roundings here as there. The polynomial coefficients and constants are not spelled here:
@@ -439,7 +439,7 @@ STAGE void sigmoid_chunk(const double *x, double *y, Py_ssize_t len) {
 }
 
 /* The kernels by code: p_unary's and p_binary's `function` is the index of its name here. These
-   lists are the C spelling of portable/coefficients.py's UNARY_KERNELS and BINARY_KERNELS, the
+   lists are the C spelling of portable/arithmetic/coefficients.py's UNARY_KERNELS and BINARY_KERNELS, the
    one table of the kernels: twice.portable.native uses this module only where p_kernels() returns
    exactly that table, and a test holds the two equal. */
 static const char *const UNARY_NAMES[] = {"exp", "log", "log1p", "expm1", "tanh", "sigmoid",
@@ -1602,7 +1602,7 @@ PyObject *p_keep_memory(PyObject *module, PyObject *args) {
 #endif
 }
 
-/* ---- The LSTM cell (twice/portable/recurrent.py), forward and backward: one time step of
+/* ---- The LSTM cell (twice/portable/ops/recurrent.py), forward and backward: one time step of
    torch's CPU cell for `rows` samples of `hidden` units, the gates' functions twice's own
    (sigmoid_chunk, tanh_chunk: p_unary's), every other operation one IEEE operation in the
    layer's dtype (float32 or float64) in the order recurrent.py's torch fallback spells it, so
@@ -1746,7 +1746,7 @@ PyObject *p_lstm_cell_backward(PyObject *module, PyObject *args, PyObject *kwarg
     Py_RETURN_NONE;
 }
 
-/* Convolutions (portable/conv.py): the input's windows unfolded straight into integers on
+/* Convolutions (portable/ops/conv.py): the input's windows unfolded straight into integers on
    their grid, and an integer product folded back onto the input, scaled and rounded, each in
    one pass where torch's unfold, p_split, fold, the scaling and the rounding took five. The
    values are those of the Python steps (unfold's zeros where a window leaves the input, then

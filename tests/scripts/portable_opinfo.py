@@ -26,7 +26,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.opinfo.core import SampleInput
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from twice.portable.mode import PortableError, PortableMode
+from twice.portable.dispatch.mode import PortableError, PortableMode
 
 path, action, wanted, per_op = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 RTOL, ATOL = 1e-4, 1e-5

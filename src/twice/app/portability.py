@@ -103,7 +103,7 @@ def core_coverage() -> dict:
     "ops": [{"op", "how", "detail"}], "counts": {how: n}}."""
     import torch
 
-    from twice.portable import mode, routes
+    from twice.portable.dispatch import mode, routes
 
     del mode  # imported for its kernels: they register as it loads
     ops = [

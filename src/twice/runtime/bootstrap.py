@@ -51,7 +51,7 @@ def _on_torch(torch) -> None:
         torch.manual_seed(seed)
     watch_torch(torch)
     if settings_portable := _state["settings"].portable:
-        from twice.portable.mode import enable
+        from twice.portable.dispatch.mode import enable
 
         _state["portable"] = enable(settings_portable)
     _state["torch"] = capture.torch_facts(torch)

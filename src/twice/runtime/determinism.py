@@ -328,7 +328,7 @@ def deterministic(
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     report = DeterminismReport(mode=mode, seed=seed, portable=portable)
     if portable:
-        from twice.portable import mode as portable_mode
+        from twice.portable.dispatch import mode as portable_mode
 
         if portable_mode.active() is None:
             portable_mode.enable("strict" if mode == "strict" else "warn")

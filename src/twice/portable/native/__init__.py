@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from twice.portable.coefficients import BINARY_KERNELS, UNARY_KERNELS
+from twice.portable.arithmetic.coefficients import BINARY_KERNELS, UNARY_KERNELS
 
 __all__ = [
     "available",
@@ -64,7 +64,7 @@ def gpu(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
     kernels = _gpu_kernels()
     if kernels is None or name not in kernels.FUNCTIONS:
         return None
-    from twice.portable.coefficients import KERNEL_ARGS
+    from twice.portable.arithmetic.coefficients import KERNEL_ARGS
 
     return kernels.unary(name, x, dtype or x.dtype, *KERNEL_ARGS)
 
@@ -87,7 +87,7 @@ def gpu_uniform(count: int, key: int, device) -> torch.Tensor | None:
 def _gpu_kernels():
     if "gpu" not in _state:
         try:
-            from twice.portable import gpu_kernels
+            from twice.portable.native import triton as gpu_kernels
         except ImportError:  # no Triton: a CPU build of torch
             gpu_kernels = None
         _state["gpu"] = gpu_kernels
@@ -95,7 +95,7 @@ def _gpu_kernels():
 
 
 def _init() -> None:
-    from twice.portable.coefficients import KERNEL_ARGS
+    from twice.portable.arithmetic.coefficients import KERNEL_ARGS
 
     _module.p_init(*KERNEL_ARGS)
     _state["ready"] = True

@@ -13,10 +13,10 @@ import math
 
 import torch
 
-from twice.portable import elementwise as ew
 from twice.portable import native
-from twice.portable.exact import exact_sum
-from twice.portable.table import PortableUnsupported, kernel
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.arithmetic.exact import exact_sum
+from twice.portable.dispatch.table import PortableUnsupported, kernel
 
 __all__ = ["floating", "unary", "inplace"]
 

@@ -7,11 +7,11 @@ import math
 
 import torch
 
-from twice.portable import conv, nn, norms
-from twice.portable import elementwise as ew
-from twice.portable.exact import exact_matmul, exact_sum
-from twice.portable.ops_math import floating
-from twice.portable.table import PortableUnsupported, kernel
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.arithmetic.exact import exact_matmul, exact_sum
+from twice.portable.dispatch.table import PortableUnsupported, kernel
+from twice.portable.ops import conv, nn, norms
+from twice.portable.ops.math import floating
 
 __all__ = ["attention", "attention_backward"]
 

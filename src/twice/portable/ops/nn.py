@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from twice.portable import elementwise as ew
-from twice.portable.exact import exact_bilinear, exact_sum
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.arithmetic.exact import exact_bilinear, exact_sum
 
 __all__ = [
     "softmax",

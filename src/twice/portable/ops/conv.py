@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from twice.portable import native, native_conv
-from twice.portable.exact import (
+from twice.portable import native
+from twice.portable.arithmetic.exact import (
     Repeated,
     beta_for,
     exact_bilinear,
@@ -27,7 +27,8 @@ from twice.portable.exact import (
     slices_for,
     unit_for,
 )
-from twice.portable.nn import Unsupported
+from twice.portable.native import conv as native_conv
+from twice.portable.ops.nn import Unsupported
 
 __all__ = ["convolution", "convolution_backward", "COLUMN_CHUNK", "WHOLE_WEIGHT_GRAD"]
 

@@ -12,9 +12,9 @@ import math
 
 import torch
 
-from twice.portable import elementwise as ew
-from twice.portable import native_norms
-from twice.portable.exact import beta_for, exact_sum, slices_for
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.arithmetic.exact import beta_for, exact_sum, slices_for
+from twice.portable.native import norms as native_norms
 
 __all__ = [
     "layer_norm",

@@ -34,8 +34,8 @@ from torch.utils._python_dispatch import (
     _pop_mode_temporarily,
 )
 
-from twice.portable.cells import CELLS, previous
-from twice.portable.exact import Repeated, exact_matmul, exact_sum
+from twice.portable.arithmetic.exact import Repeated, exact_matmul, exact_sum
+from twice.portable.ops.cells import CELLS, previous
 
 __all__ = ["install", "uninstall", "layers", "RecurrentLayer"]
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from twice.portable.exact import exact_addmm, exact_matmul
-from twice.portable.ops_math import floating
-from twice.portable.table import kernel
+from twice.portable.arithmetic.exact import exact_addmm, exact_matmul
+from twice.portable.dispatch.table import kernel
+from twice.portable.ops.math import floating
 
 _F64 = torch.float64
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from twice.portable.ops_math import _add, _addcdiv, _addcmul, _lerp, floating
-from twice.portable.table import KERNELS, kernel
+from twice.portable.dispatch.table import KERNELS, kernel
+from twice.portable.ops.math import _add, _addcdiv, _addcmul, _lerp, floating
 
 __all__: list[str] = []
 

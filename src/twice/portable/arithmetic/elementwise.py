@@ -19,7 +19,7 @@ import math
 import torch
 
 from twice.portable import native
-from twice.portable.coefficients import (
+from twice.portable.arithmetic.coefficients import (
     ATANH_ODD,
     COS_TAYLOR,
     ERF_TAYLOR,

@@ -9,10 +9,10 @@ import math
 
 import torch
 
-from twice.portable import elementwise as ew
-from twice.portable.exact import exact_sum
-from twice.portable.ops_math import floating
-from twice.portable.table import kernel
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.arithmetic.exact import exact_sum
+from twice.portable.dispatch.table import kernel
+from twice.portable.ops.math import floating
 
 _F64 = torch.float64
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from twice.portable import elementwise as ew
-from twice.portable import native_rnn
-from twice.portable.ops_math import unary
-from twice.portable.table import KERNELS
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.dispatch.table import KERNELS
+from twice.portable.native import rnn as native_rnn
+from twice.portable.ops.math import unary
 
 __all__ = ["CELLS", "previous"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from twice.portable import elementwise as ew
 from twice.portable import native
+from twice.portable.arithmetic import elementwise as ew
 
 __all__ = [
     "philox",

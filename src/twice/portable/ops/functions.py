@@ -16,9 +16,9 @@ from fractions import Fraction
 
 import torch
 
-from twice.portable import elementwise as ew
-from twice.portable.ops_math import floating, inplace, unary
-from twice.portable.table import kernel
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.dispatch.table import kernel
+from twice.portable.ops.math import floating, inplace, unary
 
 __all__ = ["sin", "cos", "atan", "atan2"]
 
@@ -230,7 +230,7 @@ def _prod_dim(x, dim, keepdim=False, *, dtype=None):
 
 
 def _p_sums(diff: torch.Tensor, p: float, dtype) -> torch.Tensor:
-    from twice.portable.exact import exact_sum
+    from twice.portable.arithmetic.exact import exact_sum
 
     a = diff.abs()
     if p == 0:
@@ -254,7 +254,7 @@ def _cdist(x1, x2, p, compute_mode=None):
 
 def _cdist_grad(grad, x1, x2, p, dist):
     """d/dx1 of sum_ij g_ij ||x1_i - x2_j||_p: each term elementwise, the sum over j exact."""
-    from twice.portable.exact import exact_sum
+    from twice.portable.arithmetic.exact import exact_sum
 
     diff = x1.to(_F64).unsqueeze(-2) - x2.to(_F64).unsqueeze(-3)
     d = dist.to(_F64).unsqueeze(-1)

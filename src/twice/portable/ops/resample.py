@@ -14,10 +14,10 @@ import math
 
 import torch
 
-from twice.portable.exact import exact_matmul
-from twice.portable.ops_linear import exact_linear
-from twice.portable.ops_math import floating
-from twice.portable.table import kernel
+from twice.portable.arithmetic.exact import exact_matmul
+from twice.portable.dispatch.table import kernel
+from twice.portable.ops.linear import exact_linear
+from twice.portable.ops.math import floating
 
 __all__ = ["linear_weights", "adaptive_weights"]
 

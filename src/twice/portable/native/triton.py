@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from twice.portable.coefficients import TRITON_KERNELS, table_layout
+from twice.portable.arithmetic.coefficients import TRITON_KERNELS, table_layout
 
 __all__ = ["unary", "uniform", "FUNCTIONS"]
 

@@ -9,10 +9,10 @@ import math
 
 import torch
 
-from twice.portable import elementwise as ew
-from twice.portable import philox
-from twice.portable.ops_math import floating
-from twice.portable.table import PortableUnsupported, kernel
+from twice.portable.arithmetic import elementwise as ew
+from twice.portable.arithmetic import philox
+from twice.portable.dispatch.table import PortableUnsupported, kernel
+from twice.portable.ops.math import floating
 
 _F64 = torch.float64
 
@@ -205,7 +205,7 @@ def _multinomial(probs, num_samples, replacement=False, *, generator=None):
     count, n = rows.shape
     key = philox.draw_key(generator)
     if replacement:
-        from twice.portable.exact import exact_cumsum
+        from twice.portable.arithmetic.exact import exact_cumsum
 
         total = exact_cumsum(rows, -1)
         u = philox.uniform(count * num_samples, key, probs.device).view(count, num_samples)

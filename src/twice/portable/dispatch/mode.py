@@ -21,20 +21,22 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import twice.portable.ops_embedding  # noqa: F401  (each kernel module fills table.KERNELS)
-import twice.portable.ops_functions  # noqa: F401
-import twice.portable.ops_linear  # noqa: F401
-import twice.portable.ops_logs  # noqa: F401
-import twice.portable.ops_math  # noqa: F401
-import twice.portable.ops_nn  # noqa: F401
-import twice.portable.ops_products  # noqa: F401
-import twice.portable.ops_random  # noqa: F401
-import twice.portable.ops_resample  # noqa: F401
-import twice.portable.optim  # noqa: F401
+import twice.portable.ops.embedding  # noqa: F401  (each kernel module fills table.KERNELS)
+import twice.portable.ops.functions  # noqa: F401
+import twice.portable.ops.linear  # noqa: F401
+import twice.portable.ops.logs  # noqa: F401
+import twice.portable.ops.math  # noqa: F401
+import twice.portable.ops.network  # noqa: F401
+import twice.portable.ops.optim  # noqa: F401
+import twice.portable.ops.products  # noqa: F401
+import twice.portable.ops.random  # noqa: F401
+import twice.portable.ops.resample  # noqa: F401
 from twice.core.errors import DeterminismError
 from twice.core.escaping import escape_controls
-from twice.portable import half, native, recurrent, routes
-from twice.portable.table import PortableUnsupported
+from twice.portable import native
+from twice.portable.dispatch import half, routes
+from twice.portable.dispatch.table import PortableUnsupported
+from twice.portable.ops import recurrent
 
 __all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]
 

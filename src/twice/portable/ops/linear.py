@@ -14,9 +14,9 @@ import math
 import torch
 
 from twice.portable import native
-from twice.portable.exact import beta_for, exact_cumsum, slices_for, split
-from twice.portable.ops_math import floating
-from twice.portable.table import PortableUnsupported, kernel
+from twice.portable.arithmetic.exact import beta_for, exact_cumsum, slices_for, split
+from twice.portable.dispatch.table import PortableUnsupported, kernel
+from twice.portable.ops.math import floating
 
 __all__ = ["exact_linear"]
 

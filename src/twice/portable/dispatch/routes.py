@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from twice.portable.table import COMPLEX_EXACT, EXACT, KERNELS, NOT_EXACT
+from twice.portable.dispatch.table import COMPLEX_EXACT, EXACT, KERNELS, NOT_EXACT
 
 __all__ = [
     "KERNEL",

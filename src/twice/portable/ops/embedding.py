@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from twice.portable.ops_linear import exact_linear
-from twice.portable.ops_math import floating
-from twice.portable.table import PortableUnsupported, kernel
+from twice.portable.dispatch.table import PortableUnsupported, kernel
+from twice.portable.ops.linear import exact_linear
+from twice.portable.ops.math import floating
 
 _F64 = torch.float64
 aten = torch.ops.aten
@@ -150,7 +150,7 @@ def _embedding_bag_psw_backward(grad, weight, indices, offsets, offset2bag, mode
     """d loss / d w_i = <grad of i's bag, weight row of i>: float32 products are exact in
     float64, then summed exactly."""
     floating(grad, weight)
-    from twice.portable.exact import exact_sum
+    from twice.portable.arithmetic.exact import exact_sum
 
     where = _bag_of(indices, offsets, grad.shape[0])
     products = grad.to(_F64)[where] * weight.to(_F64)[indices]
