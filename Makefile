@@ -46,8 +46,8 @@ test: setup browser
 
 test-slow: setup browser
 	$(PY) -m pytest -q -n $(JOBS) -m slow
-	TWICE_EXHAUSTIVE=1 $(PY) -m pytest -q -n $(JOBS) tests/test_verdicts.py tests/test_portable_coverage.py tests/test_portable_fused.py \
-	  tests/test_doors_matrix.py tests/test_evidence_matrix.py
+	TWICE_EXHAUSTIVE=1 $(PY) -m pytest -q -n $(JOBS) tests/e2e/test_verdicts.py tests/e2e/test_portable_coverage.py tests/unit/portable/test_fused.py \
+	  tests/e2e/test_doors_matrix.py tests/e2e/test_evidence_matrix.py
 
 bench: setup
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# BENCH_TINY=1: every bench runs at a tiny size (the smoke test in tests/test_benches.py), so that
-# a move in the package cannot break one unseen. Its figures then mean nothing.
+# BENCH_TINY=1: every bench runs at a tiny size (the smoke test, tests/house/test_benches.py), so
+# that a move in the package cannot break one unseen. Its figures then mean nothing.
 TINY = os.environ.get("BENCH_TINY") == "1"
 
 

@@ -25,7 +25,7 @@ from twice import checkpoint
 from twice.data import samples
 
 REPEATS = size("REPEATS", 5, 1)
-# Smaller sizes for the smoke test (tests/test_benches.py): samples per dataset, loader rounds,
+# Smaller sizes for the smoke test (tests/house/test_benches.py): samples per dataset, rounds,
 # and the width of the checkpointed model's five layers (4096: about 1 GB with Adam's state).
 SAMPLES = size("SAMPLES", 20000, 256)
 LOADER_ROUNDS = size("LOADER_ROUNDS", 25, 2)

@@ -11,7 +11,7 @@ DIR]`.
    deterministic against default, and the overhead of twice's step tracing (target: at most 3%).
 5. The same run on CPU and GPU: per-layer differences, each called expected (reduction order, TF32
    scale) or suspicious.
-6. Portable mode on CPU and GPU (issue 42): tests/scripts/portable_models.py (an MLP, a CNN with
+6. Portable mode on CPU and GPU (issue 42): tests/e2e/scripts/portable_models.py (an MLP, a CNN with
    batch norm, a transformer, an LSTM language model, a bf16-autocast MLP and the other families)
    under `twice run --portable` on the CPU and on the device: byte-identical parameters for every
    (model, optimizer), or each differing tensor named with its largest difference.
@@ -19,11 +19,11 @@ DIR]`.
    trace's overhead at batch 64 and at a realistic size (batch 256) (target: at most 5%).
 8. The trace read a step late (one multi-tensor Triton fold, pinned asynchronous copies) against
    the synchronous trace of the same training, record by record, and its fold against the CPU's.
-9. The test suite's examples-style scripts (tests/scripts/tiny_train.py, everything.py, with and
+9. The test suite's examples-style scripts (tests/e2e/scripts/tiny_train.py, everything.py, with and
    without DataLoader workers) under `twice run` on the device, twice each: bit-identical.
 
 `--device cpu --smoke` runs the same code paths on the CPU with tiny sizes (CUDA-only checks are
-skipped); tests/test_gpu_check.py does that here.
+skipped); tests/e2e/test_gpu_check.py does that here.
 Prints a summary and writes gpu_check.json into --out.
 """
 
@@ -311,7 +311,7 @@ def check_cpu_vs_gpu(device):
     return results
 
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "tests" / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "scripts"
 
 
 def check_portable(device, tmp, smoke=False):

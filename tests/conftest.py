@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parent / "e2e" / "scripts"
 
 
 @pytest.fixture(autouse=True)

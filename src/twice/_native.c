@@ -515,7 +515,7 @@ static int line_body(const char *line, const char *end, const char **body_end, u
    each value of its field's form (a digest: 32 lowercase hex digits; a float: float_bits' text; a
    map: names of printable ASCII, sorted, to digests). Anything else returns 0 and goes to the
    Python reader, which parses it whole and accepts it or names the fault: this language is a
-   subset of what StepRecord.from_json accepts (tests/test_tracescan.py checks it on generated
+   subset of what StepRecord.from_json accepts (tests/unit/store/test_tracescan.py checks it on generated
    lines). params_before, written once per trace, always takes the Python path. */
 enum { V_DIGEST, V_MAP, V_FLOAT, V_LOSS, V_LIST, V_BOOL, V_STEP, V_TIME };
 static const struct { const char *name; int kind; int evidence; } RECORD_KEYS[] = {

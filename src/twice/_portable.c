@@ -43,7 +43,7 @@
 /* The loops are cloned per instruction set (AVX-512, AVX2, the baseline; the CPU picks at run
    time) for speed alone: every operation is IEEE and rounded on its own (no contraction), so
    each clone gives the same bits. TWICE_NO_CLONES builds one version, for the compiler's
-   target: tests/test_portable_clones.py builds the baseline and AVX2 that way and holds their
+   target: tests/e2e/test_portable_clones.py builds the baseline and AVX2 that way and holds their
    bits to the dispatched build's. */
 #ifdef TWICE_NO_CLONES
 #define CLONED

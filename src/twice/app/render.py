@@ -2,7 +2,7 @@
 
 Each `format_*` takes a command's result and returns the text the command prints; `color` says
 whether to style it for a terminal (the command line decides, honouring NO_COLOR). Golden tests
-hold their output byte for byte (tests/test_render.py).
+hold their output byte for byte (tests/unit/app/test_render.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 the trust check admitted (app/trust.py).
 
 verify, verify --segments, verify --resume-at, locate and bisect build their options here and start
-here; none of them reads manifest.json to learn what to run (tests/test_rerun_door.py holds it so).
+here; none of them reads manifest.json to learn what to run (tests/e2e/test_rerun_door.py holds
+it so).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 twice shows a person, each string made safe (control characters escaped, rich markup never read
 from data), since records hold strings from anywhere.
 
-tests/test_doors_output.py holds the rest of the package to it: no `print`, `click.echo`,
+tests/e2e/test_doors_output.py holds the rest of the package to it: no `print`, `click.echo`,
 `click.style`, `click.confirm`, `sys.stdout`/`sys.stderr` or rich anywhere else.
 """
 

@@ -76,7 +76,7 @@ def machine_hazards() -> tuple[list[Hazard], dict]:
     if "MKL_CBWR" not in os.environ and torch.backends.mkl.is_available():
         # Seen here: the VM's host went from AMD to Intel and a seeded script's NaN moved from step
         # 80 to 91 (91 still with ATen's kernels held to AVX2); on the Intel host alone it is 91, 92
-        # or 75 as MKL_CBWR is unset, AVX2 or COMPATIBLE (tests/scripts/gradnorm.py).
+        # or 75 as MKL_CBWR is unset, AVX2 or COMPATIBLE (tests/e2e/scripts/gradnorm.py).
         hazards.append(
             Hazard(
                 "MKL_CBWR",

@@ -13,7 +13,7 @@ user's input files it hashes. A folder can be crafted by anyone, so each read is
   non-finite literal (`NaN`, `Infinity`: not JSON) or nesting deeper than MAX_DEPTH is damage.
 
 Damage is a CorruptRecord (exit 2); a missing file is FileNotFoundError, for the caller to say
-whether that is an error. tests/test_doors_read.py forbids reading a file anywhere else.
+whether that is an error. tests/house/test_doors_read.py forbids reading a file anywhere else.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def test_segments_run_as_ray_tasks_on_a_local_ray_instance(tmp_path, recorded):
 
 @pytest.mark.slow
 def test_a_torchrun_run_is_verified_by_segments_with_per_rank_checkpoints(tmp_path):
-    from test_distributed import TORCHRUN
+    from e2e.test_distributed import TORCHRUN
 
     script("ddp_resume.py", tmp_path)
     command = [TORCHRUN, "--nproc_per_node", "2", "ddp_resume.py", "every3"]

@@ -26,7 +26,7 @@ from conftest import SCRIPTS, clean_env, twice
 
 from twice.store.layout import RunFolder
 
-ARCHITECTURE = Path(__file__).parents[1] / "docs" / "ARCHITECTURE.md"
+ARCHITECTURE = Path(__file__).parents[2] / "docs" / "ARCHITECTURE.md"
 EXHAUSTIVE = os.environ.get("TWICE_EXHAUSTIVE") == "1"
 SAMPLE = 36  # cases drawn in `make test`
 
@@ -144,18 +144,18 @@ ELSEWHERE = {
     "config": "read once, by `twice run` at its end: test_a_crafted_process_record_is_refused",
     "process record": "test_a_crafted_process_record_is_refused (a real run writes it)",
     "process records folder": "test_a_crafted_process_record_is_refused",
-    "final metrics": "read by `twice stats` of a sweep: tests/test_sweep.py",
-    "op log": "read by locate and audit, which re-run: tests/test_oplog.py, tests/test_locate.py",
-    "op log, one step": "the old op log form: tests/test_oplog.py",
+    "final metrics": "read by `twice stats` of a sweep: tests/e2e/test_sweep.py",
+    "op log": "read by locate and audit, which re-run: e2e/test_oplog.py, e2e/test_locate.py",
+    "op log, one step": "the old op log form: tests/e2e/test_oplog.py",
     "op logs folder": "the op log readers",
-    "dumped op outputs": "written and read by locate's own re-run: tests/test_locate.py",
-    "command output": "a sweep's failed trial: tests/test_sweep.py",
-    "checkpoints": "tests/test_checkpoint_doors.py, every checkpoint file in every form",
-    "checkpoint index": "tests/test_checkpoint_doors.py",
-    "checkpoint state and tensors": "tests/test_checkpoint_doors.py",
-    "DCP metadata": "tests/test_checkpoint_doors.py (a crafted pickle, resealed)",
-    "input digest cache": "the user's cache: a damaged one costs a re-hash (tests/test_inputs.py)",
-    "files the run read": "tests/test_doors_read.py (a FIFO, /dev/zero, a link)",
+    "dumped op outputs": "written and read by locate's own re-run: tests/e2e/test_locate.py",
+    "command output": "a sweep's failed trial: tests/e2e/test_sweep.py",
+    "checkpoints": "tests/e2e/test_checkpoint_doors.py, every checkpoint file in every form",
+    "checkpoint index": "tests/e2e/test_checkpoint_doors.py",
+    "checkpoint state and tensors": "tests/e2e/test_checkpoint_doors.py",
+    "DCP metadata": "tests/e2e/test_checkpoint_doors.py (a crafted pickle, resealed)",
+    "input digest cache": "the user's cache: a damaged one costs a re-hash (e2e/test_inputs.py)",
+    "files the run read": "tests/house/test_doors_read.py (a FIFO, /dev/zero, a link)",
 }
 
 

@@ -102,7 +102,7 @@ def test_verify_runs_the_checked_command(tmp_path, swap_after_check):
 
 @pytest.fixture
 def segmented(tmp_path):
-    """A 12-step run checkpointed after steps 3, 6, 9 and 12 (tests/scripts/segments.py)."""
+    """A 12-step run checkpointed after steps 3, 6, 9 and 12 (tests/e2e/scripts/segments.py)."""
     script("segments.py", tmp_path)
     result = twice("run", "--name", "orig", "--", sys.executable, "segments.py", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import clean_env
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("bench_*.py"))
 
 _IMPORT_EACH = """

@@ -19,7 +19,7 @@ from twice.app.portability import core_coverage
 from twice.portable.dispatch import routes
 from twice.portable.dispatch.mode import PortableError, PortableMode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXHAUSTIVE = os.environ.get("TWICE_EXHAUSTIVE") == "1"
 
 # What stays uncovered, each named in docs/portable.md with why.

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import clean_env, runs, script, twice
-from test_architecture import MODULES
+from house.test_architecture import MODULES
 
 from twice.core.errors import Exit
 

@@ -131,7 +131,7 @@ def test_a_nan_made_in_backward_by_sqrt_at_zero_is_named(recorder):
 
     fault = catch(step)["fault"]
     assert fault["phase"] == "backward" and fault["node"] == "SqrtBackward0"
-    assert fault["line"] is not None and fault["line"].startswith("tests/test_numerics.py:")
+    assert fault["line"] is not None and fault["line"].startswith("tests/e2e/test_numerics.py:")
 
 
 def test_a_nan_made_in_the_optimizer_by_an_infinite_learning_rate_is_named(recorder):

@@ -106,7 +106,7 @@ def test_unknown_objects_are_refused_unless_strict_is_off():
 
 
 def test_a_layout_without_readable_parts_is_refused_with_a_fix():
-    """Sparse layouts are digested (tests/test_capture.py); an opaque one such as MKL-DNN's is
+    """Sparse layouts are digested (tests/e2e/test_capture.py); an opaque one such as MKL-DNN's is
     not."""
     with pytest.raises(TypeError, match="to_dense"):
         twice.digest(torch.randn(3, 4).to_mkldnn())

@@ -15,7 +15,7 @@ import pytest
 
 from twice.portable import native
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 BATTERY = r"""
 import hashlib, importlib.util, math, sys

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import clean_env
 
-SCRIPT = Path(__file__).parents[1] / "bench" / "gpu_check.py"
+SCRIPT = Path(__file__).parents[2] / "bench" / "gpu_check.py"
 
 
 @pytest.mark.slow

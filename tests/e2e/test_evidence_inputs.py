@@ -2,7 +2,7 @@
 and a changed one is named as the cause of a difference, never nondeterminism inside the run.
 
 ROWS is the matrix: each row is one kind of change between two runs of
-tests/scripts/reads_everywhere.py, which reads its data from a folder beside the working folder
+tests/e2e/scripts/reads_everywhere.py, which reads its data from a folder beside the working folder
 (`../data`, as most datasets lie outside the code). A new kind of read is one row. The rows share
 one first run where they can (each changes one file, runs again and puts the file back); the
 spawn row has its own pair, as a spawned worker costs a torch import. Real processes, the real

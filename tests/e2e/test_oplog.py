@@ -32,7 +32,7 @@ def test_a_recorded_steps_ops_read_back_with_names_phases_and_lines(tmp_path):
     assert "aten::tanh" in names and any(r["phase"] == "backward" for r in records)
     assert {r["module"] for r in records if r["op"] == "aten::tanh"} == {"Sequential.1"}
     assert all(
-        r["line"] and r["line"].startswith("tests/test_oplog.py:")
+        r["line"] and r["line"].startswith("tests/e2e/test_oplog.py:")
         for r in records
         if r["phase"] == "forward"
     )
