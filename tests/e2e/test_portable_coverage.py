@@ -232,7 +232,7 @@ def _worker(tmp_path, action, names, env):
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "tests" / "scripts" / "portable_opinfo.py"),
+            str(ROOT / "tests" / "e2e" / "scripts" / "portable_opinfo.py"),
             str(tmp_path / "samples.pt"),
             action,
             json.dumps(names),
