@@ -157,4 +157,4 @@ def lanes_norm(tensor: Any) -> float | None:
     return math.sqrt(sums[0])
 
 
-_LANES = 32  # lanes_norm's running sums (as LANES in _native.c)
+_LANES = 32  # lanes_norm's running sums (as LANES in csrc/hashing.c)

@@ -150,8 +150,8 @@ def _is_step(value: Any) -> bool:
 
 # What twice writes, exactly: a digest is xxh3-128's 32 lowercase hex digits; a float is
 # digests.float_bits' text (float.hex, "inf", "-inf", or "nan:" and the 16 hex digits of its bits).
-# _native.c's record_valid accepts the same language (tests/unit/store/test_tracescan.py holds
-# them equal).
+# csrc/records.c's record_valid accepts the same language (tests/unit/store/test_tracescan.py
+# holds them equal).
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _HEX_FLOAT = re.compile(r"-?0x[01]\.[0-9a-f]{1,13}p[+-][0-9]{1,4}|-?inf|nan:[0-9a-f]{16}")
 # A name in a per-tensor or RNG map: printable, without control characters, of a sane length.

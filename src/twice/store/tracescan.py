@@ -78,8 +78,8 @@ _TAIL = re.compile(rb'(,"time":(0|[1-9][0-9]{0,19})(\.[0-9]{1,20})?([eE][+-]?[0-
 
 def record_valid(line: bytes, body: int) -> bool:
     """Whether `line` (with its newline; its body ends at `body`) is the canonical line of a valid
-    record: _native.c's record_valid, in Python. params_before (once per trace) is left to the
-    reader; so is anything not ASCII or escaped."""
+    record: csrc/records.c's record_valid, in Python. params_before (once per trace) is left to
+    the reader; so is anything not ASCII or escaped."""
     if not line.isascii() or b"\\" in line or _TAIL.fullmatch(line, body) is None:
         return False
     try:
