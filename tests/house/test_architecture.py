@@ -37,6 +37,7 @@ LAYERS = [
 TOP_LEVEL = {
     "_native": -1,
     "_fold_kernel": -1,  # the device fold as a Triton kernel: heavy, so outside the pure core
+    "_process": -1,  # tensor memory and the environment, read for the core (which reads neither)
     "cli": len(LAYERS),
     "__main__": len(LAYERS),
     "testing": len(LAYERS),
@@ -51,7 +52,7 @@ MAX_LINES = 400
 # so it leaves the list) and a listed module may not grow.
 LONG_MODULES: dict[str, tuple[int, str]] = {
     "twice.core.digests": (
-        473,
+        457,
         "one concept: the Digester, and digests of single values and tensors",
     ),
     "twice.rng.sample": (423, "one concept: a sample's RNG states, made in place by its Seeder"),
@@ -264,6 +265,50 @@ def test_core_is_pure(module):
                 assert name.split(".")[0] not in {"subprocess", "shutil", "tempfile", "socket"}, (
                     f"{module} line {node.lineno} imports {name}"
                 )
+
+
+# What reads the process's environment or raw memory: in the core neither happens (twice/_process.py
+# does it for the core, below every layer, beside the compiled _native).
+ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+RAW_MEMORY_NAMES = {"from_address", "from_buffer", "addressof", "string_at", "memmove"}
+
+
+def _reads_process_state(tree: ast.AST) -> list[str]:
+    """Where `tree` reads the environment or raw memory: ctypes imported, an environment name
+    or a ctypes memory call used (but through twice._process)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "_process":
+            continue
+        if isinstance(node, ast.Import):
+            found += [f"line {node.lineno} imports ctypes" for a in node.names
+                      if a.name.split(".")[0] == "ctypes"]  # fmt: skip
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ctypes":
+            found.append(f"line {node.lineno} imports from ctypes")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [f"line {node.lineno} imports os.{a.name}" for a in node.names
+                      if a.name in ENVIRONMENT_NAMES]  # fmt: skip
+        elif isinstance(node, ast.Attribute) and node.attr in ENVIRONMENT_NAMES:
+            found.append(f"line {node.lineno} reads .{node.attr}")
+        elif isinstance(node, ast.Attribute) and node.attr in RAW_MEMORY_NAMES:
+            found.append(f"line {node.lineno} calls .{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("twice.core")))
+def test_core_reads_no_environment_and_no_raw_memory(module):
+    """docs/ARCHITECTURE.md: a pure core on plain values; twice/_process.py reads for it."""
+    found = _reads_process_state(ast.parse(MODULES[module].read_text()))
+    assert found == [], f"{module}: {found}: read it through twice/_process.py, or above the core"
+
+
+def test_the_process_state_scan_sees_planted_reads():
+    source = (
+        "import os, ctypes\nfrom os import getenv\nos.environ.get('X')\n"
+        "(ctypes.c_char * 4).from_address(0)\nctypes.addressof(b)\nmemoryview(b).cast('B')\n"
+        "_process.environ()\n"
+    )
+    assert len(_reads_process_state(ast.parse(source))) == 5
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m not in LONG_MODULES))

@@ -52,13 +52,12 @@ _kernel: list = []  # [_fold_kernel.fold_sums or None], decided on the first CUD
 
 def _triton_fold():
     """_fold_kernel.fold_sums where Triton is installed and works here, else None."""
-    import os
-
-    from twice.core.protocol import NO_TRITON
+    from twice import _process
+    from twice.core.protocol import ChildSettings
 
     if not _kernel:
         fold = None
-        if os.environ.get(NO_TRITON) != "1":
+        if not ChildSettings.read(_process.environ(), "no_triton"):
             try:
                 from twice._fold_kernel import fold_sums as fold
             except Exception:  # noqa: BLE001 - no Triton, or one that cannot load: torch's path

@@ -9,7 +9,6 @@ hash over 32-bit word pairs with position-derived keys) and only those words lea
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import math
 import struct
@@ -18,6 +17,8 @@ import types
 from typing import Any
 
 import xxhash
+
+from twice import _process
 
 try:  # the compiled part (setup.py); where not built, None: the same values come from Python
     from twice import _native as native
@@ -223,7 +224,7 @@ class Digester:
             self._frame(_TAG_TENSOR, header)
             data = tensor_bytes_view(tensor)
             self._hash.update(len(data).to_bytes(8, "little"))
-            self._hash.update(data.buffer if isinstance(data, _Pinned) else data)
+            self._hash.update(data.buffer if isinstance(data, _process.Pinned) else data)
         else:
             words = self._folds.get(id(tensor))
             if words is None:
@@ -303,24 +304,7 @@ def tensor_bytes_view(tensor):
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0:
         return memoryview(b"")
-    # A ctypes array over the tensor's memory: ~20x cheaper per tensor than reshape/view/numpy,
-    # which matters when a step digests dozens of small tensors. _Pinned keeps `tensor` alive.
-    return _Pinned(tensor, (ctypes.c_char * nbytes).from_address(tensor.data_ptr()))
-
-
-class _Pinned:
-    """A buffer that keeps the tensor it points into alive for as long as the buffer is used."""
-
-    __slots__ = ("tensor", "buffer")
-
-    def __init__(self, tensor, buffer):
-        self.tensor, self.buffer = tensor, buffer
-
-    def __buffer__(self, flags):  # Python 3.12+
-        return memoryview(self.buffer)
-
-    def __len__(self):
-        return len(self.buffer)
+    return _process.pinned(tensor, nbytes)  # its bytes where they lie, `tensor` kept alive
 
 
 def digest(value: Any, *, strict: bool = True) -> str:
@@ -361,8 +345,8 @@ def digest_buffers(*buffers) -> str:
     return hasher.hexdigest()
 
 
-# (dtype, shape) -> (framed header and byte count, ctypes array type of the bytes, byte count,
-# norm kind for twice._native: 1 float32, 2 float64, 0 none)
+# (dtype, shape) -> (framed header and byte count, the reader of the bytes at an address (from
+# twice._process), byte count, norm kind for twice._native: 1 float32, 2 float64, 0 none)
 _plain_heads: dict = {}
 _strided: list = []  # [torch.strided], once torch is loaded
 
@@ -394,7 +378,7 @@ def _feed_head(update, tensor: Any, head: tuple) -> None:
     `_plain_head`), then its bytes where they lie."""
     update(head[0])
     if head[1] is not None:
-        update(head[1].from_address(tensor.data_ptr()))
+        update(head[1](tensor.data_ptr()))
 
 
 # What a tensor's type is to the digest, by type: plain (its bytes where they lie), a DTensor (its
@@ -453,7 +437,7 @@ def _plain_head(tensor: Any) -> tuple | None:
         kind = {torch.float32: 1, torch.float64: 2}.get(key[0], 0)  # norms in twice._native
         head = _plain_heads[key] = (
             _framed_header(tensor) + nbytes.to_bytes(8, "little"),
-            ctypes.c_char * nbytes if nbytes else None,
+            _process.reader(nbytes) if nbytes else None,
             nbytes,
             kind,
         )

@@ -9,10 +9,10 @@ come out bit for bit; tests hold the two paths together.
 
 from __future__ import annotations
 
-import ctypes
 import math
 from typing import Any
 
+from twice import _process
 from twice.core import digests as _digests
 
 __all__ = ["digest_many", "hash_items", "buffers_item", "tensor_item", "lanes_norm"]
@@ -100,7 +100,7 @@ def buffers_item(main: Any, tail: bytes | None = None) -> tuple:
     size = len(main)
     return (
         _digests._TAG_BYTES + (size + len(tail or b"")).to_bytes(8, "little"),
-        ctypes.addressof(main),
+        _process.address_of(main),
         size,
         0,
         tail,

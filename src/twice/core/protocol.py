@@ -1,7 +1,9 @@
-"""The launcher <-> child contract: every TWICE_* variable `twice run` sets for its command.
+"""The launcher <-> child contract: every TWICE_* variable, those `twice run` sets for its command
+and the few a user sets.
 
 The launcher builds a `ChildSettings` and writes it with `to_env()`; each process of the command
-(the bootstrap, twice.Run, the data loader, twice.log_metric) reads it back with `from_env()`.
+(the bootstrap, twice.Run, the data loader, twice.log_metric) reads it back with `from_env()`, or
+one setting with `read()` (the device fold's TWICE_NO_TRITON, portable mode's TWICE_NO_FUSED_RNN).
 Nothing else in twice spells a TWICE_* name. Pure: both directions work on plain mappings.
 
     >>> env = ChildSettings(run_dir="/runs/a", seed=3, trace_every=2).to_env()
@@ -17,13 +19,9 @@ from dataclasses import dataclass, field
 
 from twice.core.errors import UsageError
 
-__all__ = ["ChildSettings", "parse_steps", "PER_RUN", "PREFIX", "NO_TRITON", "NO_FUSED_RNN"]
+__all__ = ["ChildSettings", "parse_steps", "PER_RUN", "PREFIX"]
 
 PREFIX = "TWICE_"
-NO_TRITON = "TWICE_NO_TRITON"
-"""Set to 1 by a user: digest CUDA tensors with torch's operations, not the Triton fold kernel."""
-NO_FUSED_RNN = "TWICE_NO_FUSED_RNN"
-"""Set to 1 by a user: portable mode runs nn.LSTM op by op, not as one operation per layer."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +65,10 @@ class ChildSettings:
     """Compare data-parallel replicas' parameters every N steps (the user may set it)."""
     replica_mode: str = field(default="stop", metadata={"env": "TWICE_REPLICA_MODE", "user": True})
     """On a replica desync: "stop" or "warn" (the user may set it)."""
+    no_triton: bool = field(default=False, metadata={"env": "TWICE_NO_TRITON", "user": True})
+    """Digest CUDA tensors with torch's operations, not the Triton fold kernel (the user's)."""
+    no_fused_rnn: bool = field(default=False, metadata={"env": "TWICE_NO_FUSED_RNN", "user": True})
+    """Portable mode runs nn.LSTM op by op, not as one operation per layer (the user's)."""
 
     def to_env(self) -> dict[str, str]:
         """The variables to set: each field that differs from its default."""
@@ -93,7 +95,7 @@ class ChildSettings:
     @classmethod
     def read(cls, environ: Mapping[str, str], name: str):
         """One setting by field name, None where its variable is unset: for code that needs one
-        value often (twice.stream, twice.log_metric), without reading all 17 variables."""
+        value often (twice.stream, twice.log_metric), without reading every variable."""
         env, kind = _fields()[name]
         raw = environ.get(env)
         if raw is None or raw == "" or (raw == "auto" and name == "params_every"):

@@ -50,11 +50,23 @@ def test_a_malformed_integer_is_a_usage_error_naming_the_variable():
         ChildSettings.from_env({"TWICE_STOP_AFTER": "ten"})
 
 
-def test_the_launcher_owns_every_variable_but_the_user_tunable_replica_ones():
+def test_the_launcher_owns_every_variable_but_the_users_own():
     owned = set(ChildSettings.variables(launcher_only=True))
     assert "TWICE_SEED" in owned and "TWICE_RUN_DIR" in owned
-    assert {"TWICE_REPLICA_EVERY", "TWICE_REPLICA_MODE"} & owned == set()
-    assert set(ChildSettings.variables()) - owned == {"TWICE_REPLICA_EVERY", "TWICE_REPLICA_MODE"}
+    users = {"TWICE_REPLICA_EVERY", "TWICE_REPLICA_MODE", "TWICE_NO_TRITON", "TWICE_NO_FUSED_RNN"}
+    assert users & owned == set()
+    assert set(ChildSettings.variables()) - owned == users
+
+
+def test_the_users_switches_are_on_only_at_1():
+    """TWICE_NO_TRITON and TWICE_NO_FUSED_RNN switch a path off only when set to 1, as before
+    they were fields."""
+    for name, env in (("no_triton", "TWICE_NO_TRITON"), ("no_fused_rnn", "TWICE_NO_FUSED_RNN")):
+        assert ChildSettings.read({env: "1"}, name) is True
+        assert not ChildSettings.read({env: "0"}, name)
+        assert not ChildSettings.read({env: ""}, name)
+        assert not ChildSettings.read({}, name)
+        assert ChildSettings(**{name: True}).to_env() == {env: "1"}
 
 
 def test_steps_parse_lists_and_ranges():

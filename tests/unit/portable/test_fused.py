@@ -21,7 +21,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twice.core.protocol import NO_FUSED_RNN
 from twice.portable import native
 from twice.portable.arithmetic.exact import Repeated, exact_matmul
 from twice.portable.dispatch.mode import PortableMode
@@ -29,6 +28,8 @@ from twice.portable.native import conv as native_conv
 from twice.portable.native import rnn as native_rnn
 from twice.portable.ops import conv as pconv
 from twice.portable.ops import recurrent
+
+NO_FUSED_RNN = "TWICE_NO_FUSED_RNN"  # core/protocol.py's ChildSettings.no_fused_rnn
 
 EXHAUSTIVE = os.environ.get("TWICE_EXHAUSTIVE") == "1"
 EXAMPLES = settings(max_examples=200 if EXHAUSTIVE else 12, derandomize=True, deadline=None)

@@ -220,13 +220,13 @@ def install(mode_type: type) -> None:
     call checks that such a mode is the innermost one of its thread."""
     import os
 
-    from twice.core.protocol import NO_FUSED_RNN
+    from twice.core.protocol import ChildSettings
 
     vf = torch._VF
     with _lock:
         _installed["count"] += 1
         _installed["mode"] = mode_type
-        if _installed["count"] > 1 or os.environ.get(NO_FUSED_RNN) == "1":
+        if _installed["count"] > 1 or ChildSettings.read(os.environ, "no_fused_rnn"):
             return
         saved = {kind: vf.__dict__.get(kind) for kind in _KINDS}
         _installed["saved"] = saved
