@@ -1,7 +1,7 @@
 """Portable kernels for the log-domain functions models use beside the elementwise ones:
-logsumexp (the exact sum of twice's exponentials), logaddexp and logaddexp2, logit, xlogy,
-CELU, Mish, GLU and the Huber loss, each in float64 from twice's exp/log/log1p/expm1 and rounded
-once."""
+logsumexp (the exact sum of twice's exponentials), logaddexp and logaddexp2, logcumsumexp, logit,
+xlogy, CELU, Mish, GLU and the Huber loss, each in float64 from twice's exp/log/log1p/expm1 and
+rounded once."""
 
 from __future__ import annotations
 
@@ -39,15 +39,35 @@ def _logsumexp(x, dim, keepdim=False):
     return (out if keepdim else out.squeeze(dims)).to(dtype)
 
 
-@kernel("logaddexp.default")
-def _logaddexp(a, b):
-    floating(a, b)
-    a64, b64 = torch.broadcast_tensors(a.to(_F64), b.to(_F64))
+def _logaddexp64(a64: torch.Tensor, b64: torch.Tensor) -> torch.Tensor:
+    """ln(e^a + e^b) of float64 tensors: the larger plus log1p(e^-|a - b|)."""
     top = torch.maximum(a64, b64)
     gap = -(a64 - b64).abs()
     out = top + ew.log1p(ew.exp(torch.where(torch.isnan(gap), 0.0, gap)))
     out = torch.where(torch.isinf(top) & (a64 == b64), top, out)
-    return torch.where(torch.isnan(a64) | torch.isnan(b64), math.nan, out).to(_dtype(a, b))
+    return torch.where(torch.isnan(a64) | torch.isnan(b64), math.nan, out)
+
+
+@kernel("logaddexp.default")
+def _logaddexp(a, b):
+    floating(a, b)
+    a64, b64 = torch.broadcast_tensors(a.to(_F64), b.to(_F64))
+    return _logaddexp64(a64, b64).to(_dtype(a, b))
+
+
+@kernel("logcumsumexp.default", "_logcumsumexp.default")
+def _logcumsumexp(x, dim):
+    """The running ln(sum e^x) along `dim`: one float64 logaddexp after another in index order
+    (the order torch's CPU kernel adds in), rounded once at the end."""
+    floating(x)
+    if x.dim() == 0 or x.numel() == 0:
+        return x.clone()
+    x64 = x.to(_F64).movedim(dim, 0)
+    out = torch.empty_like(x64)
+    total = out[0] = x64[0]
+    for i in range(1, x64.shape[0]):
+        total = out[i] = _logaddexp64(total, x64[i])
+    return out.movedim(0, dim).to(x.dtype)
 
 
 @kernel("logaddexp2.default")
