@@ -94,17 +94,3 @@ def test_sigterm_writes_the_step_still_held(tmp_path):
     late = _records(tmp_path / "late" / "trace.jsonl")
     now = _records(tmp_path / "now" / "trace.jsonl")
     assert late == now[:4]  # the four steps done when the signal came, the held one included
-
-
-def test_the_sigterm_handler_is_installed_once(monkeypatch):
-    """Even where the handler before it was set outside Python (getsignal says None), the late
-    writer installs its own once, not once a step, each wrapping the last."""
-    from twice.record import latewrite
-
-    installed = []
-    monkeypatch.setattr(latewrite.signal, "getsignal", lambda signum: None)
-    monkeypatch.setattr(latewrite.signal, "signal", lambda _, handler: installed.append(handler))
-    writer = latewrite.LateWriter()
-    for _ in range(3):  # three late steps
-        writer._watch_kill()
-    assert len(installed) == 1 and callable(installed[0])

@@ -13,13 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import clean_env, runs, script, twice
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from twice.core.digests import digest, digest_tensor
 from twice.core.errors import CorruptRecord
 from twice.core.fastpath import digest_many
-from twice.record.replicas import _first_desync
 from twice.store import dcpmeta
 from twice.store.outputs import compare_outputs, written_files
 
@@ -264,36 +261,6 @@ def test_any_wrapper_subclass_is_digested_by_the_tensors_it_wraps():
     assert digest(wrapped) == digest(again) == digest_many([again])[0][0]
     assert digest(wrapped) != digest(other)
     assert digest(wrapped) not in (digest(a), digest(b))
-
-
-@settings(max_examples=200, deadline=None, derandomize=True)
-@given(
-    st.integers(1, 3).flatmap(
-        lambda count: st.lists(
-            st.lists(
-                st.tuples(st.integers(0, 2), st.integers(0, 2)), min_size=count, max_size=count
-            ),
-            min_size=1,
-            max_size=6,
-        )
-    )
-)
-def test_a_desync_is_found_exactly_where_a_group_holds_two_digests(ranks):
-    """ranks[r][c] = (digest, group) of class c on rank r: a desync iff some group of some class
-    holds two digests, and then the named rank's digest differs from the named reference's."""
-    count = len(ranks[0])
-    gathered = [[w for d, g in classes for w in (d, -d, g)] for classes in ranks]
-    found = _first_desync(gathered, count)
-    torn = any(
-        len({ranks[r][c][0] for r in range(len(ranks)) if ranks[r][c][1] == group}) > 1
-        for c in range(count)
-        for group in {ranks[r][c][1] for r in range(len(ranks))}
-    )
-    assert (found is not None) == torn
-    if found is not None:
-        index, rank, reference = found
-        assert ranks[rank][index][1] == ranks[reference][index][1]
-        assert ranks[rank][index][0] != ranks[reference][index][0] and reference < rank
 
 
 def _dcp_save(state, folder):

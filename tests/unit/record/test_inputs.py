@@ -1,0 +1,45 @@
+"""record/inputs: the batch of a loop without a DataLoader is the data given to each step's
+outermost module calls, never a tensor the step computed."""
+
+import torch
+
+from twice.core.digests import Digester
+from twice.record.inputs import ModuleInputs
+
+
+def _batch_of(calls) -> str | None:
+    """The digest ModuleInputs takes from `calls`: (depth change, args) pairs."""
+    inputs = ModuleInputs()
+    for change, args in calls:
+        if change > 0:
+            inputs.enter(args, {}, torch.Tensor)
+        else:
+            inputs.leave()
+    taken = inputs.take()
+    assert inputs.take() is None  # a take starts afresh
+    return taken.hexdigest() if taken is not None else None
+
+
+def test_only_the_outermost_calls_data_is_the_batch():
+    x, y = torch.arange(6.0).reshape(2, 3), torch.tensor([0, 1])
+    out = torch.ones(2, 3, requires_grad=True) * 2  # made by the graph: not data
+    inner = torch.full((2, 3), 9.0)
+    batch = _batch_of([(1, (x,)), (1, (inner,)), (-1, ()), (-1, ()), (1, (out, y)), (-1, ())])
+    assert batch == Digester(strict=False).update([x]).update([y]).hexdigest()
+    assert batch != _batch_of([(1, (x,)), (-1, ()), (1, (out, y + 1)), (-1, ())])
+
+
+def test_a_call_with_no_data_gives_no_batch():
+    weights = torch.nn.Parameter(torch.ones(2))
+    assert _batch_of([(1, (weights, 3, "text")), (-1, ())]) is None
+    assert _batch_of([(1, ([torch.ones(1), weights],)), (-1, ())]) is None  # a list: all data
+    assert _batch_of([(1, (torch.empty(2, device="meta"),)), (-1, ())]) is None
+    assert _batch_of([(1, ((torch.ones(1), torch.zeros(1)),)), (-1, ())]) is not None
+
+
+def test_leaving_more_calls_than_entered_does_not_go_below_zero():
+    inputs = ModuleInputs()
+    inputs.leave()
+    assert inputs.depth == 0
+    inputs.enter((torch.ones(1),), {}, torch.Tensor)
+    assert inputs.depth == 1 and inputs.take() is not None
