@@ -4,7 +4,6 @@ fails without taking the training down with it."""
 import json
 import math
 import random
-import struct
 import sys
 import warnings
 
@@ -14,7 +13,6 @@ from conftest import runs
 from conftest import twice as twice_cli
 
 import twice
-from twice.core import fastpath
 from twice.core.fastpath import lanes_norm
 from twice.record import hooks, norms
 from twice.rng import fingerprint, layouts
@@ -436,73 +434,6 @@ def test_batches_of_a_plain_class_are_digested_by_their_contents(tmp_path):
     assert len(records) == 3 and len({r.batch for r in records}) == 3 and len(set(seen)) == 3
     opaque = [str(w.message) for w in caught if "cannot read" in str(w.message)]
     assert len(opaque) == 1 and "re.Pattern" in opaque[0]
-
-
-@pytest.mark.parametrize("native", [True, False], ids=["compiled", "python"])
-def test_digests_and_norms_of_many_tensors_are_the_same_bits_compiled_or_not(monkeypatch, native):
-    """The step trace digests gradients and parameters and takes float32/float64 norms through
-    twice._native in one pass; without it (no compiler at install), through xxhash and NumPy. The
-    digests are digest()'s and the norms twice's own (32 running sums in double), the same bits
-    either way, so traces recorded on installs with and without the C module compare."""
-    from twice.core import digests
-
-    assert (
-        digests.native is not None
-    )  # built at install (setup.py): else the compiled path goes untested
-    torch.manual_seed(1)
-    tensors = [
-        torch.randn(n, dtype=dtype) * 7
-        for dtype in (torch.float32, torch.float64)
-        for n in (1, 31, 32, 33, 8193, 300_001)
-    ]
-    tensors += [
-        torch.randn(64, 130).t(),
-        torch.randn(3, 5)[1],
-        torch.zeros(5),
-        torch.tensor([-0.0, 0.0]),
-        torch.randn(0),
-        torch.tensor([float("inf"), 1.0]),
-        torch.tensor([float("nan")]),
-        torch.randn(9).to(torch.bfloat16),
-        torch.arange(12, dtype=torch.int64).reshape(3, 4),
-        torch.nn.Parameter(torch.randn(4, 4)),
-    ]
-    # NaNs of several payloads in one running sum (elements 0, 32, 64): the norm's bits, payload
-    # included (the trace writes them), must not depend on how the sums were computed
-    payloads = torch.tensor([0x7FC00001, 0x7FC00123, 0x7FC54321], dtype=torch.int32).view(
-        torch.float32
-    )
-    for order in ((0, 1, 2), (2, 0, 1)):
-        nans = torch.ones(200, dtype=torch.float32)
-        nans[[0, 32, 64]] = payloads[list(order)]
-        tensors.append(nans)
-    tensors.append(
-        -torch.ones(100, dtype=torch.float32).index_fill_(0, torch.tensor([5]), float("nan"))
-    )
-    expected_digests = [twice.digest(t) for t in tensors]
-    compiled = fastpath.digest_many(tensors, norms=True)
-    if not native:
-        monkeypatch.setattr(digests, "native", None)
-    found, norms = fastpath.digest_many(tensors, norms=True)
-    assert found == expected_digests
-    bits = lambda values: [None if n is None else struct.pack("<d", n).hex() for n in values]  # noqa: E731
-    assert bits(norms) == bits(compiled[1])
-    for tensor, norm in zip(tensors, norms):
-        if tensor.dtype in (
-            torch.float32,
-            torch.float64,
-        ):  # a norm (not a reproducibility claim: a sanity check)
-            reference = float(torch.linalg.vector_norm(tensor.detach().double()))
-            assert (
-                norm == reference
-                or math.isclose(norm, reference, rel_tol=1e-12)
-                or math.isnan(norm)
-                and math.isnan(reference)
-            )
-        else:
-            assert norm is None  # torch's, taken by the caller
-    zeros, signed_zeros = norms[12 + 2], norms[12 + 3]
-    assert zeros == 0.0 and signed_zeros == 0.0  # exactly zero: the zero-gradient check's test
 
 
 def test_rng_digests_are_the_same_compiled_or_not(monkeypatch):

@@ -328,11 +328,6 @@ def test_colour_is_twice_own_never_the_datas():
 # -- exit codes -----------------------------------------------------------------------------------
 
 
-def test_the_exit_table_keeps_three_for_internal_errors():
-    assert (Exit.SAME, Exit.DIFFER, Exit.USAGE, Exit.INTERNAL) == (0, 1, 2, 3)
-    assert Exit.NUMERICS not in (0, 1, 2, 3)
-
-
 def _planted_bug(*args, **kwargs):
     raise RuntimeError("planted bug\nsecond line")
 

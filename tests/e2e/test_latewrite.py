@@ -1,7 +1,6 @@
-"""The step trace read a step late (record/latewrite.py) and its multi-tensor Triton fold
-(twice/_fold_kernel.fold_many), on the CPU under Triton's interpreter: the fold's bits against
-device_fold's for generated lists of tensors, and the late trace against the synchronous one for
-every kind of loop, one step behind it, and written out on SIGTERM."""
+"""The step trace read a step late (record/latewrite.py), on the CPU under Triton's interpreter:
+the late trace against the synchronous one for every kind of loop, one step behind it, and
+written out on SIGTERM (the multi-tensor fold's bits: tests/unit/test__fold_kernel.py)."""
 
 import importlib.util
 import json
@@ -18,35 +17,6 @@ pytestmark = pytest.mark.skipif(
     reason="needs Triton (the test extra installs it on Linux x86-64)",
 )
 
-FOLD_MANY = """
-import random, struct, sys, torch
-from twice._fold_kernel import fold_many
-from twice.core.device_fold import device_fold
-rng = random.Random(int(sys.argv[1]))
-dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-          torch.bool, torch.int64, torch.int32]
-def tensor():
-    dtype, size = rng.choice(dtypes), rng.choice([0, 1, 3, 7, 8, 255, 2048, 2049, 4099, 9000])
-    seeded = torch.Generator().manual_seed(rng.getrandbits(31))
-    base = torch.randint(-100, 100, (size + 3,), generator=seeded)
-    scale = 1.37 if dtype.is_floating_point else 1
-    base = (base != 0) if dtype is torch.bool else base.to(dtype) * scale
-    form = rng.choice(["plain", "offset", "strided"])
-    if form == "offset":  # a view that starts inside a word
-        return base[rng.randint(1, 3):][:size]
-    if form == "strided" and size > 1:
-        return base[: size // 2 * 2].reshape(-1, 2).t()
-    return base[:size]
-for case in range(int(sys.argv[2])):
-    tensors = [tensor() for _ in range(rng.randint(1, 9))]
-    raws = [t.contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-    sums = fold_many(raws, [])
-    for t, raw, row in zip(tensors, raws, sums):
-        got = struct.pack("<q", raw.numel()) + row.numpy().astype("<i8").tobytes()
-        assert got == device_fold(t), (case, t.dtype, tuple(t.shape), t.stride())
-print("same bits")
-"""
-
 
 def _interpreted(args, **kwargs):
     return subprocess.run(
@@ -57,12 +27,6 @@ def _interpreted(args, **kwargs):
         timeout=600,
         **kwargs,
     )
-
-
-def test_one_launch_over_many_tensors_gives_each_tensors_device_fold():
-    cases = "200" if os.environ.get("TWICE_EXHAUSTIVE") == "1" else "25"
-    result = _interpreted(["-c", FOLD_MANY, "0", cases])
-    assert result.returncode == 0 and "same bits" in result.stdout, result.stderr[-3000:]
 
 
 def _records(path: Path) -> list[dict]:

@@ -1,68 +1,13 @@
-"""Named streams, sweeps (real trials) and seed-noise statistics."""
+"""Sweeps: real trials, resumed, and their seed-noise statistics as the command prints them."""
 
 import json
-import math
-import random
 import sys
 
 import numpy as np
 import pytest
-import torch
 from conftest import script
 from conftest import twice as twice_cli
 from scipy import stats as scipy_stats
-
-import twice
-from twice.core.stats import compare_pair, seeds_for_power, summarize_arm
-
-
-def train(lr, evaluate):
-    """Initial weights and batches drawn from named streams; an optional eval pass draws random
-    numbers."""
-    torch.manual_seed(123)
-    twice.stream.reset()  # each call stands for a separate run
-    with twice.stream("init", seed=0):
-        model = torch.nn.Linear(3, 2)
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    batches = []
-    for step in range(4):  # noqa: B007
-        with twice.stream("data", seed=0):
-            batch = torch.randn(5, 3)
-            batch = batch + random.random() + float(np.random.rand())
-        batches.append(batch)
-        opt.zero_grad()
-        model(batch).sum().backward()
-        opt.step()
-        if evaluate:
-            torch.rand(100)  # an evaluation pass with dropout-like randomness on the global RNG
-            random.random()
-    return initial, batches
-
-
-def test_streams_keep_batches_and_initial_weights_bit_identical_when_lr_or_evaluation_change():
-    base_init, base_batches = train(0.1, evaluate=False)
-    for lr, evaluate in ((0.1, True), (0.5, False), (0.5, True)):
-        init, batches = train(lr, evaluate)
-        assert all(torch.equal(base_init[k], init[k]) for k in base_init)
-        assert all(torch.equal(a, b) for a, b in zip(base_batches, batches))
-
-
-def test_a_stream_continues_where_it_left_off_and_leaves_the_global_rng_alone():
-    torch.manual_seed(7)
-    expected = torch.rand(2)
-    torch.manual_seed(7)
-    with twice.stream("s1", seed=99):
-        first = torch.rand(3)
-    with twice.stream("s1", seed=99):
-        second = torch.rand(3)
-    assert torch.equal(torch.rand(2), expected)
-    assert not torch.equal(first, second)
-    gen = twice.stream("s1", seed=99).generator()
-    assert torch.equal(
-        torch.rand(3, generator=gen),
-        torch.rand(3, generator=twice.stream("s1", seed=99).generator()),
-    )
 
 
 def test_sweep_runs_paired_trials_resumes_and_its_stats_match_scipy(tmp_path):
@@ -147,21 +92,6 @@ def test_an_interrupted_sweep_continues_and_failed_trials_are_retried(tmp_path):
     outcome = json.loads(again.stdout)  # the failure was retried
     assert (outcome["completed"], outcome["skipped"], len(outcome["failed"])) == (1, 1, 1)
     assert again.returncode == 1
-
-
-def test_a_known_effect_is_found_and_no_effect_is_within_seed_noise():
-    rng = np.random.default_rng(0)
-    noise = rng.normal(0, 1.0, 10)
-    base = summarize_arm("a", {s: 5.0 + noise[s] for s in range(10)})
-    shifted = summarize_arm("b", {s: 5.0 + noise[s] + 0.8 + rng.normal(0, 0.2) for s in range(10)})
-    same = summarize_arm("c", {s: 5.0 + noise[s] + rng.normal(0, 0.5) for s in range(10)})
-    assert compare_pair(base, shifted).verdict == "effect exceeds seed noise"
-    assert compare_pair(base, same).verdict == "within seed noise"
-    assert seeds_for_power(0.5) == 34  # paired t test, d_z = 0.5, 80% power, alpha 0.05
-    assert math.isclose(
-        compare_pair(base, shifted).mean_difference,
-        np.mean([shifted.values[s] - base.values[s] for s in range(10)]),
-    )
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,5 @@
 import collections
 import dataclasses
-import importlib.util
-import os
 import subprocess
 import sys
 import warnings
@@ -13,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import twice
-from twice.core.device_fold import device_fold
 
 DTYPES = [
     torch.float32,
@@ -120,94 +117,6 @@ def test_a_single_changed_bit_anywhere_changes_the_digest(values, index):
     flipped = tensor.clone()
     flipped.view(torch.int32)[index] ^= 1 << (index % 32)
     assert twice.digest(flipped) != twice.digest(tensor)
-
-
-def test_the_device_algorithm_is_exact_and_layout_independent_on_the_cpu():
-    tensor = torch.randn(1000, 33)
-    assert device_fold(tensor) == device_fold(tensor.clone())
-    assert device_fold(tensor.t()) == device_fold(tensor.t().contiguous())
-    flipped = tensor.clone()
-    flipped.view(torch.int32)[500, 7] ^= 1
-    assert device_fold(flipped) != device_fold(tensor)
-    swapped = tensor.clone()
-    swapped[[0, 1]] = swapped[[1, 0]]  # same multiset of values, other positions
-    assert device_fold(swapped) != device_fold(tensor)
-
-
-@pytest.mark.parametrize("chunk_words, block_words", [(1 << 24, 1 << 12), (64, 8), (16, 16)])
-def test_many_tensors_folded_together_give_each_ones_own_fold(
-    monkeypatch, chunk_words, block_words
-):
-    """The trace's batched device path: small chunks and blocks put tensors in several groups,
-    split tensors over many blocks and send large ones down the one-tensor path."""
-    from twice.core import device_fold as module
-
-    monkeypatch.setattr(module, "DEVICE_CHUNK_WORDS", chunk_words)
-    monkeypatch.setattr(module, "BLOCK_WORDS", block_words)
-    generator = torch.Generator().manual_seed(0)
-    tensors = [sample(dtype) for dtype in DTYPES] + [
-        torch.zeros(0),
-        torch.randn(3, generator=generator),
-        torch.randn(100, 37, generator=generator).t(),
-        torch.randn(4097, generator=generator, dtype=torch.float64),
-        torch.randint(0, 255, (1000 * 8 + 5,), generator=generator, dtype=torch.uint8),
-    ]
-    many = module.device_fold_many(tensors)
-    assert many == [device_fold(t) for t in tensors]
-    assert len(set(many[-5:])) == 5  # and not one value for all (the samples share bytes)
-
-
-TRITON_FOLD = """
-import struct, torch
-from twice.core.device_fold import device_fold
-from twice._fold_kernel import fold_sums
-def folded(tensor):
-    raw = tensor.contiguous().reshape(-1).view(torch.uint8)
-    return struct.pack("<q", raw.numel()) + fold_sums(raw).numpy().astype("<i8").tobytes()
-generator = torch.Generator().manual_seed(0)
-cases = [torch.randn(5000, generator=generator), torch.zeros(0), torch.arange(13, dtype=torch.int8),
-         torch.randn(4099, generator=generator, dtype=torch.float64), torch.ones(3).bool()]
-assert all(folded(t) == device_fold(t) for t in cases)
-print("same bits")
-"""
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None,
-    reason="needs Triton (the test extra installs it on Linux x86-64)",
-)
-@pytest.mark.slow  # costly on two cores; run by make test-slow and CI
-def test_the_triton_fold_kernel_gives_the_device_folds_bits_in_the_interpreter():
-    result = subprocess.run(
-        [sys.executable, "-c", TRITON_FOLD],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        timeout=600,
-    )
-    assert result.returncode == 0 and "same bits" in result.stdout, result.stderr[-3000:]
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA: no CUDA device on this machine"
-)
-def test_the_trace_digests_many_cuda_tensors_as_one_at_a_time():
-    from twice.core.fastpath import digest_many
-
-    tensors = [sample(dtype).cuda() for dtype in DTYPES] + [torch.randn(300, 7).cuda().t()]
-    assert digest_many(tensors)[0] == [twice.digest(t) for t in tensors]
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA: no CUDA device on this machine"
-)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_cuda_digest_is_computed_on_the_device_and_matches_the_device_algorithm_on_the_cpu(dtype):
-    tensor = sample(dtype)
-    assert device_fold(tensor.cuda()) == device_fold(tensor)
-    assert twice.digest(tensor.cuda()) == twice.digest(tensor.cuda().clone())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -359,11 +268,3 @@ def test_a_torch_or_numpy_still_being_imported_by_another_thread_does_not_break_
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout == "True\n", result.stderr
-
-
-def test_the_device_fold_reads_a_view_that_starts_inside_a_word():
-    """x[1:] of a float32 tensor starts 4 bytes into a word: its fold is that of its copy (it
-    raised before, on any device)."""
-    base = torch.arange(11, dtype=torch.float32)
-    assert device_fold(base[1:]) == device_fold(base[1:].clone())
-    assert device_fold(base[3:]) != device_fold(base[1:])

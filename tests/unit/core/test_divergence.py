@@ -96,19 +96,6 @@ def test_an_explanation_claims_identical_only_for_what_was_recorded():
     assert UNKNOWN["batch"] in sentence and UNKNOWN["rng"] in sentence
 
 
-def test_identity_differences_are_grouped():
-    diffs = compare_identity(
-        {"argv": ["a"], "packages": {"numpy": "1"}, "env": {"OMP_NUM_THREADS": "1"}},
-        {"argv": ["b"], "packages": {"numpy": "2"}, "env": {}},
-    )
-    assert [(d.group, d.key) for d in diffs] == [
-        ("arguments", "argv"),
-        ("packages", "packages.numpy"),
-        ("threads", "env.OMP_NUM_THREADS"),
-    ]
-    assert isinstance(diffs[0], Difference)
-
-
 def test_causes_portable_mode_removes_say_so():
     cases = [
         Difference("threads", "threads.intra_op_threads", 1, 2),
