@@ -236,7 +236,7 @@ def _worker(tmp_path, action, names, env):
             str(tmp_path / "samples.pt"),
             action,
             json.dumps(names),
-            "3" if EXHAUSTIVE else "2",
+            "0" if EXHAUSTIVE else "2",  # 0: every sample input
         ],
         capture_output=True,
         text=True,
@@ -265,24 +265,200 @@ def opinfo(tmp_path_factory):
     return names, first, second
 
 
-def test_opinfo_samples_give_the_same_bits_at_any_thread_count_and_instruction_set(opinfo):
+# What portable mode still refuses over the OpInfo database, by OpInfo name, and why
+# (docs/portable.md, "Uncovered"). The measure below fails on a refusal outside this list, and
+# (over the whole database) on a name in it that is covered now.
+FFT = [
+    "fft.fft.",
+    "fft.fft2.",
+    "fft.fftn.",
+    "fft.hfft.",
+    "fft.hfft2.",
+    "fft.hfftn.",
+    "fft.ifft.",
+    "fft.ifft2.",
+    "fft.ifftn.",
+    "fft.ihfft.",
+    "fft.ihfft2.",
+    "fft.ihfftn.",
+    "fft.irfft.",
+    "fft.irfft2.",
+    "fft.irfftn.",
+    "fft.rfft.",
+    "fft.rfft2.",
+    "fft.rfftn.",
+    "stft.",
+]
+LINALG = [
+    "cholesky.",
+    "cholesky_inverse.",
+    "cholesky_solve.",
+    "cross.",
+    "geqrf.",
+    "linalg.cholesky.",
+    "linalg.cholesky_ex.",
+    "linalg.cond.",
+    "linalg.cross.",
+    "linalg.det.",
+    "linalg.eig.",
+    "linalg.eigh.",
+    "linalg.eigvals.",
+    "linalg.eigvalsh.",
+    "linalg.householder_product.",
+    "linalg.inv.",
+    "linalg.inv_ex.",
+    "linalg.ldl_factor.",
+    "linalg.ldl_factor_ex.",
+    "linalg.ldl_solve.",
+    "linalg.lstsq.",
+    "linalg.lstsq.grad_oriented",
+    "linalg.lu.",
+    "linalg.lu_factor.",
+    "linalg.lu_factor_ex.",
+    "linalg.lu_solve.",
+    "linalg.matrix_rank.",
+    "linalg.matrix_rank.hermitian",
+    "linalg.pinv.",
+    "linalg.pinv.hermitian",
+    "linalg.pinv.singular",
+    "linalg.qr.",
+    "linalg.slogdet.",
+    "linalg.solve.",
+    "linalg.solve_ex.",
+    "linalg.solve_triangular.",
+    "linalg.svd.",
+    "linalg.svdvals.",
+    "linalg.tensorinv.",
+    "linalg.tensorsolve.",
+    "logdet.",
+    "lu.",
+    "lu_solve.",
+    "lu_unpack.",
+    "matrix_exp.",
+    "norm.nuc",
+    "ormqr.",
+    "pca_lowrank.",
+    "pinverse.",
+    "qr.",
+    "svd.",
+    "svd_lowrank.",
+    "trace.",
+    "triangular_solve.",
+]
+CONV3D = [
+    "nn.functional.conv3d.",
+    "nn.functional.conv_transpose3d.",
+]
+RESAMPLING = [
+    "_upsample_bilinear2d_aa.",
+    "grid_sampler_2d.",
+    "grid_sampler_3d.",
+    "nn.functional.grid_sample.",
+    "nn.functional.interpolate.bicubic",
+    "nn.functional.interpolate.trilinear",
+]
+LOSSES = [
+    "nn.functional.bilinear.",
+    "nn.functional.ctc_loss.",
+    "nn.functional.linear_cross_entropy.chunked",
+    "nn.functional.linear_cross_entropy.chunked_none",
+    "nn.functional.multi_margin_loss.",
+    "nn.functional.multilabel_margin_loss.",
+]
+SPECIAL = [
+    "igamma.",
+    "igammac.",
+    "special.airy_ai.",
+    "special.bessel_j0.",
+    "special.bessel_j1.",
+    "special.bessel_y0.",
+    "special.bessel_y1.",
+    "special.modified_bessel_k0.",
+    "special.modified_bessel_k1.",
+    "special.scaled_modified_bessel_k0.",
+    "special.scaled_modified_bessel_k1.",
+    "special.spherical_bessel_j0.",
+]
+SPARSE_COMPLEX = [
+    "polar.",
+    "sparse.mm.reduce",
+    "sparse.sampled_addmm.",
+    "to_sparse.",
+]
+BY_RULE = [
+    "_segment_reduce.lengths",
+    "_segment_reduce.offsets",
+    "allclose.",
+    "hash_tensor.",
+    "histc.",
+    "histogram.",
+    "histogramdd.",
+    "index_reduce.amax",
+    "index_reduce.amin",
+    "index_reduce.mean",
+    "index_reduce.prod",
+    "linspace.tensor_overload",
+    "masked_scatter.",
+    "nonzero_static.",
+    "renorm.",
+    "rot90.",
+    "scatter_reduce.prod",
+    "unfold_copy.",
+]
+REFUSED = {
+    **dict.fromkeys(FFT, "FFT: no portable FFT yet"),
+    **dict.fromkeys(LINALG, "linear algebra: no portable factorization yet"),
+    **dict.fromkeys(CONV3D, "3-d convolution: not yet through the exact convolution kernels"),
+    **dict.fromkeys(RESAMPLING, "resampling mode or gradient without a portable kernel yet"),
+    **dict.fromkeys(LOSSES, "loss without a portable kernel yet"),
+    **dict.fromkeys(SPECIAL, "special function without a portable algorithm yet"),
+    **dict.fromkeys(SPARSE_COMPLEX, "sparse layouts and complex construction: not covered"),
+    **dict.fromkeys(BY_RULE, "exact or order-fixed by a rule not yet written"),
+}
+
+
+def measure(names, first, second) -> dict:
+    """Each OpInfo's outcome: the same bits at both settings, refused by name (the overload),
+    different bits (or not the same twice in one setting), an error inside the mode, or no
+    result to compare (skipped: uninitialised memory, samples that cannot be saved)."""
+    found = {"same": [], "refused": {}, "different": [], "error": {}, "skipped": []}
+    for name in names:
+        result = first[name]
+        if "skipped" in result:
+            found["skipped"].append(name)
+        elif result.get("error"):
+            found["error"][name] = result["error"]
+        elif result.get("unstable") or result["digests"] != second[name].get("digests"):
+            found["different"].append(name)
+        elif result.get("uncovered"):
+            found["refused"][name] = result["uncovered"]
+        else:
+            found["same"].append(name)
+    return found
+
+
+def test_opinfo_measure_reads_different_0_and_refused_only_the_named_list(opinfo):
     names, first, second = opinfo
-    compared = [n for n in names if first[n].get("digests")]
-    assert len(compared) >= 0.6 * len(names), {n: first[n] for n in names if n not in compared}
-    differ = [n for n in compared if first[n]["digests"] != second[n].get("digests")]
-    assert differ == []
+    found = measure(names, first, second)
+    print({k: len(v) for k, v in found.items()})  # `pytest -s` shows the counts
+    assert found["different"] == [] and found["error"] == {}
+    assert {n: op for n, op in found["refused"].items() if n not in REFUSED} == {}
+    assert len(found["same"]) >= 0.6 * len(names)
+    if EXHAUSTIVE:
+        stale = sorted(set(REFUSED) - set(found["refused"]))
+        assert stale == []  # covered now: take it off the list (and docs/portable.md's)
 
 
 def test_opinfo_samples_stay_within_the_documented_tolerance_of_float64(opinfo):
+    """|ours - float64| <= 1e-5 + 1e-4 |float64| (docs/portable.md), or no worse than twice
+    torch's own float32 result where a backward formula loses digits in float32 itself."""
     names, first, _ = opinfo
-    worse = {n: first[n]["error_ratio"] for n in names if first[n].get("error_ratio", 0) > 1}
-    assert worse == {}  # |ours - float64| <= 1e-5 + 1e-4 |float64| (docs/portable.md)
-
-
-def test_opinfo_ops_either_run_or_are_refused_by_name(opinfo):
-    names, first, _ = opinfo
-    failed = {n: first[n]["error"] for n in names if first[n].get("error")}
-    assert failed == {}  # nothing breaks inside the mode: covered, or refused as uncovered
+    worse = {
+        n: (first[n]["error_ratio"], first[n].get("torch_error_ratio"))
+        for n in names
+        if first[n].get("error_ratio", 0) > max(1.0, 2 * first[n].get("torch_error_ratio", 0))
+    }
+    assert worse == {}
 
 
 def test_the_losses_activations_and_layers_people_train_with_run_under_strict():
