@@ -208,26 +208,28 @@ def check_resume_source(path: Path) -> None:
     verify(path)
 
 
-def run_command(command: list[str], options: RunOptions | None = None) -> tuple[int, Path]:
-    """Run `command` under twice and return (its exit code, the run folder)."""
-    options = options or RunOptions()
+def _check_options(options: RunOptions) -> None:
+    """A determinism mode twice knows and a seed in range, or a usage error before anything
+    runs."""
     if options.determinism not in MODES:
         raise UsageError(
             f"unknown determinism mode {options.determinism!r}", f"use one of: {', '.join(MODES)}"
         )
     if isinstance(options.seed, bool) or not 0 <= options.seed < 2**64:
         raise UsageError(f"seed {options.seed} is out of range", "use an integer from 0 to 2**64-1")
-    cwd = Path(options.cwd or os.getcwd())
-    saved = os.getcwd()
-    os.chdir(cwd)
-    try:
-        argv, script = resolve_command(command)
-    finally:
-        os.chdir(saved)
-    if options.resume_from is not None:
-        check_resume_source(Path(options.resume_from))
-    runs_dir = options.runs_dir if Path(options.runs_dir).is_absolute() else cwd / options.runs_dir
-    run_dir = new_run_dir(runs_dir, options.name)
+
+
+def _open_run_folder(
+    run_dir: Path,
+    command: list[str],
+    argv: list[str],
+    script: Path | None,
+    cwd: Path,
+    options: RunOptions,
+    runs_dir: Path,
+) -> tuple[dict[str, str], dict, tuple[IO[bytes], IO[bytes]]]:
+    """(the command's environment, its first manifest, the opened stdout and stderr logs) of the
+    new run folder `run_dir`."""
     try:
         env = child_environment(options, run_dir)
         manifest = start_manifest(run_dir, list(command), script, cwd, options, env, runs_dir)
@@ -243,90 +245,124 @@ def run_command(command: list[str], options: RunOptions | None = None) -> tuple[
         if isinstance(exc, OSError):
             raise from_os_error(exc, f"write run folder {run_dir}") from None
         raise
-    interrupted = False
-    returncode = None
+    return env, manifest, (stdout_log, stderr_log)
+
+
+class _Ending:
+    """How the command ended, filled in as it runs: its exit status (None until it exits) and
+    whether Ctrl-C interrupted it."""
+
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+        self.interrupted = False
+
+
+def _start_child(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The command, started with its output piped to twice."""
+    try:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=parent_death_hook(),  # killed with the launcher, never left running
+        )
+    except OSError as exc:
+        raise UsageError(f"cannot start {argv[0]}: {exc.strerror}", "check the command") from exc
+
+
+def _supervise(
+    child: subprocess.Popen,
+    run_dir: Path,
+    manifest: dict,
+    logs: tuple[IO[bytes], IO[bytes]],
+    quiet: bool,
+    ending: _Ending,
+) -> None:
+    """Write the manifest with the child's pid, copy its output into `logs` (and onto the
+    terminal unless `quiet`) and wait for it to exit, passing Ctrl-C and SIGTERM on to it."""
+
+    # Ctrl-C is caught as a signal from here on, not as KeyboardInterrupt: one arriving while the
+    # manifest is written or the threads start (between two bytecodes) would otherwise escape the
+    # wait below and leave the run marked failed rather than interrupted.
+    def interrupt(signum, frame):
+        # the terminal sent SIGINT to the child too; pass it on in case it did not
+        ending.interrupted = True
+        if child.poll() is None:
+            child.send_signal(signal.SIGINT)
+
+    forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
+    main = threading.current_thread() is threading.main_thread()
+    # Started with SIGINT ignored (a background job of a script), the child ignores it too:
+    # catching it here would mark the run interrupted while the command runs on.
+    ignored = main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    previous = (
+        (
+            signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else interrupt),
+            signal.signal(signal.SIGTERM, forward),
+        )
+        if main
+        else None
+    )
+    threads = []
+    try:
+        manifest["context"]["child_pid"] = child.pid
+        write_json_atomic(run_dir / MANIFEST, sign_manifest(manifest))
+        echo_out = [] if quiet else [sys.stdout.buffer]
+        echo_err = [] if quiet else [sys.stderr.buffer]
+        threads = [
+            threading.Thread(target=_tee, args=(child.stdout, [logs[0], *echo_out]), daemon=True),
+            threading.Thread(target=_tee, args=(child.stderr, [logs[1], *echo_err]), daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        while True:
+            try:
+                ending.returncode = child.wait()
+                break
+            except KeyboardInterrupt:  # where no handler could be installed (off the main thread)
+                interrupt(signal.SIGINT, None)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous[0])
+            signal.signal(signal.SIGTERM, previous[1])
+    for thread in threads:
+        thread.join()
+
+
+def run_command(command: list[str], options: RunOptions | None = None) -> tuple[int, Path]:
+    """Run `command` under twice and return (its exit code, the run folder)."""
+    options = options or RunOptions()
+    _check_options(options)
+    cwd = Path(options.cwd or os.getcwd())
+    saved = os.getcwd()
+    os.chdir(cwd)
+    try:
+        argv, script = resolve_command(command)
+    finally:
+        os.chdir(saved)
+    if options.resume_from is not None:
+        check_resume_source(Path(options.resume_from))
+    runs_dir = options.runs_dir if Path(options.runs_dir).is_absolute() else cwd / options.runs_dir
+    run_dir = new_run_dir(runs_dir, options.name)
+    env, manifest, logs = _open_run_folder(run_dir, command, argv, script, cwd, options, runs_dir)
+    ending = _Ending()
     progress.run_started(run_dir, options.name, options.stop_after or options.expected_steps)
     try:
         if options.live is not None:
-            options.live.start(
-                run_dir
-            )  # before the command starts: a tracking store that fails stops nothing
-        try:
-            child = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                preexec_fn=parent_death_hook(),  # killed with the launcher, never left running
-            )
-        except OSError as exc:
-            raise UsageError(
-                f"cannot start {argv[0]}: {exc.strerror}", "check the command"
-            ) from exc
-
-        # Ctrl-C is caught as a signal from here on, not as KeyboardInterrupt: one arriving while
-        # the
-        # manifest is written or the threads start (between two bytecodes) would otherwise escape
-        # the wait below and leave the run marked failed rather than interrupted.
-        def interrupt(signum, frame):
-            nonlocal interrupted
-            interrupted = (
-                True  # the terminal sent SIGINT to the child too; pass it on in case it did not
-            )
-            if child.poll() is None:
-                child.send_signal(signal.SIGINT)
-
-        forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
-        main = threading.current_thread() is threading.main_thread()
-        # Started with SIGINT ignored (a background job of a script), the child ignores it too:
-        # catching it here would mark the run interrupted while the command runs on.
-        ignored = main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        previous = (
-            (
-                signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else interrupt),
-                signal.signal(signal.SIGTERM, forward),
-            )
-            if main
-            else None
-        )
-        threads = []
-        try:
-            context["child_pid"] = child.pid
-            write_json_atomic(run_dir / MANIFEST, sign_manifest(manifest))
-            echo_out = [] if options.quiet else [sys.stdout.buffer]
-            echo_err = [] if options.quiet else [sys.stderr.buffer]
-            threads = [
-                threading.Thread(
-                    target=_tee, args=(child.stdout, [stdout_log, *echo_out]), daemon=True
-                ),
-                threading.Thread(
-                    target=_tee, args=(child.stderr, [stderr_log, *echo_err]), daemon=True
-                ),
-            ]
-            for thread in threads:
-                thread.start()
-            while True:
-                try:
-                    returncode = child.wait()
-                    break
-                except (
-                    KeyboardInterrupt
-                ):  # where no handler could be installed (off the main thread)
-                    interrupt(signal.SIGINT, None)
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous[0])
-                signal.signal(signal.SIGTERM, previous[1])
-        for thread in threads:
-            thread.join()
+            # before the command starts: a tracking store that fails stops nothing
+            options.live.start(run_dir)
+        child = _start_child(argv, cwd, env)
+        _supervise(child, run_dir, manifest, logs, options.quiet, ending)
     finally:
-        stdout_log.close()
-        stderr_log.close()
-        finish_manifest(run_dir, manifest, returncode, interrupted)
+        for log in logs:
+            log.close()
+        finish_manifest(run_dir, manifest, ending.returncode, ending.interrupted)
         if options.live is not None:
             options.live.finish(run_dir)
-        progress.run_ended(run_dir, returncode)
+        progress.run_ended(run_dir, ending.returncode)
+    returncode = ending.returncode
     if returncode is None:
-        returncode = Exit.INTERRUPTED if interrupted else Exit.DIFFER
+        returncode = Exit.INTERRUPTED if ending.interrupted else Exit.DIFFER
     return (128 - returncode if returncode < 0 else returncode), run_dir
