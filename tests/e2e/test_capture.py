@@ -3,7 +3,6 @@ fails without taking the training down with it."""
 
 import json
 import math
-import random
 import sys
 import warnings
 
@@ -15,7 +14,6 @@ from conftest import twice as twice_cli
 import twice
 from twice.core.fastpath import lanes_norm
 from twice.record import hooks, norms
-from twice.rng import fingerprint, layouts
 from twice.store import layout
 from twice.store.traces import read_trace
 
@@ -434,62 +432,6 @@ def test_batches_of_a_plain_class_are_digested_by_their_contents(tmp_path):
     assert len(records) == 3 and len({r.batch for r in records}) == 3 and len(set(seen)) == 3
     opaque = [str(w.message) for w in caught if "cannot read" in str(w.message)]
     assert len(opaque) == 1 and "re.Pattern" in opaque[0]
-
-
-def test_rng_digests_are_the_same_compiled_or_not(monkeypatch):
-    import random
-
-    import numpy as np
-
-    from twice.core import digests
-    from twice.rng import fingerprint
-
-    random.seed(1)  # no cached Gaussian in either
-    np.random.seed(1)
-    plain = fingerprint.rng_digests()
-    assert (
-        fingerprint.rng_digests() == plain
-    )  # the second call, through the items kept from the first
-    random.gauss(0, 1)  # both with a cached Gaussian, which the digests cover
-    np.random.standard_normal()
-    compiled = fingerprint.rng_digests()
-    assert compiled["python"] != plain["python"] and compiled["numpy"] != plain["numpy"]
-    torch.rand(3)
-    moved = fingerprint.rng_digests()
-    assert moved["torch"] != compiled["torch"] and {k: moved[k] for k in ("python", "numpy")} == {
-        k: compiled[k] for k in ("python", "numpy")
-    }
-    torch_before = torch.get_rng_state()
-    monkeypatch.setattr(digests, "native", None)
-    assert fingerprint.rng_digests() == moved
-    random.random()
-    assert fingerprint.rng_digests()["python"] != moved["python"]
-    assert twice.digest(torch_before) == moved["torch"]
-
-
-@pytest.mark.parametrize("missing", [0, 1, 2], ids=["python", "numpy", "both"])
-def test_an_rng_state_not_read_in_place_is_still_digested_the_same(monkeypatch, missing):
-    """Where a generator's layout is not confirmed (another interpreter, another NumPy), its state
-    comes through getstate()/get_state(): the compiled path must still digest it, with the values
-    of the path without twice._native."""
-    import numpy as np
-
-    from twice.core import digests
-
-    random.gauss(0, 1)
-    np.random.standard_normal()
-    views = list(layouts.state_views())
-    if missing in (0, 2):
-        views[0] = None
-    if missing in (1, 2):
-        views[1] = views[2] = None
-    views = tuple(views)
-    monkeypatch.setattr(fingerprint, "state_views", lambda: views)
-    assert digests.native is not None
-    compiled = fingerprint.rng_digests()
-    assert set(compiled) >= {"python", "numpy", "torch"}
-    monkeypatch.setattr(digests, "native", None)
-    assert fingerprint.rng_digests() == compiled
 
 
 def test_the_environment_is_recorded_by_name_and_digest_never_by_value():
