@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import math
-import re
-import string
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -15,10 +12,11 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from twice.app.launch import RunOptions, run_command
+from twice.app.sweepplan import Trial, parse_vary, plan_trials
 from twice.core.errors import Exit, TwiceError, UsageError
 from twice.store.layout import RunFolder
 from twice.store.runs import effective_status, read_manifest, write_json_atomic
-from twice.store.sweeps import SETTING_NAME, SWEEP_FILE, SweepSpec, read_sweep
+from twice.store.sweeps import SWEEP_FILE, SweepSpec, read_sweep
 
 __all__ = [
     "parse_vary",
@@ -30,93 +28,6 @@ __all__ = [
     "SweepSpec",
     "SWEEP_FILE",
 ]
-
-
-def parse_vary(specs: list[str]) -> dict[str, list[str]]:
-    """`["lr=0.1,0.01", "wd=0,1e-4"]` -> {"lr": ["0.1", "0.01"], "wd": ["0", "1e-4"]}."""
-    grid: dict[str, list[str]] = {}
-    for spec in specs:
-        name, sep, values = spec.partition("=")
-        parts = [v.strip() for v in values.split(",")]
-        if not sep or not SETTING_NAME.match(name) or not values or any(not v for v in parts):
-            raise UsageError(
-                f"--vary {spec!r} is not NAME=VALUE[,VALUE...]", "e.g. --vary lr=0.1,0.01"
-            )
-        if name in grid or name == "seed":
-            raise UsageError(
-                f"--vary {name} given twice or reserved",
-                "vary each name once; {seed} is set by --seeds",
-            )
-        if len(set(parts)) != len(parts):
-            raise UsageError(f"--vary {name} repeats a value", "list each value once")
-        grid[name] = parts
-    if not grid:
-        raise UsageError("nothing to vary", "add --vary NAME=VALUE[,VALUE...]")
-    return grid
-
-
-def _placeholders(command: list[str]) -> set[str]:
-    found = set()
-    for part in command:
-        for _, field_name, _, _ in string.Formatter().parse(part):
-            if field_name:
-                found.add(field_name)
-    return found
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One run of the sweep: an arm (a point of the grid) and a seed."""
-
-    arm: tuple[tuple[str, str], ...]
-    seed: int
-
-    @property
-    def arm_label(self) -> str:
-        """The arm's settings as one label (`lr=0.1,wd=0`), the same for every seed."""
-        return ",".join(f"{k}={v}" for k, v in self.arm)
-
-    @property
-    def name(self) -> str:
-        """The trial's run name: its arm and seed, safe as a folder name."""
-        safe = re.sub(r"[^A-Za-z0-9_.=-]", "_", "_".join(f"{k}={v}" for k, v in self.arm))
-        return f"{safe}-seed{self.seed}"
-
-    def command(self, template: list[str]) -> list[str]:
-        """The command with the arm's values and the seed put in for its placeholders."""
-        values = {**dict(self.arm), "seed": str(self.seed)}
-        return [part.format(**values) for part in template]
-
-
-def plan_trials(grid: dict[str, list[str]], seeds: int, command: list[str]) -> list[Trial]:
-    """Every (arm, seed) of the grid as a Trial, in a fixed order; bad placeholders are usage
-    errors."""
-    if seeds < 1:
-        raise UsageError(
-            f"--seeds must be at least 1, not {seeds}", "give the number of seeds per arm"
-        )
-    if not command:
-        raise UsageError(
-            "no command to run",
-            "put the command after --, with {name} where each varied value goes",
-        )
-    used = _placeholders(command)
-    missing = [name for name in grid if name not in used]
-    if missing:
-        raise UsageError(
-            f"the command has no placeholder for {', '.join('{' + m + '}' for m in missing)}",
-            f"put {' '.join('{' + m + '}' for m in missing)} where the value goes, e.g. --lr "
-            f"{{{missing[0]}}}",
-        )
-    unknown = sorted(used - set(grid) - {"seed"})
-    if unknown:
-        raise UsageError(
-            f"the command uses {', '.join('{' + u + '}' for u in unknown)}, which nothing varies",
-            "add --vary for it, or escape literal braces as {{ }}",
-        )
-    arms = [tuple(zip(grid, values)) for values in itertools.product(*grid.values())]
-    # Seed-major order: with few jobs, every arm gets its first seeds early (a paired design).
-    return [Trial(arm, seed) for seed in range(seeds) for arm in arms]
 
 
 def _claim(trials_dir: Path, trial: Trial) -> FileLock | None:
@@ -219,13 +130,29 @@ def _ray_trial(command: list[str], options: dict) -> int:
 
 def _run_on_ray(
     trials: list[Trial],
-    submit_options,
+    base: RunOptions,
+    trials_dir: Path,
     command: list[str],
     address: str | None,
     jobs: int,
     outcome: SweepOutcome,
     report,
 ) -> None:
+    """Run `trials` as Ray tasks, `jobs` at a time, each with `base`'s options."""
+    import os
+    from dataclasses import asdict, replace
+
+    def submit_options(trial: Trial) -> dict:
+        chosen = replace(
+            base,
+            seed=trial.seed,
+            name=trial.name,
+            runs_dir=trials_dir.resolve(),
+            quiet=True,
+            cwd=Path(base.cwd or os.getcwd()).resolve(),
+        )
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(chosen).items()}
+
     try:
         import ray
     except ImportError as exc:  # the `ray` extra
@@ -269,18 +196,7 @@ def run_sweep(
     skips successes."""
     trials = plan_trials(grid, seeds, command)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    spec = SweepSpec(grid, seeds, list(command), metric)
-    # One sweep spec per folder: a second `twice sweep` on it checks the spec under the lock.
-    with FileLock(folder / ".sweep.lock"):
-        if (folder / SWEEP_FILE).is_file():
-            recorded = read_sweep(folder)
-            if (recorded.grid, recorded.seeds, recorded.command) != (grid, seeds, list(command)):
-                raise UsageError(
-                    f"{folder} holds a different sweep",
-                    "use another --name, or the same --vary/--seeds/command",
-                )
-        write_json_atomic(folder / SWEEP_FILE, spec.to_json())
+    _write_spec(folder, SweepSpec(grid, seeds, list(command), metric))
     trials_dir = folder / "trials"
     done = _completed(trials_dir)
     todo = [t for t in trials if t.name not in done]
@@ -333,28 +249,36 @@ def run_sweep(
             )
 
     if executor == "ray":
-        import os
-        from dataclasses import asdict, replace
-
-        def submit_options(trial: Trial) -> dict:
-            chosen = replace(
-                base,
-                seed=trial.seed,
-                name=trial.name,
-                runs_dir=trials_dir.resolve(),
-                quiet=True,
-                cwd=Path(base.cwd or os.getcwd()).resolve(),
-            )
-            return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(chosen).items()}
-
         report()
-        _run_on_ray(todo, submit_options, command, ray_address, max(1, jobs), outcome, report)
+        _run_on_ray(todo, base, trials_dir, command, ray_address, max(1, jobs), outcome, report)
         return outcome
     if executor != "local":
         raise UsageError(f"unknown executor {executor!r}", "use local or ray")
+    _run_here(todo, one, jobs, outcome, report)
+    return outcome
+
+
+def _write_spec(folder: Path, spec: SweepSpec) -> None:
+    """Write the sweep's spec into `folder`, or refuse a folder that holds another sweep's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    # One sweep spec per folder: a second `twice sweep` on it checks the spec under the lock.
+    with FileLock(folder / ".sweep.lock"):
+        if (folder / SWEEP_FILE).is_file():
+            recorded = read_sweep(folder)
+            ours = (spec.grid, spec.seeds, spec.command)
+            if (recorded.grid, recorded.seeds, recorded.command) != ours:
+                raise UsageError(
+                    f"{folder} holds a different sweep",
+                    "use another --name, or the same --vary/--seeds/command",
+                )
+        write_json_atomic(folder / SWEEP_FILE, spec.to_json())
+
+
+def _run_here(trials: list[Trial], one, jobs: int, outcome: SweepOutcome, report) -> None:
+    """Run `trials` in this process's threads, `jobs` at a time, each through `one`."""
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     pending: set[Future] = set()
-    queue = list(todo)
+    queue = list(trials)
     try:
         report()
         while queue or pending:
@@ -371,7 +295,6 @@ def run_sweep(
             future.cancel()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    return outcome
 
 
 def sweep_results(
