@@ -389,7 +389,6 @@ BY_RULE = [
     "_segment_reduce.lengths",
     "_segment_reduce.offsets",
     "allclose.",
-    "hash_tensor.",
     "histc.",
     "histogram.",
     "histogramdd.",
@@ -398,12 +397,8 @@ BY_RULE = [
     "index_reduce.mean",
     "index_reduce.prod",
     "linspace.tensor_overload",
-    "masked_scatter.",
-    "nonzero_static.",
     "renorm.",
-    "rot90.",
     "scatter_reduce.prod",
-    "unfold_copy.",
 ]
 REFUSED = {
     **dict.fromkeys(FFT, "FFT: no portable FFT yet"),

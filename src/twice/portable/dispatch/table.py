@@ -63,6 +63,7 @@ EXACT = frozenset(
     sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal
     set_ resize_as_ pin_memory _pin_memory is_pinned expand_as index_copy index_copy_ index_fill
     index_fill_ masked_scatter masked_scatter_ _unsafe_view _unsafe_index fill_diagonal_
+    rot90 unfold_copy nonzero_static masked_scatter_backward hash_tensor
     """.split()
 )
 """aten operations whose torch results are the same bits everywhere (see the module's text)."""
