@@ -327,6 +327,37 @@ def test_long_modules_are_still_long(module):
     assert lines <= held, f"{module} grew to {lines} lines (held at {held}): split it"
 
 
+# A function a reader takes in at once: past this, split it into helpers named for their steps.
+MAX_FUNCTION_LINES = 120
+
+
+def _long_functions(tree: ast.AST, limit: int) -> list[tuple[str, int, int]]:
+    """(name, line of its `def`, length) of every function and method in `tree`, nested ones
+    too, longer than `limit` lines from its `def` to the last line of its body."""
+    return [
+        (node.name, node.lineno, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_function_is_longer_than_a_reader_takes_in_at_once():
+    long = [
+        f"{module}.{name} (line {line}): {length} lines"
+        for module, path in MODULES.items()
+        for name, line, length in _long_functions(ast.parse(path.read_text()), MAX_FUNCTION_LINES)
+    ]
+    assert long == [], f"split into named helpers (at most {MAX_FUNCTION_LINES} lines): {long}"
+
+
+def test_the_function_length_scan_counts_nested_functions_from_def_to_body_end():
+    body = "\n".join(f"        x = {i}" for i in range(5))
+    tree = ast.parse(f"@decorator\ndef outer():\n    def inner():\n{body}\n    return inner\n")
+    assert _long_functions(tree, 4) == [("outer", 2, 8), ("inner", 3, 6)]
+    assert _long_functions(tree, 8) == []
+
+
 def _strings(tree: ast.AST):
     """(line, text) of every string constant in `tree` but docstrings, f-strings' parts too."""
     docstrings = {
