@@ -29,10 +29,12 @@ import twice.portable.ops.logs  # noqa: F401
 import twice.portable.ops.math  # noqa: F401
 import twice.portable.ops.network  # noqa: F401
 import twice.portable.ops.optim  # noqa: F401
+import twice.portable.ops.orthogonal  # noqa: F401
 import twice.portable.ops.products  # noqa: F401
 import twice.portable.ops.random  # noqa: F401
 import twice.portable.ops.resample  # noqa: F401
 import twice.portable.ops.special  # noqa: F401
+import twice.portable.ops.spectral  # noqa: F401
 from twice.core.errors import DeterminismError
 from twice.core.escaping import escape_controls
 from twice.portable import native
