@@ -10,8 +10,8 @@ TORCH_PIN ?= torch==2.13.0
 setup: $(VENV)/.installed
 
 # The core package alone: what the demo needs.
-$(VENV)/.core: pyproject.toml setup.py src/twice/_native.c src/twice/_portable.c \
-        $(wildcard src/twice/csrc/*) $(wildcard vendor/xxhash/*) Makefile
+$(VENV)/.core: pyproject.toml setup.py src/twice/_native.c $(wildcard src/twice/csrc/*) \
+        $(wildcard src/twice/portable/native/csrc/*) $(wildcard vendor/xxhash/*) Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"

@@ -447,10 +447,9 @@ def test_the_compiled_unfold_and_fold_give_the_torch_steps_bits(case, first, see
     eye, ones = torch.eye(rows, dtype=torch.float64), torch.ones(rows, dtype=torch.float64)
     out = torch.zeros(n, rows, out_hw[0] * out_hw[1], dtype=torch.float64)
     got = native.module().p_conv_forward(
-        src=x.data_ptr(), kind=native.KINDS[x.dtype],
-        geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw), c0=first,
-        cc=channels - first, beta=beta, wints=eye.data_ptr(), wunits=ones.data_ptr(), m=rows,
-        out=out.data_ptr(), out_kind=1, out_c=rows, co0=0,
+        src=native.buffer(x), geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
+        c0=first, cc=channels - first, beta=beta, wints=native.buffer(eye),
+        wunits=native.buffer(ones), m=rows, out=native.buffer(out), out_c=rows, co0=0,
     )  # fmt: skip
     assert got == (want is not False)
     if want:

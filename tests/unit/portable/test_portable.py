@@ -567,9 +567,9 @@ def test_a_compiled_kernel_refuses_an_argument_it_does_not_name():
     if not hasattr(_native, "p_uniform"):
         pytest.skip("twice._native was built without a C compiler")
     with pytest.raises(TypeError):
-        _native.p_uniform(key=1, count=1, output=0)
+        _native.p_uniform(key=1, out=(0, 0, 1), output=0)
     with pytest.raises(TypeError):
-        _native.p_uniform(key=1, count=1)
+        _native.p_uniform(key=1)
 
 
 def test_one_table_names_every_compiled_kernel_and_coefficient():

@@ -1,9 +1,11 @@
-"""The compiled kernels of portable mode (twice._native, src/twice/_portable.c), where they apply.
+"""The compiled kernels of portable mode (twice._native; csrc/, one C file per family), where they
+apply.
 
 Each function returns None where the compiled kernel does not apply (no extension built, a tensor
 on another device or of another dtype, `fallback()` in force): the caller then computes the same
 bits with torch operations. The C code receives the polynomial coefficients and constants from
-elementwise.py, so the two paths share one definition of each function.
+elementwise.py, so the two paths share one definition of each function. Every buffer goes to C as
+one description, `buffer(tensor)`: (address, elements, dtype code), which the kernel checks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__ = [
     "usable",
     "empty",
     "module",
+    "buffer",
     "KINDS",
     "fallback",
     "gpu",
@@ -120,6 +123,20 @@ def empty(shape, dtype) -> torch.Tensor:
         _set_fill(True)
 
 
+def buffer(t: torch.Tensor | None):
+    """A tensor as the compiled kernels take it: (address, elements, dtype code: KINDS), for a
+    contiguous tensor of KINDS' dtypes, which the caller keeps alive for the call; None stays None
+    (an optional buffer left out)."""
+    return None if t is None else (t.data_ptr(), t.numel(), KINDS[t.dtype])
+
+
+def _strided(t: torch.Tensor):
+    """A strided (or broadcast) tensor as the compiled kernels take it: buffer()'s description
+    with the elements it spans in memory, for a kernel given its strides beside it."""
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+    return (t.data_ptr(), span, KINDS[t.dtype])
+
+
 def module():
     """The compiled extension (twice._native), for native_norms.py; None where not built."""
     return _module
@@ -172,11 +189,7 @@ def unary(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
         return None
     src = x.contiguous()
     out = empty(x.shape, dtype or x.dtype)
-    kind = KINDS[out.dtype]
-    _module.p_unary(
-        kernel=_UNARY[name], src=src.data_ptr(), src_kind=KINDS[x.dtype], dst=out.data_ptr(),
-        dst_kind=kind, n=x.numel(),
-    )  # fmt: skip
+    _module.p_unary(kernel=_UNARY[name], src=buffer(src), dst=buffer(out))
     return out
 
 
@@ -187,12 +200,11 @@ def binary(name: str, grad: torch.Tensor | None, x: torch.Tensor, dtype, a=0.0, 
     if grad is not None and grad.shape != x.shape:
         return None
     xs = x.contiguous()
-    gs = grad.contiguous() if grad is not None else xs
+    gs = grad.contiguous() if grad is not None else None
     out = empty(x.shape, dtype)
     _module.p_binary(
-        kernel=_BINARY[name], grad=gs.data_ptr(), grad_kind=KINDS[gs.dtype], x=xs.data_ptr(),
-        x_kind=KINDS[xs.dtype], dst=out.data_ptr(), dst_kind=KINDS[dtype], n=x.numel(),
-        a=float(a), b=float(b),
+        kernel=_BINARY[name], grad=buffer(gs), x=buffer(xs), dst=buffer(out), a=float(a),
+        b=float(b),
     )  # fmt: skip
     return out
 
@@ -216,8 +228,8 @@ def _split_blocks(x: torch.Tensor, axis: int, beta: int):
     unit_shape = (*x.shape[:-2], rows, 1) if axis == 0 else (*x.shape[:-2], 1, cols)
     units = empty(unit_shape, torch.float64)
     finite = _module.p_split(
-        src=x.data_ptr(), kind=KINDS[x.dtype], outer=outer, rows=rows, cols=cols, beta=beta,
-        axis=axis, ints=ints.data_ptr(), units=units.data_ptr(),
+        src=buffer(x), outer=outer, rows=rows, cols=cols, beta=beta, axis=axis,
+        ints=buffer(ints), units=buffer(units),
     )  # fmt: skip
     return (ints, units) if finite else None
 
@@ -266,8 +278,8 @@ def split_given(x: torch.Tensor, units: torch.Tensor) -> torch.Tensor | None:
     src, units = x.contiguous(), units.to(torch.float64).contiguous()
     ints = empty(x.shape, torch.float64)
     _module.p_split(
-        src=src.data_ptr(), kind=KINDS[x.dtype], outer=1, rows=x.shape[0], cols=x.shape[1],
-        beta=0, axis=0, ints=ints.data_ptr(), units=units.data_ptr(), given=1,
+        src=buffer(src), outer=1, rows=x.shape[0], cols=x.shape[1], beta=0, axis=0,
+        ints=buffer(ints), units=buffer(units), given=1,
     )  # fmt: skip
     return ints
 
@@ -284,18 +296,17 @@ def scaled(product, unit_a, unit_b, out_dtype, bias=None):
     ua = unit_a.expand(*product.shape[:-1], 1).contiguous()
     ub = unit_b.expand(*product.shape[:-2], 1, cols).contiguous()
     out = empty(product.shape, out_dtype)
-    (block_stride, row_stride, col_stride), bias_ptr, bias_kind = (0, 0, 0), 0, 0
+    (block_stride, row_stride, col_stride), bias_buffer = (0, 0, 0), None
     if bias is not None:
         full = bias.expand(product.shape)
         block_stride, row_stride, col_stride = (
             tuple(full.stride()) if product.dim() == 3 else (0, *full.stride())
         )
-        bias_ptr, bias_kind = full.data_ptr(), KINDS[bias.dtype]
+        bias_buffer = _strided(full)
     _module.p_scale(
-        product=product.contiguous().data_ptr(), blocks=blocks, rows=rows, cols=cols,
-        unit_a=ua.data_ptr(), unit_b=ub.data_ptr(), bias=bias_ptr, bias_kind=bias_kind,
+        product=buffer(product.contiguous()), blocks=blocks, rows=rows, cols=cols,
+        unit_a=buffer(ua), unit_b=buffer(ub), out=buffer(out), bias=bias_buffer,
         bias_block_stride=block_stride, bias_row_stride=row_stride, bias_col_stride=col_stride,
-        out=out.data_ptr(), out_kind=KINDS[out_dtype],
     )  # fmt: skip
     return out
 
@@ -324,8 +335,8 @@ def compound(name: str, self, a, b, value: float, inplace: bool = False):
         out = empty(self.shape, self.dtype)
     other = b if b is not None else a
     _module.p_compound(
-        op=_COMPOUND[name], kind=KINDS[self.dtype], n=self.numel(), self=self.data_ptr(),
-        a=a.data_ptr(), b=other.data_ptr(), value=float(value), out=out.data_ptr(),
+        op=_COMPOUND[name], self=buffer(self), a=buffer(a), b=buffer(other), value=float(value),
+        out=buffer(out),
     )  # fmt: skip
     return out
 
@@ -341,9 +352,8 @@ def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):
         cols = math.prod(x.shape[len(dims) :])
         out = empty(cols, torch.float64)
         finite = _module.p_colsum(
-            src=x.data_ptr(), kind=KINDS[x.dtype], rows=x.numel() // max(1, cols), cols=cols,
-            beta=beta, out=out.data_ptr(),
-        )  # fmt: skip
+            src=buffer(x), rows=x.numel() // max(1, cols), cols=cols, beta=beta, out=buffer(out)
+        )
         if not finite:
             return False
         shape = [1] * len(dims) + list(x.shape[len(dims) :]) if keepdim else x.shape[len(dims) :]
@@ -351,8 +361,8 @@ def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):
     rows, kept = _rows(x, dims)
     out = empty(rows.shape[0], torch.float64)
     finite = _module.p_rowsum(
-        src=rows.data_ptr(), kind=KINDS[x.dtype], rows=rows.shape[0], cols=rows.shape[1],
-        beta=beta, count=count, out=out.data_ptr(),
+        src=buffer(rows), rows=rows.shape[0], cols=rows.shape[1], beta=beta, count=count,
+        out=buffer(out),
     )  # fmt: skip
     if not finite:
         return False
@@ -371,7 +381,7 @@ def uniform(count: int, key: int, device) -> torch.Tensor | None:
     ):
         return None
     out = empty(count, torch.float64)
-    _module.p_uniform(key=key, count=count, out=out.data_ptr())
+    _module.p_uniform(key=key, out=buffer(out))
     return out
 
 
@@ -381,5 +391,5 @@ def normal(count: int, key: int, device) -> torch.Tensor | None:
         return None
     out = empty(count, torch.float64)
     scratch = empty(2 * max(1, -(-count // 2)), torch.float64)
-    _module.p_normal(key=key, count=count, out=out.data_ptr(), scratch=scratch.data_ptr())
+    _module.p_normal(key=key, out=buffer(out), scratch=buffer(scratch))
     return out

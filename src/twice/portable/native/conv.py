@@ -1,5 +1,5 @@
-"""The compiled convolution steps (src/twice/_portable.c p_conv_forward, p_conv_weight_grad,
-p_unfold, p_fold_scale), where they apply.
+"""The compiled convolution steps (csrc/conv.c: p_conv_forward, p_conv_weight_grad, p_unfold,
+p_fold_scale), where they apply.
 
 `forward` is conv.py's whole forward for one group: the input's columns, each cut on its own
 grid, times the weight's integers, with the columns unfolded a panel at a time into a buffer
@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from twice.portable import native
+from twice.portable.native import buffer
 
 __all__ = [
     "forward",
@@ -56,10 +57,9 @@ def forward(x, geometry, channels, left, out, co0: int):
     units = units.to(torch.float64).contiguous()
     (c0, count), m = channels, ints.shape[0]
     return module.p_conv_forward(
-        src=x.data_ptr(), kind=native.KINDS[x.dtype],
-        geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
-        c0=c0, cc=count, beta=left.beta, wints=ints.data_ptr(), wunits=units.data_ptr(), m=m,
-        out=out.data_ptr(), out_kind=native.KINDS[out.dtype], out_c=out.shape[1], co0=co0,
+        src=buffer(x), geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
+        c0=c0, cc=count, beta=left.beta, wints=buffer(ints), wunits=buffer(units), m=m,
+        out=buffer(out), out_c=out.shape[1], co0=co0,
     )  # fmt: skip
 
 
@@ -83,10 +83,8 @@ def weight_grad(x, geometry, ints_a, units_b):
     units_b = units_b.to(torch.float64).contiguous()
     total = native.empty((ints_a.shape[0], units_b.numel()), torch.float64)
     module.p_conv_weight_grad(
-        src=x.data_ptr(), kind=native.KINDS[x.dtype],
-        geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
-        gints=ints_a.data_ptr(), m=ints_a.shape[0], units=units_b.data_ptr(),
-        total=total.data_ptr(),
+        src=buffer(x), geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
+        gints=buffer(ints_a), m=ints_a.shape[0], units=buffer(units_b), total=buffer(total),
     )  # fmt: skip
     return total
 
@@ -136,10 +134,9 @@ def input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dty
     geometry = (*image.shape, *kernel, 1, 1, *spread, *dilation, *size)
     for group in range(groups):
         module.p_conv_forward(
-            src=image.data_ptr(), kind=1, geometry=geometry, c0=group * cg, cc=cg, beta=0,
-            wints=flipped[group].data_ptr(), wunits=wunits.data_ptr(), m=cin,
-            out=out.data_ptr(), out_kind=native.KINDS[dtype], out_c=groups * cin,
-            co0=group * cin, units=units.data_ptr(), inv=ones.data_ptr(),
+            src=buffer(image), geometry=geometry, c0=group * cg, cc=cg, beta=0,
+            wints=buffer(flipped[group]), wunits=buffer(wunits), m=cin, out=buffer(out),
+            out_c=groups * cin, co0=group * cin, units=buffer(units), inv=buffer(ones),
         )  # fmt: skip
     return out.reshape(n, groups * cin, *size)
 
@@ -159,9 +156,8 @@ def columns_given(x, kernel, stride, padding, dilation, out_hw, units):
         (x.shape[1] * kernel[0] * kernel[1], x.shape[0] * out_hw[0] * out_hw[1]), torch.float64
     )
     module.p_unfold(
-        src=x.data_ptr(), kind=native.KINDS[x.dtype],
-        geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
-        ints=ints.data_ptr(), units=units.data_ptr(),
+        src=buffer(x), geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
+        ints=buffer(ints), units=buffer(units),
     )  # fmt: skip
     return ints
 
@@ -187,9 +183,8 @@ def fold_scaled(cols, size, kernel, stride, padding, dilation, unit_a, unit_b, o
     cols, unit_b = cols.contiguous(), unit_b.to(torch.float64).contiguous()
     out = native.empty((n, channels, *size), out_dtype)
     module.p_fold_scale(
-        cols=cols.data_ptr(),
+        cols=buffer(cols),
         geometry=(n, channels, *size, *kernel, *stride, *padding, *dilation, *out_hw),
-        unit_a=float(unit_a), unit_b=unit_b.data_ptr(), out=out.data_ptr(),
-        out_kind=native.KINDS[out_dtype],
+        unit_a=float(unit_a), unit_b=buffer(unit_b), out=buffer(out),
     )  # fmt: skip
     return out

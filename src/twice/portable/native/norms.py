@@ -1,4 +1,4 @@
-"""The compiled kernels of batch norm and layer norm (src/twice/_portable.c p_chansum, p_chanmap,
+"""The compiled kernels of batch norm and layer norm (csrc/norms.c: p_chansum, p_chanmap,
 p_bnsums, p_lnfwd, p_lnbwd), where they apply.
 
 As in native.py, each function returns None where the kernel does not apply, and norms.py then
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from twice.portable import native
+from twice.portable.native import buffer
 
 __all__ = ["chansum", "chanmap", "bnsums", "layer_norm", "layer_norm_backward"]
 
@@ -19,12 +20,8 @@ def _nchw(x: torch.Tensor):
     return n, c, x.numel() // max(1, n * c)
 
 
-def _f64_ptr(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.data_ptr()
-
-
 def chansum(expr: int, x, y, m, s, w, beta: int, count: int):
-    """Batch norm's exact per-channel sums (see _portable.c p_chansum) as a float64 (C,) tensor;
+    """Batch norm's exact per-channel sums (see csrc/norms.c p_chansum) as a float64 (C,) tensor;
     False where a value is not finite; None where the kernel does not apply. m, s, w are float64
     (C,) tensors or None."""
     tensors = [t for t in (x, y) if t is not None]
@@ -33,26 +30,22 @@ def chansum(expr: int, x, y, m, s, w, beta: int, count: int):
     n, c, size = _nchw(x)
     out = native.empty(c, torch.float64)
     finite = native.module().p_chansum(
-        expr=expr, n=n, c=c, s=size, beta=beta, count=count, x=x.data_ptr(),
-        x_kind=native.KINDS[x.dtype], y=_f64_ptr(y),
-        y_kind=native.KINDS[y.dtype] if y is not None else 0,
-        mean=_f64_ptr(m), scale=_f64_ptr(s), weight=_f64_ptr(w), out=out.data_ptr(),
+        expr=expr, n=n, c=c, s=size, beta=beta, count=count, x=buffer(x), y=buffer(y),
+        mean=buffer(m), scale=buffer(s), weight=buffer(w), out=buffer(out),
     )  # fmt: skip
     return out if finite else False
 
 
 def chanmap(expr: int, x, y, m, s, w, b, p1, p2, dtype):
-    """Batch norm's per-element formulas (see _portable.c p_chanmap), or None."""
+    """Batch norm's per-element formulas (see csrc/norms.c p_chanmap), or None."""
     tensors = [t for t in (x, y) if t is not None]
     if not native.usable(*tensors) or not all(t.is_contiguous() for t in tensors) or x.dim() < 2:
         return None
     n, c, size = _nchw(x)
     out = native.empty(x.shape, dtype)
     native.module().p_chanmap(
-        expr=expr, n=n, c=c, s=size, x=x.data_ptr(), x_kind=native.KINDS[x.dtype],
-        y=_f64_ptr(y), y_kind=native.KINDS[y.dtype] if y is not None else 0,
-        mean=_f64_ptr(m), scale=_f64_ptr(s), weight=_f64_ptr(w), bias=_f64_ptr(b),
-        p1=_f64_ptr(p1), p2=_f64_ptr(p2), out=out.data_ptr(), out_kind=native.KINDS[dtype],
+        expr=expr, n=n, c=c, s=size, x=buffer(x), y=buffer(y), mean=buffer(m), scale=buffer(s),
+        weight=buffer(w), bias=buffer(b), p1=buffer(p1), p2=buffer(p2), out=buffer(out),
     )  # fmt: skip
     return out
 
@@ -66,9 +59,8 @@ def bnsums(x, y, m, s, w, beta: int):
     n, c, size = _nchw(x)
     out = native.empty((c, 4), torch.float64)
     finite = native.module().p_bnsums(
-        n=n, c=c, s=size, beta=beta, x=x.data_ptr(), x_kind=native.KINDS[x.dtype],
-        y=y.data_ptr(), y_kind=native.KINDS[y.dtype], mean=m.data_ptr(), scale=s.data_ptr(),
-        weight=w.data_ptr(), out=out.data_ptr(),
+        n=n, c=c, s=size, beta=beta, x=buffer(x), y=buffer(y), mean=buffer(m), scale=buffer(s),
+        weight=buffer(w), out=buffer(out),
     )  # fmt: skip
     return out if finite else False
 
@@ -82,9 +74,8 @@ def layer_norm(x, cols: int, w, b, eps: float, beta: int):
     out = native.empty(x.shape, x.dtype)
     mean, rstd = native.empty(rows, torch.float64), native.empty(rows, torch.float64)
     finite = native.module().p_lnfwd(
-        rows=rows, cols=cols, beta=beta, x=x.data_ptr(), x_kind=0, weight=_f64_ptr(w),
-        bias=_f64_ptr(b), eps=float(eps), out=out.data_ptr(), out_kind=0, mean=mean.data_ptr(),
-        rstd=rstd.data_ptr(),
+        rows=rows, cols=cols, beta=beta, x=buffer(x), weight=buffer(w), bias=buffer(b),
+        eps=float(eps), out=buffer(out), mean=buffer(mean), rstd=buffer(rstd),
     )  # fmt: skip
     return (out, mean, rstd) if finite else False
 
@@ -101,9 +92,8 @@ def layer_norm_backward(grad, x, cols: int, mean, rstd, w, beta_row, beta_col, w
     gw = native.empty(cols, torch.float64) if want[1] else None
     gb = native.empty(cols, torch.float64) if want[2] else None
     finite = native.module().p_lnbwd(
-        rows=rows, cols=cols, beta_row=beta_row, beta_col=beta_col, x=x.data_ptr(), x_kind=0,
-        grad=grad.data_ptr(), grad_kind=0, mean=mean.data_ptr(), rstd=rstd.data_ptr(),
-        weight=_f64_ptr(w), grad_input=_f64_ptr(gi), out_kind=0, grad_weight=_f64_ptr(gw),
-        grad_bias=_f64_ptr(gb),
+        rows=rows, cols=cols, beta_row=beta_row, beta_col=beta_col, x=buffer(x),
+        grad=buffer(grad), mean=buffer(mean), rstd=buffer(rstd), weight=buffer(w),
+        grad_input=buffer(gi), grad_weight=buffer(gw), grad_bias=buffer(gb),
     )  # fmt: skip
     return (gi, gw, gb) if finite else False

@@ -1,4 +1,4 @@
-"""The compiled LSTM cell (src/twice/_portable.c p_lstm_cell, p_lstm_cell_backward; p_lstm_step,
+"""The compiled LSTM cell (csrc/recurrent.c: p_lstm_cell, p_lstm_cell_backward; p_lstm_step,
 p_lstm_step_backward with the step's product scaled and the next product's operand cut), where
 it applies.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from twice.portable import native
+from twice.portable.native import buffer
 
 __all__ = ["lstm_cell", "lstm_cell_backward", "ready", "Steps"]
 
@@ -24,10 +25,6 @@ def ready(*tensors) -> bool:
     return native.usable(*present) and all(t.dtype == dtype and t.is_contiguous() for t in present)
 
 
-def _ptr(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.data_ptr()
-
-
 def lstm_cell(hg, bias, gx, c, act, c_out, tanh_c, h) -> bool:
     """One step forward: gates = (hg + bias) + gx; act = the gates' functions; c_out = f c + i g;
     tanh_c = tanh(c_out); h = o tanh_c. hg, gx, act: (rows, 4H); c and the outputs: (rows, H);
@@ -35,9 +32,8 @@ def lstm_cell(hg, bias, gx, c, act, c_out, tanh_c, h) -> bool:
     if not ready(hg, bias, gx, c, act, c_out, tanh_c, h):
         return False
     native.module().p_lstm_cell(
-        kind=native.KINDS[hg.dtype], rows=c.shape[0], hidden=c.shape[1], hg=hg.data_ptr(),
-        bias=_ptr(bias), gx=gx.data_ptr(), c=c.data_ptr(), act=act.data_ptr(),
-        c_out=c_out.data_ptr(), tanh_c=tanh_c.data_ptr(), h=h.data_ptr(),
+        rows=c.shape[0], hidden=c.shape[1], hg=buffer(hg), bias=buffer(bias), gx=buffer(gx),
+        c=buffer(c), act=buffer(act), c_out=buffer(c_out), tanh_c=buffer(tanh_c), h=buffer(h),
     )  # fmt: skip
     return True
 
@@ -49,9 +45,9 @@ def lstm_cell_backward(dy, dh, dc, act, tanh_c, c_prev, dgates, dc_out) -> bool:
     if not ready(act, dy, dh, dc, tanh_c, c_prev, dgates, dc_out):
         return False
     native.module().p_lstm_cell_backward(
-        kind=native.KINDS[act.dtype], rows=c_prev.shape[0], hidden=c_prev.shape[1],
-        dy=_ptr(dy), dh=_ptr(dh), dc=_ptr(dc), act=act.data_ptr(), tanh_c=tanh_c.data_ptr(),
-        c_prev=c_prev.data_ptr(), dgates=dgates.data_ptr(), dc_out=dc_out.data_ptr(),
+        rows=c_prev.shape[0], hidden=c_prev.shape[1], dy=buffer(dy), dh=buffer(dh),
+        dc=buffer(dc), act=buffer(act), tanh_c=buffer(tanh_c), c_prev=buffer(c_prev),
+        dgates=buffer(dgates), dc_out=buffer(dc_out),
     )  # fmt: skip
     return True
 
@@ -74,9 +70,10 @@ class Steps:
         )
         if not self.usable:
             return
-        self.module, self.repeated, self.kind = module, repeated, native.KINDS[like.dtype]
+        self.module, self.repeated = module, repeated
         ints, units = repeated.parts
         self.ints_w, self.units_w = ints, units.reshape(-1).contiguous()
+        self.ub = buffer(self.units_w)
         self.rows = rows
         self.prod = torch.empty(rows, ints.shape[1], dtype=torch.float64)
         self.ints = torch.empty(rows, width, dtype=torch.float64)  # the cut operand's integers
@@ -94,31 +91,30 @@ class Steps:
         self.cut = True
         return True
 
-    def _product(self) -> tuple[int, int]:
-        """The pending product into self.prod; (its pointer, its row units' pointer)."""
+    def _product(self) -> tuple:
+        """The pending product into self.prod; (its buffer, its row units' buffer)."""
         torch.matmul(self.ints, self.ints_w, out=self.prod)
         units = self.units[self.flip]
         self.flip ^= 1
-        return self.prod.data_ptr(), units.data_ptr()
+        return buffer(self.prod), buffer(units)
 
     def forward(self, bias, gx, c, act, c_out, tanh_c, h) -> None:
         """One step from the cut hidden state: p_lstm_cell's outputs, and h's cut (self.cut)."""
         prod, ua = self._product()
         self.cut = self.module.p_lstm_step(
-            self.kind, self.rows, c.shape[1], self.repeated.beta, prod, ua,
-            self.units_w.data_ptr(), _ptr(bias), gx.data_ptr(), c.data_ptr(), act.data_ptr(),
-            c_out.data_ptr(), tanh_c.data_ptr(), h.data_ptr(), self.ints.data_ptr(),
-            self.units[self.flip].data_ptr(),
+            self.rows, c.shape[1], self.repeated.beta, prod, ua, self.ub, buffer(bias),
+            buffer(gx), buffer(c), buffer(act), buffer(c_out), buffer(tanh_c), buffer(h),
+            buffer(self.ints), buffer(self.units[self.flip]),
         )  # fmt: skip
 
     def backward(self, dh, dy, dc, act, tanh_c, c_prev, dgates, dc_out) -> None:
         """One step back: the incoming hidden gradient is the pending cut's product (when
         self.cut) or `dh` (a tensor or None); p_lstm_cell_backward's outputs, and the gates'
         gradients' cut (self.cut)."""
-        prod, ua = self._product() if self.cut else (0, 0)
+        prod, ua = self._product() if self.cut else (None, None)
         self.cut = self.module.p_lstm_step_backward(
-            self.kind, self.rows, c_prev.shape[1], self.repeated.beta, prod, ua,
-            self.units_w.data_ptr(), 0 if self.cut else _ptr(dh), _ptr(dy), _ptr(dc),
-            act.data_ptr(), tanh_c.data_ptr(), c_prev.data_ptr(), dgates.data_ptr(),
-            dc_out.data_ptr(), self.ints.data_ptr(), self.units[self.flip].data_ptr(),
+            self.rows, c_prev.shape[1], self.repeated.beta, prod, ua, self.ub,
+            None if self.cut else buffer(dh), buffer(dy), buffer(dc), buffer(act),
+            buffer(tanh_c), buffer(c_prev), buffer(dgates), buffer(dc_out), buffer(self.ints),
+            buffer(self.units[self.flip]),
         )  # fmt: skip
