@@ -327,6 +327,50 @@ def test_long_modules_are_still_long(module):
     assert lines <= held, f"{module} grew to {lines} lines (held at {held}): split it"
 
 
+# The C sources (twice._native: its families in csrc/, portable mode's in portable/native/csrc/),
+# one family a file: each at most C_MAX_LINES lines of at most 100 columns (.clang-format's).
+C_MAX_LINES = 800
+C_SOURCES = sorted(p for p in PACKAGE.rglob("*") if p.suffix in (".c", ".h"))
+
+
+def test_the_c_sources_are_found():
+    names = {p.relative_to(PACKAGE).as_posix() for p in C_SOURCES}
+    assert {"_native.c", "portable/native/csrc/portable.h"} <= names
+
+
+@pytest.mark.parametrize("path", C_SOURCES, ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_c_files_hold_one_family_in_short_lines(path):
+    lines = path.read_text().splitlines()
+    assert len(lines) <= C_MAX_LINES, f"{path.name} has {len(lines)} lines: split it by family"
+    wide = [n for n, line in enumerate(lines, 1) if len(line) > 100]
+    assert not wide, f"{path.name}: lines {wide[:5]} are over 100 columns"
+
+
+# The C folders laid out by .clang-format (clang-format -i); csrc/ is to join them.
+C_FORMATTED = ("portable/native/csrc",)
+
+
+def test_c_files_keep_the_clang_format_layout():
+    """The C folders of C_FORMATTED as .clang-format lays them out (clang-format: a test extra)."""
+    import shutil
+    import subprocess
+    import sys
+
+    tool = shutil.which("clang-format", path=str(Path(sys.executable).parent)) or shutil.which(
+        "clang-format"
+    )
+    if tool is None:
+        pytest.skip("clang-format is not installed (pip install clang-format)")
+    formatted = {PACKAGE / folder for folder in C_FORMATTED}
+    assert all(any(p.parent == f for p in C_SOURCES) for f in formatted)
+    done = subprocess.run(
+        [tool, "--dry-run", "--Werror", *(str(p) for p in C_SOURCES if p.parent in formatted)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 # A function a reader takes in at once: past this, split it into helpers named for their steps.
 MAX_FUNCTION_LINES = 120
 
