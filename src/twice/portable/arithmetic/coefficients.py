@@ -1,7 +1,7 @@
 """The constants and polynomial coefficients of twice's elementwise functions: one definition,
 read by the Python functions (elementwise.py), the compiled kernels (native.py hands
-KERNEL_ARGS to _portable.c) and the Triton kernels (gpu_kernels.py), so the three cannot
-disagree. A leaf: it imports nothing of twice's."""
+KERNEL_ARGS to native/csrc/unary.c's p_init) and the Triton kernels (gpu_kernels.py), so the
+three cannot disagree. A leaf: it imports nothing of twice's."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Portable mode's elementwise functions and Philox uniforms as Triton kernels, for CUDA tensors
 (normals are Box-Muller over these, in philox.py).
 
-Each kernel is the compiled C kernel's arithmetic (src/twice/_portable.c, itself the torch
+Each kernel is the compiled C kernel's arithmetic (native/csrc/unary.c, itself the torch
 fallback's, operation for operation) in float64, launched with `enable_fp_fusion=False` so that
 no multiply and add are fused: so a GPU gives the CPU's bits. The coefficients come from
 elementwise.py, as a float64 tensor. Imported only for CUDA tensors where Triton is there (it ships
