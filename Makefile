@@ -47,7 +47,7 @@ test: setup browser
 
 test-slow: setup browser
 	$(PY) -m pytest -q -n $(JOBS) -m slow
-	TWICE_EXHAUSTIVE=1 $(PY) -m pytest -q -n $(JOBS) tests/e2e/test_verdicts.py tests/e2e/test_portable_coverage.py tests/unit/portable/test_fused.py \
+	TWICE_EXHAUSTIVE=1 $(PY) -m pytest -q -n $(JOBS) tests/e2e/test_verdicts.py tests/e2e/test_portable_coverage.py tests/unit/portable \
 	  tests/e2e/test_doors_matrix.py tests/e2e/test_evidence_matrix.py
 
 bench: setup

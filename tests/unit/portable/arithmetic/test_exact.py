@@ -1,0 +1,136 @@
+"""arithmetic/exact: exact products and sums whose bits depend on the values alone (not on
+layout, order or code path), IEEE non-finite values, and Repeated's slices cut once."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twice.portable.arithmetic.exact import Repeated, exact_addmm, exact_matmul, exact_sum
+from unit.portable.bits import (
+    EXAMPLES,
+    F64,
+    both,
+    gen,
+    needs_native,
+    same_bits,
+)
+
+
+@needs_native
+def test_exact_sums_and_products_native_equal_fallback():
+    g = gen(3)
+    m = torch.randn(37, 53, 11, generator=g) * torch.rand(37, 1, 1, generator=g)
+    for dims in [None, (0,), (1,), (2,), (0, 2), (1, 2)]:
+        for precision in (torch.float32, F64):
+            for keepdim in (False, True):
+                fast, slow = both(lambda d=dims, p=precision, k=keepdim: exact_sum(m, d, k, F64, p))
+                assert torch.equal(fast, slow), (dims, precision, keepdim)
+    for dt in (torch.float32, F64):
+        for a_shape, b_shape in [((40, 70), (70, 30)), ((3, 40, 70), (3, 70, 30))]:
+            a = torch.randn(*a_shape, generator=g).to(dt)
+            b = torch.randn(*b_shape, generator=g).to(dt)
+            bt = b.transpose(-1, -2).contiguous().transpose(-1, -2)
+            assert torch.equal(*both(lambda: exact_matmul(a, b)))
+            assert torch.equal(*both(lambda bt=bt: exact_matmul(a, bt)))
+            bias = torch.randn(b_shape[-1], generator=g).to(dt)
+            assert torch.equal(*both(lambda: exact_addmm(bias, a, b, dt)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(1, 9),
+    st.integers(1, 70),
+    st.integers(1, 9),
+    st.integers(0, 2**31),
+    st.sampled_from([torch.float32, F64]),
+)
+def test_products_do_not_depend_on_layout_or_order(m, k, n, seed, dtype):
+    g = gen(seed)
+    a = (torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 10).to(dtype)
+    b = torch.randn(k, n, generator=g).to(dtype)
+    out = exact_matmul(a, b)
+    # a transposed layout, a non-contiguous view, the sum order permuted: the same bits
+    a_t = a.t().contiguous().t()
+    b_wide = torch.zeros(k, 2 * n, dtype=dtype)
+    b_wide[:, ::2] = b
+    perm = torch.randperm(k, generator=g)
+    assert torch.equal(exact_matmul(a_t, b), out)
+    assert torch.equal(exact_matmul(a, b_wide[:, ::2]), out)
+    assert torch.equal(exact_matmul(a[:, perm], b[perm]), out)
+    assert torch.equal(exact_matmul(a.unsqueeze(0), b.unsqueeze(0))[0], out)
+    # accurate to a few units of the float32 result on the sum of magnitudes
+    ref = a.double() @ b.double()
+    scale = a.double().abs() @ b.double().abs()
+    tol = 2e-6 if dtype == torch.float32 else 1e-14
+    assert bool(((out.double() - ref).abs() <= tol * scale + 1e-300).all())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    st.integers(0, 2**31),
+    st.sampled_from([torch.float32, F64]),
+)
+def test_sums_do_not_depend_on_order(shape, seed, dtype):
+    g = gen(seed)
+    x = (torch.randn(*shape, generator=g) * torch.exp(torch.randn(*shape, generator=g) * 3)).to(
+        dtype
+    )
+    dim = int(torch.randint(0, len(shape), (1,), generator=g))
+    total = exact_sum(x, (dim,))
+    perm = torch.randperm(shape[dim], generator=g)
+    assert torch.equal(exact_sum(x.index_select(dim, perm), (dim,)), total)
+    assert torch.equal(exact_sum(x.movedim(dim, 0).contiguous(), (0,)), total)
+    assert torch.equal(exact_sum(x, (dim,), keepdim=True).squeeze(dim), total)
+    ref = x.double().sum(dim)
+    biggest = float(x.double().abs().max())
+    tol = 1e-6 if dtype == torch.float32 else 1e-13
+    assert bool(((total.double() - ref).abs() <= tol * (ref.abs() + biggest)).all())
+
+
+def test_nonfinite_values_follow_ieee():
+    a = torch.tensor([[1.0, math.inf, 0.0], [2.0, 3.0, math.nan], [-math.inf, 1.0, 1.0]])
+    b = torch.tensor([[1.0, 2.0], [0.0, 1.0], [3.0, -1.0]])
+    out, ref = exact_matmul(a, b), a.double() @ b.double()
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(torch.nan_to_num(out.double(), 7.0), torch.nan_to_num(ref, 7.0))
+    x = torch.tensor([[1.0, math.inf, -math.inf], [math.nan, 1.0, 2.0], [1.0, 2.0, math.inf]])
+    s, r = exact_sum(x, (1,)), x.double().sum(1)
+    assert torch.equal(s.isnan(), r.isnan()) and s[2] == math.inf
+    s, r = exact_sum(x, (0,)), x.double().sum(0)  # over the leading dimension: column sums
+    assert torch.equal(s.isnan(), r.isnan()) and s[1] == math.inf
+    assert same_bits(*both(lambda: exact_sum(x, (0,))))
+
+
+@EXAMPLES
+@given(
+    rows=st.integers(1, 6),
+    inner=st.integers(1, 9),
+    cols=st.integers(1, 6),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    spoil=st.sampled_from([None, math.inf, math.nan]),
+)
+def test_a_repeated_operand_gives_exact_matmuls_bits(rows, inner, cols, dtype, spoil):
+    torch.manual_seed(rows * 100 + inner * 10 + cols)
+    weight = torch.randn(inner, cols, dtype=dtype) * 10.0
+    right, left = Repeated(weight, dtype, "right"), Repeated(weight.t(), dtype, "left")
+    for step in range(3):
+        a = torch.randn(rows, inner, dtype=dtype) * 10.0**step
+        if spoil is not None and step == 1:
+            a[0, 0] = spoil
+        assert same_bits(right(a), exact_matmul(a, weight, dtype))
+        assert same_bits(left(a.t()), exact_matmul(weight.t(), a.t(), dtype))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_repeated_operand_that_is_not_finite_falls_back_to_the_whole_product(side):
+    weight = torch.randn(4, 4)
+    weight[1, 2] = math.inf
+    other = torch.randn(4, 4)
+    repeated = Repeated(weight, torch.float32, side)
+    got = repeated(other)
+    want = exact_matmul(other, weight) if side == "right" else exact_matmul(weight, other)
+    assert same_bits(got, want)

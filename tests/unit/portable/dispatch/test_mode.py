@@ -1,0 +1,143 @@
+"""dispatch/mode: the dispatch mode routes every op of a training step (gradients pass
+gradcheck, training follows plain torch), and its policies for ops it does not cover name
+them with the user's line."""
+
+import os
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from twice.portable.dispatch.mode import PortableError, PortableMode
+from unit.portable.bits import (
+    F64,
+)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: (torch.nn.Linear(5, 3), (4, 5)),
+        lambda: (torch.nn.Conv2d(2, 3, 3, stride=2, padding=1), (2, 2, 6, 5)),
+        lambda: (torch.nn.Conv1d(2, 4, 3, groups=2), (2, 2, 7)),
+        lambda: (torch.nn.LayerNorm(6), (3, 6)),
+        lambda: (torch.nn.BatchNorm1d(4), (5, 4)),
+        lambda: (torch.nn.GroupNorm(2, 4), (3, 4, 5)),
+        lambda: (torch.nn.GELU(), (3, 4)),
+        lambda: (torch.nn.GELU("tanh"), (3, 4)),
+        lambda: (torch.nn.SiLU(), (3, 4)),
+        lambda: (torch.nn.Softplus(), (3, 4)),
+        lambda: (torch.nn.Tanh(), (3, 4)),
+        lambda: (torch.nn.Sigmoid(), (3, 4)),
+        lambda: (torch.nn.LogSoftmax(1), (3, 4)),
+        lambda: (torch.nn.Softmax(1), (3, 4)),
+        lambda: (torch.nn.Embedding(5, 3), None),
+    ],
+)
+def test_gradients_under_portable_mode_pass_gradcheck(build):
+    torch.manual_seed(0)
+    module, shape = build()
+    module = module.double()
+    if shape is None:
+        idx = torch.tensor([[0, 2, 2], [4, 0, 1]])
+
+        def fn(weight):
+            return torch.nn.functional.embedding(idx, weight)
+
+        inputs = (module.weight.detach().clone().requires_grad_(),)
+    else:
+        inputs = (torch.randn(*shape, dtype=F64, requires_grad=True),)
+
+        def fn(x):
+            return module(x)
+
+    mode = PortableMode("audit")
+    with mode:
+        assert torch.autograd.gradcheck(fn, inputs)
+    # gradcheck's own comparisons (allclose) are the only ops left to torch
+    assert set(mode.uncovered) <= {"aten::allclose.default", "aten::isclose.default"}
+
+
+def test_training_follows_plain_torch_within_float_noise():
+    """From the same weights and batches, portable arithmetic trains as torch's does: the loss
+    curves agree to float32 noise (only the random streams differ, and none is drawn here)."""
+    import contextlib
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.GELU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 8 * 8, 10),
+    )
+    teacher = torch.randn(3 * 8 * 8, 10)
+    inputs = [torch.randn(32, 3, 8, 8) for _ in range(30)]
+    batches = [(x, (x.flatten(1) @ teacher).argmax(1)) for x in inputs]
+    curves = []
+    for portable in (False, True):
+        net = copy.deepcopy(model)
+        opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+        losses = []
+        with PortableMode("strict") if portable else contextlib.nullcontext():
+            for x, y in batches:
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        curves.append(losses)
+    plain, portable = curves
+    assert plain[-1] < plain[0] * 0.9  # it trains
+    assert all(abs(p - q) <= 1e-4 * abs(q) for p, q in zip(portable, plain)), (portable, plain)
+
+
+def test_strict_names_the_uncovered_op_and_line():
+    x = torch.randn(5)
+    with pytest.raises(PortableError) as raised, PortableMode("strict"):
+        torch.fft.rfft(x)
+    assert "aten::_fft_r2c" in str(raised.value) and "test_mode.py" in str(raised.value)
+    assert "twice audit --portable" in str(raised.value)
+
+
+def test_warn_and_audit_list_uncovered_ops_and_run_them():
+    x = torch.randn(5)
+    mode = PortableMode("warn")
+    with pytest.warns(UserWarning, match="aten::_fft_r2c"), mode:
+        out = torch.fft.rfft(x)
+    assert torch.equal(out, torch.fft.rfft(x)) and mode.uncovered["aten::_fft_r2c.default"]
+    quiet = PortableMode("audit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with quiet:
+            torch.fft.rfft(x)
+            torch.fft.rfft(x)
+    assert quiet.uncovered["aten::_fft_r2c.default"]["count"] == 2
+
+
+def test_integer_and_exact_ops_pass_through_untouched():
+    with PortableMode("strict"):
+        ints = torch.arange(10).sum()
+        y = torch.randn(4, 3)
+        z = (y * 2 + y / 3).relu().amax(1)
+    assert int(ints) == 45 and z.shape == (4,)
+
+
+def test_torch_compile_runs_eagerly_through_the_mode():
+    from twice.portable.dispatch import mode as portable
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    x = torch.randn(4, 8)
+    active = portable.enable("strict")
+    try:
+        compiled = torch.compile(model)
+        assert torch.equal(compiled(x), model(x))
+        assert active.compiled == 1 and os.environ["TORCHDYNAMO_DISABLE"] == "1"
+        with pytest.raises(PortableError, match="_fft_r2c"):
+            torch.compile(lambda t: torch.fft.rfft(t))(x)  # compiled code is routed, not hidden
+    finally:
+        portable.disable()
+    assert active.compiled == 2 and "TORCHDYNAMO_DISABLE" not in os.environ

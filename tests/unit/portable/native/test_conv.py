@@ -1,0 +1,63 @@
+"""native/conv: the compiled unfold, split and fold give the torch steps' bits."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from twice.portable import native
+from twice.portable.native import conv as native_conv
+from twice.portable.ops import conv as pconv
+from unit.portable.bits import (
+    CONV_CASES,
+    EXAMPLES,
+)
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the compiled kernels")
+@EXAMPLES
+@given(case=CONV_CASES, first=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_the_compiled_unfold_and_fold_give_the_torch_steps_bits(case, first, seed):
+    """p_conv_forward cuts each column as unfold then p_split does; p_unfold is unfold then
+    p_split on given units per row; p_fold_scale is conv.py's fold of integer columns, then the
+    scaling and one rounding."""
+    gen = torch.Generator().manual_seed(seed)
+    channels, kernel = case["cin"] + first, case["kernel"]
+    stride, padding, dilation = case["stride"], case["padding"], case["dilation"]
+    shape = (case["batch"], channels, *case["size"])
+    x = torch.randn(shape, generator=gen, dtype=case["dtype"])
+    x = x * torch.exp2(torch.randint(-60, 60, shape, generator=gen)).to(case["dtype"])
+    if case["spoil"] is not None:
+        x.view(-1)[seed % x.numel()] = case["spoil"]
+    w = torch.empty(1, channels, *kernel)
+    out_hw = [pconv._out_size(case["size"][i], kernel[i], stride[i], padding[i], dilation[i])
+              for i in (0, 1)]  # fmt: skip
+    cols = pconv._columns(x, w, stride, padding, dilation)
+    area = kernel[0] * kernel[1]
+    beta = 1 + seed % 50
+    want = native.split_rows(cols[first * area :], (-2,), beta)
+    # the forward kernel's columns, through an identity weight into float64: integers * units
+    rows, n = (channels - first) * area, case["batch"]
+    eye, ones = torch.eye(rows, dtype=torch.float64), torch.ones(rows, dtype=torch.float64)
+    out = torch.zeros(n, rows, out_hw[0] * out_hw[1], dtype=torch.float64)
+    got = native.module().p_conv_forward(
+        src=native.buffer(x), geometry=(*x.shape, *kernel, *stride, *padding, *dilation, *out_hw),
+        c0=first, cc=channels - first, beta=beta, wints=native.buffer(eye),
+        wunits=native.buffer(ones), m=rows, out=native.buffer(out), out_c=rows, co0=0,
+    )  # fmt: skip
+    assert got == (want is not False)
+    if want:
+        ((ints, units),) = want
+        assert torch.equal(out, (ints * units).reshape(rows, n, -1).transpose(0, 1))
+    if case["spoil"] is None:
+        units = torch.exp2(torch.randint(-70, 70, (cols.shape[0],), generator=gen).double())
+        given_ = native_conv.columns_given(x, kernel, stride, padding, dilation, out_hw, units)
+        assert torch.equal(given_, native.split_given(cols, units))
+    ints = torch.randint(-(2**40), 2**40, (case["batch"], channels * area, cols.shape[1] //
+                         case["batch"]), generator=gen).double()  # fmt: skip
+    unit_b = torch.exp2(torch.randint(-80, 20, (case["batch"],), generator=gen).double())
+    folded = pconv._fold(ints, case["size"], kernel, dilation, padding, stride)
+    want = (folded * (0.5 * unit_b.reshape(-1, 1, 1, 1))).to(case["dtype"])
+    got = native_conv.fold_scaled(ints, case["size"], kernel, stride, padding, dilation, 0.5,
+                                  unit_b, case["dtype"])  # fmt: skip
+    assert torch.equal(got, want)

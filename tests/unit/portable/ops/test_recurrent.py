@@ -1,0 +1,164 @@
+"""ops/recurrent: nn.LSTM, nn.GRU and nn.RNN as one autograd operation per layer and
+direction: their outputs, final states and the gradients of the input, the initial states
+and the input weights and bias equal, bit for bit, what the op-by-op route
+(TWICE_NO_FUSED_RNN=1) computes, for generated layer shapes and settings; the recurrent
+weight's and bias's gradients are exact sums rounded once and close to the op-by-op ones."""
+
+import math
+import threading
+
+import pytest
+import torch
+from hypothesis import given
+
+from twice.portable.dispatch.mode import PortableMode
+from twice.portable.ops import recurrent
+from unit.portable.bits import (
+    EXAMPLES,
+    NO_FUSED_RNN,
+    RNN_CASES,
+    rnn_run,
+    same_bits,
+)
+
+
+@EXAMPLES
+@given(case=RNN_CASES)
+def test_fused_recurrent_layers_give_the_op_by_op_bits(case):
+    fused = rnn_run(case, True)
+    plain = rnn_run(case, False)
+    assert fused.keys() == plain.keys()
+    for name in fused:
+        a, b = fused[name], plain[name]
+        assert (a is None) == (b is None), name
+        if a is None:
+            continue
+        if name.startswith(("weight_hh", "bias_hh")):
+            # one exact sum over every step, rounded once, against one rounding per step
+            tolerance = 1e-12 if a.dtype == torch.float64 else 1e-5
+            assert torch.allclose(a, b, rtol=tolerance, atol=tolerance * b.abs().max()), name
+        else:
+            assert same_bits(a, b), name
+
+
+def test_the_fused_path_is_taken_and_its_recurrent_gradient_is_one_rounding():
+    """The recurrent weight's gradient is the exact product of every step's gate gradients
+    and hidden states, rounded once: against float64 it is at least as close as the op-by-op
+    route's per-step rounding, and it differs from it (so the fused path ran)."""
+    case = dict(
+        layers=1, bidirectional=False, batch_first=True, bias=True, inputs=5, hidden=8,
+        steps=12, batch=6, dtype=torch.float32, dropout=0.0, loss="output", scale=1.0,
+    )  # fmt: skip
+    fused = rnn_run(case, True)["weight_hh_l0"]
+    plain = rnn_run(case, False)["weight_hh_l0"]
+    reference = rnn_run(dict(case, dtype=torch.float64), False)["weight_hh_l0"]
+    assert not torch.equal(fused, plain)
+    error = (fused.double() - reference).abs().max()
+    assert error <= (plain.double() - reference).abs().max() * 1.5
+
+
+def test_the_fused_lstm_does_not_depend_on_the_thread_count():
+    case = dict(
+        layers=2, bidirectional=True, batch_first=True, bias=True, inputs=16, hidden=32,
+        steps=6, batch=8, dtype=torch.float32, dropout=0.2, loss="all", scale=1.0,
+    )  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = rnn_run(case, True)
+        torch.set_num_threads(2)
+        two = rnn_run(case, True)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(one[k], two[k]) for k in one)
+
+
+def test_non_finite_values_give_the_op_by_op_nans_and_infinities():
+    case = dict(
+        layers=2, bidirectional=False, batch_first=False, bias=True, inputs=3, hidden=4,
+        steps=4, batch=3, dtype=torch.float32, dropout=0.0, loss="all", scale=1.0,
+    )  # fmt: skip
+    spoil = {(1, 0, 0): math.inf, (2, 1, 1): math.nan}  # saturates the gates; spreads
+    fused = rnn_run(case, True, spoil)
+    plain = rnn_run(case, False, spoil)
+    assert fused["y"][2:, 1].isnan().all() and not fused["y"][:, 0].isnan().any()
+    for name in ("y", "h_n", "c_n", "x", "h0", "c0", "weight_ih_l0"):
+        assert same_bits(fused[name], plain[name]), name
+
+
+@pytest.mark.parametrize("layer", [torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_a_second_derivative_goes_through_the_op_by_op_layer(layer, bidirectional):
+    """A gradient penalty through a recurrent layer: the first derivative under create_graph is the
+    op-by-op route's, bit for bit; the second is close to it (its path back through the layer's
+    output takes the fused backward, whose recurrent sums round once)."""
+
+    def penalty(fused: bool):
+        with pytest.MonkeyPatch.context() as patch:
+            if fused:
+                patch.delenv(NO_FUSED_RNN, raising=False)
+            else:
+                patch.setenv(NO_FUSED_RNN, "1")
+            torch.manual_seed(0)
+            model = layer(3, 4, num_layers=2, bidirectional=bidirectional)
+            x = torch.randn(5, 2, 3, requires_grad=True)
+            with PortableMode("strict"):
+                (grad,) = torch.autograd.grad((model(x)[0] ** 2).sum(), x, create_graph=True)
+                (grad * grad).sum().backward()
+        return grad.detach(), [x.grad, *(p.grad for p in model.parameters())]
+
+    (first, second), (first_op, second_op) = penalty(True), penalty(False)
+    assert torch.equal(first, first_op)
+    for a, b in zip(second, second_op):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * b.abs().max())
+
+
+def test_what_the_fused_path_does_not_take_runs_op_by_op_under_strict(monkeypatch):
+    """Projections, packed sequences and autocast leave the fused path (no fused layer runs);
+    each still trains under strict. A plain call takes it."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    fused = []
+    apply = recurrent.RecurrentLayer.apply
+    monkeypatch.setattr(
+        recurrent.RecurrentLayer, "apply", lambda *args: fused.append(args[0]) or apply(*args)
+    )
+    projected = torch.nn.LSTM(4, 6, proj_size=3, batch_first=True)
+    lstm, gru = torch.nn.LSTM(4, 6, batch_first=True), torch.nn.GRU(4, 6, batch_first=True)
+    x = torch.randn(3, 5, 4)
+    with PortableMode("strict"):
+        projected(x)[0].sum().backward()
+        for layer in (lstm, gru):
+            packed = pack_padded_sequence(x, [5, 3, 2], batch_first=True)
+            layer(packed)[0].data.sum().backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                layer(x)[0].float().sum().backward()
+        assert fused == []
+        gru(x)[0].sum().backward()
+    assert fused == ["gru"]
+    assert projected.weight_hr_l0.grad is not None and lstm.weight_hh_l0.grad is not None
+
+
+def test_install_restores_torch_and_other_threads_see_the_original():
+    before = {kind: getattr(torch._VF, kind) for kind in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
+    seen = {}
+
+    def original(*args):
+        return "op by op"
+
+    with PortableMode("strict"):
+        with PortableMode("strict"):  # nested entries install once
+            assert all(getattr(torch._VF, k) is not f for k, f in before.items())
+
+        def other():  # no portable mode in this thread: the fused path declines
+            x, h = torch.zeros(1, 1, 1), torch.zeros(1, 1, 1)
+            weights = [torch.zeros(3, 1)] * 2
+            seen["call"] = recurrent.layers("gru", original, x, h, weights, False, 1, 0.0,
+                                            False, False, False)  # fmt: skip
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert all(getattr(torch._VF, k) is not f for k, f in before.items())
+    assert all(getattr(torch._VF, k) is f for k, f in before.items())
+    assert seen["call"] == "op by op"
