@@ -2,15 +2,14 @@
 error with a hint and exit 2, never a verdict)."""
 
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
 
 from twice.cli import main
 from twice.core.errors import CorruptRecord, RunNotFound
-from twice.store.faults import first_fault, read_numerics
 from twice.store.files import write_json_atomic
-from twice.store.layout import RunFolder
 from twice.store.runs import effective_status, new_run_dir, read_manifest, summarize_run
 
 GOOD = {
@@ -25,23 +24,6 @@ def _with(part=None, key=None, value=None, whole=None):
     data = json.loads(json.dumps(GOOD))
     data[part][key] = value
     return data
-
-
-def test_the_layout_names_every_file_of_a_run_folder(tmp_path):
-    folder = RunFolder(tmp_path)
-    assert folder.manifest.name == "manifest.json" and folder.trace().name == "trace.jsonl"
-    assert (
-        folder.trace("rank1").name == "trace.rank1.jsonl" and folder.trace("main") == folder.trace()
-    )
-    assert folder.op_log("fork0") == tmp_path / "ops" / "ops.fork0.jsonl"
-    assert folder.dumped_output(3, 7) == tmp_path / "ops" / "step-3-op-7.safetensors"
-    for name in ("trace.jsonl", "trace.rank0.jsonl", "trace.rank0.fork1.jsonl", "other.jsonl"):
-        (tmp_path / name).write_text("")
-    assert folder.traces() == {
-        "main": tmp_path / "trace.jsonl",
-        "rank0": tmp_path / "trace.rank0.jsonl",
-        "rank0.fork1": tmp_path / "trace.rank0.fork1.jsonl",
-    }
 
 
 def test_a_good_manifest_reads_into_a_typed_record(tmp_path):
@@ -112,16 +94,13 @@ def test_unreadable_and_deeply_nested_manifests_are_errors_too(tmp_path):
         read_manifest(run)
 
 
-def test_the_numerics_files_read_validated_and_give_the_first_fault(tmp_path):
-    folder = RunFolder(tmp_path)
-    assert read_numerics(tmp_path) == (None, []) and first_fault(tmp_path) is None
-    event = {"kind": "non_finite", "step": 44, "summary": "loss is inf at step 44"}
-    folder.numerics_events.write_text(json.dumps(event) + "\n")
-    assert first_fault(tmp_path) == {"step": 44, "summary": "loss is inf at step 44"}
-    folder.numerics_events.write_text(json.dumps({**event, "step": "44"}) + "\n")
-    with pytest.raises(CorruptRecord, match="line 1"):
-        read_numerics(tmp_path)
-    folder.numerics_events.write_text("")
-    folder.numerics_report.write_text(json.dumps({"fault": {"step": None}}))
-    with pytest.raises(CorruptRecord, match="fault"):
-        read_numerics(tmp_path)
+def test_run_ids_sort_by_time_and_stay_unique_when_many_start_at_once(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        made = list(pool.map(lambda _: new_run_dir(tmp_path / "runs"), range(64)))
+    assert len(set(made)) == 64
+    later = new_run_dir(tmp_path / "runs")
+    time.sleep(0.002)
+    last = new_run_dir(tmp_path / "runs")
+    assert sorted([later.name, last.name]) == [later.name, last.name]

@@ -2,7 +2,6 @@ import pytest
 
 from twice.core.errors import CorruptRecord
 from twice.core.records import StepRecord
-from twice.store.layout import RunFolder
 from twice.store.traces import TraceWriter, read_trace
 
 
@@ -40,16 +39,6 @@ def test_damage_in_the_middle_is_an_error_naming_the_line(tmp_path):
         read_trace(path)
 
 
-def test_a_run_folder_names_streams_only_from_trace_names(tmp_path):
-    names = ("trace.jsonl", "trace.rank1.jsonl", "trace.fork2.jsonl", "trace.rank0.sub1.jsonl")
-    strays = ("trace_orig.jsonl", "trace~.jsonl", "traceX.jsonl", "trace.main.jsonl")
-    strays += ("trace..jsonl",)
-    for name in names + strays:
-        (tmp_path / name).write_text("")
-    assert set(RunFolder(tmp_path).traces()) == {"main", "rank1", "fork2", "rank0.sub1"}
-    assert RunFolder(tmp_path).traces()["main"].name == "trace.jsonl"
-
-
 def _full_record(name="layer3.weight", step=12):
     return StepRecord(
         step=step,
@@ -66,28 +55,6 @@ def _full_record(name="layer3.weight", step=12):
         skipped=True,
         time=0.065771,
     )
-
-
-def test_a_trace_line_is_the_same_bytes_through_orjson_or_json(monkeypatch):
-    """Lines go through orjson where it is installed (13x faster than json, which was a tenth of
-    tracing a small CNN's steps) and through json where it is not: the same bytes for ASCII names,
-    and the same record read back for names beyond ASCII (UTF-8 against \\u escapes)."""
-    import json
-
-    from twice.core import records as trace
-
-    assert trace.orjson is not None  # a dependency: else the fast path goes untested here
-    fast = {
-        name: trace.record_line(_full_record(name)) for name in ("layer3.weight", "couche_é.poids")
-    }
-    monkeypatch.setattr(trace, "orjson", None)
-    slow = {name: trace.record_line(_full_record(name)) for name in fast}
-    assert fast["layer3.weight"] == slow["layer3.weight"]
-    assert fast["couche_é.poids"] != slow["couche_é.poids"]
-    for name in fast:
-        assert fast[name].endswith(b"\n") and fast[name].count(b"\n") == 1
-        assert json.loads(fast[name]) == json.loads(slow[name]) == _full_record(name).to_json()
-        assert StepRecord.from_json(json.loads(fast[name])) == _full_record(name)
 
 
 def test_a_record_orjson_refuses_is_written_through_json_and_refused_on_reading(tmp_path):
