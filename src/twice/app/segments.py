@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,8 +28,6 @@ from twice.store.layout import RunFolder
 from twice.store.runs import effective_status, read_manifest
 
 __all__ = ["Segment", "SegmentsCheck", "plan_segments", "verify_segments"]
-
-_STEP_FOLDER = re.compile(r"^step-(\d{8,})$")
 
 
 @dataclass
@@ -120,12 +117,13 @@ class SegmentsCheck:
 def _checkpoints(run_dir: Path) -> dict[int, Path]:
     """The run's complete checkpoints by step (damaged or half-written ones left out)."""
     from twice.checkpoint.folder import is_twice_folder
+    from twice.checkpoint.index import STEP_DIR
 
     folder = RunFolder(run_dir).checkpoints
     found = {}
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-        match = _STEP_FOLDER.match(path.name)
-        if match and is_twice_folder(path):
+        match = STEP_DIR.match(path.name)
+        if match and len(match.group(1)) >= 8 and is_twice_folder(path):  # twice.Run's names
             found[int(match.group(1))] = path
     return found
 

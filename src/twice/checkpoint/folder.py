@@ -24,9 +24,11 @@ import xxhash
 
 from twice.checkpoint.codec import encode, safetensors_dtypes
 from twice.checkpoint.index import (
+    DCP_FOLDER,
     FILES,
     FORMAT,
     INDEX,
+    PART_DIR,
     RANKS_FORMAT,
     STATE,
     TENSORS,
@@ -37,7 +39,6 @@ from twice.checkpoint.index import (
     read_index,
 )
 from twice.checkpoint.kinds import kind_of
-from twice.checkpoint.sharded import DCP_FOLDER
 from twice.core.errors import CheckpointError, CorruptRecord
 from twice.store.files import current_umask
 from twice.store.files import fsync_dir as _fsync_dir
@@ -55,7 +56,6 @@ __all__ = [
 ]
 
 RNG_ENTRY = "__rng__"
-STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 def _digest_file(path: Path) -> str:
@@ -210,13 +210,12 @@ def is_twice_folder(directory: Path) -> bool:
             return False
         if child.name in (INDEX, *FILES) and child.is_file():
             continue
-        if _PART.match(child.name) and child.is_dir() and is_twice_folder(child):
+        if PART_DIR.match(child.name) and child.is_dir() and is_twice_folder(child):
             continue
         return False
     return True
 
 
-_PART = re.compile(r"^rank-\d{5}$")
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]*\.(tmp|old|deleting)$")
 
 

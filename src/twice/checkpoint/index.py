@@ -1,4 +1,5 @@
-"""A checkpoint's index (`checkpoint.json`): the typed record, its own digest, and its one reader.
+"""A checkpoint's index (`checkpoint.json`): the typed record, its own digest, and its one reader;
+and every name in a checkpoint folder, the folder's own (`step-00000400`) included.
 
 The index says what the folder holds: its entries and their kinds, and the size and digest of each
 file (or, for a multi-process checkpoint, the digest of each rank part's index). Everything else
@@ -17,9 +18,9 @@ from pathlib import Path
 import xxhash
 
 from twice.checkpoint.kinds import EntryKind, kind_named
-from twice.checkpoint.sharded import DCP_FILE
 from twice.core.errors import CheckpointError, CorruptRecord
 from twice.store import reader
+from twice.store.dcpmeta import METADATA as DCP_METADATA
 
 __all__ = [
     "FORMAT",
@@ -28,6 +29,12 @@ __all__ = [
     "TENSORS",
     "STATE",
     "FILES",
+    "STEP_DIR",
+    "PART_DIR",
+    "DCP_FOLDER",
+    "DCP_FILE",
+    "DCP_METADATA",
+    "step_name",
     "CheckpointIndex",
     "RanksIndex",
     "read_index",
@@ -41,12 +48,22 @@ INDEX = "checkpoint.json"
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
 FILES = (TENSORS, STATE)
-_PART = re.compile(r"^rank-(\d{5})$")
+STEP_DIR = re.compile(r"^step-(\d+)$")  # a checkpoint folder of twice.Run's, by step
+PART_DIR = re.compile(r"^rank-(\d{5})$")  # one rank's part of a multi-process checkpoint
+DCP_FOLDER = "dcp"  # a sharded checkpoint's Distributed Checkpoint files
+# the file names DCP's FileSystemWriter gives: its metadata (DCP's own name, store/dcpmeta.py, which
+# reads it below this layer), and each rank's data files
+DCP_FILE = re.compile(rf"^({re.escape(DCP_METADATA)}|__\d{{1,5}}_\d{{1,5}}\.distcp)$")
 _DIGEST = re.compile(r"^[0-9a-f]{32}$")
 _MAX_SIZE = 2**63 - 1
 _RESTORE_HINT = (
     "restore an earlier checkpoint (twice.checkpoint.latest skips damaged ones), or re-create it"
 )
+
+
+def step_name(step: int) -> str:
+    """The folder name of the checkpoint of `step` (`step-00000400`)."""
+    return f"step-{step:08d}"
 
 
 def part_name(rank: int) -> str:
@@ -170,7 +187,7 @@ def _ranks_index(raw: dict, where: Path) -> RanksIndex:
         or len(set(entries)) != len(entries)
     ):
         raise _damaged(where, "'sharded.entries' is not a list of distinct entry names")
-    if not isinstance(files, dict) or ".metadata" not in files:
+    if not isinstance(files, dict) or DCP_METADATA not in files:
         raise _damaged(where, "'sharded.files' does not name DCP's .metadata")
     return RanksIndex(
         world,

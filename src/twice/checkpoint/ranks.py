@@ -23,8 +23,8 @@ from twice.checkpoint.folder import (
     _sweep_stale_temporaries,
     _write_file,
 )
-from twice.checkpoint.index import index_bytes, part_name
-from twice.checkpoint.sharded import DCP_FOLDER, is_sharded, save_sharded
+from twice.checkpoint.index import DCP_FOLDER, index_bytes, part_name
+from twice.checkpoint.sharded import is_sharded, save_sharded
 from twice.core.errors import CheckpointError
 
 __all__ = ["process_group", "save_ranks", "current_rank"]

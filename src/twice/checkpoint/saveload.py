@@ -17,7 +17,6 @@ from typing import Any
 from twice.checkpoint.codec import decode
 from twice.checkpoint.folder import (
     STATE,
-    STEP_DIR,
     TENSORS,
     _save_one,
     _sweep_stale_temporaries,
@@ -25,9 +24,16 @@ from twice.checkpoint.folder import (
     remove_checkpoint,
     verify,
 )
-from twice.checkpoint.index import CheckpointIndex, RanksIndex, read_index
+from twice.checkpoint.index import (
+    DCP_FOLDER,
+    STEP_DIR,
+    CheckpointIndex,
+    RanksIndex,
+    read_index,
+    step_name,
+)
 from twice.checkpoint.ranks import current_rank, process_group, save_ranks
-from twice.checkpoint.sharded import DCP_FOLDER, check_sharded, load_sharded
+from twice.checkpoint.sharded import check_sharded, load_sharded
 from twice.core.errors import CheckpointError, CorruptRecord
 from twice.core.escaping import escape_controls
 from twice.store import reader
@@ -326,4 +332,4 @@ def latest(parent: str | Path) -> Path | None:
 
 def step_dir(parent: str | Path, step: int) -> Path:
     """The folder of the checkpoint of `step` under `parent` (`step-00000400`)."""
-    return Path(parent) / f"step-{step:08d}"
+    return Path(parent) / step_name(step)

@@ -17,28 +17,22 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import re
 from pathlib import Path
 from typing import Any
 
+from twice.checkpoint.index import DCP_METADATA
 from twice.core.digests import dtensor_type
 from twice.core.errors import CheckpointError, CorruptRecord
 from twice.store import dcpmeta
 from twice.store.reader import open_record, read_record
 
 __all__ = [
-    "DCP_FOLDER",
-    "DCP_FILE",
     "is_sharded",
     "save_sharded",
     "load_sharded",
     "read_metadata",
     "check_sharded",
 ]
-
-DCP_FOLDER = "dcp"
-# the file names DCP's FileSystemWriter gives: its metadata, and each rank's data files
-DCP_FILE = re.compile(r"^(\.metadata|__\d{1,5}_\d{1,5}\.distcp)$")
 
 
 def _params(obj: Any) -> list:
@@ -244,7 +238,7 @@ def check_sharded(folder: Path, files: dict) -> Any:
     it describes lies inside a data file the index records, untransformed; and every piece
     decodes (decode_piece), each tensor of the dtype and size its metadata gives. Returns the
     metadata, the object load hands to DCP."""
-    where = folder / dcpmeta.METADATA
+    where = folder / DCP_METADATA
     metadata = read_metadata(where)
     try:
         expected = _expected_pieces(metadata, where)
@@ -312,7 +306,7 @@ def _place(info: Any, key: Any, files: dict, where: Path) -> str:
     transform (twice saves none, and DCP would apply what a name asks for)."""
     name = getattr(info, "relative_path", None)
     offset, length = getattr(info, "offset", None), getattr(info, "length", None)
-    entry = files.get(name) if isinstance(name, str) and name != dcpmeta.METADATA else None
+    entry = files.get(name) if isinstance(name, str) and name != DCP_METADATA else None
     if (
         entry is None
         or type(offset) is not int
