@@ -64,8 +64,19 @@ FILE_NAME_HOMES = {
     "twice.checkpoint.index",
     "twice.store.sweeps",
     "twice.store.inputs",
+    # DCP's own names (`.metadata`, `*.distcp`): the reader of its format, below checkpoint/, which
+    # recognises a DCP save among any command's outputs too (checkpoint/index.py names them
+    # from it)
+    "twice.store.dcpmeta",
 }
-FILE_NAME = re.compile(r"^[^\s]*\.(jsonl|json|log|patch|safetensors)$")
+# A file name (`trace.jsonl`), DCP's (`.metadata`, `*.distcp`: in a pattern too, not in a dotted
+# module name), or a checkpoint's or rank part's folder (`step-{n:08d}`'s "step-", `^step-(\d+)$`);
+# a string with spaces in it is prose.
+FILE_NAME = re.compile(
+    r"^[^\s]*\.(jsonl|json|log|patch|safetensors|distcp)$"
+    r"|^\^?(step|rank)-"
+    r"|^(?=\S*$)(.*[^\w.\\])?\\?\.(metadata|distcp)\b"
+)
 # The run folder's subfolders: joined to a path only in store/layout.py.
 RUN_SUBFOLDERS = {"ops", "procs", "checkpoints"}
 FILE_CALLS = {
@@ -120,6 +131,22 @@ def _imports(module: str, path: Path, *, top_level_only: bool = False) -> set[st
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else ast.walk(tree)
+    # module-level NAME = "twice.x": a module's name held in a constant is looked up all the same
+    constants = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
+
+    def literal(expr: ast.AST | None) -> str | None:
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            return expr.value
+        return constants.get(expr.id) if isinstance(expr, ast.Name) else None
+
     found: set[str] = set()
     for node in nodes:
         targets: list[str] = []
@@ -139,10 +166,19 @@ def _imports(module: str, path: Path, *, top_level_only: bool = False) -> set[st
             and getattr(node.func, "attr", getattr(node.func, "id", None))
             in ("import_module", "__import__")
             and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
         ):  # import_module("twice.x"), __import__("twice.x"): an import all the same
-            targets = [node.args[0].value]
+            targets = [literal(node.args[0]) or ""]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and _is_sys_modules(node.func.value)
+            and node.args
+        ):  # sys.modules.get("twice.x"): the module used, where something else loaded it
+            targets = [literal(node.args[0]) or ""]
+        elif isinstance(node, ast.Subscript) and _is_sys_modules(node.value):
+            targets = [literal(node.slice) or ""]  # sys.modules["twice.x"]
+        elif isinstance(node, ast.Compare) and any(map(_is_sys_modules, node.comparators)):
+            targets = [literal(node.left) or ""]  # "twice.x" in sys.modules
         for target in targets:
             if target == "twice" or not target.startswith("twice."):
                 continue
@@ -152,6 +188,15 @@ def _imports(module: str, path: Path, *, top_level_only: bool = False) -> set[st
     # "from twice.x import y" also names twice.x; keep the most specific module per statement
     return {m for m in found if not any(other.startswith(m + ".") for other in found)} | (
         {m for m in found if m == "twice._native"}
+    )
+
+
+def _is_sys_modules(expr: ast.AST) -> bool:
+    return (
+        isinstance(expr, ast.Attribute)
+        and expr.attr == "modules"
+        and isinstance(expr.value, ast.Name)
+        and expr.value.id == "sys"
     )
 
 
@@ -177,6 +222,9 @@ def test_the_scanner_sees_every_import_form(tmp_path):
         "def f():\n    from ..core import seeds\n    from .records import StepRecord\n"
         "    importlib.import_module('twice.core.manifest')\n"
         "    __import__('twice.core.steps')\n"
+        "    sys.modules.get('twice.core.stats')\n    sys.modules['twice.core.opdiff']\n"
+        "    'twice.core.causes' in sys.modules\n    sys.modules.get(_HELD)\n"
+        "_HELD = 'twice.core.coverage'\n"
     )
     path = tmp_path / "probe.py"
     path.write_text(source)
@@ -188,6 +236,10 @@ def test_the_scanner_sees_every_import_form(tmp_path):
         "twice.core.records",
         "twice.core.manifest",
         "twice.core.steps",
+        "twice.core.stats",
+        "twice.core.opdiff",
+        "twice.core.causes",
+        "twice.core.coverage",
     } <= found
     assert _imports("twice.store.probe", path) >= {"twice.core.seeds"}
 
@@ -441,6 +493,12 @@ def test_file_names_are_spelled_in_their_homes():
 def test_the_file_name_scan_sees_a_planted_name():
     tree = ast.parse('"""trace.jsonl in a docstring is prose"""\nx = f"{run}/stderr.log"\n')
     assert [text for _, text in _strings(tree) if FILE_NAME.match(text)] == ["/stderr.log"]
+    names = [".metadata", "dcp/.metadata", r"^(\.metadata|__\d_\d\.distcp)$", "*.distcp", "step-",
+             r"^step-(\d{8,})$", "rank-", "__0_0.distcp"]  # fmt: skip
+    assert all(FILE_NAME.match(name) for name in names)
+    prose = ["torch.distributed.checkpoint.metadata", "a step-by step", "DCP's .metadata is bad",
+             "stepping", "metadata"]  # fmt: skip
+    assert not any(FILE_NAME.match(text) for text in prose)
 
 
 def test_only_the_protocol_spells_twice_variables():

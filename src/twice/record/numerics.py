@@ -21,6 +21,7 @@ from twice.record.callsite import division_operands
 from twice.record.health import Event, HealthLog
 from twice.record.numlinks import name_operands, zero_gradients
 from twice.record.opargs import op_tensors as _tensors
+from twice.record.opcontrol import numerics_watch, set_numerics_watch
 from twice.record.oplog import OpContext
 from twice.store.layout import RunFolder
 
@@ -315,12 +316,10 @@ class NumericsWatch(OpContext):
         raise SystemExit(Exit.NUMERICS)
 
 
-_active: NumericsWatch | None = None
-
-
 def active_watch() -> NumericsWatch | None:
-    """The numerics watch in force in this process, or None."""
-    return _active
+    """The numerics watch in force in this process, or None (held by record/opcontrol.py, whose
+    modes watch each step: this module, above the recorder, tells it)."""
+    return numerics_watch()
 
 
 class watch:
@@ -347,18 +346,16 @@ class watch:
 
     def start(self) -> NumericsWatch:
         """Start checking every operation (until stop())."""
-        global _active
         self.mode.__enter__()
-        _active = self.mode
+        set_numerics_watch(self.mode)
         return self.mode
 
     def stop(self) -> None:
         """Stop checking operations and close the watch's log."""
-        global _active
-        if _active is self.mode:
+        if numerics_watch() is self.mode:
             self.mode.__exit__(None, None, None)
             self.mode.close()
-            _active = None
+            set_numerics_watch(None)
 
     def __enter__(self) -> NumericsWatch:
         return self.start()

@@ -6,32 +6,33 @@ and the numerics watch (`--numerics`). Both need the phase of the step (forward,
 user's code between backward and the update, the optimizer) and neither may see twice's own
 digests and norms. `set_phase` runs five times a step, mostly with no mode watching: it builds
 nothing then.
+
+The numerics watch (record/numerics.py) sits above the recorder (it asks the recorder in force
+for its run folder and step), so it tells this module when it starts and stops
+(`set_numerics_watch`) rather than being looked up here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OpControl"]
+__all__ = ["OpControl", "numerics_watch", "set_numerics_watch"]
 
 _NOT_PAUSED = contextlib.nullcontext()  # what paused() gives when no mode watches (reusable)
-_NUMERICS = "twice.record.numerics"
-_numerics_module: list[Any] = []  # twice.record.numerics, once something has loaded it
+_numerics: list[Any] = [None]  # the numerics watch in force, set by record/numerics.py
 
 
 def numerics_watch():
-    """The numerics watch in force, if any (without importing twice.record.numerics, which nothing
-    may use)."""
-    if not _numerics_module:
-        module = sys.modules.get(_NUMERICS)
-        if module is None:
-            return None
-        _numerics_module.append(module)
-    return _numerics_module[0]._active  # (what its active_watch() returns: a call fewer)
+    """The numerics watch in force in this process, if any."""
+    return _numerics[0]
+
+
+def set_numerics_watch(watch: Any) -> None:
+    """Record the numerics watch now in force (None: none), for the modes of every step."""
+    _numerics[0] = watch
 
 
 class OpControl:
