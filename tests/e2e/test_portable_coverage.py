@@ -258,17 +258,7 @@ SPARSE_COMPLEX = [
 BY_RULE = [
     "_segment_reduce.lengths",
     "_segment_reduce.offsets",
-    "allclose.",
-    "histc.",
-    "histogram.",
     "histogramdd.",
-    "index_reduce.amax",
-    "index_reduce.amin",
-    "index_reduce.mean",
-    "index_reduce.prod",
-    "linspace.tensor_overload",
-    "renorm.",
-    "scatter_reduce.prod",
 ]
 REFUSED = {
     **dict.fromkeys(FFT, "FFT: no portable FFT yet"),

@@ -188,10 +188,10 @@ def _scatter_add_(self, dim, index, src):
     return self.copy_(_scatter_add(self, dim, index, src))
 
 
-@kernel("scatter_reduce.two")
 def _scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
-    """amax and amin are exact as torch computes them; sum and mean add exactly (the mean's
-    count includes the destination's own value when include_self); prod depends on the order."""
+    """scatter_reduce's kernel but for prod (rules.py, which registers it): amax and amin are
+    exact as torch computes them; sum and mean add exactly (the mean's count includes the
+    destination's own value when include_self)."""
     floating(self, src)
     if reduce in ("amax", "amin"):
         return aten.scatter_reduce.two(self, dim, index, src, reduce, include_self=include_self)
