@@ -195,6 +195,8 @@ def locate_runs(a: Path, b: Path, quiet: bool = True, yes: Consent = False) -> L
 
 
 def _locate(rerun_a: Rerun, rerun_b: Rerun, quiet: bool) -> Location:
+    """The first diverging step of both re-runs' folders, and the first operation in it that
+    differs, each side re-run up to that step."""
     a, b = rerun_a.run_dir, rerun_b.run_dir
     comparison = compare_runs(a, b)
     divergence = comparison.divergence
@@ -220,6 +222,16 @@ def _locate(rerun_a: Rerun, rerun_b: Rerun, quiet: bool) -> Location:
     )
     finding = first_op_difference(ops_a, ops_b)
     logs = (log_a, log_b)
+    located = _unmeasured(step, finding, logs)
+    if located is not None:
+        return located
+    return _measured(rerun_a, rerun_b, step, finding, logs, quiet)
+
+
+def _unmeasured(step: int, finding: OpFinding, logs: tuple) -> Location | None:
+    """The location of a first op difference that needs no output measured: none in the re-runs,
+    the sequences parting, different numbers given, or a differing input. None for an op whose
+    outputs differ."""
     if finding.kind == "identical":
         return Location(
             f"step {step} differs in the trace, but every recorded operation agrees in the "
@@ -267,6 +279,15 @@ def _locate(rerun_a: Rerun, rerun_b: Rerun, quiet: bool) -> Location:
             finding,
             logs=logs,
         )
+    return None
+
+
+def _measured(
+    rerun_a: Rerun, rerun_b: Rerun, step: int, finding: OpFinding, logs: tuple, quiet: bool
+) -> Location:
+    """The location of an op that produced different outputs from identical inputs, with how far
+    apart its first differing output lies (a second, targeted re-run of each side)."""
+    op = finding.a or finding.b
     gap: dict[str, Any] = {}
     # A second, targeted re-run of each side saves just this op's outputs, to measure the
     # difference.
