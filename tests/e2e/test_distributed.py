@@ -12,8 +12,6 @@ import torch
 from conftest import clean_env, runs, script, twice
 from safetensors.torch import load_file
 
-from twice.parallel import InvariantDataParallel, tree_nodes
-
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 pytestmark = pytest.mark.skipif(
     not Path(TORCHRUN).exists() and shutil.which("torchrun") is None,
@@ -189,28 +187,6 @@ def test_invariant_mode_trains_identical_parameters_on_1_2_and_4_processes_where
     # order than one process does, and after six Adam steps the low bits differ.
     ddp_one, ddp_two = _final_params(tmp_path, 1, "ddp"), _final_params(tmp_path, 2, "ddp")
     assert not all(torch.equal(ddp_one[k], ddp_two[k]) for k in ddp_one)
-
-
-@pytest.mark.parametrize("leaves,world", [(8, 1), (8, 2), (8, 4), (8, 8), (6, 3), (12, 3), (10, 5)])
-def test_the_micro_batch_tree_is_covered_exactly_by_each_ranks_subtrees(leaves, world):
-    share = leaves // world
-    for rank in range(world):
-        nodes = tree_nodes(0, leaves, (rank * share, (rank + 1) * share))
-        covered = [i for lo, hi in nodes for i in range(lo, hi)]
-        assert covered == list(range(rank * share, (rank + 1) * share))
-
-
-def test_invariant_mode_refuses_batches_and_world_sizes_it_cannot_split_evenly():
-    net = torch.nn.Linear(4, 1)
-    with pytest.raises(ValueError, match="micro_batches must be at least 1"):
-        InvariantDataParallel(net, micro_batches=0)
-    model = InvariantDataParallel(net, micro_batches=4)
-    with pytest.raises(
-        ValueError, match="a global batch of 6 samples does not split into 4 equal micro-batches"
-    ):
-        model.backward(torch.randn(6, 4), lambda m, x: m(x).mean())
-    loss = model.backward(torch.randn(8, 4), lambda m, x: m(x).pow(2).mean())
-    assert loss.shape == () and net.weight.grad is not None and model.state_dict()["steps"] == 1
 
 
 @pytest.mark.slow  # costly; its capability keeps a faster test in `make test`
