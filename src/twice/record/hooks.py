@@ -1,5 +1,6 @@
-"""The patched torch entry points that feed the recorder: optimizer steps, backward, batches,
-GradScaler.
+"""The patched torch entry points that feed the recorder: optimizer steps (step hooks), backward,
+batches (the DataLoader iterator), module calls (nn.Module.__call__), torch.compile and
+GradScaler.step.
 
 `install(recorder)` routes this process's events to one Recorder; `uninstall()` restores torch.
 Forked children get a recorder stream of their own (see Recorder.after_fork_in_child).

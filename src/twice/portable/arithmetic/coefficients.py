@@ -1,6 +1,6 @@
 """The constants and polynomial coefficients of twice's elementwise functions: one definition,
-read by the Python functions (elementwise.py), the compiled kernels (native.py hands
-KERNEL_ARGS to native/csrc/unary.c's p_init) and the Triton kernels (gpu_kernels.py), so the
+read by the Python functions (elementwise.py), the compiled kernels (native/__init__.py hands
+KERNEL_ARGS to native/csrc/unary.c's p_init) and the Triton kernels (native/triton.py), so the
 three cannot disagree. A leaf: it imports nothing of twice's."""
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ KERNEL_ARGS = (
 """(polynomials, constants) in the order the compiled kernels' p_init takes them."""
 
 # The compiled kernels, by code: p_unary's and p_binary's `function` is the index of the name.
-# The one table: native.py maps names to codes by it and uses the C module only where its own
-# list (p_kernels) is this one; the Triton kernels take their codes from it (sqrt excepted: on
+# The one table: native/__init__.py maps names to codes by it and uses the C module only where its
+# own list (p_kernels) is this one; the Triton kernels take their codes from it (sqrt excepted: on
 # the GPU it is torch's, correctly rounded there too).
 UNARY_KERNELS = (
     "exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "silu", "gelu", "gelu_tanh", "sqrt",

@@ -138,7 +138,7 @@ def _strided(t: torch.Tensor):
 
 
 def module():
-    """The compiled extension (twice._native), for native_norms.py; None where not built."""
+    """The compiled extension (twice._native), for norms.py; None where not built."""
     return _module
 
 

@@ -9,7 +9,7 @@ batch the same way, and `input_grad` the input gradient at stride 1, as the forw
 output gradient's integers by the flipped weight. Where those do not apply, `columns_given` is
 `_columns` followed by `native.split_given` on unfold's columns, and `fold_scaled` conv.py's
 `_fold` of integer columns followed by the scaling and the rounding, each one pass. All give the
-bits of conv.py's torch steps. As in native.py, each returns None where the kernel does not
+bits of conv.py's torch steps. As in __init__.py, each returns None where the kernel does not
 apply (no compiled module, a tensor not on the CPU or of another dtype), and conv.py then takes
 those steps one by one."""
 

@@ -1,7 +1,7 @@
 """The compiled kernels of batch norm and layer norm (csrc/norms.c: p_chansum, p_chanmap,
 p_bnsums, p_lnfwd, p_lnbwd), where they apply.
 
-As in native.py, each function returns None where the kernel does not apply, and norms.py then
+As in __init__.py, each function returns None where the kernel does not apply, and norms.py then
 computes the same bits with torch operations.
 """
 

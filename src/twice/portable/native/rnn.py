@@ -2,7 +2,7 @@
 p_lstm_step_backward with the step's product scaled and the next product's operand cut), where
 it applies.
 
-As in native.py, each function returns False where the kernel does not apply (a tensor not on
+As in __init__.py, each function returns False where the kernel does not apply (a tensor not on
 the CPU, of another dtype, or not contiguous; no compiled module), and recurrent.py then computes
 the same bits with the portable kernels and torch operations.
 """

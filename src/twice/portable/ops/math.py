@@ -1,5 +1,5 @@
 """Portable kernels for reductions, elementwise functions and the compound arithmetic optimizers
-use (registered in table.KERNELS by aten overload name); the products are in ops_products.py.
+use (registered in table.KERNELS by aten overload name); the products are in products.py.
 
 Compound operations (_add with `alpha`, _addcmul, _addcdiv, _lerp) are spelled out as one IEEE
 operation per kernel call, because torch's vectorised kernels may fuse a multiply and an _add into
