@@ -53,14 +53,6 @@ PENDING = {
     "twice.record.lifecycle",
     "twice.record.stepchecks",
     "twice.record.stepdata",
-    "twice.runtime.bootstrap",
-    "twice.runtime.capture",
-    "twice.runtime.determinism",
-    "twice.runtime.hazards",
-    "twice.runtime.imports",
-    "twice.runtime.orphans",
-    "twice.runtime.reads",
-    "twice.runtime.seedcalls",
     "twice.testing",
 }
 
