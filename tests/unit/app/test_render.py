@@ -3,7 +3,6 @@
 from pathlib import Path
 
 from twice.app.compare import Comparison
-from twice.app.listing import format_run_table
 from twice.app.render import (
     format_bisect,
     format_checkpoint,
@@ -87,7 +86,7 @@ def test_the_trace_cost_note_appears_only_past_both_thresholds():
     assert format_trace_cost_note({}, 1) is None
 
 
-def test_the_run_table_and_one_run():
+def test_one_run_shows_its_command_seed_steps_and_environment():
     row = {
         "id": "20261203-a",
         "status": "completed",
@@ -97,55 +96,6 @@ def test_the_run_table_and_one_run():
         "started": None,
         "command": "python train.py",
     }
-    named = {
-        **row,
-        "id": "20261203-101112-131-abcdef-base",
-        "name": "base",
-        "duration": 75.0,
-        "final_loss": 0.25,
-        "loss_fault": {"step": 4, "value": "inf", "nan_from": 5},
-    }
-    rerun = {**row, "id": "20261203-101113-000-fedcba-verify-x", "rerun_of": "verify of x"}
-    sweep = {
-        "sweep": "sweep-lr-1",
-        "grid": {"lr": ["0.1", "0.2"]},
-        "seeds": 2,
-        "trials": 4,
-        "statuses": {"completed": 3, "failed": 1},
-    }
-    table = format_run_table([row, named, rerun], [sweep], width=140).splitlines()
-    assert table[0].split() == [
-        "run",
-        "id",
-        "status",
-        "started",
-        "took",
-        "steps",
-        "final",
-        "loss",
-        "command",
-    ]
-    assert table[2].split() == [
-        "-",
-        "20261203-a",
-        "completed",
-        "?",
-        "-",
-        "12",
-        "-",
-        "python",
-        "train.py",
-    ]
-    assert table[3].split() == [
-        "base", "20261203-101112-131-abcdef", "completed", "(non-finite", "loss)", "?",
-        "1", "min", "15", "s", "12", "0.25", "python", "train.py",
-    ]  # fmt: skip
-    assert table[4].startswith("[verify of x]")
-    assert table[5] == (
-        "base: loss non-finite from step 4 (inf), NaN from step 5: see `twice nan "
-        "20261203-101112-131-abcdef-base`"
-    )
-    assert table[6] == "sweep sweep-lr-1: lr=0.1,0.2, 2 seeds: 4 trials (3 completed, 1 failed)"
     identity = {
         "determinism": {"mode": "strict"},
         "python": {"version": "3.11.7"},
