@@ -20,11 +20,6 @@ UNIT = TESTS / "unit"
 # (test_pending_modules_have_no_home fails until it does), and a new module comes with its home.
 PENDING = {
     "twice.__main__",
-    "twice.app.audit",
-    "twice.app.manifests",
-    "twice.app.report",
-    "twice.app.reportplots",
-    "twice.app.run",
     "twice.cli.comparing",
     "twice.cli.group",
     "twice.cli.recording",
