@@ -94,26 +94,6 @@ def test_an_interrupted_sweep_continues_and_failed_trials_are_retried(tmp_path):
     assert again.returncode == 1
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--vary", "lr", "--", "python", "x.py", "{lr}"], "is not NAME=VALUE"),
-        (["--vary", "lr=0.1,", "--", "python", "x.py", "{lr}"], "is not NAME=VALUE"),
-        (["--vary", "lr=0.1", "--", "python", "x.py", "--lr", "0.1"], "no placeholder for {lr}"),
-        (
-            ["--vary", "lr=0.1", "--", "python", "x.py", "{lr}", "{wd}"],
-            "uses {wd}, which nothing varies",
-        ),
-    ],
-)
-def test_bad_sweep_input_is_a_clear_error(tmp_path, args, message):
-    result = twice_cli("sweep", *args, cwd=tmp_path)
-    assert (
-        result.returncode == 2 and result.stderr.startswith("error: ") and message in result.stderr
-    )
-    assert "hint: " in result.stderr and not (tmp_path / "runs").exists()
-
-
 def test_an_unknown_metric_is_a_clear_error(tmp_path):
     script("sweep_train.py", tmp_path)
     twice_cli(

@@ -19,19 +19,10 @@ UNIT = TESTS / "unit"
 # Modules without a home today. Not a licence: a module leaves the list when its home is written
 # (test_pending_modules_have_no_home fails until it does), and a new module comes with its home.
 PENDING = {
-    "twice.__main__",
-    "twice.cli.comparing",
-    "twice.cli.group",
-    "twice.cli.recording",
-    "twice.cli.runs",
-    "twice.cli.studies",
-    "twice.numerics",
-    "twice.pytest_plugin",
     "twice.record.handloop",
     "twice.record.lifecycle",
     "twice.record.stepchecks",
     "twice.record.stepdata",
-    "twice.testing",
 }
 
 

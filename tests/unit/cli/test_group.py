@@ -69,3 +69,18 @@ def test_nan_exits_1_for_a_recorded_fault_and_0_without(tmp_path):
     )
     result = CliRunner().invoke(main, ["nan", str(path)])
     assert result.exit_code == 1 and "non-finite values recorded from step 4" in result.output
+
+
+def test_the_group_suggests_an_option_shows_tracebacks_under_debug_and_prints_sorted_json(
+    tmp_path,
+):
+    from twice.cli.group import TwiceGroup, json_text
+    from twice.core.errors import RunNotFound
+
+    assert isinstance(main, TwiceGroup)
+    typo = CliRunner().invoke(main, ["ls", "--jsn"])
+    assert typo.exit_code == 2
+    assert typo.output == "error: unknown option --jsn\nhint: did you mean --json?\n"
+    debug = CliRunner().invoke(main, ["--debug", "show", "nothing", "--runs-dir", str(tmp_path)])
+    assert isinstance(debug.exception, RunNotFound)  # raised as it is, traceback and all
+    assert json_text({"b": [1], "a": None}) == '{\n  "a": null,\n  "b": [\n    1\n  ]\n}'
