@@ -1,4 +1,4 @@
-"""Convolutions in portable mode, forward and backward, 1-d and 2-d, ordinary and transposed:
+"""Convolutions in portable mode, forward and backward, 1-d to 3-d, ordinary and transposed:
 the input's windows cut into integers, times the weight's, exactly (exact.py), each output
 rounded once.
 
@@ -28,6 +28,7 @@ from twice.portable.arithmetic.exact import (
     unit_for,
 )
 from twice.portable.native import conv as native_conv
+from twice.portable.ops import conv3d
 from twice.portable.ops.nn import Unsupported
 
 __all__ = ["convolution", "convolution_backward", "COLUMN_CHUNK", "WHOLE_WEIGHT_GRAD"]
@@ -38,7 +39,7 @@ def _as_2d(x, weight, stride, padding, dilation):
     if x.dim() == 3:
         return x.unsqueeze(2), weight.unsqueeze(2), (1, *stride), (0, *padding), (1, *dilation)
     if x.dim() != 4:
-        raise Unsupported("only 1-d and 2-d convolutions are portable")
+        raise Unsupported("only 1-d, 2-d and 3-d convolutions are portable")
     return x, weight, tuple(stride), tuple(padding), tuple(dilation)
 
 
@@ -122,6 +123,8 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad,
     samples at a time (the weight cut into slices once); transposed: `_transposed`."""
     if transposed:
         return _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups)
+    if x.dim() == 5:  # the column route in 3-d
+        return conv3d.convolution(x, weight, bias, stride, padding, dilation, groups)
     squeeze = x.dim() == 3
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     n, cout = x4.shape[0], w4.shape[0]
@@ -163,6 +166,8 @@ def convolution_backward(
     """aten.convolution_backward: (grad input, grad weight, grad bias), each exact."""
     if transposed:
         return _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask)
+    if x.dim() == 5:
+        return conv3d.convolution_backward(go, x, weight, stride, padding, dilation, groups, mask)
     squeeze = x.dim() == 3
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     go4 = go.unsqueeze(2) if squeeze else go
@@ -353,8 +358,6 @@ def _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups):
     """conv_transpose(x, W): the gradient, with respect to its input, of the unpadded
     convolution by W whose output gradient is x (exact), cropped by the padding and extended by
     the output padding, plus the bias (one addition)."""
-    if x.dim() not in (3, 4):
-        raise Unsupported(f"{x.dim() - 2}-d transposed convolutions are not portable yet")
     spatial = x.dim() - 2
     full = _full_sizes(x, weight, stride, dilation)
     like = torch.empty(
@@ -375,8 +378,6 @@ def _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask)
     """The backward of `_transposed`: the output's gradient placed back in the full output (the
     inverse crop), then the unpadded ordinary convolution by W gives the input's gradient, and
     its weight gradient, with input and output gradient exchanged, the weight's."""
-    if x.dim() not in (3, 4):
-        raise Unsupported(f"{x.dim() - 2}-d transposed convolutions are not portable yet")
     spatial = x.dim() - 2
     full = _full_sizes(x, weight, stride, dilation)
     pads = []
