@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import twice.portable.ops.embedding  # noqa: F401  (each kernel module fills table.KERNELS)
 import twice.portable.ops.functions  # noqa: F401
+import twice.portable.ops.gridsample  # noqa: F401
 import twice.portable.ops.linalg  # noqa: F401
 import twice.portable.ops.linear  # noqa: F401
 import twice.portable.ops.logs  # noqa: F401
