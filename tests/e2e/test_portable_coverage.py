@@ -138,27 +138,6 @@ def opinfo(tmp_path_factory):
 # What portable mode still refuses over the OpInfo database, by OpInfo name, and why
 # (docs/portable.md, "Uncovered"). The measure below fails on a refusal outside this list, and
 # (over the whole database) on a name in it that is covered now.
-FFT = [
-    "fft.fft.",
-    "fft.fft2.",
-    "fft.fftn.",
-    "fft.hfft.",
-    "fft.hfft2.",
-    "fft.hfftn.",
-    "fft.ifft.",
-    "fft.ifft2.",
-    "fft.ifftn.",
-    "fft.ihfft.",
-    "fft.ihfft2.",
-    "fft.ihfftn.",
-    "fft.irfft.",
-    "fft.irfft2.",
-    "fft.irfftn.",
-    "fft.rfft.",
-    "fft.rfft2.",
-    "fft.rfftn.",
-    "stft.",
-]
 LINALG = [
     "linalg.eig.",
     "linalg.eigvals.",
@@ -212,7 +191,6 @@ BY_RULE = [
     "histogramdd.",
 ]
 REFUSED = {
-    **dict.fromkeys(FFT, "FFT: no portable FFT yet"),
     **dict.fromkeys(
         LINALG,
         "eig: complex results, no nonsymmetric QR iteration; LDL: LAPACK's Bunch-Kaufman "

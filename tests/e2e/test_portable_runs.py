@@ -93,17 +93,16 @@ def test_uncovered_ops_under_each_policy(tmp_path):
     path = script("portable_uncovered.py", tmp_path)
     strict = twice("run", "--portable", "--", sys.executable, path, cwd=tmp_path)
     assert strict.returncode != 0
-    assert "aten::_fft_r2c" in strict.stderr and "portable_uncovered.py:10" in strict.stderr
+    assert "aten::linalg_eig" in strict.stderr and "portable_uncovered.py:10" in strict.stderr
     warn = twice(
         "run", "--portable", "--determinism", "warn", "--", sys.executable, path, cwd=tmp_path
     )
-    assert warn.returncode == 0 and "aten::_fft_r2c" in warn.stderr
+    assert warn.returncode == 0 and "aten::linalg_eig" in warn.stderr
     manifest = json.loads((runs(tmp_path)[-1] / "manifest.json").read_text())
     listed = manifest["context"]["portable_uncovered"]
     ops = {e["op"]: e for e in listed}
-    assert "aten::_fft_r2c.default" in ops, ops
-    assert all("_fft_" in op or e["why"] == "complex arithmetic" for op, e in ops.items()), ops
-    forward = ops["aten::_fft_r2c.default"]
+    assert list(ops) == ["aten::linalg_eig.default"], ops
+    forward = ops["aten::linalg_eig.default"]
     assert forward["line"] == "portable_uncovered.py:10" and forward["count"] >= 2
 
 
@@ -111,7 +110,7 @@ def test_audit_portable_lists_what_is_not_covered(tmp_path):
     path = script("portable_uncovered.py", tmp_path)
     found = twice("audit", "--portable", "-q", "--", sys.executable, path, cwd=tmp_path)
     assert found.returncode == 1, found.stderr
-    assert "aten::_fft_r2c.default" in found.stdout and "portable_uncovered.py:10" in found.stdout
+    assert "aten::linalg_eig.default" in found.stdout and "portable_uncovered.py:10" in found.stdout
     clean = script("portable_models.py", tmp_path)
     listed = twice(
         "audit", "--portable", "--json", "--", sys.executable, clean, "mlp", cwd=tmp_path

@@ -22,6 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import twice.portable.ops.embedding  # noqa: F401  (each kernel module fills table.KERNELS)
+import twice.portable.ops.fft  # noqa: F401
 import twice.portable.ops.functions  # noqa: F401
 import twice.portable.ops.gridsample  # noqa: F401
 import twice.portable.ops.linalg  # noqa: F401
@@ -41,7 +42,7 @@ from twice.core.errors import DeterminismError
 from twice.core.escaping import escape_controls
 from twice.portable import native
 from twice.portable.dispatch import half, routes
-from twice.portable.dispatch.table import PortableUnsupported
+from twice.portable.dispatch.table import COMPLEX_KERNELS, PortableUnsupported
 from twice.portable.ops import recurrent
 
 __all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]
@@ -183,6 +184,12 @@ class PortableMode(TorchDispatchMode):
         if kind == routes.EXACT_ROUTE:
             if handler or not _complex(args, kwargs):
                 return func(*args, **kwargs)
+            complex_kernel = COMPLEX_KERNELS.get(name)  # a complex tensor times a real number
+            try:
+                if complex_kernel is not None:
+                    return complex_kernel(*args, **kwargs)
+            except PortableUnsupported as exc:
+                return self._uncovered(func, name, args, kwargs, str(exc))
             return self._uncovered(func, name, args, kwargs, "complex arithmetic")
         if kind == routes.KERNEL:
             found = _scan(args, kwargs)

@@ -13,9 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["KERNELS", "EXACT", "COMPLEX_EXACT", "NOT_EXACT", "kernel", "PortableUnsupported"]
+__all__ = [
+    "KERNELS",
+    "COMPLEX_KERNELS",
+    "EXACT",
+    "COMPLEX_EXACT",
+    "NOT_EXACT",
+    "kernel",
+    "complex_kernel",
+    "PortableUnsupported",
+]
 
 KERNELS: dict[str, Callable] = {}
+# Kernels for complex arguments of EXACT operations that are not exact on complex tensors (a
+# complex tensor times a real number): real arguments keep the exact route, untouched.
+COMPLEX_KERNELS: dict[str, Callable] = {}
 
 
 class PortableUnsupported(Exception):
@@ -28,6 +40,17 @@ def kernel(*names: str) -> Callable:
     def register(function: Callable) -> Callable:
         for name in names:
             KERNELS[name] = function
+        return function
+
+    return register
+
+
+def complex_kernel(*names: str) -> Callable:
+    """Register the decorated function for the complex arguments of EXACT aten overloads."""
+
+    def register(function: Callable) -> Callable:
+        for name in names:
+            COMPLEX_KERNELS[name] = function
         return function
 
     return register
@@ -64,6 +87,7 @@ EXACT = frozenset(
     set_ resize_as_ pin_memory _pin_memory is_pinned expand_as index_copy index_copy_ index_fill
     index_fill_ masked_scatter masked_scatter_ _unsafe_view _unsafe_index fill_diagonal_
     rot90 unfold_copy nonzero_static masked_scatter_backward hash_tensor
+    conj_physical _conj_physical
     """.split()
 )
 """aten operations whose torch results are the same bits everywhere (see the module's text)."""
@@ -77,7 +101,7 @@ COMPLEX_EXACT = frozenset(
     take repeat repeat_interleave tril triu eq ne isnan isinf isfinite neg neg_ conj_physical
     _conj _conj_physical resolve_conj resolve_neg _neg_view real imag view_as_real view_as_complex
     _local_scalar_dense item equal set_ resize_ resize_as_ select_scatter slice_scatter
-    diagonal_scatter as_strided_scatter _unsafe_index
+    diagonal_scatter as_strided_scatter _unsafe_index slice_backward select_backward
     """.split()
 )
 """EXACT operations that stay exact on complex tensors (copies, indexing, negation, equality):
