@@ -14,6 +14,7 @@ from conftest import twice as twice_cli
 import twice
 from twice.core.fastpath import lanes_norm
 from twice.record import hooks, norms
+from twice.record.stepdata import StepData
 from twice.store import layout
 from twice.store.traces import read_trace
 
@@ -344,7 +345,7 @@ def test_a_compiled_optimizer_step_runs_twice_hooks_eagerly(tmp_path):
     records = read_trace(tmp_path / "run" / "trace.jsonl")
     assert not (tmp_path / "run" / layout.CAPTURE_ERROR).exists()
     assert [(r.grad_digests, r.param_digests) for r in records] == digests_by_hand
-    for function in (digests.digest_tensor, norms.norms, hooks.Recorder._take_params):
+    for function in (digests.digest_tensor, norms.norms, StepData.take_params):
         assert _debug_get_cache_entry_list(function.__code__) == [], (
             function.__name__
         )  # never compiled by Dynamo

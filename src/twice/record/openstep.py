@@ -1,17 +1,26 @@
-"""The step in progress: what the optimizers of one round have contributed, and its StepRecord."""
+"""The step in progress: what the optimizers of one round have contributed, and its StepRecord;
+and what the process consumed since the last step ended (losses, batches, module inputs).
+
+`OpenStep` is a part of `Recorder` (record/recorder.py): it owns the open round, the clock that
+says where it ends (core/steps.py) and what was consumed since the last step.
+"""
 
 from __future__ import annotations
 
 import math
 import operator
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from twice.core.digests import Digester, digest_pairs, float_bits
+from twice.core.digests import OPAQUE_TYPES, Digester, digest_pairs, float_bits
+from twice.core.escaping import escape_controls
 from twice.core.records import StepRecord
+from twice.core.steps import RoundClock
+from twice.record.inputs import ModuleInputs
 from twice.record.norms import floats
 
-__all__ = ["StepRound"]
+__all__ = ["OpenStep", "StepRound"]
 
 
 @dataclass
@@ -69,3 +78,90 @@ class StepRound:
             time=round(elapsed, 6),
         )
         return record, loss_values
+
+
+class OpenStep:
+    """The step in progress until its round ends: the round the optimizers fill, the clock that
+    says when it ends, and the losses, batches and outermost module inputs consumed since the last
+    step ended (a traced step's own, whatever --trace-every: an untraced round's are dropped)."""
+
+    def __init__(self) -> None:
+        self.round = StepRound()
+        self.clock = RoundClock()
+        self.losses: list[Any] = []
+        self.batches: list[Digester] = []  # one digester per batch read since the last step
+        self.inputs = ModuleInputs()  # the batch where no DataLoader gives one
+        # Every process records its parameters before its first update (params_before): a run
+        # resumed by the script itself is found in another run by it (store/tracealign.py).
+        self.probe_params = True
+        # types in batches already warned about (by an earlier recorder too)
+        self.opaque_warned = len(OPAQUE_TYPES)
+
+    def add_batch(self, batch: Any) -> None:
+        """A batch read now: digested, it belongs to the step in progress."""
+        self.batches.append(Digester(strict=False).update(batch))
+
+    def warn_opaque(self) -> None:
+        """Warn about the types in batches that twice cannot read, met since the last warning."""
+        names, self.opaque_warned = OPAQUE_TYPES[self.opaque_warned :], len(OPAQUE_TYPES)
+        warnings.warn_explicit(
+            escape_controls(
+                f"twice: the batches hold {', '.join(names)}, which twice cannot read: the batch "
+                "digest covers its type only, so a difference in its contents goes unseen in the "
+                "trace; yield tensors, arrays, numbers, strings, or lists, dicts, dataclasses or "
+                "plain objects of those"
+            ),
+            RuntimeWarning,
+            "twice",
+            0,
+            module="twice",
+        )
+
+    def move_pending(
+        self, round_: StepRound, losses: int | None = None, batches: int | None = None
+    ) -> None:
+        """Move the pending losses and batches (the first `losses` and `batches` of them, when
+        given) into `round_`."""
+        losses = len(self.losses) if losses is None else losses
+        batches = len(self.batches) if batches is None else batches
+        round_.losses.extend(self.losses[:losses])
+        del self.losses[:losses]
+        for digester in self.batches[:batches]:
+            if round_.batch is None:
+                round_.batch = digester
+            else:
+                round_.batch.update(digester.hexdigest())
+        round_.batch_count += batches
+        del self.batches[:batches]
+        data = self.inputs.take()
+        if round_.batch is None and data is not None:
+            round_.batch = data  # a loop without a DataLoader: what its modules were given
+
+    def drop_pending(self, losses: int | None = None, batches: int | None = None) -> None:
+        """Forget the first `losses` and `batches` consumed (all of them, when not given): what an
+        untraced step consumed is not the next traced step's."""
+        del self.losses[:losses], self.batches[:batches]
+
+    def end_round(self) -> None:
+        """The round ended (written or not): the next one starts empty."""
+        self.clock.reset()
+        self.round = StepRound()
+
+    def drop(self) -> None:
+        """Forget the step in progress: its round and what it consumed."""
+        self.round, self.losses, self.batches = StepRound(), [], []
+        self.clock.reset()
+
+    def resume(self, keep_batches: int | None) -> None:
+        """A checkpoint was restored: the open round and the losses go, and the batches but the
+        last `keep_batches` (None: all of them stay)."""
+        self.round = StepRound()
+        self.clock.reset()
+        self.losses = []
+        if keep_batches is not None:
+            self.batches = self.batches[-keep_batches:] if keep_batches > 0 else []
+
+    def forked(self) -> None:
+        """In a forked child: nothing consumed yet, no optimizer seen in a round."""
+        self.round, self.losses, self.batches = StepRound(), [], []
+        self.clock = RoundClock()

@@ -12,47 +12,44 @@ record/hooks.py; where a round ends is core/steps.py's RoundClock.
 
 from __future__ import annotations
 
-import os
-import time
+import operator
 from pathlib import Path
 from typing import Any
 
-from twice.core.digests import (
-    OPAQUE_TYPES,
-    Digester,
-    digest,
-    digest_pairs,
-    float_bits,
-)
-from twice.core.escaping import escape_controls
+from twice.core.digests import OPAQUE_TYPES, Digester
 from twice.core.protocol import ChildSettings, parse_steps
-from twice.core.steps import RoundClock
 from twice.record.guard import costed, guarded
 from twice.record.handloop import HandLoopWatch
-from twice.record.handsteps import HandSteps
-from twice.record.inputs import ModuleInputs
-from twice.record.latewrite import LateWriter
-from twice.record.lifecycle import ProcessLifecycle
-from twice.record.names import ParamNames, process_stream
+from twice.record.lifecycle import Lifecycle
+from twice.record.names import process_stream
 from twice.record.opcontrol import OpControl
-from twice.record.openstep import StepRound
+from twice.record.openstep import OpenStep, StepRound
 from twice.record.replicas import ReplicaDesync
-from twice.record.sharding import Layouts
+from twice.record.rounds import OptimizerRounds
 from twice.record.stepchecks import StepChecks
 from twice.record.stepdata import StepData
 from twice.rng.fingerprint import rng_digests
 from twice.store.layout import RunFolder
-from twice.store.traces import TraceWriter
 
 __all__ = ["Recorder", "ReplicaDesync"]
 
 
-class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
+def _owned(path: str, doc: str) -> property:
+    """A read-only attribute of the recorder that one of its parts owns (`path`: part.name)."""
+    return property(operator.attrgetter(path), doc=doc)
+
+
+class Recorder:
     """Turns hook events into StepRecords written to `trace[.<stream>].jsonl` in the run folder.
 
-    Its parts, one concern each: the events and the open round (here), what a step's record
-    holds (record/stepdata.py), the hand-loop watch (record/handloop.py), the process
-    lifecycle (record/lifecycle.py) and the checks after each step (record/stepchecks.py)."""
+    It routes the events to its parts, each an object owning its state: `life`, the lifecycle
+    (numbering, the stop, resume, finish: record/lifecycle.py); `open_step`, the step in progress
+    (record/openstep.py); `rounds`, an optimizer loop's steps (record/rounds.py); the hand-loop
+    watch (record/handloop.py), until an optimizer steps; `data`, what a step's record holds and
+    the trace it goes to (record/stepdata.py, with the checks after each step,
+    record/stepchecks.py); and `ops`, the op control (record/opcontrol.py). Itself it keeps what
+    the events say of the loop: whether the script marks its steps (`explicit`), the optimizer
+    stepping now, the events counted, the capture's error and cost."""
 
     def __init__(
         self,
@@ -74,59 +71,65 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
         (core/protocol.py's ChildSettings): only_steps records only those steps (bisection's
         replays); dump_ops saves the outputs of op INDEX of STEP ({STEP: INDEX}, for twice
         locate); health=False turns the numerics check after each step off."""
-        self.run_dir = Path(run_dir)
-        self.trace_every = max(1, int(trace_every))
-        self.params_every = params_every
-        self.full_every = full_every
-        self.stop_after = stop_after
+        self.run_dir = run_dir = Path(run_dir)
         self.stream = stream
-        self.step_index = 0
-        self.explicit = False
-        self.stopped = False
-        self._exit_pending = False
-        self.pid = os.getpid()
-        self.fork_count = 0
-        self._t0 = time.perf_counter()
+        self.explicit = False  # the script marks its steps itself (record_explicit)
         self.cost = 0.0  # seconds spent in the event handlers below
-        self.layouts = Layouts()  # DTensor meshes and placements (record/sharding.py)
-        self._writer = TraceWriter(lambda: RunFolder(self.run_dir).trace(process_stream(stream)))
-        self._round = StepRound()
-        self._clock = RoundClock()
-        self._pending_losses: list[Any] = []
-        self._pending_batches: list[
-            Digester
-        ] = []  # one digester per batch read since the last step
-        self.names = ParamNames()  # per optimizer: (name, parameter) pairs
-        self.inputs = ModuleInputs()  # the batch where no DataLoader gives one
-        self.on_stop: list = []  # called when stop_after is reached, before the process exits
-        self.rng_at_stop: dict | None = None
-        # Every process records its parameters before its first update (params_before): a run
-        # resumed by the script itself is found in another run by it (store/tracealign.py).
-        self.probe_params = True
-        self.only_steps: set[int] | None = only_steps
-        self.ops = OpControl(self.run_dir, stream, record_ops, dump_ops)
-        # Called several times a step: straight to the op control's methods, no call in between.
-        self.set_phase, self._paused = self.ops.set_phase, self.ops.paused
-        self.checks = StepChecks(self.run_dir, replica_every, replica_mode, health)
-        # Device values read a step late (record/latewrite.py): the round held until then.
-        self.late = LateWriter()
-        self._late_entry: tuple | None = None
-        self.late.on_kill.append(self.flush_late)
         self.capture_error: dict | None = None  # set when an error of our own stopped the capture
-        self._stepping: int | None = (
-            None  # id of the optimizer whose step() is running (see _outermost)
-        )
-        self.steps_seen = (
-            0  # outermost optimizer steps ended (GradScaler.step compares it: see on_skipped_step)
-        )
+        self._stepping: int | None = None  # the optimizer whose step() runs (see _outermost)
+        # outermost optimizer steps ended (GradScaler.step compares it: see on_skipped_step)
+        self.steps_seen = 0
         self._skipping = False
-        self._opaque_warned = len(
-            OPAQUE_TYPES
-        )  # types in batches already warned about (by an earlier recorder too)
-        # Until an optimizer steps, steps may be hand updates (record/handsteps.py).
-        self._hand: HandSteps | None = HandSteps()
         self.batches_read = 0
         self.backward_calls = 0
+        self.ops = OpControl(run_dir, stream, record_ops, dump_ops)
+        # Called several times a step: straight to the op control's methods, no call in between.
+        self.set_phase, self._paused = self.ops.set_phase, self.ops.paused
+        self.data = StepData(
+            lambda: RunFolder(run_dir).trace(process_stream(stream)),
+            self.ops,
+            StepChecks(run_dir, replica_every, replica_mode, health),
+            params_every=params_every,
+            full_every=full_every,
+        )
+        self.open_step = OpenStep()
+        self.inputs = self.open_step.inputs  # (hooks.py reads it at every module call)
+        self.life = Lifecycle(
+            run_dir,
+            self.ops,
+            self.data,
+            self.open_step,
+            trace_every=trace_every,
+            only_steps=only_steps,
+            stop_after=stop_after,
+        )
+        self.rounds = OptimizerRounds(self.life, self.open_step, self.data, self.ops)
+        # Until an optimizer steps, steps may be hand updates (record/handsteps.py).
+        self._hand: HandLoopWatch | None = HandLoopWatch(
+            self.life, self.open_step, self.data, self._paused, self._hand_forward
+        )
+
+    # -- what the parts own, read where the recorder's users read it -----------------------------
+    step_index = _owned("life.step_index", "Steps ended so far: the step in progress's number.")
+    stop_after = _owned("life.stop_after", "The step limit (--max-steps), if any.")
+    stopped = _owned("life.stopped", "Whether the step limit was reached.")
+    on_stop = _owned("life.on_stop", "Called at the step limit, before the process exits.")
+    rng_at_stop = _owned("life.rng_at_stop", "The RNGs as the last step before the stop ended.")
+    names = _owned("data.names", "The parameters' names, per optimizer (record/names.py).")
+    layouts = _owned("data.layouts", "The DTensor layouts seen (record/sharding.py).")
+    checks = _owned("data.checks", "The health and replica checks after each step.")
+    fork_count = property(
+        operator.attrgetter("life.fork_count"),
+        lambda self, count: setattr(self.life, "fork_count", count),
+        doc="Forks of this process so far (hooks.py counts them; a child's stream is named so).",
+    )
+
+    @property
+    def completed_steps(self) -> int:
+        """Steps completed so far: 0 before the first optimizer step, 1 after it. The first round
+        stays open until an optimizer steps a second time (only then is the number of optimizers
+        in a round known), so an open first round with an update in it counts as done."""
+        return self.life.completed_steps(self.explicit)
 
     def events(self) -> dict[str, int]:
         """What this process's hooks saw: batches read, backward calls, optimizer steps, and the
@@ -135,7 +138,7 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
             "batches": self.batches_read,
             "backward_calls": self.backward_calls,
             "optimizer_steps": self.steps_seen,
-            "steps": self.step_index,
+            "steps": self.life.step_index,
         }
 
     @classmethod
@@ -162,91 +165,78 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
     @guarded
     def on_batch(self, batch: Any) -> None:
         """A DataLoader iterator yielded `batch`: it belongs to the step in progress."""
-        if self._exit_pending:  # (a check before the call: three events a step, traced or not)
-            self._exit_if_stopping()
+        life = self.life
+        if life.exit_pending:  # (a check before the call: three events a step, traced or not)
+            life.exit_if_stopping()
         self.batches_read += 1
-        if self._hand is not None and self._hand.open:
-            self._hand_check(False)
+        hand = self._hand
+        if hand is not None and hand.steps.open:
+            hand.check(False)
         self.set_phase("forward")
-        if self.explicit or not self._tracing_events():
+        if self.explicit or not life.tracing_events():
             return
+        open_step = self.open_step
         with self._paused():
-            self._pending_batches.append(Digester(strict=False).update(batch))
-        if len(OPAQUE_TYPES) > self._opaque_warned:
-            self._warn_opaque()
+            open_step.add_batch(batch)
+        if len(OPAQUE_TYPES) > open_step.opaque_warned:
+            open_step.warn_opaque()
 
     @guarded
     def on_module_call(self, args: tuple, kwargs: dict) -> None:
         """A module is called: the outermost call's data is the step's batch where no DataLoader
         batch came (record/inputs.py)."""
         inputs = self.inputs  # an outermost call (hooks.py counts the inner ones itself)
-        if self.explicit or self._pending_batches or not self._tracing_events():
+        if self.explicit or self.open_step.batches or not self.life.tracing_events():
             inputs.depth += 1
             return
         with self._paused():
             inputs.enter(args, kwargs, tensor_type[0])
 
-    def _warn_opaque(self) -> None:
-        import warnings
-
-        names, self._opaque_warned = OPAQUE_TYPES[self._opaque_warned :], len(OPAQUE_TYPES)
-        warnings.warn_explicit(
-            escape_controls(
-                f"twice: the batches hold {', '.join(names)}, which twice cannot read: the batch "
-                "digest covers its type only, so a difference in its contents goes unseen in the "
-                "trace; yield tensors, arrays, numbers, strings, or lists, dicts, dataclasses or "
-                "plain objects of those"
-            ),
-            RuntimeWarning,
-            "twice",
-            0,
-            module="twice",
-        )
-
     @guarded
     def on_backward(self, tensors: Any) -> None:
         """`backward` was called on `tensors`: a scalar one is a loss of the step in progress."""
-        if self._exit_pending:
-            self._exit_if_stopping()
+        life = self.life
+        if life.exit_pending:
+            life.exit_if_stopping()
         self.backward_calls += 1
-        if self._hand is not None and not self.explicit and self._stepping is None:
-            if self._hand.open:
-                self._hand_check(True)
-            self._hand.backward_starts(tensors)
-        if self.explicit or not self._tracing_events():
+        hand = self._hand
+        if hand is not None and not self.explicit and self._stepping is None:
+            hand.before_backward(tensors)
+        if self.explicit or not life.tracing_events():
             return
         if isinstance(tensors, tensor_type[0]) and tensors.numel() == 1:
-            self._pending_losses.append(tensors.detach())
+            self.open_step.losses.append(tensors.detach())
+
+    @guarded
+    def after_backward(self) -> None:
+        """A backward call ended in a loop that has no optimizer (yet): the hand-loop watch reads
+        its gradients, as the update will read them (record/handloop.py)."""
+        hand = self._hand
+        if hand is None or self.explicit or self._stepping is not None:
+            return
+        if not hand.after_backward():
+            self._hand = None
+
+    @guarded
+    def _hand_forward(self) -> None:
+        """The first module forward after a backward: the hand step ends here if it was
+        updated."""
+        hand = self._hand
+        if hand is not None:
+            hand.forward_seen()
 
     @guarded
     def pre_step(self, optimizer, args, kwargs) -> None:
         """An optimizer's step() is about to run: its gradients, as the update will use them."""
-        if self._exit_pending:
-            self._exit_if_stopping()
+        life = self.life
+        if life.exit_pending:
+            life.exit_if_stopping()
         if self._hand is not None:  # an optimizer loop: its steps are the optimizer's
-            self._hand.unwatch()
+            self._hand.stop()
             self._hand = None
         if self.explicit:
             return
-        if self._clock.closes(id(optimizer)):
-            self._finish_round()
-        if self.probe_params and not self._clock.members:
-            # The first step after a resume: record the parameters as loaded, to tell a model that
-            # was not restored from an optimizer or RNG that was not.
-            self.probe_params = False
-            with self._paused():
-                self._round.params_before = digest_pairs(
-                    [(n, digest(p)) for n, p in self.names.of(optimizer)]
-                )
-        # A torch.optim step's ops all come from the line calling step(); a user's own optimizer's
-        # have lines of their own.
-        self.set_phase(
-            "optimizer", step_line_shared=type(optimizer).__module__.startswith("torch.")
-        )
-        if self._tracing_this_step() and not _has_closure(args, kwargs):
-            # Before the update: some optimizers (maximize=True) change the gradients in place.
-            with self._paused():
-                self._take_grads(optimizer)
+        self.rounds.before_step(optimizer, args, kwargs)
 
     @guarded
     def post_step(self, optimizer, args, kwargs) -> None:
@@ -255,33 +245,7 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
         self.set_phase("forward")
         if self.explicit:
             return
-        round_ = self._round
-        complete = self._clock.add(id(optimizer))
-        round_.skipped = round_.skipped or self._skipping
-        if self._clock.size is None:
-            # The first round's end is only known when an optimizer repeats; with one optimizer
-            # (the usual case) it ends here, so start recording the next step now if chosen.
-            self.ops.start(self.step_index + 1)
-        with self._paused():
-            self._post_step_record(optimizer, args, kwargs, round_, complete)
-
-    def _post_step_record(self, optimizer, args, kwargs, round_, complete: bool) -> None:
-        if self._tracing_this_step():
-            if _has_closure(args, kwargs):
-                self._take_grads(
-                    optimizer
-                )  # a closure (LBFGS) computes the gradients inside step()
-            self._take_params(optimizer)
-            round_.lr.extend(
-                float_bits(float(group["lr"])) for group in optimizer.param_groups if "lr" in group
-            )
-            self._move_pending(round_)
-            round_.rng = rng_digests()
-        else:  # what this untraced step consumed: not the next traced step's
-            del self._pending_losses[:], self._pending_batches[:]
-            self.inputs.take()
-        if complete:
-            self._finish_round()
+        self.rounds.after_step(optimizer, args, kwargs, self._skipping)
 
     @costed
     def record_explicit(
@@ -291,12 +255,13 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
         .grad)."""
         import torch
 
-        self._exit_if_stopping()
+        life = self.life
+        life.exit_if_stopping()
         self.explicit = True
         if self._hand is not None:
-            self._hand.unwatch()
+            self._hand.stop()
             self._hand = None
-        if self._tracing_this_step():
+        if life.tracing_now():
             round_ = StepRound()
             if loss is not None:
                 round_.losses.append(
@@ -305,19 +270,13 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
             if batch is not None:
                 round_.batch = Digester(strict=False).update(batch)
                 round_.batch_count = 1
-                if len(OPAQUE_TYPES) > self._opaque_warned:
-                    self._warn_opaque()
-            named = list(params or [])
-            with_grads = [(name, param.grad) for name, param in named if param.grad is not None]
-            digests, norms = self._digests([grad for _, grad in with_grads], True, late=True)
-            round_.grads.extend((name, value) for (name, _), value in zip(with_grads, digests))
-            round_.grad_squares.extend(norms)
-            param_digests, _ = self._digests([param for _, param in named], False, late=True)
-            round_.params.extend((name, value) for (name, _), value in zip(named, param_digests))
+                if len(OPAQUE_TYPES) > self.open_step.opaque_warned:
+                    self.open_step.warn_opaque()
+            self.data.take_named(round_, list(params or []))
             round_.rng = rng_digests()
-            self._round = round_
-            self._write_round()
-        self._advance()
+            self.open_step.round = round_
+            self.data.write(round_, life.step_index)
+        life.advance()
 
     def _outermost(self, event: str, optimizer) -> bool:
         """Is this step event an outermost optimizer's? An optimizer that steps inside another's
@@ -349,22 +308,58 @@ class Recorder(StepData, HandLoopWatch, ProcessLifecycle):
         finally:
             self._skipping = False
 
-    def _finish_round(self) -> None:
-        if not self._clock.members:
+    # -- the process's lifecycle (record/lifecycle.py) ---------------------------------------------
+    def _count_only(self, event: str, args: tuple) -> None:
+        """After the capture stopped, optimizer rounds are still counted toward a step limit."""
+        self.life.count_only(event, args, self.explicit)
+
+    def resume_at(
+        self, step: int, *, keep_batches: int | None = 0, source: str | Path | None = None
+    ) -> None:
+        """Continue numbering at `step` (after a checkpoint restore); the open round is dropped.
+
+        `keep_batches` keeps that many of the batches read last: a framework that fetches the
+        resumed step's batches before it restores state (Lightning, the Hugging Face Trainer) has
+        read them already, after any it skipped to reach the resumed position. None keeps them
+        all. `source` (the checkpoint restored) is recorded in the run folder for verdicts to
+        name."""
+        self.life.resume_at(step, keep_batches, source)
+        if self._hand is not None:
+            self._hand.drop_step()
+
+    def drop_open_step(self) -> None:
+        """Forget the step in progress (its round, losses and batches)."""
+        self.open_step.drop()
+        if self._hand is not None:
+            self._hand.drop_step()
+
+    def finish(self) -> None:
+        """Write the step still open (the last one) and close the trace."""
+        life = self.life
+        if not life.in_process():
             return
-        if self._tracing_this_step():
-            self._write_round(replicas=True)
-        self._clock.reset()
-        self._round = StepRound()
-        self._advance()
+        hand = self._hand
+        if hand is not None and hand.steps.open and not life.stopped and self.capture_error is None:
+            # The last backward of a loop that updates by hand: the loop ended, so it did.
+            hand.end_step()
+        life.finish(write_open=not self.explicit and self.capture_error is None)
+
+    def after_fork_in_child(self, index: int) -> None:
+        # A forked process (Hogwild worker, DataLoader worker) records into a stream of its own,
+        # named by fork order so that two runs name their processes alike.
+        """In a forked child: record into a stream of its own (`fork<index>`), from step 0."""
+        self.stream = f"{self.stream + '.' if self.stream else ''}fork{index}"
+        self.data.forked(RunFolder(self.run_dir).trace(self.stream))
+        self.ops.forked(self.stream)
+        self.open_step.forked()
+        if self._hand is not None:
+            self._hand.forked()
+        self.life.forked()
+
+    def close_trace(self) -> None:
+        """Close this process's trace file (writing the step held for its device values)."""
+        self.data.close()
 
 
 # [torch.Tensor] once hooks.install ran (a list read is cheaper than an import statement, cold)
 tensor_type: list[type] = [type("_NoTensor", (), {})]
-
-
-def _has_closure(args, kwargs) -> bool:
-    # Step hooks receive the bound call's arguments: args[0] is the optimizer itself.
-    return (len(args) > 1 and callable(args[1])) or (
-        bool(kwargs) and callable(kwargs.get("closure"))
-    )

@@ -21,16 +21,20 @@ from twice.record.latewrite import LateDigest, LateWriter
 from twice.record.recorder import Recorder
 
 
-class DeviceStyle(Recorder):
+def device_style(recorder: Recorder) -> Recorder:
     """Each tensor digested now as it would be on a CUDA device, unless the late writer takes
-    it."""
+    it (the recorder's step data digests every tensor through its `digests`)."""
+    plain = recorder.data.digests
 
-    def _digests(self, tensors, norms, late=False):
-        digests, found = super()._digests(tensors, norms, late)
+    def digests(tensors, norms, late=False):
+        digests, found = plain(tensors, norms, late)
         if any(isinstance(d, LateDigest) for d in digests):
             return digests, found
         tensors = [local_tensor(t).detach() for t in tensors]
         return [device_digest(t.dtype, tuple(t.shape), device_fold(t)) for t in tensors], found
+
+    recorder.data.digests = digests
+    return recorder
 
 
 folder, kind = Path(sys.argv[1]), sys.argv[2]
@@ -43,10 +47,10 @@ def lines(path: Path) -> int:
 
 def train(run_dir: Path, late: bool) -> list[int]:
     torch.manual_seed(0)
-    recorder = DeviceStyle(run_dir, params_every=2)
+    recorder = device_style(Recorder(run_dir, params_every=2))
     if late:
-        recorder.late = LateWriter(devices=("cuda", "cpu"))
-        recorder.late.on_kill.append(recorder.flush_late)
+        recorder.data.late = LateWriter(devices=("cuda", "cpu"))
+        recorder.data.late.on_kill.append(recorder.data.flush_late)
     hooks.install(recorder)
     trace, seen = run_dir / "trace.jsonl", []
     model = torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.Tanh(), torch.nn.Linear(9, 1))
