@@ -7,10 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunOptions", "DEFAULT_SEED"]
+__all__ = ["RunOptions", "DEFAULT_SEED", "root_seed"]
 
 # The documented default: two plain `twice run`s of a script compare equal.
 DEFAULT_SEED = 0
+
+
+def root_seed(seed: int | None) -> int:
+    """The root seed of the runs a command starts: `--seed` where given, else DEFAULT_SEED (the
+    command line's one `--seed` defaults to None, "not given")."""
+    return DEFAULT_SEED if seed is None else seed
 
 
 @dataclass

@@ -25,6 +25,7 @@ from twice.cli.group import (
     quiet_option,
     reporting,
     runs_dir_option,
+    seed_option,
     trusting,
     use_color,
     verbose_option,
@@ -186,7 +187,7 @@ def bisect(a, b, runs_dir, as_json, quiet, verbose, yes):
     show_default=True,
     help="How many steps to record twice.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
+@seed_option
 @runs_dir_option
 @click.option(
     "--determinism",
@@ -238,6 +239,7 @@ def audit(
     """
     from twice.app.audit import audit_command
     from twice.app.launch import RunOptions
+    from twice.app.options import root_seed
 
     if coverage:
         if not portable or command:
@@ -256,7 +258,9 @@ def audit(
         with reporting("audit", quiet):
             found = portable_audit(
                 list(command),
-                RunOptions(seed=seed, runs_dir=runs_dir, determinism="warn", quiet=not verbose),
+                RunOptions(
+                    seed=root_seed(seed), runs_dir=runs_dir, determinism="warn", quiet=not verbose
+                ),
                 steps,
             )
         echo_out(json_text(found.to_json()) if as_json else format_portable_audit(found))
@@ -265,7 +269,12 @@ def audit(
     with reporting("audit", quiet):
         report = audit_command(
             list(command),
-            RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=not verbose),
+            RunOptions(
+                seed=root_seed(seed),
+                runs_dir=runs_dir,
+                determinism=determinism,
+                quiet=not verbose,
+            ),
             steps=steps,
             target=target,
         )

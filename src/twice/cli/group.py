@@ -196,6 +196,21 @@ def verbose_option(function):
     )(function)
 
 
+def seed_option(function):
+    """The `--seed` option, one for every command that takes one. Its default is None, "not
+    given", which each command resolves to its own documented meaning (docs/commands.md): the root
+    seed `app.options.DEFAULT_SEED` of the runs it starts, or, for `verify --segments`, a fresh
+    seed of the segments' draw."""
+    return click.option(
+        "--seed",
+        type=int,
+        default=None,
+        help="Root seed for every RNG of the command run  [default: 0]. (verify re-runs with the "
+        "recorded seed; with --segments, --seed seeds the draw of segments  [default: a fresh "
+        "one, printed and recorded].)",
+    )(function)
+
+
 def determinism_option(function):
     """The `--determinism` option of the commands that run a command."""
     return click.option(

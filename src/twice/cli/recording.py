@@ -24,6 +24,7 @@ from twice.cli.group import (
     quiet_option,
     reporting,
     runs_dir_option,
+    seed_option,
     trusting,
     use_color,
     verbose_option,
@@ -35,7 +36,7 @@ from twice.store.traceseries import loss_fault_phrase
 
 
 @main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
-@click.option("--seed", type=int, default=None, help="Root seed for every RNG  [default: 0].")
+@seed_option
 @click.option("--name", help="A label appended to the run id.")
 @runs_dir_option
 @determinism_option
@@ -153,7 +154,8 @@ def run(
       twice run --observe -- bash train.sh     (record only, change nothing)
       twice run --mlflow sqlite:///mlflow.db -- python train.py
     """
-    from twice.app.launch import DEFAULT_SEED, RunOptions, portable_policy, run_command
+    from twice.app.launch import RunOptions, portable_policy, run_command
+    from twice.app.options import root_seed
 
     live = None
     if mlflow_uri is not None:
@@ -174,7 +176,7 @@ def run(
         if RunFolder(resume_from).checkpoints.is_dir():
             resume_from = RunFolder(resume_from).checkpoints
     options = RunOptions(
-        seed=DEFAULT_SEED if seed is None else seed,
+        seed=root_seed(seed),
         name=name,
         runs_dir=runs_dir,
         determinism=determinism,
@@ -243,13 +245,7 @@ def _steps_option(value: str | None) -> str | None:
     help="Instead, re-run K segments between RUN's checkpoints (the first and last always, the "
     "rest drawn with --seed) and compare each with the recorded steps and checkpoints.",
 )
-@click.option(
-    "--seed",
-    "segment_seed",
-    type=int,
-    default=None,
-    help="Seed of the segments' draw  [default: a fresh one, printed and recorded].",
-)
+@seed_option
 @click.option(
     "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Segments at a time."
 )
@@ -270,7 +266,7 @@ def verify(
     steps,
     resume_at,
     segments,
-    segment_seed,
+    seed,
     jobs,
     executor,
     as_json,
@@ -291,14 +287,10 @@ def verify(
 
     run_dir = find_run(run_ref, runs_dir)
     with reporting("verify", quiet):
-        _verify(
-            run_dir, steps, resume_at, segments, segment_seed, jobs, executor, as_json, verbose, yes
-        )
+        _verify(run_dir, steps, resume_at, segments, seed, jobs, executor, as_json, verbose, yes)
 
 
-def _verify(
-    run_dir, steps, resume_at, segments, segment_seed, jobs, executor, as_json, verbose, yes
-):
+def _verify(run_dir, steps, resume_at, segments, seed, jobs, executor, as_json, verbose, yes):
     from twice.app.verify import verify_resume_of_run, verify_run
     from twice.store.runs import read_manifest
 
@@ -313,9 +305,7 @@ def _verify(
             raise UsageError(f"--segments takes a count or 'all', not {segments!r}", "e.g. 4")
         count = None if segments == "all" else int(segments)
         check = trusting(
-            lambda ok: verify_segments(
-                run_dir, count, segment_seed, jobs=jobs, executor=executor, yes=ok
-            ),
+            lambda ok: verify_segments(run_dir, count, seed, jobs=jobs, executor=executor, yes=ok),
             yes,
         )
         echo_out(json_text(check.to_json()) if as_json else format_segments(check, use_color()))
@@ -342,7 +332,7 @@ def _verify(
     default=None,
     help="Interrupt after this many steps  [default: half the run].",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Root seed for every RNG.")
+@seed_option
 @runs_dir_option
 @determinism_option
 @click.option(
@@ -371,9 +361,12 @@ def verify_resume_command(at, seed, runs_dir, determinism, resume_command, as_js
     import shlex
 
     from twice.app.launch import RunOptions
+    from twice.app.options import root_seed
     from twice.app.verify import verify_resume
 
-    options = RunOptions(seed=seed, runs_dir=runs_dir, determinism=determinism, quiet=True)
+    options = RunOptions(
+        seed=root_seed(seed), runs_dir=runs_dir, determinism=determinism, quiet=True
+    )
     try:
         resume = shlex.split(resume_command) if resume_command is not None else None
     except ValueError as exc:

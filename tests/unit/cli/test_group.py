@@ -1,9 +1,14 @@
 """The command line itself (click's CliRunner, in process): listing, showing, errors, exit codes."""
 
+import ast
 import json
+from pathlib import Path
 
+import click
 from click.testing import CliRunner
 
+import twice.cli
+from twice.app.options import DEFAULT_SEED, root_seed
 from twice.cli import main
 from twice.store.files import write_json_atomic
 from twice.store.runs import new_run_dir
@@ -69,6 +74,46 @@ def test_nan_exits_1_for_a_recorded_fault_and_0_without(tmp_path):
     )
     result = CliRunner().invoke(main, ["nan", str(path)])
     assert result.exit_code == 1 and "non-finite values recorded from step 4" in result.output
+
+
+def _commands(group: click.Group, prefix: str = ""):
+    """(full name, command) of every command under `group`, subgroups' commands too."""
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, f"{prefix}{name} ")
+        else:
+            yield f"{prefix}{name}", command
+
+
+def test_every_command_takes_the_one_seed_option_with_one_default_and_help():
+    seeds = {
+        name: param
+        for name, command in _commands(main)
+        for param in command.params
+        if "--seed" in param.opts
+    }
+    assert set(seeds) == {"run", "verify", "verify-resume", "audit"}
+    shapes = {(p.name, p.default, p.help, p.type, p.show_default) for p in seeds.values()}
+    assert len(shapes) == 1, shapes
+    (name, default, *_), *_ = shapes
+    assert (name, default) == ("seed", None)  # None: not given, each command's meaning of it
+    assert root_seed(None) == DEFAULT_SEED and root_seed(7) == 7
+
+
+def test_the_command_line_spells_seed_once():
+    spelled = [
+        (path.name, node.lineno)
+        for path in sorted(Path(twice.cli.__file__).parent.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value == "--seed"
+    ]
+    assert [name for name, _ in spelled] == ["group.py"], spelled
+
+
+def test_run_refuses_a_seed_with_observe_and_names_both():
+    result = CliRunner().invoke(main, ["run", "--observe", "--seed", "0", "--", "true"])
+    assert result.exit_code == 2
+    assert "cannot also seed it" in result.output and "drop --seed or --observe" in result.output
 
 
 def test_the_group_suggests_an_option_shows_tracebacks_under_debug_and_prints_sorted_json(
