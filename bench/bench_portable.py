@@ -2,11 +2,13 @@
 kernel's throughput against torch's, measured side by side in one process.
 
 Steps: for an MLP, a CNN with batch norm, a small transformer (dropout on), RepDL's LeNet, an
-LSTM language model (and the same with GRU layers), a DCGAN, a VAE, a ResNet-style CNN and a
-bfloat16-autocast MLP, with Adam, the same loop runs in alternating blocks with and without the
-portable dispatch mode (ROUNDS pairs of STEPS steps; each block's first step untimed), at 1 and
-at 2 threads. The median of the per-pair ratios of wall time is reported with the pairs'
-quartiles. Target: at most 3x.
+LSTM language model (and the same with GRU layers), a DCGAN, a VAE, a ResNet-style CNN, a
+bfloat16-autocast MLP, a 3-D CNN and a small ViT, with Adam, the same loop runs in alternating
+blocks with and without the portable dispatch mode (ROUNDS pairs of STEPS steps; each block's
+first step untimed), at 1 and at 2 threads. The median of the per-pair ratios of wall time is
+reported with the pairs' quartiles. Target: at most 3x. And a float64 family: pytorch/examples'
+time_sequence_prediction (two LSTMCells over the sequence, LBFGS), its step timed the same way
+with and without the mode.
 
 Kernels: matrix product and convolution in GFLOP/s, elementwise exp and a sum in GB/s (bytes of
 the input read), portable against torch, the best of several calls each.
@@ -186,6 +188,114 @@ class Autocast(nn.Module):
 
 def bf16():
     return Autocast(), mlp()[1]
+
+
+def cnn3d():
+    """A 3-D CNN over short clips (video, volumes): 3-d convolutions, batch norm, pooling."""
+    model = nn.Sequential(
+        nn.Conv3d(3, 8, 3, padding=1),
+        nn.BatchNorm3d(8),
+        nn.ReLU(),
+        nn.MaxPool3d(2),
+        nn.Conv3d(8, 16, 3, padding=1),
+        nn.BatchNorm3d(16),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool3d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    )
+    return model, lambda: (torch.randn(4, 3, 8, 16, 16), torch.randint(0, 10, (4,)))
+
+
+def vit():
+    """A small ViT as timm builds one: patch embedding, class token, pre-norm attention blocks
+    with GELU MLPs (nn.TransformerEncoderLayer's norm_first form), layer norm, a linear head."""
+
+    class ViT(nn.Module):
+        def __init__(self, dim=64):
+            super().__init__()
+            self.patch = nn.Conv2d(3, dim, 4, stride=4)
+            self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+            self.pos = nn.Parameter(torch.randn(1, 65, dim) * 0.02)
+            layer = nn.TransformerEncoderLayer(
+                dim, 4, dim * 4, 0.1, activation="gelu", batch_first=True, norm_first=True
+            )
+            self.blocks = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+            self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 10)
+
+        def forward(self, x):
+            x = self.patch(x).flatten(2).transpose(1, 2)
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
+            return self.head(self.norm(self.blocks(x))[:, 0])
+
+    return ViT(), lambda: (torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))
+
+
+class Sequence(nn.Module):
+    """pytorch/examples' time_sequence_prediction: two LSTMCells and a linear layer, run over
+    each time step of sine waves, in float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm1, self.lstm2 = nn.LSTMCell(1, 51), nn.LSTMCell(51, 51)
+        self.linear = nn.Linear(51, 1)
+
+    def forward(self, x):
+        state1 = [torch.zeros(x.size(0), 51, dtype=torch.double) for _ in range(2)]
+        state2 = [torch.zeros(x.size(0), 51, dtype=torch.double) for _ in range(2)]
+        outputs = []
+        for step in x.split(1, dim=1):
+            state1 = self.lstm1(step, state1)
+            state2 = self.lstm2(state1[0], state2)
+            outputs.append(self.linear(state2[0]))
+        return torch.cat(outputs, dim=1)
+
+
+def float64_case(threads):
+    """The example's LBFGS step (a closure of up to 20 evaluations) on its 97 sequences, cut to
+    SEQ_LENGTH steps, in alternate blocks with and without portable mode."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    length = size("SEQ_LENGTH", 200, 8)
+    waves = torch.sin(
+        (torch.arange(length + 1, dtype=torch.double) + torch.randint(-80, 80, (97, 1)).double())
+        / 20.0
+    )
+    x, y = waves[:, :-1], waves[:, 1:]
+    model = Sequence().double()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.8, max_iter=size("LBFGS_ITER", 4, 1))
+
+    def timed(portable):
+        mode = PortableMode("warn") if portable else None
+        if mode is not None:
+            mode.__enter__()
+        try:
+
+            def closure():
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+
+            start = time.perf_counter()
+            opt.step(closure)
+            return time.perf_counter() - start
+        finally:
+            if mode is not None:
+                mode.__exit__(None, None, None)
+
+    ratios, plain_s = [], []
+    for _ in range(size("SEQ_ROUNDS", 3, 1)):
+        plain = timed(False)
+        ratios.append(timed(True) / plain)
+        plain_s.append(plain)
+    ratios.sort()
+    low, med, high = ratios[0], statistics.median(ratios), ratios[-1]
+    print(
+        f"{'float64 LSTMCells + LBFGS, ' + str(threads) + ' thread(s)':28s} plain "
+        f"{statistics.median(plain_s) * 1e3:7.1f} ms/step   portable {med:5.2f}x  "
+        f"(range {low:.2f}x, {high:.2f}x)"
+    )
 
 
 def _loss(name):
@@ -370,8 +480,14 @@ CASES = {
         ("vae", vae),
         ("resnet", resnet),
         ("bf16", bf16),
+        ("cnn3d", cnn3d),
+        ("vit", vit),
     )
 }
+for _threads in (1,) if TINY else (1, 2):
+    CASES[f"step float64 {_threads} thread{'s' if _threads > 1 else ''}"] = (
+        lambda threads=_threads: float64_case(threads)
+    )
 CASES["kernels"] = kernels
 CASES["conv routes"] = conv_routes
 

@@ -313,16 +313,20 @@ def _bessel_i(order: int, x: torch.Tensor, scaled: bool) -> torch.Tensor:
 
 
 def i0(x: torch.Tensor) -> torch.Tensor:
+    """I_0(x), the modified Bessel function of the first kind of order 0."""
     return _bessel_i(0, x, scaled=False)
 
 
 def i0e(x: torch.Tensor) -> torch.Tensor:
+    """e^-|x| I_0(x)."""
     return _bessel_i(0, x, scaled=True)
 
 
 def i1(x: torch.Tensor) -> torch.Tensor:
+    """I_1(x), of order 1 (odd)."""
     return _bessel_i(1, x, scaled=False)
 
 
 def i1e(x: torch.Tensor) -> torch.Tensor:
+    """e^-|x| I_1(x)."""
     return _bessel_i(1, x, scaled=True)
