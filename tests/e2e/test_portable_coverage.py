@@ -145,18 +145,8 @@ LINALG = [
     "linalg.ldl_factor_ex.",
     "linalg.ldl_solve.",
 ]
-CONV3D = [
-    "nn.functional.conv3d.",
-    "nn.functional.conv_transpose3d.",
-]
-RESAMPLING = [
-    "_upsample_bilinear2d_aa.",
-    "grid_sampler_2d.",
-    "grid_sampler_3d.",
-    "nn.functional.grid_sample.",
-    "nn.functional.interpolate.bicubic",
-    "nn.functional.interpolate.trilinear",
-]
+CONV3D: list[str] = []  # 3-d convolutions: covered (ops/conv3d.py)
+RESAMPLING: list[str] = []  # bicubic, trilinear, anti-aliased, grid sampling: covered
 LOSSES = [
     "nn.functional.bilinear.",
     "nn.functional.ctc_loss.",
