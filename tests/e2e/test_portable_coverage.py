@@ -148,12 +148,8 @@ LINALG = [
 CONV3D: list[str] = []  # 3-d convolutions: covered (ops/conv3d.py)
 RESAMPLING: list[str] = []  # bicubic, trilinear, anti-aliased, grid sampling: covered
 LOSSES = [
-    "nn.functional.bilinear.",
-    "nn.functional.ctc_loss.",
     "nn.functional.linear_cross_entropy.chunked",
     "nn.functional.linear_cross_entropy.chunked_none",
-    "nn.functional.multi_margin_loss.",
-    "nn.functional.multilabel_margin_loss.",
 ]
 SPECIAL = [
     "igamma.",

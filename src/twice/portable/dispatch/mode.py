@@ -28,6 +28,7 @@ import twice.portable.ops.gridsample  # noqa: F401
 import twice.portable.ops.linalg  # noqa: F401
 import twice.portable.ops.linear  # noqa: F401
 import twice.portable.ops.logs  # noqa: F401
+import twice.portable.ops.losses  # noqa: F401
 import twice.portable.ops.math  # noqa: F401
 import twice.portable.ops.network  # noqa: F401
 import twice.portable.ops.optim  # noqa: F401
