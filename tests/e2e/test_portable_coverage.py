@@ -163,7 +163,6 @@ SPECIAL = [
     "special.modified_bessel_k1.",
     "special.scaled_modified_bessel_k0.",
     "special.scaled_modified_bessel_k1.",
-    "special.spherical_bessel_j0.",
 ]
 SPARSE_COMPLEX = [
     "polar.",

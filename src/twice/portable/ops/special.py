@@ -14,6 +14,7 @@ import torch
 from twice.portable.arithmetic import elementwise as ew
 from twice.portable.arithmetic import special as sp
 from twice.portable.dispatch.table import kernel
+from twice.portable.ops import functions
 from twice.portable.ops.math import floating, inplace, unary
 
 __all__ = ["polynomial"]
@@ -48,6 +49,21 @@ def _sinc(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isinf(x), 0.0, torch.where(torch.isnan(x), x, out))
 
 
+_J0_SERIES = [(-1) ** k / math.factorial(2 * k + 1) for k in range(10)]
+
+
+def _spherical_j0(x: torch.Tensor) -> torch.Tensor:
+    """sin(x) / x; below |x| = 1/2 its Taylor series in x^2 (Horner, 10 terms), where the
+    quotient would carry sin's relative error near 0 and x = 0 is 0 / 0."""
+    small = x.abs() < 0.5
+    x2 = torch.where(small, x, 0.0) * torch.where(small, x, 0.0)
+    series = torch.full_like(x, _J0_SERIES[-1])
+    for c in reversed(_J0_SERIES[:-1]):
+        series = series * x2 + c
+    out = torch.where(small, series, functions.sin(x) / torch.where(small, 1.0, x))
+    return torch.where(torch.isinf(x), 0.0, out)
+
+
 for _names, _fn in {
     ("lgamma",): sp.lgamma,
     ("digamma",): sp.digamma,
@@ -68,6 +84,7 @@ for _name, _fn in {
     "special_modified_bessel_i0": sp.i0,
     "special_modified_bessel_i1": sp.i1,
     "special_entr": _entr,
+    "special_spherical_bessel_j0": _spherical_j0,
 }.items():
     kernel(f"{_name}.default")(unary(_fn))
 # erfc as 1 - erf loses its digits where erfc is small: the complement computed directly.

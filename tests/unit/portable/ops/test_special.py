@@ -62,3 +62,14 @@ def test_erfc_keeps_its_digits_where_it_is_small():
         small = torch.erfc(torch.tensor([5.0, 9.0], dtype=torch.float64))
     expected = torch.tensor([1.5374597944280349e-12, 4.1370317465138102e-37], dtype=torch.float64)
     assert bool(((small - expected).abs() <= 1e-14 * expected).all())
+
+
+def test_spherical_bessel_j0_matches_scipy_in_float64_to_a_few_ulps():
+    scipy_special = pytest.importorskip("scipy.special")
+    x = torch.cat([torch.linspace(-60, 60, 4001, dtype=torch.float64), torch.tensor([0.0, 0.5])])
+    with PortableMode("strict"):
+        got = torch.special.spherical_bessel_j0(x)
+        ends = torch.special.spherical_bessel_j0(torch.tensor([float("inf"), float("nan")]))
+    ref = torch.from_numpy(scipy_special.spherical_jn(0, x.numpy()))
+    assert (got - ref).abs().max() <= 1e-15
+    assert ends[0] == 0 and ends[1].isnan()
