@@ -170,11 +170,7 @@ SPARSE_COMPLEX = [
     "sparse.sampled_addmm.",
     "to_sparse.",
 ]
-BY_RULE = [
-    "_segment_reduce.lengths",
-    "_segment_reduce.offsets",
-    "histogramdd.",
-]
+BY_RULE: list[str] = []
 REFUSED = {
     **dict.fromkeys(
         LINALG,

@@ -37,6 +37,7 @@ import twice.portable.ops.products  # noqa: F401
 import twice.portable.ops.random  # noqa: F401
 import twice.portable.ops.resample  # noqa: F401
 import twice.portable.ops.rules  # noqa: F401
+import twice.portable.ops.segments  # noqa: F401
 import twice.portable.ops.special  # noqa: F401
 import twice.portable.ops.spectral  # noqa: F401
 from twice.core.errors import DeterminismError
