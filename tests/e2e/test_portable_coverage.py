@@ -154,15 +154,6 @@ LOSSES = [
 SPECIAL = [
     "igamma.",
     "igammac.",
-    "special.airy_ai.",
-    "special.bessel_j0.",
-    "special.bessel_j1.",
-    "special.bessel_y0.",
-    "special.bessel_y1.",
-    "special.modified_bessel_k0.",
-    "special.modified_bessel_k1.",
-    "special.scaled_modified_bessel_k0.",
-    "special.scaled_modified_bessel_k1.",
 ]
 SPARSE_COMPLEX = [
     "polar.",

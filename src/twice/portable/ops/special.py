@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from twice.portable.arithmetic import bessel
 from twice.portable.arithmetic import elementwise as ew
 from twice.portable.arithmetic import special as sp
 from twice.portable.dispatch.table import kernel
@@ -85,6 +86,7 @@ for _name, _fn in {
     "special_modified_bessel_i1": sp.i1,
     "special_entr": _entr,
     "special_spherical_bessel_j0": _spherical_j0,
+    **{f"special_{name}": getattr(bessel, name) for name in bessel.__all__[:9]},
 }.items():
     kernel(f"{_name}.default")(unary(_fn))
 # erfc as 1 - erf loses its digits where erfc is small: the complement computed directly.
