@@ -139,9 +139,11 @@ def zeta(s: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     NaN; q a non-positive integer inf; q <= 0 with s not an integer NaN (torch's cases)."""
     s, q = torch.broadcast_tensors(s, q)
     a, total = q.clone(), torch.zeros_like(q)
+    # Each element stops on its own (ten terms, and q + k >= 10): the loop runs until the
+    # element that needs the most terms has them, so no element's sum depends on the others.
     finite = q[torch.isfinite(q)]
-    lowest = float(finite.min()) if finite.numel() else 0.0
-    for k in range(10 + min(_ZETA_MAX_SHIFT, int(max(0.0, -lowest)))):
+    lowest = float(finite.min()) if finite.numel() else 10.0
+    for k in range(max(10, min(_ZETA_MAX_SHIFT, math.ceil(10.0 - lowest)))):
         active = (a < 10.0) | (k < 10)
         total = torch.where(active, total + ew.pow_tensor(a, -s), total)
         a = torch.where(active, a + 1.0, a)

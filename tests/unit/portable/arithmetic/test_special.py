@@ -105,3 +105,11 @@ def test_an_elements_bits_do_not_depend_on_the_others(function):
     for i in (0, 7, 13, 63):
         alone = function(x[i : i + 1])
         assert torch.equal(whole[i : i + 1].view(torch.int64), alone.view(torch.int64))
+
+
+def test_zetas_terms_stop_at_each_elements_own_q_whatever_the_batch():
+    s = torch.tensor([2.0, 2.0, 3.0], dtype=torch.float64)
+    q = torch.tensor([-0.4598, -6.0, -0.999], dtype=torch.float64)
+    whole = special.zeta(s, q)
+    for i in (0, 2):
+        assert torch.equal(whole[i : i + 1], special.zeta(s[i : i + 1], q[i : i + 1]))
