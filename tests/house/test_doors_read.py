@@ -6,6 +6,7 @@ The scan below fails when a new module reads a file around the door."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,9 @@ DOOR = "store/reader.py"
 
 # Reading calls, by the module they are called on: json.load(s), pickle, np.load, torch.load...
 READ_MODULES = {"json", "pickle", "marshal", "np", "numpy", "torch", "yaml", "orjson", "tomllib",
-                "safetensors", "safetensors.torch"}  # fmt: skip
-READ_NAMES = {"load", "loads", "fromfile", "memmap", "Unpickler", "safe_open", "load_file"}
+                "safetensors", "safetensors.torch", "io"}  # fmt: skip
+READ_NAMES = {"load", "loads", "fromfile", "memmap", "Unpickler", "safe_open", "load_file",
+              "loadtxt", "genfromtxt", "from_file", "FileIO"}  # fmt: skip
 # Path methods that read, and builtins that open.
 READ_METHODS = {"read_text", "read_bytes"}
 WRITE_MODES = ("w", "a", "x")
@@ -35,9 +37,10 @@ EXCEPTIONS = {
     "canonical and valid: parsed fast, never a new language",
     ("checkpoint/sharded.py", "torch.load"): "DCP's own bytes entries, read by the door, decoded "
     "with weights_only=True (tensors and plain values only)",
-    ("store/files.py", "os.open"): "fsync_dir opens a folder to sync a rename, reading nothing",
-    ("store/traces.py", "os.open"): "the trace writer (O_WRONLY | O_APPEND)",
-    ("app/trust.py", "os.open"): "the key is created with O_CREAT | O_EXCL, mode 0600",
+    ("store/files.py", "os.open to read"): "fsync_dir opens a folder to sync a rename, reading "
+    "nothing",
+    ("store/traces.py", "os.open to write"): "the trace writer (O_WRONLY | O_APPEND)",
+    ("app/trust.py", "os.open to write"): "the key is created with O_CREAT | O_EXCL, mode 0600",
 }
 
 
@@ -66,6 +69,13 @@ def door_violations(source: str) -> list[tuple[int, str]]:
     """(line, what) of every read in `source` that goes around the door."""
     found = []
     tree = ast.parse(source)
+    assignments = {
+        node.targets[0].id: ast.unparse(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+    }
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
@@ -90,17 +100,15 @@ def door_violations(source: str) -> list[tuple[int, str]]:
             if not (isinstance(mode, str) and any(m in mode for m in WRITE_MODES)):
                 found.append((node.lineno, f"{name}() to read"))
         elif attr == "open" and base not in ("os", "self", "live", "tarfile", "zipfile"):
-            mode = _mode(node, 0)  # Path.open(mode)
-            if (node.args or node.keywords) and not (
-                isinstance(mode, str) and any(m in mode for m in WRITE_MODES)
-            ):
+            mode = _mode(node, 0)  # Path.open(mode); no mode at all reads
+            if not (isinstance(mode, str) and any(m in mode for m in WRITE_MODES)):
                 found.append((node.lineno, f"{name}() to read"))
         elif name == "os.open":
             flags = ast.unparse(node.args[1]) if len(node.args) > 1 else ""
-            if "O_WRONLY" not in flags and "O_CREAT" not in flags:
-                found.append((node.lineno, "os.open"))
-            else:
-                found.append((node.lineno, "os.open"))  # writes are listed too: see EXCEPTIONS
+            for assigned, value in assignments.items():  # flags held in a local name
+                flags = re.sub(rf"\b{assigned}\b", value, flags)
+            writes = "O_WRONLY" in flags or "O_RDWR" in flags or "O_CREAT" in flags
+            found.append((node.lineno, "os.open to write" if writes else "os.open to read"))
         elif attr in READ_METHODS:
             found.append((node.lineno, f".{attr}()"))
         elif base in READ_MODULES and attr in READ_NAMES:
@@ -160,13 +168,31 @@ def test_every_exception_is_still_needed():
         "import numpy as np\nnp.load(p)\n",
         "import torch\ntorch.load(p)\n",
         "os.open(p, os.O_RDONLY)\n",
+        "flags = os.O_RDONLY | os.O_NOFOLLOW\nos.open(p, flags)\n",
         "from safetensors.torch import load_file\n",
+        "Path(p).open()\n",
+        "import io\nio.FileIO(p)\n",
+        "import numpy as np\nnp.loadtxt(p)\n",
+        "import torch\ntorch.from_file(p)\n",
     ],
 )
 def test_the_scan_sees_every_way_of_reading(source):
     assert door_violations(source), source
 
 
-@pytest.mark.parametrize("source", ["open(p, 'wb')\n", "open(p, 'a')\n", "p.open('w')\n"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "open(p, 'wb')\n",
+        "open(p, 'a')\n",
+        "p.open('w')\n",
+    ],
+)
 def test_the_scan_lets_writes_pass(source):
     assert not door_violations(source)
+
+
+def test_an_os_open_is_told_a_read_or_a_write_by_its_flags_wherever_they_are_held():
+    held = "flags = os.O_WRONLY | os.O_APPEND\nos.open(p, flags)\n"
+    assert [w for _, w in door_violations(held)] == ["os.open to write"]
+    assert [w for _, w in door_violations("os.open(p, os.O_RDONLY)\n")] == ["os.open to read"]

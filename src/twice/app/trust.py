@@ -31,8 +31,9 @@ from collections.abc import Callable
 from dataclasses import InitVar, dataclass
 from pathlib import Path
 
-from twice.core.errors import UsageError
+from twice.core.errors import CorruptRecord, UsageError
 from twice.core.manifest import Manifest
+from twice.store import reader
 from twice.store.runs import read_manifest
 
 __all__ = [
@@ -88,7 +89,9 @@ def _user_key(create: bool) -> bytes | None:
     others may read signs nothing."""
     path = key_path()
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        handle = reader.open_record(path)  # a regular file, not a link, FIFO or device
+    except CorruptRecord:
+        return None
     except FileNotFoundError:
         if not create:
             return None
@@ -104,7 +107,7 @@ def _user_key(create: bool) -> bytes | None:
         return _user_key(False)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as handle:
+    with handle:
         info = os.fstat(handle.fileno())
         key = handle.read(129).strip()
     owned = not hasattr(os, "getuid") or info.st_uid == os.getuid()
