@@ -151,10 +151,6 @@ LOSSES = [
     "nn.functional.linear_cross_entropy.chunked",
     "nn.functional.linear_cross_entropy.chunked_none",
 ]
-SPECIAL = [
-    "igamma.",
-    "igammac.",
-]
 SPARSE_COMPLEX = [
     "polar.",
     "sparse.mm.reduce",
@@ -171,7 +167,6 @@ REFUSED = {
     **dict.fromkeys(CONV3D, "3-d convolution: not yet through the exact convolution kernels"),
     **dict.fromkeys(RESAMPLING, "resampling mode or gradient without a portable kernel yet"),
     **dict.fromkeys(LOSSES, "loss without a portable kernel yet"),
-    **dict.fromkeys(SPECIAL, "special function without a portable algorithm yet"),
     **dict.fromkeys(SPARSE_COMPLEX, "sparse layouts and complex construction: not covered"),
     **dict.fromkeys(BY_RULE, "exact or order-fixed by a rule not yet written"),
 }

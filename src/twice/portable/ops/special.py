@@ -142,6 +142,22 @@ def _zeta(s, q):
     return sp.zeta(_as64(s, like), _as64(q, like)).to(_dtype(s, q))
 
 
+def _incomplete_gamma(function):
+    """The kernel of igamma or igammac (both tensors; the result in their promoted dtype)."""
+
+    def run(a, x):
+        floating(a, x)
+        return function(_as64(a), _as64(x)).to(_dtype(a, x))
+
+    return run
+
+
+kernel("igamma.default")(_incomplete_gamma(bessel.igamma))
+kernel("igamma_.default")(inplace(_incomplete_gamma(bessel.igamma)))
+kernel("igammac.default")(_incomplete_gamma(bessel.igammac))
+kernel("igammac_.default")(inplace(_incomplete_gamma(bessel.igammac)))
+
+
 def _recurrence(x, n, first, step):
     """P_n(x) from P_0 = 1, P_1 = first(x) and P_{k+1} = step(k, x, P_k, P_{k-1}), each element
     stopping at its own degree (n truncated to an integer); 0 for n < 0."""

@@ -63,3 +63,39 @@ def test_an_element_is_its_own(name):
     whole = function(batch)
     for i in range(0, 300, 37):
         assert torch.equal(function(batch[i : i + 1]), whole[i : i + 1])
+
+
+SHAPES = np.concatenate([RNG.uniform(0, 30, 4000), 10 ** RNG.uniform(-3, 2, 2000)])
+POINTS = np.concatenate([RNG.uniform(0, 40, 4000), SHAPES[4000:] * 10 ** RNG.uniform(-1, 1, 2000)])
+
+
+@pytest.mark.parametrize(
+    "function, reference",
+    [(bessel.igamma, scipy_special.gammainc), (bessel.igammac, scipy_special.gammaincc)],
+)
+def test_incomplete_gamma_against_scipy(function, reference):
+    got = function(torch.tensor(SHAPES), torch.tensor(POINTS)).numpy()
+    want = reference(SHAPES, POINTS)
+    assert np.all(np.abs(got - want) <= 1e-12 * np.abs(want) + 1e-15)
+
+
+def test_incomplete_gamma_special_values_match_torch():
+    a = torch.tensor([-1.0, 0, 0, 0, 1, math.inf, math.inf, 1, math.nan, 1, 2, 3])
+    x = torch.tensor([1.0, 1, 0, -1, 0, 1, math.inf, math.inf, 1, math.nan, -1, 2.5])
+    a, x = a.double(), x.double()
+    for ours, theirs in [(bessel.igamma, torch.igamma), (bessel.igammac, torch.igammac)]:
+        got, want = ours(a, x), theirs(a, x)
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        finite = ~torch.isnan(want)
+        assert torch.allclose(got[finite], want[finite], rtol=1e-14, atol=0)
+
+
+def test_incomplete_gamma_element_is_its_own():
+    """A slowly converging element (a = x = 900) beside quick ones changes none of their bits,
+    nor do the quick ones change its."""
+    a = torch.tensor([0.5, 900.0, 3.0, 2.0], dtype=torch.float64)
+    x = torch.tensor([0.1, 900.0, 40.0, 2.5], dtype=torch.float64)
+    for function in (bessel.igamma, bessel.igammac):
+        whole = function(a, x)
+        for i in range(4):
+            assert torch.equal(function(a[i : i + 1], x[i : i + 1]), whole[i : i + 1])
