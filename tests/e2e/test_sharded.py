@@ -322,27 +322,3 @@ def test_a_dcp_checkpoint_of_two_processes_loads_into_four_with_a_warning(tmp_pa
     whole = [next(line for line in out.splitlines() if line.startswith("WHOLE")) for out in found]
     assert whole[0] == whole[1]
     assert "WARNED True" in found[1]
-
-
-def test_the_step_dcp_takes_to_create_optimizer_state_is_not_a_training_step(tmp_path):
-    """DCP's state-dict API gives a fresh optimizer its state by a step with zero gradients and a
-    zero learning rate: the trace does not count it (a script loading DCP itself would otherwise
-    record a step that is not one, and its resumed trace would not line up)."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    from twice.record import hooks
-    from twice.record.recorder import Recorder
-
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    before = [p.detach().clone() for p in model.parameters()]
-    recorder = hooks.install(Recorder(tmp_path))
-    try:
-        get_optimizer_state_dict(model, opt)
-        assert opt.state and recorder.completed_steps == 0  # the state made, no step counted
-        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-        model(torch.randn(4, 3)).sum().backward()
-        opt.step()
-        assert recorder.completed_steps == 1
-    finally:
-        hooks.uninstall()

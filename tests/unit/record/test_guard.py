@@ -8,28 +8,9 @@ import warnings
 import pytest
 import torch
 
-from twice.record import hooks
 from twice.record.guard import costed
 from twice.store import layout
-from twice.store.traces import read_trace
-
-
-def train(tmp_path, build, steps=4, name="run"):
-    """Train `build()`'s (modules, optimizers, loss function) under a recorder; the trace's
-    records."""
-    torch.manual_seed(0)
-    modules, optimizers, loss_of = build()
-    hooks.install(hooks.Recorder(tmp_path / name))
-    try:
-        for step in range(steps):
-            for optimizer in optimizers:
-                optimizer.zero_grad()
-            loss_of(step).backward()
-            for optimizer in optimizers:
-                optimizer.step()
-    finally:
-        hooks.uninstall()
-    return read_trace(tmp_path / name / "trace.jsonl")
+from unit.record.loops import train
 
 
 def test_an_error_in_the_capture_stops_the_capture_not_the_training(tmp_path):

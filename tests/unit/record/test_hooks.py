@@ -47,3 +47,27 @@ def test_outside_a_recorded_run_torch_runs_unwatched(tmp_path):
     model = torch.nn.Linear(2, 1)
     model(torch.ones(1, 2)).sum().backward()
     assert hooks.active_recorder() is None and model.weight.grad is not None
+
+
+def test_the_step_dcp_takes_to_create_optimizer_state_is_not_a_training_step(tmp_path):
+    """DCP's state-dict API gives a fresh optimizer its state by a step with zero gradients and a
+    zero learning rate: the trace does not count it (a script loading DCP itself would otherwise
+    record a step that is not one, and its resumed trace would not line up)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from twice.record import hooks
+    from twice.record.recorder import Recorder
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    recorder = hooks.install(Recorder(tmp_path))
+    try:
+        get_optimizer_state_dict(model, opt)
+        assert opt.state and recorder.completed_steps == 0  # the state made, no step counted
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
+        assert recorder.completed_steps == 1
+    finally:
+        hooks.uninstall()

@@ -11,6 +11,7 @@ from twice.record.names import (
     param_names,
     process_stream,
 )
+from unit.record.loops import train
 
 
 def test_a_parameter_is_named_by_its_path_from_the_outermost_module():
@@ -84,3 +85,33 @@ def test_names_in_words_lists_six_at_most():
 
 def test_the_main_process_keeps_its_stream():
     assert process_stream("rank1") == "rank1" and process_stream(None) is None
+
+
+def test_parameters_named_alike_in_separate_modules_get_distinct_names(tmp_path):
+    """Two top-level modules both have a "weight": within one optimizer, and across a GAN's two."""
+
+    def one_optimizer():
+        a, b, c = (
+            torch.nn.Linear(3, 3),
+            torch.nn.Linear(3, 1),
+            torch.nn.Sequential(torch.nn.Linear(3, 3)),
+        )
+        optimizer = torch.optim.SGD([*a.parameters(), *b.parameters(), *c.parameters()], lr=0.1)
+        return [a, b, c], [optimizer], lambda step: b(a(c(torch.randn(4, 3)))).sum()
+
+    records = train(tmp_path, one_optimizer, name="one")
+    assert list(records[0].param_digests) == sorted(
+        ["Linear.weight", "Linear.bias", "Linear#2.weight", "Linear#2.bias", "0.weight", "0.bias"]
+    )
+
+    def gan():
+        d, g = torch.nn.Linear(2, 1), torch.nn.Linear(2, 2)
+        optimizers = [
+            torch.optim.SGD(d.parameters(), lr=0.1),
+            torch.optim.SGD(g.parameters(), lr=0.1),
+        ]
+        return [d, g], optimizers, lambda step: d(g(torch.randn(4, 2))).mean()
+
+    records = train(tmp_path, gan, name="gan")
+    assert len(records[0].param_digests) == len(records[0].grad_digests) == 4
+    assert set(records[0].param_digests) == {"weight", "bias", "Linear.weight", "Linear.bias"}

@@ -1,11 +1,15 @@
 """record/openstep: the step in progress and the StepRecord it becomes."""
 
 import math
+import warnings
 
 import torch
 
+import twice
 from twice.core.digests import digest_pairs, float_bits
+from twice.record import hooks
 from twice.record.openstep import StepRound
+from twice.store.traces import read_trace
 
 
 def test_a_round_becomes_the_record_of_its_step():
@@ -35,3 +39,47 @@ def test_an_empty_round_records_nothing_but_its_step():
     assert losses == [1.0, 2.0] and record.loss == [float_bits(1.0), float_bits(2.0)]
     assert record.grads is record.params is record.grad_norm is None
     assert record.param_digests is None and record.skipped is True
+
+
+class Batch:
+    """A user's batch class: tensors as attributes, as research code often collates them."""
+
+    def __init__(self, x, y, tag=None):
+        self.x, self.y, self.tag = x, y, tag
+
+
+def test_batches_of_a_plain_class_are_digested_by_their_contents(tmp_path):
+    """A collate_fn returning a plain object (not a tuple, dict or dataclass): its attributes are
+    digested, so two steps with other data get other batch digests. An object twice cannot read
+    (a compiled regex here) is identified by its type, and the run is warned once that a
+    difference in it would go unseen."""
+    import re
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(12, 3), torch.randn(12, 1))
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def collate(items):
+        return Batch(
+            torch.stack([x for x, _ in items]),
+            torch.stack([y for _, y in items]),
+            re.compile("opaque"),
+        )
+
+    hooks.install(hooks.Recorder(tmp_path / "run"))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            seen = []
+            for batch in torch.utils.data.DataLoader(data, batch_size=4, collate_fn=collate):
+                seen.append(twice.digest({"x": batch.x, "y": batch.y}))
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(batch.x), batch.y).backward()
+                optimizer.step()
+    finally:
+        hooks.uninstall()
+    records = read_trace(tmp_path / "run" / "trace.jsonl")
+    assert len(records) == 3 and len({r.batch for r in records}) == 3 and len(set(seen)) == 3
+    opaque = [str(w.message) for w in caught if "cannot read" in str(w.message)]
+    assert len(opaque) == 1 and "re.Pattern" in opaque[0]

@@ -7,6 +7,7 @@ from twice.core.digests import digest, digest_pairs
 from twice.record import hooks
 from twice.record.recorder import Recorder
 from twice.store.traces import read_trace
+from unit.record.loops import scaled_training
 
 
 def _params_digest(model):
@@ -35,18 +36,29 @@ def test_models_trained_one_after_another_are_recorded_with_their_own_parameters
     assert [r.params for r in records] == expected
 
 
-def test_a_gan_round_of_two_optimizers_is_one_step(tmp_path):
-    torch.manual_seed(0)
-    g, d = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
-    opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
-    hooks.install(Recorder(tmp_path))
-    try:
-        for _ in range(4):
-            for opt in (opt_d, opt_g):
-                opt.zero_grad()
-                d(g(torch.randn(3, 2))).sum().backward()
-                opt.step()
-    finally:
-        hooks.uninstall()
-    records = read_trace(tmp_path / "trace.jsonl")
-    assert [r.step for r in records] == [0, 1, 2, 3]
+def test_a_step_that_gradscaler_skips_is_still_a_step(tmp_path):
+    """GradScaler skips optimizer.step() when the scaled gradients overflow (routine for the first
+    fp16 steps): the iteration is still recorded as its own step, marked skipped, its parameters
+    unchanged, and the overflow it handles is not reported as a numerical fault."""
+
+    def loss_of(
+        model, step
+    ):  # a loss of 1 with gradients of ~1e10: they overflow float32 until the scale is below ~2^94
+        out = model(torch.randn(8, 4) * 1e10).mean()
+        return out - out.detach() + 1.0
+
+    records, updated, events = scaled_training(tmp_path, 12, loss_of)
+    assert [r.step for r in records] == list(range(12))  # one record per iteration, skipped or not
+    skipped = [bool(r.skipped) for r in records]
+    assert skipped == [not u for u in updated] and 3 <= sum(skipped) < 12 and skipped[0]
+    first = skipped.index(False)
+    assert (
+        len({r.params for r in records[: first + 1]}) == 2
+    )  # unchanged while skipped; changed by the first update
+    # each step has its own loss and batch (the data its module was given), none merged
+    assert all(r.loss and r.batch for r in records)
+    assert len({r.batch for r in records}) == len(records)
+    assert [e for e in events if e["kind"] in ("non_finite", "skipped_updates")] == []
+    assert torch.amp.GradScaler.step.__name__ == "step" and not hasattr(
+        torch.amp.GradScaler.step, "__wrapped__"
+    )
