@@ -145,8 +145,6 @@ LINALG = [
     "linalg.ldl_factor_ex.",
     "linalg.ldl_solve.",
 ]
-CONV3D: list[str] = []  # 3-d convolutions: covered (ops/conv3d.py)
-RESAMPLING: list[str] = []  # bicubic, trilinear, anti-aliased, grid sampling: covered
 LOSSES = [
     "nn.functional.linear_cross_entropy.chunked",
     "nn.functional.linear_cross_entropy.chunked_none",
@@ -157,18 +155,14 @@ SPARSE_COMPLEX = [
     "sparse.sampled_addmm.",
     "to_sparse.",
 ]
-BY_RULE: list[str] = []
 REFUSED = {
     **dict.fromkeys(
         LINALG,
         "eig: complex results, no nonsymmetric QR iteration; LDL: LAPACK's Bunch-Kaufman "
         "pivots not reproduced",
     ),
-    **dict.fromkeys(CONV3D, "3-d convolution: not yet through the exact convolution kernels"),
-    **dict.fromkeys(RESAMPLING, "resampling mode or gradient without a portable kernel yet"),
     **dict.fromkeys(LOSSES, "loss without a portable kernel yet"),
     **dict.fromkeys(SPARSE_COMPLEX, "sparse layouts and complex construction: not covered"),
-    **dict.fromkeys(BY_RULE, "exact or order-fixed by a rule not yet written"),
 }
 
 
