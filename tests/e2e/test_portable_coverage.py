@@ -150,7 +150,6 @@ LOSSES = [
     "nn.functional.linear_cross_entropy.chunked_none",
 ]
 SPARSE_COMPLEX = [
-    "polar.",
     "sparse.mm.reduce",
     "sparse.sampled_addmm.",
     "to_sparse.",
@@ -161,8 +160,10 @@ REFUSED = {
         "eig: complex results, no nonsymmetric QR iteration; LDL: LAPACK's Bunch-Kaufman "
         "pivots not reproduced",
     ),
-    **dict.fromkeys(LOSSES, "loss without a portable kernel yet"),
-    **dict.fromkeys(SPARSE_COMPLEX, "sparse layouts and complex construction: not covered"),
+    **dict.fromkeys(
+        LOSSES, "torch 2.13's new chunked linear + cross-entropy (its own aten ops): not yet"
+    ),
+    **dict.fromkeys(SPARSE_COMPLEX, "sparse layouts and their products: not covered"),
 }
 
 

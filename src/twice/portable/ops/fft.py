@@ -133,3 +133,16 @@ def mul_real_(x, other):
 def div_real_(x, other):
     """div_real in place."""
     return x.copy_(div_real(x, other))
+
+
+@kernel("polar.default")
+def _polar(magnitude, angle):
+    """abs (cos angle + i sin angle): twice's sine and cosine in float64, each part one product,
+    rounded once to the complex dtype."""
+    from twice.portable.ops.functions import cos, sin
+
+    if magnitude.dtype not in (torch.float32, torch.float64):
+        raise PortableUnsupported(f"polar of {magnitude.dtype}")
+    r, theta = torch.broadcast_tensors(magnitude.to(torch.float64), angle.to(torch.float64))
+    parts = torch.stack([r * cos(theta), r * sin(theta)], -1).to(magnitude.dtype)
+    return torch.view_as_complex(parts.contiguous())

@@ -125,3 +125,16 @@ def test_a_complex_tensor_times_a_real_one_is_multiplied_part_by_part():
 def test_the_transforms_refuse_what_they_do_not_compute():
     with pytest.raises(fft.PortableUnsupported):
         fft.fft_r2c(torch.ones(4, dtype=torch.int64), [0], 0, True)
+
+
+def test_polar_is_twices_cosine_and_sine_times_the_magnitude():
+    from twice.portable.dispatch.mode import PortableMode
+
+    g = torch.Generator().manual_seed(11)
+    magnitude, angle = torch.rand(50, generator=g) * 3, (torch.rand(50, generator=g) - 0.5) * 20
+    with PortableMode("strict"):
+        ours = torch.polar(magnitude, angle)
+        alone = torch.polar(magnitude[7:8], angle[7:8])
+    theirs = torch.polar(magnitude.double(), angle.double())
+    assert ours.dtype == torch.complex64 and torch.equal(ours[7:8], alone)
+    assert bool(((ours.to(torch.complex128) - theirs).abs() <= 1e-6).all())
