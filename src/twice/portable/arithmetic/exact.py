@@ -185,12 +185,14 @@ def exact_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype=None, precision=Non
 def _fast_matmul(a, b, out_dtype, precision, bias):
     """One slice of each operand split by the C kernel, one float64 product, scaled and rounded
     by the C kernel: exact_bilinear's steps for the common case, or None."""
-    if slices_for(precision) != 1 or a.dim() != b.dim() or a.dim() not in (2, 3):
+    if slices_for(precision) not in (1, 3) or a.dim() != b.dim() or a.dim() not in (2, 3):
         return None
     if a.numel() == 0 or b.numel() == 0:
         return None
     if a.dim() == 3 and a.shape[0] != b.shape[0]:
         return None
+    if slices_for(precision) == 3:
+        return _fast_matmul3(a, b, out_dtype, bias)
     beta = beta_for(max(1, a.shape[-1]), 2)
     sa = native.split_rows(a, (-1,), beta)
     if not sa:
@@ -199,6 +201,46 @@ def _fast_matmul(a, b, out_dtype, precision, bias):
     if not sb:
         return None
     return _scaled_product(sa[0], sb[0], out_dtype, bias)
+
+
+def _split3(x, dims, beta):
+    """split(x64, dims, 3, beta) with the first slice cut by the compiled kernel (the same bits,
+    in one pass): falsy where the kernel does not apply or a value is not finite."""
+    first = native.split_rows(x, dims, beta)
+    if not first:
+        return None
+    (ints, unit), rest = first[0], x.to(torch.float64)
+    parts = [(ints, unit)]
+    for _ in range(2):
+        rest = rest - ints * unit
+        unit = unit * (2.0**-beta)
+        ints = torch.round(rest / unit)
+        parts.append((ints, unit))
+    return parts
+
+
+def _fast_matmul3(a, b, out_dtype, bias):
+    """exact_bilinear's steps for a float64 result (three slices), in fewer torch calls: the six
+    integer products as three (the left slices stacked: each block is the same exact product),
+    each term scaled by its units' product (exact powers of two, so one value per level: the
+    outer product torch.matmul forms of the units) and added in exact_bilinear's order."""
+    if bias is not None:
+        return None
+    beta = beta_for(max(1, a.shape[-1]) * 3, 2)
+    sa = _split3(a, (-1,), beta)
+    sb = _split3(b, (-2,), beta) if sa else None
+    if not sb:
+        return None
+    n = a.shape[-2]
+    left = torch.cat([ints for ints, _ in sa], dim=-2)
+    products = [torch.matmul(left[..., : (3 - q) * n, :], sb[q][0]) for q in range(3)]
+    total = None
+    for level in range(3):
+        scale = sa[0][1] * sb[level][1]
+        for p in range(level + 1):
+            term = products[level - p][..., p * n : (p + 1) * n, :] * scale
+            total = term if total is None else total + term
+    return total.to(out_dtype)
 
 
 def _scaled_product(part_a, part_b, out_dtype, bias=None):

@@ -134,3 +134,32 @@ def test_a_repeated_operand_that_is_not_finite_falls_back_to_the_whole_product(s
     got = repeated(other)
     want = exact_matmul(other, weight) if side == "right" else exact_matmul(weight, other)
     assert same_bits(got, want)
+
+
+@needs_native
+def test_float64_products_in_three_stacked_calls_keep_the_sliced_bits():
+    """A float64 result's fast path (the first slice by the compiled kernel, six products in
+    three calls, one scale per level) gives the bits of exact_bilinear's slice-by-slice steps,
+    on magnitudes whose units reach the subnormal range or overflow in their product."""
+    g = gen(5)
+    mixed = torch.randn(6, 5, generator=g, dtype=F64)
+    mixed[0, 0], mixed[1], mixed[2, 3], mixed[3, 1] = 1e200, 1e-320, 0.0, -0.0
+    wide = torch.randn(97, 204, generator=g, dtype=F64) * torch.rand(97, 1, generator=g)
+    cases = [
+        (torch.randn(97, 51, generator=g, dtype=F64), torch.randn(51, 204, generator=g, dtype=F64)),
+        (wide, torch.randn(204, 51, generator=g, dtype=F64)),
+        (wide.t(), torch.randn(97, 51, generator=g, dtype=F64)),
+        (mixed, mixed.t()),
+        (mixed * 1e-290, mixed.t() * 1e-20),
+        (mixed * 1e300, mixed.t() * 1e-300),
+        (mixed * 1e150, mixed.t() * 1e160),
+        (
+            torch.randn(3, 4, 5, generator=g, dtype=F64),
+            torch.randn(3, 5, 2, generator=g, dtype=F64),
+        ),
+        (torch.randn(8, 9, generator=g), torch.randn(9, 3, generator=g)),
+    ]
+    for a, b in cases:
+        out = a.dtype if a.dtype == F64 else torch.float32
+        fast, slow = both(lambda a=a, b=b, out=out: exact_matmul(a, b, out, F64))
+        assert same_bits(fast, slow), (a.shape, b.shape)
