@@ -344,6 +344,8 @@ def _reads_process_state(tree: ast.AST) -> list[str]:
             found.append(f"line {node.lineno} reads .{node.attr}")
         elif isinstance(node, ast.Attribute) and node.attr in RAW_MEMORY_NAMES:
             found.append(f"line {node.lineno} calls .{node.attr}")
+        elif isinstance(node, ast.Constant) and node.value in ENVIRONMENT_NAMES | RAW_MEMORY_NAMES:
+            found.append(f"line {node.lineno} names {node.value!r}")  # getattr(os, "environ")
     return found
 
 
@@ -358,9 +360,15 @@ def test_the_process_state_scan_sees_planted_reads():
     source = (
         "import os, ctypes\nfrom os import getenv\nos.environ.get('X')\n"
         "(ctypes.c_char * 4).from_address(0)\nctypes.addressof(b)\nmemoryview(b).cast('B')\n"
-        "_process.environ()\n"
+        "_process.environ()\ngetattr(os, 'environ')\nvars(os)['getenv']\n"
     )
-    assert len(_reads_process_state(ast.parse(source))) == 5
+    assert len(_reads_process_state(ast.parse(source))) == 7
+
+
+def test_a_twice_variable_spelled_in_pieces_is_seen():
+    tree = ast.parse("os.environ.get('TWICE' + '_SEED')\nx = 'TW' + 'ICE_' + name\n")
+    spelled = sorted(text for _, text in _strings(tree) if "TWICE_" in text)
+    assert spelled == ["TWICE_", "TWICE_SEED"]  # a prefix built from pieces is a spelling too
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m not in LONG_MODULES))
@@ -468,6 +476,18 @@ def _strings(tree: ast.AST):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             if id(node) not in docstrings:
                 yield node.lineno, node.value
+        elif isinstance(node, ast.BinOp) and (joined := _joined(node)) is not None:
+            yield node.lineno, joined  # "TWICE" + "_SEED": spelled all the same
+
+
+def _joined(node: ast.AST) -> str | None:
+    """The text of a sum of string constants ("a" + "b" + ...), None for anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _joined(node.left), _joined(node.right)
+        return None if left is None or right is None else left + right
+    return None
 
 
 def test_file_names_are_spelled_in_their_homes():
