@@ -23,17 +23,17 @@ typedef struct {
 } block_t;
 
 typedef struct {
-    char *target;          /* the RNG's memory */
-    block_t head;          /* the template's bytes before the words (position 0, seed slot) */
-    Py_ssize_t seed_at;    /* where the 64-bit seed goes in the head, or -1 */
-    Py_ssize_t words_at;   /* where the words start */
+    char *target;        /* the RNG's memory */
+    block_t head;        /* the template's bytes before the words (position 0, seed slot) */
+    Py_ssize_t seed_at;  /* where the 64-bit seed goes in the head, or -1 */
+    Py_ssize_t words_at; /* where the words start */
     /* counter * golden: the seed's first where there is one, then the pairs' */
     const uint64_t *counters;
     Py_ssize_t n_counters;
-    Py_ssize_t fresh_bytes;    /* 4 * fresh words */
-    block_t *constants;    /* written before every sample */
+    Py_ssize_t fresh_bytes; /* 4 * fresh words */
+    block_t *constants;     /* written before every sample */
     Py_ssize_t n_constants;
-    int checked;           /* 0: all 624 words are fresh, nothing to check */
+    int checked; /* 0: all 624 words are fresh, nothing to check */
     const char *position;
     const char *tail;
     uint64_t expected;
@@ -71,8 +71,7 @@ static int read_blocks(PyObject *items, block_t **out, Py_ssize_t *count) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < *count; i++)
-        if (read_block(PyTuple_GET_ITEM(items, i), *out + i) < 0)
-            return -1;
+        if (read_block(PyTuple_GET_ITEM(items, i), *out + i) < 0) return -1;
     return 0;
 }
 
@@ -96,8 +95,7 @@ static int read_rng(PyObject *spec, rng_t *rng) {
     constants = PyTuple_GET_ITEM(spec, 6);
     batch = PyTuple_GET_ITEM(spec, 7);
     check = PyTuple_GET_ITEM(spec, 8);
-    if (PyErr_Occurred())
-        return -1;
+    if (PyErr_Occurred()) return -1;
     if (!PyBytes_Check(head) || !PyBytes_Check(counters) || PyBytes_GET_SIZE(counters) % 8) {
         PyErr_SetString(PyExc_TypeError, "head and counters must be bytes (counters: uint64s)");
         return -1;
@@ -114,8 +112,7 @@ static int read_rng(PyObject *spec, rng_t *rng) {
         PyErr_SetString(PyExc_ValueError, "an RNG spec's sizes do not fit together");
         return -1;
     }
-    if (read_blocks(constants, &rng->constants, &rng->n_constants) < 0)
-        return -1;
+    if (read_blocks(constants, &rng->constants, &rng->n_constants) < 0) return -1;
     if (read_blocks(batch, &batch_blocks, &n_batch) < 0) {
         PyMem_Free(batch_blocks);
         return -1;
@@ -123,8 +120,7 @@ static int read_rng(PyObject *spec, rng_t *rng) {
     for (Py_ssize_t i = 0; i < n_batch; i++)
         memcpy(batch_blocks[i].target, batch_blocks[i].data, (size_t)batch_blocks[i].size);
     PyMem_Free(batch_blocks);
-    if (check == Py_None)
-        return 0;
+    if (check == Py_None) return 0;
     if (!PyTuple_Check(check) || PyTuple_GET_SIZE(check) != 4) {
         PyErr_SetString(PyExc_TypeError, "a check is (position, tail, expected, words)");
         return -1;
@@ -150,7 +146,7 @@ static void put(const rng_t *rng, uint64_t base) {
     for (Py_ssize_t written = 0; written < rng->fresh_bytes; i++, written += 8) {
         value = finish(base + rng->counters[i]);
         Py_ssize_t size = rng->fresh_bytes - written < 8 ? rng->fresh_bytes - written : 8;
-        memcpy(words + written, &value, (size_t)size);  /* little-endian: the low word first */
+        memcpy(words + written, &value, (size_t)size); /* little-endian: the low word first */
     }
     for (Py_ssize_t c = 0; c < rng->n_constants; c++)
         memcpy(rng->constants[c].target, rng->constants[c].data, (size_t)rng->constants[c].size);
@@ -159,23 +155,20 @@ static void put(const rng_t *rng, uint64_t base) {
 static void check(rng_t *rng) {
     uint32_t position;
     uint64_t tail;
-    if (!rng->checked)
-        return;
+    if (!rng->checked) return;
     memcpy(&position, rng->position, sizeof position);
     memcpy(&tail, rng->tail, sizeof tail);
     if ((long)position > rng->words || tail != rng->expected) {
         /* read past the fresh words (it needs its position), or regenerated the block (all of
            them) */
         long needed = (long)position > rng->words ? (long)position : MT_WORDS;
-        if (needed > rng->needed)
-            rng->needed = needed;
+        if (needed > rng->needed) rng->needed = needed;
     }
 }
 
 static int as_u64(PyObject *value, uint64_t *out) {
     PyObject *index = PyNumber_Index(value);
-    if (!index)
-        return -1;
+    if (!index) return -1;
     *out = PyLong_AsUnsignedLongLong(index);
     Py_DECREF(index);
     return PyErr_Occurred() ? -1 : 0;
@@ -214,14 +207,11 @@ static PyObject *fetch(PyObject *module, PyObject *args) {
     }
     rng_t *rngs = PyMem_Calloc(n_rngs + 1, sizeof(rng_t));
     PyObject *samples = NULL, *result = NULL, *needed = NULL;
-    if (!rngs)
-        return PyErr_NoMemory();
+    if (!rngs) return PyErr_NoMemory();
     for (Py_ssize_t r = 0; r < n_rngs; r++)
-        if (read_rng(PyTuple_GET_ITEM(rng_specs, r), rngs + r) < 0)
-            goto done;
+        if (read_rng(PyTuple_GET_ITEM(rng_specs, r), rngs + r) < 0) goto done;
     samples = PyList_New(rows);
-    if (!samples)
-        goto done;
+    if (!samples) goto done;
     for (Py_ssize_t row = 0; row < rows; row++) {
         PyObject *key = PyList_GET_ITEM(keys, row);
         uint64_t index, stream = shared_key;
@@ -229,40 +219,32 @@ static PyObject *fetch(PyObject *module, PyObject *args) {
             PyErr_SetString(PyExc_TypeError, "keys: (stream, index) pairs expected");
             goto done;
         }
-        if (as_u64(PyTuple_GET_ITEM(key, 1), &index) < 0)
-            goto done;
-        if (per_sample && as_u64(PyList_GET_ITEM(stream_keys, row), &stream) < 0)
-            goto done;
+        if (as_u64(PyTuple_GET_ITEM(key, 1), &index) < 0) goto done;
+        if (per_sample && as_u64(PyList_GET_ITEM(stream_keys, row), &stream) < 0) goto done;
         uint64_t base = stream + index * (SAMPLE_COUNTERS * GOLDEN);
-        for (Py_ssize_t r = 0; r < n_rngs; r++)
-            put(rngs + r, base);
+        for (Py_ssize_t r = 0; r < n_rngs; r++) put(rngs + r, base);
         for (Py_ssize_t i = 0; i < n_cleared; i++) {
             PyObject *pair = PyTuple_GET_ITEM(cleared, i);
             if (PyObject_SetAttr(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), Py_None) < 0)
                 goto done;
         }
         PyObject *sample = PyObject_GetItem(dataset, PyTuple_GET_ITEM(key, 1));
-        if (!sample)
-            goto done;  /* the caller puts the RNGs back and lets the error through */
+        if (!sample) goto done; /* the caller puts the RNGs back and lets the error through */
         PyList_SET_ITEM(samples, row, sample);
-        for (Py_ssize_t r = 0; r < n_rngs; r++)
-            check(rngs + r);
+        for (Py_ssize_t r = 0; r < n_rngs; r++) check(rngs + r);
     }
     needed = PyTuple_New(n_rngs);
-    if (!needed)
-        goto done;
+    if (!needed) goto done;
     for (Py_ssize_t r = 0; r < n_rngs; r++) {
         PyObject *value = PyLong_FromLong(rngs[r].needed);
-        if (!value)
-            goto done;
+        if (!value) goto done;
         PyTuple_SET_ITEM(needed, r, value);
     }
     result = PyTuple_Pack(2, samples, needed);
 done:
     Py_XDECREF(samples);
     Py_XDECREF(needed);
-    for (Py_ssize_t r = 0; r < n_rngs; r++)
-        PyMem_Free(rngs[r].constants);
+    for (Py_ssize_t r = 0; r < n_rngs; r++) PyMem_Free(rngs[r].constants);
     PyMem_Free(rngs);
     return result;
 }
@@ -273,6 +255,4 @@ static PyMethodDef fetch_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int bind_fetch(PyObject *module) {
-    return PyModule_AddFunctions(module, fetch_methods);
-}
+int bind_fetch(PyObject *module) { return PyModule_AddFunctions(module, fetch_methods); }

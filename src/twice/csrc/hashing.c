@@ -12,9 +12,9 @@
 #include <math.h>
 #include <string.h>
 
-#define XXH_STATIC_LINKING_ONLY  /* XXH3_state_t */
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t */
 #include "xxhash.h"
-#ifdef TWICE_XXH_DISPATCH  /* x86: the widest vector unit the CPU has, chosen at run time */
+#ifdef TWICE_XXH_DISPATCH /* x86: the widest vector unit the CPU has, chosen at run time */
 #include "xxh_x86dispatch.h"
 #define HASH_UPDATE XXH3_128bits_update_dispatch
 #else
@@ -24,7 +24,7 @@
 /* bytes hashed, then summed, while in the L1 cache (a multiple of LANES * 8) */
 #define HASH_CHUNK (1 << 15)
 
-#define LANES 32  /* running sums: enough independent additions to keep the vector units busy */
+#define LANES 32 /* running sums: enough independent additions to keep the vector units busy */
 
 /* Sums of squares of float32 or float64 values into LANES running sums, element i into sum i mod
    LANES (the caller passes whole multiples of LANES elements but for the last piece).
@@ -38,18 +38,14 @@
     if (kind == 1) {                                                                               \
         const float *x = (const float *)data;                                                      \
         for (; i + LANES <= count; i += LANES)                                                     \
-            for (int k = 0; k < LANES; k++)                                                        \
-                /* exact: at most 48 significant bits */                                           \
+            for (int k = 0; k < LANES; k++) /* exact: at most 48 significant bits */               \
                 acc[k] += (double)x[i + k] * (double)x[i + k];                                     \
-        for (; i < count; i++)                                                                     \
-            acc[i % LANES] += (double)x[i] * (double)x[i];                                         \
+        for (; i < count; i++) acc[i % LANES] += (double)x[i] * (double)x[i];                      \
     } else {                                                                                       \
         const double *x = (const double *)data;                                                    \
         for (; i + LANES <= count; i += LANES)                                                     \
-            for (int k = 0; k < LANES; k++)                                                        \
-                acc[k] += x[i + k] * x[i + k];                                                     \
-        for (; i < count; i++)                                                                     \
-            acc[i % LANES] += x[i] * x[i];                                                         \
+            for (int k = 0; k < LANES; k++) acc[k] += x[i + k] * x[i + k];                         \
+        for (; i < count; i++) acc[i % LANES] += x[i] * x[i];                                      \
     }                                                                                              \
     memcpy(sums, acc, sizeof acc);
 
@@ -59,7 +55,7 @@ static void add_squares_base(const char *data, Py_ssize_t count, int kind, doubl
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx2"))) static void add_squares_avx2(const char *data, Py_ssize_t count,
-                                                              int kind, double sums[LANES]) {
+                                                             int kind, double sums[LANES]) {
     ADD_SQUARES_BODY
 }
 
@@ -67,9 +63,8 @@ __attribute__((target("avx2"))) static void add_squares_avx2(const char *data, P
    fused multiply-add rounds once where the multiply and add round once too: the same bits, in half
    the operations. Not for NaNs, whose payloads the two may pass on differently: hash() redoes a
    tensor whose sums hold a NaN without it. */
-__attribute__((target("avx2,fma"))) static void add_squares_fused(const char *data,
-                                                                   Py_ssize_t count,
-                                                                   double sums[LANES]) {
+__attribute__((target("avx2,fma"))) static void
+add_squares_fused(const char *data, Py_ssize_t count, double sums[LANES]) {
     double acc[LANES];
     memcpy(acc, sums, sizeof acc);
     const float *x = (const float *)data;
@@ -128,8 +123,7 @@ static PyObject *hash(PyObject *module, PyObject *items) {
     PyObject *digests = PyList_New(count), *norms = PyList_New(count);
     XXH3_state_t *state = XXH3_createState();
     if (!digests || !norms || !state) {
-        if (!state)
-            PyErr_NoMemory();
+        if (!state) PyErr_NoMemory();
         goto fail;
     }
     for (Py_ssize_t n = 0; n < count; n++) {
@@ -144,8 +138,7 @@ static PyObject *hash(PyObject *module, PyObject *items) {
         const char *data = PyLong_AsVoidPtr(PyTuple_GET_ITEM(item, 1));
         Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 2));
         long kind = PyLong_AsLong(PyTuple_GET_ITEM(item, 3));
-        if (PyErr_Occurred())
-            goto fail;
+        if (PyErr_Occurred()) goto fail;
         Py_ssize_t width = kind == 1 ? 4 : kind == 2 ? 8 : 1;
         if (size < 0 || (size && !data) || (kind != 0 && kind != 1 && kind != 2) || size % width ||
             (tail != Py_None && !PyBytes_Check(tail))) {
@@ -159,14 +152,13 @@ static PyObject *hash(PyObject *module, PyObject *items) {
         for (Py_ssize_t at = 0; at < size; at += HASH_CHUNK) {
             Py_ssize_t piece = size - at < HASH_CHUNK ? size - at : HASH_CHUNK;
             HASH_UPDATE(state, data + at, (size_t)piece);
-            if (kind)  /* HASH_CHUNK is a multiple of 64 bytes */
+            if (kind) /* HASH_CHUNK is a multiple of 64 bytes */
                 fused = add_squares(data + at, piece / width, (int)kind, sums, 1);
         }
         if (fused) {
             int nan = 0;
-            for (int k = 0; k < LANES; k++)
-                nan |= isnan(sums[k]);
-            if (nan) {  /* rare: again, unfused */
+            for (int k = 0; k < LANES; k++) nan |= isnan(sums[k]);
+            if (nan) { /* rare: again, unfused */
                 memset(sums, 0, sizeof sums);
                 for (Py_ssize_t at = 0; at < size; at += HASH_CHUNK) {
                     Py_ssize_t piece = size - at < HASH_CHUNK ? size - at : HASH_CHUNK;
@@ -184,18 +176,15 @@ static PyObject *hash(PyObject *module, PyObject *items) {
             text[2 * i + 1] = HEX[canonical.digest[i] & 15];
         }
         PyObject *digest = PyUnicode_FromStringAndSize(text, 32);
-        if (!digest)
-            goto fail;
+        if (!digest) goto fail;
         PyList_SET_ITEM(digests, n, digest);
         PyObject *norm;
         if (kind) {
             /* the sums added pairwise: 32, 16, ..., 1 */
             for (int width = LANES / 2; width >= 1; width /= 2)
-                for (int k = 0; k < width; k++)
-                    sums[k] = sums[2 * k] + sums[2 * k + 1];
+                for (int k = 0; k < width; k++) sums[k] = sums[2 * k] + sums[2 * k + 1];
             norm = PyFloat_FromDouble(sqrt(sums[0]));
-            if (!norm)
-                goto fail;
+            if (!norm) goto fail;
         } else {
             norm = Py_NewRef(Py_None);
         }
@@ -207,8 +196,7 @@ static PyObject *hash(PyObject *module, PyObject *items) {
     Py_DECREF(norms);
     return result;
 fail:
-    if (state)
-        XXH3_freeState(state);
+    if (state) XXH3_freeState(state);
     Py_XDECREF(digests);
     Py_XDECREF(norms);
     return NULL;
@@ -220,6 +208,4 @@ static PyMethodDef hashing_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int bind_hashing(PyObject *module) {
-    return PyModule_AddFunctions(module, hashing_methods);
-}
+int bind_hashing(PyObject *module) { return PyModule_AddFunctions(module, hashing_methods); }

@@ -8,8 +8,8 @@
 #include <Python.h>
 
 /* Each returns 0, or -1 with an exception set. */
-int bind_fetch(PyObject *module);    /* fetch.c: the data loader's seeded per-sample fetch */
-int bind_hashing(PyObject *module);  /* hashing.c: digests and norms of many buffers */
-int bind_records(PyObject *module);  /* records.c: trace lines validated, compared, read */
+int bind_fetch(PyObject *module);   /* fetch.c: the data loader's seeded per-sample fetch */
+int bind_hashing(PyObject *module); /* hashing.c: digests and norms of many buffers */
+int bind_records(PyObject *module); /* records.c: trace lines validated, compared, read */
 
 #endif

@@ -28,27 +28,20 @@
 static int line_body(const char *line, const char *end, const char **body_end,
                      unsigned long long *step) {
     const char *close = end - 1; /* at the '}' before the newline */
-    if (close <= line || *close != '}' || *line != '{')
-        return 0;
+    if (close <= line || *close != '}' || *line != '{') return 0;
     const char *p = close;
     while (p > line && (isdigit((unsigned char)p[-1]) || p[-1] == '.' || p[-1] == '-' ||
                         p[-1] == '+' || p[-1] == 'e' || p[-1] == 'E'))
         p--;
     const char *body = close;
-    if (p - line >= 8 && memcmp(p - 8, ",\"time\":", 8) == 0)
-        body = p - 8;
+    if (p - line >= 8 && memcmp(p - 8, ",\"time\":", 8) == 0) body = p - 8;
     const char *q = body;
-    while (q > line && isdigit((unsigned char)q[-1]))
-        q--;
-    if (q == body || body - q > 19 || q - line < 7 || memcmp(q - 7, "\"step\":", 7) != 0)
-        return 0;
-    if (body - q > 1 && *q == '0')
-        return 0; /* a leading zero is not JSON */
+    while (q > line && isdigit((unsigned char)q[-1])) q--;
+    if (q == body || body - q > 19 || q - line < 7 || memcmp(q - 7, "\"step\":", 7) != 0) return 0;
+    if (body - q > 1 && *q == '0') return 0; /* a leading zero is not JSON */
     unsigned long long value = 0;
-    for (const char *d = q; d < body; d++)
-        value = value * 10 + (unsigned long long)(*d - '0');
-    if (value > 0x7FFFFFFFFFFFFFFFULL)
-        return 0;
+    for (const char *d = q; d < body; d++) value = value * 10 + (unsigned long long)(*d - '0');
+    if (value > 0x7FFFFFFFFFFFFFFFULL) return 0;
     *body_end = body;
     *step = value;
     return 1;
@@ -62,11 +55,16 @@ static int line_body(const char *line, const char *end, const char **body_end,
    subset of what StepRecord.from_json accepts (tests/unit/store/test_tracescan.py checks it on
    generated lines). params_before, written once per trace, always takes the Python path. */
 enum { V_DIGEST, V_MAP, V_FLOAT, V_LOSS, V_LIST, V_BOOL, V_STEP, V_TIME };
-static const struct { const char *name; int kind; int evidence; } RECORD_KEYS[] = {
-    {"batch", V_DIGEST, 1}, {"grad_digests", V_MAP, 1}, {"grad_norm", V_FLOAT, 1},
-    {"grads", V_DIGEST, 1}, {"loss", V_LOSS, 1}, {"lr", V_LIST, 1}, {"param_digests", V_MAP, 1},
-    {"params", V_DIGEST, 1}, {"params_full", V_DIGEST, 1}, {"rng", V_MAP, 1},
-    {"skipped", V_BOOL, 1}, {"step", V_STEP, 0}, {"time", V_TIME, 0},
+static const struct {
+    const char *name;
+    int kind;
+    int evidence;
+} RECORD_KEYS[] = {
+    {"batch", V_DIGEST, 1},      {"grad_digests", V_MAP, 1}, {"grad_norm", V_FLOAT, 1},
+    {"grads", V_DIGEST, 1},      {"loss", V_LOSS, 1},        {"lr", V_LIST, 1},
+    {"param_digests", V_MAP, 1}, {"params", V_DIGEST, 1},    {"params_full", V_DIGEST, 1},
+    {"rng", V_MAP, 1},           {"skipped", V_BOOL, 1},     {"step", V_STEP, 0},
+    {"time", V_TIME, 0},
 };
 #define RECORD_KEY_COUNT (sizeof RECORD_KEYS / sizeof RECORD_KEYS[0])
 
@@ -123,7 +121,10 @@ static const char *v_list(const char *p, const char *end) {
     if (!(p = lit(p, end, "["))) return NULL;
     for (;;) {
         if (!(p = v_float(p, end))) return NULL;
-        if (p < end && *p == ',') { p++; continue; }
+        if (p < end && *p == ',') {
+            p++;
+            continue;
+        }
         return lit(p, end, "]");
     }
 }
@@ -143,7 +144,10 @@ static const char *v_map(const char *p, const char *end) {
         }
         last = name, last_len = len;
         if (!(p = lit(p, end, "\":")) || !(p = v_digest(p, end))) return NULL;
-        if (p < end && *p == ',') { p++; continue; }
+        if (p < end && *p == ',') {
+            p++;
+            continue;
+        }
         return lit(p, end, "}");
     }
 }
@@ -173,7 +177,10 @@ static const char *v_value(int kind, const char *p, const char *end) {
     case V_FLOAT: return v_float(p, end);
     case V_LOSS: return p < end && *p == '[' ? v_list(p, end) : v_float(p, end);
     case V_LIST: return v_list(p, end);
-    case V_BOOL: { const char *q = lit(p, end, "true"); return q ? q : lit(p, end, "false"); }
+    case V_BOOL: {
+        const char *q = lit(p, end, "true");
+        return q ? q : lit(p, end, "false");
+    }
     case V_STEP: return v_step(p, end);
     case V_TIME: return v_time(p, end);
     }
@@ -200,7 +207,10 @@ static int record_valid(const char *line, const char *newline) {
         evidence |= RECORD_KEYS[key].evidence;
         step |= RECORD_KEYS[key].kind == V_STEP;
         next = key + 1;
-        if (p < end && *p == ',') { p++; continue; }
+        if (p < end && *p == ',') {
+            p++;
+            continue;
+        }
         return p + 1 == end && *p == '}' && evidence && step;
     }
 }
@@ -216,8 +226,7 @@ static int tail_valid(const char *tail, const char *newline) {
 static PyObject *record_valid_py(PyObject *module, PyObject *args) {
     (void)module;
     Py_buffer line;
-    if (!PyArg_ParseTuple(args, "y*", &line))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "y*", &line)) return NULL;
     const char *base = line.buf;
     int ok = line.len > 0 && base[line.len - 1] == '\n' && record_valid(base, base + line.len - 1);
     PyBuffer_Release(&line);
@@ -241,32 +250,27 @@ static PyObject *same_lines(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "a position is outside its buffer");
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS  /* the buffers are held: a report walks other traces meanwhile */
+    Py_BEGIN_ALLOW_THREADS /* the buffers are held: a report walks other traces meanwhile */
     for (;;) {
         const char *na = memchr(pa, '\n', (size_t)(end_a - pa));
         const char *nb = memchr(pb, '\n', (size_t)(end_b - pb));
-        if (!na || !nb)
-            break;
+        if (!na || !nb) break;
         const char *body_a, *body_b;
         unsigned long long step_a, step_b;
-        if (!line_body(pa, na, &body_a, &step_a) || !line_body(pb, nb, &body_b, &step_b))
-            break;
-        if (step_a != step_b || (long long)step_a <= last || (long long)step_a >= limit)
-            break;
-        if (body_a - pa != body_b - pb || memcmp(pa, pb, (size_t)(body_a - pa)) != 0)
-            break;
+        if (!line_body(pa, na, &body_a, &step_a) || !line_body(pb, nb, &body_b, &step_b)) break;
+        if (step_a != step_b || (long long)step_a <= last || (long long)step_a >= limit) break;
+        if (body_a - pa != body_b - pb || memcmp(pa, pb, (size_t)(body_a - pa)) != 0) break;
         /* Every line is validated, not only compared: equal damage in both must not pass. The
            bodies are equal, so A's whole line and B's tail validate both. */
-        if (!record_valid(pa, na) || !tail_valid(body_b, nb))
-            break;
+        if (!record_valid(pa, na) || !tail_valid(body_b, nb)) break;
         last = (long long)step_a;
         lines++;
         pa = na + 1;
         pb = nb + 1;
     }
     Py_END_ALLOW_THREADS
-    PyObject *result = Py_BuildValue("LnnL", lines, (Py_ssize_t)(pa - base_a),
-                                     (Py_ssize_t)(pb - base_b), last);
+    PyObject *result =
+        Py_BuildValue("LnnL", lines, (Py_ssize_t)(pa - base_a), (Py_ssize_t)(pb - base_b), last);
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
     return result;
@@ -280,13 +284,11 @@ static const char *SERIES_KEYS[] = {"loss", "lr", "grad_norm"};
 
 static void top_values(const char *p, const char *end, const char *found[SERIES_COUNT]) {
     int depth = 0;
-    for (int k = 0; k < SERIES_COUNT; k++)
-        found[k] = NULL;
+    for (int k = 0; k < SERIES_COUNT; k++) found[k] = NULL;
     for (const char *c = p; c < end; c++) {
         if (*c == '"') {
             const char *close = memchr(c + 1, '"', (size_t)(end - c - 1));
-            if (!close)
-                return;
+            if (!close) return;
             if (depth == 1 && close + 1 < end && close[1] == ':') {
                 size_t n = (size_t)(close - c - 1);
                 for (int k = 0; k < SERIES_COUNT; k++)
@@ -305,16 +307,12 @@ static void top_values(const char *p, const char *end, const char *found[SERIES_
 /* A float field's first value ("0x1.8p+0", "-inf", "nan:<bits>"; a list's first item): 1 and
    the value, 0 where the line has none. */
 static int text_float(const char *v, const char *end, double *out) {
-    if (!v)
-        return 0;
-    if (v < end && *v == '[')
-        v++;
-    if (v >= end || *v != '"')
-        return 0;
+    if (!v) return 0;
+    if (v < end && *v == '[') v++;
+    if (v >= end || *v != '"') return 0;
     v++;
     const char *close = memchr(v, '"', (size_t)(end - v));
-    if (!close || close - v > 60 || close == v)
-        return 0;
+    if (!close || close - v > 60 || close == v) return 0;
     char text[64];
     memcpy(text, v, (size_t)(close - v));
     text[close - v] = 0;
@@ -332,12 +330,10 @@ static PyObject *series(PyObject *module, PyObject *args) {
     Py_buffer data;
     Py_ssize_t at;
     long long last;
-    if (!PyArg_ParseTuple(args, "y*nL", &data, &at, &last))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "y*nL", &data, &at, &last)) return NULL;
     const char *base = data.buf, *p = base + (at < 0 ? 0 : at), *end = base + data.len;
     Py_ssize_t capacity = 0;
-    for (const char *c = p; c < end && (c = memchr(c, '\n', (size_t)(end - c))); c++)
-        capacity++;
+    for (const char *c = p; c < end && (c = memchr(c, '\n', (size_t)(end - c))); c++) capacity++;
     PyObject *steps = PyBytes_FromStringAndSize(NULL, capacity * 8);
     PyObject *values = PyBytes_FromStringAndSize(NULL, capacity * 8 * SERIES_COUNT);
     PyObject *present = PyBytes_FromStringAndSize(NULL, capacity * SERIES_COUNT);
@@ -352,11 +348,10 @@ static PyObject *series(PyObject *module, PyObject *args) {
     double *value_out = (double *)PyBytes_AS_STRING(values);
     char *present_out = PyBytes_AS_STRING(present);
     Py_ssize_t count = 0;
-    Py_BEGIN_ALLOW_THREADS  /* the buffer is held: two traces' series run side by side */
+    Py_BEGIN_ALLOW_THREADS /* the buffer is held: two traces' series run side by side */
     for (;;) {
         const char *newline = memchr(p, '\n', (size_t)(end - p));
-        if (!newline)
-            break;
+        if (!newline) break;
         const char *body;
         unsigned long long step;
         if (!line_body(p, newline, &body, &step) || (long long)step <= last ||
@@ -376,10 +371,10 @@ static PyObject *series(PyObject *module, PyObject *args) {
         p = newline + 1;
     }
     Py_END_ALLOW_THREADS
-    PyObject *result = Py_BuildValue("(y#y#y#nnL)", PyBytes_AS_STRING(steps), count * 8,
-                                     PyBytes_AS_STRING(values), capacity * 8 * SERIES_COUNT,
-                                     PyBytes_AS_STRING(present), capacity * SERIES_COUNT, count,
-                                     (Py_ssize_t)(p - base), last);
+    PyObject *result =
+        Py_BuildValue("(y#y#y#nnL)", PyBytes_AS_STRING(steps), count * 8, PyBytes_AS_STRING(values),
+                      capacity * 8 * SERIES_COUNT, PyBytes_AS_STRING(present),
+                      capacity * SERIES_COUNT, count, (Py_ssize_t)(p - base), last);
     Py_DECREF(steps);
     Py_DECREF(values);
     Py_DECREF(present);
@@ -398,6 +393,4 @@ static PyMethodDef records_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int bind_records(PyObject *module) {
-    return PyModule_AddFunctions(module, records_methods);
-}
+int bind_records(PyObject *module) { return PyModule_AddFunctions(module, records_methods); }
