@@ -14,7 +14,7 @@ import math
 import torch
 
 from twice.portable.dispatch.table import KERNELS, PortableUnsupported, kernel
-from twice.portable.ops.functions import _linspace
+from twice.portable.ops.functions import _linspace, _logspace
 from twice.portable.ops.linear import _accumulate, _scatter_reduce
 from twice.portable.ops.math import floating
 
@@ -41,6 +41,13 @@ def _linspace_tensors(start, end, steps, **options):
     """linspace with a 0-d tensor for a bound: the scalar kernel on its value."""
     as_number = lambda v: v.item() if isinstance(v, torch.Tensor) else v  # noqa: E731
     return _linspace(as_number(start), as_number(end), steps, **options)
+
+
+@kernel("logspace.Tensor_Tensor", "logspace.Tensor_Scalar", "logspace.Scalar_Tensor")
+def _logspace_tensors(start, end, steps, base=10.0, **options):
+    """logspace with a 0-d tensor for a bound: the scalar kernel on its value."""
+    as_number = (lambda v: v.item() if isinstance(v, torch.Tensor) else v)  # noqa: E731
+    return _logspace(as_number(start), as_number(end), steps, base, **options)
 
 
 @kernel("renorm.default")

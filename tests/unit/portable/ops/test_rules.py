@@ -64,3 +64,10 @@ def test_allclose_and_renorm_follow_torch():
         spaced = torch.linspace(torch.tensor(0.0), torch.tensor(1.0), 5)
     assert bool((torch.linalg.vector_norm(renormed, dim=1) <= 1.0 + 1e-6).all())
     assert spaced.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_logspace_takes_tensor_bounds_as_the_scalar_kernel_does():
+    with PortableMode("strict"):
+        from_tensors = torch.logspace(torch.tensor(0.0), torch.tensor(2.0), 5)
+        from_numbers = torch.logspace(0.0, 2.0, 5)
+    assert torch.equal(from_tensors, from_numbers) and from_tensors[-1] == 100.0
