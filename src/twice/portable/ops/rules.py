@@ -46,7 +46,7 @@ def _linspace_tensors(start, end, steps, **options):
 @kernel("logspace.Tensor_Tensor", "logspace.Tensor_Scalar", "logspace.Scalar_Tensor")
 def _logspace_tensors(start, end, steps, base=10.0, **options):
     """logspace with a 0-d tensor for a bound: the scalar kernel on its value."""
-    as_number = (lambda v: v.item() if isinstance(v, torch.Tensor) else v)  # noqa: E731
+    as_number = lambda v: v.item() if isinstance(v, torch.Tensor) else v  # noqa: E731
     return _logspace(as_number(start), as_number(end), steps, base, **options)
 
 
