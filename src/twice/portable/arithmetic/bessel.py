@@ -39,21 +39,11 @@ _INF, _NAN = math.inf, math.nan
 _EULER = 0.57721566490153286061  # Euler's constant
 _SQRT1_2 = 0.70710678118654752440
 _NEAR = 14.0  # J and Y: power series to x = 14, Hankel's expansion beyond
-# pi/2 in three parts of 33, 33 and 53 bits (fdlibm's): k times each of the first two is exact
-# for |k| < 2**20, so x - k pi/2 is found to about 2**-85 of pi/2 for |x| below 1.6e6.
-_PIO2 = (1.57079632673412561417e00, 6.07710050630396597660e-11, 2.02226624871116645580e-21)
-_SIN = [float(Fraction((-1) ** n, math.factorial(2 * n + 1))) for n in range(11)]
-_COS = [float(Fraction((-1) ** n, math.factorial(2 * n))) for n in range(11)]
 
 
 def _sincos(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sin x, cos x) for finite float64 x: x = r + k pi/2 with |r| <= pi/4 (Cody and Waite's
-    reduction), then the Taylor series of sin r and cos r, turned by k mod 4."""
-    k = torch.round(x * (2.0 / math.pi))
-    r = ((x - k * _PIO2[0]) - k * _PIO2[1]) - k * _PIO2[2]
-    z = r * r
-    s, c = r * sp._horner(_SIN, z), sp._horner(_COS, z)
-    q = torch.remainder(torch.where(torch.isfinite(k), k, 0.0), 4.0)
+    """(sin x, cos x) for finite float64 x, from elementwise.quarter_turns."""
+    s, c, q = ew.quarter_turns(x)
     sin = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
     cos = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
     return sin, cos
@@ -96,8 +86,8 @@ def _hankel_pq(order: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     a = _HANKEL[order]
     t = 1.0 / x
     t2 = t * t
-    p = sp._horner([(-1) ** k * a[2 * k] for k in range(len(a) // 2)], t2)
-    q = t * sp._horner([(-1) ** k * a[2 * k + 1] for k in range(len(a) // 2)], t2)
+    p = ew._horner([(-1) ** k * a[2 * k] for k in range(len(a) // 2)], t2)
+    q = t * ew._horner([(-1) ** k * a[2 * k + 1] for k in range(len(a) // 2)], t2)
     return p, q
 
 
@@ -107,15 +97,15 @@ def _bessel(order: int, x: torch.Tensor, second: bool) -> torch.Tensor:
     a = x.abs()
     near = torch.clamp(a, max=_NEAR)
     z = (near * near) * 0.25
-    j = sp._horner(_J0 if order == 0 else _J1, z)
+    j = ew._horner(_J0 if order == 0 else _J1, z)
     if order == 1:
         j = j * (near * 0.5)
     if second:
         logged = (ew.log(near * 0.5) + _EULER) * (2.0 / math.pi)
         if order == 0:
-            j = logged * j + sp._horner(_Y0, z) * (2.0 / math.pi)
+            j = logged * j + ew._horner(_Y0, z) * (2.0 / math.pi)
         else:
-            series = sp._horner(_Y1, z) * (near * (0.5 / math.pi))
+            series = ew._horner(_Y1, z) * (near * (0.5 / math.pi))
             j = (logged * j - series) - (2.0 / math.pi) / near
     far = torch.clamp(a, min=_NEAR)
     p, q = _hankel_pq(order, far)
@@ -191,7 +181,7 @@ def _scaled_k_beyond(nu: Fraction, x: torch.Tensor) -> torch.Tensor:
     for shift, weight in zip(_COSH_MINUS_1, _WEIGHT[nu]):
         total = total + ew.exp(mid * -shift) * weight
     far = torch.clamp(x, min=_K_FAR)
-    series = sp._horner(_K_ASYMPTOTIC[nu], 1.0 / far) * ew.sqrt((math.pi * 0.5) / far)
+    series = ew._horner(_K_ASYMPTOTIC[nu], 1.0 / far) * ew.sqrt((math.pi * 0.5) / far)
     return torch.where(x <= _K_FAR, total, series)
 
 
@@ -202,11 +192,11 @@ def _bessel_k(order: int, x: torch.Tensor, scaled: bool) -> torch.Tensor:
     z = (near * near) * 0.25
     logged = ew.log(near * 0.5) + _EULER
     if order == 0:
-        series = sp._horner(_K0, z) - logged * sp._horner(_I0, z)
+        series = ew._horner(_K0, z) - logged * ew._horner(_I0, z)
     else:
         half = near * 0.5
-        series = (1.0 / near + logged * (sp._horner(_I1, z) * half)) - (
-            sp._horner(_K1, z) * (half * 0.5)
+        series = (1.0 / near + logged * (ew._horner(_I1, z) * half)) - (
+            ew._horner(_K1, z) * (half * 0.5)
         )
     if scaled:
         series = series * ew.exp(near)
@@ -257,7 +247,7 @@ def airy_ai(x: torch.Tensor) -> torch.Tensor:
     NaN at +-inf (as torch's)."""
     near = torch.clamp(x, -8.0, 2.0)
     cube = near * near * near
-    series = sp._horner(_AI_F, cube) * _AI_0 - (sp._horner(_AI_G, cube) * near) * _AI_PRIME_0
+    series = ew._horner(_AI_F, cube) * _AI_0 - (ew._horner(_AI_G, cube) * near) * _AI_PRIME_0
     above = torch.clamp(x, min=2.0)
     root = ew.sqrt(above)
     zeta = (above * root) * (2.0 / 3.0)
@@ -268,8 +258,8 @@ def airy_ai(x: torch.Tensor) -> torch.Tensor:
     zeta = (below * root) * (2.0 / 3.0)
     t = 1.0 / zeta
     t2 = t * t
-    p = sp._horner([(-1) ** k * _AI_HANKEL[2 * k] for k in range(14)], t2)
-    q = t * sp._horner([(-1) ** k * _AI_HANKEL[2 * k + 1] for k in range(14)], t2)
+    p = ew._horner([(-1) ** k * _AI_HANKEL[2 * k] for k in range(14)], t2)
+    q = t * ew._horner([(-1) ** k * _AI_HANKEL[2 * k + 1] for k in range(14)], t2)
     s, c = _sincos(zeta)
     wave = (p * (s + c) + q * (c - s)) * _SQRT1_2
     left = wave / (ew.sqrt(root) * math.sqrt(math.pi))

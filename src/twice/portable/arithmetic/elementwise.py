@@ -15,6 +15,7 @@ rare ties).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 
@@ -49,6 +50,7 @@ __all__ = [
     "sigmoid",
     "erf",
     "sincos_turns",
+    "quarter_turns",
     "pow_scalar",
     "pow_tensor",
     "softplus",
@@ -227,6 +229,25 @@ def sincos_turns(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     sin = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
     cos = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
     return sin, cos
+
+
+# pi/2 in three parts of 33, 33 and 53 bits (fdlibm's): k times each of the first two is exact
+# for |k| < 2**20, so x - k pi/2 is found to about 2**-85 of pi/2 for |x| below 1.6e6.
+_PIO2 = (1.57079632673412561417e00, 6.07710050630396597660e-11, 2.02226624871116645580e-21)
+_QUARTER_SIN = [float(Fraction((-1) ** n, math.factorial(2 * n + 1))) for n in range(11)]
+_QUARTER_COS = [float(Fraction((-1) ** n, math.factorial(2 * n))) for n in range(11)]
+
+
+def quarter_turns(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sin r, cos r, k mod 4) with x = r + k pi/2, |r| <= pi/4 (Cody and Waite's reduction),
+    the sine and cosine of r by their Taylor series: sin x and cos x are these turned by k."""
+    k = torch.round(x * (2.0 / math.pi))
+    r = x - k * _PIO2[0]
+    r = r - k * _PIO2[1]
+    r = r - k * _PIO2[2]
+    z = r * r
+    quadrant = torch.remainder(torch.where(torch.isfinite(k), k, 0.0), 4.0).to(torch.int64)
+    return r * _horner(_QUARTER_SIN, z), _horner(_QUARTER_COS, z), quadrant
 
 
 def pow_scalar(x: torch.Tensor, y: float) -> torch.Tensor:

@@ -62,13 +62,6 @@ _ZETA_MAX_SHIFT = 2**16  # q below -65526: the sum stops short (torch's loop goe
 _ZETA_TAIL = [float(_B[2 * j] / math.factorial(2 * j)) for j in range(1, 13)]
 
 
-def _horner(coefficients, t: torch.Tensor) -> torch.Tensor:
-    acc = torch.full_like(t, coefficients[-1])
-    for c in reversed(coefficients[:-1]):
-        acc = acc * t + c
-    return acc
-
-
 def _sinpi_cospi(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sin(pi x), cos(pi x)): x reduced exactly to t in [0, 1/4] (x - 2 round(x / 2), then
     1 - a and 1/2 - a, each exact), then the Taylor series of sin(pi t) and cos(pi t)."""
@@ -99,7 +92,7 @@ def _shifted(x: torch.Tensor):
 def _lgamma_positive(x: torch.Tensor) -> torch.Tensor:
     y, product, _ = _shifted(x)
     r = 1.0 / y
-    series = r * _horner(_STIRLING, r * r)
+    series = r * ew._horner(_STIRLING, r * r)
     stirling = ((y - 0.5) * ew.log(y) - y) + (_HALF_LOG_2PI + series)
     return stirling - ew.log(product)
 
@@ -124,7 +117,7 @@ def digamma(x: torch.Tensor) -> torch.Tensor:
     y, _, reciprocals = _shifted(z)
     r = 1.0 / y
     r2 = r * r
-    positive = ((ew.log(y) - r * 0.5) - r2 * _horner(_DIGAMMA, r2)) - reciprocals
+    positive = ((ew.log(y) - r * 0.5) - r2 * ew._horner(_DIGAMMA, r2)) - reciprocals
     s, c = _sinpi_cospi(x)
     out = torch.where(negative, positive - (c * math.pi) / s, positive)
     out = torch.where(negative & (torch.round(x) == x), _NAN, out)
@@ -204,7 +197,7 @@ def erfcx(x: torch.Tensor) -> torch.Tensor:
     near = ew.exp(a * a) * (1.0 - ew.erf(torch.clamp(a, max=1.0)))
     mid = ew._horner(list(reversed(ERFCX_1_6)), (torch.clamp(a, 1.0, 6.0) - 3.5) / 2.5)
     r = 1.0 / torch.clamp(a, min=6.0)
-    far = (r * (1.0 / _SQRT_PI)) * _horner(_ERFCX_ASYMPTOTIC, (r * r) * 0.5)
+    far = (r * (1.0 / _SQRT_PI)) * ew._horner(_ERFCX_ASYMPTOTIC, (r * r) * 0.5)
     positive = torch.where(a < 1.0, near, torch.where(a <= 6.0, mid, far))
     root = ew.exp(x * x * 0.5)
     out = torch.where(x < 0, (root * 2.0) * root - positive, positive)
@@ -236,7 +229,7 @@ def _erfcinv_tail(z: torch.Tensor) -> torch.Tensor:
 def _erfinv_center(y: torch.Tensor) -> torch.Tensor:
     """erfinv for |y| <= 1/2: its series' first terms, then Newton's method on erf (four steps)."""
     t = y * (_SQRT_PI * 0.5)
-    x = t * _horner([1.0, 1.0 / 3.0, 7.0 / 30.0, 127.0 / 630.0], t * t)
+    x = t * ew._horner([1.0, 1.0 / 3.0, 7.0 / 30.0, 127.0 / 630.0], t * t)
     for _ in range(4):
         x = x - (ew.erf(x) - y) * (ew.exp(x * x) * (_SQRT_PI * 0.5))
     return x
@@ -298,11 +291,11 @@ def _bessel_i(order: int, x: torch.Tensor, scaled: bool) -> torch.Tensor:
     series, far_series = (_I0, _I0_FAR) if order == 0 else (_I1, _I1_FAR)
     a = x.abs()
     near_a = torch.clamp(a, max=30.0)
-    near = _horner(series, (near_a * near_a) * 0.25)
+    near = ew._horner(series, (near_a * near_a) * 0.25)
     if order == 1:
         near = near * (near_a * 0.5)
     far_a = torch.clamp(a, min=30.0)
-    far = _horner(far_series, 1.0 / far_a) / ew.sqrt(far_a * (2.0 * math.pi))
+    far = ew._horner(far_series, 1.0 / far_a) / ew.sqrt(far_a * (2.0 * math.pi))
     if scaled:
         near = near * ew.exp(-near_a)
     else:

@@ -29,34 +29,9 @@ _TAN_PI_8 = math.sqrt(2.0) - 1.0
 _BIG = 2.0**28  # beyond it, x**2 + 1 is x**2 in float64
 
 
-# pi/2 in three parts of 33, 33 and 53 bits (fdlibm's): k times each of the first two is exact
-# for |k| < 2**20, so x - k pi/2 is found to about 2**-85 of pi/2 for |x| below 1.6e6.
-_PIO2 = (1.57079632673412561417e00, 6.07710050630396597660e-11, 2.02226624871116645580e-21)
-_SIN = [float(Fraction((-1) ** n, math.factorial(2 * n + 1))) for n in range(11)]
-_COS = [float(Fraction((-1) ** n, math.factorial(2 * n))) for n in range(11)]
-
-
-def _series(coefficients, z: torch.Tensor) -> torch.Tensor:
-    total = torch.full_like(z, coefficients[-1])
-    for c in reversed(coefficients[:-1]):
-        total = total * z + c
-    return total
-
-
-def _reduced(x: torch.Tensor):
-    """(sin r, cos r, k mod 4) with x = r + k pi/2, |r| <= pi/4 (Cody and Waite's reduction)."""
-    k = torch.round(x * (2.0 / math.pi))
-    r = x - k * _PIO2[0]
-    r = r - k * _PIO2[1]
-    r = r - k * _PIO2[2]
-    z = r * r
-    quadrant = torch.remainder(torch.where(torch.isfinite(k), k, 0.0), 4.0).to(torch.int64)
-    return r * _series(_SIN, z), _series(_COS, z), quadrant
-
-
 def sin(x: torch.Tensor) -> torch.Tensor:
     """sin of float64 x (NaN where x is not finite; the sign of a zero kept)."""
-    s, c, q = _reduced(x)
+    s, c, q = ew.quarter_turns(x)
     out = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
     out = torch.where(x == 0, x, out)  # keeps the sign of zero
     return torch.where(torch.isfinite(x), out, math.nan)
@@ -64,13 +39,13 @@ def sin(x: torch.Tensor) -> torch.Tensor:
 
 def cos(x: torch.Tensor) -> torch.Tensor:
     """cos of float64 x (NaN where x is not finite)."""
-    s, c, q = _reduced(x)
+    s, c, q = ew.quarter_turns(x)
     out = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
     return torch.where(torch.isfinite(x), out, math.nan)
 
 
 def _tan(x: torch.Tensor) -> torch.Tensor:
-    s, c, q = _reduced(x)
+    s, c, q = ew.quarter_turns(x)
     odd = (q % 2) == 1
     out = torch.where(odd, -c / s, s / c)
     out = torch.where(x == 0, x, out)
