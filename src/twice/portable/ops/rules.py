@@ -36,18 +36,21 @@ def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     return bool(close.all())
 
 
+def _number(value):
+    """A bound given as a 0-d tensor, as the number it holds."""
+    return value.item() if isinstance(value, torch.Tensor) else value
+
+
 @kernel("linspace.Tensor_Tensor", "linspace.Tensor_Scalar", "linspace.Scalar_Tensor")
 def _linspace_tensors(start, end, steps, **options):
     """linspace with a 0-d tensor for a bound: the scalar kernel on its value."""
-    as_number = lambda v: v.item() if isinstance(v, torch.Tensor) else v  # noqa: E731
-    return _linspace(as_number(start), as_number(end), steps, **options)
+    return _linspace(_number(start), _number(end), steps, **options)
 
 
 @kernel("logspace.Tensor_Tensor", "logspace.Tensor_Scalar", "logspace.Scalar_Tensor")
 def _logspace_tensors(start, end, steps, base=10.0, **options):
     """logspace with a 0-d tensor for a bound: the scalar kernel on its value."""
-    as_number = lambda v: v.item() if isinstance(v, torch.Tensor) else v  # noqa: E731
-    return _logspace(as_number(start), as_number(end), steps, base, **options)
+    return _logspace(_number(start), _number(end), steps, base, **options)
 
 
 @kernel("renorm.default")
