@@ -76,32 +76,32 @@ def _complex(args, kwargs) -> bool:
     return bool(kwargs) and _complex(tuple(kwargs.values()), None)
 
 
-_INEXACT, _HALF = 1, 2
+_INEXACT, _HALF, _VALUES = 1, 2, 4
 
 
 def _scan(args, kwargs) -> int:
-    """0: no floating-point or complex tensor among the arguments (in lists too); _HALF: a
-    float16 or bfloat16 one; _INEXACT: others. One pass of plain loops: it runs before every
-    kernel."""
+    """Flags over the floating-point and complex tensors among the arguments (in lists too):
+    _INEXACT for any, _HALF for a float16 or bfloat16 one, _VALUES when one has elements (0: no
+    such tensor). One pass of plain loops: it runs before every kernel."""
     found = 0
     for value in args:
         if isinstance(value, torch.Tensor):
             if value.is_floating_point() or value.is_complex():
-                if value.dtype in half.HALF:
-                    return _HALF
-                found = _INEXACT
+                found |= _flags(value)
         elif isinstance(value, (list, tuple)):
             for v in value:
                 if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
-                    if v.dtype in half.HALF:
-                        return _HALF
-                    found = _INEXACT
+                    found |= _flags(v)
     if kwargs:
-        more = _scan(tuple(kwargs.values()), None)
-        return more if more == _HALF else (found or more)
+        found |= _scan(tuple(kwargs.values()), None)
     return found
 
 
+def _flags(t: torch.Tensor) -> int:
+    return (_HALF if t.dtype in half.HALF else _INEXACT) | (_VALUES if t.numel() else 0)
+
+
+_SEEDED = torch.Tag.nondeterministic_seeded
 _ROUTES: dict = {}  # aten overload -> routes.route(overload)
 # Kernels that make floating-point values from no floating-point tensor (random draws, ranges).
 _FACTORIES = ("rand", "random_", "normal.", "arange.", "linspace.", "logspace.")
@@ -197,8 +197,12 @@ class PortableMode(TorchDispatchMode):
             found = _scan(args, kwargs)
             if not found and not name.startswith(_FACTORIES):
                 return func(*args, **kwargs)
+            if found and not found & _VALUES and _SEEDED not in func.tags:
+                # Every floating-point operand is empty: no value is computed, the result (empty,
+                # or an identity such as a sum's 0) depends on shapes alone.
+                return func(*args, **kwargs)
             try:
-                if found == _HALF:
+                if found & _HALF:
                     return half.run(func, handler, args, kwargs)
                 return handler(*args, **kwargs)
             except PortableUnsupported as exc:
@@ -209,7 +213,7 @@ class PortableMode(TorchDispatchMode):
             if (args[3:4] or [kwargs.get("accumulate")])[0]:
                 return self._uncovered(func, name, args, kwargs, "accumulating index_put")
             return func(*args, **kwargs)
-        if not _scan(args, kwargs) and torch.Tag.nondeterministic_seeded not in func.tags:
+        if not _scan(args, kwargs) and _SEEDED not in func.tags:
             return func(*args, **kwargs)
         if kind == routes.PRIM:
             with self:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from twice.portable.dispatch.table import PortableUnsupported, kernel
+from twice.portable.dispatch.table import KERNELS, PortableUnsupported, kernel
 from twice.portable.ops.linear import exact_linear
 from twice.portable.ops.math import floating
 
@@ -116,7 +116,9 @@ def _embedding_bag_dense_backward(
     floating(grad, per_sample_weights)
     if mode == 2:  # each column's gradient goes to the row that held the bag's maximum
         columns = torch.arange(grad.shape[1]).expand_as(maximum_indices)
-        held = maximum_indices >= 0
+        held = (maximum_indices >= 0) & (bag_size > 0).unsqueeze(1)  # an empty bag holds none
+        if padding_idx is not None and padding_idx >= 0:
+            held &= maximum_indices != padding_idx
         zeros = torch.zeros(num_weights, grad.shape[1], dtype=_F64)
 
         def spread(t):
@@ -158,3 +160,18 @@ def _embedding_bag_psw_backward(grad, weight, indices, offsets, offset2bag, mode
     if padding_idx is not None and padding_idx >= 0:
         out = torch.where(indices == padding_idx, 0.0, out).to(grad.dtype)
     return out
+
+
+@kernel("embedding_renorm_.default")
+def _embedding_renorm_(weight, indices, max_norm, norm_type):
+    """Each row that `indices` names, once, scaled by max_norm / (norm + 1e-7) where its
+    norm_type-norm exceeds max_norm (torch's formula), the norm by the portable vector norm."""
+    floating(weight)
+    rows = torch.unique(indices.reshape(-1))
+    if rows.numel() == 0:
+        return weight
+    picked = weight[rows]
+    norm = KERNELS["linalg_vector_norm.default"](picked, norm_type, [1], True).to(_F64)
+    factor = torch.where(norm > float(max_norm), float(max_norm) / (norm + 1e-7), 1.0)
+    weight[rows] = (picked.to(_F64) * factor).to(weight.dtype)
+    return weight

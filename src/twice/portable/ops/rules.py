@@ -18,7 +18,7 @@ from twice.portable.ops.functions import _linspace, _logspace
 from twice.portable.ops.linear import _accumulate, _scatter_reduce
 from twice.portable.ops.math import floating
 
-__all__ = ["ordered_product"]
+__all__ = ["bin_of", "ordered_product"]
 
 _F64 = torch.float64
 aten = torch.ops.aten
@@ -136,15 +136,24 @@ def _index_reduce_(self, dim, index, source, reduce, *, include_self=True):
     return self.copy_(_index_reduce(self, dim, index, source, reduce, include_self=include_self))
 
 
+def bin_of(edges64: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Each value's bin as torch's binary search finds it (its upper bound among the edges,
+    minus one, the last edge in the last bin), for edges out of order too, where torch's bins
+    are what its search gives: searchsorted halves the range as std::upper_bound does."""
+    position = torch.searchsorted(edges64, values.to(_F64).contiguous(), right=True) - 1
+    last = edges64.numel() - 2
+    return torch.where(position > last, last, position)
+
+
 def _histogram(x, edges, weight, density):
     """Counts (or weights added exactly) per bin: bin i holds edges[i] <= v < edges[i+1], the
-    last bin its right edge too; values outside the edges and NaN count nowhere."""
+    last bin its right edge too; values outside the first and last edge and NaN count nowhere
+    (edges out of order: the bins torch's binary search gives, bin_of)."""
     flat = x.reshape(-1)
     edges64 = edges.to(_F64)
     bins = edges.numel() - 1
-    position = torch.searchsorted(edges64, flat.to(_F64), right=True) - 1
-    position = torch.where(flat.to(_F64) == edges64[-1], bins - 1, position)
-    inside = (position >= 0) & (position < bins) & ~torch.isnan(flat)
+    position = bin_of(edges64, flat)
+    inside = (flat >= edges64[0]) & (flat <= edges64[-1])  # NaN: nowhere
     slot = torch.where(inside, position, bins)  # a spare bin for the rest, dropped
     values = torch.ones_like(flat, dtype=_F64) if weight is None else weight.reshape(-1).to(_F64)
     values = torch.where(inside, values, 0.0)

@@ -18,7 +18,7 @@ from twice.portable.dispatch.table import PortableUnsupported, kernel
 from twice.portable.ops.functions import _linspace
 from twice.portable.ops.linear import _accumulate, exact_linear
 from twice.portable.ops.math import floating
-from twice.portable.ops.rules import ordered_product
+from twice.portable.ops.rules import bin_of, ordered_product
 
 _F64 = torch.float64
 
@@ -232,8 +232,9 @@ def _histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False): 
 @kernel("_histogramdd_from_bin_tensors.default")
 def _histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
     """Each element's bin per dimension by exact comparisons with that dimension's edges (the
-    last bin holding its right edge); an element outside any dimension's edges, or NaN, counts
-    nowhere; density divides by the exact total, then by each dimension's widths, as torch."""
+    last bin holding its right edge); an element outside any dimension's first and last edge,
+    or NaN, counts nowhere; density divides by the exact total, then by each dimension's
+    widths, as torch."""
     floating(x, weight)
     dims = x.shape[-1]
     flat = x.reshape(-1, dims).to(_F64)
@@ -243,9 +244,8 @@ def _histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
     slot = torch.zeros(flat.shape[0], dtype=torch.int64)
     for d, edges in enumerate(bins):
         edges64, column = edges.to(_F64), flat[:, d]
-        position = torch.searchsorted(edges64, column.contiguous(), right=True) - 1
-        position = torch.where(column == edges64[-1], sizes[d] - 1, position)
-        inside &= (position >= 0) & (position < sizes[d]) & ~torch.isnan(column)
+        position = bin_of(edges64, column)
+        inside &= (column >= edges64[0]) & (column <= edges64[-1])  # NaN: nowhere
         slot = slot * sizes[d] + position.clamp(0, max(sizes[d] - 1, 0))
     slot = torch.where(inside, slot, total_bins)  # a spare bin for the rest, dropped
     values = torch.ones(flat.shape[0], dtype=_F64) if weight is None else weight.reshape(-1)

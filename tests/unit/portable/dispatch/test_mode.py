@@ -141,3 +141,40 @@ def test_torch_compile_runs_eagerly_through_the_mode():
     finally:
         portable.disable()
     assert active.compiled == 2 and "TORCHDYNAMO_DISABLE" not in os.environ
+
+
+_ON_EMPTY = {
+    "softmax": lambda x: torch.softmax(x, -1),
+    "log_softmax": lambda x: torch.log_softmax(x, 0),
+    "softmin": lambda x: nn.functional.softmin(x, -1),
+    "sum": lambda x: x.sum(-1),
+    "mean": lambda x: x.mean(),
+    "cumsum": lambda x: x.cumsum(0),
+    "logcumsumexp": lambda x: x.logcumsumexp(-1),
+    "logsumexp": lambda x: x.logsumexp(-1),
+    "matmul": lambda x: x.reshape(-1, x.shape[-1]) @ x.reshape(-1, x.shape[-1]).T,
+    "layer_norm": lambda x: nn.functional.layer_norm(x, x.shape[-1:]),
+    "exp": torch.exp,
+    "norm": lambda x: torch.linalg.vector_norm(x, dim=-1),
+    "var": lambda x: x.var(-1),
+    "sort": lambda x: x.sort(-1).values,
+}
+
+
+@pytest.mark.parametrize("shape", [(0,), (5, 0), (0, 3), (2, 0, 4), (3, 4, 0)])
+@pytest.mark.parametrize("name", sorted(_ON_EMPTY))
+def test_an_op_on_empty_operands_gives_torchs_result_or_torchs_error(name, shape):
+    """No value is computed from an empty operand: the result (empty, or an identity such as a
+    sum's 0 and a mean's NaN) is torch's own, for every kernel, and an op torch refuses on
+    empty operands is refused the same way, never a portable kernel's own error."""
+    op, x = _ON_EMPTY[name], torch.zeros(shape)
+    try:
+        expected = op(x)
+    except (RuntimeError, IndexError) as exc:
+        with PortableMode("strict"), pytest.raises(type(exc)):
+            op(x)
+        return
+    with PortableMode("strict"):
+        found = op(x)
+    assert found.shape == expected.shape
+    assert torch.equal(found.nan_to_num(7.0), expected.nan_to_num(7.0))

@@ -36,3 +36,36 @@ def test_per_sample_weights_scale_each_row_before_the_exact_sum():
         out = bag(rows, offsets, per_sample_weights=weights)
     assert torch.allclose(out, bag(rows, offsets, per_sample_weights=weights), atol=1e-6)
     assert torch.equal(out[1], torch.zeros(3))  # the same row added and taken away: exactly 0
+
+
+@pytest.mark.parametrize("padding_idx", [-1, 2, 5])
+def test_a_max_bags_gradient_skips_empty_bags_and_padding_as_torchs(padding_idx):
+    """An empty bag's maximum index is 0 and names no row; a padding row takes no gradient.
+    Integer gradients: every sum is exact, so the gradient is torch's to the bit."""
+    torch.manual_seed(1)
+    w = torch.randn(6, 3)
+    idx, off = torch.tensor([2, 2, 1, 3, 2, 5]), torch.tensor([0, 2, 2, 4])
+    aten = torch.ops.aten
+    found = aten._embedding_bag(w, idx, off, False, 2, False, None, False, padding_idx)
+    _, bags, sizes, top = found
+    go = torch.randint(-4, 5, (4, 3)).float()
+    args = (go, idx, bags, sizes, top, 6, False, 2, None, padding_idx)
+    expected = aten._embedding_bag_dense_backward(*args)
+    with PortableMode("strict"):
+        assert torch.equal(aten._embedding_bag_dense_backward(*args), expected)
+
+
+def test_max_norm_renormalises_each_named_row_once_as_torch():
+    torch.manual_seed(2)
+    weight = torch.randn(8, 4) * 3
+    rows = torch.tensor([[1, 4, 4], [6, 1, 0]])
+    expected = weight.clone()
+    torch.embedding_renorm_(expected, rows, 2.0, 2.0)
+    found = weight.clone()
+    with PortableMode("strict"):
+        torch.embedding_renorm_(found, rows, 2.0, 2.0)
+        out = torch.nn.functional.embedding_bag(rows, weight.clone(), max_norm=2.0)
+    assert torch.equal(found[[2, 3, 5, 7]], weight[[2, 3, 5, 7]])  # rows not named: untouched
+    assert torch.allclose(found, expected, rtol=1e-6, atol=0)
+    assert bool((torch.linalg.vector_norm(found[[0, 1, 4, 6]], dim=1) <= 2.0).all())
+    assert out.shape == (2, 4)

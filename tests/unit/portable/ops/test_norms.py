@@ -15,3 +15,13 @@ def test_layer_norm_matches_torch_in_float64():
     close = {"rtol": 1e-12, "atol": 1e-12}
     out, *_ = norms.layer_norm(x, [7], None, None, 1e-5)
     assert torch.allclose(out, torch.nn.functional.layer_norm(x, [7]), **close)
+
+
+def test_group_norm_of_no_sample_is_empty_and_its_parameter_gradients_zero():
+    x, w = torch.zeros(0, 4, 3), torch.randn(4)
+    out, mean, rstd = norms.group_norm(x, w, w, 0, 4, 3, 2, 1e-5)
+    expected = torch.ops.aten.native_group_norm(x, w, w, 0, 4, 3, 2, 1e-5)
+    assert [t.shape for t in (out, mean, rstd)] == [t.shape for t in expected]
+    grads = norms.group_norm_backward(x, x, mean, rstd, w, 0, 4, 3, 2, [True, True, True])
+    theirs = torch.ops.aten.native_group_norm_backward(x, x, mean, rstd, w, 0, 4, 3, 2, [True] * 3)
+    assert all(torch.equal(a, b) for a, b in zip(grads, theirs))

@@ -71,3 +71,20 @@ def test_logspace_takes_tensor_bounds_as_the_scalar_kernel_does():
         from_tensors = torch.logspace(torch.tensor(0.0), torch.tensor(2.0), 5)
         from_numbers = torch.logspace(0.0, 2.0, 5)
     assert torch.equal(from_tensors, from_numbers) and from_tensors[-1] == 100.0
+
+
+def test_histogram_bins_are_torchs_for_edges_in_any_order():
+    """Edges out of order are torch's case too: an element counts where torch's binary search
+    puts it, between the first and the last edge. Generated edges and values, counted (exact
+    integers) as torch counts them, one dimension and several."""
+    g = torch.Generator().manual_seed(5)
+    for _ in range(40):
+        edges = [torch.randn(int(torch.randint(2, 7, (1,), generator=g)), generator=g) * 3]
+        edges.append(torch.randn(int(torch.randint(2, 5, (1,), generator=g)), generator=g) * 3)
+        x = torch.randn(30, 2, generator=g) * 3
+        x[0, 0], x[1, 1], x[2, 0] = edges[0][-1], edges[1][0], float("nan")
+        expected = torch.histogramdd(x, edges).hist
+        one = torch.histogram(x[:, 0], edges[0]).hist
+        with PortableMode("strict"):
+            assert torch.equal(torch.histogramdd(x, edges).hist, expected)
+            assert torch.equal(torch.histogram(x[:, 0], edges[0]).hist, one)
