@@ -6,10 +6,9 @@ The forward is `weight @ columns`, the weight cut into slices once and each colu
 on its own grid: an output's bits depend on its window and the weight alone. The input's
 gradient is the weight's transpose times the output's gradient, folded back onto the input,
 each sample on its own grid. The weight's gradient sums over every sample and position on grids
-fixed over the whole batch. The compiled kernels (native_conv) unfold a few columns at a time
-into cache and multiply them there, where torch's route would write every column to memory:
-the same integers and exact sums, so the same bits. A transposed convolution is the input
-gradient of the ordinary one with the same weight.
+fixed over the whole batch. The compiled kernels (native_conv) multiply a few columns at a time
+in cache: the same integers and exact sums as the torch steps, so the same bits. A transposed
+convolution is the input gradient of the ordinary one; 3-d ones go through the 2-d (conv3d.py).
 """
 
 from __future__ import annotations
@@ -29,9 +28,15 @@ from twice.portable.arithmetic.exact import (
 )
 from twice.portable.native import conv as native_conv
 from twice.portable.ops import conv3d
+from twice.portable.ops.conv3d import out_size as _out_size
 from twice.portable.ops.nn import Unsupported
 
 __all__ = ["convolution", "convolution_backward", "COLUMN_CHUNK", "WHOLE_WEIGHT_GRAD"]
+
+
+def _expanded(x, *settings):
+    """One value per spatial dimension (aten takes one for all: "valid" padding is `[0]`)."""
+    return [tuple(s) * (x.dim() - 2) if len(s) == 1 else tuple(s) for s in settings]
 
 
 def _as_2d(x, weight, stride, padding, dilation):
@@ -97,10 +102,6 @@ def _fold(cols, size, kernel, dilation, padding, stride):
     return out[:, :, padding[0] : padding[0] + size[0], padding[1] : padding[1] + size[1]]
 
 
-def _out_size(size, k, s, p, d):
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
-
-
 COLUMN_CHUNK = 1 << 22
 """How many column elements a convolution unfolds at a time where the compiled kernels that
 need no columns do not apply (32 MB of float64 integers; the input's gradient twice as many):
@@ -121,17 +122,16 @@ def _chunks(n: int, per_sample: int) -> list[tuple[int, int]]:
 def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad, groups):
     """aten.convolution: columns of the input times the weight, exactly, in cache or a few
     samples at a time (the weight cut into slices once); transposed: `_transposed`."""
+    stride, padding, dilation, out_pad = _expanded(x, stride, padding, dilation, out_pad)
     if transposed:
         return _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups)
     if x.dim() == 5:  # the column route in 3-d
-        return conv3d.convolution(x, weight, bias, stride, padding, dilation, groups)
+        return conv3d.convolution(x, weight, bias, stride, padding, dilation, groups, convolution)
     squeeze = x.dim() == 3
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     n, cout = x4.shape[0], w4.shape[0]
-    hw = [
-        _out_size(x4.shape[i + 2], w4.shape[i + 2], stride[i], padding[i], dilation[i])
-        for i in (0, 1)
-    ]
+    size, k_hw = x4.shape[2:], w4.shape[2:]
+    hw = [_out_size(size[i], k_hw[i], stride[i], padding[i], dilation[i]) for i in (0, 1)]
     length, cg = hw[0] * hw[1], cout // groups
     k = w4.shape[1] * w4.shape[2] * w4.shape[3]
     w = w4.reshape(groups, cg, k)
@@ -164,10 +164,14 @@ def convolution_backward(
     go, x, weight, bias_sizes, stride, padding, dilation, transposed, out_pad, groups, mask
 ):
     """aten.convolution_backward: (grad input, grad weight, grad bias), each exact."""
+    stride, padding, dilation, out_pad = _expanded(x, stride, padding, dilation, out_pad)
     if transposed:
         return _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask)
     if x.dim() == 5:
-        return conv3d.convolution_backward(go, x, weight, stride, padding, dilation, groups, mask)
+        settings = (stride, padding, dilation, groups, mask)
+        return conv3d.convolution_backward(
+            go, x, weight, *settings, (convolution, convolution_backward)
+        )
     squeeze = x.dim() == 3
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     go4 = go.unsqueeze(2) if squeeze else go

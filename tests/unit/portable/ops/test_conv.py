@@ -133,3 +133,25 @@ def test_torch_computes_the_input_gradient_only_with_a_kernel_of_sums_of_product
         by_fold = pconv.convolution_backward(grad, x, w, None, *settings_)[0]
         assert calls == []
         assert torch.equal(by_fold, by_torch)
+
+
+@pytest.mark.parametrize("spatial", [1, 2, 3])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_one_value_stands_for_every_spatial_dimension_as_aten_takes_it(spatial, transposed):
+    """aten.convolution takes one stride, padding, dilation or output padding for all spatial
+    dimensions (`padding="valid"` arrives as `[0]`): forward and backward give torch's shapes
+    and, in float64, torch's values."""
+    g = gen(spatial)
+    x = torch.randn(2, 2, *[7 - d for d in range(spatial)], generator=g, dtype=F64)
+    w = torch.randn(*((2, 3) if transposed else (3, 2)), *[2] * spatial, generator=g, dtype=F64)
+    settings = ([2], [0], [1], transposed, [1] if transposed else [0], 1)
+    expected = torch.ops.aten.convolution(x, w, None, *settings)
+    found = pconv.convolution(x, w, None, *settings)
+    assert found.shape == expected.shape
+    assert torch.allclose(found, expected, rtol=1e-12, atol=1e-12)
+    go = torch.randn(expected.shape, generator=g, dtype=F64)
+    mask = [True, True, False]
+    ours = pconv.convolution_backward(go, x, w, None, *settings, mask)
+    theirs = torch.ops.aten.convolution_backward(go, x, w, None, *settings, mask)
+    for mine, torchs in zip(ours[:2], theirs[:2]):
+        assert torch.allclose(mine, torchs, rtol=1e-12, atol=1e-12)
