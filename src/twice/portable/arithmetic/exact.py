@@ -25,6 +25,7 @@ import math
 import torch
 
 from twice.portable import native
+from twice.portable.native import products as native_products
 
 __all__ = [
     "exact_matmul",
@@ -211,6 +212,10 @@ def _split3(x, dims, beta):
         return None
     (ints, unit), rest = first[0], x.to(torch.float64)
     parts = [(ints, unit)]
+    more = native_products.slices(rest, ints, unit, beta)
+    if more is not None:  # the same steps in one compiled pass
+        step = 2.0**-beta
+        return parts + [(more[0], unit * step), (more[1], unit * step * step)]
     for _ in range(2):
         rest = rest - ints * unit
         unit = unit * (2.0**-beta)
@@ -234,6 +239,9 @@ def _fast_matmul3(a, b, out_dtype, bias):
     n = a.shape[-2]
     left = torch.cat([ints for ints, _ in sa], dim=-2)
     products = [torch.matmul(left[..., : (3 - q) * n, :], sb[q][0]) for q in range(3)]
+    fast = native_products.combine3(products, sa[0][1], [unit for _, unit in sb], out_dtype)
+    if fast is not None:  # the same sum in one compiled pass
+        return fast
     total = None
     for level in range(3):
         scale = sa[0][1] * sb[level][1]

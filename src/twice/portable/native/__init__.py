@@ -25,6 +25,7 @@ __all__ = [
     "empty",
     "module",
     "buffer",
+    "strided",
     "KINDS",
     "fallback",
     "gpu",
@@ -130,7 +131,7 @@ def buffer(t: torch.Tensor | None):
     return None if t is None else (t.data_ptr(), t.numel(), KINDS[t.dtype])
 
 
-def _strided(t: torch.Tensor):
+def strided(t: torch.Tensor):
     """A strided (or broadcast) tensor as the compiled kernels take it: buffer()'s description
     with the elements it spans in memory, for a kernel given its strides beside it."""
     span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
@@ -302,7 +303,7 @@ def scaled(product, unit_a, unit_b, out_dtype, bias=None):
         block_stride, row_stride, col_stride = (
             tuple(full.stride()) if product.dim() == 3 else (0, *full.stride())
         )
-        bias_buffer = _strided(full)
+        bias_buffer = strided(full)
     _module.p_scale(
         product=buffer(product.contiguous()), blocks=blocks, rows=rows, cols=cols,
         unit_a=buffer(ua), unit_b=buffer(ub), out=buffer(out), bias=bias_buffer,

@@ -5,6 +5,8 @@
    p_rowsum    per row: the exact sum, from up to three integer slices, in float64
    p_colsum    per column: the exact sum at one slice
    p_scale     an integer product scaled by its units (plus a bias), rounded once
+   p_slices    the second and third slices of a float64 operand, from its first
+   p_combine3  a float64 product's six slice products scaled and added, rounded once
    p_compound  addcmul, addcdiv, add with alpha, lerp: one rounding per operation */
 
 #include "portable.h"
@@ -308,6 +310,143 @@ static PyObject *p_scale(PyObject *module, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
+/* torch.round: round_even where the trick holds, nearbyint beyond (inf, NaN, huge). */
+static inline double torch_round(double v) {
+    return fabs(v) < 2251799813685248.0 ? round_even(v) : nearbyint(v);
+}
+
+typedef struct {
+    const double *x, *ints, *unit;
+    Py_ssize_t rows, cols, ubs, urs, ucs;
+    double step;
+    double *o2, *o3;
+} slices_ctx;
+
+static void slices_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    const slices_ctx *c = (const slices_ctx *)p;
+    for (Py_ssize_t row = lo; row < hi; row++) {
+        const Py_ssize_t k = row / c->rows, i = row % c->rows, at = row * c->cols;
+        const double *units = c->unit + k * c->ubs + i * c->urs;
+        for (Py_ssize_t j = 0; j < c->cols; j++) {
+            const double u = units[j * c->ucs];
+            const double r = c->x[at + j] - c->ints[at + j] * u, u2 = u * c->step;
+            const double q2 = torch_round(r / u2);
+            const double r2 = r - q2 * u2, u3 = u2 * c->step;
+            c->o2[at + j] = q2, c->o3[at + j] = torch_round(r2 / u3);
+        }
+    }
+}
+
+/* p_slices(src, ints, blocks, rows, cols, unit, unit_block_stride, unit_row_stride,
+   unit_col_stride, step, second, third): exact.split's second and third slices of float64
+   `src` from its first (`ints` on `unit`, the strides in elements, 0 broadcasts), each step of
+   the torch route in the same IEEE operations: rest = x - ints * unit, unit *= step (2**-beta),
+   ints = round(rest / unit), twice. */
+static PyObject *p_slices(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"src",
+                         "ints",
+                         "blocks",
+                         "rows",
+                         "cols",
+                         "unit",
+                         "unit_block_stride",
+                         "unit_row_stride",
+                         "unit_col_stride",
+                         "step",
+                         "second",
+                         "third",
+                         NULL};
+    buffer_t src, ints, unit, o2, o3;
+    Py_ssize_t blocks, rows, cols, ubs, urs, ucs;
+    double step;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&nnnO&nnndO&O&", kw, buffer, &src, buffer,
+                                     &ints, &blocks, &rows, &cols, buffer, &unit, &ubs, &urs, &ucs,
+                                     &step, buffer, &o2, buffer, &o3))
+        return NULL;
+    const char *k = "p_slices";
+    const Py_ssize_t n = blocks * rows * cols;
+    if (!size_ok(k, "blocks", blocks) || !size_ok(k, "rows", rows) || !size_ok(k, "cols", cols) ||
+        !size_ok(k, "unit_block_stride", ubs) || !size_ok(k, "unit_row_stride", urs) ||
+        !size_ok(k, "unit_col_stride", ucs) || !buffer_holds(k, "src", &src, n, KIND_F64) ||
+        !buffer_holds(k, "ints", &ints, n, KIND_F64) ||
+        !buffer_holds(k, "second", &o2, n, KIND_F64) || !buffer_holds(k, "third", &o3, n, KIND_F64))
+        return NULL;
+    if (n > 0) {
+        const Py_ssize_t last = (blocks - 1) * ubs + (rows - 1) * urs + (cols - 1) * ucs;
+        if (!buffer_holds(k, "unit", &unit, last + 1, KIND_F64)) return NULL;
+    }
+    slices_ctx ctx = {F64(src), F64(ints), F64(unit), rows,    cols,   ubs,
+                      urs,      ucs,       step,      F64(o2), F64(o3)};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(blocks * rows, n, slices_range, &ctx);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    const double *p0, *p1, *p2, *ua, *ub;
+    Py_ssize_t rows, cols;
+    int ok;
+    char *out;
+} combine_ctx;
+
+static void combine_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    const combine_ctx *c = (const combine_ctx *)p;
+    const Py_ssize_t m = c->rows, n = c->cols;
+    for (Py_ssize_t row = lo; row < hi; row++) {
+        const Py_ssize_t k = row / m, i = row % m;
+        const double a = c->ua[row];
+        const double *b0 = c->ub + k * 3 * n, *b1 = b0 + n, *b2 = b1 + n;
+        const double *p0 = c->p0 + (k * 3 * m + i) * n, *p1 = c->p1 + (k * 2 * m + i) * n;
+        const double *p2 = c->p2 + (k * m + i) * n;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            const double s0 = a * b0[j], s1 = a * b1[j], s2 = a * b2[j];
+            double t = p0[j] * s0;
+            t = t + p1[j] * s1;
+            t = t + p0[m * n + j] * s1;
+            t = t + p2[j] * s2;
+            t = t + p1[m * n + j] * s2;
+            t = t + p0[2 * m * n + j] * s2;
+            if (c->ok)
+                ((double *)c->out)[row * n + j] = t;
+            else
+                ((float *)c->out)[row * n + j] = (float)t;
+        }
+    }
+}
+
+/* p_combine3(first, second, third, blocks, rows, cols, unit_a, unit_b, out): exact_bilinear's
+   sum of a float64 product's six slice products, as exact._fast_matmul3 forms them: `first`
+   holds the left slices 0, 1, 2 (stacked rows, blocks x 3 rows x cols) times the right slice
+   0, `second` slices 0, 1 times the right slice 1, `third` slice 0 times the right slice 2.
+   Level by level, each product times unit_a[i] * unit_b[level][j] (blocks x rows units; blocks
+   x 3 x cols), added in the torch route's order, the total rounded once to out's dtype. */
+static PyObject *p_combine3(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"first", "second", "third",  "blocks", "rows",
+                         "cols",  "unit_a", "unit_b", "out",    NULL};
+    buffer_t p0, p1, p2, ua, ub, out;
+    Py_ssize_t blocks, rows, cols;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&O&nnnO&O&O&", kw, buffer, &p0, buffer, &p1,
+                                     buffer, &p2, &blocks, &rows, &cols, buffer, &ua, buffer, &ub,
+                                     buffer, &out))
+        return NULL;
+    const char *k = "p_combine3";
+    const Py_ssize_t n = blocks * rows * cols;
+    if (!size_ok(k, "blocks", blocks) || !size_ok(k, "rows", rows) || !size_ok(k, "cols", cols) ||
+        !buffer_holds(k, "first", &p0, 3 * n, KIND_F64) ||
+        !buffer_holds(k, "second", &p1, 2 * n, KIND_F64) ||
+        !buffer_holds(k, "third", &p2, n, KIND_F64) ||
+        !buffer_holds(k, "unit_a", &ua, blocks * rows, KIND_F64) ||
+        !buffer_holds(k, "unit_b", &ub, blocks * 3 * cols, KIND_F64) ||
+        !buffer_holds(k, "out", &out, n, ANY_KIND))
+        return NULL;
+    combine_ctx ctx = {F64(p0), F64(p1), F64(p2), F64(ua), F64(ub), rows, cols, out.kind, out.data};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(blocks * rows, 6 * n, combine_range, &ctx);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 typedef struct {
     int fn, kind;
     const char *sp, *ap, *bp;
@@ -360,6 +499,9 @@ static PyMethodDef methods[] = {
     {"p_colsum", KEYWORDS(p_colsum), "Portable mode: exact column sums (one slice)."},
     {"p_scale", KEYWORDS(p_scale),
      "Portable mode: an integer product scaled, plus a bias, rounded once."},
+    {"p_slices", KEYWORDS(p_slices), "Portable mode: a float64 operand's second and third slices."},
+    {"p_combine3", KEYWORDS(p_combine3),
+     "Portable mode: a float64 product's six slice products, scaled, added, rounded once."},
     {"p_compound", KEYWORDS(p_compound),
      "Portable mode: addcmul/addcdiv/add-alpha/lerp, one rounding each."},
     {NULL, NULL, 0, NULL},

@@ -1,0 +1,43 @@
+"""native/products: a float64 exact product's compiled steps (the second and third slices, the
+six products' scaled sum) give the torch steps' bits."""
+
+import pytest
+import torch
+
+from twice.portable import native
+from twice.portable.arithmetic.exact import exact_matmul
+from twice.portable.native import products
+from unit.portable.bits import F64, both, same_bits
+
+needs_native = pytest.mark.skipif(not native.available(), reason="twice._native was not built")
+
+
+def test_the_steps_decline_what_they_do_not_take():
+    x = torch.randn(3, 4, dtype=F64)
+    assert products.slices(x.float(), x.float(), x[:, :1], 20) is None  # float64 only
+    assert products.slices(x, x[:2], x[:, :1], 20) is None  # ints of another shape
+    third = torch.zeros(3, 4, dtype=F64)
+    assert products.combine3([third, third, third], x[:, :1], [x[:1]] * 3, F64) is None
+
+
+@needs_native
+def test_float64_products_keep_the_sliced_bits_over_generated_shapes_and_scales():
+    """The compiled second and third slices and the compiled six-product sum against the torch
+    steps: generated shapes (a single row, column or term included), batches, operands read
+    transposed, and magnitudes from the subnormal range to near overflow."""
+    g = torch.Generator().manual_seed(11)
+
+    def draw(*shape):
+        exponent = float(torch.randint(-300, 300, (1,), generator=g))
+        scales = 10.0 ** (exponent + 4 * torch.rand(*shape[:-1], 1, generator=g, dtype=F64))
+        return torch.randn(*shape, generator=g, dtype=F64) * scales
+
+    for _ in range(40):
+        m, k, n = (int(v) for v in torch.randint(1, 40, (3,), generator=g))
+        batch = [int(torch.randint(1, 4, (1,), generator=g))] if bool(torch.rand(1) < 0.3) else []
+        a, b = draw(*batch, m, k), draw(*batch, n, k).transpose(-1, -2)
+        if bool(torch.rand(1, generator=g) < 0.5):
+            a = draw(*batch, k, m).transpose(-1, -2)
+        out = F64 if bool(torch.rand(1, generator=g) < 0.7) else torch.float32
+        fast, slow = both(lambda a=a, b=b, out=out: exact_matmul(a, b, out, F64))
+        assert same_bits(fast, slow), (a.shape, b.shape, out)
