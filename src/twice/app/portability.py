@@ -63,7 +63,11 @@ def _count(n: int, word: str) -> str:
 
 def format_portable_audit(found: PortableAudit) -> str:
     """`twice audit --portable`: every op portable mode did not cover, where it ran, and why."""
-    steps = f"{found.steps} step{'s' if found.steps != 1 else ''}" if found.steps else "the run"
+    steps = (
+        f"the first {found.steps} step{'s' if found.steps != 1 else ''}"
+        if found.steps
+        else "the run"
+    )
     compiled = (
         f"\ntorch.compile: {_count(found.compiled_eagerly, 'compiled function')} ran eagerly "
         "through portable mode (compiled kernels would bypass it; the manifest records it)"
@@ -72,11 +76,11 @@ def format_portable_audit(found: PortableAudit) -> str:
     )
     if not found.uncovered:
         return (
-            f"every operation of the first {steps} is covered by portable mode: under "
+            f"every operation of {steps} is covered by portable mode: under "
             "`twice run --portable` they give the same bits on any CPU and thread count" + compiled
         )
     lines = [
-        f"{_count(len(found.uncovered), 'operation')} of the first {steps} "
+        f"{_count(len(found.uncovered), 'operation')} of {steps} "
         f"{'is' if len(found.uncovered) == 1 else 'are'} not covered by portable mode "
         "(their bits may depend on the machine):"
     ]

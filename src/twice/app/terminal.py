@@ -130,7 +130,7 @@ def table_text(
                     if i != index
                 )
                 options = {"no_wrap": True, "overflow": "ellipsis", "max_width": width - others}
-                options["max_width"] = max(10, options["max_width"])
+                options["max_width"] = max(10, options["max_width"] - (len(columns) - 1))
             table.add_column(header, **options)
         for row in rows:
             table.add_row(*(Text(cell) for cell in row))

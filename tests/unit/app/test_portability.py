@@ -60,3 +60,10 @@ def test_the_audit_says_what_is_not_covered_where_or_that_everything_is():
     assert text[1] == "  aten::_fft_r2c.default in Net at train.py:9, 2 calls"
     assert text[-1].startswith("torch.compile: 1 compiled function ran eagerly")
     assert found.to_json()["command_exit_code"] == 0 and found.to_json()["run"] == "runs/b"
+
+
+def test_an_audit_without_a_step_count_speaks_of_the_run():
+    found = PortableAudit([], None, "runs/x", 0, 0)
+    assert format_portable_audit(found).startswith("every operation of the run is covered")
+    found = PortableAudit([{"op": "aten::x", "count": 2}], None, "runs/x", 0, 0)
+    assert format_portable_audit(found).startswith("1 operation of the run is not covered")

@@ -34,3 +34,32 @@ def test_a_table_holds_text_never_markup_and_cuts_the_last_column_to_the_width()
     long = table_text(columns, [["a", "completed", "python " + "x" * 200]], width=60)
     assert all(len(line) <= 60 for line in long.splitlines()) and long.splitlines()[2][-1] == "…"
     assert table_text(columns, [], notes=["nothing yet"]) == "nothing yet"
+
+
+def test_a_tables_long_column_gives_way_and_every_other_cell_shows_whole():
+    """Generated tables: the `rest` column is cut to the width the others leave; no other cell
+    is cut and no line is wider than the width."""
+    import random
+
+    draw = random.Random(7)
+    for _ in range(60):
+        widths = [draw.randint(1, 12) for _ in range(draw.randint(1, 4))]
+        rest = draw.randrange(len(widths) + 1)
+        columns = {f"c{i}": {} for i in range(len(widths) + 1)}
+        columns[f"c{rest}"] = {"rest": True}
+        rows = [
+            [
+                "y" * draw.randint(20, 300)
+                if i == rest
+                else "x" * draw.randint(1, widths[i - (i > rest)])
+                for i in range(len(widths) + 1)
+            ]
+            for _ in range(draw.randint(1, 4))
+        ]
+        width = sum(max(2, w) + 2 for w in widths) + draw.randint(14, 40)  # room for 10 and gaps
+        lines = table_text(columns, rows, width=width).splitlines()
+        assert max(len(line) for line in lines) <= width
+        body = "\n".join(lines)
+        for row in rows:
+            for i, cell in enumerate(row):
+                assert i == rest or cell in body
