@@ -11,8 +11,10 @@ from twice.core.fastpath import digest_many
 from twice.store.traces import read_trace
 
 
-def _run(folder, lr: str, mode: str, *options: str):
-    result = twice("run", *options, "--", sys.executable, "hand_loop.py", lr, mode, cwd=folder)
+def _run(folder, lr: str, mode: str, *options: str, changed: str | None = None):
+    more = [changed] if changed is not None else []
+    command = [sys.executable, "hand_loop.py", lr, mode, *more]
+    result = twice("run", *options, "--", *command, cwd=folder)
     assert result.returncode == 0, result.stderr
     return runs(folder)[-1]
 
@@ -42,6 +44,21 @@ def test_hand_updated_steps_are_recorded_and_compare_bit_identical(tmp_path, mod
         assert "bit-identical: 6 steps compared" in diff.stdout
 
 
+@pytest.mark.parametrize("mode", ["nograd", "data", "accum"])
+def test_a_changed_batch_is_found_at_its_own_step(tmp_path, mode):
+    """A hand loop's step ends inside the next step's first module call, after that call's
+    inputs were read: each step's batch digest is still its own. Every mode, a batch changed
+    at the first step, in the middle and at the last."""
+    script("hand_loop.py", tmp_path)
+    base = _run(tmp_path, "0.1", mode, changed="-1")
+    for changed in (0, 3, 5):
+        other = _run(tmp_path, "0.1", mode, changed=str(changed))
+        diff = twice("diff", base, other, "--json", cwd=tmp_path)
+        assert diff.returncode == 1, diff.stdout + diff.stderr
+        found = json.loads(diff.stdout)["divergence"]
+        assert found["step"] == changed and "batch" in found["fields"], found
+
+
 def test_changed_learning_rate_is_found_at_the_first_step_down_to_the_op(tmp_path):
     script("hand_loop.py", tmp_path)
     a, b = _run(tmp_path, "0.1", "nograd"), _run(tmp_path, "0.2", "nograd")
@@ -54,7 +71,7 @@ def test_changed_learning_rate_is_found_at_the_first_step_down_to_the_op(tmp_pat
     assert "loss" not in found["divergence"]["fields"]  # the first loss came before any update
     located = twice("locate", a, b, cwd=tmp_path)
     assert located.returncode == 1, located.stdout + located.stderr
-    assert "hand_loop.py:48" in located.stdout and "(0.1 vs 0.2)" in located.stdout
+    assert "hand_loop.py:62" in located.stdout and "(0.1 vs 0.2)" in located.stdout
 
 
 def test_verify_and_max_steps_work_on_a_hand_updated_loop(tmp_path):

@@ -76,6 +76,7 @@ class HandLoopWatch:
                 digests, _ = data.digests(list(map(tensor_of, leaves)), False)
             hand.params_before = digest_pairs(list(zip(map(name_of, leaves), digests)))
         hand.backward_ended(len(self._open.losses), len(self._open.batches))
+        self._open.inputs.seal()  # the inputs so far are this step's, not the next forward's
         hand.watch_forward(self._on_forward)
 
     def forward_seen(self) -> None:
@@ -112,11 +113,12 @@ class HandLoopWatch:
             round_.grad_squares.extend(hand.grad_squares)
             with self._paused():
                 data.take_params(round_, hand.leaves, life.step_index)
-                open_step.move_pending(round_, hand.losses, hand.batches)
+                open_step.move_pending(round_, hand.losses, hand.batches, sealed=True)
                 round_.rng = rng_digests()
             data.write(round_, life.step_index, replicas=True)
         else:
             open_step.drop_pending(hand.losses, hand.batches)
+            open_step.inputs.take(sealed=True)  # an untraced step's: not the next traced one's
         hand.close()
         hand.confirmed = True
         open_step.round = StepRound()

@@ -20,11 +20,13 @@ __all__ = ["ModuleInputs"]
 
 
 class ModuleInputs:
-    """Digests of the data tensors of the outermost module calls since the last step."""
+    """Digests of the data tensors of the outermost module calls since the last step: those
+    sealed (entered before the step's last backward ended, `seal`) and those entered since."""
 
     def __init__(self) -> None:
         self.depth = 0  # module calls running now, nested
-        self.digest: Digester | None = None
+        self.digest: Digester | None = None  # the sealed calls'
+        self.pending: Digester | None = None  # the calls entered since
 
     def enter(self, args: tuple, kwargs: dict, tensor_type: type) -> None:
         """A module call starts; when it is the outermost, digest its data tensors."""
@@ -34,16 +36,30 @@ class ModuleInputs:
         data = [v for v in (*args, *kwargs.values()) if _is_data(v, tensor_type)]
         if not data:
             return
-        if self.digest is None:
-            self.digest = Digester(strict=False)
-        self.digest.update(data)
+        if self.pending is None:
+            self.pending = Digester(strict=False)
+        self.pending.update(data)
 
     def leave(self) -> None:
         """A module call ended (returned or raised)."""
         self.depth = max(0, self.depth - 1)
 
-    def take(self) -> Digester | None:
-        """The digest of the data since the last take, or None; starts afresh."""
+    def seal(self) -> None:
+        """A backward ended: the calls so far are this step's. In a loop that updates by hand the
+        step ends only at the next step's first forward, whose inputs are digested by then."""
+        if self.pending is None:
+            return
+        if self.digest is None:
+            self.digest = self.pending
+        else:
+            self.digest.update(self.pending.hexdigest())
+        self.pending = None
+
+    def take(self, sealed: bool = False) -> Digester | None:
+        """The digest of the data since the last take (only the sealed calls' when `sealed`), or
+        None; starts afresh."""
+        if not sealed:
+            self.seal()
         digest, self.digest = self.digest, None
         return digest
 

@@ -118,10 +118,15 @@ class OpenStep:
         )
 
     def move_pending(
-        self, round_: StepRound, losses: int | None = None, batches: int | None = None
+        self,
+        round_: StepRound,
+        losses: int | None = None,
+        batches: int | None = None,
+        sealed: bool = False,
     ) -> None:
         """Move the pending losses and batches (the first `losses` and `batches` of them, when
-        given) into `round_`."""
+        given) into `round_`, and the module inputs (only those sealed by the step's backward
+        when `sealed`: a hand loop's step ends inside the next step's first module call)."""
         losses = len(self.losses) if losses is None else losses
         batches = len(self.batches) if batches is None else batches
         round_.losses.extend(self.losses[:losses])
@@ -133,7 +138,7 @@ class OpenStep:
                 round_.batch.update(digester.hexdigest())
         round_.batch_count += batches
         del self.batches[:batches]
-        data = self.inputs.take()
+        data = self.inputs.take(sealed)
         if round_.batch is None and data is not None:
             round_.batch = data  # a loop without a DataLoader: what its modules were given
 

@@ -43,3 +43,19 @@ def test_leaving_more_calls_than_entered_does_not_go_below_zero():
     assert inputs.depth == 0
     inputs.enter((torch.ones(1),), {}, torch.Tensor)
     assert inputs.depth == 1 and inputs.take() is not None
+
+
+def test_a_sealed_take_leaves_the_calls_entered_since_for_the_next_step():
+    """A hand loop's step ends inside the next step's first module call: a sealed take gives
+    the calls before the step's backward (`seal`) and keeps the new call's for the next step."""
+    first, second = torch.ones(2), torch.zeros(2)
+    inputs = ModuleInputs()
+    inputs.enter((first,), {}, torch.Tensor)
+    inputs.leave()
+    inputs.seal()  # the step's backward ended
+    inputs.enter((second,), {}, torch.Tensor)  # the next step's forward, not yet left
+    taken = inputs.take(sealed=True)
+    assert taken.hexdigest() == Digester(strict=False).update([first]).hexdigest()
+    inputs.leave()
+    assert inputs.take().hexdigest() == Digester(strict=False).update([second]).hexdigest()
+    assert inputs.take(sealed=True) is None
