@@ -95,6 +95,7 @@ class Change:
     args: tuple[list, list] = ([], [])
     options: tuple[list, list] = ([], [])  # twice run's own options
     extra: dict = field(default_factory=dict)  # files both runs share
+    scripts: tuple[str, str] = ("script.py", "script.py")  # the script's name in each run
 
 
 def _pkg(version: str) -> dict:
@@ -176,6 +177,16 @@ CHANGES = [
         ),
         r"bit-identical",
         exits=(0,),
+    ),
+    Change(
+        "the script renamed (its seeding the same line)",
+        "torch.manual_seed(1234)\nLR = 0.1\n"
+        + RANDOM_BATCHES.replace("torch.Generator().manual_seed(0)", "None").replace(
+            "generator=g", "generator=None"
+        ),
+        r"bit-identical(?![\s\S]*seeds torch)",
+        exits=(0,),
+        scripts=("script.py", "renamed.py"),
     ),
     Change(
         "the script seeds torch from the clock",
@@ -276,13 +287,14 @@ def _rows() -> list:
 def test_the_cause_names_the_one_change_between_two_runs(tmp_path, change):
     work = tmp_path / "work"
     work.mkdir()
-    (work / "script.py").write_text(HEAD + change.prelude + TRAIN.format(load=change.load))
+    for script in set(change.scripts):
+        (work / script).write_text(HEAD + change.prelude + TRAIN.format(load=change.load))
     _plant(work, change.extra)
     for side, name in enumerate("ab"):
         _plant(work, change.files[side])
         result = subprocess.run(
             [sys.executable, "-m", "twice", "run", "--name", name, *change.options[side], "--",
-             sys.executable, "script.py", *change.args[side]],
+             sys.executable, change.scripts[side], *change.args[side]],
             cwd=work, env=clean_env(**change.env[side]), capture_output=True, text=True,
             timeout=300,
         )  # fmt: skip

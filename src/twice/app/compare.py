@@ -135,10 +135,17 @@ def _explanation(
         inputs_recorded=inputs_recorded,
         env_changed=env_changed,
         seeding=seeding_difference(
-            manifest_a.context.get("seeding"), manifest_b.context.get("seeding")
+            manifest_a.context.get("seeding"),
+            manifest_b.context.get("seeding"),
+            (_script_path(manifest_a), _script_path(manifest_b)),
         ),
         inputs=inputs,
     )
+
+
+def _script_path(manifest) -> str | None:
+    script = (manifest.identity.get("code") or {}).get("script")
+    return script.get("path") if isinstance(script, dict) else None
 
 
 def _resumed_explanation(

@@ -57,14 +57,31 @@ def _place(site: str) -> tuple[str, int]:
     return (name, int(line)) if line.isdigit() else (site, 0)
 
 
-def seeding_difference(a: dict | None, b: dict | None) -> str | None:
+def _as_in_a(site: str, scripts: tuple[str | None, str | None]) -> str:
+    """A site of run B named as run A names it where it is in B's script and the runs ran
+    scripts of different names (a script renamed, or a copy run): its line is the same call."""
+    name, line = _place(site)
+    script_a, script_b = scripts
+    if script_a and script_b and script_a != script_b and name == script_b:
+        return f"{script_a}:{line}"
+    return site
+
+
+def seeding_difference(
+    a: dict | None, b: dict | None, scripts: tuple[str | None, str | None] = (None, None)
+) -> str | None:
     """The first difference in the script's own seeding calls (API and line, the digest of the
     values, how many), as a clause naming the line: "the script seeds torch itself at
     clock_seed.py:2, with another value in each run". None where they agree, or where a run
-    has no record of them (made by an older twice, or outside `twice run`)."""
+    has no record of them (made by an older twice, or outside `twice run`). `scripts`: each
+    run's script path (the manifests' code.script.path), so that calls in scripts of different
+    names compare line by line."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return None
-    calls = [{(c["api"], c["site"]): c for c in side.get("calls", [])} for side in (a, b)]
+    calls = [
+        {(c["api"], c["site"]): c for c in a.get("calls", [])},
+        {(c["api"], _as_in_a(c["site"], scripts)): c for c in b.get("calls", [])},
+    ]
     watched = (tuple(a.get("watched", [])), tuple(b.get("watched", [])))
     found = []
     for api, site in sorted(set(calls[0]) | set(calls[1]), key=lambda k: (*_place(k[1]), k[0])):

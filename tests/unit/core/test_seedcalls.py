@@ -62,3 +62,27 @@ def test_values_that_change_every_run_come_first_and_the_rest_are_counted():
 def test_a_run_without_a_record_of_its_seeding_compares_as_unknown():
     assert seeding_difference(None, _calls()) is None
     assert seeding_difference(_calls(), "damaged") is None
+
+
+def test_scripts_of_different_names_compare_their_calls_line_by_line():
+    """A script renamed (or a copy run) is the same code line by line: its seeding is no
+    difference, a changed value at its line still is, and other files are not renamed."""
+    a = _calls(
+        ("torch.manual_seed", "train.py:2", "aa", 1, 0), ("random.seed", "lib.py:4", "cc", 1, 0)
+    )
+    b = _calls(
+        ("torch.manual_seed", "copy.py:2", "aa", 1, 0), ("random.seed", "lib.py:4", "cc", 1, 0)
+    )
+    scripts = ("train.py", "copy.py")
+    assert seeding_difference(a, b, scripts) is None
+    assert seeding_difference(a, b) is not None  # unknown scripts: two different sites
+    changed = _calls(
+        ("torch.manual_seed", "copy.py:2", "bb", 1, 0), ("random.seed", "lib.py:4", "cc", 1, 0)
+    )
+    assert seeding_difference(a, changed, scripts) == (
+        "the script seeds torch itself at train.py:2, with another value in each run"
+    )
+    moved = _calls(
+        ("torch.manual_seed", "copy.py:3", "aa", 1, 0), ("random.seed", "lib.py:4", "cc", 1, 0)
+    )
+    assert "train.py:2 in run A only" in seeding_difference(a, moved, scripts)
