@@ -40,6 +40,7 @@ __all__ = [
     "unit_for",
 ]
 
+_F64 = torch.float64
 _MANTISSA = 53  # float64 keeps integers exact below 2**53
 
 
@@ -175,11 +176,26 @@ def exact_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype=None, precision=Non
     """`a @ b` for (batched) matrices, exact then rounded once (torch.matmul broadcasting), at
     the precision of `precision` (the dtype the result ends in; `out_dtype` by default)."""
     out_dtype = out_dtype or a.dtype
+    if _one_term(a, b, out_dtype, precision or out_dtype):
+        return a.to(_F64) * b.to(_F64)  # each output one product, rounded once by IEEE
     fast = _fast_matmul(a, b, out_dtype, precision or out_dtype, None)
     if fast is not None:
         return fast
     return exact_bilinear(
         a, b, torch.matmul, (-1,), (-2,), max(1, a.shape[-1]), out_dtype, precision=precision
+    )
+
+
+def _one_term(a, b, out_dtype, precision) -> bool:
+    """Whether each output of a float64 product is a single product (an inner dimension of
+    one): IEEE multiplication then rounds it once, exactly what the slices would approach."""
+    return (
+        out_dtype == precision == _F64
+        and a.dim() >= 2
+        and b.dim() >= 2
+        and a.shape[-1] == 1
+        and a.dtype in (torch.float32, _F64)
+        and b.dtype in (torch.float32, _F64)
     )
 
 

@@ -163,3 +163,18 @@ def test_float64_products_in_three_stacked_calls_keep_the_sliced_bits():
         out = a.dtype if a.dtype == F64 else torch.float32
         fast, slow = both(lambda a=a, b=b, out=out: exact_matmul(a, b, out, F64))
         assert same_bits(fast, slow), (a.shape, b.shape)
+
+
+def test_a_float64_product_of_one_term_is_the_ieee_product():
+    """An inner dimension of one: each output is one product, which IEEE multiplication rounds
+    once (a univariate series' input projection, a rank-one update), batched too; a float32
+    result keeps the sliced route."""
+    g = gen(12)
+    for a_shape, b_shape in [((97, 1), (1, 204)), ((3, 5, 1), (3, 1, 4)), ((2, 1), (1, 1))]:
+        a = torch.randn(*a_shape, generator=g, dtype=F64) * 1e150
+        b = torch.randn(*b_shape, generator=g, dtype=F64) * 1e-160
+        assert same_bits(exact_matmul(a, b), a * b)
+    a, b = torch.tensor([[math.inf], [0.0]], dtype=F64), torch.tensor([[0.0, 2.0]], dtype=F64)
+    assert torch.equal(exact_matmul(a, b).isnan(), (a * b).isnan())
+    f = torch.randn(4, 1, generator=g)
+    assert exact_matmul(f, f.t(), torch.float32).dtype == torch.float32
