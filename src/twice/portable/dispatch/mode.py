@@ -43,7 +43,7 @@ import twice.portable.ops.spectral  # noqa: F401
 from twice.core.errors import DeterminismError
 from twice.core.escaping import escape_controls
 from twice.portable import native
-from twice.portable.dispatch import half, routes
+from twice.portable.dispatch import half, operands, routes
 from twice.portable.dispatch.table import COMPLEX_KERNELS, PortableUnsupported
 from twice.portable.ops import recurrent
 
@@ -60,45 +60,6 @@ class PortableError(DeterminismError):
 def coverage(func) -> str:
     """How an aten overload is covered before looking at its arguments (routes.coverage)."""
     return routes.coverage(func)
-
-
-def _complex(args, kwargs) -> bool:
-    """Whether a complex tensor is among the arguments (in lists too). Runs before every exact
-    operation: plain loops, no generators."""
-    for value in args:
-        if isinstance(value, torch.Tensor):
-            if value.is_complex():
-                return True
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                if isinstance(v, torch.Tensor) and v.is_complex():
-                    return True
-    return bool(kwargs) and _complex(tuple(kwargs.values()), None)
-
-
-_INEXACT, _HALF, _VALUES = 1, 2, 4
-
-
-def _scan(args, kwargs) -> int:
-    """Flags over the floating-point and complex tensors among the arguments (in lists too):
-    _INEXACT for any, _HALF for a float16 or bfloat16 one, _VALUES when one has elements (0: no
-    such tensor). One pass of plain loops: it runs before every kernel."""
-    found = 0
-    for value in args:
-        if isinstance(value, torch.Tensor):
-            if value.is_floating_point() or value.is_complex():
-                found |= _flags(value)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
-                    found |= _flags(v)
-    if kwargs:
-        found |= _scan(tuple(kwargs.values()), None)
-    return found
-
-
-def _flags(t: torch.Tensor) -> int:
-    return (_HALF if t.dtype in half.HALF else _INEXACT) | (_VALUES if t.numel() else 0)
 
 
 _SEEDED = torch.Tag.nondeterministic_seeded
@@ -184,7 +145,7 @@ class PortableMode(TorchDispatchMode):
         kind, handler, name = route
         kwargs = kwargs or {}
         if kind == routes.EXACT_ROUTE:
-            if handler or not _complex(args, kwargs):
+            if handler or not operands.has_complex(args, kwargs):
                 return func(*args, **kwargs)
             complex_kernel = COMPLEX_KERNELS.get(name)  # a complex tensor times a real number
             try:
@@ -194,15 +155,18 @@ class PortableMode(TorchDispatchMode):
                 return self._uncovered(func, name, args, kwargs, str(exc))
             return self._uncovered(func, name, args, kwargs, "complex arithmetic")
         if kind == routes.KERNEL:
-            found = _scan(args, kwargs)
+            found = operands.scan(args, kwargs)
             if not found and not name.startswith(_FACTORIES):
                 return func(*args, **kwargs)
-            if found and not found & _VALUES and _SEEDED not in func.tags:
-                # Every floating-point operand is empty: no value is computed, the result (empty,
-                # or an identity such as a sum's 0) depends on shapes alone.
-                return func(*args, **kwargs)
+            if found and not found & operands.VALUES and _SEEDED not in func.tags:
+                # Every floating-point operand is empty: where the result is empty too, no value
+                # was computed. One with values (a sum's 0, histogram edges from a range) is the
+                # kernel's: torch may compute it from Python numbers.
+                result = func(*args, **kwargs)
+                if not operands.scan((result,), None) & operands.VALUES:
+                    return result
             try:
-                if found & _HALF:
+                if found & operands.HALF:
                     return half.run(func, handler, args, kwargs)
                 return handler(*args, **kwargs)
             except PortableUnsupported as exc:
@@ -213,7 +177,7 @@ class PortableMode(TorchDispatchMode):
             if (args[3:4] or [kwargs.get("accumulate")])[0]:
                 return self._uncovered(func, name, args, kwargs, "accumulating index_put")
             return func(*args, **kwargs)
-        if not _scan(args, kwargs) and _SEEDED not in func.tags:
+        if not operands.scan(args, kwargs) and _SEEDED not in func.tags:
             return func(*args, **kwargs)
         if kind == routes.PRIM:
             with self:
@@ -222,6 +186,8 @@ class PortableMode(TorchDispatchMode):
             return self._decomposed(func, handler, name, args, kwargs)
         if kind == routes.OUT:
             out = kwargs.pop("out")
+            if kwargs.get("dtype") is None and operands.takes_dtype(handler):
+                kwargs["dtype"] = out.dtype  # the result's dtype is out's (linspace(out=f64))
             with self:
                 result = handler(*args, **kwargs)
             out.resize_(result.shape)

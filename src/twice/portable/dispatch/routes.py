@@ -127,7 +127,20 @@ def _functional(func):
         return None
     packet = func.overloadpacket
     base = func._overloadname[: -len("out")].rstrip("_") or "default"
-    return getattr(packet, base, None) if base in packet.overloads() else None
+    given = _positional(func)
+    overloads = packet.overloads()
+    names = [base] * (base in overloads) + [name for name in overloads if name != base]
+    for name in names:  # the one taking the same positional arguments (arange.start_out: step)
+        candidate = getattr(packet, name)
+        if name.endswith("out") or len(candidate._schema.returns) != 1:
+            continue
+        if _positional(candidate) == given:
+            return candidate
+    return None
+
+
+def _positional(func) -> list[str]:
+    return [a.name for a in func._schema.arguments if not a.kwarg_only]
 
 
 def route(func) -> tuple[int, object, str]:

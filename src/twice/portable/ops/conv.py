@@ -27,7 +27,7 @@ from twice.portable.arithmetic.exact import (
     unit_for,
 )
 from twice.portable.native import conv as native_conv
-from twice.portable.ops import conv3d
+from twice.portable.ops import conv3d, transposed_conv
 from twice.portable.ops.conv3d import out_size as _out_size
 from twice.portable.ops.nn import Unsupported
 
@@ -121,10 +121,14 @@ def _chunks(n: int, per_sample: int) -> list[tuple[int, int]]:
 
 def convolution(x, weight, bias, stride, padding, dilation, transposed, out_pad, groups):
     """aten.convolution: columns of the input times the weight, exactly, in cache or a few
-    samples at a time (the weight cut into slices once); transposed: `_transposed`."""
+    samples at a time (the weight cut into slices once); transposed: transposed_conv.py."""
     stride, padding, dilation, out_pad = _expanded(x, stride, padding, dilation, out_pad)
+    if x.numel() == 0 or weight.numel() == 0:  # no product: empty, or the bias alone (a copy)
+        settings = (stride, padding, dilation, transposed, out_pad, groups)
+        return torch.ops.aten.convolution.default(x, weight, bias, *settings)
     if transposed:
-        return _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups)
+        settings = (stride, padding, dilation, out_pad, groups)
+        return transposed_conv.forward(x, weight, bias, *settings, _PLANAR)
     if x.dim() == 5:  # the column route in 3-d
         return conv3d.convolution(x, weight, bias, stride, padding, dilation, groups, convolution)
     squeeze = x.dim() == 3
@@ -165,13 +169,15 @@ def convolution_backward(
 ):
     """aten.convolution_backward: (grad input, grad weight, grad bias), each exact."""
     stride, padding, dilation, out_pad = _expanded(x, stride, padding, dilation, out_pad)
+    if x.numel() == 0 or go.numel() == 0 or weight.numel() == 0:  # no product: zeros, empties
+        settings = (stride, padding, dilation, transposed, out_pad, groups, mask)
+        return torch.ops.aten.convolution_backward.default(go, x, weight, bias_sizes, *settings)
     if transposed:
-        return _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask)
+        settings = (stride, padding, dilation, groups, mask)
+        return transposed_conv.backward(go, x, weight, *settings, _PLANAR)
     if x.dim() == 5:
         settings = (stride, padding, dilation, groups, mask)
-        return conv3d.convolution_backward(
-            go, x, weight, *settings, (convolution, convolution_backward)
-        )
+        return conv3d.convolution_backward(go, x, weight, *settings, _PLANAR)
     squeeze = x.dim() == 3
     x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
     go4 = go.unsqueeze(2) if squeeze else go
@@ -340,61 +346,4 @@ def _weight_grad(g, x4, w4, stride, padding, dilation, dtype):
     return native.scaled(total, *units, dtype, None)
 
 
-def _full_sizes(x, weight, stride, dilation):
-    """The transposed convolution's output before padding crops it and output padding extends
-    it: (H - 1) stride + dilation (K - 1) + 1 per spatial dimension."""
-    return [
-        (x.shape[2 + i] - 1) * stride[i] + dilation[i] * (weight.shape[2 + i] - 1) + 1
-        for i in range(x.dim() - 2)
-    ]
-
-
-def _crop(t, padding, sizes, full):
-    """The positions [p, p + size) of each spatial dimension of `t` (length `full`): crops where
-    padding removes them, zeros where output padding goes past the full output."""
-    pads = []
-    for p, size, length in reversed(list(zip(padding, sizes, full))):
-        pads += [-p, p + size - length]
-    return torch.nn.functional.pad(t, pads)
-
-
-def _transposed(x, weight, bias, stride, padding, dilation, out_pad, groups):
-    """conv_transpose(x, W): the gradient, with respect to its input, of the unpadded
-    convolution by W whose output gradient is x (exact), cropped by the padding and extended by
-    the output padding, plus the bias (one addition)."""
-    spatial = x.dim() - 2
-    full = _full_sizes(x, weight, stride, dilation)
-    like = torch.empty(
-        (x.shape[0], weight.shape[1] * groups, *full), dtype=x.dtype, device=x.device
-    )
-    zeros = [0] * spatial
-    whole, _, _ = convolution_backward(
-        x, like, weight, None, stride, zeros, dilation, False, zeros, groups, [True, False, False]
-    )
-    sizes = [full[i] - 2 * padding[i] + out_pad[i] for i in range(spatial)]
-    out = _crop(whole, padding, sizes, full)
-    if bias is not None:
-        out = out + bias.reshape(1, -1, *([1] * spatial))
-    return out
-
-
-def _transposed_backward(go, x, weight, stride, padding, dilation, groups, mask):
-    """The backward of `_transposed`: the output's gradient placed back in the full output (the
-    inverse crop), then the unpadded ordinary convolution by W gives the input's gradient, and
-    its weight gradient, with input and output gradient exchanged, the weight's."""
-    spatial = x.dim() - 2
-    full = _full_sizes(x, weight, stride, dilation)
-    pads = []
-    for p, size, length in reversed(list(zip(padding, go.shape[2:], full))):
-        pads += [p, length - p - size]
-    whole = torch.nn.functional.pad(go, pads)
-    zeros = [0] * spatial
-    gi = gw = gb = None
-    if mask[0]:
-        gi = convolution(whole, weight, None, stride, zeros, dilation, False, zeros, groups)
-    if mask[1]:
-        _, gw, _ = convolution_backward(x, whole, weight, None, stride, zeros, dilation, False,
-                                        zeros, groups, [False, True, False])  # fmt: skip
-    if mask[2]:
-        gb = exact_sum(go, (0, *range(2, go.dim())), False, go.dtype)
-    return gi, gw, gb
+_PLANAR = (convolution, convolution_backward)  # what conv3d and transposed_conv call back

@@ -205,9 +205,8 @@ def batch_norm_backward(grad, x, weight, rmean, rvar, smean, sinvstd, train, eps
 
 def group_norm(x, weight, bias, n, c, hw, groups, eps):
     """aten.native_group_norm: (out, mean, rstd), the statistics shaped (N, groups)."""
-    if x.numel() == 0:  # no sample (or no channel): nothing to normalise
-        stats = torch.full((n, groups), float("nan"), dtype=x.dtype)
-        return x.clone(), stats, stats.clone()
+    if x.numel() == 0:  # no value to normalise: torch's statistics of nothing (constants)
+        return torch.ops.aten.native_group_norm.default(x, weight, bias, n, c, hw, groups, eps)
     grouped = x.reshape(n, groups, -1)
     out, mean, rstd = layer_norm(grouped, [grouped.shape[-1]], None, None, eps)
     out = out.to(_F64).reshape(n, c, -1)
@@ -220,13 +219,9 @@ def group_norm(x, weight, bias, n, c, hw, groups, eps):
 
 def group_norm_backward(grad, x, mean, rstd, weight, n, c, hw, groups, mask):
     """aten.native_group_norm_backward: (grad input, grad weight, grad bias)."""
-    if x.numel() == 0:  # sums over no element
-        zeros = torch.zeros(c, dtype=x.dtype)
-        return (
-            torch.zeros_like(x) if mask[0] else None,
-            zeros if mask[1] else None,
-            zeros.clone() if mask[2] else None,
-        )
+    if x.numel() == 0:  # sums over no element: torch's zeros and empties
+        settings = (weight, n, c, hw, groups, mask)
+        return torch.ops.aten.native_group_norm_backward.default(grad, x, mean, rstd, *settings)
     go = grad.to(_F64).reshape(n, c, -1)
     m, r = mean.to(_F64).reshape(n, groups, 1), rstd.to(_F64).reshape(n, groups, 1)
     xg = x.to(_F64).reshape(n, groups, -1)

@@ -178,3 +178,33 @@ def test_an_op_on_empty_operands_gives_torchs_result_or_torchs_error(name, shape
         found = op(x)
     assert found.shape == expected.shape
     assert torch.equal(found.nan_to_num(7.0), expected.nan_to_num(7.0))
+
+
+def test_values_made_from_python_numbers_beside_empty_operands_are_the_kernels():
+    """An op whose operands are all empty but whose result has values made from Python numbers
+    (histogram edges over a range) takes its kernel: torch's own edges differ across
+    instruction sets. The edges are those of the same call with data."""
+    for dtype in (torch.float32, torch.float64):
+        outside = torch.tensor([5.0], dtype=dtype)
+        with PortableMode("strict"):
+            empty = torch.histogram(torch.empty(0, dtype=dtype), bins=7, range=(0.1, 0.7))
+            given = torch.histogram(outside, bins=7, range=(0.1, 0.7))
+            dd = torch.histogramdd(torch.empty(0, 1, dtype=dtype), bins=[7], range=[0.1, 0.7])
+        assert torch.equal(empty.bin_edges, given.bin_edges)
+        assert torch.equal(dd.bin_edges[0], given.bin_edges)
+
+
+def test_an_out_form_computes_in_outs_dtype_with_its_own_arguments():
+    """An out= call is its functional overload taking the same positional arguments (arange's
+    start, end and step), its result in out's dtype: a float64 out is not float32 values."""
+    with PortableMode("strict"):
+        spaced = torch.empty(7, dtype=torch.float64)
+        torch.linspace(0.1, 0.7, 7, out=spaced)
+        expected = torch.linspace(0.1, 0.7, 7, dtype=torch.float64)
+        ranged = torch.empty(0, dtype=torch.float64)
+        torch.arange(0.1, 0.7, 0.05, out=ranged)
+        total = torch.empty((), dtype=torch.float64)
+        torch.sum(torch.full((3,), 0.1), 0, out=total)
+    assert torch.equal(spaced, expected)
+    assert ranged.shape == (12,) and ranged.dtype == torch.float64
+    assert total.item() == torch.full((3,), 0.1).double().sum().item()

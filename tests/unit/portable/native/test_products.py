@@ -41,3 +41,24 @@ def test_float64_products_keep_the_sliced_bits_over_generated_shapes_and_scales(
         out = F64 if bool(torch.rand(1, generator=g) < 0.7) else torch.float32
         fast, slow = both(lambda a=a, b=b, out=out: exact_matmul(a, b, out, F64))
         assert same_bits(fast, slow), (a.shape, b.shape, out)
+
+
+@needs_native
+def test_the_compiled_slices_keep_the_sign_of_zero_as_torch_round():
+    """A value below half a slice's unit rounds to zero with its sign, in the compiled cut as in
+    torch.round: the product's zeros have the same sign on both routes, and one row's zero
+    does not change with the other rows (an output of -0 times a column spanning 1e-40 to
+    1e33, float32 and float64 results)."""
+    a = [1.5581888072463007e-25, -3.476339503739756e-30, 1729613.979974848]
+    a = torch.tensor([*a, -4.5783740169753924e-40, -0.0, 1.3358424650773064e33], dtype=F64)
+    b = [0.0, -3.6690704400538167e-19, 2.4828791498756225e-18, 1631603090.9962142]
+    b = torch.tensor(
+        [*b, -47150544567528.45, -1.5230280687197558e-29, -3.4993591947291392e28], dtype=F64
+    )
+    a, b = a.to(F64)[:, None], b.to(F64)[None]
+    for out in (F64, torch.float32):
+        fast, slow = both(lambda out=out: exact_matmul(a, b, out, F64))
+        assert same_bits(fast, slow) and torch.equal(fast.signbit(), slow.signbit())
+        for rows in (slice(4, 5), slice(3, 6)):
+            alone = exact_matmul(a[rows], b, out, F64)
+            assert torch.equal(alone.signbit(), fast[rows].signbit())

@@ -25,3 +25,15 @@ def test_group_norm_of_no_sample_is_empty_and_its_parameter_gradients_zero():
     grads = norms.group_norm_backward(x, x, mean, rstd, w, 0, 4, 3, 2, [True, True, True])
     theirs = torch.ops.aten.native_group_norm_backward(x, x, mean, rstd, w, 0, 4, 3, 2, [True] * 3)
     assert all(torch.equal(a, b) for a, b in zip(grads, theirs))
+
+
+def test_group_norm_of_empty_planes_gives_torchs_statistics():
+    """Samples whose planes hold no element: torch's statistics of nothing, with or without a
+    weight (the mode's empty-operand rule takes the call without one)."""
+    x, w = torch.zeros(2, 4, 0), torch.randn(4)
+    for weight in (w, None):
+        found = norms.group_norm(x, weight, weight, 2, 4, 0, 2, 1e-5)
+        expected = torch.ops.aten.native_group_norm(x, weight, weight, 2, 4, 0, 2, 1e-5)
+        assert all(
+            torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in zip(found, expected)
+        )

@@ -98,10 +98,11 @@ static inline double pow2(int64_t k) {
 }
 
 /* nearbyint for |v| < 2**51 in round-to-nearest-even, without a libm call: adding and taking
-   away 1.5 * 2**52 leaves v rounded to an integer (the same as torch.round). */
+   away 1.5 * 2**52 leaves v rounded to an integer; its sign is v's, so -0.4 gives -0, as
+   torch.round does (the compiled and the torch routes must agree to the sign of zero). */
 static inline double round_even(double v) {
     const double magic = 6755399441055744.0;
-    return (v + magic) - magic;
+    return copysign((v + magic) - magic, v);
 }
 
 /* frexp from the bits (C's frexp is a library call): the same mantissa and exponent for every
