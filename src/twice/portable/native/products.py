@@ -25,7 +25,8 @@ def slices(x: torch.Tensor, ints: torch.Tensor, unit: torch.Tensor, beta: int):
     if ints.shape != x.shape or x.numel() == 0:
         return None
     x3, ints3 = x.contiguous().reshape(-1, *x.shape[-2:]), ints.contiguous()
-    full = unit.to(torch.float64).expand(x.shape).reshape(x3.shape)
+    full = unit.to(torch.float64).expand(x.shape)  # a view: the strides say where units repeat
+    full = full.unsqueeze(0) if x.dim() == 2 else full
     second, third = native.empty(x.shape, torch.float64), native.empty(x.shape, torch.float64)
     native.module().p_slices(
         src=buffer(x3), ints=buffer(ints3), blocks=x3.shape[0], rows=x3.shape[1],

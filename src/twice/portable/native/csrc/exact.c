@@ -320,19 +320,58 @@ typedef struct {
     Py_ssize_t rows, cols, ubs, urs, ucs;
     double step;
     double *o2, *o3;
+    const double *cu; /* the same units in every row: u, u2, i2, u3, i3 (cols each) */
 } slices_ctx;
+
+/* 1 / u where that is exact (u a normal power of two: x / u == x * (1 / u), bit for bit, the
+   same real number rounded once), else 0: divide. */
+static inline double exact_inverse(double u) { return u >= DBL_MIN ? 1.0 / u : 0.0; }
+
+/* One row's second and third slices on one unit u (its next units u2, u3, their inverses). */
+CLONED
+static void slices_one_unit(const double *x, const double *q, double u, double step, double *o2,
+                            double *o3, Py_ssize_t n) {
+    const double u2 = u * step, u3 = u2 * step, i2 = exact_inverse(u2), i3 = exact_inverse(u3);
+    if (i2 != 0.0 && i3 != 0.0) {
+        for (Py_ssize_t j = 0; j < n; j++) {
+            const double r = x[j] - q[j] * u, a = round_even(r * i2);
+            o2[j] = a, o3[j] = round_even((r - a * u2) * i3);
+        }
+        return;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const double r = x[j] - q[j] * u, a = torch_round(r / u2);
+        o2[j] = a, o3[j] = torch_round((r - a * u2) / u3);
+    }
+}
+
+/* One row's slices on per-column units (cu: u, u2, i2, u3, i3 of every column). */
+CLONED
+static void slices_col_units(const double *x, const double *q, const double *cu, double *o2,
+                             double *o3, Py_ssize_t n) {
+    const double *u = cu, *u2 = cu + n, *i2 = u2 + n, *u3 = i2 + n, *i3 = u3 + n;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const double r = x[j] - q[j] * u[j];
+        const double a = i2[j] != 0.0 ? round_even(r * i2[j]) : torch_round(r / u2[j]);
+        const double e = r - a * u2[j];
+        o2[j] = a, o3[j] = i3[j] != 0.0 ? round_even(e * i3[j]) : torch_round(e / u3[j]);
+    }
+}
 
 static void slices_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     const slices_ctx *c = (const slices_ctx *)p;
+    const Py_ssize_t n = c->cols;
     for (Py_ssize_t row = lo; row < hi; row++) {
-        const Py_ssize_t k = row / c->rows, i = row % c->rows, at = row * c->cols;
+        const Py_ssize_t k = row / c->rows, i = row % c->rows, at = row * n;
         const double *units = c->unit + k * c->ubs + i * c->urs;
-        for (Py_ssize_t j = 0; j < c->cols; j++) {
-            const double u = units[j * c->ucs];
-            const double r = c->x[at + j] - c->ints[at + j] * u, u2 = u * c->step;
-            const double q2 = torch_round(r / u2);
-            const double r2 = r - q2 * u2, u3 = u2 * c->step;
-            c->o2[at + j] = q2, c->o3[at + j] = torch_round(r2 / u3);
+        if (c->ucs == 0) {
+            slices_one_unit(c->x + at, c->ints + at, units[0], c->step, c->o2 + at, c->o3 + at, n);
+        } else if (c->cu) {
+            slices_col_units(c->x + at, c->ints + at, c->cu, c->o2 + at, c->o3 + at, n);
+        } else {
+            for (Py_ssize_t j = 0; j < n; j++)
+                slices_one_unit(c->x + at + j, c->ints + at + j, units[j * c->ucs], c->step,
+                                c->o2 + at + j, c->o3 + at + j, 1);
         }
     }
 }
@@ -375,11 +414,23 @@ static PyObject *p_slices(PyObject *module, PyObject *args, PyObject *kwargs) {
         const Py_ssize_t last = (blocks - 1) * ubs + (rows - 1) * urs + (cols - 1) * ucs;
         if (!buffer_holds(k, "unit", &unit, last + 1, KIND_F64)) return NULL;
     }
-    slices_ctx ctx = {F64(src), F64(ints), F64(unit), rows,    cols,   ubs,
-                      urs,      ucs,       step,      F64(o2), F64(o3)};
+    slices_ctx ctx = {F64(src), F64(ints), F64(unit), rows,    cols,    ubs,
+                      urs,      ucs,       step,      F64(o2), F64(o3), NULL};
+    double *cu = NULL;
+    if (ucs && urs == 0 && ubs == 0 && cols > 0) { /* the same column units in every row */
+        cu = (double *)malloc(sizeof(double) * 5 * (size_t)cols);
+        if (!cu) return PyErr_NoMemory();
+        for (Py_ssize_t j = 0; j < cols; j++) {
+            const double u = F64(unit)[j * ucs], u2 = u * step, u3 = u2 * step;
+            cu[j] = u, cu[cols + j] = u2, cu[2 * cols + j] = exact_inverse(u2);
+            cu[3 * cols + j] = u3, cu[4 * cols + j] = exact_inverse(u3);
+        }
+        ctx.cu = cu;
+    }
     Py_BEGIN_ALLOW_THREADS
     parallel_for(blocks * rows, n, slices_range, &ctx);
     Py_END_ALLOW_THREADS
+    free(cu);
     Py_RETURN_NONE;
 }
 
@@ -390,6 +441,7 @@ typedef struct {
     char *out;
 } combine_ctx;
 
+CLONED
 static void combine_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     const combine_ctx *c = (const combine_ctx *)p;
     const Py_ssize_t m = c->rows, n = c->cols;
