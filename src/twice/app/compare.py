@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,8 +145,15 @@ def _explanation(
 
 
 def _script_path(manifest) -> str | None:
+    """The run's script as its seeding call sites name it (runtime/seedcalls.py): relative to
+    the working folder where it is under it, else absolute."""
     script = (manifest.identity.get("code") or {}).get("script")
-    return script.get("path") if isinstance(script, dict) else None
+    path = script.get("path") if isinstance(script, dict) else None
+    cwd = manifest.context.get("cwd")
+    if not isinstance(path, str) or not isinstance(cwd, str):
+        return path if isinstance(path, str) else None
+    full = os.path.normpath(os.path.join(cwd, path))
+    return os.path.relpath(full, cwd) if full.startswith(cwd.rstrip(os.sep) + os.sep) else full
 
 
 def _resumed_explanation(

@@ -57,14 +57,14 @@ def _place(site: str) -> tuple[str, int]:
     return (name, int(line)) if line.isdigit() else (site, 0)
 
 
-def _as_in_a(site: str, scripts: tuple[str | None, str | None]) -> str:
-    """A site of run B named as run A names it where it is in B's script and the runs ran
-    scripts of different names (a script renamed, or a copy run): its line is the same call."""
+_SCRIPT = "\0script"  # the key of a call in the run's own script, whatever its name
+
+
+def _key(site: str, script: str | None) -> tuple[str, int]:
+    """Where a call is, as both runs' calls are matched: a call in the run's script by its line
+    alone (a renamed script, a copy run: the same code), any other by its file and line."""
     name, line = _place(site)
-    script_a, script_b = scripts
-    if script_a and script_b and script_a != script_b and name == script_b:
-        return f"{script_a}:{line}"
-    return site
+    return (_SCRIPT, line) if script and name == script else (name, line)
 
 
 def seeding_difference(
@@ -74,18 +74,21 @@ def seeding_difference(
     values, how many), as a clause naming the line: "the script seeds torch itself at
     clock_seed.py:2, with another value in each run". None where they agree, or where a run
     has no record of them (made by an older twice, or outside `twice run`). `scripts`: each
-    run's script path (the manifests' code.script.path), so that calls in scripts of different
-    names compare line by line."""
+    run's script as its call sites name it (compare._script_site), so that calls in scripts of
+    different names compare line by line."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return None
-    calls = [
-        {(c["api"], c["site"]): c for c in a.get("calls", [])},
-        {(c["api"], _as_in_a(c["site"], scripts)): c for c in b.get("calls", [])},
-    ]
+    calls, shown = [{}, {}], {}
+    for side, run in enumerate((a, b)):
+        for call in run.get("calls", []):
+            key = (call["api"], _key(call["site"], scripts[side]))
+            calls[side][key] = call
+            shown.setdefault(key, call["site"])  # named as run A names it where it has it
     watched = (tuple(a.get("watched", [])), tuple(b.get("watched", [])))
     found = []
-    for api, site in sorted(set(calls[0]) | set(calls[1]), key=lambda k: (*_place(k[1]), k[0])):
-        clause = _differs(api, site, calls[0].get((api, site)), calls[1].get((api, site)), watched)
+    for key in sorted(set(calls[0]) | set(calls[1]), key=lambda k: (*k[1], k[0])):
+        api = key[0]
+        clause = _differs(api, shown[key], calls[0].get(key), calls[1].get(key), watched)
         if clause is not None:
             found.append(clause)
     if not found:
@@ -94,5 +97,5 @@ def seeding_difference(
     found.sort(key=lambda clause: "in each run" not in clause)
     more = len(found) - 1
     return found[0] + (
-        f" ({more} more seeding call{'s' if more > 1 else ''} differ)" if more else ""
+        f" ({more} more seeding call{'s differ' if more > 1 else ' differs'})" if more else ""
     )

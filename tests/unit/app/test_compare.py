@@ -33,3 +33,21 @@ def test_a_changed_seed_is_named_and_a_run_with_no_step_cannot_be_judged(tmp_pat
     empty = write_run(tmp_path / "empty", [], status="crashed")
     unjudged = compare_runs(a, empty)
     assert unjudged.exit_code == 2 and unjudged.verdict.startswith("cannot judge")
+
+
+def test_a_scripts_path_is_named_as_its_seeding_call_sites_name_it():
+    """Typed absolute or relative, a script under the working folder is named relative to it
+    (as runtime/seedcalls.py names call sites); one outside it, absolute."""
+    from types import SimpleNamespace
+
+    from twice.app.compare import _script_path
+
+    def manifest(path):
+        return SimpleNamespace(
+            identity={"code": {"script": {"path": path}}}, context={"cwd": "/work/run"}
+        )
+
+    assert _script_path(manifest("/work/run/sub/train.py")) == "sub/train.py"
+    assert _script_path(manifest("sub/../train.py")) == "train.py"
+    assert _script_path(manifest("../other/train.py")) == "/work/other/train.py"
+    assert _script_path(SimpleNamespace(identity={"code": {}}, context={})) is None

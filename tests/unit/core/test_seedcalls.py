@@ -86,3 +86,17 @@ def test_scripts_of_different_names_compare_their_calls_line_by_line():
         ("torch.manual_seed", "copy.py:3", "aa", 1, 0), ("random.seed", "lib.py:4", "cc", 1, 0)
     )
     assert "train.py:2 in run A only" in seeding_difference(a, moved, scripts)
+
+
+def test_a_file_named_as_the_other_runs_script_keeps_its_own_calls():
+    """Run A ran common.py; run B ran train.py, which imports its own common.py: B's script's
+    line 2 matches A's script's line 2, and B's common.py keeps its own call, a difference."""
+    a = _calls(("torch.manual_seed", "common.py:2", "v0", 1, 0))
+    b = _calls(
+        ("torch.manual_seed", "train.py:2", "v0", 1, 0),
+        ("torch.manual_seed", "common.py:2", "v1", 1, 0),
+    )
+    said = seeding_difference(a, b, ("common.py", "train.py"))
+    assert said == "the script seeds torch at common.py:2 in run B only"
+    two = _calls(("random.seed", "x.py:1", "a", 1, 0), ("random.seed", "y.py:1", "a", 1, 0))
+    assert seeding_difference(two, _calls()).endswith("(1 more seeding call differs)")
