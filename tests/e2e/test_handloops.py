@@ -57,6 +57,14 @@ def test_a_changed_batch_is_found_at_its_own_step(tmp_path, mode):
         assert diff.returncode == 1, diff.stdout + diff.stderr
         found = json.loads(diff.stdout)["divergence"]
         assert found["step"] == changed and "batch" in found["fields"], found
+    # every other step traced: a traced step after an untraced one still reads its batch
+    base = _run(tmp_path, "0.1", mode, "--trace-every", "2", changed="-1")
+    for changed in (2,):
+        other = _run(tmp_path, "0.1", mode, "--trace-every", "2", changed=str(changed))
+        diff = twice("diff", base, other, "--json", cwd=tmp_path)
+        assert diff.returncode == 1, diff.stdout + diff.stderr
+        found = json.loads(diff.stdout)["divergence"]
+        assert found["step"] == changed and "batch" in found["fields"], found
 
 
 def test_changed_learning_rate_is_found_at_the_first_step_down_to_the_op(tmp_path):

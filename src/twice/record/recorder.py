@@ -186,7 +186,10 @@ class Recorder:
         """A module is called: the outermost call's data is the step's batch where no DataLoader
         batch came (record/inputs.py)."""
         inputs = self.inputs  # an outermost call (hooks.py counts the inner ones itself)
-        if self.explicit or self.open_step.batches or not self.life.tracing_events():
+        # A hand step still open ends in this call's forward hook, after this: the next step's
+        # inputs are read even where the open step is not traced (its end drops its own).
+        hand_open = self._hand is not None and self._hand.steps.open
+        if self.explicit or self.open_step.batches or not (self.life.tracing_events() or hand_open):
             inputs.depth += 1
             return
         with self._paused():
