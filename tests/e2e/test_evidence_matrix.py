@@ -74,6 +74,11 @@ def batches():
     return [(x[i:i + 8], x[i:i + 8].sum(1, keepdim=True)) for i in range(0, 32, 8)]
 """
 
+# The script seeds torch once with a constant and draws its batches from torch's generator.
+SEEDED_ONCE = "torch.manual_seed(1234)\nLR = 0.1\n" + RANDOM_BATCHES.replace(
+    "torch.Generator().manual_seed(0)", "None"
+).replace("generator=g", "generator=None")
+
 
 def _data(value: float) -> bytes:
     import numpy as np
@@ -171,19 +176,13 @@ CHANGES = [
     ),
     Change(
         "the script seeds torch with a constant",
-        "torch.manual_seed(1234)\nLR = 0.1\n"
-        + RANDOM_BATCHES.replace("torch.Generator().manual_seed(0)", "None").replace(
-            "generator=g", "generator=None"
-        ),
+        SEEDED_ONCE,
         r"bit-identical",
         exits=(0,),
     ),
     Change(
         "the script renamed (its seeding the same line)",
-        "torch.manual_seed(1234)\nLR = 0.1\n"
-        + RANDOM_BATCHES.replace("torch.Generator().manual_seed(0)", "None").replace(
-            "generator=g", "generator=None"
-        ),
+        SEEDED_ONCE,
         r"bit-identical(?![\s\S]*seeds torch)",
         exits=(0,),
         scripts=("script.py", "renamed.py"),

@@ -186,14 +186,19 @@ class Recorder:
         """A module is called: the outermost call's data is the step's batch where no DataLoader
         batch came (record/inputs.py)."""
         inputs = self.inputs  # an outermost call (hooks.py counts the inner ones itself)
-        # A hand step still open ends in this call's forward hook, after this: the next step's
-        # inputs are read even where the open step is not traced (its end drops its own).
-        hand_open = self._hand is not None and self._hand.steps.open
-        if self.explicit or self.open_step.batches or not (self.life.tracing_events() or hand_open):
+        if self.explicit or self.open_step.batches or not self._reading_inputs():
             inputs.depth += 1
             return
         with self._paused():
             inputs.enter(args, kwargs, tensor_type[0])
+
+    def _reading_inputs(self) -> bool:
+        """Whether a module call's inputs are read now: while events are traced, and while a hand
+        step is still open (it ends in this call's forward hook, after this; an untraced one's
+        end drops its own inputs, the next step's stay)."""
+        if self.life.tracing_events():
+            return True
+        return self._hand is not None and self._hand.steps.open
 
     @guarded
     def on_backward(self, tensors: Any) -> None:

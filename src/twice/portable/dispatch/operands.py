@@ -4,6 +4,8 @@ elements; and whether an overload takes a dtype."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from twice.portable.dispatch import half
@@ -46,6 +48,7 @@ def scan(args, kwargs) -> int:
     return found
 
 
+@functools.cache
 def takes_dtype(func) -> bool:
     """Whether an overload's schema has a `dtype` argument (a factory's, a reduction's)."""
     return any(a.name == "dtype" for a in func._schema.arguments)
