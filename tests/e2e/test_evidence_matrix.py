@@ -2,7 +2,10 @@
 what `twice diff` says about them. Each row is one kind of change; the cause must name it (or
 name the evidence that is missing), and never blame "nondeterminism inside the run".
 
-A new kind of change is one row of CHANGES. `make test` draws a seeded sample of the rows;
+Each change is tried in each shape of training loop (LOOPS: a validation pass between steps, an
+evaluation forward before the update, an update by hand), so that what a loop reads or runs
+besides its training never hides the change. A new kind of change is one row of CHANGES, a new
+shape of loop one entry of LOOPS. `make test` draws a seeded sample of the pairs;
 `make test-slow` (TWICE_EXHAUSTIVE=1) runs them all.
 """
 
@@ -20,20 +23,46 @@ import pytest
 from conftest import clean_env
 
 EXHAUSTIVE = os.environ.get("TWICE_EXHAUSTIVE") == "1"
-SAMPLE = 5
+SAMPLE = 6
 
-# What every script does once its prelude has set LR and batches(): train a linear model.
+# What every script does once its prelude has set LR and batches(): train a linear model, in one
+# of several shapes of loop (LOOPS). {step} is how the loop ends its step.
 TRAIN = """
 if __name__ == "__main__":  # a spawned worker imports the script: it must not train
     model = torch.nn.Linear(4, 1)
     {load}
     opt = torch.optim.SGD(model.parameters(), lr=LR)
+    VAL = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.ones(8, 4), torch.ones(8, 1)), batch_size=4)
     for x, y in batches():
         loss = ((model(x) - y) ** 2).mean()
         opt.zero_grad()
         loss.backward()
-        opt.step()
+{step}
 """
+BY_HAND = """\
+            for p in model.parameters():
+                p -= LR * p.grad
+                p.grad = None"""
+LOOPS = {
+    "an optimizer loop": "        opt.step()",
+    "a validation loader after each step": (
+        "        opt.step()\n        with torch.no_grad():\n"
+        "            for vx, vy in VAL:\n                model(vx)"
+    ),
+    "a validation loader read with gradients on": (
+        "        opt.step()\n        for vx, vy in VAL:\n"
+        "            with torch.no_grad():\n                model(vx)"
+    ),
+    "an evaluation forward before the update": (
+        "        with torch.no_grad():\n            model(torch.ones(2, 4))\n        opt.step()"
+    ),
+    "an update by hand": "        with torch.no_grad():\n" + BY_HAND,
+    "an update by hand after a validation loader": (
+        "        with torch.no_grad():\n            for vx, vy in VAL:\n"
+        "                model(vx)\n" + BY_HAND
+    ),
+}
 HEAD = "import json, os, random, sys, time\nimport numpy as np\nimport torch\n"
 ROWS = "torch.frombuffer(bytearray({data}), dtype=torch.float32).reshape(-1, 5)"
 FROM_FILE = ROWS.format(data="open(DATA, 'rb').read()")
@@ -80,10 +109,15 @@ SEEDED_ONCE = "torch.manual_seed(1234)\nLR = 0.1\n" + RANDOM_BATCHES.replace(
 ).replace("generator=g", "generator=None")
 
 
-def _data(value: float) -> bytes:
+def _data(value: float, first: int = 16, last: int = 32) -> bytes:
+    """32 rows of 5 values (4 batches of 8); `value` scales rows [first, last): by default
+    the first two batches of every run are the same, so a change first shows at a later step,
+    after a loop's evaluation ran."""
     import numpy as np
 
-    return (np.arange(32 * 5, dtype=np.float32) / 100 * value).tobytes()
+    rows = np.arange(32 * 5, dtype=np.float32).reshape(32, 5) / 100
+    rows[first:last] *= value
+    return rows.tobytes()
 
 
 @dataclass
@@ -101,6 +135,8 @@ class Change:
     options: tuple[list, list] = ([], [])  # twice run's own options
     extra: dict = field(default_factory=dict)  # files both runs share
     scripts: tuple[str, str] = ("script.py", "script.py")  # the script's name in each run
+    batch: bool = False  # the change reaches the training batches: the diff must say so
+    unseen: bool = False  # it reaches them first at a step not traced: no stage may be blamed
 
 
 def _pkg(version: str) -> dict:
@@ -119,30 +155,43 @@ CHANGES = [
         MAIN_BATCHES,
         r"train\.bin",
         files=({"../data/train.bin": _data(1)}, {"../data/train.bin": _data(2)}),
+        batch=True,
+    ),
+    Change(
+        "a data file outside the folder, changed where a step is not traced",
+        MAIN_BATCHES,
+        r"train\.bin",
+        files=({"../data/train.bin": _data(1, 8, 16)}, {"../data/train.bin": _data(2, 8, 16)}),
+        options=(["--trace-every", "2"], ["--trace-every", "2"]),
+        unseen=True,
     ),
     Change(
         "a data file inside the folder, read in the main process",
         INSIDE_BATCHES,
         r"train\.bin",
         files=({"train.bin": _data(1)}, {"train.bin": _data(2)}),
+        batch=True,
     ),
     Change(
         "a data file outside the folder, read in a forked DataLoader worker",
         WORKER_BATCHES.format(method="fork"),
         r"train\.bin",
         files=({"../data/train.bin": _data(1)}, {"../data/train.bin": _data(2)}),
+        batch=True,
     ),
     Change(
         "a data file outside the folder, read in a spawned DataLoader worker",
         WORKER_BATCHES.format(method="spawn"),
         r"train\.bin",
         files=({"../data/train.bin": _data(1)}, {"../data/train.bin": _data(2)}),
+        batch=True,
     ),
     Change(
         "a data file outside the folder, read through a memmap",
         MEMMAP_BATCHES,
         r"train\.bin",
         files=({"../data/train.bin": _data(1)}, {"../data/train.bin": _data(2)}),
+        batch=True,
     ),
     Change(
         "a config read with exec",
@@ -221,6 +270,7 @@ CHANGES = [
         + RANDOM_BATCHES.replace("for i in range(0, 32, 8)]", "for i in [o * 8 for o in order]]"),
         r"PYTHONHASHSEED",
         env=({"PYTHONHASHSEED": "5"}, {"PYTHONHASHSEED": "7"}),
+        batch=True,
     ),
     Change(
         "num_workers",
@@ -278,16 +328,22 @@ def _plant(work: Path, files: dict) -> None:
 
 
 def _rows() -> list:
-    chosen = CHANGES if EXHAUSTIVE else random.Random(51).sample(CHANGES, SAMPLE)
-    return [pytest.param(change, id=change.name.replace(" ", "_")) for change in chosen]
+    pairs = [(change, loop) for change in CHANGES for loop in LOOPS]
+    chosen = pairs if EXHAUSTIVE else random.Random(51).sample(pairs, SAMPLE)
+    return [
+        pytest.param(change, loop, id=f"{change.name} in {loop}".replace(" ", "_"))
+        for change, loop in chosen
+    ]
 
 
-@pytest.mark.parametrize("change", _rows())
-def test_the_cause_names_the_one_change_between_two_runs(tmp_path, change):
+@pytest.mark.parametrize(("change", "loop"), _rows())
+def test_the_cause_names_the_one_change_between_two_runs(tmp_path, change, loop):
     work = tmp_path / "work"
     work.mkdir()
     for script in set(change.scripts):
-        (work / script).write_text(HEAD + change.prelude + TRAIN.format(load=change.load))
+        (work / script).write_text(
+            HEAD + change.prelude + TRAIN.format(load=change.load, step=LOOPS[loop])
+        )
     _plant(work, change.extra)
     for side, name in enumerate("ab"):
         _plant(work, change.files[side])
@@ -303,6 +359,13 @@ def test_the_cause_names_the_one_change_between_two_runs(tmp_path, change):
         cwd=work, env=clean_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     said = diff.stdout + diff.stderr
-    assert diff.returncode in change.exits, (change.name, said)
-    assert re.search(change.says, said), (change.name, said)
-    assert "nondeterminism inside the run" not in said, (change.name, said)
+    assert diff.returncode in change.exits, (change.name, loop, said)
+    assert re.search(change.says, said), (change.name, loop, said)
+    assert "nondeterminism inside the run" not in said, (change.name, loop, said)
+    if change.unseen:  # the step before the first traced difference was not compared
+        assert "; steps before it bit-identical" not in said, (change.name, loop, said)
+        assert "was not recorded in both runs" in said, (change.name, loop, said)
+        assert not re.search(r"(computation|update) differs", said), (change.name, loop, said)
+    if change.batch:  # seen where it first shows, and never denied
+        assert "batches differ" in said, (change.name, loop, said)
+        assert not re.search(r"batches\b[^.;]* identical", said), (change.name, loop, said)

@@ -62,12 +62,23 @@ def _one_sided_phrase(
     )
 
 
+def _before(first: Divergence) -> str:
+    """What the verdict says of the steps before the first divergence: bit-identical, or only
+    those recorded where the step before it was not compared (--trace-every, a partial trace)."""
+    if first.start_known or first.step == 0:
+        return "steps before it bit-identical"
+    return (
+        f"the recorded steps before it bit-identical, but step {first.step - 1} was not "
+        "compared: the runs may have parted there"
+    )
+
+
 def _divergence_verdict(
     first: Divergence, skipped: tuple[set[int], set[int]], also: list[str]
 ) -> str:
     """The verdict when a step diverges: where and in what, how far the loss moved, and whether
     GradScaler skipped the update in one run only (`skipped`: its skipped steps in A and B)."""
-    verdict = f"runs differ: {divergence_phrase(first)}; steps before it bit-identical"
+    verdict = f"runs differ: {divergence_phrase(first)}; " + _before(first)
     if also:
         verdict += "; also, " + "; ".join(also)
     if "loss" in first.fields:

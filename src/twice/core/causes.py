@@ -159,6 +159,11 @@ _NAMES = {
 }
 
 
+# What a step computes from the parameters it starts with: a difference in it means what _NAMES
+# says only where those parameters were compared equal.
+_FROM_START = ("loss", "grads", "grad_norm", "params")
+
+
 def _stage(divergence: Divergence, reason: str | None) -> str:
     """What differed first, claiming "identical" only for what both records hold at that step."""
     first = divergence.first
@@ -177,10 +182,16 @@ def _stage(divergence: Divergence, reason: str | None) -> str:
             "something other than this step's update changed them (another process writing "
             "shared parameters without a lock, or a race)"
         )
-    stage = f"{name} {verb}" if first == "batch" else f"{name} {verb}: {meaning}"
+    plain = first == "batch" or _start_unseen(divergence)  # what it means is not known
+    stage = f"{name} {verb}" if plain else f"{name} {verb}: {meaning}"
     if same:
         stage = f"{_join(same)} identical, {stage}"
     return stage
+
+
+def _start_unseen(divergence: Divergence) -> bool:
+    """Whether what differs first is computed from parameters that were not compared."""
+    return divergence.first in _FROM_START and not divergence.start_known and divergence.step > 0
 
 
 def _join(names: list[str]) -> str:
@@ -264,6 +275,12 @@ def explain(
     names = divergence.tensors.get(divergence.first, [])
     if names:
         sentence += f" ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+    if _start_unseen(divergence):
+        sentence += (
+            f", but the parameters it starts from were not compared (step {divergence.step - 1} "
+            "was not recorded in both runs, as with --trace-every): the difference may have "
+            "arisen in the steps before it"
+        )
     if reason:
         return f"{sentence}; {reason}"
     if observed and divergence.first in ("params_before", "batch", "rng", "loss"):

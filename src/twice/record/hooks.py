@@ -19,6 +19,8 @@ from twice.record.recorder import Recorder
 __all__ = ["install", "uninstall", "active_recorder"]
 
 _recorder: Recorder | None = None
+# torch.is_grad_enabled once install ran: whether a module call trains or evaluates
+_grad_enabled: list = [lambda: True]
 _handles: list[Any] = []
 _scaler_depth = [0]  # GradScaler.step calls in progress (see install)
 _originals: dict[str, Any] = {}
@@ -105,7 +107,7 @@ def _batch_read(batch) -> None:
 def _module_enters(args: tuple, kwargs: dict) -> None:
     recorder = _recorder
     if recorder is not None:
-        recorder.on_module_call(args, kwargs)
+        recorder.on_module_call(args, kwargs, _grad_enabled[0]())
 
 
 def _recorder_leaves() -> None:
@@ -200,6 +202,7 @@ def install(recorder: Recorder) -> Recorder:
         uninstall()
     _recorder = recorder
     _recorder_module.tensor_type[0] = torch.Tensor
+    _grad_enabled[0] = torch.is_grad_enabled
     if _compiling_already():
         _compile_safe()
     _register_step_hooks()

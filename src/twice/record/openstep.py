@@ -90,6 +90,8 @@ class OpenStep:
         self.clock = RoundClock()
         self.losses: list[Any] = []
         self.batches: list[Digester] = []  # one digester per batch read since the last step
+        self.confirmed = 0  # of those, how many a module call with gradients on came after
+        self.aside: list[Digester] = []  # batches only a call without gradients came after
         self.inputs = ModuleInputs()  # the batch where no DataLoader gives one
         # Every process records its parameters before its first update (params_before): a run
         # resumed by the script itself is found in another run by it (store/tracealign.py).
@@ -100,6 +102,19 @@ class OpenStep:
     def add_batch(self, batch: Any) -> None:
         """A batch read now: digested, it belongs to the step in progress."""
         self.batches.append(Digester(strict=False).update(batch))
+
+    def module_called(self, grad: bool) -> bool:
+        """An outermost module call: with gradients on, the batches read before it are the
+        step's (returns whether it has any: its data then comes from a DataLoader, not from the
+        calls); without, those read since the last such call are evaluation data (a validation
+        loader between steps), set aside: the step's only where it has no other."""
+        if grad:
+            self.confirmed = len(self.batches)
+            return self.confirmed > 0
+        if len(self.batches) > self.confirmed:
+            self.aside.extend(self.batches[self.confirmed :])
+            del self.batches[self.confirmed :]
+        return bool(self.batches)
 
     def warn_opaque(self) -> None:
         """Warn about the types in batches that twice cannot read, met since the last warning."""
@@ -126,26 +141,34 @@ class OpenStep:
     ) -> None:
         """Move the pending losses and batches (the first `losses` and `batches` of them, when
         given) into `round_`, and the module inputs (only those sealed by the step's backward
-        when `sealed`: a hand loop's step ends inside the next step's first module call)."""
+        when `sealed`: a hand loop's step ends inside the next step's first module call).
+
+        The step's data, by what shows it was trained on: the DataLoader batches, else the data
+        its module calls with gradients on were given (a loop without a DataLoader), else what
+        was read or given only for calls without gradients."""
         losses = len(self.losses) if losses is None else losses
-        batches = len(self.batches) if batches is None else batches
+        batches = min(len(self.batches), len(self.batches) if batches is None else batches)
         round_.losses.extend(self.losses[:losses])
         del self.losses[:losses]
-        for digester in self.batches[:batches]:
-            if round_.batch is None:
-                round_.batch = digester
-            else:
-                round_.batch.update(digester.hexdigest())
+        _fold(round_, self.batches[:batches])
         round_.batch_count += batches
         del self.batches[:batches]
-        data = self.inputs.take(sealed)
-        if round_.batch is None and data is not None:
+        self.confirmed = max(0, self.confirmed - batches)
+        data, quiet = self.inputs.take(sealed)
+        if round_.batch is None:
             round_.batch = data  # a loop without a DataLoader: what its modules were given
+        if round_.batch is None:
+            _fold(round_, self.aside)
+        if round_.batch is None:
+            round_.batch = quiet
+        self.aside = []
 
     def drop_pending(self, losses: int | None = None, batches: int | None = None) -> None:
         """Forget the first `losses` and `batches` consumed (all of them, when not given): what an
         untraced step consumed is not the next traced step's."""
+        batches = len(self.batches) if batches is None else batches
         del self.losses[:losses], self.batches[:batches]
+        self.confirmed, self.aside = max(0, self.confirmed - batches), []
 
     def end_round(self) -> None:
         """The round ended (written or not): the next one starts empty."""
@@ -155,6 +178,7 @@ class OpenStep:
     def drop(self) -> None:
         """Forget the step in progress: its round and what it consumed."""
         self.round, self.losses, self.batches = StepRound(), [], []
+        self.confirmed, self.aside = 0, []
         self.clock.reset()
 
     def resume(self, keep_batches: int | None) -> None:
@@ -165,8 +189,19 @@ class OpenStep:
         self.losses = []
         if keep_batches is not None:
             self.batches = self.batches[-keep_batches:] if keep_batches > 0 else []
+        self.confirmed, self.aside = len(self.batches), []
 
     def forked(self) -> None:
         """In a forked child: nothing consumed yet, no optimizer seen in a round."""
         self.round, self.losses, self.batches = StepRound(), [], []
+        self.confirmed, self.aside = 0, []
         self.clock = RoundClock()
+
+
+def _fold(round_: StepRound, digesters: list) -> None:
+    """Fold batch digests into the round's batch, in the order they were read."""
+    for digester in digesters:
+        if round_.batch is None:
+            round_.batch = digester
+        else:
+            round_.batch.update(digester.hexdigest())

@@ -182,15 +182,15 @@ class Recorder:
             open_step.warn_opaque()
 
     @guarded
-    def on_module_call(self, args: tuple, kwargs: dict) -> None:
-        """A module is called: the outermost call's data is the step's batch where no DataLoader
-        batch came (record/inputs.py)."""
+    def on_module_call(self, args: tuple, kwargs: dict, grad: bool = True) -> None:
+        """A module is called (`grad`: with gradients on): the outermost call's data is the
+        step's batch where no DataLoader batch came (record/inputs.py)."""
         inputs = self.inputs  # an outermost call (hooks.py counts the inner ones itself)
-        if self.explicit or self.open_step.batches or not self._reading_inputs():
+        if self.explicit or not self._reading_inputs() or self.open_step.module_called(grad):
             inputs.depth += 1
             return
         with self._paused():
-            inputs.enter(args, kwargs, tensor_type[0])
+            inputs.enter(args, kwargs, tensor_type[0], quiet=not grad)
 
     def _reading_inputs(self) -> bool:
         """Whether a module call's inputs are read now: while events are traced, and while a hand

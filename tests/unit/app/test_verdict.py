@@ -57,3 +57,19 @@ def test_nothing_in_common_cannot_be_judged_and_says_why():
         "cannot judge: the runs recorded their steps in different streams "
         "(A: main; B: rank0, rank1)"
     )
+
+
+def test_a_divergence_after_an_unrecorded_step_does_not_claim_the_steps_before_it():
+    """Only the recorded steps before the first divergence were compared: where the step just
+    before it was not (--trace-every), the verdict says so instead of "steps before it
+    bit-identical"."""
+    a, b = steps([2.0, 1.5, 1.0, 0.5]), steps([2.0, 1.5, 1.0, 0.25])
+    for gap, claim in ((0, True), (1, False)):
+        kept_a = a[:2] + a[3:] if gap else a
+        kept_b = b[:2] + b[3:] if gap else b
+        first = first_divergence(kept_a, kept_b, "main")
+        found = StreamsCompared(compared=len(kept_a), divergences=[first])
+        found.skipped["main"] = (set(), set())
+        verdict, _, identical = _verdict(found)
+        assert not identical and ("; steps before it bit-identical" in verdict) == claim, verdict
+        assert ("step 2 was not compared" in verdict) == (not claim), verdict

@@ -149,3 +149,45 @@ def test_the_launched_processs_own_initial_weights_are_never_called_a_race():
     assert NONDETERMINISM not in sentence and "initial parameters differ" in sentence
     observed = explain([], first_divergence(a, b), observed=True)
     assert "--observe" in observed and NONDETERMINISM not in observed
+
+
+# What each field's difference is said to mean when the step's start is known equal.
+_COMPUTED = {
+    "loss": "the forward computation differs",
+    "grads": "the backward computation differs",
+    "grad_norm": "the norm computation differs",
+    "params": "the update differs",
+}
+
+
+_ONE = ("loss", "grad_norm")  # "differs"; the others "differ"
+
+
+@pytest.mark.parametrize("field", sorted(_COMPUTED))
+@pytest.mark.parametrize("changed_file", [False, True])
+@pytest.mark.parametrize("gap", [1, 2])
+def test_a_step_after_an_unrecorded_one_never_blames_its_own_computation(field, changed_file, gap):
+    """--trace-every (or a partial trace): the step before the divergence was not compared, so
+    what it computes from its starting parameters may differ because of the steps in between.
+    With or without a cause from the manifests, the sentence says so and names no stage."""
+    a, b = [_record(s) for s in range(5)], [_record(s) for s in range(5)]
+    at = 4
+    setattr(b[at], field, (1234.5).hex() if field in ("loss", "grad_norm") else "e" * 32)
+    for _ in range(gap):  # the steps just before it were not recorded
+        del a[at - 1 - _], b[at - 1 - _]
+    diffs = []
+    if changed_file:
+        diffs = compare_identity(
+            {"inputs": {"data/train.bin": "a" * 32}}, {"inputs": {"data/train.bin": "b" * 32}}
+        )
+    divergence = first_divergence(a, b)
+    assert divergence.step == at and not divergence.start_known
+    sentence = explain(diffs, divergence)
+    assert _COMPUTED[field] not in sentence and NONDETERMINISM not in sentence, sentence
+    assert f"step {at - 1} was not recorded in both runs" in sentence, sentence
+    assert ("data/train.bin differs" in sentence) == changed_file
+    # with the step before it recorded, the stage is named as ever
+    full_a, full_b = [_record(s) for s in range(5)], [_record(s) for s in range(5)]
+    setattr(full_b[at], field, getattr(b[-1], field))
+    full = explain(diffs, first_divergence(full_a, full_b))
+    assert "not recorded in both runs" not in full and f"differ{'s' * (field in _ONE)}:" in full

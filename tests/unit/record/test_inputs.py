@@ -15,8 +15,8 @@ def _batch_of(calls) -> str | None:
             inputs.enter(args, {}, torch.Tensor)
         else:
             inputs.leave()
-    taken = inputs.take()
-    assert inputs.take() is None  # a take starts afresh
+    taken, quiet = inputs.take()
+    assert quiet is None and inputs.take() == (None, None)  # a take starts afresh
     return taken.hexdigest() if taken is not None else None
 
 
@@ -42,7 +42,7 @@ def test_leaving_more_calls_than_entered_does_not_go_below_zero():
     inputs.leave()
     assert inputs.depth == 0
     inputs.enter((torch.ones(1),), {}, torch.Tensor)
-    assert inputs.depth == 1 and inputs.take() is not None
+    assert inputs.depth == 1 and inputs.take()[0] is not None
 
 
 def test_a_sealed_take_leaves_the_calls_entered_since_for_the_next_step():
@@ -54,8 +54,28 @@ def test_a_sealed_take_leaves_the_calls_entered_since_for_the_next_step():
     inputs.leave()
     inputs.seal()  # the step's backward ended
     inputs.enter((second,), {}, torch.Tensor)  # the next step's forward, not yet left
-    taken = inputs.take(sealed=True)
+    taken, _ = inputs.take(sealed=True)
     assert taken.hexdigest() == Digester(strict=False).update([first]).hexdigest()
     inputs.leave()
-    assert inputs.take().hexdigest() == Digester(strict=False).update([second]).hexdigest()
-    assert inputs.take(sealed=True) is None
+    assert inputs.take()[0].hexdigest() == Digester(strict=False).update([second]).hexdigest()
+    assert inputs.take(sealed=True) == (None, None)
+
+
+def test_calls_without_gradients_are_kept_apart_from_the_training_calls():
+    """An evaluation forward (gradients off) between training calls: its data is digested apart,
+    so the training calls' digest is the same with or without it, and the two sides seal and
+    take alike."""
+    train, val = torch.ones(2), torch.full((2,), 5.0)
+    inputs = ModuleInputs()
+    for args, quiet in (((train,), False), ((val,), True)):
+        inputs.enter(args, {}, torch.Tensor, quiet=quiet)
+        inputs.leave()
+    inputs.seal()
+    inputs.enter((val + 1,), {}, torch.Tensor, quiet=True)  # after the backward: the next step's
+    trained, quiet = inputs.take(sealed=True)
+    assert trained.hexdigest() == Digester(strict=False).update([train]).hexdigest()
+    assert quiet.hexdigest() == Digester(strict=False).update([val]).hexdigest()
+    inputs.leave()
+    trained, quiet = inputs.take()
+    assert trained is None
+    assert quiet.hexdigest() == Digester(strict=False).update([val + 1]).hexdigest()

@@ -83,3 +83,59 @@ def test_batches_of_a_plain_class_are_digested_by_their_contents(tmp_path):
     assert len(records) == 3 and len({r.batch for r in records}) == 3 and len(set(seen)) == 3
     opaque = [str(w.message) for w in caught if "cannot read" in str(w.message)]
     assert len(opaque) == 1 and "re.Pattern" in opaque[0]
+
+
+def _digest(value) -> str:
+    from twice.core.digests import Digester
+
+    return Digester(strict=False).update(value).hexdigest()
+
+
+def _step_batch(events) -> str | None:
+    """The batch digest an OpenStep gives its round after `events`: ("batch", value),
+    ("call", grad, value) for an outermost module call, ("seal",) for a backward's end."""
+    from twice.record.openstep import OpenStep
+
+    step = OpenStep()
+    for event in events:
+        if event[0] == "batch":
+            step.add_batch(event[1])
+        elif event[0] == "seal":
+            step.inputs.seal()
+        elif not step.module_called(event[1]):
+            step.inputs.enter((event[2],), {}, torch.Tensor, quiet=not event[1])
+            step.inputs.leave()
+        else:
+            step.inputs.depth += 1
+            step.inputs.leave()
+    round_ = StepRound()
+    step.move_pending(round_)
+    assert step.batches == [] and step.aside == [] and step.confirmed == 0
+    return round_.batch.hexdigest() if round_.batch is not None else None
+
+
+def test_the_step_batch_is_what_it_trained_on_whatever_it_evaluated_between():
+    """Every order of training and evaluation events in one step: the batch is the DataLoader
+    batches a call with gradients on came after, else the data of those calls, else (a step that
+    only evaluated) what the evaluation read, else what it was given."""
+    import itertools
+
+    train, val, given = torch.ones(3), torch.full((3,), 7.0), torch.full((3,), 2.0)
+    evaluation = [("batch", val), ("call", False, val)]
+    for loader, evaluated in itertools.product((True, False), ("before", "after", "none")):
+        training = [("batch", train), ("call", True, train)] if loader else [("call", True, given)]
+        events = {
+            "before": evaluation + training,
+            "after": training + evaluation,
+            "none": training,
+        }[evaluated]
+        expected = _digest(train) if loader else _digest([given])
+        assert _step_batch(events) == expected, (loader, evaluated)
+    # a step that only evaluates: its loader batch stands, then its calls' data
+    assert _step_batch(evaluation) == _digest(val)
+    assert _step_batch([("call", False, val)]) == _digest([val])
+    # a loop whose model is no module: the batches no call came after are the step's
+    assert _step_batch([("batch", train)]) == _digest(train)
+    # a teacher under no_grad before the student: the student's call gives the data
+    teacher = [("batch", train), ("call", False, train), ("call", True, train)]
+    assert _step_batch(teacher) == _digest([train])
