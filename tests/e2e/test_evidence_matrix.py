@@ -26,7 +26,7 @@ EXHAUSTIVE = os.environ.get("TWICE_EXHAUSTIVE") == "1"
 SAMPLE = 6
 
 # What every script does once its prelude has set LR and batches(): train a linear model, in one
-# of several shapes of loop (LOOPS). {step} is how the loop ends its step.
+# of several shapes of loop (LOOPS). {before} runs before the step's forward, {step} ends it.
 TRAIN = """
 if __name__ == "__main__":  # a spawned worker imports the script: it must not train
     model = torch.nn.Linear(4, 1)
@@ -34,7 +34,9 @@ if __name__ == "__main__":  # a spawned worker imports the script: it must not t
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     VAL = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(torch.ones(8, 4), torch.ones(8, 1)), batch_size=4)
+    TEACHER = torch.nn.Linear(4, 1)
     for x, y in batches():
+{before}
         loss = ((model(x) - y) ** 2).mean()
         opt.zero_grad()
         loss.backward()
@@ -44,23 +46,31 @@ BY_HAND = """\
             for p in model.parameters():
                 p -= LR * p.grad
                 p.grad = None"""
-LOOPS = {
-    "an optimizer loop": "        opt.step()",
+LOOPS = {  # (what runs before the forward, how the step ends)
+    "an optimizer loop": ("", "        opt.step()"),
     "a validation loader after each step": (
+        "",
         "        opt.step()\n        with torch.no_grad():\n"
-        "            for vx, vy in VAL:\n                model(vx)"
+        "            for vx, vy in VAL:\n                model(vx)",
     ),
     "a validation loader read with gradients on": (
+        "",
         "        opt.step()\n        for vx, vy in VAL:\n"
-        "            with torch.no_grad():\n                model(vx)"
+        "            with torch.no_grad():\n                model(vx)",
     ),
     "an evaluation forward before the update": (
-        "        with torch.no_grad():\n            model(torch.ones(2, 4))\n        opt.step()"
+        "",
+        "        with torch.no_grad():\n            model(torch.ones(2, 4))\n        opt.step()",
     ),
-    "an update by hand": "        with torch.no_grad():\n" + BY_HAND,
+    "a teacher without gradients, the labels through functions only": (
+        "        with torch.no_grad():\n            t = TEACHER(x)\n        y = (y + t) / 2",
+        "        opt.step()",
+    ),
+    "an update by hand": ("", "        with torch.no_grad():\n" + BY_HAND),
     "an update by hand after a validation loader": (
+        "",
         "        with torch.no_grad():\n            for vx, vy in VAL:\n"
-        "                model(vx)\n" + BY_HAND
+        "                model(vx)\n" + BY_HAND,
     ),
 }
 HEAD = "import json, os, random, sys, time\nimport numpy as np\nimport torch\n"
@@ -342,7 +352,9 @@ def test_the_cause_names_the_one_change_between_two_runs(tmp_path, change, loop)
     work.mkdir()
     for script in set(change.scripts):
         (work / script).write_text(
-            HEAD + change.prelude + TRAIN.format(load=change.load, step=LOOPS[loop])
+            HEAD
+            + change.prelude
+            + TRAIN.format(load=change.load, before=LOOPS[loop][0], step=LOOPS[loop][1])
         )
     _plant(work, change.extra)
     for side, name in enumerate("ab"):

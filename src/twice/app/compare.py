@@ -9,7 +9,8 @@ from pathlib import Path
 from twice.app.recordings import Recorded, length_mismatch, recorded
 from twice.app.tracecompare import align_streams, compare_streams, compare_whole
 from twice.app.verdict import phrase_verdict, verdict_notes
-from twice.core.causes import explain, explain_resumed
+from twice.core.causes import explain
+from twice.core.resumed import explain_resumed
 from twice.core.coverage import InputPremise, judge_inputs
 from twice.core.divergence import Divergence
 from twice.core.errors import Exit

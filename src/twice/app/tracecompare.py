@@ -87,10 +87,11 @@ def compare_streams(
             record_a, record_b = scan.first
             first = first_divergence([record_a], [record_b], stream, scan.resumed, partial)
             # the state before the step is known equal: the step before it compared equal, or
-            # step 0's starting parameters (params_before, first in causal order) were equal
-            start_known = (first.step > 0 and scan.last_same == first.step - 1) or (
-                first.step == 0 and "params_before" in first.recorded
-            )
+            # its starting parameters (params_before, first in causal order: step 0's, a resumed
+            # run's first step's) were recorded in both and equal
+            start_known = (
+                first.step > 0 and scan.last_same == first.step - 1
+            ) or "params_before" in first.recorded
             found.divergences.append(
                 replace(first, identical_before=scan.same_before, start_known=start_known)
             )

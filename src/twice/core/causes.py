@@ -12,7 +12,7 @@ from twice.core.records import CAUSAL_ORDER
 
 __all__ = [
     "explain",
-    "explain_resumed",
+    "NAMES",
     "missing_evidence",
     "EVIDENCE",
     "UNKNOWN",
@@ -147,7 +147,7 @@ _MACHINE_ENV = {
 
 
 # What each field is called in a sentence, and what its difference means.
-_NAMES = {
+NAMES = {
     "params_before": ("the starting parameters", "the runs started from different states"),
     "batch": ("batches", "the batches differ"),
     "rng": ("the RNG state", "the runs drew different random numbers"),
@@ -159,7 +159,7 @@ _NAMES = {
 }
 
 
-# What a step computes from the parameters it starts with: a difference in it means what _NAMES
+# What a step computes from the parameters it starts with: a difference in it means what NAMES
 # says only where those parameters were compared equal.
 _FROM_START = ("loss", "grads", "grad_norm", "params")
 
@@ -168,8 +168,8 @@ def _stage(divergence: Divergence, reason: str | None) -> str:
     """What differed first, claiming "identical" only for what both records hold at that step."""
     first = divergence.first
     before = CAUSAL_ORDER[: CAUSAL_ORDER.index(first)]
-    same = [_NAMES[name][0] for name in before if name in divergence.recorded]
-    name, meaning = _NAMES[first]
+    same = [NAMES[name][0] for name in before if name in divergence.recorded]
+    name, meaning = NAMES[first]
     verb = (
         "differ"
         if name in ("batches", "gradients", "parameters", "the starting parameters")
@@ -177,7 +177,7 @@ def _stage(divergence: Divergence, reason: str | None) -> str:
     )
     if first == "loss" and divergence.step == 0:
         meaning = "the initial weights or the forward computation differ"
-    if first == "params" and reason is None and "grads" in divergence.recorded:
+    if first == "params" and reason is None and {"grads", "lr"} <= set(divergence.recorded):
         meaning = (
             "something other than this step's update changed them (another process writing "
             "shared parameters without a lock, or a race)"
@@ -298,6 +298,9 @@ def explain(
         # A learning rate is set by the script, not computed by a kernel from this step's data:
         # with everything upstream equal it differs because the runs were configured apart.
         return f"{sentence}; {_unrecorded_configuration(env_changed)}"
+    if divergence.first == "params" and "lr" not in divergence.recorded:
+        # an update by hand: its learning rate is the script's own number, which no record holds
+        return f"{sentence}; {_unrecorded_update(env_changed)}"
     covered = inputs_recorded and (inputs is None or inputs.complete)
     missing = missing_evidence(divergence, covered)
     if missing:  # a cause only from its evidence: say what is unknown instead of guessing
@@ -338,6 +341,21 @@ def explain(
     )
 
 
+def _unrecorded_update(env_changed: list[str] | None) -> str:
+    """The cause of parameters that differ first where the update's settings were not recorded
+    (a loop that updates by hand: no optimizer whose learning rate twice reads)."""
+    said = (
+        "the cause cannot be named from what was recorded: the update's settings were not "
+        "recorded (the loop updates by hand, with no optimizer whose learning rate twice reads)"
+    )
+    if env_changed:
+        names = ", ".join(env_changed[:3]) + (
+            f" and {len(env_changed) - 3} more" if len(env_changed) > 3 else ""
+        )
+        said += f"; the runs' environments differ in {names}"
+    return said
+
+
 def _unrecorded_configuration(env_changed: list[str] | None) -> str:
     """The cause of a learning rate that differs with everything before it equal."""
     if env_changed:
@@ -353,40 +371,4 @@ def _unrecorded_configuration(env_changed: list[str] | None) -> str:
         "the runs were configured differently in a way the manifest does not hold"
         f"{known}: a learning rate is set by the script, not computed by a kernel (a file read "
         "outside the recorded folders, the clock, the host, or a scheduler's state)"
-    )
-
-
-# What a resume failed to restore, by the first field that differs at the first resumed step.
-_NOT_RESTORED = {
-    "params_before": "the model's parameters",
-    "batch": "the data position (the loader's or sampler's state)",
-    "rng": "the RNG state",
-    "loss": "the model's state, or something else the forward pass reads",
-    "grads": "the model's state, or something else the backward pass reads",
-    "grad_norm": "the gradient clipping or scaling state",
-    "lr": "the learning-rate scheduler's state",
-    "params": "the optimizer's state",
-}
-
-
-def explain_resumed(
-    label: str, checkpoint: str, at: int, divergence: Divergence | None, lead: str | None = None
-) -> str:
-    """The explanation when run `label` resumed from `checkpoint` at step `at`: a difference at the
-    first resumed step is state the resume did not restore, never "same code, seeds and
-    settings". `lead` replaces the opening "run B resumed from ..." """
-    resumed = lead or f"run {label} resumed from {checkpoint}"
-    if divergence is None:
-        return f"{resumed}; the runs agree from step {at} on"
-    if divergence.step <= at:
-        return (
-            f"{resumed}; first divergence at the first resumed step: the resume did not restore "
-            f"{_NOT_RESTORED[divergence.first]} ({_NAMES[divergence.first][0]} differ first)"
-        )
-    after = divergence.step - at
-    return (
-        f"{resumed} at step {at}; first divergence {after} step{'s' if after > 1 else ''} later, "
-        f"at step {divergence.step} ({_NAMES[divergence.first][0]} differ first): state the "
-        "checkpoint does not hold (a counter, a cache, a schedule kept outside tracked objects), "
-        "or nondeterminism inside the run"
     )

@@ -156,8 +156,7 @@ def first_divergence(
                 tensors[name] = differing
         held_before = _held(record_a.params_before) and _held(record_b.params_before)
         return Divergence(
-            start_known=(record_a.step > 0 and last_same == record_a.step - 1)
-            or (record_a.step == 0 and held_before),
+            start_known=(record_a.step > 0 and last_same == record_a.step - 1) or held_before,
             stream=stream,
             step=record_a.step,
             fields=fields,

@@ -104,10 +104,10 @@ def _batch_read(batch) -> None:
         recorder.on_batch(batch)
 
 
-def _module_enters(args: tuple, kwargs: dict) -> None:
+def _module_enters(module, args: tuple, kwargs: dict) -> None:
     recorder = _recorder
     if recorder is not None:
-        recorder.on_module_call(args, kwargs, _grad_enabled[0]())
+        recorder.on_module_call(module, args, kwargs, _grad_enabled[0]())
 
 
 def _recorder_leaves() -> None:
@@ -238,7 +238,7 @@ def install(recorder: Recorder) -> Recorder:
         if recorder.inputs.depth:  # an inner call (most of them): counted, nothing more
             recorder.inputs.depth += 1
         else:
-            _Calls.module_enters(args, kwargs)
+            _Calls.module_enters(self, args, kwargs)
         try:
             return original_call(self, *args, **kwargs)
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import operator
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +92,9 @@ class OpenStep:
         self.losses: list[Any] = []
         self.batches: list[Digester] = []  # one digester per batch read since the last step
         self.confirmed = 0  # of those, how many a module call with gradients on came after
-        self.aside: list[Digester] = []  # batches only a call without gradients came after
+        self.quiet = False  # a call without gradients came after the others
+        self.aside: list[Digester] = []  # batches read only for evaluation
+        self.trained: weakref.WeakSet = weakref.WeakSet()  # modules called with gradients on
         self.inputs = ModuleInputs()  # the batch where no DataLoader gives one
         # Every process records its parameters before its first update (params_before): a run
         # resumed by the script itself is found in another run by it (store/tracealign.py).
@@ -100,21 +103,34 @@ class OpenStep:
         self.opaque_warned = len(OPAQUE_TYPES)
 
     def add_batch(self, batch: Any) -> None:
-        """A batch read now: digested, it belongs to the step in progress."""
+        """A batch read now: digested, it belongs to the step in progress. The batches read
+        before it that only a call without gradients came after were evaluation data."""
+        if self.quiet:
+            self._set_aside()
         self.batches.append(Digester(strict=False).update(batch))
 
-    def module_called(self, grad: bool) -> bool:
-        """An outermost module call: with gradients on, the batches read before it are the
-        step's (returns whether it has any: its data then comes from a DataLoader, not from the
-        calls); without, those read since the last such call are evaluation data (a validation
-        loader between steps), set aside: the step's only where it has no other."""
+    def module_called(self, module: Any, grad: bool) -> bool:
+        """An outermost call of `module`, with gradients on or not; returns whether the step has
+        DataLoader batches (its data then comes from them, not from the calls).
+
+        With gradients on, the batches read before it are the step's. A call without gradients
+        after a batch is evaluation (a validation loader) when the next thing is another batch
+        read, or when the module is one trained with gradients: that batch is set aside, the
+        step's only where it has no other. A call of another module without gradients (a
+        teacher, an EMA or target network before the student) leaves it the step's."""
         if grad:
-            self.confirmed = len(self.batches)
-            return self.confirmed > 0
-        if len(self.batches) > self.confirmed:
-            self.aside.extend(self.batches[self.confirmed :])
-            del self.batches[self.confirmed :]
+            self.confirmed, self.quiet = len(self.batches), False
+            self.trained.add(module)
+        elif len(self.batches) > self.confirmed:
+            self.quiet = True
+            if module in self.trained:
+                self._set_aside()
         return bool(self.batches)
+
+    def _set_aside(self) -> None:
+        self.aside.extend(self.batches[self.confirmed :])
+        del self.batches[self.confirmed :]
+        self.quiet = False
 
     def warn_opaque(self) -> None:
         """Warn about the types in batches that twice cannot read, met since the last warning."""
@@ -161,7 +177,7 @@ class OpenStep:
             _fold(round_, self.aside)
         if round_.batch is None:
             round_.batch = quiet
-        self.aside = []
+        self.aside, self.quiet = [], False
 
     def drop_pending(self, losses: int | None = None, batches: int | None = None) -> None:
         """Forget the first `losses` and `batches` consumed (all of them, when not given): what an
@@ -169,6 +185,7 @@ class OpenStep:
         batches = len(self.batches) if batches is None else batches
         del self.losses[:losses], self.batches[:batches]
         self.confirmed, self.aside = max(0, self.confirmed - batches), []
+        self.quiet = False
 
     def end_round(self) -> None:
         """The round ended (written or not): the next one starts empty."""
@@ -178,7 +195,7 @@ class OpenStep:
     def drop(self) -> None:
         """Forget the step in progress: its round and what it consumed."""
         self.round, self.losses, self.batches = StepRound(), [], []
-        self.confirmed, self.aside = 0, []
+        self.confirmed, self.aside, self.quiet = 0, [], False
         self.clock.reset()
 
     def resume(self, keep_batches: int | None) -> None:
@@ -189,12 +206,12 @@ class OpenStep:
         self.losses = []
         if keep_batches is not None:
             self.batches = self.batches[-keep_batches:] if keep_batches > 0 else []
-        self.confirmed, self.aside = len(self.batches), []
+        self.confirmed, self.aside, self.quiet = len(self.batches), [], False
 
     def forked(self) -> None:
         """In a forked child: nothing consumed yet, no optimizer seen in a round."""
         self.round, self.losses, self.batches = StepRound(), [], []
-        self.confirmed, self.aside = 0, []
+        self.confirmed, self.aside, self.quiet = 0, [], False
         self.clock = RoundClock()
 
 

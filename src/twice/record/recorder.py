@@ -182,11 +182,12 @@ class Recorder:
             open_step.warn_opaque()
 
     @guarded
-    def on_module_call(self, args: tuple, kwargs: dict, grad: bool = True) -> None:
-        """A module is called (`grad`: with gradients on): the outermost call's data is the
+    def on_module_call(self, module, args: tuple, kwargs: dict, grad: bool = True) -> None:
+        """`module` is called (`grad`: with gradients on): the outermost call's data is the
         step's batch where no DataLoader batch came (record/inputs.py)."""
         inputs = self.inputs  # an outermost call (hooks.py counts the inner ones itself)
-        if self.explicit or not self._reading_inputs() or self.open_step.module_called(grad):
+        reading = not self.explicit and self._reading_inputs()
+        if not reading or self.open_step.module_called(module, grad):
             inputs.depth += 1
             return
         with self._paused():

@@ -191,3 +191,32 @@ def test_a_step_after_an_unrecorded_one_never_blames_its_own_computation(field, 
     setattr(full_b[at], field, getattr(b[-1], field))
     full = explain(diffs, first_divergence(full_a, full_b))
     assert "not recorded in both runs" not in full and f"differ{'s' * (field in _ONE)}:" in full
+
+
+def test_a_resumed_steps_recorded_start_stands_for_the_step_before_it():
+    """A resumed run's first step records the parameters it starts from: where both runs hold
+    them, equal, the start is known though the step before it was not compared."""
+    a, b = [_record(s) for s in range(5)], [_record(s) for s in range(5)]
+    b[4].loss = (1234.5).hex()
+    del a[3], b[3]
+    a[-1].params_before = b[-1].params_before = "ab" * 16
+    divergence = first_divergence(a, b)
+    assert divergence.start_known
+    assert "not recorded in both runs" not in explain([], divergence)
+
+
+@pytest.mark.parametrize("env", [None, [], ["LR"]])
+def test_parameters_updated_by_hand_never_blame_nondeterminism(env):
+    """A loop that updates by hand records no learning rate: parameters that differ first, with
+    everything before them equal, may differ by the script's own number (an environment
+    variable, a file): the cause is unknown, never a race or a kernel."""
+    a, b = [_record(s) for s in range(3)], [_record(s) for s in range(3)]
+    for record in a + b:
+        record.lr = None
+    b[1].params = "e" * 32
+    divergence = first_divergence(a, b)
+    assert divergence.first == "params" and "lr" not in divergence.recorded
+    sentence = explain([], divergence, env_changed=env)
+    assert NONDETERMINISM not in sentence and "race" not in sentence, sentence
+    assert "the update's settings were not recorded" in sentence
+    assert ("environments differ in LR" in sentence) == bool(env)

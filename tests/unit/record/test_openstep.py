@@ -91,51 +91,70 @@ def _digest(value) -> str:
     return Digester(strict=False).update(value).hexdigest()
 
 
-def _step_batch(events) -> str | None:
-    """The batch digest an OpenStep gives its round after `events`: ("batch", value),
-    ("call", grad, value) for an outermost module call, ("seal",) for a backward's end."""
+class _Module:
+    """A module as OpenStep sees one: an object it knows by identity."""
+
+
+MODEL, TEACHER = _Module(), _Module()
+
+
+def _steps(events) -> list:
+    """The batch digests an OpenStep gives its rounds over `events`: ("batch", value), ("call",
+    module, grad, value) for an outermost module call, ("end",) for a step's end (an optimizer
+    step: the round takes what is pending)."""
     from twice.record.openstep import OpenStep
 
-    step = OpenStep()
+    step, out = OpenStep(), []
     for event in events:
         if event[0] == "batch":
             step.add_batch(event[1])
-        elif event[0] == "seal":
-            step.inputs.seal()
-        elif not step.module_called(event[1]):
-            step.inputs.enter((event[2],), {}, torch.Tensor, quiet=not event[1])
-            step.inputs.leave()
+        elif event[0] == "end":
+            round_ = StepRound()
+            step.move_pending(round_)
+            out.append(round_.batch.hexdigest() if round_.batch is not None else None)
         else:
-            step.inputs.depth += 1
-            step.inputs.leave()
-    round_ = StepRound()
-    step.move_pending(round_)
-    assert step.batches == [] and step.aside == [] and step.confirmed == 0
-    return round_.batch.hexdigest() if round_.batch is not None else None
+            _, module, grad, value = event
+            if not step.module_called(module, grad):
+                step.inputs.enter((value,), {}, torch.Tensor, quiet=not grad)
+                step.inputs.leave()
+    return out
 
 
 def test_the_step_batch_is_what_it_trained_on_whatever_it_evaluated_between():
-    """Every order of training and evaluation events in one step: the batch is the DataLoader
-    batches a call with gradients on came after, else the data of those calls, else (a step that
-    only evaluated) what the evaluation read, else what it was given."""
+    """Every loop shape, with or without a DataLoader for training, with a validation loader
+    (after the step, or read with gradients on), a teacher called without gradients before the
+    student: each step's batch is what it trained on, the same as without the evaluation."""
     import itertools
 
-    train, val, given = torch.ones(3), torch.full((3,), 7.0), torch.full((3,), 2.0)
-    evaluation = [("batch", val), ("call", False, val)]
-    for loader, evaluated in itertools.product((True, False), ("before", "after", "none")):
-        training = [("batch", train), ("call", True, train)] if loader else [("call", True, given)]
-        events = {
-            "before": evaluation + training,
-            "after": training + evaluation,
-            "none": training,
-        }[evaluated]
-        expected = _digest(train) if loader else _digest([given])
-        assert _step_batch(events) == expected, (loader, evaluated)
+    train = [torch.full((3,), float(i)) for i in range(3)]
+    val = [torch.full((3,), 10.0 + i) for i in range(2)]
+
+    def loop(loader: bool, evaluation: str, teacher: bool) -> list:
+        events = []
+        for x in train:
+            if loader:
+                events.append(("batch", x))
+            if teacher:
+                events.append(("call", TEACHER, False, x))
+            events += [("call", MODEL, True, x), ("end",)]
+            if evaluation != "none":
+                for v in val:
+                    events += [("batch", v), ("call", MODEL, False, v)]
+        return _steps(events)
+
+    for loader, teacher in itertools.product((True, False), (False, True)):
+        alone = loop(loader, "none", teacher)
+        assert len(set(alone)) == 3 and None not in alone
+        assert loop(loader, "validation", teacher) == alone, (loader, teacher)
+    expected = [_digest(x) for x in train]
+    assert loop(True, "none", True) == expected  # the teacher's call leaves the batch the step's
+
+
+def test_a_step_with_nothing_else_takes_what_it_evaluated():
     # a step that only evaluates: its loader batch stands, then its calls' data
-    assert _step_batch(evaluation) == _digest(val)
-    assert _step_batch([("call", False, val)]) == _digest([val])
+    assert _steps([("batch", torch.ones(2)), ("call", MODEL, False, torch.ones(2)), ("end",)]) == [
+        _digest(torch.ones(2))
+    ]
+    assert _steps([("call", MODEL, False, torch.ones(2)), ("end",)]) == [_digest([torch.ones(2)])]
     # a loop whose model is no module: the batches no call came after are the step's
-    assert _step_batch([("batch", train)]) == _digest(train)
-    # a teacher under no_grad before the student: the student's call gives the data
-    teacher = [("batch", train), ("call", False, train), ("call", True, train)]
-    assert _step_batch(teacher) == _digest([train])
+    assert _steps([("batch", torch.ones(2)), ("end",)]) == [_digest(torch.ones(2))]
