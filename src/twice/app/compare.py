@@ -10,11 +10,11 @@ from twice.app.recordings import Recorded, length_mismatch, recorded
 from twice.app.tracecompare import align_streams, compare_streams, compare_whole
 from twice.app.verdict import phrase_verdict, verdict_notes
 from twice.core.causes import explain
-from twice.core.resumed import explain_resumed
 from twice.core.coverage import InputPremise, judge_inputs
 from twice.core.divergence import Divergence
 from twice.core.errors import Exit
 from twice.core.manifest import MISSING, Difference, Manifest, compare_identity
+from twice.core.resumed import explain_resumed
 from twice.core.seedcalls import seeding_difference
 from twice.store.faults import first_fault
 from twice.store.outputs import compare_outputs, outputs_phrase

@@ -248,6 +248,21 @@ def _fast_matmul3(a, b, out_dtype, bias):
     if bias is not None:
         return None
     beta = beta_for(max(1, a.shape[-1]) * 3, 2)
+    left = native_products.left3(a, beta)
+    right = native_products.right3(b, beta) if left else None
+    if left and right:  # three slices each in one pass, and three products of them
+        (stacked, unit_a), (slices_b, unit_b) = left, right
+        n, flat = a.shape[-2], stacked.dim() == 3 and stacked.is_contiguous()
+        rows = stacked.reshape(-1, stacked.shape[-1]) if flat else None  # one product each
+        products = [
+            torch.mm(rows[: (3 - q) * n], slices_b[q]).view(3 - q, n, -1)
+            if flat
+            else torch.matmul(stacked[..., : 3 - q, :, :], slices_b[q].unsqueeze(-3))
+            for q in range(3)
+        ]
+        return native_products.combine3(products, unit_a, unit_b, out_dtype, 2.0**-beta)
+    if left is False or right is False:
+        return None  # a value not finite: exact_bilinear's IEEE rule
     sa = _split3(a, (-1,), beta)
     sb = _split3(b, (-2,), beta) if sa else None
     if not sb:

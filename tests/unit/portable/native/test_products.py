@@ -1,5 +1,5 @@
-"""native/products: a float64 exact product's compiled steps (the second and third slices, the
-six products' scaled sum) give the torch steps' bits."""
+"""native/products: a float64 exact product's compiled steps (the three slices in one pass, the
+second and third slices, the six products' scaled sum) give the torch steps' bits."""
 
 import pytest
 import torch
@@ -18,6 +18,36 @@ def test_the_steps_decline_what_they_do_not_take():
     assert products.slices(x, x[:2], x[:, :1], 20) is None  # ints of another shape
     third = torch.zeros(3, 4, dtype=F64)
     assert products.combine3([third, third, third], x[:, :1], [x[:1]] * 3, F64) is None
+    for take in (products.left3, products.right3):
+        assert take(x.float(), 20) is None and take(x[0], 20) is None  # float64 matrices only
+        assert take(torch.zeros(0, 4, dtype=F64), 20) is None
+        assert take(torch.tensor([[1.0, float("nan")]], dtype=F64), 20) is False
+
+
+@needs_native
+def test_the_one_pass_slices_give_the_two_pass_bits_over_generated_layouts(monkeypatch):
+    """left3/right3 and the combine from first units against the route they replace (the first
+    slice, then the next two, stacked by torch): generated shapes, batches, every operand read
+    in place or transposed, and magnitudes from the subnormal range to near overflow."""
+    g = torch.Generator().manual_seed(5)
+
+    def draw(shape, flip):
+        exponent = float(torch.randint(-300, 300, (1,), generator=g))
+        x = torch.randn(*shape, generator=g, dtype=F64) * 10.0**exponent
+        x = x * 10.0 ** (4 * torch.rand(*shape[:-1], 1, generator=g, dtype=F64))
+        return x.transpose(-1, -2).contiguous().transpose(-1, -2) if flip else x
+
+    one_pass = products.left3
+    for index in range(48):
+        m, k, n = (int(v) for v in torch.randint(1, 30, (3,), generator=g))
+        batch = [int(torch.randint(1, 4, (1,), generator=g))] if index % 3 == 0 else []
+        a, b = draw((*batch, m, k), index % 2), draw((*batch, k, n), index // 2 % 2)
+        out = F64 if index % 4 else torch.float32
+        monkeypatch.setattr(products, "left3", one_pass)
+        fast = exact_matmul(a, b, out, F64)
+        monkeypatch.setattr(products, "left3", lambda *args: None)
+        two_pass = exact_matmul(a, b, out, F64)
+        assert same_bits(fast, two_pass), (a.shape, b.shape, a.stride(), b.stride(), out)
 
 
 @needs_native

@@ -6,6 +6,7 @@
    p_colsum    per column: the exact sum at one slice
    p_scale     an integer product scaled by its units (plus a bias), rounded once
    p_slices    the second and third slices of a float64 operand, from its first
+   p_split3    a float64 product operand's three slices, laid out for the product, in one pass
    p_combine3  a float64 product's six slice products scaled and added, rounded once
    p_compound  addcmul, addcdiv, add with alpha, lerp: one rounding per operation */
 
@@ -111,6 +112,34 @@ static PyObject *p_split(PyObject *module, PyObject *args, PyObject *kwargs) {
     return PyBool_FromLong(!ctx.bad);
 }
 
+/* A row's `count` slices' integer sums into acc, each slice's in 8 lanes (exact in any order);
+   count a constant where called, so that each clone vectorises the lanes. */
+STAGE void sliced_lanes(const char *x, int kind, Py_ssize_t at, Py_ssize_t cols, const double *inv,
+                        const double *units, int count, double *acc) {
+    double lane[3][8] = {{0}};
+    Py_ssize_t j = 0;
+    for (; j + 8 <= cols; j += 8)
+        for (int l = 0; l < 8; l++) {
+            double rest = load(x, kind, at + j + l);
+            for (int c = 0; c < count; c++) {
+                double q = round_even(rest * inv[c]);
+                lane[c][l] += q;
+                if (c + 1 < count) rest = rest - q * units[c];
+            }
+        }
+    for (; j < cols; j++) {
+        double rest = load(x, kind, at + j);
+        for (int c = 0; c < count; c++) {
+            double q = round_even(rest * inv[c]);
+            lane[c][0] += q;
+            if (c + 1 < count) rest = rest - q * units[c];
+        }
+    }
+    for (int c = 0; c < count; c++)
+        acc[c] = ((lane[c][0] + lane[c][1]) + (lane[c][2] + lane[c][3])) +
+                 ((lane[c][4] + lane[c][5]) + (lane[c][6] + lane[c][7]));
+}
+
 /* p_rowsum's rows for one element type (kind a constant where the wrappers below call it): each
    row's exact sum from `count` slices; returns 0 where a value is not finite (the rows after
    that one are left). */
@@ -136,15 +165,10 @@ STAGE int rowsum_rows(const char *x, int kind, Py_ssize_t rows, Py_ssize_t cols,
             for (; j < cols; j++) lane[0] += round_even(load(x, kind, at + j) * inv[0]);
             acc[0] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
                      ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        } else if (count == 2) {
+            sliced_lanes(x, kind, at, cols, inv, units, 2, acc);
         } else {
-            for (Py_ssize_t j = 0; j < cols; j++) {
-                double rest = load(x, kind, at + j);
-                for (int c = 0; c < count; c++) {
-                    double q = round_even(rest * inv[c]);
-                    acc[c] += q;
-                    if (c + 1 < count) rest = rest - q * units[c];
-                }
-            }
+            sliced_lanes(x, kind, at, cols, inv, units, 3, acc);
         }
         double total = acc[0] * units[0];
         for (int c = 1; c < count; c++) total = total + acc[c] * units[c];
@@ -153,11 +177,13 @@ STAGE int rowsum_rows(const char *x, int kind, Py_ssize_t rows, Py_ssize_t cols,
     return finite;
 }
 
+CLONED
 static int rowsum_float(const char *x, Py_ssize_t rows, Py_ssize_t cols, int beta, int count,
                         double *out) {
     return rowsum_rows(x, KIND_F32, rows, cols, beta, count, out);
 }
 
+CLONED
 static int rowsum_double(const char *x, Py_ssize_t rows, Py_ssize_t cols, int beta, int count,
                          double *out) {
     return rowsum_rows(x, KIND_F64, rows, cols, beta, count, out);
@@ -435,6 +461,83 @@ static PyObject *p_slices(PyObject *module, PyObject *args, PyObject *kwargs) {
 }
 
 typedef struct {
+    const double *x;
+    Py_ssize_t outer, rows, cols;
+    int beta, axis, bad; /* bad: 1 a value not finite, 2 no memory (any thread) */
+    double step, *out, *units;
+} split3_ctx;
+
+/* Rows [lo, hi) of all blocks (axis 0), or columns [lo, hi) of every block (axis 1): the first
+   slice by split_block, the next two from it as p_slices cuts them. */
+static void split3_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    split3_ctx *c = (split3_ctx *)p;
+    const Py_ssize_t m = c->rows, n = c->cols, plane = m * n;
+    int bad = 0;
+    if (c->axis == 0) { /* out: blocks x 3 x rows x cols, the slices of a block stacked */
+        for (Py_ssize_t r = lo; r < hi && !bad; r++) {
+            const Py_ssize_t o = r / m, i = r % m;
+            const double *x = c->x + r * n;
+            double *o1 = c->out + (o * 3 * m + i) * n;
+            bad = !split_block_double(x, 1, n, n, c->beta, 0, 0, o1, c->units + r, NULL);
+            slices_one_unit(x, o1, c->units[r], c->step, o1 + plane, o1 + 2 * plane, n);
+        }
+    } else { /* out: 3 x blocks x rows x cols, each slice a whole operand */
+        const Py_ssize_t w = hi - lo, all = c->outer * plane;
+        double *scratch = (double *)malloc(sizeof(double) * 5 * (size_t)(w > 0 ? w : 1));
+        if (!scratch) bad = 2;
+        for (Py_ssize_t o = 0; o < c->outer && !bad; o++) {
+            const double *x = c->x + o * plane + lo;
+            double *o1 = c->out + o * plane + lo, *u = c->units + o * n + lo;
+            bad = !split_block_double(x, m, w, n, c->beta, 1, 0, o1, u, scratch);
+            for (Py_ssize_t j = 0; j < w; j++) {
+                const double u2 = u[j] * c->step, u3 = u2 * c->step;
+                scratch[j] = u[j], scratch[w + j] = u2, scratch[2 * w + j] = exact_inverse(u2);
+                scratch[3 * w + j] = u3, scratch[4 * w + j] = exact_inverse(u3);
+            }
+            for (Py_ssize_t i = 0; i < m && !bad; i++)
+                slices_col_units(x + i * n, o1 + i * n, scratch, o1 + all + i * n,
+                                 o1 + 2 * all + i * n, w);
+        }
+        free(scratch);
+    }
+    if (bad) __atomic_fetch_or(&c->bad, bad, __ATOMIC_RELAXED);
+}
+
+/* p_split3(src, outer, rows, cols, beta, axis, out, units): exact.split's three slices of
+   float64 `src` (outer row-major rows x cols blocks), per row (axis 0: a product's left operand,
+   each block's slices stacked, outer x 3 x rows x cols) or per column (axis 1: its right one,
+   slice by slice, 3 x outer x rows x cols), in one pass: the integers of split_rows's first
+   slice and p_slices's next two, the first slice's units into units (outer x rows, or outer x
+   cols). Returns False where a value is not finite (out then unreliable). */
+static PyObject *p_split3(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"src", "outer", "rows", "cols", "beta", "axis", "out", "units", NULL};
+    buffer_t src, out, units;
+    Py_ssize_t outer, rows, cols;
+    int beta, axis;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&nnniiO&O&", kw, buffer, &src, &outer, &rows,
+                                     &cols, &beta, &axis, buffer, &out, buffer, &units))
+        return NULL;
+    const char *k = "p_split3";
+    if ((axis != 0 && axis != 1) || beta < 1 || beta > 50) {
+        PyErr_SetString(PyExc_ValueError, "p_split3: axis is 0 or 1, beta 1 to 50");
+        return NULL;
+    }
+    const Py_ssize_t n = outer * rows * cols;
+    if (!size_ok(k, "outer", outer) || !size_ok(k, "rows", rows) || !size_ok(k, "cols", cols) ||
+        !buffer_holds(k, "src", &src, n, KIND_F64) ||
+        !buffer_holds(k, "out", &out, 3 * n, KIND_F64) ||
+        !buffer_holds(k, "units", &units, outer * (axis ? cols : rows), KIND_F64))
+        return NULL;
+    split3_ctx ctx = {F64(src), outer, rows,        cols,     beta,
+                      axis,     0,     pow2(-beta), F64(out), F64(units)};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(axis ? cols : outer * rows, 3 * n, split3_range, &ctx);
+    Py_END_ALLOW_THREADS
+    if (ctx.bad & 2) return PyErr_NoMemory();
+    return PyBool_FromLong(!ctx.bad);
+}
+
+typedef struct {
     const double *p0, *p1, *p2, *ua, *ub;
     Py_ssize_t rows, cols;
     int ok;
@@ -445,42 +548,48 @@ CLONED
 static void combine_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     const combine_ctx *c = (const combine_ctx *)p;
     const Py_ssize_t m = c->rows, n = c->cols;
+    double chunk[CHUNK];
     for (Py_ssize_t row = lo; row < hi; row++) {
         const Py_ssize_t k = row / m, i = row % m;
         const double a = c->ua[row];
-        const double *b0 = c->ub + k * 3 * n, *b1 = b0 + n, *b2 = b1 + n;
-        const double *p0 = c->p0 + (k * 3 * m + i) * n, *p1 = c->p1 + (k * 2 * m + i) * n;
-        const double *p2 = c->p2 + (k * m + i) * n;
-        for (Py_ssize_t j = 0; j < n; j++) {
-            const double s0 = a * b0[j], s1 = a * b1[j], s2 = a * b2[j];
-            double t = p0[j] * s0;
-            t = t + p1[j] * s1;
-            t = t + p0[m * n + j] * s1;
-            t = t + p2[j] * s2;
-            t = t + p1[m * n + j] * s2;
-            t = t + p0[2 * m * n + j] * s2;
-            if (c->ok)
-                ((double *)c->out)[row * n + j] = t;
-            else
-                ((float *)c->out)[row * n + j] = (float)t;
+        for (Py_ssize_t j0 = 0; j0 < n; j0 += CHUNK) { /* a float32 result through chunk */
+            const Py_ssize_t len = n - j0 < CHUNK ? n - j0 : CHUNK;
+            const double *b0 = c->ub + k * 3 * n + j0, *b1 = b0 + n, *b2 = b1 + n;
+            const double *p0 = c->p0 + (k * 3 * m + i) * n + j0;
+            const double *p1 = c->p1 + (k * 2 * m + i) * n + j0, *p2 = c->p2 + (k * m + i) * n + j0;
+            double *total = c->ok ? (double *)c->out + row * n + j0 : chunk;
+            for (Py_ssize_t j = 0; j < len; j++) {
+                const double s0 = a * b0[j], s1 = a * b1[j], s2 = a * b2[j];
+                double t = p0[j] * s0;
+                t = t + p1[j] * s1;
+                t = t + p0[m * n + j] * s1;
+                t = t + p2[j] * s2;
+                t = t + p1[m * n + j] * s2;
+                t = t + p0[2 * m * n + j] * s2;
+                total[j] = t;
+            }
+            if (!c->ok) store_run(c->out, 0, row * n + j0, len, chunk);
         }
     }
 }
 
-/* p_combine3(first, second, third, blocks, rows, cols, unit_a, unit_b, out): exact_bilinear's
-   sum of a float64 product's six slice products, as exact._fast_matmul3 forms them: `first`
-   holds the left slices 0, 1, 2 (stacked rows, blocks x 3 rows x cols) times the right slice
-   0, `second` slices 0, 1 times the right slice 1, `third` slice 0 times the right slice 2.
-   Level by level, each product times unit_a[i] * unit_b[level][j] (blocks x rows units; blocks
-   x 3 x cols), added in the torch route's order, the total rounded once to out's dtype. */
+/* p_combine3(first, second, third, blocks, rows, cols, unit_a, unit_b, out, step=0):
+   exact_bilinear's sum of a float64 product's six slice products, as exact._fast_matmul3 forms
+   them: `first` holds the left slices 0, 1, 2 (stacked rows, blocks x 3 rows x cols) times the
+   right slice 0, `second` slices 0, 1 times the right slice 1, `third` slice 0 times the right
+   slice 2. Level by level, each product times unit_a[i] * unit_b[level][j] (blocks x rows units;
+   blocks x 3 x cols), added in the torch route's order, the total rounded once to out's dtype. With
+   step (2**-beta), unit_b holds each column's first unit only (blocks x cols), as p_split3 gives
+   them: the next levels' are unit * step and that * step, the torch route's products. */
 static PyObject *p_combine3(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kw[] = {"first", "second", "third",  "blocks", "rows",
-                         "cols",  "unit_a", "unit_b", "out",    NULL};
+    static char *kw[] = {"first",  "second", "third", "blocks", "rows", "cols",
+                         "unit_a", "unit_b", "out",   "step",   NULL};
     buffer_t p0, p1, p2, ua, ub, out;
     Py_ssize_t blocks, rows, cols;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&O&nnnO&O&O&", kw, buffer, &p0, buffer, &p1,
-                                     buffer, &p2, &blocks, &rows, &cols, buffer, &ua, buffer, &ub,
-                                     buffer, &out))
+    double step = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&O&nnnO&O&O&|d", kw, buffer, &p0, buffer,
+                                     &p1, buffer, &p2, &blocks, &rows, &cols, buffer, &ua, buffer,
+                                     &ub, buffer, &out, &step))
         return NULL;
     const char *k = "p_combine3";
     const Py_ssize_t n = blocks * rows * cols;
@@ -489,13 +598,26 @@ static PyObject *p_combine3(PyObject *module, PyObject *args, PyObject *kwargs) 
         !buffer_holds(k, "second", &p1, 2 * n, KIND_F64) ||
         !buffer_holds(k, "third", &p2, n, KIND_F64) ||
         !buffer_holds(k, "unit_a", &ua, blocks * rows, KIND_F64) ||
-        !buffer_holds(k, "unit_b", &ub, blocks * 3 * cols, KIND_F64) ||
+        !buffer_holds(k, "unit_b", &ub, blocks * (step != 0.0 ? 1 : 3) * cols, KIND_F64) ||
         !buffer_holds(k, "out", &out, n, ANY_KIND))
         return NULL;
-    combine_ctx ctx = {F64(p0), F64(p1), F64(p2), F64(ua), F64(ub), rows, cols, out.kind, out.data};
+    double *levels = NULL;
+    if (step != 0.0) { /* each column's first unit, then times step, twice: the torch route's */
+        const size_t count = (size_t)(blocks * cols > 0 ? blocks * cols : 1);
+        levels = (double *)malloc(sizeof(double) * 3 * count);
+        if (!levels) return PyErr_NoMemory();
+        for (Py_ssize_t b = 0; b < blocks; b++)
+            for (Py_ssize_t j = 0; j < cols; j++) {
+                double *l = levels + b * 3 * cols + j;
+                l[0] = F64(ub)[b * cols + j], l[cols] = l[0] * step, l[2 * cols] = l[cols] * step;
+            }
+    }
+    combine_ctx ctx = {F64(p0), F64(p1), F64(p2),  F64(ua), levels ? levels : F64(ub),
+                       rows,    cols,    out.kind, out.data};
     Py_BEGIN_ALLOW_THREADS
     parallel_for(blocks * rows, 6 * n, combine_range, &ctx);
     Py_END_ALLOW_THREADS
+    free(levels);
     Py_RETURN_NONE;
 }
 
@@ -552,6 +674,7 @@ static PyMethodDef methods[] = {
     {"p_scale", KEYWORDS(p_scale),
      "Portable mode: an integer product scaled, plus a bias, rounded once."},
     {"p_slices", KEYWORDS(p_slices), "Portable mode: a float64 operand's second and third slices."},
+    {"p_split3", KEYWORDS(p_split3), "Portable mode: a float64 operand's three slices, one pass."},
     {"p_combine3", KEYWORDS(p_combine3),
      "Portable mode: a float64 product's six slice products, scaled, added, rounded once."},
     {"p_compound", KEYWORDS(p_compound),
