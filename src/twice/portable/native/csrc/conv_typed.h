@@ -87,36 +87,55 @@ static void TYPED(unfold_rows)(const T *x, const conv_geom *g, Py_ssize_t c0, co
 
 /* The panel's integers, k-major: bp[k * PANEL + q] for its column q (sample nq[q], output row
    oyq[q], column oxq[q]; count columns, the rest zero), zero where the window reads padding:
-   unfold's values cut as p_split cuts them. `row`: the columns are one run of an output row. */
+   unfold's values cut as p_split cuts them. `row`: the columns are one run of an output row,
+   packed offset by offset (each offset's columns inside the input found once, its channels
+   one strided loop); otherwise column by column. */
 CLONED
 static void TYPED(pack_panel)(const T *x, const conv_geom *g, Py_ssize_t c0, Py_ssize_t cc,
                               const Py_ssize_t *nq, const Py_ssize_t *oyq, const Py_ssize_t *oxq,
                               Py_ssize_t count, int row, const double *inv, double *bp) {
+    const Py_ssize_t kk = g->kh * g->kw, plane = g->h * g->w;
+    double iv[PANEL]; /* a copy no store can alias: the full runs then vectorise */
+    for (int q = 0; q < PANEL; q++) iv[q] = inv[q];
+    if (row) {
+        for (Py_ssize_t i = 0; i < g->kh; i++) {
+            const Py_ssize_t iy = oyq[0] * g->sh - g->ph + i * g->dh;
+            const int inside_y = iy >= 0 && iy < g->h;
+            for (Py_ssize_t j = 0; j < g->kw; j++) {
+                /* the columns q in [lo, hi) read inside the input: ix0 + q sw in [0, w) */
+                const Py_ssize_t ix0 = oxq[0] * g->sw - g->pw + j * g->dw;
+                Py_ssize_t lo = ix0 >= 0 ? 0 : (-ix0 + g->sw - 1) / g->sw;
+                Py_ssize_t hi = ix0 > g->w - 1 ? 0 : (g->w - 1 - ix0) / g->sw + 1;
+                if (hi > count) hi = count;
+                if (!inside_y) hi = 0;
+                if (lo > hi) lo = hi;
+                const T *src = x + ((nq[0] * g->c + c0) * g->h + (inside_y ? iy : 0)) * g->w;
+                for (Py_ssize_t c = 0; c < cc; c++, src += plane) {
+                    double *restrict dst = bp + (c * kk + i * g->kw + j) * PANEL;
+                    if (lo == 0 && hi == PANEL && g->sw == 1) {
+                        const T *restrict s = src + ix0;
+                        for (int q = 0; q < PANEL; q++) dst[q] = round_even((double)s[q] * iv[q]);
+                        continue;
+                    }
+                    for (Py_ssize_t q = 0; q < lo; q++) dst[q] = 0.0;
+                    for (Py_ssize_t q = lo; q < hi; q++)
+                        dst[q] = round_even((double)src[ix0 + q * g->sw] * iv[q]);
+                    for (Py_ssize_t q = hi; q < PANEL; q++) dst[q] = 0.0;
+                }
+            }
+        }
+        return;
+    }
     for (Py_ssize_t c = 0; c < cc; c++)
         for (Py_ssize_t i = 0; i < g->kh; i++)
             for (Py_ssize_t j = 0; j < g->kw; j++) {
                 double *dst = bp + ((c * g->kh + i) * g->kw + j) * PANEL;
-                const Py_ssize_t iy = oyq[0] * g->sh - g->ph + i * g->dh;
-                const Py_ssize_t ix0 = oxq[0] * g->sw - g->pw + j * g->dw;
-                const Py_ssize_t last = ix0 + (PANEL - 1) * g->sw;
-                if (row && (iy < 0 || iy >= g->h)) {
-                    for (int q = 0; q < PANEL; q++) dst[q] = 0.0;
-                } else if (row && count == PANEL && ix0 >= 0 && last < g->w) {
-                    const T *src = x + ((nq[0] * g->c + c0 + c) * g->h + iy) * g->w + ix0;
-                    if (g->sw == 1)
-                        for (int q = 0; q < PANEL; q++)
-                            dst[q] = round_even((double)src[q] * inv[q]);
-                    else
-                        for (int q = 0; q < PANEL; q++)
-                            dst[q] = round_even((double)src[q * g->sw] * inv[q]);
-                } else {
-                    for (int q = 0; q < PANEL; q++) {
-                        const Py_ssize_t y = oyq[q] * g->sh - g->ph + i * g->dh;
-                        const Py_ssize_t v = oxq[q] * g->sw - g->pw + j * g->dw;
-                        const int in = q < count && y >= 0 && y < g->h && v >= 0 && v < g->w;
-                        const Py_ssize_t at = ((nq[q] * g->c + c0 + c) * g->h + y) * g->w + v;
-                        dst[q] = in ? round_even((double)x[at] * inv[q]) : 0.0;
-                    }
+                for (int q = 0; q < PANEL; q++) {
+                    const Py_ssize_t y = oyq[q] * g->sh - g->ph + i * g->dh;
+                    const Py_ssize_t v = oxq[q] * g->sw - g->pw + j * g->dw;
+                    const int in = q < count && y >= 0 && y < g->h && v >= 0 && v < g->w;
+                    const Py_ssize_t at = ((nq[q] * g->c + c0 + c) * g->h + y) * g->w + v;
+                    dst[q] = in ? round_even((double)x[at] * inv[q]) : 0.0;
                 }
             }
 }
