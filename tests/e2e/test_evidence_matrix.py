@@ -144,7 +144,8 @@ class Change:
     args: tuple[list, list] = ([], [])
     options: tuple[list, list] = ([], [])  # twice run's own options
     extra: dict = field(default_factory=dict)  # files both runs share
-    scripts: tuple[str, str] = ("script.py", "script.py")  # the script's name in each run
+    # the script's name in each run: a path, or "-m" and a module in the folder
+    scripts: tuple[str, str] = ("script.py", "script.py")
     batch: bool = False  # the change reaches the training batches: the diff must say so
     unseen: bool = False  # it reaches them first at a step not traced: no stage may be blamed
 
@@ -247,6 +248,13 @@ CHANGES = [
         scripts=("script.py", "renamed.py"),
     ),
     Change(
+        "the script run as a module, renamed (its seeding the same line)",
+        SEEDED_ONCE,
+        r"bit-identical(?![\s\S]*seeds torch)",
+        exits=(0,),
+        scripts=("-m pkg.train", "-m pkg.renamed"),
+    ),
+    Change(
         "the script seeds torch from the clock",
         "torch.manual_seed(time.time_ns())\nLR = 0.1\n"
         "def batches():\n    x = torch.randn(32, 4)\n"
@@ -330,6 +338,13 @@ def _weights(name: str) -> bytes:
     return buffer.getvalue()
 
 
+def _script_file(entry: str) -> str:
+    """Where a Change's script lies: its path, or a module's file (`-m pkg.train`)."""
+    if entry.startswith("-m "):
+        return entry[3:].replace(".", "/") + ".py"
+    return entry
+
+
 def _plant(work: Path, files: dict) -> None:
     for relative, content in files.items():
         path = (work / relative).resolve()
@@ -350,7 +365,8 @@ def _rows() -> list:
 def test_the_cause_names_the_one_change_between_two_runs(tmp_path, change, loop):
     work = tmp_path / "work"
     work.mkdir()
-    for script in set(change.scripts):
+    for script in {_script_file(entry) for entry in change.scripts}:
+        (work / script).parent.mkdir(parents=True, exist_ok=True)
         (work / script).write_text(
             HEAD
             + change.prelude
@@ -361,7 +377,7 @@ def test_the_cause_names_the_one_change_between_two_runs(tmp_path, change, loop)
         _plant(work, change.files[side])
         result = subprocess.run(
             [sys.executable, "-m", "twice", "run", "--name", name, *change.options[side], "--",
-             sys.executable, change.scripts[side], *change.args[side]],
+             sys.executable, *change.scripts[side].split(), *change.args[side]],
             cwd=work, env=clean_env(**change.env[side]), capture_output=True, text=True,
             timeout=300,
         )  # fmt: skip

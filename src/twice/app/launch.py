@@ -75,7 +75,22 @@ def resolve_command(command: list[str]) -> tuple[list[str], Path | None]:
                     f"script not found: {script}",
                     "check the path; it is relative to the current folder",
                 )
+        elif rest[:1] == ["-m"] and len(rest) > 1:
+            script = module_file(rest[1])
     return argv, script
+
+
+def module_file(name: str) -> Path | None:
+    """The file `python -m name` runs where it lies in the current folder (first on the path
+    of a `-m` run): the module's own file, or a package's `__main__` module; None for a module
+    found elsewhere (installed), whose code the environment's packages identify."""
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None
+    for candidate in (Path(*parts[:-1], parts[-1] + ".py"), Path(*parts, "__main__.py")):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 # What a recorded process imports besides twice itself (which the bootstrap finds either way).

@@ -20,7 +20,23 @@ def test_a_script_runs_with_this_python_and_is_found(tmp_path, monkeypatch):
         Path("train.py"),
     )
     argv, script = resolve_command([sys.executable, "-u", "-m", "json.tool"])
-    assert argv[-2:] == ["-m", "json.tool"] and script is None  # a module: no script to hash
+    assert argv[-2:] == ["-m", "json.tool"] and script is None  # installed: no script to hash
+
+
+def test_a_module_in_the_folder_is_the_runs_script(tmp_path, monkeypatch):
+    """`python -m pkg.train` runs pkg/train.py from the current folder (first on a -m run's
+    path), a package its __main__.py: that file is the run's script, as a path run is."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pkg" / "tools").mkdir(parents=True)
+    (tmp_path / "pkg" / "train.py").write_text("pass\n")
+    (tmp_path / "pkg" / "tools" / "__main__.py").write_text("pass\n")
+    for module, found in (
+        ("pkg.train", Path("pkg/train.py")),
+        ("pkg.tools", Path("pkg/tools/__main__.py")),
+        ("pkg.absent", None),
+        ("../etc", None),
+    ):
+        assert resolve_command([sys.executable, "-m", module, "--lr", "1"])[1] == found, module
 
 
 @pytest.mark.parametrize(
