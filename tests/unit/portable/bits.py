@@ -30,12 +30,15 @@ def gen(seed=0):
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Byte equality, NaNs included (their positions; portable NaNs are canonical, but their
-    payloads are not compared)."""
-    return (
-        a.dtype == b.dtype
-        and a.shape == b.shape
-        and torch.equal(a.isnan(), b.isnan())
-        and (torch.equal(torch.nan_to_num(a, 7.0), torch.nan_to_num(b, 7.0)))
+    payloads are not compared), and the sign of every zero (torch.equal holds -0 == +0)."""
+    if not (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.isnan(), b.isnan())):
+        return False
+    if not torch.equal(torch.nan_to_num(a, 7.0), torch.nan_to_num(b, 7.0)):
+        return False
+    if a.is_complex():
+        return same_bits(torch.view_as_real(a), torch.view_as_real(b))
+    return not a.is_floating_point() or torch.equal(
+        a.signbit() & ~a.isnan(), b.signbit() & ~b.isnan()
     )
 
 

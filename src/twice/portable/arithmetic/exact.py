@@ -16,6 +16,11 @@ three, so a float32 result is accurate to a few units in its last place of the s
 magnitudes; docs/portable.md has the figures.
 Non-finite inputs give what IEEE arithmetic gives in any order: NaN where a NaN, an inf times
 zero or infinities of both signs meet, otherwise the infinity.
+
+ZERO_SIGN: an exact sum that is zero is +0. The sign IEEE arithmetic gives a sum of zeros
+depends on the order and on where an accumulator starts (a BLAS kernel that starts from +0 or
+from its first product, chosen by the shape and the instruction set), so every integer product
+or sum is taken as `value + 0.0` before it is scaled, here and in the compiled kernels.
 """
 
 from __future__ import annotations
@@ -130,7 +135,7 @@ def exact_bilinear(
         for p in range(level + 1):
             ints_a, unit_a = sa[p]
             ints_b, unit_b = sb[level - p]
-            term = form(ints_a, ints_b) * scale(unit_a, unit_b)
+            term = (form(ints_a, ints_b) + 0.0) * scale(unit_a, unit_b)  # ZERO_SIGN
             total = term if total is None else total + term
     return total.to(out_dtype)
 
@@ -277,7 +282,7 @@ def _fast_matmul3(a, b, out_dtype, bias):
     for level in range(3):
         scale = sa[0][1] * sb[level][1]
         for p in range(level + 1):
-            term = products[level - p][..., p * n : (p + 1) * n, :] * scale
+            term = (products[level - p][..., p * n : (p + 1) * n, :] + 0.0) * scale
             total = term if total is None else total + term
     return total.to(out_dtype)
 
@@ -346,7 +351,7 @@ def exact_sum(
     total = None
     for ints, unit in split(x64, dims, count, beta):
         unit = unit if keepdim else unit.squeeze(dims)
-        term = ints.sum(dim=dims, keepdim=keepdim) * unit
+        term = (ints.sum(dim=dims, keepdim=keepdim) + 0.0) * unit
         total = term if total is None else total + term
     return total.to(out_dtype)
 
@@ -376,7 +381,7 @@ def exact_cumsum(x: torch.Tensor, dim: int, out_dtype=None) -> torch.Tensor:
     count = slices_for(out_dtype if out_dtype != torch.float64 else x.dtype)
     total = None
     for ints, unit in split(clean, (dim,), count, beta_for(x.shape[dim], 1)):
-        term = torch.cumsum(ints, dim) * unit
+        term = (torch.cumsum(ints, dim) + 0.0) * unit
         total = term if total is None else total + term
     if not bool(finite.all()):
         positive = torch.cumsum((x64 == math.inf).to(torch.int64), dim)

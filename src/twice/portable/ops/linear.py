@@ -33,13 +33,13 @@ def exact_linear(x: torch.Tensor, form, dims, terms: int, precision) -> torch.Te
         parts = native.split_rows(x, dims, beta_for(terms, 1))
         if parts:
             ints, unit = parts[0]
-            return form(ints) * unit
+            return (form(ints) + 0.0) * unit  # an exact zero is +0 (exact.py: ZERO_SIGN)
     x64 = x.to(_F64)
     finite = torch.isfinite(x64)
     total = None
     clean = torch.where(finite, x64, 0.0)
     for ints, unit in split(clean, dims, slices_for(precision), beta_for(terms, 1)):
-        term = form(ints) * unit
+        term = (form(ints) + 0.0) * unit
         total = term if total is None else total + term
     if not bool(finite.all()):
         positive = form((x64 == math.inf).to(_F64))

@@ -178,3 +178,34 @@ def test_a_float64_product_of_one_term_is_the_ieee_product():
     assert torch.equal(exact_matmul(a, b).isnan(), (a * b).isnan())
     f = torch.randn(4, 1, generator=g)
     assert exact_matmul(f, f.t(), torch.float32).dtype == torch.float32
+
+
+def test_an_exact_zero_is_positive_whatever_the_kernel_or_route():
+    """ZERO_SIGN: a sum of products that is exactly zero is +0, on the compiled route and the
+    torch one, for shapes that send BLAS to different kernels (which start their sums from +0
+    or from the first product): products of negative values and zeros, batched or not, an inner
+    dimension of one or more, float32 and float64 results; and the sums and running sums of
+    negative zeros."""
+    from twice.portable import native
+    from twice.portable.arithmetic.exact import exact_cumsum
+
+    for batch, m, k, n in [((), 16, 1, 16), ((1,), 32, 1, 32), ((1,), 64, 1, 64), ((2,), 5, 3, 7),
+                           ((), 97, 51, 4), ((3,), 1, 1, 1)]:  # fmt: skip
+        a = -torch.rand(*batch, m, k, dtype=torch.float64) - 0.5
+        b = torch.zeros(*batch, k, n, dtype=torch.float64)
+        for out, precision in ((torch.float32, torch.float64), (torch.float32, None)):
+            for route in ("compiled", "torch"):
+                if route == "torch":
+                    with native.fallback():
+                        got = exact_matmul(a, b, out, precision)
+                else:
+                    got = exact_matmul(a, b, out, precision)
+                assert not got.signbit().any(), (batch, m, k, n, out, precision, route)
+    zeros = -torch.zeros(4, 6, dtype=torch.float64)
+    for route in ("compiled", "torch"):
+        if route == "torch":
+            with native.fallback():
+                sums, running = exact_sum(zeros, (1,)), exact_cumsum(zeros, 1)
+        else:
+            sums, running = exact_sum(zeros, (1,)), exact_cumsum(zeros, 1)
+        assert not sums.signbit().any() and not running.signbit().any(), route

@@ -155,3 +155,23 @@ def test_one_value_stands_for_every_spatial_dimension_as_aten_takes_it(spatial, 
     theirs = torch.ops.aten.convolution_backward(go, x, w, None, *settings, mask)
     for mine, torchs in zip(ours[:2], theirs[:2]):
         assert torch.allclose(mine, torchs, rtol=1e-12, atol=1e-12)
+
+
+def test_a_window_in_the_padding_gives_the_same_zero_on_every_route():
+    """Outputs whose windows lie wholly in the padding are sums of no value: +0 on the compiled
+    route and the torch one alike (ZERO_SIGN), whatever the weights' signs, 1x1 kernels and
+    wider, strided and dilated."""
+    from twice.portable import native
+
+    g = torch.Generator().manual_seed(3)
+    for kernel, stride, padding, dilation in [((1, 1), [2, 2], [4, 4], [1, 2]),
+                                              ((3, 1), [1, 3], [3, 2], [2, 1])]:  # fmt: skip
+        for dtype in (torch.float32, torch.float64):
+            x = torch.randn(2, 2, 3, 7, generator=g, dtype=dtype)
+            w = -torch.rand(3, 2, *kernel, generator=g, dtype=dtype)
+            args = (None, stride, padding, dilation, False, [0, 0], 1)
+            compiled = pconv.convolution(x, w, *args)
+            with native.fallback():
+                plain = pconv.convolution(x, w, *args)
+            assert same_bits(compiled, plain), (kernel, dtype)
+            assert not compiled[compiled == 0].signbit().any()

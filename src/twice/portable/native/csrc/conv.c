@@ -190,10 +190,10 @@ static void fold_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
             const Py_ssize_t at = (plane * g->h + y) * g->w;
             if (f->ok) {
                 double *o = (double *)f->out + at;
-                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = a[v] * s;
+                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = (a[v] + 0.0) * s;
             } else {
                 float *o = (float *)f->out + at;
-                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = (float)(a[v] * s);
+                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = (float)((a[v] + 0.0) * s);
             }
         }
     }
@@ -330,7 +330,7 @@ static void convf_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
                 const double a = f->wunits[o];
                 for (Py_ssize_t q = 0; q < count; q++)
                     store(f->out, f->out_kind, (nq[q] * f->out_c + f->co0 + o) * L + lq[q],
-                          c[r * PANEL + q] * (a * f->units[col + q]));
+                          (c[r * PANEL + q] + 0.0) * (a * f->units[col + q]));
             }
         }
     }

@@ -278,15 +278,15 @@ static void scale_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
         if (c->bias) {
             const Py_ssize_t from = k * c->bbs + i * c->brs;
             for (Py_ssize_t j = 0; j < cols; j++) {
-                double v = pr[j] * (a * b[j]);
+                double v = (pr[j] + 0.0) * (a * b[j]);
                 store(c->out, c->ok, at + j, v + load(c->bias, c->bk, from + j * c->bcs));
             }
         } else if (c->ok) {
             double *o = (double *)c->out + at;
-            for (Py_ssize_t j = 0; j < cols; j++) o[j] = pr[j] * (a * b[j]);
+            for (Py_ssize_t j = 0; j < cols; j++) o[j] = (pr[j] + 0.0) * (a * b[j]);
         } else {
             float *o = (float *)c->out + at;
-            for (Py_ssize_t j = 0; j < cols; j++) o[j] = (float)(pr[j] * (a * b[j]));
+            for (Py_ssize_t j = 0; j < cols; j++) o[j] = (float)((pr[j] + 0.0) * (a * b[j]));
         }
     }
 }
@@ -560,12 +560,12 @@ static void combine_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
             double *total = c->ok ? (double *)c->out + row * n + j0 : chunk;
             for (Py_ssize_t j = 0; j < len; j++) {
                 const double s0 = a * b0[j], s1 = a * b1[j], s2 = a * b2[j];
-                double t = p0[j] * s0;
-                t = t + p1[j] * s1;
-                t = t + p0[m * n + j] * s1;
-                t = t + p2[j] * s2;
-                t = t + p1[m * n + j] * s2;
-                t = t + p0[2 * m * n + j] * s2;
+                double t = (p0[j] + 0.0) * s0; /* an integer's zero is +0 (ZERO_SIGN) */
+                t = t + (p1[j] + 0.0) * s1;
+                t = t + (p0[m * n + j] + 0.0) * s1;
+                t = t + (p2[j] + 0.0) * s2;
+                t = t + (p1[m * n + j] + 0.0) * s2;
+                t = t + (p0[2 * m * n + j] + 0.0) * s2;
                 total[j] = t;
             }
             if (!c->ok) store_run(c->out, 0, row * n + j0, len, chunk);
