@@ -74,12 +74,18 @@ def split(x: torch.Tensor, dims: tuple[int, ...] | None, count: int, beta: int) 
     unit = unit_for(mag.amax() if dims is None else mag.amax(dim=dims, keepdim=True), beta)
     parts, rest = [], x
     for index in range(count):
-        ints = torch.round(rest / unit)
+        ints = _slice_of(rest, unit)
         parts.append((ints, unit))
         if index + 1 < count:
             rest = rest - ints * unit
             unit = unit * (2.0**-beta)
     return parts
+
+
+def _slice_of(rest: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+    """round(rest / unit): a slice's integers; a unit that underflowed to 0 (a grid below the
+    smallest subnormal, for values near it) holds nothing, never 0 / 0."""
+    return torch.where(unit > 0, torch.round(rest / unit), 0.0)
 
 
 def unit_for(amax: torch.Tensor, beta: int) -> torch.Tensor:
@@ -240,7 +246,7 @@ def _split3(x, dims, beta):
     for _ in range(2):
         rest = rest - ints * unit
         unit = unit * (2.0**-beta)
-        ints = torch.round(rest / unit)
+        ints = _slice_of(rest, unit)
         parts.append((ints, unit))
     return parts
 

@@ -209,3 +209,35 @@ def test_an_exact_zero_is_positive_whatever_the_kernel_or_route():
         else:
             sums, running = exact_sum(zeros, (1,)), exact_cumsum(zeros, 1)
         assert not sums.signbit().any() and not running.signbit().any(), route
+
+
+def test_values_near_the_subnormal_range_never_give_nan():
+    """A float64 row whose largest magnitude is near 2**-1022 cuts slices on grids below the
+    smallest subnormal (a unit of 0) or without an exact inverse: those hold nothing or are cut
+    by division, never 0 / 0, on the compiled route and the torch one alike, for sums, running
+    sums and products."""
+    from twice.portable import native
+    from twice.portable.arithmetic.exact import exact_cumsum
+
+    tiny = torch.tensor(
+        [[1e-300, -2e-300, 5e-310], [-5.4449521527805944e-269, 0.0, 3e-269]], dtype=torch.float64
+    )
+    ones = torch.ones(3, 2, dtype=torch.float64)
+    results = {}
+    for route in ("compiled", "torch"):
+        if route == "torch":
+            with native.fallback():
+                results[route] = (exact_sum(tiny, (1,)), exact_cumsum(tiny, 1),
+                                  exact_matmul(tiny, ones))  # fmt: skip
+        else:
+            results[route] = (exact_sum(tiny, (1,)), exact_cumsum(tiny, 1),
+                              exact_matmul(tiny, ones))  # fmt: skip
+        for got in results[route]:
+            assert not got.isnan().any(), route
+        sums = results[route][0]
+        assert (
+            sums[0].item() == -1e-300 + 5e-310
+            and sums[1].item() == -5.4449521527805944e-269 + 3e-269
+        )
+    for compiled, plain in zip(results["compiled"], results["torch"]):
+        assert same_bits(compiled, plain)

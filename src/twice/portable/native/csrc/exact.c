@@ -140,6 +140,16 @@ STAGE void sliced_lanes(const char *x, int kind, Py_ssize_t at, Py_ssize_t cols,
                  ((lane[c][4] + lane[c][5]) + (lane[c][6] + lane[c][7]));
 }
 
+/* torch.round: round_even where the trick holds, nearbyint beyond (inf, NaN, huge). */
+static inline double torch_round(double v) {
+    return fabs(v) < 2251799813685248.0 ? round_even(v) : nearbyint(v);
+}
+
+/* A slice's integers where its unit has no exact inverse (below DBL_MIN): r / u, rounded; a
+   unit that underflowed to 0 (a grid below the smallest subnormal) holds nothing (exact.split's
+   rule). */
+static inline double slice_of(double r, double u) { return u > 0.0 ? torch_round(r / u) : 0.0; }
+
 /* p_rowsum's rows for one element type (kind a constant where the wrappers below call it): each
    row's exact sum from `count` slices; returns 0 where a value is not finite (the rows after
    that one are left). */
@@ -165,6 +175,15 @@ STAGE int rowsum_rows(const char *x, int kind, Py_ssize_t rows, Py_ssize_t cols,
             for (; j < cols; j++) lane[0] += round_even(load(x, kind, at + j) * inv[0]);
             acc[0] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
                      ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        } else if (units[count - 1] < DBL_MIN) { /* a grid without an exact inverse */
+            for (Py_ssize_t j = 0; j < cols; j++) {
+                double rest = load(x, kind, at + j);
+                for (int c = 0; c < count; c++) {
+                    double q = c == 0 ? round_even(rest * inv[0]) : slice_of(rest, units[c]);
+                    acc[c] += q;
+                    if (c + 1 < count) rest = rest - q * units[c];
+                }
+            }
         } else if (count == 2) {
             sliced_lanes(x, kind, at, cols, inv, units, 2, acc);
         } else {
@@ -336,11 +355,6 @@ static PyObject *p_scale(PyObject *module, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
-/* torch.round: round_even where the trick holds, nearbyint beyond (inf, NaN, huge). */
-static inline double torch_round(double v) {
-    return fabs(v) < 2251799813685248.0 ? round_even(v) : nearbyint(v);
-}
-
 typedef struct {
     const double *x, *ints, *unit;
     Py_ssize_t rows, cols, ubs, urs, ucs;
@@ -366,8 +380,8 @@ static void slices_one_unit(const double *x, const double *q, double u, double s
         return;
     }
     for (Py_ssize_t j = 0; j < n; j++) {
-        const double r = x[j] - q[j] * u, a = torch_round(r / u2);
-        o2[j] = a, o3[j] = torch_round((r - a * u2) / u3);
+        const double r = x[j] - q[j] * u, a = slice_of(r, u2);
+        o2[j] = a, o3[j] = slice_of(r - a * u2, u3);
     }
 }
 
@@ -378,9 +392,9 @@ static void slices_col_units(const double *x, const double *q, const double *cu,
     const double *u = cu, *u2 = cu + n, *i2 = u2 + n, *u3 = i2 + n, *i3 = u3 + n;
     for (Py_ssize_t j = 0; j < n; j++) {
         const double r = x[j] - q[j] * u[j];
-        const double a = i2[j] != 0.0 ? round_even(r * i2[j]) : torch_round(r / u2[j]);
+        const double a = i2[j] != 0.0 ? round_even(r * i2[j]) : slice_of(r, u2[j]);
         const double e = r - a * u2[j];
-        o2[j] = a, o3[j] = i3[j] != 0.0 ? round_even(e * i3[j]) : torch_round(e / u3[j]);
+        o2[j] = a, o3[j] = i3[j] != 0.0 ? round_even(e * i3[j]) : slice_of(e, u3[j]);
     }
 }
 
