@@ -94,7 +94,8 @@ class OpenStep:
         self.confirmed = 0  # of those, how many a module call with gradients on came after
         self.quiet = False  # a call without gradients came after the others
         self.aside: list[Digester] = []  # batches read only for evaluation
-        self.trained: weakref.WeakSet = weakref.WeakSet()  # modules called with gradients on
+        # modules called with gradients on, by identity (a module may define __eq__ and no hash)
+        self.trained: dict[int, weakref.ref] = {}
         self.inputs = ModuleInputs()  # the batch where no DataLoader gives one
         # Every process records its parameters before its first update (params_before): a run
         # resumed by the script itself is found in another run by it (store/tracealign.py).
@@ -120,12 +121,19 @@ class OpenStep:
         teacher, an EMA or target network before the student) leaves it the step's."""
         if grad:
             self.confirmed, self.quiet = len(self.batches), False
-            self.trained.add(module)
+            if id(module) not in self.trained:
+                self.trained[id(module)] = weakref.ref(module, self._forget(id(module)))
         elif len(self.batches) > self.confirmed:
             self.quiet = True
-            if module in self.trained:
+            known = self.trained.get(id(module))
+            if known is not None and known() is module:
                 self._set_aside()
         return bool(self.batches)
+
+    def _forget(self, key: int):
+        """A callback that drops a trained module's entry once the module is gone."""
+        trained = self.trained
+        return lambda _ref: trained.pop(key, None)
 
     def _set_aside(self) -> None:
         self.aside.extend(self.batches[self.confirmed :])

@@ -158,3 +158,18 @@ def test_a_step_with_nothing_else_takes_what_it_evaluated():
     assert _steps([("call", MODEL, False, torch.ones(2)), ("end",)]) == [_digest([torch.ones(2)])]
     # a loop whose model is no module: the batches no call came after are the step's
     assert _steps([("batch", torch.ones(2)), ("end",)]) == [_digest(torch.ones(2))]
+
+
+def test_a_module_without_a_hash_is_known_by_identity():
+    """A module class may define __eq__ (and so no __hash__): the trained modules are kept by
+    identity, and a validation call of it still sets its batch aside."""
+
+    class Unhashable(_Module):
+        def __eq__(self, other):
+            return True
+
+    model, x, v = Unhashable(), torch.ones(2), torch.zeros(2)
+    events = [("call", model, True, x), ("end",)]  # trained on tensors, no DataLoader
+    events += [("batch", v), ("call", model, False, v)]  # a validation batch, then training
+    events += [("call", model, True, x), ("end",)]
+    assert _steps(events) == [_digest([x]), _digest([x])]

@@ -149,8 +149,10 @@ static void TYPED(packw)(const T *x, const conv_geom *g, Py_ssize_t K, Py_ssize_
         const Py_ssize_t c = k / (g->kh * g->kw), i = (k / g->kw) % g->kh, j = k % g->kw;
         Py_ssize_t xlo, xhi;
         inside(g->wo, g->sw, g->pw, j * g->dw, g->w, &xlo, &xhi);
-        for (Py_ssize_t r = 0; r < rows; r++)
-            TYPED(window_row)(x, g, (row0 + r) / g->ho, c, i, j, (row0 + r) % g->ho, xlo, xhi,
-                              inv[k], xq + k * P + r * g->wo);
+        Py_ssize_t n = row0 / g->ho, oy = row0 % g->ho; /* stepped, not divided, per row */
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            TYPED(window_row)(x, g, n, c, i, j, oy, xlo, xhi, inv[k], xq + k * P + r * g->wo);
+            if (++oy == g->ho) oy = 0, n++;
+        }
     }
 }
