@@ -240,19 +240,18 @@ CHANGES = [
         r"bit-identical",
         exits=(0,),
     ),
-    Change(
-        "the script renamed (its seeding the same line)",
-        SEEDED_ONCE,
-        r"bit-identical(?![\s\S]*seeds torch)",
-        exits=(0,),
-        scripts=("script.py", "renamed.py"),
-    ),
-    Change(
-        "the script run as a module, renamed (its seeding the same line)",
-        SEEDED_ONCE,
-        r"bit-identical(?![\s\S]*seeds torch)",
-        exits=(0,),
-        scripts=("-m pkg.train", "-m pkg.renamed"),
+    *(
+        Change(
+            f"the script {how}renamed (its seeding the same line)",
+            SEEDED_ONCE,
+            r"bit-identical(?![\s\S]*seeds torch)",
+            exits=(0,),
+            scripts=scripts,
+        )
+        for how, scripts in (
+            ("", ("script.py", "renamed.py")),
+            ("run as a module, ", ("-m pkg.train", "-m pkg.renamed")),
+        )
     ),
     Change(
         "the script seeds torch from the clock",

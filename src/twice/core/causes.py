@@ -341,6 +341,12 @@ def explain(
     )
 
 
+def _names(env_changed: list[str]) -> str:
+    """The first three variables the launches differed in, and how many more."""
+    more = len(env_changed) - 3
+    return ", ".join(env_changed[:3]) + (f" and {more} more" if more > 0 else "")
+
+
 def _unrecorded_update(env_changed: list[str] | None) -> str:
     """The cause of parameters that differ first where the update's settings were not recorded
     (a loop that updates by hand: no optimizer whose learning rate twice reads)."""
@@ -349,21 +355,16 @@ def _unrecorded_update(env_changed: list[str] | None) -> str:
         "recorded (the loop updates by hand, with no optimizer whose learning rate twice reads)"
     )
     if env_changed:
-        names = ", ".join(env_changed[:3]) + (
-            f" and {len(env_changed) - 3} more" if len(env_changed) > 3 else ""
-        )
-        said += f"; the runs' environments differ in {names}"
+        said += f"; the runs' environments differ in {_names(env_changed)}"
     return said
 
 
 def _unrecorded_configuration(env_changed: list[str] | None) -> str:
     """The cause of a learning rate that differs with everything before it equal."""
     if env_changed:
-        names = ", ".join(env_changed[:3]) + (
-            f" and {len(env_changed) - 3} more" if len(env_changed) > 3 else ""
-        )
         return (
-            f"the runs were configured differently: their environments differ in {names}, "
+            "the runs were configured differently: their environments differ in "
+            f"{_names(env_changed)}, "
             "and a learning rate is set by the script, not computed by a kernel"
         )
     known = "" if env_changed is None else " (their environments were the same)"
