@@ -8,7 +8,7 @@ a float64 tensor of integers small enough that any sum of the products the reduc
 below 2**53: every partial sum is exact, in any order, with or without fused multiply-adds. So
 torch's own fastest kernels (BLAS, vectorised sums, and on the GPU cuBLAS) compute them, and the
 result is the same everywhere. The slices' results are scaled by powers of two (exact) and added
-in one fixed order in float64, then rounded once to the output dtype.
+in one fixed order in float64, then rounded once to the output dtype (at any range: scaling.py).
 
 Accuracy: a float32 result takes one slice (slices_for: at least 21 bits of each operand below
 its row's largest magnitude in a product of up to 2048 terms, 29 in a sum), a float64 result
@@ -30,6 +30,7 @@ import math
 import torch
 
 from twice.portable import native
+from twice.portable.arithmetic import scaling
 from twice.portable.native import products as native_products
 
 __all__ = [
@@ -93,12 +94,7 @@ def unit_for(amax: torch.Tensor, beta: int) -> torch.Tensor:
     (float64, finite), 2**e bounding it, never below 2**-1022: what `split` and the compiled
     kernel give."""
     _, exponent = torch.frexp(amax)
-    return _pow2(torch.clamp(exponent.to(torch.int64) - beta, min=-1022))
-
-
-def _pow2(k: torch.Tensor) -> torch.Tensor:
-    """2.0**k for int64 k in [-1022, 1023], from its bits (exact)."""
-    return ((k + 1023) << 52).contiguous().view(torch.float64)
+    return scaling.pow2(torch.clamp(exponent.to(torch.int64) - beta, min=-1022))
 
 
 def _slices(x: torch.Tensor, dims, count: int, beta: int):
@@ -136,14 +132,14 @@ def exact_bilinear(
         return _nonfinite_bilinear(
             a64, b64, form, a_dims, b_dims, terms, out_dtype, scale, precision or out_dtype
         )
-    total = None
+    total, step = None, 2.0**-beta
     for level in range(count):  # products whose slices' units multiply to the same power
         for p in range(level + 1):
-            ints_a, unit_a = sa[p]
-            ints_b, unit_b = sb[level - p]
-            term = (form(ints_a, ints_b) + 0.0) * scale(unit_a, unit_b)  # ZERO_SIGN
+            term = form(sa[p][0], sb[level - p][0]) + 0.0  # ZERO_SIGN
+            term = term * step**level if level else term
             total = term if total is None else total + term
-    return total.to(out_dtype)
+    wide = _F64 in (a.dtype, b.dtype)
+    return scaling.scaled(total, sa[0][1], sb[0][1], scale, wide).to(out_dtype)
 
 
 def _nonfinite_bilinear(
@@ -278,19 +274,21 @@ def _fast_matmul3(a, b, out_dtype, bias):
     sb = _split3(b, (-2,), beta) if sa else None
     if not sb:
         return None
-    n = a.shape[-2]
+    n, step = a.shape[-2], 2.0**-beta
     left = torch.cat([ints for ints, _ in sa], dim=-2)
     products = [torch.matmul(left[..., : (3 - q) * n, :], sb[q][0]) for q in range(3)]
-    fast = native_products.combine3(products, sa[0][1], [unit for _, unit in sb], out_dtype)
+    units = (sa[0][1].squeeze(-1), sb[0][1].squeeze(-2))
+    stacked = [p.unflatten(-2, (3 - q, n)) for q, p in enumerate(products)]
+    fast = native_products.combine3(stacked, *units, out_dtype, step)
     if fast is not None:  # the same sum in one compiled pass
         return fast
     total = None
     for level in range(3):
-        scale = sa[0][1] * sb[level][1]
         for p in range(level + 1):
-            term = (products[level - p][..., p * n : (p + 1) * n, :] + 0.0) * scale
+            term = products[level - p][..., p * n : (p + 1) * n, :] + 0.0
+            term = term * step**level if level else term
             total = term if total is None else total + term
-    return total.to(out_dtype)
+    return scaling.scaled(total, sa[0][1], sb[0][1]).to(out_dtype)
 
 
 def _scaled_product(part_a, part_b, out_dtype, bias=None):

@@ -85,39 +85,17 @@ def slices(x: torch.Tensor, ints: torch.Tensor, unit: torch.Tensor, beta: int):
     return [second, third]
 
 
-def combine3(products, unit_a, units_b, out_dtype, step=None):
-    """exact._fast_matmul3's sum of its three stacked integer products, each level scaled by
-    unit_a times that level's right unit, rounded once (p_combine3); or None. With `step`
-    (2**-beta), units_b is the columns' first units (..., cols), left3's and right3's layout,
-    and unit_a the rows' (..., rows)."""
-    if step is not None:
-        return _combine_step(products, unit_a, units_b, out_dtype, step)
-    first, second, third = products
-    if not native.usable(first, second, third, unit_a, *units_b) or out_dtype not in native.KINDS:
-        return None
-    if third.dim() not in (2, 3):
-        return None
-    rows, cols = third.shape[-2:]
-    blocks = third.numel() // max(1, rows * cols)
-    if first.numel() != 3 * third.numel() or second.numel() != 2 * third.numel():
-        return None
-    ua = unit_a.to(torch.float64).expand(*third.shape[:-1], 1).contiguous()
-    ub = torch.stack([u.to(torch.float64).expand(*third.shape[:-2], 1, cols) for u in units_b], -3)
-    out = native.empty(third.shape, out_dtype)
-    native.module().p_combine3(
-        first=buffer(first.contiguous()), second=buffer(second.contiguous()),
-        third=buffer(third.contiguous()), blocks=blocks, rows=rows, cols=cols,
-        unit_a=buffer(ua), unit_b=buffer(ub.contiguous()), out=buffer(out),
-    )  # fmt: skip
-    return out
-
-
-def _combine_step(products, unit_a, unit_b, out_dtype, step):
-    """combine3 with each column's first unit, the next levels' made by p_combine3 (step)."""
+def combine3(products, unit_a, unit_b, out_dtype, step):
+    """exact._fast_matmul3's sum of its three stacked integer products (each (..., 3 - q, rows,
+    cols)), level by level times step**level (2**-beta), then times the rows' first units
+    unit_a (..., rows) and the columns' unit_b (..., cols) (SCALE), rounded once (p_combine3);
+    or None."""
     first, second, third = (p.contiguous() for p in products)
     rows, cols = third.shape[-2:]
     blocks = third.numel() // max(1, rows * cols)
-    if not native.usable(first, unit_a, unit_b) or out_dtype not in native.KINDS:
+    if not native.usable(first, second, third, unit_a, unit_b) or out_dtype not in native.KINDS:
+        return None
+    if third.dim() < 3 or (first.numel(), second.numel()) != (3 * third.numel(), 2 * third.numel()):
         return None
     out = native.empty((*third.shape[:-3], rows, cols), out_dtype)
     native.module().p_combine3(

@@ -1,6 +1,7 @@
 """arithmetic/exact: exact products and sums whose bits depend on the values alone (not on
 layout, order or code path), IEEE non-finite values, and Repeated's slices cut once."""
 
+import contextlib
 import math
 
 import pytest
@@ -241,3 +242,74 @@ def test_values_near_the_subnormal_range_never_give_nan():
         )
     for compiled, plain in zip(results["compiled"], results["torch"]):
         assert same_bits(compiled, plain)
+
+
+def _exact_value(a_row, b_col) -> float:
+    """The float64 the exact sum of products rounds to (Python's integer division rounds once,
+    into the subnormal range too), the infinity where it overflows."""
+    from fractions import Fraction
+
+    total = sum((Fraction(x) * Fraction(y) for x, y in zip(a_row, b_col)), Fraction(0))
+    try:
+        return float(total)
+    except OverflowError:
+        return math.copysign(math.inf, total)
+
+
+@pytest.mark.parametrize("route", ["compiled", "torch"])
+def test_float64_products_are_rounded_once_at_any_range(route):
+    """SCALE (arithmetic/scaling.py): operands whose units' product overflows or underflows the
+    double range give the exactly rounded result, on every route (the compiled six-product sum,
+    the torch steps, transposed and batched operands, a float32 result): 0 where the exact sum
+    is 0 (not 0 * inf = NaN), the infinity, the subnormal rounded once. Rows are small integers
+    times powers of two that each slice holds exactly, so the sliced result is the exact one."""
+    from twice.portable import native
+
+    g = gen(17)
+
+    def draw(batch, rows, cols, exponents, dim):
+        m = torch.randint(-(2**10), 2**10, (*batch, rows, cols), generator=g).to(F64)
+        m[..., 0, 0] = 0.0
+        spread = torch.randint(0, 10, m.shape, generator=g)
+        return m * scaling.pow2(exponents.unsqueeze(dim) + spread)
+
+    from twice.portable.arithmetic import scaling
+
+    for index in range(30):
+        batch = [2] if index % 3 == 0 else []
+        m, k, n = (int(v) for v in torch.randint(1, 7, (3,), generator=g))
+        k += 1  # one term is the IEEE product (-0 where it gives -0): test_..._one_term
+        target = torch.randint(-1200, 1100, (1,), generator=g)  # the units' exponents' sum
+        ea = torch.randint(-980, 990, (*batch, m), generator=g)
+        ea = torch.clamp(ea, (target - 990).item(), (target + 980).item())
+        a = draw(batch, m, k, ea, -1)
+        b = draw(batch, k, n, torch.clamp(target - ea.amax(), -980, 990).expand(*batch, n), -2)
+        if index % 2:
+            b = b.transpose(-1, -2).contiguous().transpose(-1, -2)
+        rows_a, cols_b = a.reshape(-1, m, k), b.reshape(-1, k, n)
+        want = torch.tensor(
+            [[[_exact_value(ra[i].tolist(), cb[:, j].tolist()) for j in range(n)]
+              for i in range(m)] for ra, cb in zip(rows_a, cols_b)], dtype=F64,
+        ).reshape(*batch, m, n)  # fmt: skip
+        context = native.fallback() if route == "torch" else contextlib.nullcontext()
+        with context:
+            got64, got32 = exact_matmul(a, b, F64, F64), exact_matmul(a, b, torch.float32, F64)
+            one_slice = exact_matmul(a, b, torch.float32)
+        assert same_bits(got64, want), (index, a.shape, b.shape, target)
+        assert same_bits(got32, want.to(torch.float32)), index
+        assert not one_slice.isnan().any(), index
+
+
+def test_products_of_huge_values_that_cancel_are_zero():
+    """[[1e300, 0]] @ [[0], [1e300]] is 0 on every route, not NaN (the units' product is
+    beyond the double range)."""
+    from twice.portable import native
+
+    a = torch.tensor([[1e300, 0.0], [1e300, 1e300]], dtype=F64)
+    b = torch.tensor([[0.0, 1e300], [1e300, -1e300]], dtype=F64)
+    for context in (contextlib.nullcontext(), native.fallback()):
+        with context:
+            for out, precision in ((F64, F64), (torch.float32, F64), (torch.float32, None)):
+                got = exact_matmul(a, b, out, precision)
+                assert got[0, 0].item() == 0.0 and not got[0, 0].signbit(), (out, precision)
+                assert got[1, 1].item() == 0.0 and got[0, 1].item() == math.inf

@@ -17,7 +17,7 @@ def test_the_steps_decline_what_they_do_not_take():
     assert products.slices(x.float(), x.float(), x[:, :1], 20) is None  # float64 only
     assert products.slices(x, x[:2], x[:, :1], 20) is None  # ints of another shape
     third = torch.zeros(3, 4, dtype=F64)
-    assert products.combine3([third, third, third], x[:, :1], [x[:1]] * 3, F64) is None
+    assert products.combine3([third, third, third], x[:, 0], x[0], F64, 2.0**-20) is None  # 2-d
     for take in (products.left3, products.right3):
         assert take(x.float(), 20) is None and take(x[0], 20) is None  # float64 matrices only
         assert take(torch.zeros(0, 4, dtype=F64), 20) is None

@@ -184,16 +184,16 @@ static void fold_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
         const Py_ssize_t n = plane / g->c;
         memset(acc, 0, sizeof(double) * (size_t)(hp * wp));
         fold_plane(f->cols + plane * kk * g->ho * g->wo, g, acc, wp);
-        const double s = f->ua * f->ub[n];
+        const double ua = f->ua, ub = f->ub[n];
         for (Py_ssize_t y = 0; y < g->h; y++) {
             const double *a = acc + (y + g->ph) * wp + g->pw;
             const Py_ssize_t at = (plane * g->h + y) * g->w;
             if (f->ok) {
                 double *o = (double *)f->out + at;
-                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = (a[v] + 0.0) * s;
+                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = scale_by(a[v] + 0.0, ua, ub);
             } else {
                 float *o = (float *)f->out + at;
-                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = (float)((a[v] + 0.0) * s);
+                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = (float)scale_by(a[v] + 0.0, ua, ub);
             }
         }
     }
@@ -377,7 +377,7 @@ static void convf_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
                 const double a = f->wunits[o];
                 for (Py_ssize_t q = 0; q < count; q++)
                     store(f->out, f->out_kind, (nq[q] * f->out_c + f->co0 + o) * L + lq[q],
-                          (c[r * PANEL + q] + 0.0) * (a * f->units[col + q]));
+                          scale_by(c[r * PANEL + q] + 0.0, a, f->units[col + q]));
             }
         }
     }

@@ -297,15 +297,15 @@ static void scale_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
         if (c->bias) {
             const Py_ssize_t from = k * c->bbs + i * c->brs;
             for (Py_ssize_t j = 0; j < cols; j++) {
-                double v = (pr[j] + 0.0) * (a * b[j]);
+                double v = scale_by(pr[j] + 0.0, a, b[j]);
                 store(c->out, c->ok, at + j, v + load(c->bias, c->bk, from + j * c->bcs));
             }
         } else if (c->ok) {
             double *o = (double *)c->out + at;
-            for (Py_ssize_t j = 0; j < cols; j++) o[j] = (pr[j] + 0.0) * (a * b[j]);
+            for (Py_ssize_t j = 0; j < cols; j++) o[j] = scale_by(pr[j] + 0.0, a, b[j]);
         } else {
             float *o = (float *)c->out + at;
-            for (Py_ssize_t j = 0; j < cols; j++) o[j] = (float)((pr[j] + 0.0) * (a * b[j]));
+            for (Py_ssize_t j = 0; j < cols; j++) o[j] = (float)scale_by(pr[j] + 0.0, a, b[j]);
         }
     }
 }
@@ -553,6 +553,7 @@ static PyObject *p_split3(PyObject *module, PyObject *args, PyObject *kwargs) {
 
 typedef struct {
     const double *p0, *p1, *p2, *ua, *ub;
+    double step;
     Py_ssize_t rows, cols;
     int ok;
     char *out;
@@ -562,48 +563,47 @@ CLONED
 static void combine_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     const combine_ctx *c = (const combine_ctx *)p;
     const Py_ssize_t m = c->rows, n = c->cols;
+    const double s1 = c->step, s2 = c->step * c->step;
     double chunk[CHUNK];
     for (Py_ssize_t row = lo; row < hi; row++) {
         const Py_ssize_t k = row / m, i = row % m;
         const double a = c->ua[row];
         for (Py_ssize_t j0 = 0; j0 < n; j0 += CHUNK) { /* a float32 result through chunk */
             const Py_ssize_t len = n - j0 < CHUNK ? n - j0 : CHUNK;
-            const double *b0 = c->ub + k * 3 * n + j0, *b1 = b0 + n, *b2 = b1 + n;
+            const double *b = c->ub + k * n + j0;
             const double *p0 = c->p0 + (k * 3 * m + i) * n + j0;
             const double *p1 = c->p1 + (k * 2 * m + i) * n + j0, *p2 = c->p2 + (k * m + i) * n + j0;
             double *total = c->ok ? (double *)c->out + row * n + j0 : chunk;
             for (Py_ssize_t j = 0; j < len; j++) {
-                const double s0 = a * b0[j], s1 = a * b1[j], s2 = a * b2[j];
-                double t = (p0[j] + 0.0) * s0; /* an integer's zero is +0 (ZERO_SIGN) */
+                double t = p0[j] + 0.0; /* an integer's zero is +0 (ZERO_SIGN) */
                 t = t + (p1[j] + 0.0) * s1;
                 t = t + (p0[m * n + j] + 0.0) * s1;
                 t = t + (p2[j] + 0.0) * s2;
                 t = t + (p1[m * n + j] + 0.0) * s2;
                 t = t + (p0[2 * m * n + j] + 0.0) * s2;
-                total[j] = t;
+                total[j] = scale_by(t, a, b[j]);
             }
             if (!c->ok) store_run(c->out, 0, row * n + j0, len, chunk);
         }
     }
 }
 
-/* p_combine3(first, second, third, blocks, rows, cols, unit_a, unit_b, out, step=0):
+/* p_combine3(first, second, third, blocks, rows, cols, unit_a, unit_b, out, step):
    exact_bilinear's sum of a float64 product's six slice products, as exact._fast_matmul3 forms
    them: `first` holds the left slices 0, 1, 2 (stacked rows, blocks x 3 rows x cols) times the
    right slice 0, `second` slices 0, 1 times the right slice 1, `third` slice 0 times the right
-   slice 2. Level by level, each product times unit_a[i] * unit_b[level][j] (blocks x rows units;
-   blocks x 3 x cols), added in the torch route's order, the total rounded once to out's dtype. With
-   step (2**-beta), unit_b holds each column's first unit only (blocks x cols), as p_split3 gives
-   them: the next levels' are unit * step and that * step, the torch route's products. */
+   slice 2. Level by level each product times step**level (2**-beta), added in the torch
+   route's order, the sum times unit_a[i] and unit_b[j] (the first slices' units, blocks x rows
+   and blocks x cols: SCALE), rounded once to out's dtype. */
 static PyObject *p_combine3(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kw[] = {"first",  "second", "third", "blocks", "rows", "cols",
                          "unit_a", "unit_b", "out",   "step",   NULL};
     buffer_t p0, p1, p2, ua, ub, out;
     Py_ssize_t blocks, rows, cols;
-    double step = 0.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&O&nnnO&O&O&|d", kw, buffer, &p0, buffer,
-                                     &p1, buffer, &p2, &blocks, &rows, &cols, buffer, &ua, buffer,
-                                     &ub, buffer, &out, &step))
+    double step;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&O&nnnO&O&O&d", kw, buffer, &p0, buffer, &p1,
+                                     buffer, &p2, &blocks, &rows, &cols, buffer, &ua, buffer, &ub,
+                                     buffer, &out, &step))
         return NULL;
     const char *k = "p_combine3";
     const Py_ssize_t n = blocks * rows * cols;
@@ -612,26 +612,18 @@ static PyObject *p_combine3(PyObject *module, PyObject *args, PyObject *kwargs) 
         !buffer_holds(k, "second", &p1, 2 * n, KIND_F64) ||
         !buffer_holds(k, "third", &p2, n, KIND_F64) ||
         !buffer_holds(k, "unit_a", &ua, blocks * rows, KIND_F64) ||
-        !buffer_holds(k, "unit_b", &ub, blocks * (step != 0.0 ? 1 : 3) * cols, KIND_F64) ||
+        !buffer_holds(k, "unit_b", &ub, blocks * cols, KIND_F64) ||
         !buffer_holds(k, "out", &out, n, ANY_KIND))
         return NULL;
-    double *levels = NULL;
-    if (step != 0.0) { /* each column's first unit, then times step, twice: the torch route's */
-        const size_t count = (size_t)(blocks * cols > 0 ? blocks * cols : 1);
-        levels = (double *)malloc(sizeof(double) * 3 * count);
-        if (!levels) return PyErr_NoMemory();
-        for (Py_ssize_t b = 0; b < blocks; b++)
-            for (Py_ssize_t j = 0; j < cols; j++) {
-                double *l = levels + b * 3 * cols + j;
-                l[0] = F64(ub)[b * cols + j], l[cols] = l[0] * step, l[2 * cols] = l[cols] * step;
-            }
+    if (!(step > 0.0 && step <= 0.5)) {
+        PyErr_SetString(PyExc_ValueError, "p_combine3: step is 2**-beta");
+        return NULL;
     }
-    combine_ctx ctx = {F64(p0), F64(p1), F64(p2),  F64(ua), levels ? levels : F64(ub),
-                       rows,    cols,    out.kind, out.data};
+    combine_ctx ctx = {F64(p0), F64(p1), F64(p2), F64(ua),  F64(ub),
+                       step,    rows,    cols,    out.kind, out.data};
     Py_BEGIN_ALLOW_THREADS
     parallel_for(blocks * rows, 6 * n, combine_range, &ctx);
     Py_END_ALLOW_THREADS
-    free(levels);
     Py_RETURN_NONE;
 }
 

@@ -137,6 +137,27 @@ static inline double unit_of(double amax, int beta) {
     return pow2(k);
 }
 
+/* SCALE (arithmetic/scaling.py): an exact product's integers' sum t times its operands' units ua
+   and ub (powers of two in [2**-1022, 2**1023]), rounded once. Where ua * ub lies in [2**-900,
+   2**900] that is one multiplication; outside it the exponents are added and applied in two
+   steps, the first exact, the second rounding once (never 0 * inf, never a double rounding
+   into the subnormal range): the same value, so the band's edge changes no bit. */
+#define SCALE_SAFE_LO 0x1p-900
+#define SCALE_SAFE_HI 0x1p+900
+static double scale_wide(double t, double ua, double ub) {
+    int et, ea, eb;
+    const double m = bits_frexp(t, &et);      /* t = m * 2**et; zeros come back as they are */
+    bits_frexp(ua, &ea), bits_frexp(ub, &eb); /* a unit 2**k gives 0.5 and k + 1 */
+    int64_t total = (int64_t)et + ea - 1 + eb - 1;
+    total = total < -1100 ? -1100 : total > 1100 ? 1100 : total;
+    const int64_t first = total < -1021 ? -1021 : total > 1023 ? 1023 : total;
+    return (m * pow2(first)) * pow2(total - first);
+}
+static inline double scale_by(double t, double ua, double ub) {
+    const double s = ua * ub;
+    return s >= SCALE_SAFE_LO && s <= SCALE_SAFE_HI ? t * s : scale_wide(t, ua, ub);
+}
+
 /* The bit patterns of magnitudes, the sign cleared: for IEEE numbers their integer order is
    their order of magnitude, infinities and NaN above every finite value (INF_* and up), so a
    largest magnitude is an integer maximum, exact in any order. */

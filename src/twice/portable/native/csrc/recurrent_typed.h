@@ -92,7 +92,7 @@ static int TYPED(lstm_step)(const lstm_step_ctx *s, Py_ssize_t lo, Py_ssize_t hi
     int ok = 1;
     for (Py_ssize_t r = 0; r < n; r++) {
         const double a = s->ua[lo + r], *pr = s->prod + (lo + r) * G;
-        for (Py_ssize_t j = 0; j < G; j++) buf[r * G + j] = (T)((pr[j] + 0.0) * (a * s->ub[j]));
+        for (Py_ssize_t j = 0; j < G; j++) buf[r * G + j] = (T)scale_by(pr[j] + 0.0, a, s->ub[j]);
     }
     TYPED(lstm_forward)(0, n, H, buf, (const T *)s->bias, (const T *)s->gx + lo * G,
                         (const T *)s->c + lo * H, (T *)s->act_out + lo * G, (T *)s->c_out + lo * H,
@@ -112,7 +112,8 @@ static int TYPED(lstm_step_back)(const lstm_step_ctx *s, Py_ssize_t lo, Py_ssize
     if (s->prod) {
         for (Py_ssize_t r = 0; r < n; r++) {
             const double a = s->ua[lo + r], *pr = s->prod + (lo + r) * H;
-            for (Py_ssize_t j = 0; j < H; j++) buf[r * H + j] = (T)((pr[j] + 0.0) * (a * s->ub[j]));
+            for (Py_ssize_t j = 0; j < H; j++)
+                buf[r * H + j] = (T)scale_by(pr[j] + 0.0, a, s->ub[j]);
         }
         dh = buf;
     }
