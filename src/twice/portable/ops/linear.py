@@ -214,13 +214,15 @@ def _scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     )
 
 
-def _sum_backward(func):
+def _sum_backward(func, single=None):
     """A backward whose every input gradient is a sum of output gradients with coefficient 1
-    (a maximum's, a padding's): torch's own kernel on exact integer slices of the gradient."""
+    (a maximum's, a padding's): torch's own kernel on exact integer slices of the gradient, or
+    on the gradient itself where `single(*rest)` says each input receives at most one of them
+    (0 + g is g on any kernel, in any order)."""
 
     def run(grad, *rest):
         floating(grad)
-        if grad.numel() == 0:
+        if grad.numel() == 0 or (single is not None and single(*rest)):
             return func(grad, *rest)
         wide = [
             r.to(_F64) if isinstance(r, torch.Tensor) and r.is_floating_point() else r for r in rest
@@ -234,9 +236,28 @@ def _sum_backward(func):
     return run
 
 
+def _disjoint_windows(dims: int):
+    """Whether max pooling's windows (`dims`-d) never overlap: each input is then the maximum
+    of at most one window, and its gradient at most one output's."""
+
+    def single(x, kernel_size, stride, padding, dilation, ceil_mode, indices) -> bool:
+        def each(values):
+            values = list(values) or list(kernel_size)  # no stride: the kernel's size
+            return values * dims if len(values) == 1 else values
+
+        kernel, steps, spread = each(kernel_size), each(stride), each(dilation)
+        return all((k - 1) * d + 1 <= s for k, s, d in zip(kernel, steps, spread, strict=True))
+
+    return single
+
+
+for _dims in (2, 3):
+    _name = f"max_pool{_dims}d_with_indices_backward"
+    kernel(f"{_name}.default")(
+        _sum_backward(getattr(aten, _name).default, _disjoint_windows(_dims))
+    )
+
 for _name in (
-    "max_pool2d_with_indices_backward",
-    "max_pool3d_with_indices_backward",
     "adaptive_max_pool2d_backward",
     "adaptive_max_pool3d_backward",
     "fractional_max_pool2d_backward",

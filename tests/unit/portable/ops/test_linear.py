@@ -56,3 +56,43 @@ def test_a_sum_of_elements_has_the_same_bits_in_any_order_with_ieee_infinities()
     x[3, 0], x[7, 0], x[9, 1] = math.inf, -math.inf, math.inf
     spoilt = linear.exact_linear(x, columns, None, 50, torch.float32)
     assert math.isnan(spoilt[0]) and spoilt[1] == math.inf and spoilt[2] == total[2]
+
+
+def test_max_pooling_gradients_with_disjoint_windows_are_the_exact_sums_bits():
+    """Max pooling's input gradient is torch's kernel itself where no two windows overlap (each
+    input at most one output's gradient), the exact sum where they do: generated 2-d and 3-d
+    pools (strides below, at and above the window, dilation, padding, ceil mode, unbatched
+    inputs, gradients with -0, infinities and NaN) give the exact route's bits either way, and
+    the direct route is taken exactly where the windows are disjoint."""
+    import torch.nn.functional as F
+
+    g = gen(9)
+    taken = []
+    direct = linear._disjoint_windows
+    for index in range(40):
+        dims = 2 + index % 2
+        k = [int(v) for v in torch.randint(1, 4, (dims,), generator=g)]
+        s = [int(v) for v in torch.randint(1, 5, (dims,), generator=g)]
+        d = [int(v) for v in torch.randint(1, 3, (dims,), generator=g)] if index % 5 == 0 else 1
+        p = [int(torch.randint(0, (kk + 1) // 2, (1,), generator=g)) for kk in k]
+        p = p if d == 1 else 0
+        shape = [2, 3][: 1 + index % 3 // 2] + [
+            int(v) for v in torch.randint(6, 10, (dims,), generator=g)
+        ]
+        x = torch.randn(*shape, generator=g).requires_grad_()
+        pool = F.max_pool2d if dims == 2 else F.max_pool3d
+        with PortableMode("strict"):
+            y = pool(x, k, s, p, d, ceil_mode=bool(index % 4 == 1))
+        up = torch.randn(y.shape, generator=g)
+        up.view(-1)[:3] = torch.tensor([-0.0, math.inf, math.nan])[: up.numel()]
+        with PortableMode("strict"):
+            (got,) = torch.autograd.grad(y, x, up)
+        want = linear._sum_backward(
+            getattr(torch.ops.aten, f"max_pool{dims}d_with_indices_backward").default
+        )(up, x.detach(), k, s, p, [d] * dims if d == 1 else d, index % 4 == 1,
+          pool(x.detach(), k, s, p, d, index % 4 == 1, return_indices=True)[1])  # fmt: skip
+        assert same_bits(got, want), (dims, k, s, d, p, shape)
+        taken.append(direct(dims)(x, k, s, p, [d] * dims if d == 1 else d, False, None))
+        dk = [(kk - 1) * (d if d == 1 else d[i]) + 1 for i, kk in enumerate(k)]
+        assert taken[-1] == all(a <= b for a, b in zip(dk, s)), (k, s, d)
+    assert any(taken) and not all(taken)
