@@ -145,10 +145,6 @@ LINALG = [
     "linalg.ldl_factor_ex.",
     "linalg.ldl_solve.",
 ]
-LOSSES = [
-    "nn.functional.linear_cross_entropy.chunked",
-    "nn.functional.linear_cross_entropy.chunked_none",
-]
 SPARSE_COMPLEX = [
     "sparse.mm.reduce",
     "sparse.sampled_addmm.",
@@ -159,9 +155,6 @@ REFUSED = {
         LINALG,
         "eig: complex results, no nonsymmetric QR iteration; LDL: LAPACK's Bunch-Kaufman "
         "pivots not reproduced",
-    ),
-    **dict.fromkeys(
-        LOSSES, "torch 2.13's new chunked linear + cross-entropy (its own aten ops): not yet"
     ),
     **dict.fromkeys(SPARSE_COMPLEX, "sparse layouts and their products: not covered"),
 }

@@ -254,7 +254,7 @@ class PortableMode(TorchDispatchMode):
         return None if inplace else results
 
     def _uncovered(self, func, name, args, kwargs, why):
-        op = f"aten::{name}"
+        op = name if "::" in name else f"{func.namespace}::{name}"
         entry = self.uncovered.get(op)
         if entry is None:
             module, line = _where()

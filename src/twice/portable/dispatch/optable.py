@@ -61,7 +61,8 @@ class _Entry:
 
 
 def overloads() -> list:
-    """Every aten overload torch's dispatcher has, sorted by name (`routes.overload_name`)."""
+    """Every aten overload torch's dispatcher has, and each other namespace's op a kernel takes,
+    sorted by name (`routes.overload_name`)."""
     packets = {
         name[len("aten::") :].split(".")[0]
         for name in torch._C._dispatch_get_all_op_names()
@@ -75,6 +76,10 @@ def overloads() -> list:
                 found.append(getattr(packet, overload))
             except (AttributeError, RuntimeError):  # listed, but not an operator of its own
                 continue
+    for key in sorted(k for k in table.KERNELS if "::" in k):  # other namespaces' ops
+        namespace, rest = key.split("::")
+        packet_name, overload = rest.rsplit(".", 1)
+        found.append(getattr(getattr(getattr(torch.ops, namespace), packet_name), overload))
     return sorted(found, key=routes.overload_name)
 
 

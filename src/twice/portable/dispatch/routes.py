@@ -3,7 +3,8 @@ list of names that forgets one.
 
 In the order tried:
 
-1. **kernel**: twice computes it (table.KERNELS).
+1. **kernel**: twice computes it (table.KERNELS, by the aten name, or "namespace::name" for
+   another namespace's op: torch_nn's chunked linear cross-entropy).
 2. **foreach**: a `_foreach_` form, computed as its per-tensor operation on each element.
 3. **exact**: torch's result is the same bits everywhere. Decided by the schema where it can be:
    every output is a view of an input (`Tensor(a)` returns: `split`, `unsafe_split`'s views,
@@ -70,8 +71,10 @@ _PRIM_EXACT = frozenset(
 
 
 def overload_name(func) -> str:
-    """ "mm.default": the packet's name and the overload's."""
-    return f"{func.overloadpacket.__name__}.{func._overloadname}"
+    """ "mm.default": the packet's name and the overload's (an aten or prims op), or with its
+    namespace for another ("torch_nn::_linear_cross_entropy_batch_chunked.default")."""
+    name = f"{func.overloadpacket.__name__}.{func._overloadname}"
+    return name if func.namespace in ("aten", "prims") else f"{func.namespace}::{name}"
 
 
 def _is_view(func) -> bool:
@@ -148,6 +151,8 @@ def route(func) -> tuple[int, object, str]:
     name = overload_name(func)
     namespace = func.namespace
     if namespace == "aten" and name in KERNELS:
+        return KERNEL, KERNELS[name], name
+    if "::" in name and name in KERNELS:  # a kernel for another namespace's op (torch_nn's)
         return KERNEL, KERNELS[name], name
     if namespace == "aten" and name.startswith("_foreach_"):
         return FOREACH, None, name

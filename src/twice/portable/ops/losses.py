@@ -1,6 +1,8 @@
 """Portable kernels for the losses PyTorch does not decompose: the margin losses' gradients, the
-trilinear product behind nn.functional.bilinear, and the connectionist temporal classification
-loss (CTC) with its gradient.
+trilinear product behind nn.functional.bilinear, the connectionist temporal classification
+loss (CTC) with its gradient, and torch 2.13's chunked linear cross-entropy (its two `torch_nn`
+custom ops), computed whole: exact sums make the batch's chunks, their size and the
+accumulator's dtype change no bit.
 
 Each follows torch's own formula, computed in float64 with exact sums (exact.py) and twice's
 elementwise functions, and rounded once to the input's dtype. CTC's recursions over time run
@@ -10,13 +12,14 @@ element frozen once past its own input length, so a sample's loss depends on its
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 
 from twice.portable.arithmetic import elementwise as ew
 from twice.portable.arithmetic.exact import exact_bilinear, exact_sum
-from twice.portable.dispatch.table import kernel
+from twice.portable.dispatch.table import KERNELS, PortableUnsupported, kernel
 from twice.portable.ops.math import floating
 
 __all__ = ["trilinear", "logaddexp"]
@@ -263,3 +266,60 @@ def _ctc_loss_backward(
     if zero_inf:
         live = live & (nll64 != math.inf)
     return torch.where(live, out, 0.0).to(log_probs.dtype)
+
+
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+with contextlib.suppress(ImportError):  # torch 2.13: registers the torch_nn ops taken below
+    import torch.nn.modules.linear_cross_entropy  # noqa: F401
+
+
+def _linear_log_softmax(x, w, bias):
+    """log_softmax(x @ w.T + bias) over the classes, as F.linear and F.log_softmax give it under
+    portable mode (the product rounded once, then the bias added)."""
+    logits = KERNELS["mm.default"](x, w.t())
+    if bias is not None:
+        logits = torch.add(logits, bias)
+    return KERNELS["_log_softmax.default"](logits, 1, False)
+
+
+@kernel("torch_nn::_linear_cross_entropy_batch_chunked.default")
+def _linear_cross_entropy_chunked(x, w, target, bias, weight, reduction, ignore_index,
+                                  label_smoothing, batch_chunk_size, acc_policy, acc_dtype,
+                                  allow_retain_graph, compute_input_grad, compute_weight_grad,
+                                  compute_bias_grad):  # fmt: skip
+    """The mean or sum loss and its gradients at an incoming gradient of 1 (the op's backward
+    multiplies them by the real one), from the whole batch: the logits' rows, the reference
+    path's nll_loss and log_softmax backward, and the gradients' exact products and sums, so
+    `batch_chunk_size`, `acc_policy` and `acc_dtype` (torch's accumulation, which the chunks
+    would decide) change no bit. label_smoothing is 0 on this path (torch's gate)."""
+    if label_smoothing != 0.0 or reduction not in ("mean", "sum"):
+        raise PortableUnsupported(f"chunked linear_cross_entropy with {reduction=}")
+    floating(x, w)
+    lsm = _linear_log_softmax(x, w, bias)
+    code = _REDUCTIONS[reduction]
+    loss, total = KERNELS["nll_loss_forward.default"](lsm, target, weight, code, ignore_index)
+    one = torch.ones((), dtype=lsm.dtype)
+    grad_lsm = KERNELS["nll_loss_backward.default"](
+        one, lsm, target, weight, code, ignore_index, total
+    )
+    grad = KERNELS["_log_softmax_backward_data.default"](grad_lsm, lsm, 1, lsm.dtype)
+    mm = KERNELS["mm.default"]
+    empty = x.new_empty
+    grad_x = mm(grad, w).to(x.dtype) if compute_input_grad else empty((0, 0))
+    grad_w = mm(grad.t(), x).to(x.dtype) if compute_weight_grad else empty((0, 0))
+    if compute_bias_grad:
+        grad_b = KERNELS["sum.dim_IntList"](grad, [0]).to(x.dtype)
+    else:
+        grad_b = empty((0,))
+    return loss.to(x.dtype), grad_x, grad_w, grad_b
+
+
+@kernel("torch_nn::_linear_cross_entropy_batch_chunked_no_reduction.default")
+def _linear_cross_entropy_chunked_none(x, w, target, bias, weight, ignore_index,
+                                       batch_chunk_size, acc_policy, acc_dtype):  # fmt: skip
+    """Each sample's loss from its own logits row (the chunk it falls in changes no bit)."""
+    floating(x, w)
+    lsm = _linear_log_softmax(x, w, bias)
+    loss, _ = KERNELS["nll_loss_forward.default"](lsm, target, weight, 0, ignore_index)
+    return loss.to(x.dtype)

@@ -85,3 +85,36 @@ def test_logaddexp_is_exact_on_equal_terms_and_minus_infinity_when_all_are():
     out = losses.logaddexp(a, a)
     assert out[1] == -float("inf")
     torch.testing.assert_close(out[[0, 2]], a[[0, 2]] + torch.log(torch.tensor(2.0)).double())
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_chunked_linear_cross_entropy_is_the_whole_batchs_bits_at_any_chunking(reduction):
+    """torch 2.13's chunked linear cross-entropy (its torch_nn custom ops) gives the reference
+    path's loss bit for bit under portable mode, whatever the chunk size and accumulator: and
+    with a mean or sum, its gradients too (class weights, an ignored target and a bias
+    included)."""
+    import torch.nn.functional as F
+    from torch.nn import LinearCrossEntropyOptions
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 8, generator=g)
+    w, b = torch.randn(21, 8, generator=g), torch.randn(21, generator=g)
+    target = torch.randint(0, 21, (37,), generator=g)
+    target[5] = -100
+    weight = torch.rand(21, generator=g) + 0.5
+
+    def run(options):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        with PortableMode("strict"):
+            loss = F.linear_cross_entropy(leaves[0], leaves[1], target, linear_bias=leaves[2],
+                                          weight=weight, reduction=reduction, options=options)  # fmt: skip
+            grads = torch.autograd.grad(loss.sum(), leaves)
+        return [loss.detach(), *grads]
+
+    whole = run(None)
+    for size in (1, 4, 37):
+        for acc in ("compact", "accurate"):
+            chunked = run(LinearCrossEntropyOptions(batch_chunk_size=size, acc_policy=acc))
+            assert torch.equal(chunked[0], whole[0]), (size, acc)
+            if reduction != "none":  # 'none' recomputes its gradients in torch's own chunks
+                assert all(torch.equal(a, c) for a, c in zip(whole, chunked)), (size, acc)
