@@ -106,8 +106,10 @@ def test_chunked_linear_cross_entropy_is_the_whole_batchs_bits_at_any_chunking(r
     def run(options):
         leaves = [t.clone().requires_grad_() for t in (x, w, b)]
         with PortableMode("strict"):
-            loss = F.linear_cross_entropy(leaves[0], leaves[1], target, linear_bias=leaves[2],
-                                          weight=weight, reduction=reduction, options=options)  # fmt: skip
+            loss = F.linear_cross_entropy(
+                leaves[0], leaves[1], target, linear_bias=leaves[2], weight=weight,
+                reduction=reduction, options=options,
+            )  # fmt: skip
             grads = torch.autograd.grad(loss.sum(), leaves)
         return [loss.detach(), *grads]
 
