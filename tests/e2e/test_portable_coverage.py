@@ -148,7 +148,6 @@ LINALG = [
 SPARSE_COMPLEX = [
     "sparse.mm.reduce",
     "sparse.sampled_addmm.",
-    "to_sparse.",
 ]
 REFUSED = {
     **dict.fromkeys(
@@ -156,7 +155,7 @@ REFUSED = {
         "eig: complex results, no nonsymmetric QR iteration; LDL: LAPACK's Bunch-Kaufman "
         "pivots not reproduced",
     ),
-    **dict.fromkeys(SPARSE_COMPLEX, "sparse layouts and their products: not covered"),
+    **dict.fromkeys(SPARSE_COMPLEX, "products of sparse layouts: not covered"),
 }
 
 

@@ -60,6 +60,9 @@ def digest(values) -> str:
     h = xxhash.xxh3_128()
     for t in values:
         t = t.detach()
+        if t.layout != torch.strided:  # a sparse result: its values in place, and its layout
+            h.update(str(t.layout).encode())
+            t = t.to_dense()
         if t.is_floating_point():
             t = t.masked_fill(t.isnan(), math.nan)  # NaN payloads are not compared
         if t.is_complex():

@@ -44,7 +44,7 @@ from twice.core.errors import DeterminismError
 from twice.core.escaping import escape_controls
 from twice.portable import native
 from twice.portable.dispatch import half, operands, routes
-from twice.portable.dispatch.table import COMPLEX_KERNELS, PortableUnsupported
+from twice.portable.dispatch.table import COMPLEX_KERNELS, SPARSE_KERNELS, PortableUnsupported
 from twice.portable.ops import recurrent
 
 __all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]
@@ -145,8 +145,14 @@ class PortableMode(TorchDispatchMode):
         kind, handler, name = route
         kwargs = kwargs or {}
         if kind == routes.EXACT_ROUTE:
-            if handler or not operands.has_complex(args, kwargs):
+            unusual = 0 if handler else operands.unusual(args, kwargs)
+            if not unusual:
                 return func(*args, **kwargs)
+            if unusual & operands.LOOSE:
+                why = (
+                    "a sparse tensor that is not coalesced: torch adds its duplicates in its order"
+                )
+                return self._uncovered(func, name, args, kwargs, why)
             complex_kernel = COMPLEX_KERNELS.get(name)  # a complex tensor times a real number
             try:
                 if complex_kernel is not None:
@@ -158,6 +164,8 @@ class PortableMode(TorchDispatchMode):
             found = operands.scan(args, kwargs)
             if not found and not name.startswith(_FACTORIES):
                 return func(*args, **kwargs)
+            if found & operands.SPARSE and handler not in SPARSE_KERNELS:
+                return self._uncovered(func, name, args, kwargs, "a sparse tensor")
             if found and not found & operands.VALUES and _SEEDED not in func.tags:
                 # Every floating-point operand is empty: where the result is empty too, no value
                 # was computed. One with values (a sum's 0, histogram edges from a range) is the

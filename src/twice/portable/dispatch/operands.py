@@ -1,6 +1,6 @@
 """What an operation's arguments hold, read before every kernel the mode runs (plain loops,
-no generators): complex tensors, floating-point ones and their precision, whether any has
-elements; and whether an overload takes a dtype."""
+no generators): complex tensors, sparse ones, floating-point ones and their precision, whether
+any has elements; and whether an overload takes a dtype."""
 
 from __future__ import annotations
 
@@ -10,30 +10,51 @@ import torch
 
 from twice.portable.dispatch import half
 
-__all__ = ["has_complex", "scan", "takes_dtype", "INEXACT", "HALF", "VALUES"]
+__all__ = [
+    "unusual",
+    "scan",
+    "takes_dtype",
+    "INEXACT",
+    "HALF",
+    "VALUES",
+    "SPARSE",
+    "COMPLEX",
+    "LOOSE",
+]
 
 
-def has_complex(args, kwargs) -> bool:
-    """Whether a complex tensor is among the arguments (in lists too). Runs before every exact
-    operation: plain loops, no generators."""
+INEXACT, HALF, VALUES, SPARSE = 1, 2, 4, 8
+COMPLEX, LOOSE = 1, 2
+
+
+def unusual(args, kwargs) -> int:
+    """COMPLEX where a complex tensor is among the arguments (in lists too), LOOSE where a
+    sparse COO tensor that is not coalesced is (it may hold one position twice: torch adds such
+    duplicates in its own order). Runs before every exact operation that is not a view: plain
+    loops, no generators."""
+    found = 0
     for value in args:
         if isinstance(value, torch.Tensor):
-            if value.is_complex():
-                return True
+            found |= _unusual(value)
         elif isinstance(value, (list, tuple)):
             for v in value:
-                if isinstance(v, torch.Tensor) and v.is_complex():
-                    return True
-    return bool(kwargs) and has_complex(tuple(kwargs.values()), None)
+                if isinstance(v, torch.Tensor):
+                    found |= _unusual(v)
+    if kwargs:
+        found |= unusual(tuple(kwargs.values()), None)
+    return found
 
 
-INEXACT, HALF, VALUES = 1, 2, 4
+def _unusual(t: torch.Tensor) -> int:
+    loose = t.layout is torch.sparse_coo and not t.is_coalesced()
+    return (COMPLEX if t.is_complex() else 0) | (LOOSE if loose else 0)
 
 
 def scan(args, kwargs) -> int:
     """Flags over the floating-point and complex tensors among the arguments (in lists too):
-    INEXACT for any, HALF for a float16 or bfloat16 one, VALUES when one has elements (0: no
-    such tensor). One pass of plain loops: it runs before every kernel."""
+    INEXACT for any, HALF for a float16 or bfloat16 one, VALUES when one has elements, SPARSE
+    when one has a sparse layout (0: no such tensor). One pass of plain loops: it runs before
+    every kernel."""
     found = 0
     for value in args:
         if isinstance(value, torch.Tensor):
@@ -55,4 +76,8 @@ def takes_dtype(func) -> bool:
 
 
 def _flags(t: torch.Tensor) -> int:
-    return (HALF if t.dtype in half.HALF else INEXACT) | (VALUES if t.numel() else 0)
+    return (
+        (HALF if t.dtype in half.HALF else INEXACT)
+        | (VALUES if t.numel() else 0)
+        | (0 if t.layout is torch.strided else SPARSE)
+    )

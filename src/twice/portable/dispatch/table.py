@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 __all__ = [
     "KERNELS",
+    "SPARSE_KERNELS",
     "COMPLEX_KERNELS",
     "EXACT",
     "COMPLEX_EXACT",
@@ -25,21 +26,30 @@ __all__ = [
 ]
 
 KERNELS: dict[str, Callable] = {}
+SPARSE_KERNELS: set[Callable] = set()
+"""The kernels written for sparse operands (to_dense, sparse_mask): every other kernel refuses
+a sparse tensor by name (its arithmetic reads strided memory)."""
 # Kernels for complex arguments of EXACT operations that are not exact on complex tensors (a
 # complex tensor times a real number): real arguments keep the exact route, untouched.
 COMPLEX_KERNELS: dict[str, Callable] = {}
+SPARSE_KERNELS: set[Callable] = set()
+"""The kernels written for sparse operands (to_dense, sparse_mask): every other kernel refuses
+a sparse tensor by name (its arithmetic reads strided memory)."""
 
 
 class PortableUnsupported(Exception):
     """A call portable mode has no implementation for (a dtype, a variant of its arguments)."""
 
 
-def kernel(*names: str) -> Callable:
-    """Register the decorated function as the portable implementation of aten overloads."""
+def kernel(*names: str, sparse: bool = False) -> Callable:
+    """Register the decorated function as the portable implementation of aten overloads (taking
+    sparse operands too where `sparse`)."""
 
     def register(function: Callable) -> Callable:
         for name in names:
             KERNELS[name] = function
+        if sparse:
+            SPARSE_KERNELS.add(function)
         return function
 
     return register
@@ -86,7 +96,8 @@ EXACT = frozenset(
     sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal
     set_ resize_as_ pin_memory _pin_memory is_pinned expand_as index_copy index_copy_ index_fill
     index_fill_ masked_scatter masked_scatter_ _unsafe_view _unsafe_index fill_diagonal_
-    rot90 unfold_copy nonzero_static masked_scatter_backward hash_tensor
+    rot90 unfold_copy nonzero_static masked_scatter_backward hash_tensor _to_sparse is_coalesced
+    _nnz sparse_dim dense_dim
     conj_physical _conj_physical
     """.split()
 )

@@ -206,3 +206,21 @@ def _histc(x, bins=100, min=0, max=0):  # noqa: A002
 def _histogram_edges(x, bins, *, weight=None, density=False):
     floating(x, weight)
     return _histogram(x, bins, weight, density)
+
+
+@kernel("_to_dense.default", sparse=True)
+def _to_dense(x, dtype=None, masked_grad=None):
+    """A sparse tensor made dense: its values placed, exact where each position has one value (a
+    coalesced COO tensor, what to_sparse gives); duplicates would be added, in torch's order."""
+    if x.layout != torch.sparse_coo or not x.is_coalesced():
+        raise PortableUnsupported(f"to_dense of a {x.layout} tensor that may hold duplicates")
+    return aten._to_dense.default(x, dtype, masked_grad)
+
+
+@kernel("sparse_mask.default", sparse=True)
+def _sparse_mask(x, mask):
+    """x's values at mask's positions: a selection, exact where x holds one value a position (a
+    strided tensor, or a coalesced COO one)."""
+    if x.layout != torch.strided and (x.layout != torch.sparse_coo or not x.is_coalesced()):
+        raise PortableUnsupported(f"sparse_mask of a {x.layout} tensor that may hold duplicates")
+    return aten.sparse_mask.default(x, mask)

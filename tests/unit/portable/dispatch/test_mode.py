@@ -117,6 +117,34 @@ def test_warn_and_audit_list_uncovered_ops_and_run_them():
     assert quiet.uncovered["aten::linalg_eig.default"]["count"] == 2
 
 
+def test_sparse_tensors_are_refused_by_name_where_a_kernel_would_read_them_dense():
+    """A sparse tensor that reaches a kernel written for strided memory (a sum, a product, an
+    elementwise function) is refused by name, never a crash inside the kernel; an exact op on an
+    uncoalesced COO tensor (which adds its duplicates in torch's order) is refused too. Going to
+    sparse and back, and a gradient through it, is exact and covered."""
+    dense = torch.tensor([[0.0, 2.0, 0.5], [3.0, 0.0, -1.0]])
+    loose = torch.sparse_coo_tensor([[0, 0, 1], [1, 1, 2]], [1.0, 2.0, 4.0], (2, 3))
+    calls = [
+        lambda: dense.to_sparse().sum(),
+        lambda: torch.sparse.mm(dense.to_sparse(), dense.t()),
+        lambda: dense.to_sparse().exp(),
+        lambda: dense.to_sparse_csr() + dense.to_sparse_csr(),
+        lambda: loose * 2.0,
+    ]
+    for index, call in enumerate(calls):
+        with pytest.raises(PortableError, match="not covered") as raised, PortableMode("strict"):
+            call()
+        assert "sparse" in str(raised.value), index
+    leaf = dense.clone().requires_grad_()
+    with PortableMode("strict"):
+        back = leaf.to_sparse().to_dense()
+        (grad,) = torch.autograd.grad(back, leaf, torch.full_like(dense, 3.0))
+        masked = dense.sparse_mask(dense.to_sparse())
+    plain = torch.autograd.grad(leaf.to_sparse().to_dense(), leaf, torch.full_like(dense, 3.0))
+    assert torch.equal(back, dense) and torch.equal(grad, plain[0])  # 3 where a value is held
+    assert torch.equal(masked.to_dense(), dense)
+
+
 def test_integer_and_exact_ops_pass_through_untouched():
     with PortableMode("strict"):
         ints = torch.arange(10).sum()

@@ -13,8 +13,22 @@ def test_flags_name_floating_half_and_filled_operands_in_lists_and_keywords():
     assert operands.scan((empty,), {}) == operands.INEXACT  # no element: no VALUES
     assert operands.scan(([i, h],), {}) == operands.HALF | operands.VALUES
     assert operands.scan((i,), {"weight": empty, "out": f}) & operands.VALUES
-    assert operands.has_complex(([f, torch.ones(1, dtype=torch.complex64)],), {})
-    assert not operands.has_complex((f,), {"x": i})
+    assert operands.unusual(([f, torch.ones(1, dtype=torch.complex64)],), {}) == operands.COMPLEX
+    assert not operands.unusual((f,), {"x": i})
+
+
+def test_sparse_operands_are_flagged_and_uncoalesced_ones_named_loose():
+    """A sparse tensor among a kernel's operands is SPARSE (whatever its layout); a COO one that
+    is not coalesced is LOOSE for the exact route (it may hold one position twice)."""
+    dense = torch.tensor([[0.0, 2.0], [3.0, 0.0]])
+    coalesced = dense.to_sparse()
+    loose = torch.sparse_coo_tensor([[0, 0], [1, 1]], [1.0, 2.0], (2, 2))
+    assert not loose.is_coalesced()
+    for layout_form in (coalesced, loose, dense.to_sparse_csr()):
+        assert operands.scan((layout_form,), {}) & operands.SPARSE
+    assert not operands.scan((dense,), {}) & operands.SPARSE
+    assert operands.unusual(([dense, loose],), {}) == operands.LOOSE
+    assert not operands.unusual((coalesced, dense.to_sparse_csr()), {})
 
 
 def test_an_overload_takes_a_dtype_where_its_schema_says_so():
