@@ -145,7 +145,9 @@ class PortableMode(TorchDispatchMode):
         kind, handler, name = route
         kwargs = kwargs or {}
         if kind == routes.EXACT_ROUTE:
-            unusual = 0 if handler else operands.unusual(args, kwargs)
+            if handler is routes.METADATA:  # reads no value (a sparse tensor's nnz, its flags)
+                return func(*args, **kwargs)
+            unusual = operands.loose(args) if handler else operands.unusual(args, kwargs)
             if not unusual:
                 return func(*args, **kwargs)
             if unusual & operands.LOOSE:
@@ -162,10 +164,14 @@ class PortableMode(TorchDispatchMode):
             return self._uncovered(func, name, args, kwargs, "complex arithmetic")
         if kind == routes.KERNEL:
             found = operands.scan(args, kwargs)
-            if not found and not name.startswith(_FACTORIES):
-                return func(*args, **kwargs)
-            if found & operands.SPARSE and handler not in SPARSE_KERNELS:
-                return self._uncovered(func, name, args, kwargs, "a sparse tensor")
+            if not found & operands.INEXACT_ANY and not name.startswith(_FACTORIES):
+                return self._integers(func, types, args, kwargs)
+            if found & operands.SPARSE:
+                if handler not in SPARSE_KERNELS:
+                    return self._uncovered(func, name, args, kwargs, "a sparse tensor")
+                if operands.unusual(args, kwargs) & operands.LOOSE:
+                    why = "a sparse tensor that is not coalesced: its duplicates would be added"
+                    return self._uncovered(func, name, args, kwargs, why)
             if found and not found & operands.VALUES and _SEEDED not in func.tags:
                 # Every floating-point operand is empty: where the result is empty too, no value
                 # was computed. One with values (a sum's 0, histogram edges from a range) is the
@@ -174,6 +180,9 @@ class PortableMode(TorchDispatchMode):
                 if not operands.scan((result,), None) & operands.VALUES:
                     return result
             try:
+                check = getattr(handler, "precheck", None)  # a kernel's check on its arguments
+                if check is not None:
+                    check(*args, **kwargs)
                 if found & operands.HALF:
                     return half.run(func, handler, args, kwargs)
                 return handler(*args, **kwargs)
@@ -186,7 +195,7 @@ class PortableMode(TorchDispatchMode):
                 return self._uncovered(func, name, args, kwargs, "accumulating index_put")
             return func(*args, **kwargs)
         if not operands.scan(args, kwargs) and _SEEDED not in func.tags:
-            return func(*args, **kwargs)
+            return self._integers(func, types, args, kwargs)
         if kind == routes.PRIM:
             with self:
                 return handler(*args, **kwargs)
@@ -201,6 +210,31 @@ class PortableMode(TorchDispatchMode):
             out.resize_(result.shape)
             return out.copy_(result)
         return self._uncovered(func, name, args, kwargs, None)
+
+    def _integers(self, func, types, args, kwargs):
+        """An operation without floating-point operands: torch's result where it holds no
+        floating-point values (integer arithmetic is exact), else (`exp` of an integer tensor,
+        a true division of two) the operation again on its integer tensors promoted to that
+        result's dtype, as torch promotes them, through this mode's kernels."""
+        result = func(*args, **kwargs)
+        found = operands.scan((result,), None) & (operands.INEXACT | operands.HALF)
+        if not found:
+            return result
+        like = next(t for t in operands.tensors(result) if t.is_floating_point() or t.is_complex())
+        promoted = []
+
+        def promote(value):
+            if isinstance(value, torch.Tensor) and not value.is_complex():
+                promoted.append(value)
+                return value.to(like.dtype)
+            if isinstance(value, (list, tuple)):
+                return type(value)(promote(v) for v in value)
+            return value
+
+        wide_args, wide_kwargs = promote(args), {k: promote(v) for k, v in kwargs.items()}
+        if not promoted:  # values from Python numbers alone (fftfreq's): IEEE operations
+            return result
+        return self.__torch_dispatch__(func, types, wide_args, wide_kwargs)
 
     def _decomposed(self, func, decomposition, name, args, kwargs):
         """PyTorch's decomposition of `func`, each of its operations routed through this mode;

@@ -24,6 +24,7 @@ __all__ = [
 
 
 INEXACT, HALF, VALUES, SPARSE = 1, 2, 4, 8
+INEXACT_ANY = INEXACT | HALF  # a floating-point or complex operand of any precision
 COMPLEX, LOOSE = 1, 2
 
 
@@ -45,6 +46,21 @@ def unusual(args, kwargs) -> int:
     return found
 
 
+def loose(args) -> int:
+    """LOOSE where a positional argument (in lists too) is an uncoalesced sparse COO tensor:
+    unusual()'s check alone, for views and the operations exact on complex tensors too."""
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            if value.layout is torch.sparse_coo and not value.is_coalesced():
+                return LOOSE
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                if isinstance(v, torch.Tensor) and v.layout is torch.sparse_coo:
+                    if not v.is_coalesced():
+                        return LOOSE
+    return 0
+
+
 def _unusual(t: torch.Tensor) -> int:
     loose = t.layout is torch.sparse_coo and not t.is_coalesced()
     return (COMPLEX if t.is_complex() else 0) | (LOOSE if loose else 0)
@@ -60,13 +76,27 @@ def scan(args, kwargs) -> int:
         if isinstance(value, torch.Tensor):
             if value.is_floating_point() or value.is_complex():
                 found |= _flags(value)
+            elif value.layout is not torch.strided:
+                found |= SPARSE
         elif isinstance(value, (list, tuple)):
             for v in value:
-                if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
-                    found |= _flags(v)
+                if isinstance(v, torch.Tensor):
+                    if v.is_floating_point() or v.is_complex():
+                        found |= _flags(v)
+                    elif v.layout is not torch.strided:
+                        found |= SPARSE
     if kwargs:
         found |= scan(tuple(kwargs.values()), None)
     return found
+
+
+def tensors(value) -> list:
+    """The tensors in a result (a tensor, or a list or tuple of them and other values)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors(v)]
+    return []
 
 
 @functools.cache

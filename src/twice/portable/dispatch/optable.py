@@ -79,7 +79,9 @@ def overloads() -> list:
     for key in sorted(k for k in table.KERNELS if "::" in k):  # other namespaces' ops
         namespace, rest = key.split("::")
         packet_name, overload = rest.rsplit(".", 1)
-        found.append(getattr(getattr(getattr(torch.ops, namespace), packet_name), overload))
+        packet = getattr(getattr(torch.ops, namespace), packet_name, None)  # torch 2.13 and on
+        if packet is not None:
+            found.append(getattr(packet, overload))
     return sorted(found, key=routes.overload_name)
 
 

@@ -146,6 +146,12 @@ def _positional(func) -> list[str]:
     return [a.name for a in func._schema.arguments if not a.kwarg_only]
 
 
+METADATA = "metadata"
+"""The exact route's handler slot for an operation that reads no value: a sparse tensor's
+count of stored values, its dimensions, whether it is coalesced."""
+_METADATA = {"is_coalesced", "_nnz", "sparse_dim", "dense_dim", "_dimI", "_dimV"}
+
+
 def route(func) -> tuple[int, object, str]:
     """(how, handler, name) for an overload: see the module's text for the order."""
     name = overload_name(func)
@@ -162,9 +168,10 @@ def route(func) -> tuple[int, object, str]:
     if not seeded and namespace == "aten" and (_is_view(func) or exact):
         if name in NOT_EXACT:
             return OTHER, None, name
-        # the handler slot says whether it stays exact on complex tensors too
+        # the handler slot says whether it stays exact on complex tensors too, or reads no value
         complex_too = _is_view(func) or base in COMPLEX_EXACT or base.rstrip("_") in COMPLEX_EXACT
-        return (INDEX_PUT if base.startswith("index_put") else EXACT_ROUTE), complex_too, name
+        slot = METADATA if base in _METADATA else complex_too
+        return (INDEX_PUT if base.startswith("index_put") else EXACT_ROUTE), slot, name
     if namespace == "prims":
         if base in _PRIM_EXACT or _is_view(func):
             return EXACT_ROUTE, None, name

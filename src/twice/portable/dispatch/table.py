@@ -27,14 +27,16 @@ __all__ = [
 
 KERNELS: dict[str, Callable] = {}
 SPARSE_KERNELS: set[Callable] = set()
-"""The kernels written for sparse operands (to_dense, sparse_mask): every other kernel refuses
-a sparse tensor by name (its arithmetic reads strided memory)."""
+"""The kernels written for sparse operands (to_dense, sparse_mask, add, sub), each taking them
+only coalesced (the mode refuses an uncoalesced one): every other kernel refuses a sparse tensor
+by name (its arithmetic reads strided memory)."""
 # Kernels for complex arguments of EXACT operations that are not exact on complex tensors (a
 # complex tensor times a real number): real arguments keep the exact route, untouched.
 COMPLEX_KERNELS: dict[str, Callable] = {}
 SPARSE_KERNELS: set[Callable] = set()
-"""The kernels written for sparse operands (to_dense, sparse_mask): every other kernel refuses
-a sparse tensor by name (its arithmetic reads strided memory)."""
+"""The kernels written for sparse operands (to_dense, sparse_mask, add, sub), each taking them
+only coalesced (the mode refuses an uncoalesced one): every other kernel refuses a sparse tensor
+by name (its arithmetic reads strided memory)."""
 
 
 class PortableUnsupported(Exception):
@@ -97,7 +99,7 @@ EXACT = frozenset(
     set_ resize_as_ pin_memory _pin_memory is_pinned expand_as index_copy index_copy_ index_fill
     index_fill_ masked_scatter masked_scatter_ _unsafe_view _unsafe_index fill_diagonal_
     rot90 unfold_copy nonzero_static masked_scatter_backward hash_tensor _to_sparse is_coalesced
-    _nnz sparse_dim dense_dim
+    _nnz sparse_dim dense_dim _to_sparse_csr _to_sparse_csc _to_sparse_bsr _to_sparse_bsc
     conj_physical _conj_physical
     """.split()
 )

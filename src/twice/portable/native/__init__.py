@@ -169,7 +169,8 @@ def fallback():
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """Whether the compiled kernels apply to these tensors (built, in use, CPU, float32/64)."""
+    """Whether the compiled kernels apply to these tensors (built, in use, CPU, float32/64,
+    strided)."""
     if _module is None or not _state["on"]:
         return False
     if not _state["ready"]:
@@ -179,7 +180,7 @@ def usable(*tensors: torch.Tensor) -> bool:
         _module.p_threads(threads=threads)
         _state["threads"] = threads
     for t in tensors:
-        if not t.is_cpu or t.dtype not in KINDS:
+        if not t.is_cpu or t.dtype not in KINDS or t.layout is not torch.strided:
             return False
     return True
 

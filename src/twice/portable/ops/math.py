@@ -155,6 +155,10 @@ def _pow_scalar_tensor(base, exponent):
 # Compound arithmetic, one rounding per kernel call.
 
 
+# add and sub take sparse operands (sparse=True): with every sparse operand coalesced (the mode
+# refuses others), each position meets at most one addition, exact in any order.
+
+
 def _scaled(other, alpha):
     if alpha == 1:
         return other
@@ -163,7 +167,7 @@ def _scaled(other, alpha):
     return torch.mul(other, alpha)
 
 
-@kernel("add.Tensor", "add.Scalar")
+@kernel("add.Tensor", "add.Scalar", sparse=True)
 def _add(self, other, alpha=1):
     if alpha != 1 and isinstance(other, torch.Tensor) and isinstance(self, torch.Tensor):
         if (out := native.compound("add", self, other, None, alpha)) is not None:
@@ -171,7 +175,7 @@ def _add(self, other, alpha=1):
     return torch.add(self, _scaled(other, alpha))
 
 
-@kernel("add_.Tensor", "add_.Scalar")
+@kernel("add_.Tensor", "add_.Scalar", sparse=True)
 def _add_(self, other, alpha=1):
     if alpha == 1:
         return self.add_(other)
@@ -181,12 +185,12 @@ def _add_(self, other, alpha=1):
     return self.add_(_scaled(other, alpha))
 
 
-@kernel("sub.Tensor", "sub.Scalar")
+@kernel("sub.Tensor", "sub.Scalar", sparse=True)
 def _sub(self, other, alpha=1):
     return torch.sub(self, _scaled(other, alpha))
 
 
-@kernel("sub_.Tensor", "sub_.Scalar")
+@kernel("sub_.Tensor", "sub_.Scalar", sparse=True)
 def _sub_(self, other, alpha=1):
     return self.sub_(_scaled(other, alpha))
 

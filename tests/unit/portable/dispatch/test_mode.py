@@ -12,6 +12,7 @@ from torch import nn
 from twice.portable.dispatch.mode import PortableError, PortableMode
 from unit.portable.bits import (
     F64,
+    same_bits,
 )
 
 
@@ -119,17 +120,25 @@ def test_warn_and_audit_list_uncovered_ops_and_run_them():
 
 def test_sparse_tensors_are_refused_by_name_where_a_kernel_would_read_them_dense():
     """A sparse tensor that reaches a kernel written for strided memory (a sum, a product, an
-    elementwise function) is refused by name, never a crash inside the kernel; an exact op on an
-    uncoalesced COO tensor (which adds its duplicates in torch's order) is refused too. Going to
-    sparse and back, and a gradient through it, is exact and covered."""
+    elementwise function), whatever its dtype, is refused by name, never a crash inside the
+    kernel; so is any operation, a view or a metadata-free exact one included, on an
+    uncoalesced COO tensor (torch would add its duplicates in its own order). Going to sparse
+    and back, a gradient through it, adding coalesced sparse tensors and asking a sparse tensor
+    its count of values are exact and covered."""
     dense = torch.tensor([[0.0, 2.0, 0.5], [3.0, 0.0, -1.0]])
     loose = torch.sparse_coo_tensor([[0, 0, 1], [1, 1, 2]], [1.0, 2.0, 4.0], (2, 3))
+    int_loose = torch.sparse_coo_tensor([[0, 0], [1, 1]], torch.tensor([1, 1]), (2, 3))
     calls = [
         lambda: dense.to_sparse().sum(),
         lambda: torch.sparse.mm(dense.to_sparse(), dense.t()),
         lambda: dense.to_sparse().exp(),
-        lambda: dense.to_sparse_csr() + dense.to_sparse_csr(),
         lambda: loose * 2.0,
+        lambda: loose.select(0, 0),
+        lambda: torch.isinf(loose),
+        lambda: dense + loose,
+        lambda: dense + int_loose,
+        lambda: int_loose.to_sparse().sin(),
+        lambda: torch.addcmul(dense, dense.to_sparse(), dense),
     ]
     for index, call in enumerate(calls):
         with pytest.raises(PortableError, match="not covered") as raised, PortableMode("strict"):
@@ -140,9 +149,38 @@ def test_sparse_tensors_are_refused_by_name_where_a_kernel_would_read_them_dense
         back = leaf.to_sparse().to_dense()
         (grad,) = torch.autograd.grad(back, leaf, torch.full_like(dense, 3.0))
         masked = dense.sparse_mask(dense.to_sparse())
+        sp = dense.to_sparse()
+        added = [dense + sp, dense - sp, dense.add(sp, alpha=0.5)]
+        csr = dense.to_sparse_csr() + dense.to_sparse_csr()
+        count, flag = loose._nnz(), loose.is_coalesced()
     plain = torch.autograd.grad(leaf.to_sparse().to_dense(), leaf, torch.full_like(dense, 3.0))
     assert torch.equal(back, dense) and torch.equal(grad, plain[0])  # 3 where a value is held
     assert torch.equal(masked.to_dense(), dense)
+    want = [dense + dense, torch.zeros_like(dense), dense + dense * 0.5]
+    assert all(torch.equal(g.to_dense(), w) for g, w in zip(added, want))
+    assert torch.equal(csr.to_dense(), dense + dense) and (count, flag) == (3, False)
+
+
+def test_an_integer_tensor_through_a_floating_point_function_takes_the_portable_kernel():
+    """An operation whose operands are all integers but whose result is floating-point (`exp`
+    of an integer tensor, a true division) gives the bits of the same operation on the
+    promoted tensor through the portable kernels, not torch's own; integer results stay
+    torch's."""
+    x = torch.arange(-60, 140)
+    ops = [torch.exp, torch.sin, torch.sigmoid, torch.erf, torch.tanh, torch.log1p,
+           lambda t: t.abs().sqrt(), lambda t: t / 7, lambda t: torch.atan2(t, t + 3),
+           lambda t: t.abs() ** 0.5,
+           lambda t: torch.special.zeta(t.abs() + 2, t.abs() + 1)]  # fmt: skip
+    unlike_torch = 0
+    for index, op in enumerate(ops):
+        with PortableMode("strict"):
+            got, want = op(x), op(x.float())
+        assert got.dtype == torch.float32 and same_bits(got, want), index
+        unlike_torch += not same_bits(got, op(x))  # twice's own functions, not torch's
+    assert unlike_torch >= 3
+    with PortableMode("strict"):
+        ints = (x * 3 + 1) // 2
+    assert ints.dtype == torch.int64 and torch.equal(ints, (x * 3 + 1) // 2)
 
 
 def test_integer_and_exact_ops_pass_through_untouched():
