@@ -217,24 +217,12 @@ class PortableMode(TorchDispatchMode):
         a true division of two) the operation again on its integer tensors promoted to that
         result's dtype, as torch promotes them, through this mode's kernels."""
         result = func(*args, **kwargs)
-        found = operands.scan((result,), None) & (operands.INEXACT | operands.HALF)
-        if not found:
+        if not operands.scan((result,), None) & operands.INEXACT_ANY:
             return result
-        like = next(t for t in operands.tensors(result) if t.is_floating_point() or t.is_complex())
-        promoted = []
-
-        def promote(value):
-            if isinstance(value, torch.Tensor) and not value.is_complex():
-                promoted.append(value)
-                return value.to(like.dtype)
-            if isinstance(value, (list, tuple)):
-                return type(value)(promote(v) for v in value)
-            return value
-
-        wide_args, wide_kwargs = promote(args), {k: promote(v) for k, v in kwargs.items()}
-        if not promoted:  # values from Python numbers alone (fftfreq's): IEEE operations
+        wide = operands.promoted(args, kwargs, result)
+        if wide is None:  # values from Python numbers alone (fftfreq's): IEEE operations
             return result
-        return self.__torch_dispatch__(func, types, wide_args, wide_kwargs)
+        return self.__torch_dispatch__(func, types, *wide)
 
     def _decomposed(self, func, decomposition, name, args, kwargs):
         """PyTorch's decomposition of `func`, each of its operations routed through this mode;

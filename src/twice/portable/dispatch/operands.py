@@ -90,6 +90,25 @@ def scan(args, kwargs) -> int:
     return found
 
 
+def promoted(args, kwargs, result):
+    """(args, kwargs) with every tensor that is not complex cast to the dtype of `result`'s
+    first floating-point or complex tensor, as torch promotes an operation's integer operands
+    for a floating-point result; None where no tensor is among them."""
+    like = next(t for t in tensors(result) if t.is_floating_point() or t.is_complex())
+    found = []
+
+    def promote(value):
+        if isinstance(value, torch.Tensor) and not value.is_complex():
+            found.append(value)
+            return value.to(like.dtype)
+        if isinstance(value, (list, tuple)):
+            return type(value)(promote(v) for v in value)
+        return value
+
+    wide = promote(args), {k: promote(v) for k, v in kwargs.items()}
+    return wide if found else None
+
+
 def tensors(value) -> list:
     """The tensors in a result (a tensor, or a list or tuple of them and other values)."""
     if isinstance(value, torch.Tensor):

@@ -35,3 +35,12 @@ def test_an_overload_takes_a_dtype_where_its_schema_says_so():
     assert operands.takes_dtype(torch.ops.aten.linspace.default)
     assert operands.takes_dtype(torch.ops.aten.sum.dim_IntList)
     assert not operands.takes_dtype(torch.ops.aten.add.Tensor)
+
+
+def test_integer_operands_are_promoted_to_the_floating_results_dtype():
+    ints, flags = torch.arange(3), torch.tensor([True, False, True])
+    result = torch.ones(3, dtype=torch.float64)
+    args, kwargs = operands.promoted((ints, [flags, 2]), {"other": ints}, (result, ints))
+    assert args[0].dtype == torch.float64 and args[1][0].dtype == torch.float64
+    assert args[1][1] == 2 and kwargs["other"].dtype == torch.float64
+    assert operands.promoted((3, 4.0), {}, result) is None  # Python numbers alone
