@@ -43,8 +43,8 @@ import twice.portable.ops.spectral  # noqa: F401
 from twice.core.errors import DeterminismError
 from twice.core.escaping import escape_controls
 from twice.portable import native
-from twice.portable.dispatch import half, operands, routes
-from twice.portable.dispatch.table import COMPLEX_KERNELS, SPARSE_KERNELS, PortableUnsupported
+from twice.portable.dispatch import half, operands, routes, table
+from twice.portable.dispatch.table import COMPLEX_KERNELS, PortableUnsupported
 from twice.portable.ops import recurrent
 
 __all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]
@@ -164,10 +164,13 @@ class PortableMode(TorchDispatchMode):
             return self._uncovered(func, name, args, kwargs, "complex arithmetic")
         if kind == routes.KERNEL:
             found = operands.scan(args, kwargs)
-            if not found & operands.INEXACT_ANY and not name.startswith(_FACTORIES):
+            seeded = _SEEDED in func.tags or name.startswith(_FACTORIES)  # Philox's, any dtype
+            if not found & operands.INEXACT_ANY and not seeded:
                 return self._integers(func, types, args, kwargs)
+            if found & operands.COMPLEX_T and handler not in table.COMPLEX_TAKING:
+                return self._uncovered(func, name, args, kwargs, "complex arithmetic")
             if found & operands.SPARSE:
-                if handler not in SPARSE_KERNELS:
+                if handler not in table.SPARSE_KERNELS:
                     return self._uncovered(func, name, args, kwargs, "a sparse tensor")
                 if operands.unusual(args, kwargs) & operands.LOOSE:
                     why = "a sparse tensor that is not coalesced: its duplicates would be added"
@@ -219,8 +222,8 @@ class PortableMode(TorchDispatchMode):
         result = func(*args, **kwargs)
         if not operands.scan((result,), None) & operands.INEXACT_ANY:
             return result
-        wide = operands.promoted(args, kwargs, result)
-        if wide is None:  # values from Python numbers alone (fftfreq's): IEEE operations
+        wide = operands.promoted(func, args, kwargs, result)
+        if wide is None:  # from Python numbers, or integers added exactly (bincount's weights)
             return result
         return self.__torch_dispatch__(func, types, *wide)
 

@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-INEXACT, HALF, VALUES, SPARSE = 1, 2, 4, 8
+INEXACT, HALF, VALUES, SPARSE, COMPLEX_T = 1, 2, 4, 8, 16
 INEXACT_ANY = INEXACT | HALF  # a floating-point or complex operand of any precision
 COMPLEX, LOOSE = 1, 2
 
@@ -69,8 +69,8 @@ def _unusual(t: torch.Tensor) -> int:
 def scan(args, kwargs) -> int:
     """Flags over the floating-point and complex tensors among the arguments (in lists too):
     INEXACT for any, HALF for a float16 or bfloat16 one, VALUES when one has elements, SPARSE
-    when one has a sparse layout (0: no such tensor). One pass of plain loops: it runs before
-    every kernel."""
+    when one has a sparse layout (of any dtype), COMPLEX_T when one is complex (0: no such
+    tensor). One pass of plain loops: it runs before every kernel."""
     found = 0
     for value in args:
         if isinstance(value, torch.Tensor):
@@ -90,10 +90,18 @@ def scan(args, kwargs) -> int:
     return found
 
 
-def promoted(args, kwargs, result):
+_INTEGER_SUMS = {"bincount"}
+"""Operations whose floating-point result from integer operands is a sum of integers in float64
+(bincount's integer weights), exact below 2**53: torch's result, their index operands kept."""
+
+
+def promoted(func, args, kwargs, result):
     """(args, kwargs) with every tensor that is not complex cast to the dtype of `result`'s
     first floating-point or complex tensor, as torch promotes an operation's integer operands
-    for a floating-point result; None where no tensor is among them."""
+    for a floating-point result; None where no tensor is among them, or `func` is one of
+    _INTEGER_SUMS."""
+    if func.overloadpacket.__name__ in _INTEGER_SUMS:
+        return None
     like = next(t for t in tensors(result) if t.is_floating_point() or t.is_complex())
     found = []
 
@@ -129,4 +137,5 @@ def _flags(t: torch.Tensor) -> int:
         (HALF if t.dtype in half.HALF else INEXACT)
         | (VALUES if t.numel() else 0)
         | (0 if t.layout is torch.strided else SPARSE)
+        | (COMPLEX_T if t.is_complex() else 0)
     )

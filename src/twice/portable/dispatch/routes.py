@@ -118,7 +118,12 @@ def _prim_target(func):
     if func.overloadpacket.__name__ in _PRIM_ADAPTED:
         return _PRIM_ADAPTED[func.overloadpacket.__name__]
     packet = getattr(torch.ops.aten, func.overloadpacket.__name__, None)
-    return getattr(packet, "default", None) if packet is not None else None
+    if packet is None:
+        return None
+    for overload in ("Tensor", "default"):  # add's Tensor overload, not its Scalar one (default)
+        if overload in packet.overloads():
+            return getattr(packet, overload)
+    return None
 
 
 def _functional(func):

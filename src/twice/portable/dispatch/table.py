@@ -16,6 +16,7 @@ from collections.abc import Callable
 __all__ = [
     "KERNELS",
     "SPARSE_KERNELS",
+    "COMPLEX_TAKING",
     "COMPLEX_KERNELS",
     "EXACT",
     "COMPLEX_EXACT",
@@ -27,6 +28,9 @@ __all__ = [
 
 KERNELS: dict[str, Callable] = {}
 SPARSE_KERNELS: set[Callable] = set()
+COMPLEX_TAKING: set[Callable] = set()
+"""The kernels written for complex operands (the complex FFTs): every other kernel refuses a
+complex tensor by name (its arithmetic is real)."""
 """The kernels written for sparse operands (to_dense, sparse_mask, add, sub), each taking them
 only coalesced (the mode refuses an uncoalesced one): every other kernel refuses a sparse tensor
 by name (its arithmetic reads strided memory)."""
@@ -34,6 +38,9 @@ by name (its arithmetic reads strided memory)."""
 # complex tensor times a real number): real arguments keep the exact route, untouched.
 COMPLEX_KERNELS: dict[str, Callable] = {}
 SPARSE_KERNELS: set[Callable] = set()
+COMPLEX_TAKING: set[Callable] = set()
+"""The kernels written for complex operands (the complex FFTs): every other kernel refuses a
+complex tensor by name (its arithmetic is real)."""
 """The kernels written for sparse operands (to_dense, sparse_mask, add, sub), each taking them
 only coalesced (the mode refuses an uncoalesced one): every other kernel refuses a sparse tensor
 by name (its arithmetic reads strided memory)."""
@@ -43,15 +50,17 @@ class PortableUnsupported(Exception):
     """A call portable mode has no implementation for (a dtype, a variant of its arguments)."""
 
 
-def kernel(*names: str, sparse: bool = False) -> Callable:
+def kernel(*names: str, sparse: bool = False, complex_operands: bool = False) -> Callable:
     """Register the decorated function as the portable implementation of aten overloads (taking
-    sparse operands too where `sparse`)."""
+    sparse operands too where `sparse`, complex ones where `complex_operands`)."""
 
     def register(function: Callable) -> Callable:
         for name in names:
             KERNELS[name] = function
         if sparse:
             SPARSE_KERNELS.add(function)
+        if complex_operands:
+            COMPLEX_TAKING.add(function)
         return function
 
     return register

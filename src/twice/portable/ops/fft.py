@@ -66,7 +66,7 @@ def fft_r2c(x, dim, normalization, onesided):
     return _complex(re, im, dtype)
 
 
-@kernel("_fft_c2c.default")
+@kernel("_fft_c2c.default", complex_operands=True)
 def fft_c2c(x, dim, normalization, forward):
     """The forward (exponent -) or backward (+) transform of a complex tensor over `dim`."""
     re, im = _parts(x)
@@ -77,7 +77,7 @@ def fft_c2c(x, dim, normalization, forward):
     return _complex(re, im, _REAL[x.dtype])
 
 
-@kernel("_fft_c2r.default")
+@kernel("_fft_c2r.default", complex_operands=True)
 def fft_c2r(x, dim, normalization, last_dim_size):
     """The backward transform of a one-sided spectrum over `dim` to a real tensor whose last
     transformed dimension has `last_dim_size` entries."""

@@ -118,23 +118,17 @@ def _expanded(t: torch.Tensor, dims, total: int) -> torch.Tensor:
 @kernel("_trilinear.default")
 def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     """sum over `sumdim` of i1 * i2 * i3 (each unsqueezed at its `expand` dims): i1 * i3 in
-    float64 (exact for float32 and narrower), then its products with i2 summed exactly, rounded
-    once. A float64 i1 * i3 is held exactly as two doubles (_two_product), both summed at once."""
+    float64 (exact for float32 and narrower; a float64 product rounded once, so a float64
+    result carries two roundings, and a product beyond the double range overflows), then its
+    products with i2 summed exactly, rounded once."""
     floating(i1, i2, i3)
     total = i1.dim() + len(expand1)
     sumdim = tuple(sorted(int(d) % total for d in sumdim))
-    x1, x3 = (
-        _expanded(i1.to(_F64), set(expand1), total),
-        _expanded(i3.to(_F64), set(expand3), total),
-    )
+    a = _expanded(i1.to(_F64), set(expand1), total) * _expanded(i3.to(_F64), set(expand3), total)
     b = _expanded(i2, set(expand2), total)
     dtype = torch.result_type(i1, i2)
-    wide = _F64 in (i1.dtype, i3.dtype)
     if not sumdim:
-        return (x1 * x3 * b.to(_F64)).to(dtype) if not wide else _wide_trilinear(x1, x3, b, ())
-    if wide:
-        return _wide_trilinear(x1, x3, b, sumdim).to(dtype)
-    a = x1 * x3
+        return (a * b.to(_F64)).to(dtype)
     shape = torch.broadcast_shapes(a.shape, b.shape)
     terms = max(1, math.prod(shape[d] for d in sumdim))
 
@@ -142,48 +136,6 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
         return (u * v).sum(dim=sumdim)
 
     return exact_bilinear(a, b, form, sumdim, sumdim, terms, dtype, precision=dtype)
-
-
-def _two_product(a: torch.Tensor, b: torch.Tensor):
-    """(p, e) with p + e == a * b exactly (Dekker's product from Veltkamp's split, no fused
-    multiply-add), for |a|, |b| <= 1 whose products stay above the subnormal range."""
-
-    def halves(x):
-        c = x * 134217729.0  # 2**27 + 1
-        high = c - (c - x)
-        return high, x - high
-
-    (ah, al), (bh, bl) = halves(a), halves(b)
-    p = a * b
-    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
-
-
-def _wide_trilinear(x1, x3, b, sumdim):
-    """trilinear's float64 sum: x1 and x3 brought to at most 1 by their largest magnitudes'
-    powers of two (exact), their products held exactly as p + e and summed with b's over
-    sumdim and p/e at once (one exact sum, rounded once), then the powers of two applied."""
-    from twice.portable.arithmetic import scaling
-
-    powers = []
-    for x in (x1, x3):
-        amax = x.abs().amax() if x.numel() else torch.zeros((), dtype=_F64)
-        finite = torch.where(torch.isfinite(amax) & (amax > 0), amax, 1.0)
-        powers.append(torch.frexp(finite)[1].to(torch.int64))
-    p, e = _two_product(x1 * scaling.pow2(-powers[0]), x3 * scaling.pow2(-powers[1]))
-    p, e = torch.broadcast_tensors(p, e)
-    a = torch.stack([p, e], dim=-1)
-    if not sumdim:
-        return scaling.ldexp_exact((p + e) * b.to(_F64), powers[0] + powers[1])
-    b2 = b.unsqueeze(-1)
-    shape = torch.broadcast_shapes(a.shape, b2.shape)
-    dims = (*sumdim, len(shape) - 1)
-    terms = max(1, math.prod(shape[d] for d in dims))
-
-    def form(u, v):
-        return (u * v).sum(dim=dims)
-
-    total = exact_bilinear(a, b2, form, dims, dims, terms, _F64, precision=_F64)
-    return scaling.ldexp_exact(total, powers[0] + powers[1])
 
 
 def logaddexp(*terms: torch.Tensor) -> torch.Tensor:

@@ -156,7 +156,18 @@ def _pow_scalar_tensor(base, exponent):
 
 
 # add and sub take sparse operands (sparse=True): with every sparse operand coalesced (the mode
-# refuses others), each position meets at most one addition, exact in any order.
+# refuses others), each position meets at most one addition, exact in any order. A sparse sum is
+# coalesced here (its two values a position added once, in either order the same), as torch's
+# CPU kernel leaves it but its GPU kernel does not; a sparse tensor is not written in place.
+
+
+def _canonical(t):
+    return t.coalesce() if isinstance(t, torch.Tensor) and t.layout is torch.sparse_coo else t
+
+
+def _dense_self(t):
+    if isinstance(t, torch.Tensor) and t.layout is not torch.strided:
+        raise PortableUnsupported("an in-place sum into a sparse tensor")
 
 
 def _scaled(other, alpha):
@@ -172,11 +183,12 @@ def _add(self, other, alpha=1):
     if alpha != 1 and isinstance(other, torch.Tensor) and isinstance(self, torch.Tensor):
         if (out := native.compound("add", self, other, None, alpha)) is not None:
             return out
-    return torch.add(self, _scaled(other, alpha))
+    return _canonical(torch.add(self, _scaled(other, alpha)))
 
 
 @kernel("add_.Tensor", "add_.Scalar", sparse=True)
 def _add_(self, other, alpha=1):
+    _dense_self(self)
     if alpha == 1:
         return self.add_(other)
     if isinstance(other, torch.Tensor):
@@ -187,11 +199,12 @@ def _add_(self, other, alpha=1):
 
 @kernel("sub.Tensor", "sub.Scalar", sparse=True)
 def _sub(self, other, alpha=1):
-    return torch.sub(self, _scaled(other, alpha))
+    return _canonical(torch.sub(self, _scaled(other, alpha)))
 
 
 @kernel("sub_.Tensor", "sub_.Scalar", sparse=True)
 def _sub_(self, other, alpha=1):
+    _dense_self(self)
     return self.sub_(_scaled(other, alpha))
 
 

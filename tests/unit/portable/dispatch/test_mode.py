@@ -274,3 +274,57 @@ def test_an_out_form_computes_in_outs_dtype_with_its_own_arguments():
     assert torch.equal(spaced, expected)
     assert ranged.shape == (12,) and ranged.dtype == torch.float64
     assert total.item() == torch.full((3,), 0.1).double().sum().item()
+
+
+def test_complex_operands_reach_only_the_kernels_written_for_them():
+    """A complex tensor given to a kernel of real arithmetic (exp, mean, prod, cumsum) is
+    refused by name, never computed on its real part; the complex FFTs take them."""
+    z = torch.tensor([0.5 + 1j, -0.3 + 2j])
+    for call in [
+        lambda: torch.exp(z),
+        lambda: z.mean(),
+        lambda: z.prod(),
+        lambda: z.cumsum(0),
+        lambda: torch.sigmoid(z),
+        lambda: torch.logsumexp(z, 0),
+    ]:  # fmt: skip
+        with pytest.raises(PortableError, match="complex arithmetic"), PortableMode("strict"):
+            call()
+    x = torch.randn(8, generator=torch.Generator().manual_seed(0))
+    with PortableMode("strict"):
+        back = torch.fft.ifft(torch.fft.fft(x)).real
+    assert back.dtype == torch.float32 and float((back - x).abs().max()) < 1e-6  # a round trip
+
+
+def test_random_draws_into_integer_tensors_come_from_philox_and_sums_stay_exact():
+    """bernoulli_ and geometric_ into integer or boolean tensors draw from Philox like every
+    portable random operation (not torch's own generator); bincount's integer weights keep
+    torch's exact sums in every policy; a prim that stands for an aten op with a Tensor and a
+    Scalar overload (prims.add) takes the Tensor one; a sum of coalesced sparse tensors is
+    coalesced (torch's GPU kernel would leave it not), and none is written in place."""
+    z = torch.zeros(64, dtype=torch.long)
+    for draw in (lambda: z.clone().bernoulli_(0.5), lambda: z.clone().geometric_(0.5),
+                 lambda: torch.zeros(64, dtype=torch.bool).bernoulli_(0.5)):  # fmt: skip
+        torch.manual_seed(0)
+        with PortableMode("strict"):
+            portable = draw()
+        torch.manual_seed(0)
+        assert not torch.equal(portable, draw())
+    x, w = torch.tensor([0, 1, 1, 3]), torch.tensor([5, 6, 7, 8])
+    for policy in ("strict", "warn", "audit"):
+        with PortableMode(policy):
+            counts = torch.bincount(x, weights=w)
+        assert counts.tolist() == [5.0, 13.0, 0.0, 8.0]
+    y = torch.randn(5)
+    with PortableMode("strict"):
+        assert torch.equal(torch.ops.prims.add(y, y), y + y)
+    c = torch.tensor([[0.0, 1.5, 0.0], [2.5, 0.0, 0.0]]).to_sparse()
+    with PortableMode("strict"):
+        total = c + c
+    assert (
+        total.is_coalesced()
+        and total._nnz() == 2
+        and torch.equal(total.to_dense(), 2 * c.to_dense())
+    )
+    with pytest.raises(PortableError, match="in-place sum"), PortableMode("strict"):
+        c.clone().add_(c)

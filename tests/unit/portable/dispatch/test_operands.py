@@ -40,7 +40,10 @@ def test_an_overload_takes_a_dtype_where_its_schema_says_so():
 def test_integer_operands_are_promoted_to_the_floating_results_dtype():
     ints, flags = torch.arange(3), torch.tensor([True, False, True])
     result = torch.ones(3, dtype=torch.float64)
-    args, kwargs = operands.promoted((ints, [flags, 2]), {"other": ints}, (result, ints))
+    op = torch.ops.aten.atan2.default
+    args, kwargs = operands.promoted(op, (ints, [flags, 2]), {"other": ints}, (result, ints))
     assert args[0].dtype == torch.float64 and args[1][0].dtype == torch.float64
     assert args[1][1] == 2 and kwargs["other"].dtype == torch.float64
-    assert operands.promoted((3, 4.0), {}, result) is None  # Python numbers alone
+    assert operands.promoted(op, (3, 4.0), {}, result) is None  # Python numbers alone
+    bincount = torch.ops.aten.bincount.default
+    assert operands.promoted(bincount, (ints, ints), {}, result) is None  # exact integer sums
