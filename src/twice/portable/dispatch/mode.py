@@ -164,9 +164,9 @@ class PortableMode(TorchDispatchMode):
             return self._uncovered(func, name, args, kwargs, "complex arithmetic")
         if kind == routes.KERNEL:
             found = operands.scan(args, kwargs)
-            seeded = _SEEDED in func.tags or name.startswith(_FACTORIES)  # Philox's, any dtype
-            if not found & operands.INEXACT_ANY and not seeded:
-                return self._integers(func, types, args, kwargs)
+            if not found & operands.INEXACT_ANY:  # a seeded op is Philox's, of any dtype
+                if not (name.startswith(_FACTORIES) or _SEEDED in func.tags):
+                    return self._integers(func, types, args, kwargs)
             if found & operands.COMPLEX_T and handler not in table.COMPLEX_TAKING:
                 return self._uncovered(func, name, args, kwargs, "complex arithmetic")
             if found & operands.SPARSE:

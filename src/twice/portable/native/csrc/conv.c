@@ -188,12 +188,16 @@ static void fold_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
         for (Py_ssize_t y = 0; y < g->h; y++) {
             const double *a = acc + (y + g->ph) * wp + g->pw;
             const Py_ssize_t at = (plane * g->h + y) * g->w;
+            const double s = ua * ub;
+            const int band = in_band(ua, ub, ub); /* scale_by's first branch */
             if (f->ok) {
                 double *o = (double *)f->out + at;
-                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = scale_by(a[v] + 0.0, ua, ub);
+                for (Py_ssize_t v = 0; v < g->w; v++)
+                    o[v] = band ? (a[v] + 0.0) * s : scale_by(a[v] + 0.0, ua, ub);
             } else {
                 float *o = (float *)f->out + at;
-                for (Py_ssize_t v = 0; v < g->w; v++) o[v] = (float)scale_by(a[v] + 0.0, ua, ub);
+                for (Py_ssize_t v = 0; v < g->w; v++)
+                    o[v] = (float)(band ? (a[v] + 0.0) * s : scale_by(a[v] + 0.0, ua, ub));
             }
         }
     }

@@ -290,10 +290,14 @@ typedef struct {
 static void scale_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     const scale_ctx *c = (const scale_ctx *)p;
     const Py_ssize_t rows = c->rows, cols = c->cols;
+    Py_ssize_t bounded = -1; /* the block whose column units' bounds blo, bhi hold */
+    double blo = 1.0, bhi = 1.0;
     for (Py_ssize_t row = lo; row < hi; row++) {
         const Py_ssize_t k = row / rows, i = row % rows, at = row * cols;
         const double a = c->ua[row];
         const double *b = c->ub + k * cols, *pr = c->prod + at;
+        if (k != bounded) unit_bounds(b, cols, &blo, &bhi), bounded = k;
+        const int band = in_band(a, blo, bhi); /* then scale_by is t * (a * b[j]) */
         if (c->bias) {
             const Py_ssize_t from = k * c->bbs + i * c->brs;
             for (Py_ssize_t j = 0; j < cols; j++) {
@@ -302,10 +306,16 @@ static void scale_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
             }
         } else if (c->ok) {
             double *o = (double *)c->out + at;
-            for (Py_ssize_t j = 0; j < cols; j++) o[j] = scale_by(pr[j] + 0.0, a, b[j]);
+            if (band)
+                for (Py_ssize_t j = 0; j < cols; j++) o[j] = (pr[j] + 0.0) * (a * b[j]);
+            else
+                for (Py_ssize_t j = 0; j < cols; j++) o[j] = scale_by(pr[j] + 0.0, a, b[j]);
         } else {
             float *o = (float *)c->out + at;
-            for (Py_ssize_t j = 0; j < cols; j++) o[j] = (float)scale_by(pr[j] + 0.0, a, b[j]);
+            if (band)
+                for (Py_ssize_t j = 0; j < cols; j++) o[j] = (float)((pr[j] + 0.0) * (a * b[j]));
+            else
+                for (Py_ssize_t j = 0; j < cols; j++) o[j] = (float)scale_by(pr[j] + 0.0, a, b[j]);
         }
     }
 }
@@ -581,8 +591,14 @@ static void combine_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
                 t = t + (p2[j] + 0.0) * s2;
                 t = t + (p1[m * n + j] + 0.0) * s2;
                 t = t + (p0[2 * m * n + j] + 0.0) * s2;
-                total[j] = scale_by(t, a, b[j]);
+                total[j] = t;
             }
+            double blo, bhi; /* then the scale: scale_by's first branch a run where it holds */
+            unit_bounds(b, len, &blo, &bhi);
+            if (in_band(a, blo, bhi))
+                for (Py_ssize_t j = 0; j < len; j++) total[j] = total[j] * (a * b[j]);
+            else
+                for (Py_ssize_t j = 0; j < len; j++) total[j] = scale_by(total[j], a, b[j]);
             if (!c->ok) store_run(c->out, 0, row * n + j0, len, chunk);
         }
     }

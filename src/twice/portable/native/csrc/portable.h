@@ -157,6 +157,17 @@ static inline double scale_by(double t, double ua, double ub) {
     const double s = ua * ub;
     return s >= SCALE_SAFE_LO && s <= SCALE_SAFE_HI ? t * s : scale_wide(t, ua, ub);
 }
+/* Whether every product of unit a with the units u[0..n) lies in the band (units are positive:
+   their smallest and largest decide), so a loop may take t * (a * u[j]), scale_by's own first
+   branch, without a test an element (and vectorise). lo, hi: u's smallest and largest. */
+static inline void unit_bounds(const double *u, Py_ssize_t n, double *lo, double *hi) {
+    double l = n ? u[0] : 1.0, h = l;
+    for (Py_ssize_t j = 1; j < n; j++) l = u[j] < l ? u[j] : l, h = u[j] > h ? u[j] : h;
+    *lo = l, *hi = h;
+}
+static inline int in_band(double a, double lo, double hi) {
+    return a * lo >= SCALE_SAFE_LO && a * hi <= SCALE_SAFE_HI;
+}
 
 /* The bit patterns of magnitudes, the sign cleared: for IEEE numbers their integer order is
    their order of magnitude, infinities and NaN above every finite value (INF_* and up), so a

@@ -90,9 +90,15 @@ static void TYPED(lstm_backward)(Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t H, con
 static int TYPED(lstm_step)(const lstm_step_ctx *s, Py_ssize_t lo, Py_ssize_t hi, T *buf) {
     const Py_ssize_t H = s->H, G = 4 * H, n = hi - lo;
     int ok = 1;
+    double blo, bhi; /* scale_by's first branch, a row at a time where it holds */
+    unit_bounds(s->ub, G, &blo, &bhi);
     for (Py_ssize_t r = 0; r < n; r++) {
         const double a = s->ua[lo + r], *pr = s->prod + (lo + r) * G;
-        for (Py_ssize_t j = 0; j < G; j++) buf[r * G + j] = (T)scale_by(pr[j] + 0.0, a, s->ub[j]);
+        if (in_band(a, blo, bhi))
+            for (Py_ssize_t j = 0; j < G; j++) buf[r * G + j] = (T)((pr[j] + 0.0) * (a * s->ub[j]));
+        else
+            for (Py_ssize_t j = 0; j < G; j++)
+                buf[r * G + j] = (T)scale_by(pr[j] + 0.0, a, s->ub[j]);
     }
     TYPED(lstm_forward)(0, n, H, buf, (const T *)s->bias, (const T *)s->gx + lo * G,
                         (const T *)s->c + lo * H, (T *)s->act_out + lo * G, (T *)s->c_out + lo * H,
@@ -110,10 +116,16 @@ static int TYPED(lstm_step_back)(const lstm_step_ctx *s, Py_ssize_t lo, Py_ssize
     const T *dh = s->dh ? (const T *)s->dh + lo * H : NULL;
     int ok = 1;
     if (s->prod) {
+        double blo, bhi;
+        unit_bounds(s->ub, H, &blo, &bhi);
         for (Py_ssize_t r = 0; r < n; r++) {
             const double a = s->ua[lo + r], *pr = s->prod + (lo + r) * H;
-            for (Py_ssize_t j = 0; j < H; j++)
-                buf[r * H + j] = (T)scale_by(pr[j] + 0.0, a, s->ub[j]);
+            if (in_band(a, blo, bhi))
+                for (Py_ssize_t j = 0; j < H; j++)
+                    buf[r * H + j] = (T)((pr[j] + 0.0) * (a * s->ub[j]));
+            else
+                for (Py_ssize_t j = 0; j < H; j++)
+                    buf[r * H + j] = (T)scale_by(pr[j] + 0.0, a, s->ub[j]);
         }
         dh = buf;
     }
