@@ -147,13 +147,13 @@ class PortableMode(TorchDispatchMode):
         if kind == routes.EXACT_ROUTE:
             if handler is routes.METADATA:  # reads no value (a sparse tensor's nnz, its flags)
                 return func(*args, **kwargs)
-            unusual = operands.loose(args) if handler else operands.unusual(args, kwargs)
+            unusual = operands.unusual(args, kwargs)
+            if handler:  # a view, or exact on complex tensors too: an uncoalesced one matters
+                unusual &= operands.LOOSE
             if not unusual:
                 return func(*args, **kwargs)
             if unusual & operands.LOOSE:
-                why = (
-                    "a sparse tensor that is not coalesced: torch adds its duplicates in its order"
-                )
+                why = "a sparse tensor that is not coalesced: torch adds its duplicates"
                 return self._uncovered(func, name, args, kwargs, why)
             complex_kernel = COMPLEX_KERNELS.get(name)  # a complex tensor times a real number
             try:

@@ -13,26 +13,28 @@ from twice.portable.dispatch import half
 __all__ = [
     "unusual",
     "scan",
+    "promoted",
+    "tensors",
     "takes_dtype",
+    "INEXACT_ANY",
     "INEXACT",
     "HALF",
     "VALUES",
     "SPARSE",
-    "COMPLEX",
+    "COMPLEX_T",
     "LOOSE",
 ]
 
 
-INEXACT, HALF, VALUES, SPARSE, COMPLEX_T = 1, 2, 4, 8, 16
+INEXACT, HALF, VALUES, SPARSE, COMPLEX_T, LOOSE = 1, 2, 4, 8, 16, 32
 INEXACT_ANY = INEXACT | HALF  # a floating-point or complex operand of any precision
-COMPLEX, LOOSE = 1, 2
 
 
 def unusual(args, kwargs) -> int:
-    """COMPLEX where a complex tensor is among the arguments (in lists too), LOOSE where a
+    """COMPLEX_T where a complex tensor is among the arguments (in lists too), LOOSE where a
     sparse COO tensor that is not coalesced is (it may hold one position twice: torch adds such
-    duplicates in its own order). Runs before every exact operation that is not a view: plain
-    loops, no generators."""
+    duplicates in its own order). Runs before every exact operation: plain loops, no
+    generators."""
     found = 0
     for value in args:
         if isinstance(value, torch.Tensor):
@@ -46,24 +48,9 @@ def unusual(args, kwargs) -> int:
     return found
 
 
-def loose(args) -> int:
-    """LOOSE where a positional argument (in lists too) is an uncoalesced sparse COO tensor:
-    unusual()'s check alone, for views and the operations exact on complex tensors too."""
-    for value in args:
-        if isinstance(value, torch.Tensor):
-            if value.layout is torch.sparse_coo and not value.is_coalesced():
-                return LOOSE
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                if isinstance(v, torch.Tensor) and v.layout is torch.sparse_coo:
-                    if not v.is_coalesced():
-                        return LOOSE
-    return 0
-
-
 def _unusual(t: torch.Tensor) -> int:
     loose = t.layout is torch.sparse_coo and not t.is_coalesced()
-    return (COMPLEX if t.is_complex() else 0) | (LOOSE if loose else 0)
+    return (COMPLEX_T if t.is_complex() else 0) | (LOOSE if loose else 0)
 
 
 def scan(args, kwargs) -> int:

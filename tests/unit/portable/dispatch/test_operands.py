@@ -13,7 +13,7 @@ def test_flags_name_floating_half_and_filled_operands_in_lists_and_keywords():
     assert operands.scan((empty,), {}) == operands.INEXACT  # no element: no VALUES
     assert operands.scan(([i, h],), {}) == operands.HALF | operands.VALUES
     assert operands.scan((i,), {"weight": empty, "out": f}) & operands.VALUES
-    assert operands.unusual(([f, torch.ones(1, dtype=torch.complex64)],), {}) == operands.COMPLEX
+    assert operands.unusual(([f, torch.ones(1, dtype=torch.complex64)],), {}) == operands.COMPLEX_T
     assert not operands.unusual((f,), {"x": i})
 
 
