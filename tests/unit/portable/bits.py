@@ -81,7 +81,7 @@ RNN_CASES = st.fixed_dictionaries(
         "batch": st.integers(1, 4),
         "dtype": st.sampled_from([torch.float32, torch.float64]),
         "dropout": st.sampled_from([0.0, 0.0, 0.3]),
-        "loss": st.sampled_from(["output", "final", "all", "cell"]),
+        "loss": st.sampled_from(["output", "final", "all", "cell", "cell_only"]),
         "scale": st.sampled_from([1e-3, 1.0, 30.0]),
     }
 )
@@ -128,6 +128,7 @@ def _rnn_train(case: dict, spoil: dict) -> dict[str, torch.Tensor]:
             "output": lambda: (y * y).sum(),
             "final": lambda: h_n.sum(),
             "cell": lambda: (c_n * 0.5).sum() + (h_n * 0.0).sum(),
+            "cell_only": lambda: (c_n * 0.5).sum(),  # no gradient reaches the last h
             "all": lambda: (y * y).sum() + h_n.sum() + (c_n * c_n).sum(),
         }[case["loss"]]()
         loss.backward()

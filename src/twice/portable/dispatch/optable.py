@@ -215,8 +215,8 @@ def _refused(op, name: str) -> _Entry | None:
 
 
 def _recurrent_entries(kernels: _Kernels) -> list[_Entry]:
-    """The `torch._VF` layers recurrent.py replaces, one row each, and the aten overloads of
-    their names and cells, which run op by op through the mode."""
+    """The `torch._VF` layers and cells recurrent.py replaces, one row each (the aten overloads
+    of their names run op by op through the mode)."""
     from twice.core.protocol import ChildSettings
     from twice.portable.ops import cells, recurrent
 
@@ -234,6 +234,14 @@ def _recurrent_entries(kernels: _Kernels) -> list[_Entry]:
         found.append(
             _Entry("ops/recurrent.py", f"torch._VF.{kind}", route, function, compiled, fallback,
                    functions)
+        )  # fmt: skip
+        compiled, _ = kernels.compiled(recurrent.cell, cell, skip=(cells.CELLS,))
+        found.append(
+            _Entry("ops/recurrent.py", f"torch._VF.{kind}_cell",
+                   "fused step where it applies (`torch._VF` replaced while the mode is on)",
+                   f"`{describe(recurrent.cell)}`, `{describe(cell_type)}`", compiled,
+                   f"op by op: aten `{kind}_cell` decomposed (always with {switch}=1)",
+                   (recurrent.cell, recurrent.RecurrentLayer, cell_type))
         )  # fmt: skip
     return found
 

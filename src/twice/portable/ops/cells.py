@@ -114,7 +114,6 @@ class LSTM:
         acts, tanh_c, c_prev = saved
         batch, hidden = y.shape[1], y.shape[2]
         dgates = torch.empty_like(acts)
-        g_cols = slice(2 * hidden, 3 * hidden)
         dh_rec, dc_rec = dh_n, dc_n
         steps_ = native_rnn.Steps(transposed, y, batch, 4 * hidden)
         if steps_.usable and not native_rnn.ready(acts, tanh_c, c_prev, dy, dh_n, dc_n):
@@ -122,35 +121,48 @@ class LSTM:
         for t in reversed(order):
             dg, dc_next = dgates[t], torch.empty(batch, hidden, dtype=y.dtype)
             dy_t = dy[t] if dy is not None else None
-            if steps_.usable and (steps_.cut or native_rnn.ready(dh_rec, y)):
+            reached = dy_t is not None or dh_rec is not None or (steps_.usable and steps_.cut)
+            if reached and steps_.usable and (steps_.cut or native_rnn.ready(dh_rec, y)):
                 steps_.backward(dh_rec, dy_t, dc_rec, acts[t], tanh_c[t], c_prev[t], dg, dc_next)
                 dc_rec = dc_next  # the hidden gradient stays cut for the next product
                 dh_rec = None if steps_.cut else transposed(dg)
                 continue
             args = (acts[t], tanh_c[t], c_prev[t], dg, dc_next)
-            if native_rnn.lstm_cell_backward(dy_t, dh_rec, dc_rec, *args):
+            if reached and native_rnn.lstm_cell_backward(dy_t, dh_rec, dc_rec, *args):
                 dc_rec, dh_rec = dc_next, transposed(dg)  # the compiled cell: as below
                 continue
-            dh = _incoming(dy, t, dh_rec, y[t])
-            act = acts[t]
-            i, f, g, o = act.chunk(4, 1)
-            tc = tanh_c[t]
-            dact = torch.empty_like(act)
-            d_i, d_f, d_g, d_o = dact.chunk(4, 1)
-            torch.mul(dh, tc, out=d_o)
-            dc = _tanh_backward(torch.mul(dh, o), tc)
-            if dc_rec is not None:
-                dc = torch.add(dc, dc_rec)
-            torch.mul(dc, c_prev[t], out=d_f)
-            dc_rec = torch.mul(dc, f)
-            torch.mul(dc, g, out=d_i)
-            torch.mul(dc, i, out=d_g)
-            dg.copy_(_sigmoid_backward(dact, act))
-            dg[:, g_cols].copy_(_tanh_backward(d_g, g))
+            dh = _incoming(dy, t, dh_rec, y[t]) if reached else None
+            dc_rec = LSTM._step_backward(dh, dc_rec, acts[t], tanh_c[t], c_prev[t], dg)
             dh_rec = transposed(dg)
         if steps_.usable and steps_.cut:  # the first step's gates' gradients, still cut
             dh_rec = transposed(dgates[order[0]])
         return dgates, dgates, dh_rec, dc_rec
+
+    @staticmethod
+    def _step_backward(dh, dc_rec, act, tc, c_prev, dg):
+        """One step's gates' gradients into dg; the previous cell state's gradient. `dh` None:
+        no gradient reaches the step's hidden state (only the cell state is used), so, as in
+        torch's composition, the output gate's gradient is 0 and none flows through tanh(c)."""
+        i, f, g, o = act.chunk(4, 1)
+        dact = torch.empty_like(act)
+        d_i, d_f, d_g, d_o = dact.chunk(4, 1)
+        if dh is None:
+            d_o.zero_()
+            dc = dc_rec if dc_rec is not None else torch.zeros_like(tc)
+        else:
+            torch.mul(dh, tc, out=d_o)
+            dc = _tanh_backward(torch.mul(dh, o), tc)
+            if dc_rec is not None:
+                dc = torch.add(dc, dc_rec)
+        torch.mul(dc, c_prev, out=d_f)
+        torch.mul(dc, g, out=d_i)
+        torch.mul(dc, i, out=d_g)
+        dg.copy_(_sigmoid_backward(dact, act))
+        hidden = tc.shape[1]
+        dg[:, 2 * hidden : 3 * hidden].copy_(_tanh_backward(d_g, g))
+        if dh is None:
+            dg[:, 3 * hidden :].zero_()  # no gradient: not sigmoid's backward of 0
+        return torch.mul(dc, f)
 
 
 class GRU:

@@ -1,5 +1,6 @@
 """Recurrent layers in portable mode (`nn.LSTM`, `nn.GRU`, `nn.RNN`) as one autograd operation
-per layer and direction.
+per layer and direction, and their cells (`nn.LSTMCell`, `nn.GRUCell`, `nn.RNNCell`) as one per
+call.
 
 With oneDNN's fused kernel switched off (mode.py), torch runs a recurrent layer as the products
 and functions it is made of: a few dozen operations per time step, each routed through the mode,
@@ -7,13 +8,17 @@ and a backward that cuts the recurrent weight into slices again at every step an
 step's weight gradient into the total, one rounding per step. Here a layer is one autograd
 function whose steps (cells.py) call the same portable kernels directly, with the recurrent
 weight cut into slices once for all steps (`exact.Repeated`), and whose weight and bias
-gradients are each one exact product, or sum, over all steps and samples, rounded once.
+gradients are each one exact product, or sum, over all steps and samples, rounded once. A cell's
+call (`torch._VF.lstm_cell`, `gru_cell`, `rnn_tanh_cell`, `rnn_relu_cell`) is that operation
+over one step: a loop of cells (pytorch/examples' time_sequence_prediction) runs two dozen
+operations fewer per step, forward and backward.
 
 What that changes in bits, by construction: the outputs, the final states, and the gradients of
 the input, the initial states, the input weights and the input bias are the op-by-op route's
 bits (the same kernels on the same values in the same order: tests hold them equal); the
 recurrent weight's and the recurrent bias's gradients are exact sums over every step rounded
-once, where the op-by-op route rounds once per step. Both depend on the inputs alone.
+once, where the op-by-op route rounds once per step. Both depend on the inputs alone. A cell's
+call is one step, so all of its outputs and gradients are the op-by-op route's bits.
 
 The fused path is taken for CPU tensors of float32 or float64, one dtype throughout, without
 projections (`proj_size`), packed sequences or autocast, when the portable mode is the
@@ -37,10 +42,11 @@ from torch.utils._python_dispatch import (
 from twice.portable.arithmetic.exact import Repeated, exact_matmul, exact_sum
 from twice.portable.ops.cells import CELLS, previous
 
-__all__ = ["install", "uninstall", "layers", "RecurrentLayer"]
+__all__ = ["install", "uninstall", "layers", "cell", "RecurrentLayer"]
 
 _DTYPES = (torch.float32, torch.float64)
 _KINDS = ("lstm", "gru", "rnn_tanh", "rnn_relu")  # the torch._VF functions replaced
+_CELLS = {f"{kind}_cell": kind for kind in _KINDS}  # and their cells'
 
 
 class _bare:
@@ -127,7 +133,10 @@ def _differentiable_backward(ctx, dy, dh_n, dc_n):
     again op by op (torch's own composition, each operation routed through the portable mode,
     with autograd recording it), then differentiated. These are the op-by-op route's bits, for
     the recurrent weight's gradient too."""
-    x, h0, c0, w_ih, w_hh, b_ih, b_hh = ctx.saved_tensors[:7]
+    # each input by a node of its own: where one is made from another (a cell's input sliced
+    # from the hidden state it is also given), the gradient of each counts its own uses only
+    saved = (None if t is None else t.view_as(t) for t in ctx.saved_tensors[:7])
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh = saved
     weights = [w for w in (w_ih, w_hh, b_ih, b_hh) if w is not None]
     steps = x.flip(0) if ctx.reverse else x  # a reversed layer is a forward one on flipped time
     hx = (h0.unsqueeze(0), c0.unsqueeze(0)) if c0 is not None else h0.unsqueeze(0)
@@ -185,6 +194,45 @@ def layers(kind, original, *args):
     return output, *(torch.stack(kept, 0) for kept in finals if kept)
 
 
+def cell(kind, original, *args):
+    """`torch._VF.<kind>_cell` under portable mode: one step of the fused layer where it applies
+    (the new hidden state, and for an LSTM the new cell state), else `original`."""
+    if not _cell_fusable(kind, args):
+        return original(*args)
+    x, hx, w_ih, w_hh, *biases = args
+    b_ih, b_hh = (list(biases) + [None, None])[:2]
+    h0, c0 = (hx[0], hx[1]) if kind == "lstm" else (hx, None)
+    _, *states = RecurrentLayer.apply(kind, False, x.unsqueeze(0), h0, c0, w_ih, w_hh, b_ih, b_hh)
+    return tuple(states) if kind == "lstm" else states[0]
+
+
+def _cell_fusable(kind, args) -> bool:
+    """A batched call of CPU float32/float64 tensors of one dtype with the shapes torch accepts
+    (anything else runs as torch runs it, with torch's error where there is one)."""
+    if not 4 <= len(args) <= 6 or not isinstance(_get_current_dispatch_mode(), _installed["mode"]):
+        return False
+    x, hx, w_ih, w_hh, *biases = args
+    states = list(hx) if kind == "lstm" and isinstance(hx, (list, tuple)) else [hx]
+    if len(states) != (2 if kind == "lstm" else 1):
+        return False
+    tensors = [x, *states, w_ih, w_hh, *(b for b in biases if b is not None)]
+    if any(not isinstance(t, torch.Tensor) for t in tensors) or x.dtype not in _DTYPES:
+        return False
+    if any(t.dtype != x.dtype or t.device.type != "cpu" or t.is_sparse for t in tensors):
+        return False
+    if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
+        return False
+    rows = CELLS[kind].gates * (w_hh.shape[-1] if w_hh.dim() == 2 else -1)
+    shapes = [x.dim(), w_ih.shape, w_hh.shape, *(b.shape for b in biases if b is not None)]
+    wanted = [2, (rows, x.shape[-1]), (rows, rows // CELLS[kind].gates)]
+    return (
+        shapes == wanted + [(rows,)] * (len(shapes) - 3)
+        and rows > 0
+        and x.shape[0] > 0
+        and all(t.shape == (x.shape[0], w_hh.shape[-1]) for t in states)
+    )
+
+
 def _fusable(kind, args) -> bool:
     if len(args) != 9 or not isinstance(args[3], bool):
         return False  # the packed-sequence form: (data, batch_sizes, hx, params, has_biases, ...)
@@ -216,8 +264,9 @@ _installed: dict = {"count": 0, "saved": None, "mode": ()}
 
 def install(mode_type: type) -> None:
     """Route the recurrent layers' calls (`torch._VF.lstm`, `gru`, `rnn_tanh`, `rnn_relu`)
-    through `layers` while any portable mode (an instance of `mode_type`) is entered; every
-    call checks that such a mode is the innermost one of its thread."""
+    through `layers`, and their cells' (`lstm_cell`, ...) through `cell`, while any portable
+    mode (an instance of `mode_type`) is entered; every call checks that such a mode is the
+    innermost one of its thread."""
     import os
 
     from twice.core.protocol import ChildSettings
@@ -228,17 +277,19 @@ def install(mode_type: type) -> None:
         _installed["mode"] = mode_type
         if _installed["count"] > 1 or ChildSettings.read(os.environ, "no_fused_rnn"):
             return
-        saved = {kind: vf.__dict__.get(kind) for kind in _KINDS}
+        saved = {name: vf.__dict__.get(name) for name in (*_KINDS, *_CELLS)}
         _installed["saved"] = saved
-        for kind in _KINDS:
-            setattr(vf, kind, _fused(kind, saved[kind] or getattr(vf, kind)))
+        for name in saved:
+            setattr(vf, name, _fused(name, saved[name] or getattr(vf, name)))
 
 
-def _fused(kind: str, original):
+def _fused(name: str, original):
+    run, kind = (cell, _CELLS[name]) if name in _CELLS else (layers, name)
+
     def fused(*args, **kwargs):
         if kwargs:
             return original(*args, **kwargs)
-        return layers(kind, original, *args)
+        return run(kind, original, *args)
 
     return fused
 

@@ -2,14 +2,19 @@
 direction: their outputs, final states and the gradients of the input, the initial states
 and the input weights and bias equal, bit for bit, what the op-by-op route
 (TWICE_NO_FUSED_RNN=1) computes, for generated layer shapes and settings; the recurrent
-weight's and bias's gradients are exact sums rounded once and close to the op-by-op ones."""
+weight's and bias's gradients are exact sums rounded once and close to the op-by-op ones.
+Their cells (nn.LSTMCell, nn.GRUCell, nn.RNNCell: lstm_cell, gru_cell, rnn_tanh_cell,
+rnn_relu_cell) as one operation per call: every output and gradient equals the op-by-op
+route's, bit for bit."""
 
+import contextlib
 import math
 import threading
 
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 from twice.portable.dispatch.mode import PortableMode
 from twice.portable.ops import recurrent
@@ -73,16 +78,20 @@ def test_the_fused_lstm_does_not_depend_on_the_thread_count():
     assert all(torch.equal(one[k], two[k]) for k in one)
 
 
-def test_non_finite_values_give_the_op_by_op_nans_and_infinities():
+@pytest.mark.parametrize("loss", ["all", "cell_only"])
+def test_non_finite_values_give_the_op_by_op_nans_and_infinities(loss):
+    """With only the cell state used, no gradient reaches the last hidden state: the output
+    gate's gradient is 0 there, not 0 times a NaN."""
     case = dict(
         layers=2, bidirectional=False, batch_first=False, bias=True, inputs=3, hidden=4,
-        steps=4, batch=3, dtype=torch.float32, dropout=0.0, loss="all", scale=1.0,
+        steps=4, batch=3, dtype=torch.float32, dropout=0.0, loss=loss, scale=1.0,
     )  # fmt: skip
     spoil = {(1, 0, 0): math.inf, (2, 1, 1): math.nan}  # saturates the gates; spreads
     fused = rnn_run(case, True, spoil)
     plain = rnn_run(case, False, spoil)
     assert fused["y"][2:, 1].isnan().all() and not fused["y"][:, 0].isnan().any()
-    for name in ("y", "h_n", "c_n", "x", "h0", "c0", "weight_ih_l0"):
+    names = ("y", "h_n", "c_n", "x", "h0", "c0", "weight_ih_l0")
+    for name in names + (("weight_hh_l1", "bias_hh_l1") if loss == "cell_only" else ()):
         assert same_bits(fused[name], plain[name]), name
 
 
@@ -140,7 +149,8 @@ def test_what_the_fused_path_does_not_take_runs_op_by_op_under_strict(monkeypatc
 
 
 def test_install_restores_torch_and_other_threads_see_the_original():
-    before = {kind: getattr(torch._VF, kind) for kind in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
+    kinds = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+    before = {name: getattr(torch._VF, name) for k in kinds for name in (k, f"{k}_cell")}
     seen = {}
 
     def original(*args):
@@ -162,3 +172,131 @@ def test_install_restores_torch_and_other_threads_see_the_original():
         assert all(getattr(torch._VF, k) is not f for k, f in before.items())
     assert all(getattr(torch._VF, k) is f for k, f in before.items())
     assert seen["call"] == "op by op"
+
+
+CELL_CASES = st.fixed_dictionaries(
+    {
+        "kind": st.sampled_from(["lstm", "gru", "rnn_tanh", "rnn_relu"]),
+        "bias": st.booleans(),
+        "inputs": st.integers(1, 6),
+        "hidden": st.integers(1, 7),
+        "batch": st.integers(0, 4),  # 0: one unbatched sample
+        "steps": st.integers(1, 5),
+        "stacked": st.booleans(),  # a second cell on the first one's hidden state
+        "dtype": st.sampled_from([torch.float32, torch.float64]),
+        "scale": st.sampled_from([1e-3, 1.0, 30.0]),
+        "state": st.sampled_from(["zeros", "given", "leaf"]),
+        "spoil": st.sampled_from([None, None, math.inf, math.nan]),
+        "loss": st.sampled_from(["last", "all", "cell"]),
+    }
+)
+
+
+def _cell_run(case: dict, fused: bool) -> dict[str, torch.Tensor]:
+    """A loop of cells (time_sequence_prediction's shape) trained one step under strict
+    portable mode, fused or op by op: every state it made and every gradient, by name."""
+    with pytest.MonkeyPatch.context() as patch:
+        if fused:
+            patch.delenv(NO_FUSED_RNN, raising=False)
+        else:
+            patch.setenv(NO_FUSED_RNN, "1")
+        torch.manual_seed(0)
+        kind, dtype, hidden = case["kind"], case["dtype"], case["hidden"]
+        make = {"lstm": torch.nn.LSTMCell, "gru": torch.nn.GRUCell}.get(kind)
+        extra = {} if make else {"nonlinearity": kind[4:]}
+        make = make or torch.nn.RNNCell
+        cells = [make(case["inputs"], hidden, bias=case["bias"], **extra)]
+        cells += [make(hidden, hidden, bias=case["bias"], **extra)] if case["stacked"] else []
+        cells = [c.to(dtype) for c in cells]
+        lead = (case["batch"],) if case["batch"] else ()
+        x = torch.randn(case["steps"], *lead, case["inputs"], dtype=dtype) * case["scale"]
+        if case["spoil"] is not None:
+            x[0].view(-1)[0] = case["spoil"]
+        x.requires_grad_()
+        h0 = torch.randn(*lead, hidden, dtype=dtype).requires_grad_(case["state"] == "leaf")
+        states = [None if case["state"] == "zeros" else (h0, h0 * 0.5) if kind == "lstm" else h0]
+        states = states * len(cells)
+        made = []
+        with PortableMode("strict"):
+            for t in range(case["steps"]):
+                inp = x[t]
+                for i, c in enumerate(cells):
+                    states[i] = c(inp, states[i])
+                    inp = states[i][0] if kind == "lstm" else states[i]
+                    made.append(states[i])
+            flat = [s for m in made for s in (m if isinstance(m, tuple) else (m,))]
+            loss = {
+                "last": lambda: flat[-1].sum(),
+                "all": lambda: sum((s * s).sum() for s in flat),
+                "cell": lambda: (flat[-1] * flat[0]).sum(),
+            }[case["loss"]]()
+            loss.backward()
+    out = {f"state{i}": s.detach() for i, s in enumerate(flat)}
+    out.update({"x": x.grad, "h0": h0.grad})
+    out.update({f"{i}.{n}": p.grad for i, c in enumerate(cells) for n, p in c.named_parameters()})
+    return out
+
+
+@EXAMPLES
+@given(case=CELL_CASES)
+def test_fused_cells_give_the_op_by_op_bits_for_every_output_and_gradient(case):
+    fused, plain = _cell_run(case, True), _cell_run(case, False)
+    assert fused.keys() == plain.keys()
+    for name in fused:
+        a, b = fused[name], plain[name]
+        assert (a is None) == (b is None), name
+        assert a is None or same_bits(a, b), name
+
+
+def test_a_cell_call_is_one_fused_operation_and_what_it_does_not_take_runs_as_torch(monkeypatch):
+    fused = []
+    apply = recurrent.RecurrentLayer.apply
+    monkeypatch.setattr(
+        recurrent.RecurrentLayer, "apply", lambda *args: fused.append(args[0]) or apply(*args)
+    )
+    lstm, gru = torch.nn.LSTMCell(3, 4), torch.nn.GRUCell(3, 4)
+    x = torch.randn(2, 3)
+    with PortableMode("strict"):
+        lstm(x)[0].sum().backward()
+        gru(x[0]).sum().backward()  # unbatched: the module adds the batch dimension
+        assert fused == ["lstm", "gru"]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lstm(x)[0].float().sum().backward()
+        lstm.double()(x.double(), (torch.zeros(2, 4), torch.zeros(2, 4)))  # mixed dtypes
+        with pytest.raises(RuntimeError):
+            torch._VF.gru_cell(x, torch.zeros(2, 5), *gru.parameters())  # torch's own error
+        assert fused == ["lstm", "gru"]
+
+
+@pytest.mark.parametrize("reuse", ["state", "input", "both"])
+def test_a_second_derivative_through_cells_is_torchs(reuse):
+    """A gradient penalty through two cell calls, the second fed the first one's state, its
+    hidden state as input, or both (one tensor reaching a call twice): the first derivative is
+    the op-by-op route's bits; the second is as close to torch's own (float64, no portable
+    mode) as the op-by-op route's."""
+
+    def penalty(route: str):
+        with pytest.MonkeyPatch.context() as patch:
+            if route == "fused":
+                patch.delenv(NO_FUSED_RNN, raising=False)
+            else:
+                patch.setenv(NO_FUSED_RNN, "1")
+            torch.manual_seed(0)
+            cell = torch.nn.LSTMCell(3, 4).double()
+            x = torch.randn(5, 3, requires_grad=True, dtype=torch.float64)
+            z = torch.randn(5, 3, dtype=torch.float64)
+            with PortableMode("strict") if route != "torch" else contextlib.nullcontext():
+                h, c = cell(x)
+                h, c = cell(
+                    z if reuse == "state" else h[:, :3], None if reuse == "input" else (h, c)
+                )
+                (grad,) = torch.autograd.grad((h**2).sum(), x, create_graph=True)
+                (grad * grad).sum().backward()
+        return grad.detach(), [x.grad, *(p.grad for p in cell.parameters())]
+
+    (first, second), (first_op, second_op) = penalty("fused"), penalty("op by op")
+    reference = penalty("torch")[1]
+    assert same_bits(first, first_op)
+    for a, b, r in zip(second, second_op, reference):
+        scale = r.abs().max()
+        assert (a - r).abs().max() <= max(4 * (b - r).abs().max(), 1e-15 * scale)
