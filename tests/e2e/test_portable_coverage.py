@@ -141,9 +141,6 @@ def opinfo(tmp_path_factory):
 LINALG = [
     "linalg.eig.",
     "linalg.eigvals.",
-    "linalg.ldl_factor.",
-    "linalg.ldl_factor_ex.",
-    "linalg.ldl_solve.",
 ]
 SPARSE_COMPLEX = [
     "sparse.mm.reduce",
@@ -152,8 +149,7 @@ SPARSE_COMPLEX = [
 REFUSED = {
     **dict.fromkeys(
         LINALG,
-        "eig: complex results, no nonsymmetric QR iteration; LDL: LAPACK's Bunch-Kaufman "
-        "pivots not reproduced",
+        "eig: complex results, no nonsymmetric QR iteration",
     ),
     **dict.fromkeys(SPARSE_COMPLEX, "products of sparse layouts: not covered"),
 }

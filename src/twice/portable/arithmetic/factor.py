@@ -1,5 +1,6 @@
 """Triangular factorizations and solves whose bits depend only on their inputs: Cholesky, LU
-with partial pivoting, triangular solves, all in float64 on (batched) matrices.
+with partial pivoting, triangular solves, the symmetric indefinite LDL^T (Bunch-Kaufman), all
+in float64 on (batched) matrices.
 
 LAPACK's results depend on its blocking, its BLAS and the instruction set. Here every entry of a
 factor or a solution is one exact inner product (arithmetic/exact: the entry's right-hand side
@@ -7,9 +8,18 @@ minus the products already known, exact then rounded once to float64), then one 
 square root (twice's). The loops run over the matrix's columns or rows, a count fixed by the
 shape; each batch element is computed by the same elementwise steps, so its bits do not depend
 on the batch it is in. Pivots follow one rule: the largest magnitude, the first index on ties.
+
+LDL^T follows LAPACK's sytrf (lower): Bunch-Kaufman's choice of a 1x1 or 2x2 pivot, LAPACK's
+compact layout of L and D and its pivot encoding, so ldl_solve (and a reader of the pivots)
+takes them as LAPACK's. Its columns are computed left-looking (as sytrf's blocked dlasyf does),
+each updated column one exact product rounded once; its pivot choices differ from LAPACK's
+only where its rounding does. Each matrix of a batch is factored on its own (the pivots decide
+the steps).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -24,6 +34,8 @@ __all__ = [
     "permutation",
     "lu_solve",
     "det_from_lu",
+    "ldl_factor",
+    "ldl_solve",
 ]
 
 _F64 = torch.float64
@@ -152,3 +164,170 @@ def det_from_lu(lu: torch.Tensor, pivots: torch.Tensor):
     swaps = (pivots.long() != torch.arange(1, pivots.shape[-1] + 1)).sum(-1)
     sign = 1.0 - 2.0 * (swaps % 2).to(_F64)
     return sign, lu.diagonal(dim1=-2, dim2=-1)
+
+
+_ALPHA = (1.0 + math.sqrt(17.0)) / 8.0  # Bunch-Kaufman's bound (IEEE sqrt: correctly rounded)
+
+
+def _first_max(v: torch.Tensor) -> tuple[int, float]:
+    """The first index of v's largest magnitude (LAPACK's idamax: NaN never wins) and it."""
+    mags = v.abs()
+    index = int(mags.nan_to_num(nan=-1.0).argmax())
+    return index, float(mags[index])
+
+
+class _Sytrf:
+    """One matrix's factorization: working rows in the order of the interchanges so far
+    (`order`: the original row of each), L's and W's (= L D's) columns with every interchange
+    applied, as dlasyf keeps them within its panel."""
+
+    def __init__(self, a: torch.Tensor) -> None:
+        n = self.n = a.shape[-1]
+        low = a.tril()
+        self.s = low + low.tril(-1).mT  # the symmetric matrix the lower triangle holds
+        self.order = torch.arange(n)
+        self.low = torch.zeros(n, n, dtype=_F64)  # L's columns (and D's 2x2 off-diagonals)
+        self.w = torch.zeros(n, n, dtype=_F64)
+        self.pivots = torch.zeros(n, dtype=torch.int32)
+        self.info = 0
+
+    def column(self, j: int, k: int) -> torch.Tensor:
+        """Working column j of the trailing matrix after k steps, rows k..n-1: one exact
+        product, rounded once."""
+        rows = self.order[k:]
+        a = self.s[rows, self.order[j]].unsqueeze(-1)
+        return minus_product(a, self.low[k:, :k], self.w[j : j + 1, :k].mT)[:, 0]
+
+    def swap(self, i: int, j: int, k: int) -> None:
+        """Interchange working rows (and columns) i and j, in the columns done (0..k-1)."""
+        for t in (self.order, self.low, self.w):
+            t[[i, j]] = t[[j, i]]
+
+    def step(self, k: int) -> int:
+        """Pivot step k (a 1x1 or a 2x2 block, as dsytf2 chooses); returns its size."""
+        col = self.column(k, k)
+        absakk = float(col[0].abs())
+        imax, colmax = (k + 1 + (m := _first_max(col[1:]))[0], m[1]) if k + 1 < self.n else (k, 0.0)
+        if max(absakk, colmax) == 0.0 or math.isnan(absakk):
+            self.info = self.info or k + 1  # a zero (or NaN) column: kept as it is
+            self.w[k:, k], self.low[k:, k] = col, col
+            self.pivots[k] = k + 1
+            return 1
+        kp, kstep = k, 1
+        if not absakk >= _ALPHA * colmax:
+            other = self.column(imax, k)  # the trailing matrix's column (and row) imax
+            rest = torch.cat([other[: imax - k], other[imax - k + 1 :]])
+            rowmax = _first_max(rest)[1]
+            if absakk >= _ALPHA * colmax * (colmax / rowmax):
+                pass
+            elif float(other[imax - k].abs()) >= _ALPHA * rowmax:
+                kp = imax
+            else:
+                kp, kstep = imax, 2
+        last = k + kstep - 1
+        if kp != last:
+            self.swap(last, kp, k)
+        if kstep == 1:
+            col = self.column(k, k) if kp != k else col
+            self.w[k:, k] = col
+            self.low[k, k] = col[0]
+            self.low[k + 1 :, k] = col[1:] / col[0]
+            self.pivots[k] = kp + 1
+            return 1
+        c0, c1 = self.column(k, k), self.column(k + 1, k)
+        self.w[k:, k], self.w[k:, k + 1] = c0, c1
+        d21 = c0[1]  # dlasyf's arithmetic for the two columns of L
+        d11, d22 = c1[1] / d21, c0[0] / d21
+        t = 1.0 / (d11 * d22 - 1.0)
+        d21 = t / d21
+        self.low[k, k], self.low[k + 1, k], self.low[k + 1, k + 1] = c0[0], c0[1], c1[1]
+        self.low[k + 2 :, k] = d21 * (d11 * c0[2:] - c1[2:])
+        self.low[k + 2 :, k + 1] = d21 * (d22 * c1[2:] - c0[2:])
+        self.pivots[k] = self.pivots[k + 1] = -(kp + 1)
+        return 2
+
+    def run(self):
+        k = 0
+        while k < self.n:
+            k += self.step(k)
+        # LAPACK's layout: each column of L without the interchanges of the steps after it
+        # (dlasyf's "partially undoing the interchanges in columns 1:k-1")
+        j = self.n - 1
+        while j >= 0:
+            jj, jp = j, int(self.pivots[j])
+            if jp < 0:
+                jp, j = -jp, j - 1
+            j -= 1
+            if jp - 1 != jj and j >= 0:
+                rows = [jp - 1, jj]
+                self.low[rows, : j + 1] = self.low[rows[::-1], : j + 1]
+        return self.low, self.pivots, self.info
+
+
+def ldl_factor(a: torch.Tensor):
+    """(LD, pivots, info) of symmetric float64 a (..., n, n), read from its lower triangle, in
+    LAPACK's sytrf layout (lower): D's 1x1 and 2x2 blocks on the diagonal (and subdiagonal), L
+    unit lower below them, the upper triangle zero; pivots 1-based int32, negative for both
+    rows of a 2x2 block; info the first step whose column was zero (int32)."""
+    n, batch = a.shape[-1], a.shape[:-2]
+    count = math.prod(batch) if n else 0
+    parts = [_Sytrf(m).run() for m in a.reshape(count, n, n)]
+    if not parts:
+        empty = torch.zeros(*batch, n, dtype=torch.int32)
+        return torch.zeros_like(a), empty, torch.zeros(batch, dtype=torch.int32)
+    ld = torch.stack([p[0] for p in parts])
+    pivots = torch.stack([p[1] for p in parts])
+    info = torch.tensor([p[2] for p in parts], dtype=torch.int32)
+    return ld.reshape(a.shape), pivots.reshape(*batch, n), info.reshape(batch)
+
+
+def _ldl_solve_one(ld: torch.Tensor, pivots: list[int], b: torch.Tensor) -> torch.Tensor:
+    """dsytrs (lower) for one matrix: b's rows interchanged and solved step by step, each
+    update one exact product rounded once."""
+    n, x = ld.shape[-1], b.clone()
+
+    def exchange(i, j):
+        if i != j:
+            x[[i, j]] = x[[j, i]]
+
+    k = 0
+    while k < n:  # L D y = P^T b
+        if pivots[k] > 0:
+            exchange(k, pivots[k] - 1)
+            x[k + 1 :] = minus_product(x[k + 1 :], ld[k + 1 :, k : k + 1], x[k : k + 1])
+            x[k] = x[k] / ld[k, k]
+            k += 1
+            continue
+        exchange(k + 1, -pivots[k] - 1)
+        x[k + 2 :] = minus_product(x[k + 2 :], ld[k + 2 :, k : k + 2], x[k : k + 2])
+        akm1k = ld[k + 1, k]
+        akm1, ak = ld[k, k] / akm1k, ld[k + 1, k + 1] / akm1k
+        denom = akm1 * ak - 1.0
+        bkm1, bk = x[k] / akm1k, x[k + 1] / akm1k
+        x[k], x[k + 1] = (ak * bkm1 - bk) / denom, (akm1 * bk - bkm1) / denom
+        k += 2
+    k = n - 1
+    while k >= 0:  # L^T P^T x = y
+        first = k - 1 if pivots[k] < 0 else k
+        x[first : k + 1] = minus_product(
+            x[first : k + 1], ld[k + 1 :, first : k + 1].mT, x[k + 1 :]
+        )
+        exchange(k, abs(pivots[k]) - 1)
+        k = first - 1
+    return x
+
+
+def ldl_solve(ld: torch.Tensor, pivots: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x with A x = b, A = P L D L^T P^T given by ldl_factor's (LD, pivots) (float64,
+    (..., n, n)) and b (..., n, k), broadcast over the batch."""
+    n = ld.shape[-1]
+    batch = torch.broadcast_shapes(ld.shape[:-2], pivots.shape[:-1], b.shape[:-2])
+    shape = (*batch, *b.shape[-2:])
+    if n == 0 or math.prod(shape) == 0:
+        return torch.zeros(shape, dtype=_F64)
+    lds = ld.expand(*batch, n, n).reshape(-1, n, n)
+    pivs = pivots.expand(*batch, n).reshape(-1, n)
+    bs = b.expand(shape).reshape(-1, *b.shape[-2:])
+    return torch.stack(
+        [_ldl_solve_one(m, p.tolist(), c) for m, p, c in zip(lds, pivs, bs)]
+    ).reshape(shape)

@@ -1,5 +1,6 @@
 """Portable kernels for the triangular factorizations and what is built on them: Cholesky, LU,
-triangular and general solves, inverses, determinants, trace and cross products
+the symmetric indefinite LDL^T, triangular and general solves, inverses, determinants, trace
+and cross products
 (arithmetic/factor.py's algorithms, in float64, each result rounded once to its dtype).
 
 Each kernel returns what torch's returns (the same outputs, dtypes and LAPACK layouts: LU and
@@ -134,6 +135,22 @@ def _lu_solve64(lu64, pivots, b64, left, adjoint):
 def _lu_solve(lu, pivots, b, *, left=True, adjoint=False):
     lu64, b64 = as64(lu, b)
     return _lu_solve64(lu64, pivots, b64, left, adjoint).to(torch.result_type(lu, b))
+
+
+@kernel("linalg_ldl_factor_ex.default")
+def _ldl_factor_ex(a, *, hermitian=False, check_errors=False):
+    # real tensors only (the mode refuses complex ones): hermitian and symmetric are the same
+    (a64,) = as64(a)
+    ld, pivots, info = factor.ldl_factor(a64)
+    if check_errors:
+        check(info, "torch.linalg.ldl_factor_ex", "a zero pivot: D is singular")
+    return ld.to(a.dtype), pivots, info
+
+
+@kernel("linalg_ldl_solve.default")
+def _ldl_solve(ld, pivots, b, *, hermitian=False):
+    ld64, b64 = as64(ld, b)
+    return factor.ldl_solve(ld64, pivots, b64).to(torch.result_type(ld, b))
 
 
 @kernel("_linalg_solve_ex.default")

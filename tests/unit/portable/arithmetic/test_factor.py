@@ -69,3 +69,63 @@ def test_minus_product_is_exact_then_rounded_once():
     b = torch.tensor([[2.0**30 + 1], [-1.0]], dtype=torch.float64)
     # (2^30 + 1)^2 - 1 = 2^60 + 2^31: c minus it is exactly -2^31
     assert float(factor.minus_product(big, a, b)) == -(2.0**31)
+
+
+def _symmetric(seed: int) -> torch.Tensor:
+    """A symmetric matrix drawn to exercise Bunch-Kaufman's every branch: a zero or small
+    diagonal forces 2x2 blocks and interchanges, a large one takes 1x1 pivots in place."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 10, (1,), generator=g))
+    a = torch.randn(n, n, generator=g, dtype=torch.float64)
+    a = a + a.mT
+    kind = seed % 4
+    if kind == 0:
+        a.diagonal().zero_()
+    elif kind == 1:
+        a.diagonal().mul_(1e-3)
+    elif kind == 2:
+        a.diagonal().add_(10.0)
+    return a
+
+
+def test_ldl_factor_gives_lapacks_layout_and_pivots_and_solves():
+    """Over generated matrices: LAPACK's pivots exactly (1x1 and 2x2 blocks, interchanges), its
+    factor to float64's precision (upper triangle zero), and solves that agree with LAPACK's."""
+    blocks = set()
+    for seed in range(120):
+        a = _symmetric(seed)
+        ld, pivots, info = factor.ldl_factor(a)
+        ref, ref_pivots, ref_info = torch.linalg.ldl_factor_ex(a)
+        assert torch.equal(pivots, ref_pivots) and int(info) == int(ref_info), seed
+        torch.testing.assert_close(ld, ref, rtol=1e-9, atol=1e-9)
+        assert not ld.triu(1).any()
+        if info:
+            continue  # a zero pivot (a 1x1 zero matrix): nothing to solve
+        b = torch.randn(a.shape[-1], 3, generator=G, dtype=torch.float64)
+        x = factor.ldl_solve(ld, pivots, b)
+        torch.testing.assert_close(
+            x, torch.linalg.ldl_solve(ref, ref_pivots, b), rtol=1e-8, atol=1e-8
+        )
+        blocks.update(
+            "2x2" if p < 0 else "swap" if p != i + 1 else "1x1"
+            for i, p in enumerate(pivots.tolist())
+        )
+    assert blocks == {"1x1", "2x2", "swap"}  # every kind of step was drawn
+
+
+def test_ldl_of_a_batch_a_singular_matrix_and_empty_ones():
+    g = torch.Generator().manual_seed(9)
+    a = torch.randn(4, 3, 3, generator=g, dtype=torch.float64)
+    a = a + a.mT
+    a[0].diagonal().zero_()  # 2x2 blocks
+    a[3] = 0.0
+    ld, pivots, info = factor.ldl_factor(a.reshape(2, 2, 3, 3))
+    assert info.tolist() == [[0, 0], [0, 1]]  # the zero matrix: its first column is zero
+    for i in range(4):  # each element's bits are those it has alone
+        alone = factor.ldl_factor(a[i])
+        assert torch.equal(ld.reshape(4, 3, 3)[i], alone[0])
+        assert torch.equal(pivots.reshape(4, 3)[i], alone[1])
+    empty = factor.ldl_factor(torch.zeros(2, 0, 0, dtype=torch.float64))
+    assert empty[0].shape == (2, 0, 0) and empty[1].shape == (2, 0) and empty[2].shape == (2,)
+    b = torch.zeros(2, 0, 4, dtype=torch.float64)
+    assert factor.ldl_solve(empty[0], empty[1], b).shape == (2, 0, 4)

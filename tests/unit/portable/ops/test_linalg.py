@@ -1,4 +1,5 @@
-"""The linear algebra kernels under portable mode: torch's results to float32's precision,
+"""The linear algebra kernels under portable mode (ldl_factor and ldl_solve among them):
+torch's results to float32's precision,
 torch's outputs and errors for singular inputs, and bits independent of the batch and of the
 compiled kernels."""
 
@@ -30,6 +31,9 @@ CASES = [
     lambda: torch.linalg.solve_triangular(torch.tril(SPD), B.mT, upper=False, left=False),
     lambda: torch.trace(A[0]),
     lambda: torch.linalg.cross(A[..., :3], B[..., :1].expand(3, 5, 3)),
+    lambda: torch.linalg.ldl_factor(A + A.mT)[0],
+    lambda: torch.linalg.ldl_solve(*torch.linalg.ldl_factor(A + A.mT), B),
+    lambda: torch.linalg.ldl_solve(*torch.linalg.ldl_factor(A[0] + A[0].mT, hermitian=True), B),
 ]
 
 
@@ -54,9 +58,11 @@ def test_an_elements_bits_do_not_depend_on_its_batch():
     with PortableMode("strict"):
         whole = torch.linalg.solve(A, B)
         inv = torch.linalg.inv(A)
+        ld, pivots = torch.linalg.ldl_factor(A + A.mT)
         for i in range(3):
             assert torch.equal(torch.linalg.solve(A[i], B[i]), whole[i])
             assert torch.equal(torch.linalg.inv(A[i]), inv[i])
+            assert torch.equal(torch.linalg.ldl_factor(A[i] + A[i].mT)[0], ld[i])
 
 
 def test_singular_inputs_give_torchs_kinds_of_result():
@@ -70,6 +76,9 @@ def test_singular_inputs_give_torchs_kinds_of_result():
             torch.linalg.inv(singular)
         with pytest.raises(torch.linalg.LinAlgError):
             torch.linalg.cholesky(-torch.eye(2))
+        assert int(torch.linalg.ldl_factor_ex(torch.zeros(2, 2)).info) == 1
+        with pytest.raises(torch.linalg.LinAlgError):  # torch's own check fails with an assert
+            torch.linalg.ldl_factor_ex(torch.zeros(2, 2), check_errors=True)
 
 
 def test_gradients_run_through_the_mode_and_agree_with_torch():
