@@ -619,3 +619,35 @@ def test_the_computed_lookup_scan_sees_each_form(tmp_path):
         planted = tmp_path / "planted.py"
         planted.write_text(source)
         assert _computed_lookups(planted), source
+
+
+def _dims_wrapped_by_hand(source: str) -> list[int]:
+    """Lines that wrap a dimension by hand: `d % x.dim()` (or `% max(x.dim(), 1)`, `.ndim`),
+    which turns an index out of range into another dimension where torch raises IndexError."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            for inner in ast.walk(node.right):
+                called = isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute)
+                if (called and inner.func.attr in ("dim", "ndimension")) or (
+                    isinstance(inner, ast.Attribute) and inner.attr == "ndim"
+                ):
+                    found.append(node.lineno)
+                    break
+    return found
+
+
+def test_portable_kernels_wrap_dimensions_by_torchs_rule():
+    """A kernel wraps a dimension argument with torch's own `canonicalize_dim`, which raises
+    torch's IndexError out of range, never with `%` (a 2-d tensor's sum over dim 5 summed dim 1)."""
+    hand = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in sorted((PACKAGE / "portable").rglob("*.py"))
+        if (lines := _dims_wrapped_by_hand(path.read_text()))
+    }
+    assert hand == {}
+
+
+def test_the_dimension_scan_sees_each_form():
+    planted = "a = d % x.dim()\nb = d % max(x.dim(), 1)\nc = d % t.ndim\nd = d % 4\n"
+    assert _dims_wrapped_by_hand(planted) == [1, 2, 3]

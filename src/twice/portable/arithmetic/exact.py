@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch._prims_common import canonicalize_dim
 
 from twice.portable import native
 from twice.portable.arithmetic import scaling
@@ -342,7 +343,9 @@ def exact_sum(
     is float64: an intermediate result)."""
     out_dtype = out_dtype or x.dtype
     precision = precision or (x.dtype if out_dtype == torch.float64 else out_dtype)
-    dims = tuple(range(x.dim())) if dims is None else tuple(d % max(x.dim(), 1) for d in dims)
+    dims = (
+        tuple(range(x.dim())) if dims is None else tuple(canonicalize_dim(x.dim(), d) for d in dims)
+    )
     if x.dim() == 0 or x.numel() == 0:
         return x.to(torch.float64).sum(dim=dims, keepdim=keepdim).to(out_dtype)
     count, beta = slices_for(precision), beta_for(math.prod(x.shape[d] for d in dims), 1)
@@ -376,7 +379,7 @@ def exact_cumsum(x: torch.Tensor, dim: int, out_dtype=None) -> torch.Tensor:
     slices' integers are summed in int64-sized float64 (below 2**53), so any scan order gives
     the same bits."""
     out_dtype = out_dtype or x.dtype
-    dim = dim % max(x.dim(), 1)
+    dim = canonicalize_dim(x.dim(), dim)
     if x.dim() == 0 or x.numel() == 0:
         return x.to(out_dtype).clone()
     x64 = x.to(torch.float64)

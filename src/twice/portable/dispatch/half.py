@@ -12,10 +12,11 @@ the values alone. Either way every bit depends on the inputs only, on any machin
 What the outputs' dtypes are is asked of torch (the operation run on meta tensors), so an
 operation whose result is float32 by its arguments (a sum with `dtype=torch.float32`) stays so.
 The answer is kept per overload and argument signature (`_signature`: each tensor's dtype and
-device, each other value's type, or the value itself where it is a dtype, device, string or the
-like): torch's promotion reads nothing else, and a meta run goes through Python decompositions
-that cost more than the kernel (1.5 ms for an `addmm`). A call with a 0-dimensional tensor is asked
-afresh: promotion tells such a tensor from a wrapped Python number, which Python cannot see.
+device, each other value's type, or the value itself where it is a flag, a dtype, a device, a
+string or the like), where the meta run gave one: torch's promotion reads nothing else, and a
+meta run goes through Python decompositions that cost more than the kernel (1.5 ms for an
+`addmm`). A call with a 0-dimensional tensor is asked afresh: promotion tells such a tensor
+from a wrapped Python number, which Python cannot see.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ def _signature(value):
         return (type(value).__name__, *(_signature(v) for v in value))
     if isinstance(value, dict):
         return ("dict", *((k, _signature(v)) for k, v in sorted(value.items())))
-    if isinstance(value, _VALUES):
-        return value
+    if isinstance(value, (bool, *_VALUES)):  # a flag may choose the dtype (half_to_float)
+        return (type(value), value)
     return type(value)
 
 
@@ -67,11 +68,14 @@ def _expected(func, args, kwargs):
         key = (func, _signature(args), _signature(kwargs))
     except _Uncached:
         return _meta_dtypes(func, args, kwargs)
-    if key not in _CACHE:
-        if len(_CACHE) >= _CACHE_SIZE:
-            _CACHE.clear()
-        _CACHE[key] = _meta_dtypes(func, args, kwargs)
-    return _CACHE[key]
+    found = _CACHE.get(key)
+    if found is None:
+        found = _meta_dtypes(func, args, kwargs)
+        if found is not None:  # a call that failed (a dim out of range) decides nothing
+            if len(_CACHE) >= _CACHE_SIZE:
+                _CACHE.clear()
+            _CACHE[key] = found
+    return found
 
 
 def _meta_dtypes(func, args, kwargs):

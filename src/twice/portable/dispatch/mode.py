@@ -183,9 +183,9 @@ class PortableMode(TorchDispatchMode):
                 if not operands.scan((result,), None) & operands.VALUES:
                     return result
             try:
-                check = getattr(handler, "precheck", None)  # a kernel's check on its arguments
-                if check is not None:
-                    check(*args, **kwargs)
+                operands.check_dims(func, args, kwargs)  # torch's IndexError, not another dim
+                if (check := getattr(handler, "precheck", None)) is not None:
+                    check(*args, **kwargs)  # a kernel's own check on its arguments
                 if found & operands.HALF:
                     return half.run(func, handler, args, kwargs)
                 return handler(*args, **kwargs)

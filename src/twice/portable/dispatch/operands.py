@@ -1,12 +1,14 @@
 """What an operation's arguments hold, read before every kernel the mode runs (plain loops,
 no generators): complex tensors, sparse ones, floating-point ones and their precision, whether
-any has elements; and whether an overload takes a dtype."""
+any has elements; whether an overload takes a dtype; and whether its dimension arguments are in
+range (`check_dims`: torch's IndexError before a kernel reads one)."""
 
 from __future__ import annotations
 
 import functools
 
 import torch
+from torch._prims_common import canonicalize_dim
 
 from twice.portable.dispatch import half
 
@@ -16,6 +18,7 @@ __all__ = [
     "promoted",
     "tensors",
     "takes_dtype",
+    "check_dims",
     "INEXACT_ANY",
     "INEXACT",
     "HALF",
@@ -126,3 +129,29 @@ def _flags(t: torch.Tensor) -> int:
         | (0 if t.layout is torch.strided else SPARSE)
         | (COMPLEX_T if t.is_complex() else 0)
     )
+
+
+@functools.cache
+def _dim_arguments(func) -> tuple:
+    """The positions and names of an overload's `dim`/`dims` arguments, where its first argument
+    is the tensor they index (`self` or `input`); empty otherwise."""
+    arguments = func._schema.arguments
+    if not arguments or arguments[0].name not in ("self", "input"):
+        return ()
+    if not isinstance(arguments[0].type, torch.TensorType):
+        return ()
+    return tuple((i, a.name) for i, a in enumerate(arguments) if a.name in ("dim", "dims"))
+
+
+def check_dims(func, args, kwargs) -> None:
+    """Raise torch's IndexError where a dimension argument is out of range for the tensor it
+    indexes, as torch's kernel would before reading a value."""
+    found = _dim_arguments(func)
+    if not found or not isinstance(args[0], torch.Tensor):
+        return
+    rank = args[0].dim()
+    for index, name in found:
+        value = args[index] if index < len(args) else kwargs.get(name)
+        for dim in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(dim, int):
+                canonicalize_dim(rank, dim)

@@ -28,6 +28,7 @@ torch's own generator: they are kernels (Philox) or uncovered.
 from __future__ import annotations
 
 import torch
+from torch._prims_common import canonicalize_dim
 
 from twice.portable.dispatch.table import COMPLEX_EXACT, EXACT, KERNELS, NOT_EXACT
 
@@ -108,7 +109,7 @@ _PRIM_ADAPTED = {  # prims whose aten namesake takes its arguments in another fo
 
 
 def _prod_over(x, dims, output_dtype):
-    for dim in sorted((d % max(x.dim(), 1) for d in dims), reverse=True):
+    for dim in sorted((canonicalize_dim(x.dim(), d) for d in dims), reverse=True):
         x = torch.ops.aten.prod.dim_int(x, dim, False, dtype=output_dtype)
     return x
 
@@ -153,8 +154,10 @@ def _positional(func) -> list[str]:
 
 METADATA = "metadata"
 """The exact route's handler slot for an operation that reads no value: a sparse tensor's
-count of stored values, its dimensions, whether it is coalesced."""
+count of stored values, its dimensions, whether it is coalesced, whether two tensors' storages
+hold as many elements (forward-mode AD asks)."""
 _METADATA = {"is_coalesced", "_nnz", "sparse_dim", "dense_dim", "_dimI", "_dimV"}
+_METADATA |= {"_has_same_storage_numel"}
 
 
 def route(func) -> tuple[int, object, str]:

@@ -104,7 +104,8 @@ EXACT = frozenset(
     _pack_padded_sequence _pad_packed_sequence _pack_padded_sequence_backward
     deg2rad rad2deg
     native_dropout_backward nan_to_num nan_to_num_ bucketize searchsorted one_hot
-    sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal
+    sym_size sym_stride sym_numel sym_storage_offset is_same_size item equal _has_same_storage_numel
+    _new_zeros_with_same_feature_meta
     set_ resize_as_ pin_memory _pin_memory is_pinned expand_as index_copy index_copy_ index_fill
     index_fill_ masked_scatter masked_scatter_ _unsafe_view _unsafe_index fill_diagonal_
     rot90 unfold_copy nonzero_static masked_scatter_backward hash_tensor _to_sparse is_coalesced

@@ -15,6 +15,7 @@ import math
 import os
 
 import torch
+from torch._prims_common import canonicalize_dim
 
 from twice.portable.arithmetic.coefficients import BINARY_KERNELS, UNARY_KERNELS
 
@@ -215,7 +216,7 @@ def _rows(x: torch.Tensor, dims: tuple[int, ...] | None):
     """x with the dimensions `dims` moved last, contiguous, as (rows, cols); and the kept shape."""
     if dims is None:
         return x.contiguous().reshape(1, -1), ()
-    dims = tuple(sorted(d % x.dim() for d in dims))
+    dims = tuple(sorted(canonicalize_dim(x.dim(), d) for d in dims))
     kept = [d for d in range(x.dim()) if d not in dims]
     moved = x.permute(*kept, *dims).contiguous()
     cols = math.prod(x.shape[d] for d in dims)
@@ -246,9 +247,9 @@ def split_rows(x: torch.Tensor, dims, beta: int):
         dims is not None
         and len(dims) == 1
         and x.dim() in (2, 3)
-        and dims[0] % x.dim() >= x.dim() - 2
+        and canonicalize_dim(x.dim(), dims[0]) >= x.dim() - 2
     ):
-        axis = 0 if dims[0] % x.dim() == x.dim() - 1 else 1
+        axis = 0 if canonicalize_dim(x.dim(), dims[0]) == x.dim() - 1 else 1
         flipped = x.transpose(-1, -2)
         if not x.is_contiguous() and flipped.is_contiguous():
             parts = _split_blocks(flipped, 1 - axis, beta)
@@ -264,7 +265,7 @@ def split_rows(x: torch.Tensor, dims, beta: int):
     ints, units = parts
     if dims is None:
         return [(ints.reshape(x.shape), units.reshape(()))]
-    dims = tuple(sorted(d % x.dim() for d in dims))
+    dims = tuple(sorted(canonicalize_dim(x.dim(), d) for d in dims))
     order = kept + list(dims)
     back = [order.index(d) for d in range(x.dim())]
     unit_shape = [1 if d in dims else x.shape[d] for d in range(x.dim())]
@@ -348,7 +349,9 @@ def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):
     does not apply."""
     if not usable(x) or x.numel() == 0 or x.dim() == 0:
         return None
-    lead = dims is not None and sorted(d % x.dim() for d in dims) == list(range(len(dims)))
+    lead = dims is not None and sorted(canonicalize_dim(x.dim(), d) for d in dims) == list(
+        range(len(dims))
+    )
     if count == 1 and lead and len(dims) < x.dim() and x.is_contiguous():
         # the leading dimensions: column sums of a (rows, cols) matrix, read in place
         cols = math.prod(x.shape[len(dims) :])
@@ -368,7 +371,7 @@ def row_sums(x: torch.Tensor, dims, beta: int, count: int, keepdim: bool):
     )  # fmt: skip
     if not finite:
         return False
-    reduced = set(range(x.dim())) if dims is None else {d % x.dim() for d in dims}
+    reduced = set(range(x.dim())) if dims is None else {canonicalize_dim(x.dim(), d) for d in dims}
     if keepdim:
         return out.reshape([1 if d in reduced else x.shape[d] for d in range(x.dim())])
     return out.reshape([x.shape[d] for d in kept])

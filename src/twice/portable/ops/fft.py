@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch._prims_common import canonicalize_dim
 
 from twice.portable.arithmetic import dft
 from twice.portable.dispatch.table import PortableUnsupported, complex_kernel, kernel
@@ -58,7 +59,7 @@ def fft_r2c(x, dim, normalization, onesided):
     """The forward transform of a real tensor over `dim`: the last of them one-sided (entries
     0 .. n // 2) when `onesided`."""
     dtype = _real_dtype(x)
-    dims = [d % x.dim() for d in dim]
+    dims = [canonicalize_dim(x.dim(), d) for d in dim]
     re, im = dft.real_dft(x.to(_F64), dims[-1], onesided)
     for d in dims[:-1]:
         re, im = dft.complex_dft(re, im, d, True)
@@ -70,7 +71,7 @@ def fft_r2c(x, dim, normalization, onesided):
 def fft_c2c(x, dim, normalization, forward):
     """The forward (exponent -) or backward (+) transform of a complex tensor over `dim`."""
     re, im = _parts(x)
-    dims = [d % x.dim() for d in dim]
+    dims = [canonicalize_dim(x.dim(), d) for d in dim]
     for d in dims:
         re, im = dft.complex_dft(re, im, d, forward)
     re, im = _normalised((re, im), normalization, [x.shape[d] for d in dims])
@@ -82,7 +83,7 @@ def fft_c2r(x, dim, normalization, last_dim_size):
     """The backward transform of a one-sided spectrum over `dim` to a real tensor whose last
     transformed dimension has `last_dim_size` entries."""
     re, im = _parts(x)
-    dims = [d % x.dim() for d in dim]
+    dims = [canonicalize_dim(x.dim(), d) for d in dim]
     for d in dims[:-1]:
         re, im = dft.complex_dft(re, im, d, False)
     (out,) = _normalised(

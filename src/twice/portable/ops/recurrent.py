@@ -18,7 +18,7 @@ the input, the initial states, the input weights and the input bias are the op-b
 bits (the same kernels on the same values in the same order: tests hold them equal); the
 recurrent weight's and the recurrent bias's gradients are exact sums over every step rounded
 once, where the op-by-op route rounds once per step. Both depend on the inputs alone. A cell's
-call is one step, so all of its outputs and gradients are the op-by-op route's bits.
+call is one step, so its outputs and first-order gradients are the op-by-op route's bits.
 
 The fused path is taken for CPU tensors of float32 or float64, one dtype throughout, without
 projections (`proj_size`), packed sequences or autocast, when the portable mode is the
@@ -95,7 +95,13 @@ class RecurrentLayer(torch.autograd.Function):
             order = _order(steps, reverse)
             saved, h_n, c_n = cell.forward(gx, recurrent, h0, c0, b_hh, order, y)
         ctx.kind, ctx.reverse = kind, reverse
-        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, y, *saved)
+        # the input and the initial state are kept as inputs only where a gradient is taken of
+        # them or with them (as the op-by-op route keeps them); else a copy of their values
+        need = ctx.needs_input_grad
+        keep = [need[2] or need[5], need[3] or need[6]]
+        ctx.copies = [None if k else t.detach().clone() for k, t in zip(keep, (x, h0))]
+        kept = [t if k else None for k, t in zip(keep, (x, h0))]
+        ctx.save_for_backward(*kept, c0, w_ih, w_hh, b_ih, b_hh, y, *saved)
         return (y, h_n, c_n) if cell.has_cell else (y, h_n)
 
     @staticmethod
@@ -105,7 +111,7 @@ class RecurrentLayer(torch.autograd.Function):
         differentiated again."""
         if torch.is_grad_enabled():
             return _differentiable_backward(ctx, dy, dh_n, dc_n)
-        x, h0, c0, w_ih, w_hh, b_ih, b_hh, y, *saved = ctx.saved_tensors
+        x, h0, c0, w_ih, w_hh, b_ih, b_hh, y, *saved = _saved(ctx)
         with _bare():
             steps, batch = x.shape[0], x.shape[1]
             order = _order(steps, ctx.reverse)
@@ -128,6 +134,13 @@ class RecurrentLayer(torch.autograd.Function):
         )  # fmt: skip
 
 
+def _saved(ctx) -> list:
+    """The saved tensors, with the copies kept in place of the input and initial state."""
+    saved = list(ctx.saved_tensors)
+    saved[:2] = [c if c is not None else t for c, t in zip(ctx.copies, saved[:2])]
+    return saved
+
+
 def _differentiable_backward(ctx, dy, dh_n, dc_n):
     """The gradients a second derivative can go through (`create_graph=True`): the layer run
     again op by op (torch's own composition, each operation routed through the portable mode,
@@ -135,7 +148,7 @@ def _differentiable_backward(ctx, dy, dh_n, dc_n):
     the recurrent weight's gradient too."""
     # each input by a node of its own: where one is made from another (a cell's input sliced
     # from the hidden state it is also given), the gradient of each counts its own uses only
-    saved = (None if t is None else t.view_as(t) for t in ctx.saved_tensors[:7])
+    saved = (None if t is None else t.view_as(t) for t in _saved(ctx)[:7])
     x, h0, c0, w_ih, w_hh, b_ih, b_hh = saved
     weights = [w for w in (w_ih, w_hh, b_ih, b_hh) if w is not None]
     steps = x.flip(0) if ctx.reverse else x  # a reversed layer is a forward one on flipped time
@@ -209,9 +222,13 @@ def cell(kind, original, *args):
 def _cell_fusable(kind, args) -> bool:
     """A batched call of CPU float32/float64 tensors of one dtype with the shapes torch accepts
     (anything else runs as torch runs it, with torch's error where there is one)."""
-    if not 4 <= len(args) <= 6 or not isinstance(_get_current_dispatch_mode(), _installed["mode"]):
+    if not 4 <= len(args) <= 6 or not _plain_autograd():
         return False
     x, hx, w_ih, w_hh, *biases = args
+    if len({b is None for b in biases}) > 1 or len(biases) == 1:
+        return False  # one bias: the op-by-op re-run of a second derivative takes both or none
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        return False
     states = list(hx) if kind == "lstm" and isinstance(hx, (list, tuple)) else [hx]
     if len(states) != (2 if kind == "lstm" else 1):
         return False
@@ -233,10 +250,21 @@ def _cell_fusable(kind, args) -> bool:
     )
 
 
+def _plain_autograd() -> bool:
+    """Portable mode is the thread's innermost dispatch mode, and neither a torch.func transform
+    (grad, vmap, jvp) nor forward-mode AD is active: the fused Function has no rules for them,
+    so such calls run op by op."""
+    if not isinstance(_get_current_dispatch_mode(), _installed["mode"]):
+        return False
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    return torch.autograd.forward_ad._current_level < 0
+
+
 def _fusable(kind, args) -> bool:
     if len(args) != 9 or not isinstance(args[3], bool):
         return False  # the packed-sequence form: (data, batch_sizes, hx, params, has_biases, ...)
-    if not isinstance(_get_current_dispatch_mode(), _installed["mode"]):
+    if not _plain_autograd():
         return False
     inputs, hx, params, has_biases, num_layers, _, _, bidirectional, _ = args
     states = list(hx) if kind == "lstm" else [hx]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch._prims_common import canonicalize_dim
 
 from twice.portable.dispatch.table import KERNELS, PortableUnsupported, kernel
 from twice.portable.ops.functions import _linspace, _logspace
@@ -58,7 +59,9 @@ def _renorm(x, p, dim, maxnorm):
     """Each slice along `dim` scaled by maxnorm / (norm + 1e-7) where its p-norm exceeds
     maxnorm (torch's formula), the norm by the portable vector norm."""
     floating(x)
-    dims = [d for d in range(x.dim()) if d != dim % max(x.dim(), 1)]
+    n = x.dim()
+    torch._check(n > 1, lambda: f"renorm: input needs at least 2 dimensions, got {n} dimensions")
+    dims = [d for d in range(x.dim()) if d != canonicalize_dim(x.dim(), dim)]
     norm = KERNELS["linalg_vector_norm.default"](x, p, dims, True).to(_F64)
     factor = torch.where(norm > float(maxnorm), float(maxnorm) / (norm + 1e-7), 1.0)
     return (x.to(_F64) * factor).to(x.dtype)
@@ -124,7 +127,7 @@ def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
     if self.dim() == 0:
         self, source = self.reshape(1), source.reshape(1)
         return _index_reduce(self, 0, index, source, reduce, include_self=include_self)[0]
-    dim = dim % self.dim()
+    dim = canonicalize_dim(self.dim(), dim)
     shape = [1] * source.dim()
     shape[dim] = -1
     spread = index.reshape(shape).expand(source.shape)

@@ -13,6 +13,7 @@ import builtins
 import math
 
 import torch
+from torch._prims_common import canonicalize_dim
 
 from twice.portable.dispatch.table import PortableUnsupported, kernel
 from twice.portable.ops.functions import _linspace
@@ -97,7 +98,7 @@ def _segment_reduce(
     floating(data)
     if not data.is_floating_point() or indices is not None:
         raise PortableUnsupported("segment_reduce with indices or on integers")
-    axis = axis % data.dim()
+    axis = canonicalize_dim(data.dim(), axis)
     index, offsets = _segment_index(data, axis, lengths, offsets)
     count = offsets.shape[-1] - 1
     length = (offsets[..., 1:] - offsets[..., :-1]).to(_F64)
@@ -154,7 +155,7 @@ def _segment_reduce_backward(
     it to the elements equal to the result (or NaN), a positive share divided among ties, prod
     gives grad x output / x (the other elements' product where x is 0 or NaN)."""
     floating(grad, data)
-    axis = axis % data.dim()
+    axis = canonicalize_dim(data.dim(), axis)
     index, offsets = _segment_index(data, axis, lengths, offsets)
     count = offsets.shape[-1] - 1
 

@@ -52,6 +52,7 @@ def _dtype_cases():
         lambda: h.sum(1, dtype=torch.float64), lambda: h.sum(1), lambda: z + z64,
         lambda: z + 2.0, lambda: z * 3, lambda: h * z64, lambda: torch.cat([h, h]),
         lambda: torch.cat([h, f32]), lambda: h.to(torch.float32), lambda: h.mean(0),
+        lambda: torch.ops.aten._softmax.default(h, 1, False), lambda: torch.softmax(h, 1),
     ]  # fmt: skip
 
 
@@ -67,6 +68,19 @@ def test_the_outputs_dtypes_are_torchs_in_every_order_of_calls():
         with PortableMode("strict"):
             got = [(i, cases[i]().dtype) for i in order]
         assert got == [(i, expected[i]) for i in order]
+
+
+def test_a_flag_and_a_failed_call_do_not_answer_another_call():
+    """A flag that chooses the dtype (`_softmax`'s half_to_float) is part of the signature, and
+    a call that failed (a dimension out of range) leaves no answer for the next."""
+    h = torch.randn(4, 3).bfloat16()
+    half._CACHE.clear()
+    with PortableMode("strict"):
+        assert torch.ops.aten._softmax.default(h, 1, True).dtype == torch.float32
+        assert torch.softmax(h, 1).dtype == torch.bfloat16
+        with pytest.raises(IndexError):
+            h.sum(5, dtype=torch.float32)
+        assert h.sum(1, dtype=torch.float32).dtype == torch.float32
 
 
 def test_a_signature_is_asked_of_torch_once(monkeypatch):

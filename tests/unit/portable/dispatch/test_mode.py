@@ -328,3 +328,52 @@ def test_random_draws_into_integer_tensors_come_from_philox_and_sums_stay_exact(
     )
     with pytest.raises(PortableError, match="in-place sum"), PortableMode("strict"):
         c.clone().add_(c)
+
+
+_DIM_CALLS = {
+    "sum": lambda x, d: x.sum(d),
+    "sum dtype": lambda x, d: x.sum(d, dtype=torch.float64),
+    "nansum": lambda x, d: x.nansum(d),
+    "mean": lambda x, d: x.mean(d),
+    "cumsum": lambda x, d: x.cumsum(d),
+    "cumprod": lambda x, d: x.cumprod(d),
+    "logcumsumexp": lambda x, d: x.logcumsumexp(d),
+    "norm": lambda x, d: x.norm(dim=d),
+    "vector_norm": lambda x, d: torch.linalg.vector_norm(x, dim=d),
+    "var": lambda x, d: x.var(d),
+    "std": lambda x, d: x.std(d),
+    "amax": lambda x, d: x.amax(d),
+    "prod": lambda x, d: x.prod(d),
+    "softmax": lambda x, d: x.softmax(d),
+    "log_softmax": lambda x, d: x.log_softmax(d),
+    "logsumexp": lambda x, d: x.logsumexp(d),
+    "fft": lambda x, d: torch.fft.fft(x, dim=d),
+    "rfftn": lambda x, d: torch.fft.rfftn(x, dim=(d,)),
+    "cat": lambda x, d: torch.cat([x, x], d),
+    "flip": lambda x, d: x.flip(d),
+    "sort": lambda x, d: x.sort(d)[0],
+    "cummax": lambda x, d: x.cummax(d)[0],
+    "renorm": lambda x, d: x.renorm(2, d, 1.0),
+    "bf16 sum": lambda x, d: x.bfloat16().sum(d, dtype=torch.float32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DIM_CALLS))
+def test_a_dimension_out_of_range_is_torchs_index_error(name):
+    """Every dimension from -4 to 3 of a 2-d tensor (and 0-d): under the mode the call raises
+    exactly where torch does (torch's IndexError where torch's is one; the mode checks every
+    kernel's `dim` arguments, operands.check_dims), and otherwise gives torch's shape."""
+    call = _DIM_CALLS[name]
+    for x in (torch.randn(4, 3), torch.randn(())):
+        for d in range(-4, 4):
+            try:
+                expected = call(x, d).shape
+            except (IndexError, RuntimeError) as exc:
+                expected = type(exc)
+            try:
+                with PortableMode("strict"):
+                    got = call(x, d).shape
+            except (IndexError, RuntimeError) as exc:
+                # where torch's kernel checks something else first (renorm: the rank), an error
+                got = type(exc) if expected is not RuntimeError else RuntimeError
+            assert got == expected, (x.dim(), d)

@@ -300,3 +300,67 @@ def test_a_second_derivative_through_cells_is_torchs(reuse):
     for a, b, r in zip(second, second_op, reference):
         scale = r.abs().max()
         assert (a - r).abs().max() <= max(4 * (b - r).abs().max(), 1e-15 * scale)
+
+
+def _routes(run):
+    """run() on the fused route and op by op (each in strict portable mode)."""
+    out = []
+    for fused in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            if fused:
+                patch.delenv(NO_FUSED_RNN, raising=False)
+            else:
+                patch.setenv(NO_FUSED_RNN, "1")
+            torch.manual_seed(0)
+            with PortableMode("strict"):
+                out.append(run())
+    return out
+
+
+def test_cells_under_transforms_one_bias_and_saved_inputs_run_as_op_by_op():
+    """What the fused Function has no rule for runs op by op (torch.func, forward-mode AD); a
+    cell given one bias differentiates twice; an input no gradient needs may change before
+    the backward, or be an inference tensor, as op by op."""
+    from torch.func import grad, vmap
+
+    def transforms():
+        cell = torch.nn.GRUCell(3, 4)
+        x, h = torch.randn(5, 3), torch.randn(5, 4)
+        g = grad(lambda x: cell(x, h).sum())(x)
+        v = vmap(lambda x: cell(x.unsqueeze(0), h[:1]).squeeze(0))(x)
+        with torch.autograd.forward_ad.dual_level():
+            dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+            tangent = torch.autograd.forward_ad.unpack_dual(cell(dual, h)).tangent
+        return g, v, tangent
+
+    def one_bias():
+        x = torch.randn(5, 3, requires_grad=True)
+        w_ih, w_hh, b_ih = torch.randn(16, 3), torch.randn(16, 4), torch.randn(16)
+        h, c = torch._VF.lstm_cell(x, (torch.zeros(5, 4), torch.zeros(5, 4)), w_ih, w_hh, b_ih)
+        (first,) = torch.autograd.grad((h * h).sum(), x, create_graph=True)
+        return (first,)
+
+    def saved():
+        cell = torch.nn.RNNCell(3, 4)
+        cell.weight_ih.requires_grad_(False)
+        with torch.inference_mode():
+            frozen = torch.randn(5, 3)
+        x, h = torch.randn(5, 3), torch.randn(5, 4, requires_grad=True)
+        out = cell(x, h) + cell(frozen, h)
+        x.copy_(torch.randn(5, 3))  # refilled before the backward: no gradient needs it
+        out.sum().backward()
+        return (h.grad, cell.weight_hh.grad)
+
+    for run in (transforms, one_bias, saved):
+        fused, plain = _routes(run)
+        assert all(same_bits(a, b) for a, b in zip(fused, plain)), run.__name__
+
+
+def test_a_cell_given_a_0_dimensional_input_raises_torchs_error():
+    cell = torch.nn.GRUCell(3, 4)
+    args = (torch.tensor(1.0), torch.zeros(1, 4), *cell.parameters())
+    with pytest.raises((IndexError, RuntimeError)) as plain:
+        torch._VF.gru_cell(*args)
+    with PortableMode("strict"), pytest.raises(plain.type) as ours:
+        torch._VF.gru_cell(*args)
+    assert str(ours.value) == str(plain.value)
