@@ -144,14 +144,16 @@ LINALG = [
 ]
 SPARSE_COMPLEX = [
     "sparse.mm.reduce",
-    "sparse.sampled_addmm.",
 ]
 REFUSED = {
     **dict.fromkeys(
         LINALG,
         "eig: complex results, no nonsymmetric QR iteration",
     ),
-    **dict.fromkeys(SPARSE_COMPLEX, "products of sparse layouts: not covered"),
+    **dict.fromkeys(
+        SPARSE_COMPLEX,
+        "a CSR product's row reductions (mean, amax, amin, prod) and their backward: not covered",
+    ),
 }
 
 

@@ -289,8 +289,12 @@ def _reduced_dtype(x, dtype):
     return x.dtype if x.is_floating_point() else torch.int64
 
 
-@kernel("sum.dim_IntList", "sum.default")
+@kernel("sum.dim_IntList", "sum.default", sparse=True)
 def _sum_(x, dim=None, keepdim=False, *, dtype=None):
+    if x.layout is not torch.strided:  # a sparse tensor's total: each stored value once
+        if dim is not None:
+            raise PortableUnsupported(f"a sum of a {x.layout} tensor over some dimensions")
+        x = x._values() if x.layout is torch.sparse_coo else x.values()
     floating(x)
     out = _reduced_dtype(x, dtype)
     if not out.is_floating_point and not x.is_floating_point():

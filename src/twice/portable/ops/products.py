@@ -1,7 +1,7 @@
 """Portable kernels for matrix products: mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot, all
-exact then rounded once (exact.py). A bias or a scaled input is added after the product is
-rounded, as the separate operations torch's decompositions spell, so a linear layer has the
-same bits whichever form torch picks for it."""
+exact then rounded once (exact.py); mm with a CSR operand through sparse.py. A bias or a
+scaled input is added after the product is rounded, as the separate operations torch's
+decompositions spell, so a linear layer has the same bits whichever form torch picks for it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from twice.portable.arithmetic.exact import exact_addmm, exact_matmul
 from twice.portable.dispatch.table import kernel
+from twice.portable.ops import sparse
 from twice.portable.ops.math import floating
 
 _F64 = torch.float64
@@ -24,8 +25,10 @@ def _affine(product, bias, beta, alpha, dtype):
     return torch.add(product, bias if beta == 1 else torch.mul(bias, beta))
 
 
-@kernel("mm.default", "bmm.default", "matmul.default")
+@kernel("mm.default", "bmm.default", "matmul.default", sparse=True)
 def _mm(a, b):
+    if a.layout is not torch.strided or b.layout is not torch.strided:
+        return sparse.csr_mm(a, b)  # a CSR matrix times a dense one; other layouts refused
     floating(a, b)
     if not a.is_floating_point():
         return torch.matmul(a, b)

@@ -15,6 +15,7 @@ import torch
 from torch._prims_common import canonicalize_dim
 
 from twice.portable.dispatch.table import KERNELS, PortableUnsupported, kernel
+from twice.portable.ops import sparse
 from twice.portable.ops.functions import _linspace, _logspace
 from twice.portable.ops.linear import _accumulate, _scatter_reduce
 from twice.portable.ops.math import floating
@@ -215,6 +216,8 @@ def _histogram_edges(x, bins, *, weight=None, density=False):
 def _to_dense(x, dtype=None, masked_grad=None):
     """A sparse tensor made dense: its values placed, exact where each position has one value (a
     coalesced COO tensor, what to_sparse gives); duplicates would be added, in torch's order."""
+    if x.layout is torch.sparse_csr:
+        return sparse.dense_of(x).to(dtype or x.dtype)  # refused where it may hold duplicates
     if x.layout != torch.sparse_coo or not x.is_coalesced():
         raise PortableUnsupported(f"to_dense of a {x.layout} tensor that may hold duplicates")
     return aten._to_dense.default(x, dtype, masked_grad)
@@ -224,6 +227,7 @@ def _to_dense(x, dtype=None, masked_grad=None):
 def _sparse_mask(x, mask):
     """x's values at mask's positions: a selection, exact where x holds one value a position (a
     strided tensor, or a coalesced COO one)."""
-    if x.layout != torch.strided and (x.layout != torch.sparse_coo or not x.is_coalesced()):
+    held_once = x.is_coalesced() if x.layout is torch.sparse_coo else sparse.distinct(x)
+    if x.layout != torch.strided and not held_once:
         raise PortableUnsupported(f"sparse_mask of a {x.layout} tensor that may hold duplicates")
     return aten.sparse_mask.default(x, mask)

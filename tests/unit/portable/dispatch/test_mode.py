@@ -124,12 +124,12 @@ def test_sparse_tensors_are_refused_by_name_where_a_kernel_would_read_them_dense
     kernel; so is any operation, a view or a metadata-free exact one included, on an
     uncoalesced COO tensor (torch would add its duplicates in its own order). Going to sparse
     and back, a gradient through it, adding coalesced sparse tensors and asking a sparse tensor
-    its count of values are exact and covered."""
+    its count of values and its total are exact and covered."""
     dense = torch.tensor([[0.0, 2.0, 0.5], [3.0, 0.0, -1.0]])
     loose = torch.sparse_coo_tensor([[0, 0, 1], [1, 1, 2]], [1.0, 2.0, 4.0], (2, 3))
     int_loose = torch.sparse_coo_tensor([[0, 0], [1, 1]], torch.tensor([1, 1]), (2, 3))
     calls = [
-        lambda: dense.to_sparse().sum(),
+        lambda: dense.to_sparse().sum(0),
         lambda: torch.sparse.mm(dense.to_sparse(), dense.t()),
         lambda: dense.to_sparse().exp(),
         lambda: loose * 2.0,
@@ -153,12 +153,14 @@ def test_sparse_tensors_are_refused_by_name_where_a_kernel_would_read_them_dense
         added = [dense + sp, dense - sp, dense.add(sp, alpha=0.5)]
         csr = dense.to_sparse_csr() + dense.to_sparse_csr()
         count, flag = loose._nnz(), loose.is_coalesced()
+        total = dense.to_sparse().sum()
     plain = torch.autograd.grad(leaf.to_sparse().to_dense(), leaf, torch.full_like(dense, 3.0))
     assert torch.equal(back, dense) and torch.equal(grad, plain[0])  # 3 where a value is held
     assert torch.equal(masked.to_dense(), dense)
     want = [dense + dense, torch.zeros_like(dense), dense + dense * 0.5]
     assert all(torch.equal(g.to_dense(), w) for g, w in zip(added, want))
     assert torch.equal(csr.to_dense(), dense + dense) and (count, flag) == (3, False)
+    assert float(total) == 4.5
 
 
 def test_an_integer_tensor_through_a_floating_point_function_takes_the_portable_kernel():
