@@ -21,6 +21,8 @@ from a wrapped Python number, which Python cannot see.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
@@ -31,10 +33,6 @@ HALF = (torch.float16, torch.bfloat16)
 
 def _is_half(value) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype in HALF
-
-
-def _widen(value):
-    return value.to(torch.float32) if _is_half(value) else value
 
 
 _VALUES = (str, torch.dtype, torch.device, torch.layout, torch.memory_format, type(None))
@@ -96,13 +94,41 @@ def _meta_dtypes(func, args, kwargs):
     return [leaf.dtype if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
 
 
-def _written(func) -> list[int]:
-    """The positions of the arguments the overload writes (in-place and out= forms)."""
-    return [
-        i
+@functools.cache
+def _written(func) -> tuple[tuple[int, str], ...]:
+    """The positions and names of the arguments the overload writes (in-place and out=)."""
+    return tuple(
+        (i, a.name)
         for i, a in enumerate(func._schema.arguments)
         if a.alias_info is not None and a.alias_info.is_write
-    ]
+    )
+
+
+def _widened(value):
+    """value with its half-precision tensors (in lists and dicts too) as float32 copies; the
+    same object where it holds none (plain loops: this runs on every half-precision call)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(torch.float32) if value.dtype in HALF else value
+    if isinstance(value, (list, tuple)):
+        items = [_widened(v) for v in value]
+        if any(a is not b for a, b in zip(items, value)):
+            return type(value)(items) if isinstance(value, list) else tuple(items)
+        return value
+    if isinstance(value, dict):
+        return {k: _widened(v) for k, v in value.items()}
+    return value
+
+
+def _leaves(out):
+    """(leaves, rebuild) of a kernel's result: a tensor or a flat tuple or list directly, any
+    other structure through pytree."""
+    if isinstance(out, torch.Tensor):
+        return [out], lambda leaves: leaves[0]
+    if isinstance(out, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in out):
+        kind = type(out)
+        return list(out), lambda leaves: kind(leaves) if kind in (tuple, list) else kind(*leaves)
+    leaves, spec = tree_flatten(out)
+    return leaves, lambda found: tree_unflatten(found, spec)
 
 
 def run(func, kernel, args, kwargs):
@@ -110,18 +136,17 @@ def run(func, kernel, args, kwargs):
     precision arguments; outputs rounded to the dtypes torch gives them, written arguments
     written back."""
     expected = _expected(func, args, kwargs)
-    wide_args = tree_map(_widen, list(args))
-    wide_kwargs = tree_map(_widen, kwargs)
+    wide_args = [_widened(v) for v in args]
+    wide_kwargs = {k: _widened(v) for k, v in kwargs.items()}
     out = kernel(*wide_args, **wide_kwargs)
-    names = [a.name for a in func._schema.arguments]
     originals = []
-    for index in _written(func):
-        original = args[index] if index < len(args) else kwargs.get(names[index])
-        copy = wide_args[index] if index < len(args) else wide_kwargs.get(names[index])
+    for index, name in _written(func):
+        original = args[index] if index < len(args) else kwargs.get(name)
+        copy = wide_args[index] if index < len(args) else wide_kwargs.get(name)
         if _is_half(original) and copy is not original:
             original.copy_(copy)
             originals.append((copy, original))
-    leaves, spec = tree_flatten(out)
+    leaves, rebuild = _leaves(out)
     if expected is None or len(expected) != len(leaves):
         target = next(v.dtype for v in tree_flatten((args, kwargs))[0] if _is_half(v))
         expected = [target] * len(leaves)
@@ -135,4 +160,4 @@ def run(func, kernel, args, kwargs):
             if isinstance(leaf, torch.Tensor) and dtype is not None and leaf.dtype != dtype:
                 leaf = leaf.to(dtype)
         rounded.append(leaf)
-    return tree_unflatten(rounded, spec)
+    return rebuild(rounded)
