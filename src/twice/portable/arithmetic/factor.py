@@ -24,6 +24,7 @@ import math
 import torch
 
 from twice.portable.arithmetic import elementwise as ew
+from twice.portable.arithmetic import scaling
 from twice.portable.arithmetic.exact import exact_matmul
 
 __all__ = [
@@ -43,15 +44,23 @@ _F64 = torch.float64
 
 def minus_product(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """c - a @ b for float64 (batched) matrices, exact then rounded once: one exact product of
-    [c a] and [I; -b]."""
+    [c a] and [I; -b]. Each column of c and b is first scaled by the power of two of b's
+    largest magnitude in it (exact), so the identity's 1 and b's column are cut on one grid at
+    any scale of the matrices (a column of [I; -b] holds both); the result is scaled back
+    (exact where it stays a normal number)."""
     if a.shape[-1] == 0:
         return c.clone()
     batch = torch.broadcast_shapes(c.shape[:-2], a.shape[:-2], b.shape[:-2])
     c = c.expand(*batch, *c.shape[-2:])
     a = a.expand(*batch, *a.shape[-2:])
     b = b.expand(*batch, *b.shape[-2:])
+    largest = b.abs().amax(-2, keepdim=True)
+    usable = torch.isfinite(largest) & (largest > 0)
+    k = torch.where(usable, torch.frexp(largest)[1], 0).to(torch.int64)
+    c, b = scaling.ldexp_exact(c, -k), scaling.ldexp_exact(b, -k)
     eye = torch.eye(c.shape[-1], dtype=_F64).expand(*batch, c.shape[-1], c.shape[-1])
-    return exact_matmul(torch.cat([c, a], -1), torch.cat([eye, -b], -2), _F64)
+    out = exact_matmul(torch.cat([c, a], -1), torch.cat([eye, -b], -2), _F64)
+    return scaling.ldexp_exact(out, k)
 
 
 def cholesky(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,8 +192,8 @@ class _Sytrf:
 
     def __init__(self, a: torch.Tensor) -> None:
         n = self.n = a.shape[-1]
-        low = a.tril()
-        self.s = low + low.tril(-1).mT  # the symmetric matrix the lower triangle holds
+        lower = torch.ones(n, n, dtype=torch.bool).tril()
+        self.s = torch.where(lower, a, a.mT)  # the symmetric matrix the lower triangle holds
         self.order = torch.arange(n)
         self.low = torch.zeros(n, n, dtype=_F64)  # L's columns (and D's 2x2 off-diagonals)
         self.w = torch.zeros(n, n, dtype=_F64)
@@ -298,6 +307,8 @@ def _ldl_solve_one(ld: torch.Tensor, pivots: list[int], b: torch.Tensor) -> torc
             x[k] = x[k] / ld[k, k]
             k += 1
             continue
+        if k + 1 >= n or pivots[k + 1] != pivots[k]:
+            raise RuntimeError(f"ldl_solve: pivot {k + 1} opens a 2x2 block that does not close")
         exchange(k + 1, -pivots[k] - 1)
         x[k + 2 :] = minus_product(x[k + 2 :], ld[k + 2 :, k : k + 2], x[k : k + 2])
         akm1k = ld[k + 1, k]

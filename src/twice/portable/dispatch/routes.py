@@ -157,7 +157,7 @@ METADATA = "metadata"
 count of stored values, its dimensions, whether it is coalesced, whether two tensors' storages
 hold as many elements (forward-mode AD asks)."""
 _METADATA = {"is_coalesced", "_nnz", "sparse_dim", "dense_dim", "_dimI", "_dimV"}
-_METADATA |= {"_has_same_storage_numel"}
+_METADATA |= {"_has_same_storage_numel", "is_same_size", "_new_zeros_with_same_feature_meta"}
 
 
 def route(func) -> tuple[int, object, str]:

@@ -149,6 +149,14 @@ def _ldl_factor_ex(a, *, hermitian=False, check_errors=False):
 
 @kernel("linalg_ldl_solve.default")
 def _ldl_solve(ld, pivots, b, *, hermitian=False):
+    # torch's checks on the arguments (LAPACK would read out of bounds on others)
+    torch._check(ld.dim() >= 2 and ld.shape[-1] == ld.shape[-2], lambda: "LD must be square")
+    torch._check(b.dim() >= 2 and b.shape[-2] == ld.shape[-1], lambda: "B's rows must be LD's")
+    torch._check(pivots.shape == ld.shape[:-1], lambda: "pivots must be LD.shape[:-1]")
+    torch._check(ld.dtype == b.dtype, lambda: f"LD and B of one dtype: {ld.dtype}, {b.dtype}")
+    torch._check(pivots.dtype == torch.int32, lambda: "pivots must be int32")
+    n = ld.shape[-1]
+    torch._check(bool(((pivots.abs() >= 1) & (pivots.abs() <= n)).all()), lambda: "bad pivots")
     ld64, b64 = as64(ld, b)
     return factor.ldl_solve(ld64, pivots, b64).to(torch.result_type(ld, b))
 
@@ -222,6 +230,8 @@ def _trace(a):
 def _cross(a, b, *, dim=-1):
     """a x b: each component a difference of two products, the products exact in float64 for
     float32 operands."""
+    same = a.dim() == b.dim()
+    torch._check(same, lambda: "linalg.cross: inputs must have the same number of dimensions.")
     a64, b64 = as64(a, b)
     shape = torch.broadcast_shapes(a.shape, b.shape)
     a64, b64 = a64.expand(shape), b64.expand(shape)

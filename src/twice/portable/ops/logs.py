@@ -118,6 +118,13 @@ def _mish(x):
 @kernel("glu.default")
 def _glu(x, dim=-1):
     floating(x)
+    torch._check(
+        x.dim() > 0, lambda: "glu does not support scalars because halving size must be even"
+    )
+    size = x.shape[dim]
+    torch._check(
+        size % 2 == 0, lambda: f"Halving dimension must be even, but dimension {dim} is size {size}"
+    )
     a, b = x.to(_F64).chunk(2, dim)
     return (a * ew.sigmoid(b)).to(x.dtype)
 

@@ -294,7 +294,10 @@ def _sum_(x, dim=None, keepdim=False, *, dtype=None):
     if x.layout is not torch.strided:  # a sparse tensor's total: each stored value once
         if dim is not None:
             raise PortableUnsupported(f"a sum of a {x.layout} tensor over some dimensions")
-        x = x._values() if x.layout is torch.sparse_coo else x.values()
+        rank = x.dim()
+        values = x._values() if x.layout is torch.sparse_coo else x.values()
+        total = _sum_(values, None, False, dtype=dtype)
+        return total.reshape([1] * rank) if keepdim else total
     floating(x)
     out = _reduced_dtype(x, dtype)
     if not out.is_floating_point and not x.is_floating_point():

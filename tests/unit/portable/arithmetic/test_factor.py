@@ -1,6 +1,7 @@
 """The triangular factorizations: accurate to float64's precision against LAPACK, LAPACK's
 layouts and pivot rule, and an element's bits independent of its batch."""
 
+import pytest
 import torch
 
 from twice.portable.arithmetic import factor
@@ -129,3 +130,43 @@ def test_ldl_of_a_batch_a_singular_matrix_and_empty_ones():
     assert empty[0].shape == (2, 0, 0) and empty[1].shape == (2, 0) and empty[2].shape == (2,)
     b = torch.zeros(2, 0, 4, dtype=torch.float64)
     assert factor.ldl_solve(empty[0], empty[1], b).shape == (2, 0, 4)
+
+
+@pytest.mark.parametrize("power", [-300, -100, -60, 60, 100, 300])
+def test_factors_and_solves_scale_exactly_with_the_matrix(power):
+    """A matrix (or right-hand side) scaled by a power of two gives results scaled by it, bit
+    for bit: every update is cut on a grid that scales with it (minus_product's column scale),
+    so a factorization does not depend on the units the matrix is written in."""
+    s = 2.0**power
+    a = _symmetric(1)[:6, :6] if _symmetric(1).shape[-1] >= 6 else _symmetric(5)
+    ld, pivots, _ = factor.ldl_factor(a)
+    ld_s, pivots_s, info_s = factor.ldl_factor(a * s)
+    d_part, k = torch.eye(a.shape[-1], dtype=torch.bool), 0  # D: the diagonal and 2x2 blocks
+    while k < a.shape[-1]:
+        if pivots[k] < 0:
+            d_part[k + 1, k] = True
+        k += 2 if pivots[k] < 0 else 1
+    assert torch.equal(pivots, pivots_s) and int(info_s) == 0
+    assert torch.equal(ld_s[d_part], ld[d_part] * s) and torch.equal(ld_s[~d_part], ld[~d_part])
+    lu, piv, _ = factor.lu_factor(A)
+    lu_s, piv_s, _ = factor.lu_factor(A * s)
+    upper = torch.ones(6, 6, dtype=torch.bool).triu()
+    assert torch.equal(piv, piv_s) and torch.equal(lu_s[..., upper], lu[..., upper] * s)
+    assert torch.equal(lu_s[..., ~upper], lu[..., ~upper])
+    root = 2.0 ** (power // 2)
+    assert torch.equal(factor.cholesky(SPD * root * root)[0], factor.cholesky(SPD)[0] * root)
+    x = factor.solve_triangular(SPD.tril(), B, upper=False)
+    assert torch.equal(factor.solve_triangular(SPD.tril(), B * s, upper=False), x * s)
+    b = torch.randn(a.shape[-1], 2, generator=G, dtype=torch.float64)
+    assert torch.equal(factor.ldl_solve(ld, pivots, b * s), factor.ldl_solve(ld, pivots, b) * s)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-20, 1e20, 1e30])
+def test_factors_of_a_scaled_matrix_agree_with_lapack(scale):
+    a = _symmetric(5) * scale
+    ld, pivots, info = factor.ldl_factor(a)
+    ref, ref_pivots, _ = torch.linalg.ldl_factor_ex(a)
+    assert torch.equal(pivots, ref_pivots) and int(info) == 0
+    torch.testing.assert_close(ld, ref, rtol=1e-10, atol=0.0)
+    lu, _, _ = factor.lu_factor(A * scale)
+    torch.testing.assert_close(lu, torch.linalg.lu_factor(A * scale)[0], rtol=1e-10, atol=0.0)

@@ -112,6 +112,15 @@ def test_gradients_of_sampled_addmm_run_through_the_mode():
         torch.testing.assert_close(a, b)
 
 
+_BSR = torch.ones(4, 4).to_sparse_bsr((2, 2))
+_BIG = torch.sparse_csr_tensor(
+    torch.zeros(5001, dtype=torch.int64),
+    torch.zeros(0, dtype=torch.int64),
+    torch.zeros(0),
+    (5000, 5000),
+)
+
+
 def _duplicated() -> torch.Tensor:
     crow, col = torch.tensor([0, 2, 2]), torch.tensor([1, 1])
     return torch.sparse_csr_tensor(crow, col, torch.tensor([1.0, 2.0]), (2, 3))
@@ -122,7 +131,8 @@ def _duplicated() -> torch.Tensor:
     [
         lambda: torch.mm(_duplicated(), torch.randn(3, 2)),  # a position held twice
         lambda: torch.mm(_csr(1, 3, 3), torch.tensor([[float("inf")] * 2] * 3)),
-        lambda: torch.mm(_csr(1, 3, 3).to_sparse_csc(), torch.randn(3, 2)),
+        lambda: torch.mm(_BSR, torch.randn(4, 2)),
+        lambda: torch.mm(_BIG, torch.ones(5000, 1)),  # too large to place densely
         lambda: torch.mm(_csr(1, 3, 3).to_sparse_coo(), torch.randn(3, 2)),
         lambda: torch.sparse.sampled_addmm(_duplicated(), torch.randn(2, 2), torch.randn(2, 3)),
         lambda: _duplicated().to_dense(),
@@ -145,3 +155,17 @@ def test_a_sparse_total_and_selections_are_exact():
     assert torch.equal(dense, s.to_dense()) and masked.layout is torch.sparse_csr
     assert torch.equal(again.values(), s.values())
     assert sparse.distinct(s) and not sparse.distinct(_duplicated())
+
+
+def test_a_csc_matrix_autograds_transpose_is_placed_as_its_transpose():
+    """A GCN layer's backward: the gradient of the dense operand goes through the CSR matrix's
+    transpose, a CSC one; a CSC matrix given directly is placed the same way."""
+    s, w = _csr(3, 5, 4), torch.randn(4, 3, requires_grad=True)
+    csc, ones = s.to_sparse_csc(), torch.ones(4, 2)
+    with PortableMode("strict"):
+        (grad,) = torch.autograd.grad(torch.mm(s, w).sum(), w)
+        direct = torch.mm(csc, ones)
+    assert same_bits(grad, exact_matmul(s.to_dense().t(), torch.ones(5, 3)))
+    assert same_bits(direct, exact_matmul(s.to_dense(), ones))
+    with PortableMode("strict"), pytest.raises(RuntimeError, match="one dtype"):
+        torch.mm(s, torch.ones(4, 2, dtype=torch.float64))
