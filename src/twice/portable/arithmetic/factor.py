@@ -43,24 +43,37 @@ _F64 = torch.float64
 
 
 def minus_product(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """c - a @ b for float64 (batched) matrices, exact then rounded once: one exact product of
-    [c a] and [I; -b]. Each column of c and b is first scaled by the power of two of b's
-    largest magnitude in it (exact), so the identity's 1 and b's column are cut on one grid at
-    any scale of the matrices (a column of [I; -b] holds both); the result is scaled back
-    (exact where it stays a normal number)."""
+    """c - a @ b for float64 (batched) matrices, exact then rounded once: for each column j one
+    exact product of [c_j a] and [1; -b_j] (a batch of them), c_j and b_j first scaled by the
+    power of two of b_j's largest magnitude (exact), so the 1 and b_j are cut on one grid and
+    each row [c_ij a_i] on its own column's scale, at any scale of the matrices or of one
+    right-hand side against another; the result is scaled back (exact where it stays normal).
+    The scale is kept within 2^1000 of c_j's largest magnitude, so c_j neither overflows nor
+    falls below the normal range."""
     if a.shape[-1] == 0:
         return c.clone()
     batch = torch.broadcast_shapes(c.shape[:-2], a.shape[:-2], b.shape[:-2])
-    c = c.expand(*batch, *c.shape[-2:])
-    a = a.expand(*batch, *a.shape[-2:])
-    b = b.expand(*batch, *b.shape[-2:])
-    largest = b.abs().amax(-2, keepdim=True)
-    usable = torch.isfinite(largest) & (largest > 0)
-    k = torch.where(usable, torch.frexp(largest)[1], 0).to(torch.int64)
+    rows, cols, inner = c.shape[-2], c.shape[-1], a.shape[-1]
+    if rows == 0 or cols == 0:
+        return c.expand(*batch, rows, cols).clone()
+    c = c.expand(*batch, rows, cols)
+    a = a.expand(*batch, rows, inner)
+    b = b.expand(*batch, inner, cols)
+    k = _exponent_of(b.abs().amax(-2, keepdim=True))
+    top = _exponent_of(c.abs().amax(-2, keepdim=True))
+    k = torch.minimum(torch.maximum(k, top - 1000), top + 1000)
     c, b = scaling.ldexp_exact(c, -k), scaling.ldexp_exact(b, -k)
-    eye = torch.eye(c.shape[-1], dtype=_F64).expand(*batch, c.shape[-1], c.shape[-1])
-    out = exact_matmul(torch.cat([c, a], -1), torch.cat([eye, -b], -2), _F64)
+    left = torch.cat([c.mT.unsqueeze(-1), a.unsqueeze(-3).expand(*batch, cols, rows, inner)], -1)
+    one = torch.ones(*batch, cols, 1, 1, dtype=_F64)
+    right = torch.cat([one, -b.mT.unsqueeze(-1)], -2)
+    out = exact_matmul(left, right, _F64).squeeze(-1).mT  # (..., rows, cols)
     return scaling.ldexp_exact(out, k)
+
+
+def _exponent_of(largest: torch.Tensor) -> torch.Tensor:
+    """The power of two of each finite nonzero magnitude (frexp's exponent), else 0 (int64)."""
+    usable = torch.isfinite(largest) & (largest > 0)
+    return torch.where(usable, torch.frexp(largest)[1], 0).to(torch.int64)
 
 
 def cholesky(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -154,7 +154,7 @@ def _ldl_solve(ld, pivots, b, *, hermitian=False):
     torch._check(b.dim() >= 2 and b.shape[-2] == ld.shape[-1], lambda: "B's rows must be LD's")
     torch._check(pivots.shape == ld.shape[:-1], lambda: "pivots must be LD.shape[:-1]")
     torch._check(ld.dtype == b.dtype, lambda: f"LD and B of one dtype: {ld.dtype}, {b.dtype}")
-    torch._check(pivots.dtype == torch.int32, lambda: "pivots must be int32")
+    torch._check(pivots.dtype in (torch.int32, torch.int64), lambda: "pivots must be integers")
     n = ld.shape[-1]
     torch._check(bool(((pivots.abs() >= 1) & (pivots.abs() <= n)).all()), lambda: "bad pivots")
     ld64, b64 = as64(ld, b)

@@ -170,3 +170,29 @@ def test_factors_of_a_scaled_matrix_agree_with_lapack(scale):
     torch.testing.assert_close(ld, ref, rtol=1e-10, atol=0.0)
     lu, _, _ = factor.lu_factor(A * scale)
     torch.testing.assert_close(lu, torch.linalg.lu_factor(A * scale)[0], rtol=1e-10, atol=0.0)
+
+
+def test_an_update_keeps_each_column_and_each_extreme_on_its_own_scale():
+    """Right-hand sides of far different scales in one call, and an update whose result
+    overflows or underflows one of its parts: each column exact, then rounded once."""
+    one = torch.tensor([[1.0]], dtype=torch.float64)
+    mixed = factor.minus_product(
+        torch.tensor([[1.0, 3.0]], dtype=torch.float64),
+        one,
+        torch.tensor([[1e-30, 1.0]], dtype=torch.float64),
+    )
+    assert mixed.tolist() == [[1.0 - 1e-30, 2.0]]
+    cases = [
+        (1e300, 1.0, 1e-300, 1e300),
+        (1.0, 1e300, 5e-324, 1.0 - 1e300 * 5e-324),
+        (3e-300, 1e-300, 1e300, -1.0),
+    ]
+    for c, a, b, want in cases:
+        got = factor.minus_product(*(torch.tensor([[v]], dtype=torch.float64) for v in (c, a, b)))
+        assert float(got) == want, (c, a, b)
+    a = torch.tensor([[2.0, 1.0], [1.0, 3.0]], dtype=torch.float64)
+    rhs = torch.tensor([[1e-30, 1.0], [1.0, 1.0]], dtype=torch.float64)
+    lu, pivots, _ = factor.lu_factor(a)
+    torch.testing.assert_close(
+        factor.lu_solve(lu, pivots, rhs), torch.linalg.solve(a, rhs), rtol=1e-15, atol=0.0
+    )
