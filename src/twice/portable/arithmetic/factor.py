@@ -62,18 +62,29 @@ def minus_product(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
     k = _exponent_of(b.abs().amax(-2, keepdim=True))
     top = _exponent_of(c.abs().amax(-2, keepdim=True))
     k = torch.minimum(torch.maximum(k, top - 1000), top + 1000)
-    c, b = scaling.ldexp_exact(c, -k), scaling.ldexp_exact(b, -k)
-    left = torch.cat([c.mT.unsqueeze(-1), a.unsqueeze(-3).expand(*batch, cols, rows, inner)], -1)
-    one = torch.ones(*batch, cols, 1, 1, dtype=_F64)
-    right = torch.cat([one, -b.mT.unsqueeze(-1)], -2)
-    out = exact_matmul(left, right, _F64).squeeze(-1).mT  # (..., rows, cols)
-    return scaling.ldexp_exact(out, k)
+    if bool((k.abs() <= 1000).all()):  # 2**-k and 2**k normal: one IEEE multiplication each
+        down, up = scaling.pow2(-k), scaling.pow2(k)
+        c, b = c * down, b * down
+    else:
+        c, b, up = scaling.ldexp_exact(c, -k), scaling.ldexp_exact(b, -k), None
+    if cols == 1:  # one column (the factorizations' column updates): one product
+        one = _ONE.expand(*batch, 1, 1)
+        out = exact_matmul(torch.cat([c, a], -1), torch.cat([one, -b], -2), _F64)
+    else:
+        left = torch.cat(
+            [c.mT.unsqueeze(-1), a.unsqueeze(-3).expand(*batch, cols, rows, inner)], -1
+        )
+        right = torch.cat([_ONE.expand(*batch, cols, 1, 1), -b.mT.unsqueeze(-1)], -2)
+        out = exact_matmul(left, right, _F64).squeeze(-1).mT  # (..., rows, cols)
+    return out * up if up is not None else scaling.ldexp_exact(out, k)
+
+
+_ONE = torch.ones(1, 1, dtype=_F64)
 
 
 def _exponent_of(largest: torch.Tensor) -> torch.Tensor:
-    """The power of two of each finite nonzero magnitude (frexp's exponent), else 0 (int64)."""
-    usable = torch.isfinite(largest) & (largest > 0)
-    return torch.where(usable, torch.frexp(largest)[1], 0).to(torch.int64)
+    """The power of two of each magnitude (frexp's exponent; 0 for zero, inf and NaN), int64."""
+    return torch.frexp(largest)[1].to(torch.int64)
 
 
 def cholesky(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
