@@ -59,8 +59,10 @@ def minus_product(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
     c = c.expand(*batch, rows, cols)
     a = a.expand(*batch, rows, inner)
     b = b.expand(*batch, inner, cols)
-    k = _exponent_of(b.abs().amax(-2, keepdim=True))
+    largest = b.abs().amax(-2, keepdim=True)
+    k = _exponent_of(largest)
     top = _exponent_of(c.abs().amax(-2, keepdim=True))
+    original = c
     k = torch.minimum(torch.maximum(k, top - 1000), top + 1000)
     if bool((k.abs() <= 1000).all()):  # 2**-k and 2**k normal: one IEEE multiplication each
         down, up = scaling.pow2(-k), scaling.pow2(k)
@@ -76,7 +78,10 @@ def minus_product(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
         )
         right = torch.cat([_ONE.expand(*batch, cols, 1, 1), -b.mT.unsqueeze(-1)], -2)
         out = exact_matmul(left, right, _F64).squeeze(-1).mT  # (..., rows, cols)
-    return out * up if up is not None else scaling.ldexp_exact(out, k)
+    out = out * up if up is not None else scaling.ldexp_exact(out, k)
+    # a column of b that is all zeros leaves c's column as it is (exact: c + 0, as the exact sum's
+    # +0 rule gives), not cut on a row's grid that a's magnitude sets
+    return torch.where(largest == 0, original + 0.0, out)
 
 
 _ONE = torch.ones(1, 1, dtype=_F64)

@@ -196,3 +196,22 @@ def test_an_update_keeps_each_column_and_each_extreme_on_its_own_scale():
     torch.testing.assert_close(
         factor.lu_solve(lu, pivots, rhs), torch.linalg.solve(a, rhs), rtol=1e-15, atol=0.0
     )
+
+
+def test_a_zero_column_of_b_leaves_c_exact_and_least_squares_keep_small_columns():
+    """c - a @ 0 is c, however large a is (a Householder step with tau = 0 updates nothing);
+    so least squares through QR keeps a right-hand side 1e-21 in scale beside one 1e17."""
+    from twice.portable.dispatch.mode import PortableMode
+
+    c = torch.tensor([[1.6e-21, 3.0]], dtype=torch.float64)
+    a = torch.tensor([[1.0]], dtype=torch.float64)
+    assert factor.minus_product(c, a, torch.zeros(1, 2, dtype=torch.float64)).tolist() == c.tolist()
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5, 5, generator=g, dtype=torch.float64)
+    b = torch.randn(5, 3, generator=g, dtype=torch.float64) * torch.tensor(
+        [4.5e17, 1.6e-21, 7e-7], dtype=torch.float64
+    )
+    with PortableMode("strict"):
+        x = torch.linalg.lstsq(a, b, driver="gels").solution
+    residual = (a @ x - b).norm(dim=0) / (a.norm() * x.norm(dim=0) + b.norm(dim=0))
+    assert bool((residual < 1e-14).all()), residual
