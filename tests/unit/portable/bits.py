@@ -87,14 +87,22 @@ RNN_CASES = st.fixed_dictionaries(
 )
 
 
-def rnn_run(case: dict, fused: bool, spoil=None) -> dict[str, torch.Tensor]:
-    """Train one recurrent layer of `case` a step under strict portable mode, on the fused path
-    or op by op: its outputs, final states and every gradient, by name."""
+@contextlib.contextmanager
+def rnn_route(fused: bool):
+    """The recurrent layers and cells on the fused path, or op by op (TWICE_NO_FUSED_RNN=1),
+    for the portable modes entered inside."""
     with pytest.MonkeyPatch.context() as patch:
         if fused:
             patch.delenv(NO_FUSED_RNN, raising=False)
         else:
             patch.setenv(NO_FUSED_RNN, "1")
+        yield
+
+
+def rnn_run(case: dict, fused: bool, spoil=None) -> dict[str, torch.Tensor]:
+    """Train one recurrent layer of `case` a step under strict portable mode, on the fused path
+    or op by op: its outputs, final states and every gradient, by name."""
+    with rnn_route(fused):
         return _rnn_train(dict({"kind": "lstm"}, **case), spoil or {})
 
 

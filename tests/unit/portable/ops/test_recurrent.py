@@ -20,8 +20,8 @@ from twice.portable.dispatch.mode import PortableMode
 from twice.portable.ops import recurrent
 from unit.portable.bits import (
     EXAMPLES,
-    NO_FUSED_RNN,
     RNN_CASES,
+    rnn_route,
     rnn_run,
     same_bits,
 )
@@ -103,11 +103,7 @@ def test_a_second_derivative_goes_through_the_op_by_op_layer(layer, bidirectiona
     output takes the fused backward, whose recurrent sums round once)."""
 
     def penalty(fused: bool):
-        with pytest.MonkeyPatch.context() as patch:
-            if fused:
-                patch.delenv(NO_FUSED_RNN, raising=False)
-            else:
-                patch.setenv(NO_FUSED_RNN, "1")
+        with rnn_route(fused):
             torch.manual_seed(0)
             model = layer(3, 4, num_layers=2, bidirectional=bidirectional)
             x = torch.randn(5, 2, 3, requires_grad=True)
@@ -195,11 +191,7 @@ CELL_CASES = st.fixed_dictionaries(
 def _cell_run(case: dict, fused: bool) -> dict[str, torch.Tensor]:
     """A loop of cells (time_sequence_prediction's shape) trained one step under strict
     portable mode, fused or op by op: every state it made and every gradient, by name."""
-    with pytest.MonkeyPatch.context() as patch:
-        if fused:
-            patch.delenv(NO_FUSED_RNN, raising=False)
-        else:
-            patch.setenv(NO_FUSED_RNN, "1")
+    with rnn_route(fused):
         torch.manual_seed(0)
         kind, dtype, hidden = case["kind"], case["dtype"], case["hidden"]
         make = {"lstm": torch.nn.LSTMCell, "gru": torch.nn.GRUCell}.get(kind)
@@ -276,11 +268,7 @@ def test_a_second_derivative_through_cells_is_torchs(reuse):
     mode) as the op-by-op route's."""
 
     def penalty(route: str):
-        with pytest.MonkeyPatch.context() as patch:
-            if route == "fused":
-                patch.delenv(NO_FUSED_RNN, raising=False)
-            else:
-                patch.setenv(NO_FUSED_RNN, "1")
+        with rnn_route(route == "fused"):
             torch.manual_seed(0)
             cell = torch.nn.LSTMCell(3, 4).double()
             x = torch.randn(5, 3, requires_grad=True, dtype=torch.float64)
@@ -306,11 +294,7 @@ def _routes(run):
     """run() on the fused route and op by op (each in strict portable mode)."""
     out = []
     for fused in (True, False):
-        with pytest.MonkeyPatch.context() as patch:
-            if fused:
-                patch.delenv(NO_FUSED_RNN, raising=False)
-            else:
-                patch.setenv(NO_FUSED_RNN, "1")
+        with rnn_route(fused):
             torch.manual_seed(0)
             with PortableMode("strict"):
                 out.append(run())
