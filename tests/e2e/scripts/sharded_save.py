@@ -31,4 +31,5 @@ for name, param in model.named_parameters():
         whole[f"{name}.{moment}"] = opt.state[param][moment].full_tensor()
 if rank == 0:
     save_file({k: v.contiguous() for k, v in whole.items()}, f"{folder}.whole.safetensors")
+dist.barrier()  # neither rank tears gloo down while the other still writes (an abort at exit)
 dist.destroy_process_group()
