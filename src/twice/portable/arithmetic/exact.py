@@ -133,12 +133,11 @@ def exact_bilinear(
         return _nonfinite_bilinear(
             a64, b64, form, a_dims, b_dims, terms, out_dtype, scale, precision or out_dtype
         )
-    total, step = None, 2.0**-beta
-    for level in range(count):  # products whose slices' units multiply to the same power
-        for p in range(level + 1):
-            term = form(sa[p][0], sb[level - p][0]) + 0.0  # ZERO_SIGN
-            term = term * step**level if level else term
-            total = term if total is None else total + term
+    step = 2.0**-beta
+    levels = (  # products whose slices' units multiply to the same power
+        [form(sa[p][0], sb[level - p][0]) for p in range(level + 1)] for level in range(count)
+    )
+    total = scaling.levels_added(levels, step)
     wide = _F64 in (a.dtype, b.dtype)
     return scaling.scaled(total, sa[0][1], sb[0][1], scale, wide).to(out_dtype)
 
@@ -283,13 +282,11 @@ def _fast_matmul3(a, b, out_dtype, bias):
     fast = native_products.combine3(stacked, *units, out_dtype, step)
     if fast is not None:  # the same sum in one compiled pass
         return fast
-    total = None
-    for level in range(3):
-        for p in range(level + 1):
-            term = products[level - p][..., p * n : (p + 1) * n, :] + 0.0
-            term = term * step**level if level else term
-            total = term if total is None else total + term
-    return scaling.scaled(total, sa[0][1], sb[0][1]).to(out_dtype)
+    levels = (
+        [products[level - p][..., p * n : (p + 1) * n, :] for p in range(level + 1)]
+        for level in range(3)
+    )
+    return scaling.scaled(scaling.levels_added(levels, step), sa[0][1], sb[0][1]).to(out_dtype)
 
 
 def _scaled_product(part_a, part_b, out_dtype, bias=None):

@@ -2,7 +2,8 @@
 rounded once.
 
 SCALE: every exact product ends as `t * (unit_a * unit_b)`, `t` the slices' integer products
-added level by level (each level a power of two below the last), the units powers of two.
+added level by level (each level a power of two below the last: levels_added), the units powers
+of two.
 Where `unit_a * unit_b` lies in [2**-900, 2**900] (every product of float32 operands, and of
 float64 ones of ordinary magnitudes) that is one multiplication, exact unless the result itself
 overflows or is subnormal, and then rounded once. Outside that band the units' product
@@ -18,7 +19,7 @@ import operator
 
 import torch
 
-__all__ = ["SAFE_LO", "SAFE_HI", "pow2", "ldexp_exact", "scaled"]
+__all__ = ["SAFE_LO", "SAFE_HI", "pow2", "ldexp_exact", "levels_added", "scaled"]
 
 SAFE_LO, SAFE_HI = 2.0**-900, 2.0**900
 _F64 = torch.float64
@@ -66,3 +67,19 @@ def _halves(unit: torch.Tensor):
     k = _exponent(unit.to(_F64))
     low = torch.div(k, 2, rounding_mode="floor")
     return pow2(low), pow2(k - low)
+
+
+def levels_added(levels, step):
+    """The sum of a product's slice products, level by level: each level's products (integers,
+    whose sum the slices' width keeps below 2**53) added exactly, then the levels, each times
+    step**level, added in order, one rounding a level. A level's sum does not depend on which
+    operand is on the left, so neither does the product: `a @ b` is `(b.mT @ a.mT).mT` bit for
+    bit (autograd forms some gradients one way, a fused route the other)."""
+    total = None
+    for level, terms in enumerate(levels):
+        exact = terms[0] + 0.0  # ZERO_SIGN
+        for term in terms[1:]:
+            exact = exact + term  # integers: exact, in any order
+        exact = exact * step**level if level else exact
+        total = exact if total is None else total + exact
+    return total

@@ -87,7 +87,8 @@ def slices(x: torch.Tensor, ints: torch.Tensor, unit: torch.Tensor, beta: int):
 
 def combine3(products, unit_a, unit_b, out_dtype, step):
     """exact._fast_matmul3's sum of its three stacked integer products (each (..., 3 - q, rows,
-    cols)), level by level times step**level (2**-beta), then times the rows' first units
+    cols)), each level's products added exactly, then the levels times step**level (2**-beta)
+    in order (scaling.levels_added), then times the rows' first units
     unit_a (..., rows) and the columns' unit_b (..., cols) (SCALE), rounded once (p_combine3);
     or None."""
     first, second, third = (p.contiguous() for p in products)

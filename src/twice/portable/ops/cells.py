@@ -218,7 +218,7 @@ class GRU:
             dhg[t, :, :two] = both
             torch.mul(d_pre_n, r, out=dhg[t, :, two:])
             parts = (d_diff, transposed(dhg[t]))
-        return dgx, dhg, torch.add(*parts), None
+        return dgx, dhg, parts[0], parts[1]  # h - n's and the product's: autograd adds them
 
 
 class RNN:

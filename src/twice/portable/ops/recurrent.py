@@ -117,21 +117,68 @@ class RecurrentLayer(torch.autograd.Function):
             order = _order(steps, ctx.reverse)
             h_prev = previous(h0, y, ctx.reverse)
             dy, dh_n, dc_n = (None if d is None else d.contiguous() for d in (dy, dh_n, dc_n))
-            transposed = Repeated(w_hh, x.dtype, "right")
+            single = steps == 1 and ctx.kind != "gru"  # one step: its product comes last
+            transposed = (_Last if single else Repeated)(w_hh, x.dtype, "right")
             dgx, dhg, dh0, dc0 = CELLS[ctx.kind].backward(
                 saved, y, h_prev, dy, dh_n, dc_n, transposed, order
             )
             need, rows = ctx.needs_input_grad, steps * batch
-            dgx, dhg = dgx.reshape(rows, -1), dhg.reshape(rows, -1)
-            dx = exact_matmul(dgx, w_ih, x.dtype).reshape(x.shape) if need[2] else None
-            dw_ih = exact_matmul(dgx.t(), x.reshape(rows, -1), x.dtype) if need[5] else None
-            dw_hh = exact_matmul(dhg.t(), h_prev.reshape(rows, -1), x.dtype) if need[6] else None
+            one = dhg is dgx  # LSTM and RNN: one gradient for both products
+            dgx = dgx.reshape(rows, -1)
+            dhg = dgx if one else dhg.reshape(rows, -1)
+            if single and transposed.pending is not None:
+                dx, dh0 = _input_grads(transposed.pending, w_ih, w_hh, need[2], need[3])
+            else:
+                dx = exact_matmul(dgx, w_ih, x.dtype) if need[2] else None
+            dx = None if dx is None else dx.reshape(x.shape)
+            dw_ih, dw_hh = _weight_grads(dgx, dhg, x.reshape(rows, -1), h_prev.reshape(rows, -1),
+                                         need[5], need[6])  # fmt: skip
             db_ih = exact_sum(dgx, (0,)) if need[7] else None
-            db_hh = exact_sum(dhg, (0,)) if need[8] else None
+            db_hh = None
+            if need[8]:  # one sum where the two gradients are one tensor: the same bits
+                db_hh = db_ih.clone() if dhg is dgx and need[7] else exact_sum(dhg, (0,))
         return (
             None, None, dx, dh0 if need[3] else None, dc0 if need[4] else None,
             dw_ih, dw_hh, db_ih, db_hh,
         )  # fmt: skip
+
+
+class _Last(Repeated):
+    """The recurrent weight's product of a single step (a cell's call), left for later: in the
+    cell's backward it is the step's last operation and gives the initial state's gradient
+    only, so `_input_grads` forms it with the input's."""
+
+    pending = None
+
+    def __call__(self, other: torch.Tensor) -> None:
+        self.pending = other
+
+
+def _input_grads(dg, w_ih, w_hh, want_x: bool, want_h: bool):
+    """dg w_ih and dg w_hh (a single step's gradients of the input and of the initial hidden
+    state), each exact and rounded once: where both are wanted, one product of dg and
+    [w_ih | w_hh], whose every output is its row's and its column's exact sum, the separate
+    products' bits."""
+    dtype = dg.dtype
+    if want_x and want_h:
+        both = exact_matmul(dg, torch.cat([w_ih, w_hh], 1), dtype)
+        return both[:, : w_ih.shape[1]], both[:, w_ih.shape[1] :]
+    dx = exact_matmul(dg, w_ih, dtype) if want_x else None
+    return dx, exact_matmul(dg, w_hh, dtype) if want_h else None
+
+
+def _weight_grads(dgx, dhg, x, h_prev, want_ih: bool, want_hh: bool):
+    """The weight gradients dgx^T x and dhg^T h_prev, each exact and rounded once. Where the two
+    gradients are one tensor (LSTM, RNN), the two products share their left operand and are one
+    product of it and [x | h_prev]: each output is its row's and its column's exact sum, cut on
+    their own grids, so its bits are the separate products' (tests hold them equal)."""
+    dtype = x.dtype
+    if want_ih and want_hh and dhg is dgx:
+        both = exact_matmul(dgx.t(), torch.cat([x, h_prev], 1), dtype)
+        return both[:, : x.shape[1]].contiguous(), both[:, x.shape[1] :].contiguous()
+    dw_ih = exact_matmul(dgx.t(), x, dtype) if want_ih else None
+    dw_hh = exact_matmul(dhg.t(), h_prev, dtype) if want_hh else None
+    return dw_ih, dw_hh
 
 
 def _saved(ctx) -> list:
@@ -152,7 +199,7 @@ def _differentiable_backward(ctx, dy, dh_n, dc_n):
     x, h0, c0, w_ih, w_hh, b_ih, b_hh = saved
     weights = [w for w in (w_ih, w_hh, b_ih, b_hh) if w is not None]
     steps = x.flip(0) if ctx.reverse else x  # a reversed layer is a forward one on flipped time
-    hx = (h0.unsqueeze(0), c0.unsqueeze(0)) if c0 is not None else h0.unsqueeze(0)
+    hx = (h0.unsqueeze(0), c0.unsqueeze(0)) if ctx.kind == "lstm" else h0.unsqueeze(0)
     run = getattr(torch._C._VariableFunctions, ctx.kind)
     out, *finals = run(steps, hx, weights, b_ih is not None, 1, 0.0, False, False, False)
     out = out.flip(0) if ctx.reverse else out
@@ -172,6 +219,15 @@ def _differentiable_backward(ctx, dy, dh_n, dc_n):
     return (None, None, *(next(grads) if wanted else None for wanted in need[2:]))
 
 
+def _second_use(kind: str, h0s) -> list:
+    """What a layer of `kind` is given in the cell state's place: for a GRU its initial hidden
+    state again. A GRU's step uses h twice (in h - n and in the recurrent product), and the
+    op-by-op route's autograd adds the two gradients into h's one after the other, after any
+    gradient h's other uses gave it: the layer returns them separately, h - n's for the first
+    place and the product's for the second, and autograd adds them in that order."""
+    return list(h0s) if kind == "gru" else [None] * len(h0s)
+
+
 def _order(steps: int, reverse: bool) -> list[int]:
     return list(range(steps - 1, -1, -1)) if reverse else list(range(steps))
 
@@ -186,7 +242,7 @@ def layers(kind, original, *args):
     per_layer = 4 if has_biases else 2
     x = inputs.transpose(0, 1) if batch_first else inputs
     h0s = (hx[0] if kind == "lstm" else hx).unbind(0)
-    c0s = hx[1].unbind(0) if kind == "lstm" else [None] * len(h0s)
+    c0s = hx[1].unbind(0) if kind == "lstm" else _second_use(kind, h0s)
     finals = [[], []]
     for layer in range(num_layers):
         outputs = []
@@ -214,7 +270,7 @@ def cell(kind, original, *args):
         return original(*args)
     x, hx, w_ih, w_hh, *biases = args
     b_ih, b_hh = (list(biases) + [None, None])[:2]
-    h0, c0 = (hx[0], hx[1]) if kind == "lstm" else (hx, None)
+    h0, c0 = (hx[0], hx[1]) if kind == "lstm" else (hx, _second_use(kind, [hx])[0])
     _, *states = RecurrentLayer.apply(kind, False, x.unsqueeze(0), h0, c0, w_ih, w_hh, b_ih, b_hh)
     return tuple(states) if kind == "lstm" else states[0]
 

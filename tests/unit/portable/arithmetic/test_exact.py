@@ -14,6 +14,7 @@ from unit.portable.bits import (
     EXAMPLES,
     F64,
     both,
+    compiled_kernels,
     gen,
     needs_native,
     same_bits,
@@ -38,6 +39,35 @@ def test_exact_sums_and_products_native_equal_fallback():
             assert torch.equal(*both(lambda bt=bt: exact_matmul(a, bt)))
             bias = torch.randn(b_shape[-1], generator=g).to(dt)
             assert torch.equal(*both(lambda: exact_addmm(bias, a, b, dt)))
+
+
+@EXAMPLES
+@given(
+    st.integers(1, 9),
+    st.integers(1, 70),
+    st.integers(1, 9),
+    st.integers(0, 2**31),
+    st.sampled_from([torch.float32, F64]),
+    st.sampled_from([1e-30, 1.0, 1e30]),
+    st.sampled_from([None, math.inf, math.nan]),
+    st.booleans(),
+)
+def test_a_product_is_its_transposes_and_its_column_blocks(m, k, n, seed, dtype, scale, spoil, on):
+    """`a @ b` is `(b.mT @ a.mT).mT` and the columns of `a @ [b1 | b2]` are `a @ b1` and
+    `a @ b2`, bit for bit: autograd forms a gradient in one of these shapes and a fused route
+    (recurrent.py's cells) may form it in another, and each must give the other's bits."""
+    g = gen(seed)
+    a = (torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * scale).to(dtype)
+    b = (torch.randn(k, n, generator=g) * torch.rand(1, n, generator=g)).to(dtype)
+    if spoil is not None:
+        a[seed % m, seed % k] = spoil
+    with compiled_kernels(on):
+        out = exact_matmul(a, b)
+        assert same_bits(exact_matmul(b.mT, a.mT).mT, out)
+        assert same_bits(exact_matmul(b.mT.contiguous(), a.mT.contiguous()).mT, out)
+        cut = seed % (n + 1)
+        parts = [exact_matmul(a, b[:, :cut]), exact_matmul(a, b[:, cut:])]
+        assert same_bits(torch.cat(parts, 1), out)
 
 
 @settings(max_examples=25, deadline=None)

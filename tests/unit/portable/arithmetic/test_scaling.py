@@ -88,3 +88,20 @@ def test_the_compiled_scale_gives_the_torch_scales_bits():
         for out in (F64, torch.float32):
             fast = native.scaled(product, ua, ub, out)
             assert same_bits(fast, scaling.scaled(product, ua, ub).to(out))
+
+
+def test_levels_are_added_exactly_within_and_in_order_across():
+    """A level's integers are added exactly (their order cannot matter), then the levels in
+    order, each times step**level. Below, the first level's 2**53 - 2 met each half of the
+    second level separately would round twice to even and stay; met with their exact sum it
+    is 2**53 - 1."""
+    f64 = lambda v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
+    total = scaling.levels_added([[f64(2.0**53 - 2)], [f64(1.0), f64(1.0)]], 0.5)
+    assert total.item() == 2.0**53 - 1
+    three = scaling.levels_added([[f64(2.0**52)], [f64(3.0), f64(-1.0)], [f64(4.0)]], 0.5)
+    assert torch.equal(
+        three, scaling.levels_added([[f64(2.0**52)], [f64(-1.0), f64(3.0)], [f64(4.0)]], 0.5)
+    )
+    assert three.item() == 2.0**52 + 2.0
+    zero = scaling.levels_added([[f64(-0.0)], [f64(-0.0)]], 0.5)
+    assert zero.item() == 0.0 and not zero.signbit().item()  # ZERO_SIGN

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from twice.portable.dispatch.mode import PortableMode
@@ -26,8 +26,18 @@ from unit.portable.bits import (
     same_bits,
 )
 
+# a single float64 step whose input gradient autograd forms as the transposed product; a GRU's
+# hidden state that also feeds the loss (three gradients added into it, in autograd's order)
+_GRU_STEP = {
+    "kind": "gru", "layers": 1, "bidirectional": False, "batch_first": False, "bias": False,
+    "inputs": 1, "hidden": 5, "steps": 1, "batch": 1, "dtype": torch.float64, "dropout": 0.0,
+    "loss": "final", "scale": 1e-3,
+}  # fmt: skip
+
 
 @EXAMPLES
+@example(case=_GRU_STEP)
+@example(case=dict(_GRU_STEP, bidirectional=True, loss="all"))
 @given(case=RNN_CASES)
 def test_fused_recurrent_layers_give_the_op_by_op_bits(case):
     fused = rnn_run(case, True)
@@ -230,6 +240,22 @@ def _cell_run(case: dict, fused: bool) -> dict[str, torch.Tensor]:
 
 
 @EXAMPLES
+@example(
+    case={
+        "kind": "gru",
+        "bias": False,
+        "inputs": 1,
+        "hidden": 1,
+        "batch": 1,
+        "steps": 2,
+        "stacked": False,
+        "dtype": torch.float64,
+        "scale": 1e-3,
+        "state": "zeros",
+        "spoil": None,
+        "loss": "all",
+    }  # fmt: skip
+)
 @given(case=CELL_CASES)
 def test_fused_cells_give_the_op_by_op_bits_for_every_output_and_gradient(case):
     fused, plain = _cell_run(case, True), _cell_run(case, False)

@@ -585,12 +585,13 @@ static void combine_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
             const double *p1 = c->p1 + (k * 2 * m + i) * n + j0, *p2 = c->p2 + (k * m + i) * n + j0;
             double *total = c->ok ? (double *)c->out + row * n + j0 : chunk;
             for (Py_ssize_t j = 0; j < len; j++) {
+                /* each level's integers added exactly (below 2**53), then the levels in
+                   order: the sum of scaling.levels_added, the same whichever operand is left */
+                const double l1 = (p1[j] + 0.0) + p0[m * n + j];
+                const double l2 = ((p2[j] + 0.0) + p1[m * n + j]) + p0[2 * m * n + j];
                 double t = p0[j] + 0.0; /* an integer's zero is +0 (ZERO_SIGN) */
-                t = t + (p1[j] + 0.0) * s1;
-                t = t + (p0[m * n + j] + 0.0) * s1;
-                t = t + (p2[j] + 0.0) * s2;
-                t = t + (p1[m * n + j] + 0.0) * s2;
-                t = t + (p0[2 * m * n + j] + 0.0) * s2;
+                t = t + l1 * s1;
+                t = t + l2 * s2;
                 total[j] = t;
             }
             double blo, bhi; /* then the scale: scale_by's first branch a run where it holds */
@@ -608,9 +609,10 @@ static void combine_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
    exact_bilinear's sum of a float64 product's six slice products, as exact._fast_matmul3 forms
    them: `first` holds the left slices 0, 1, 2 (stacked rows, blocks x 3 rows x cols) times the
    right slice 0, `second` slices 0, 1 times the right slice 1, `third` slice 0 times the right
-   slice 2. Level by level each product times step**level (2**-beta), added in the torch
-   route's order, the sum times unit_a[i] and unit_b[j] (the first slices' units, blocks x rows
-   and blocks x cols: SCALE), rounded once to out's dtype. */
+   slice 2. Each level's products added exactly, then the levels, each times step**level
+   (2**-beta), in the torch route's order (scaling.levels_added), the sum times unit_a[i] and
+   unit_b[j] (the first slices' units, blocks x rows and blocks x cols: SCALE), rounded once to
+   out's dtype. */
 static PyObject *p_combine3(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kw[] = {"first",  "second", "third", "blocks", "rows", "cols",
                          "unit_a", "unit_b", "out",   "step",   NULL};
