@@ -55,18 +55,20 @@ def scaled(t: torch.Tensor, unit_a, unit_b, scale=None, wide: bool = True) -> to
     s = scale(unit_a, unit_b)
     if not wide:
         return t * s
-    halves_a, halves_b = _halves(unit_a), _halves(unit_b)  # each product of halves is normal
-    k = _exponent(scale(halves_a[0], halves_b[0])) + _exponent(scale(halves_a[1], halves_b[1]))
+    thirds = zip(_thirds(unit_a), _thirds(unit_b))  # each product of two thirds is normal
+    k = sum(_exponent(scale(third_a, third_b)) for third_a, third_b in thirds)
     safe = (s >= SAFE_LO) & (s <= SAFE_HI)
     return torch.where(safe, t * s, ldexp_exact(t, k))
 
 
-def _halves(unit: torch.Tensor):
-    """2**(k // 2) and 2**(k - k // 2) for unit 2**k: for units in [2**-1022, 2**1023] every
-    product of two halves lies in that range too."""
+def _thirds(unit: torch.Tensor):
+    """Three powers of two whose product is unit 2**k, each exponent within 341 of zero: for
+    units in [2**-1022, 2**1023] a product of two of them lies in [2**-682, 2**682], normal
+    (halves would not do: 2**512 * 2**512 overflows)."""
     k = _exponent(unit.to(_F64))
-    low = torch.div(k, 2, rounding_mode="floor")
-    return pow2(low), pow2(k - low)
+    first = torch.div(k, 3, rounding_mode="floor")
+    second = torch.div(k - first, 2, rounding_mode="floor")
+    return pow2(first), pow2(second), pow2(k - first - second)
 
 
 def levels_added(levels, step):

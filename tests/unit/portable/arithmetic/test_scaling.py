@@ -5,7 +5,7 @@ and the compiled scale (csrc/portable.h: scale_by) against the torch one."""
 import math
 
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from twice.portable import native
@@ -44,6 +44,9 @@ def test_ldexp_exact_rounds_once_as_c_ldexp():
 
 
 @EXAMPLES
+@example(1023, 1023, 0)  # the range's edges, where halves of the units overflowed
+@example(-1022, -1022, 0)
+@example(1023, -1022, 0)
 @given(st.integers(-1022, 1023), st.integers(-1022, 1023), st.integers(0, 2**31))
 def test_scaled_is_the_units_product_rounded_once_at_any_range(ka, kb, seed):
     """scaled(t, 2**ka, 2**kb) is t * 2**(ka + kb) rounded once: the one multiplication inside
