@@ -101,6 +101,7 @@ class RecurrentLayer(torch.autograd.Function):
         keep = [need[2] or need[5], need[3] or need[6]]
         ctx.copies = [None if k else t.detach().clone() for k, t in zip(keep, (x, h0))]
         kept = [t if k else None for k, t in zip(keep, (x, h0))]
+        c0 = c0 if cell.has_cell else None  # a GRU's second h0 (_second_use): not needed
         ctx.save_for_backward(*kept, c0, w_ih, w_hh, b_ih, b_hh, y, *saved)
         return (y, h_n, c_n) if cell.has_cell else (y, h_n)
 
@@ -205,8 +206,13 @@ def _differentiable_backward(ctx, dy, dh_n, dc_n):
     out = out.flip(0) if ctx.reverse else out
     states = [out] + [state[0] for state in finals]
     pairs = [(o, g) for o, g in zip(states, (dy, dh_n, dc_n)) if g is not None]
-    need = ctx.needs_input_grad
-    inputs = [t for t, wanted in zip((x, h0, c0, w_ih, w_hh, b_ih, b_hh), need[2:]) if wanted]
+    # a GRU's initial state in the cell state's place (_second_use) takes no gradient here:
+    # the re-run's h0 gets both of its uses' gradients, added (as close, not the same bits)
+    need = [
+        w and t is not None
+        for t, w in zip((x, h0, c0, w_ih, w_hh, b_ih, b_hh), ctx.needs_input_grad[2:])
+    ]
+    inputs = [t for t, wanted in zip((x, h0, c0, w_ih, w_hh, b_ih, b_hh), need) if wanted]
     grads = iter(
         torch.autograd.grad(
             [o for o, _ in pairs],
@@ -216,7 +222,7 @@ def _differentiable_backward(ctx, dy, dh_n, dc_n):
             allow_unused=True,
         )  # fmt: skip
     )
-    return (None, None, *(next(grads) if wanted else None for wanted in need[2:]))
+    return (None, None, *(next(grads) if wanted else None for wanted in need))
 
 
 def _second_use(kind: str, h0s) -> list:

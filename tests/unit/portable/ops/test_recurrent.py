@@ -361,7 +361,23 @@ def test_cells_under_transforms_one_bias_and_saved_inputs_run_as_op_by_op():
         out.sum().backward()
         return (h.grad, cell.weight_hh.grad)
 
-    for run in (transforms, one_bias, saved):
+    def state_refilled():
+        # a GRU (layer and cell) whose recurrent weight is frozen keeps no h0 for the backward,
+        # so h0 may be refilled in place (a stateful loop), or made in inference mode
+        layer, cell = torch.nn.GRU(3, 4), torch.nn.GRUCell(3, 4)
+        layer.weight_hh_l0.requires_grad_(False)
+        cell.weight_hh.requires_grad_(False)
+        x = torch.randn(5, 2, 3, requires_grad=True)
+        h = torch.zeros(1, 2, 4)
+        with torch.inference_mode():
+            frozen = torch.zeros(2, 4)
+        _, h_n = layer(x, h)
+        h.copy_(h_n.detach())
+        out = cell(x[0], frozen)
+        (h_n.sum() + out.sum()).backward()
+        return (x.grad, layer.weight_ih_l0.grad, cell.weight_ih.grad)
+
+    for run in (transforms, one_bias, saved, state_refilled):
         fused, plain = _routes(run)
         assert all(same_bits(a, b) for a, b in zip(fused, plain)), run.__name__
 
