@@ -12,8 +12,10 @@ in one fixed order in float64, then rounded once to the output dtype (at any ran
 
 Accuracy: a float32 result takes one slice (slices_for: at least 21 bits of each operand below
 its row's largest magnitude in a product of up to 2048 terms, 29 in a sum), a float64 result
-three, so a float32 result is accurate to a few units in its last place of the sum of the
-magnitudes; docs/portable.md has the figures.
+three. A product's error is bounded by the row's largest magnitude times the column's, not by
+the sum of its terms' magnitudes: where a row and a column each mix magnitudes far apart, a
+whole sum can be dropped (`[[2**30, 1]] @ [[2**-30], [1]]` is 0 in float32); docs/portable.md
+has the figures.
 Non-finite inputs give what IEEE arithmetic gives in any order: NaN where a NaN, an inf times
 zero or infinities of both signs meet, otherwise the infinity.
 
