@@ -87,6 +87,13 @@ for dt in (torch.float32, torch.float64):
     out = pconv.convolution(img, k, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     add(out, *pconv.convolution_backward(torch.ones_like(out), img, k, [5], [1, 1], [1, 1],
                                        [1, 1], False, [0, 0], 1, [True] * 3))
+    # 21 output channels, 50 input ones: the AVX-512 tiles 16 rows / 16 columns wide, a tail
+    # of 5, and the input gradient in cache
+    img = torch.randn(2, 50, 7, 6, generator=g).to(dt)
+    k = torch.randn(21, 50, 3, 3, generator=g).to(dt)
+    out = pconv.convolution(img, k, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    add(out, *pconv.convolution_backward(torch.randn(out.shape, generator=g).to(dt), img, k,
+                                       [21], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True] * 3))
     torch.manual_seed(0)  # the layer's initial weights
     lstm = torch.nn.LSTM(7, 37, num_layers=2, bidirectional=True).to(dt)
     seq = torch.randn(6, 3, 7, generator=g).to(dt).requires_grad_()

@@ -1,5 +1,7 @@
 """native/conv: the compiled unfold, split and fold give the torch steps' bits."""
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given
@@ -61,3 +63,27 @@ def test_the_compiled_unfold_and_fold_give_the_torch_steps_bits(case, first, see
     got = native_conv.fold_scaled(ints, case["size"], kernel, stride, padding, dilation, 0.5,
                                   unit_b, case["dtype"])  # fmt: skip
     assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the compiled kernels")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_output_channel_count_gives_the_torch_steps_bits(dtype):
+    """The forward in cache multiplies the weight's rows 16 at a time, a last block of up to 8
+    rows as two tiles of 4: every count of output channels around those widths gives the bits
+    of the torch steps (unfold, split, one product, scale), the input gradient at stride 1 too."""
+    g = torch.Generator().manual_seed(5)
+    settings = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    counts = [(4, m) for m in (1, 4, 7, 8, 9, 12, 16, 17, 24, 25, 33, 48, 53)]
+    counts += [(c, 3) for c in (native_conv.INPUT_GRAD_CHANNELS, 50, 57)]  # rows: the input's
+    for c, m in counts:
+        x = torch.randn(3, c, 7, 9, generator=g, dtype=dtype)
+        w = torch.randn(m, c, 3, 3, generator=g, dtype=dtype)
+        go = torch.randn(3, m, 7, 9, generator=g, dtype=dtype)
+        results = []
+        for fallback in (False, True):
+            with native.fallback() if fallback else contextlib.nullcontext():
+                out = pconv.convolution(x, w, None, *settings)
+                grads = pconv.convolution_backward(go, x, w, [m], *settings, [True, True, False])
+                results.append((out, *grads[:2]))
+        for fast, slow in zip(*results):
+            assert torch.equal(fast, slow), m
