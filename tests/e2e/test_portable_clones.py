@@ -147,6 +147,10 @@ def test_the_baseline_and_avx2_builds_give_the_dispatched_builds_bits(tmp_path):
     builds = {"baseline": "-DTWICE_NO_CLONES"}
     if _has("avx2"):
         builds["avx2"] = "-DTWICE_NO_CLONES -mavx2"
+    if _has("avx2") and _has("fma"):  # the fused multiply-add tiles (micro_fma)
+        builds["avx2_fma"] = "-DTWICE_NO_CLONES -mavx2 -mfma"
+    if _has("avx512f"):  # one version, AVX-512 only: compiles without -mfma too
+        builds["avx512"] = "-DTWICE_NO_CLONES -mavx512f"
     for name, flags in builds.items():
         assert _digest(str(_build(tmp_path, name, flags))) == dispatched, name
     if shutil.which("objdump"):  # the baseline really is one: no AVX registers in its kernels

@@ -206,13 +206,11 @@ def _differentiable_backward(ctx, dy, dh_n, dc_n):
     out = out.flip(0) if ctx.reverse else out
     states = [out] + [state[0] for state in finals]
     pairs = [(o, g) for o, g in zip(states, (dy, dh_n, dc_n)) if g is not None]
-    # a GRU's initial state in the cell state's place (_second_use) takes no gradient here:
-    # the re-run's h0 gets both of its uses' gradients, added (as close, not the same bits)
-    need = [
-        w and t is not None
-        for t, w in zip((x, h0, c0, w_ih, w_hh, b_ih, b_hh), ctx.needs_input_grad[2:])
-    ]
-    inputs = [t for t, wanted in zip((x, h0, c0, w_ih, w_hh, b_ih, b_hh), need) if wanted]
+    # a GRU's h0 in the cell state's place (_second_use) takes no gradient here: the re-run's
+    # h0 gets both of its uses' gradients, added (as close, not the same bits)
+    given = (x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    need = [wanted and t is not None for t, wanted in zip(given, ctx.needs_input_grad[2:])]
+    inputs = [t for t, wanted in zip(given, need) if wanted]
     grads = iter(
         torch.autograd.grad(
             [o for o, _ in pairs],

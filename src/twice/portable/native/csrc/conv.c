@@ -296,6 +296,7 @@ static inline void micro(int fma, const double *a, Py_ssize_t as, Py_ssize_t ar,
    same exact integer sums; elsewhere micro twice. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) &&                             \
     (!defined(TWICE_NO_CLONES) || defined(__AVX512F__))
+#include <immintrin.h>
 __attribute__((target("avx512f"))) static void micro512(const double *a0, const double *a1,
                                                         Py_ssize_t as, Py_ssize_t ar,
                                                         const double *b, Py_ssize_t K, double *c0,
@@ -325,11 +326,12 @@ static int wide_ok(void) { return fma_ok(); }
 /* WIDE rows by PANEL columns, the rows' integers packed WIDE to a k (a[k * WIDE + r]):
    c[q * WIDE + r] = the sum over k of a[k * WIDE + r] b[k * PANEL + q]. With AVX-512 (fma 2)
    each k is two 8-wide loads of the rows and sixteen fused multiply-adds by the columns'
-   values broadcast, 1.6 times micro512's multiply-adds a load; elsewhere micro over the
-   WIDE / MR row tiles. The same exact integer sums either way. */
+   values broadcast, 1.6 times micro512's multiply-adds a load (elsewhere convf_range takes
+   micro2's and micro's row tiles). The same exact integer sums either way. */
 #define WIDE 16
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) &&                             \
     (!defined(TWICE_NO_CLONES) || defined(__AVX512F__))
+#include <immintrin.h>
 __attribute__((target("avx512f"))) static void micro_wide512(const double *a, const double *b,
                                                              Py_ssize_t K, double *c) {
     __m512d acc[2 * PANEL];
@@ -344,7 +346,8 @@ __attribute__((target("avx512f"))) static void micro_wide512(const double *a, co
         }
     }
     for (int q = 0; q < PANEL; q++)
-        _mm512_storeu_pd(c + q * WIDE, acc[2 * q]), _mm512_storeu_pd(c + q * WIDE + 8, acc[2 * q + 1]);
+        _mm512_storeu_pd(c + q * WIDE, acc[2 * q]),
+            _mm512_storeu_pd(c + q * WIDE + 8, acc[2 * q + 1]);
 }
 #else
 static void micro_wide512(const double *a, const double *b, Py_ssize_t K, double *c) {
@@ -352,27 +355,13 @@ static void micro_wide512(const double *a, const double *b, Py_ssize_t K, double
 }
 #endif
 
-/* micro_wide512's tile, by micro (MR rows at a time, transposed into c's layout) where the CPU
-   has no AVX-512. */
-static void micro_wide(int fma, const double *a, const double *b, Py_ssize_t K, double *c) {
-    if (fma == 2) {
-        micro_wide512(a, b, K, c);
-        return;
-    }
-    double t[MR * PANEL];
-    for (int r0 = 0; r0 < WIDE; r0 += MR) {
-        micro(fma, a + r0, WIDE, 1, b, K, t);
-        for (int r = 0; r < MR; r++)
-            for (int q = 0; q < PANEL; q++) c[q * WIDE + r0 + r] = t[r * PANEL + q];
-    }
-}
-
 /* micro2's two MR-row tiles against 2 PANEL columns (b[k * 2 PANEL + q]), c0 and c1 then
    MR x 2 PANEL each (c[r * 2 PANEL + q]): each k two 8-wide loads and sixteen fused
    multiply-adds, 1.6 times micro512's a load. AVX-512 only (fma 2): the caller takes PANEL
    columns elsewhere. The same exact integer sums. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) &&                             \
     (!defined(TWICE_NO_CLONES) || defined(__AVX512F__))
+#include <immintrin.h>
 __attribute__((target("avx512f"))) static void micro_cols512(const double *a0, const double *a1,
                                                              Py_ssize_t as, Py_ssize_t ar,
                                                              const double *b, Py_ssize_t K,
@@ -454,13 +443,18 @@ static void convf_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
                              bp);
         for (Py_ssize_t b = 0; b < blocks; b++) {
             const double *a = f->apack + b * f->K * WIDE;
-            /* a last block of at most 2 MR rows: micro2's two row tiles (c[r][q]), half the
-               multiply-adds of a WIDE tile padded with zeros */
-            const int narrow = f->m - b * WIDE <= 2 * MR;
-            if (narrow)
-                micro2(f->fma, a, a + MR, WIDE, 1, bp, f->K, c, c + MR * PANEL);
-            else
-                micro_wide(f->fma, a, bp, f->K, c);
+            const Py_ssize_t held = f->m - b * WIDE; /* rows of this block, WIDE but the last */
+            /* with AVX-512 a WIDE tile (c[q][r]); else, or for a last block of at most 2 MR
+               rows, micro2's and micro's MR-row tiles over the rows held (c[r][q]) */
+            const int narrow = f->fma != 2 || held <= 2 * MR;
+            if (!narrow) micro_wide512(a, bp, f->K, c);
+            for (Py_ssize_t r0 = 0; narrow && r0 < held && r0 < WIDE; r0 += 2 * MR) {
+                if (r0 + MR < held)
+                    micro2(f->fma, a + r0, a + r0 + MR, WIDE, 1, bp, f->K, c + r0 * PANEL,
+                           c + (r0 + MR) * PANEL);
+                else
+                    micro(f->fma, a + r0, WIDE, 1, bp, f->K, c + r0 * PANEL);
+            }
             const Py_ssize_t rs = narrow ? PANEL : 1, qs = narrow ? 1 : WIDE;
             for (int r = 0; r < WIDE && b * WIDE + r < f->m; r++) {
                 const Py_ssize_t o = b * WIDE + r;
@@ -594,9 +588,9 @@ static void convw_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
             double *d = gq + (o / cw) * P * cw + o % cw;
             for (Py_ssize_t r = 0; r < rows; r++) {
                 const Py_ssize_t n = (row0 + r) / g->ho, oy = (row0 + r) % g->ho;
-                const double *s = f->gints + o * g->n * L + n * L + oy * g->wo;
+                const double *s = o < f->m ? f->gints + o * g->n * L + n * L + oy * g->wo : NULL;
                 for (Py_ssize_t ox = 0; ox < g->wo; ox++)
-                    d[(r * g->wo + ox) * cw] = o < f->m ? s[ox] : 0.0;
+                    d[(r * g->wo + ox) * cw] = s ? s[ox] : 0.0;
             }
         }
         for (Py_ssize_t k = f->K; k < f->kpad; k++)
