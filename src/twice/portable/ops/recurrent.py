@@ -128,12 +128,15 @@ class RecurrentLayer(torch.autograd.Function):
             dgx = dgx.reshape(rows, -1)
             dhg = dgx if one else dhg.reshape(rows, -1)
             if single and transposed.pending is not None:
-                dx, dh0 = _input_grads(transposed.pending, w_ih, w_hh, need[2], need[3])
+                dg = transposed.pending
+                dx, dh0 = _side_by_side((dg, dg), (w_ih, w_hh), need[2:4], x.dtype)
             else:
                 dx = exact_matmul(dgx, w_ih, x.dtype) if need[2] else None
             dx = None if dx is None else dx.reshape(x.shape)
-            dw_ih, dw_hh = _weight_grads(dgx, dhg, x.reshape(rows, -1), h_prev.reshape(rows, -1),
-                                         need[5], need[6])  # fmt: skip
+            left = dgx.t()
+            lefts = (left, left if one else dhg.t())
+            rights = (x.reshape(rows, -1), h_prev.reshape(rows, -1))
+            dw_ih, dw_hh = _side_by_side(lefts, rights, need[5:7], x.dtype)
             db_ih = exact_sum(dgx, (0,)) if need[7] else None
             db_hh = None
             if need[8]:  # one sum where the two gradients are one tensor: the same bits
@@ -147,7 +150,7 @@ class RecurrentLayer(torch.autograd.Function):
 class _Last(Repeated):
     """The recurrent weight's product of a single step (a cell's call), left for later: in the
     cell's backward it is the step's last operation and gives the initial state's gradient
-    only, so `_input_grads` forms it with the input's."""
+    only, so `_side_by_side` forms it with the input's."""
 
     pending = None
 
@@ -155,31 +158,17 @@ class _Last(Repeated):
         self.pending = other
 
 
-def _input_grads(dg, w_ih, w_hh, want_x: bool, want_h: bool):
-    """dg w_ih and dg w_hh (a single step's gradients of the input and of the initial hidden
-    state), each exact and rounded once: where both are wanted, one product of dg and
-    [w_ih | w_hh], whose every output is its row's and its column's exact sum, the separate
-    products' bits."""
-    dtype = dg.dtype
-    if want_x and want_h:
-        both = exact_matmul(dg, torch.cat([w_ih, w_hh], 1), dtype)
-        return both[:, : w_ih.shape[1]], both[:, w_ih.shape[1] :]
-    dx = exact_matmul(dg, w_ih, dtype) if want_x else None
-    return dx, exact_matmul(dg, w_hh, dtype) if want_h else None
-
-
-def _weight_grads(dgx, dhg, x, h_prev, want_ih: bool, want_hh: bool):
-    """The weight gradients dgx^T x and dhg^T h_prev, each exact and rounded once. Where the two
-    gradients are one tensor (LSTM, RNN), the two products share their left operand and are one
-    product of it and [x | h_prev]: each output is its row's and its column's exact sum, cut on
-    their own grids, so its bits are the separate products' (tests hold them equal)."""
-    dtype = x.dtype
-    if want_ih and want_hh and dhg is dgx:
-        both = exact_matmul(dgx.t(), torch.cat([x, h_prev], 1), dtype)
-        return both[:, : x.shape[1]].contiguous(), both[:, x.shape[1] :].contiguous()
-    dw_ih = exact_matmul(dgx.t(), x, dtype) if want_ih else None
-    dw_hh = exact_matmul(dhg.t(), h_prev, dtype) if want_hh else None
-    return dw_ih, dw_hh
+def _side_by_side(lefts, rights, wanted, dtype) -> list:
+    """`left @ right` for each wanted pair, exact and rounded once (None for the others). Where
+    both are wanted and share their left operand (a single step's input and hidden-state
+    gradients; the weight gradients of an LSTM or RNN, whose gates' gradient is one tensor),
+    one product of it and the two right operands side by side: every output is its row's and
+    its column's exact sum, so its bits are the separate products' (tests hold them equal)."""
+    if all(wanted) and lefts[0] is lefts[1]:
+        both = exact_matmul(lefts[0], torch.cat(rights, 1), dtype)
+        cut = rights[0].shape[1]
+        return [both[:, :cut].contiguous(), both[:, cut:].contiguous()]
+    return [exact_matmul(a, b, dtype) if w else None for a, b, w in zip(lefts, rights, wanted)]
 
 
 def _saved(ctx) -> list:
