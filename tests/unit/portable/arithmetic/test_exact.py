@@ -41,13 +41,19 @@ def test_exact_sums_and_products_native_equal_fallback():
             assert torch.equal(*both(lambda: exact_addmm(bias, a, b, dt)))
 
 
-@EXAMPLES
-@given(
+# a product's m, k, n, its operands' seed and its dtype
+_PRODUCTS = (
     st.integers(1, 9),
     st.integers(1, 70),
     st.integers(1, 9),
     st.integers(0, 2**31),
     st.sampled_from([torch.float32, F64]),
+)
+
+
+@EXAMPLES
+@given(
+    *_PRODUCTS,
     st.sampled_from([1e-30, 1.0, 1e30]),
     st.sampled_from([None, math.inf, math.nan]),
     st.booleans(),
@@ -71,13 +77,7 @@ def test_a_product_is_its_transposes_and_its_column_blocks(m, k, n, seed, dtype,
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    st.integers(1, 9),
-    st.integers(1, 70),
-    st.integers(1, 9),
-    st.integers(0, 2**31),
-    st.sampled_from([torch.float32, F64]),
-)
+@given(*_PRODUCTS)
 def test_products_do_not_depend_on_layout_or_order(m, k, n, seed, dtype):
     g = gen(seed)
     a = (torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 10).to(dtype)
