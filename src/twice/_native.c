@@ -23,14 +23,13 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *self = PyModule_Create(&module);
-    if (!self)
-        return NULL;
+    if (!self) return NULL;
     /* each family of csrc/ and of portable/native/csrc/ adds its own entry points */
     if (bind_fetch(self) < 0 || bind_hashing(self) < 0 || bind_records(self) < 0 ||
         bind_portable_threads(self) < 0 || bind_portable_unary(self) < 0 ||
         bind_portable_exact(self) < 0 || bind_portable_norms(self) < 0 ||
         bind_portable_conv(self) < 0 || bind_portable_recurrent(self) < 0 ||
-        bind_portable_random(self) < 0) {
+        bind_portable_random(self) < 0 || bind_portable_ordered(self) < 0) {
         Py_DECREF(self);
         return NULL;
     }

@@ -101,6 +101,13 @@ for dt in (torch.float32, torch.float64):
         y, (h_n, c_n) = lstm(seq)
         (y * y).sum().add(c_n.sum()).backward()
     add(y, h_n, c_n, seq.grad, *(p.grad for p in lstm.parameters()))
+from twice.portable.native import products  # float64 products in k's order: tails, k blocks
+sp = special.double()
+for m, k, n in [(13, 300, 37), (1, 1, 1), (6, 257, 16), (7, 16, 17)]:
+    a, b = torch.randn(m, k, generator=g).double(), torch.randn(k, n, generator=g).double()
+    a[0, : min(k, 16)], b[: min(k, 16), -1] = sp[: min(k, 16)], sp.flip(0)[: min(k, 16)]
+    add(need(products.ordered_mm(a, b)),
+        need(products.ordered_mm(a.expand(2, m, k), b.t().contiguous().t())))
 key = 123456789
 add(philox.uniform(50_001, key, "cpu"), philox.normal(50_001, key, "cpu"))
 print(digest.hexdigest())

@@ -1,2 +1,2 @@
-"""The arithmetic every portable kernel is built from: exact sums and products rounded once, twice's
-own elementwise algorithms and their coefficients, and Philox random numbers."""
+"""The arithmetic every portable kernel is built from: exact sums and products rounded once, float64
+products in one order, twice's own elementwise algorithms and their coefficients, and Philox."""

@@ -1,15 +1,15 @@
-"""The discrete Fourier transform along one dimension as an exact product with twice's own
+"""The discrete Fourier transform along one dimension as a float64 product with twice's own
 twiddle matrix, so that its bits depend on neither the FFT library nor the thread count.
 
 The twiddle factor of output k and input j is exp(-+2 pi i (k j mod n) / n): the integer k j is
 reduced modulo n exactly (int64), the fraction (k j mod n) / n is one IEEE division, and its
 cosine and sine come from `elementwise.sincos_turns`, computed once per length in float64. A
-transform is then one exact product (arithmetic/exact.py) of a real matrix made of those cosines
-and sines with the signals' real and imaginary parts stacked: [Re; Im] = [[C, -sS], [sS, C]] @
-[re; im] (s = -1 forward, +1 backward), every output one exact sum of products, rounded once to
-float64. Each signal (a column) is sliced on its own grid, so a signal's result depends on it
-alone, not on the rest of the batch; likewise each output row is sliced on its own grid, so
-long transforms compute their twiddles a block of rows at a time with the same bits. The cost is
+transform is then one float64 product (arithmetic/ordered.py: each output's sum in the inputs'
+order) of a real matrix made of those cosines and sines with the signals' real and imaginary
+parts stacked: [Re; Im] = [[C, -sS], [sS, C]] @ [re; im] (s = -1 forward, +1 backward). Each
+signal (a column) is computed on its own, so a signal's result depends on it alone, not on the
+rest of the batch; likewise each output row, so long transforms compute their twiddles a block
+of rows at a time with the same bits. The cost is
 O(n^2) per signal and transformed dimension (no fast algorithm: its rounding would follow the
 factorisation of n).
 """

@@ -10,6 +10,9 @@ torch's own fastest kernels (BLAS, vectorised sums, and on the GPU cuBLAS) compu
 result is the same everywhere. The slices' results are scaled by powers of two (exact) and added
 in one fixed order in float64, then rounded once to the output dtype (at any range: scaling.py).
 
+A product at float64 precision is not exact but ordered (ordered.py: six slice products would
+cost six times torch's arithmetic); sums and other bilinear forms stay exact in float64 too.
+
 Accuracy: a float32 result takes one slice (slices_for: at least 21 bits of each operand below
 its row's largest magnitude in a product of up to 2048 terms, 29 in a sum), a float64 result
 three. A product's error is bounded by the row's largest magnitude times the column's, not by
@@ -34,7 +37,7 @@ from torch._prims_common import canonicalize_dim
 
 from twice.portable import native
 from twice.portable.arithmetic import scaling
-from twice.portable.native import products as native_products
+from twice.portable.arithmetic.ordered import ordered_matmul
 
 __all__ = [
     "exact_matmul",
@@ -56,7 +59,8 @@ _MANTISSA = 53  # float64 keeps integers exact below 2**53
 def slices_for(dtype: torch.dtype) -> int:
     """How many integer slices an operand is cut into for a result of `dtype`: one for float32
     (at least 21 bits below each row's largest magnitude in a product, 29 in a sum of up to 2**24
-    terms: what a float32 result can hold), three for float64."""
+    terms: what a float32 result can hold), three for a float64 sum (a float64 matrix product
+    is ordered.py's)."""
     return 3 if dtype == torch.float64 else 1
 
 
@@ -182,12 +186,13 @@ def _nonfinite_bilinear(
 
 
 def exact_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype=None, precision=None) -> torch.Tensor:
-    """`a @ b` for (batched) matrices, exact then rounded once (torch.matmul broadcasting), at
-    the precision of `precision` (the dtype the result ends in; `out_dtype` by default)."""
+    """`a @ b` for (batched) matrices (torch.matmul broadcasting) at the precision of `precision`
+    (the dtype the result ends in; `out_dtype` by default): exact then rounded once, or at
+    float64 precision ordered.py's fixed order (then rounded to `out_dtype`)."""
     out_dtype = out_dtype or a.dtype
-    if _one_term(a, b, out_dtype, precision or out_dtype):
-        return a.to(_F64) * b.to(_F64)  # each output one product, rounded once by IEEE
-    fast = _fast_matmul(a, b, out_dtype, precision or out_dtype, None)
+    if (precision or out_dtype) == _F64:
+        return ordered_matmul(a, b).to(out_dtype)
+    fast = _fast_matmul(a, b, out_dtype, None)
     if fast is not None:
         return fast
     return exact_bilinear(
@@ -195,30 +200,13 @@ def exact_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype=None, precision=Non
     )
 
 
-def _one_term(a, b, out_dtype, precision) -> bool:
-    """Whether each output of a float64 product is a single product (an inner dimension of
-    one): IEEE multiplication then rounds it once, exactly what the slices would approach."""
-    return (
-        out_dtype == precision == _F64
-        and a.dim() >= 2
-        and b.dim() >= 2
-        and a.shape[-1] == 1
-        and a.dtype in (torch.float32, _F64)
-        and b.dtype in (torch.float32, _F64)
-    )
-
-
-def _fast_matmul(a, b, out_dtype, precision, bias):
+def _fast_matmul(a, b, out_dtype, bias):
     """One slice of each operand split by the C kernel, one float64 product, scaled and rounded
     by the C kernel: exact_bilinear's steps for the common case, or None."""
-    if slices_for(precision) not in (1, 3) or a.dim() != b.dim() or a.dim() not in (2, 3):
-        return None
-    if a.numel() == 0 or b.numel() == 0:
+    if a.dim() != b.dim() or a.dim() not in (2, 3) or a.numel() == 0 or b.numel() == 0:
         return None
     if a.dim() == 3 and a.shape[0] != b.shape[0]:
         return None
-    if slices_for(precision) == 3:
-        return _fast_matmul3(a, b, out_dtype, bias)
     beta = beta_for(max(1, a.shape[-1]), 2)
     sa = native.split_rows(a, (-1,), beta)
     if not sa:
@@ -227,68 +215,6 @@ def _fast_matmul(a, b, out_dtype, precision, bias):
     if not sb:
         return None
     return _scaled_product(sa[0], sb[0], out_dtype, bias)
-
-
-def _split3(x, dims, beta):
-    """split(x64, dims, 3, beta) with the first slice cut by the compiled kernel (the same bits,
-    in one pass): falsy where the kernel does not apply or a value is not finite."""
-    first = native.split_rows(x, dims, beta)
-    if not first:
-        return None
-    (ints, unit), rest = first[0], x.to(torch.float64)
-    parts = [(ints, unit)]
-    more = native_products.slices(rest, ints, unit, beta)
-    if more is not None:  # the same steps in one compiled pass
-        step = 2.0**-beta
-        return parts + [(more[0], unit * step), (more[1], unit * step * step)]
-    for _ in range(2):
-        rest = rest - ints * unit
-        unit = unit * (2.0**-beta)
-        ints = _slice_of(rest, unit)
-        parts.append((ints, unit))
-    return parts
-
-
-def _fast_matmul3(a, b, out_dtype, bias):
-    """exact_bilinear's steps for a float64 result (three slices), in fewer torch calls: the six
-    integer products as three (the left slices stacked: each block is the same exact product),
-    each term scaled by its units' product (exact powers of two, so one value per level: the
-    outer product torch.matmul forms of the units) and added in exact_bilinear's order."""
-    if bias is not None:
-        return None
-    beta = beta_for(max(1, a.shape[-1]) * 3, 2)
-    left = native_products.left3(a, beta)
-    right = native_products.right3(b, beta) if left else None
-    if left and right:  # three slices each in one pass, and three products of them
-        (stacked, unit_a), (slices_b, unit_b) = left, right
-        n, flat = a.shape[-2], stacked.dim() == 3 and stacked.is_contiguous()
-        rows = stacked.reshape(-1, stacked.shape[-1]) if flat else None  # one product each
-        products = [
-            torch.mm(rows[: (3 - q) * n], slices_b[q]).view(3 - q, n, -1)
-            if flat
-            else torch.matmul(stacked[..., : 3 - q, :, :], slices_b[q].unsqueeze(-3))
-            for q in range(3)
-        ]
-        return native_products.combine3(products, unit_a, unit_b, out_dtype, 2.0**-beta)
-    if left is False or right is False:
-        return None  # a value not finite: exact_bilinear's IEEE rule
-    sa = _split3(a, (-1,), beta)
-    sb = _split3(b, (-2,), beta) if sa else None
-    if not sb:
-        return None
-    n, step = a.shape[-2], 2.0**-beta
-    left = torch.cat([ints for ints, _ in sa], dim=-2)
-    products = [torch.matmul(left[..., : (3 - q) * n, :], sb[q][0]) for q in range(3)]
-    units = (sa[0][1].squeeze(-1), sb[0][1].squeeze(-2))
-    stacked = [p.unflatten(-2, (3 - q, n)) for q, p in enumerate(products)]
-    fast = native_products.combine3(stacked, *units, out_dtype, step)
-    if fast is not None:  # the same sum in one compiled pass
-        return fast
-    levels = (
-        [products[level - p][..., p * n : (p + 1) * n, :] for p in range(level + 1)]
-        for level in range(3)
-    )
-    return scaling.scaled(scaling.levels_added(levels, step), sa[0][1], sb[0][1]).to(out_dtype)
 
 
 def _scaled_product(part_a, part_b, out_dtype, bias=None):

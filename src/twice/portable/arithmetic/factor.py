@@ -3,16 +3,16 @@ with partial pivoting, triangular solves, the symmetric indefinite LDL^T (Bunch-
 in float64 on (batched) matrices.
 
 LAPACK's results depend on its blocking, its BLAS and the instruction set. Here every entry of a
-factor or a solution is one exact inner product (arithmetic/exact: the entry's right-hand side
-minus the products already known, exact then rounded once to float64), then one division or
-square root (twice's). The loops run over the matrix's columns or rows, a count fixed by the
+factor or a solution is one float64 inner product in a fixed order (arithmetic/ordered: the
+entry's right-hand side, then each product already known taken away in order), then one division
+or square root (twice's). The loops run over the matrix's columns or rows, a count fixed by the
 shape; each batch element is computed by the same elementwise steps, so its bits do not depend
 on the batch it is in. Pivots follow one rule: the largest magnitude, the first index on ties.
 
 LDL^T follows LAPACK's sytrf (lower): Bunch-Kaufman's choice of a 1x1 or 2x2 pivot, LAPACK's
 compact layout of L and D and its pivot encoding, so ldl_solve (and a reader of the pivots)
 takes them as LAPACK's. Its columns are computed left-looking (as sytrf's blocked dlasyf does),
-each updated column one exact product rounded once; its pivot choices differ from LAPACK's
+each updated column one ordered product; its pivot choices differ from LAPACK's
 only where its rounding does. Each matrix of a batch is factored on its own (the pivots decide
 the steps).
 """
@@ -24,7 +24,6 @@ import math
 import torch
 
 from twice.portable.arithmetic import elementwise as ew
-from twice.portable.arithmetic import scaling
 from twice.portable.arithmetic.exact import exact_matmul
 
 __all__ = [
@@ -43,13 +42,9 @@ _F64 = torch.float64
 
 
 def minus_product(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """c - a @ b for float64 (batched) matrices, exact then rounded once: for each column j one
-    exact product of [c_j a] and [1; -b_j] (a batch of them), c_j and b_j first scaled by the
-    power of two of b_j's largest magnitude (exact), so the 1 and b_j are cut on one grid and
-    each row [c_ij a_i] on its own column's scale, at any scale of the matrices or of one
-    right-hand side against another; the result is scaled back (exact where it stays normal).
-    The scale is kept within 2^1000 of c_j's largest magnitude, so c_j neither overflows nor
-    falls below the normal range."""
+    """c - a @ b for float64 (batched) matrices: c, then each product a_ik b_kj taken away in
+    k's order (one float64 product of [c a] and [1; -b] in ordered.py's order, a column at a
+    time where b has more than one)."""
     if a.shape[-1] == 0:
         return c.clone()
     batch = torch.broadcast_shapes(c.shape[:-2], a.shape[:-2], b.shape[:-2])
@@ -59,37 +54,15 @@ def minus_product(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
     c = c.expand(*batch, rows, cols)
     a = a.expand(*batch, rows, inner)
     b = b.expand(*batch, inner, cols)
-    largest = b.abs().amax(-2, keepdim=True)
-    k = _exponent_of(largest)
-    top = _exponent_of(c.abs().amax(-2, keepdim=True))
-    original = c
-    k = torch.minimum(torch.maximum(k, top - 1000), top + 1000)
-    if bool((k.abs() <= 1000).all()):  # 2**-k and 2**k normal: one IEEE multiplication each
-        down, up = scaling.pow2(-k), scaling.pow2(k)
-        c, b = c * down, b * down
-    else:
-        c, b, up = scaling.ldexp_exact(c, -k), scaling.ldexp_exact(b, -k), None
     if cols == 1:  # one column (the factorizations' column updates): one product
         one = _ONE.expand(*batch, 1, 1)
-        out = exact_matmul(torch.cat([c, a], -1), torch.cat([one, -b], -2), _F64)
-    else:
-        left = torch.cat(
-            [c.mT.unsqueeze(-1), a.unsqueeze(-3).expand(*batch, cols, rows, inner)], -1
-        )
-        right = torch.cat([_ONE.expand(*batch, cols, 1, 1), -b.mT.unsqueeze(-1)], -2)
-        out = exact_matmul(left, right, _F64).squeeze(-1).mT  # (..., rows, cols)
-    out = out * up if up is not None else scaling.ldexp_exact(out, k)
-    # a column of b that is all zeros leaves c's column as it is (exact: c + 0, as the exact sum's
-    # +0 rule gives), not cut on a row's grid that a's magnitude sets
-    return torch.where(largest == 0, original + 0.0, out)
+        return exact_matmul(torch.cat([c, a], -1), torch.cat([one, -b], -2), _F64)
+    left = torch.cat([c.mT.unsqueeze(-1), a.unsqueeze(-3).expand(*batch, cols, rows, inner)], -1)
+    right = torch.cat([_ONE.expand(*batch, cols, 1, 1), -b.mT.unsqueeze(-1)], -2)
+    return exact_matmul(left, right, _F64).squeeze(-1).mT  # (..., rows, cols)
 
 
 _ONE = torch.ones(1, 1, dtype=_F64)
-
-
-def _exponent_of(largest: torch.Tensor) -> torch.Tensor:
-    """The power of two of each magnitude (frexp's exponent; 0 for zero, inf and NaN), int64."""
-    return torch.frexp(largest)[1].to(torch.int64)
 
 
 def cholesky(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,8 +203,8 @@ class _Sytrf:
         self.info = 0
 
     def column(self, j: int, k: int) -> torch.Tensor:
-        """Working column j of the trailing matrix after k steps, rows k..n-1: one exact
-        product, rounded once."""
+        """Working column j of the trailing matrix after k steps, rows k..n-1: one ordered
+        product (minus_product)."""
         rows = self.order[k:]
         a = self.s[rows, self.order[j]].unsqueeze(-1)
         return minus_product(a, self.low[k:, :k], self.w[j : j + 1, :k].mT)[:, 0]
@@ -321,7 +294,7 @@ def ldl_factor(a: torch.Tensor):
 
 def _ldl_solve_one(ld: torch.Tensor, pivots: list[int], b: torch.Tensor) -> torch.Tensor:
     """dsytrs (lower) for one matrix: b's rows interchanged and solved step by step, each
-    update one exact product rounded once."""
+    update one ordered product (minus_product)."""
     n, x = ld.shape[-1], b.clone()
 
     def exchange(i, j):

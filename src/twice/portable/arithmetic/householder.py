@@ -3,9 +3,10 @@ bits depend only on their inputs, in float64 on (batched) matrices, in LAPACK's 
 
 Column k's reflector is LAPACK's (dlarfg): beta = -sign(alpha) |x|, tau = (beta - alpha)/beta,
 v = x / (alpha - beta) with v[0] = 1, tau = 0 where x below its head is zero. |x| is the square
-root (twice's) of one exact sum of squares; applying H = I - tau v v^T to a matrix C takes
-w = v^T C as exact inner products, then each entry C - v (tau w) as one exact product
-subtracted and rounded once. Columns are taken in order, a count fixed by the shape.
+root (twice's) of one ordered sum of squares (arithmetic/ordered.py); applying
+H = I - tau v v^T to a matrix C takes w = v^T C as ordered inner products, then each entry
+C - v (tau w) as one product subtracted, each step one rounding. Columns are taken in order,
+a count fixed by the shape.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ _F64 = torch.float64
 
 
 def dot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """sum over the last dimension of x * y, exact then rounded once (float64)."""
+    """sum over the last dimension of x * y in its order (float64, arithmetic/ordered.py)."""
     return exact_matmul(x.unsqueeze(-2), y.unsqueeze(-1), _F64)[..., 0, 0]
 
 

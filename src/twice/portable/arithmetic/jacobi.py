@@ -6,7 +6,7 @@ follows the BLAS and instruction set. Here each sweep visits every pair of colum
 round-robin order of a tournament (n/2 disjoint pairs at a time, all rotated at once: every
 batch element takes the same steps), and the number of sweeps depends on the size alone.
 Rotations are applied with separate IEEE multiplies and adds; the sums a rotation's angle
-needs (a column's squared norm, two columns' inner product) are exact, then rounded once.
+needs (a column's squared norm, two columns' inner product) are ordered float64 sums.
 Results are sorted as torch returns them (eigenvalues ascending, singular values descending;
 ties keep their order), and each vector's sign is fixed by one rule: its component of largest
 magnitude (the first on ties) is positive.
@@ -117,7 +117,7 @@ def eigh(a: torch.Tensor, vectors: bool = True):
 
 
 def _gram(x: torch.Tensor, p, q):
-    """(|x_p|^2, |x_q|^2, x_p . x_q) per pair, each an exact sum rounded once."""
+    """(|x_p|^2, |x_q|^2, x_p . x_q) per pair, each an ordered float64 sum."""
     xp, xq = x[..., :, p].mT.unsqueeze(-2), x[..., :, q].mT.unsqueeze(-2)
     both = torch.cat([xp, xq], -2)  # (..., pairs, 2, m)
     gram = exact_matmul(both, both.mT, _F64)

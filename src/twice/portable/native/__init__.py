@@ -1,5 +1,4 @@
-"""The compiled kernels of portable mode (twice._native; csrc/, one C file per family), where they
-apply.
+"""Portable mode's compiled kernels (twice._native; csrc/, a C file per family), where they apply.
 
 Each function returns None where the compiled kernel does not apply (no extension built, a tensor
 on another device or of another dtype, `fallback()` in force): the caller then computes the same
@@ -66,7 +65,7 @@ def gpu(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
     interpret = os.environ.get("TRITON_INTERPRET") == "1" and _state.get("gpu_tests")
     if not _state["on"] or (x.device.type != "cuda" and not interpret) or x.dtype not in KINDS:
         return None
-    kernels = _gpu_kernels()
+    kernels = gpu_kernels()
     if kernels is None or name not in kernels.FUNCTIONS:
         return None
     from twice.portable.arithmetic.coefficients import KERNEL_ARGS
@@ -83,19 +82,20 @@ def gpu_uniform(count: int, key: int, device) -> torch.Tensor | None:
         or (torch.device(device).type != "cuda" and not interpret)
     ):
         return None
-    kernels = _gpu_kernels()
+    kernels = gpu_kernels()
     if kernels is None:
         return None
     return kernels.uniform(count, key, device)
 
 
-def _gpu_kernels():
+def gpu_kernels():
+    """The Triton kernels' module (native/triton.py), or None where Triton is not there."""
     if "gpu" not in _state:
         try:
-            from twice.portable.native import triton as gpu_kernels
+            from twice.portable.native import triton as kernels
         except ImportError:  # no Triton: a CPU build of torch
-            gpu_kernels = None
-        _state["gpu"] = gpu_kernels
+            kernels = None
+        _state["gpu"] = kernels
     return _state["gpu"]
 
 

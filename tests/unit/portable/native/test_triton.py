@@ -38,6 +38,17 @@ for count in (1, 7, 1000):
     with native.fallback():
         assert torch.equal(ours, philox.uniform(count, 12345)), count
         assert torch.equal(normals, philox.normal(count, 12345)), count
+from twice.portable.arithmetic.ordered import ordered_loop
+from twice.portable.native import products
+for a_shape, b_shape in [((3, 5), (5, 7)), ((2, 1, 40, 30), (3, 30, 35)), ((33, 1), (1, 2))]:
+    a = torch.randn(*a_shape, generator=g, dtype=torch.float64)
+    b = torch.randn(*b_shape, generator=g, dtype=torch.float64).mT.contiguous().mT
+    a.view(-1)[:len(specials)] = torch.tensor(specials, dtype=torch.float64)[:a.numel()]
+    ours = products.gpu_ordered_mm(a, b)
+    theirs = ordered_loop(a, b)
+    assert torch.equal(ours.isnan(), theirs.isnan()), a_shape
+    assert torch.equal(torch.nan_to_num(ours, 7.0), torch.nan_to_num(theirs, 7.0)), a_shape
+    assert torch.equal(ours.signbit() & ~ours.isnan(), theirs.signbit() & ~theirs.isnan())
 print("same bits")
 """
 

@@ -160,7 +160,8 @@ def test_one_value_stands_for_every_spatial_dimension_as_aten_takes_it(spatial, 
 def test_a_window_in_the_padding_gives_the_same_zero_on_every_route():
     """Outputs whose windows lie wholly in the padding are sums of no value: +0 on the compiled
     route and the torch one alike (ZERO_SIGN), whatever the weights' signs, 1x1 kernels and
-    wider, strided and dilated."""
+    wider, strided and dilated; in float64 the sum of the weights times the padding's zeros in
+    k's order (arithmetic/ordered.py), the same zero on both routes."""
     from twice.portable import native
 
     g = torch.Generator().manual_seed(3)
@@ -174,4 +175,5 @@ def test_a_window_in_the_padding_gives_the_same_zero_on_every_route():
             with native.fallback():
                 plain = pconv.convolution(x, w, *args)
             assert same_bits(compiled, plain), (kernel, dtype)
-            assert not compiled[compiled == 0].signbit().any()
+            if dtype == torch.float32:
+                assert not compiled[compiled == 0].signbit().any()

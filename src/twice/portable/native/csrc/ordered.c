@@ -1,0 +1,328 @@
+/* Portable mode's float64 matrix product in a fixed order (arithmetic/ordered.py's rule):
+   out[i][j] = a[i][0] b[0][j], then + a[i][k] b[k][j] for k = 1, 2, ... in that order, each
+   product and each sum one IEEE rounding in float64 (no fused multiply-add: setup.py builds
+   with -ffp-contract=off, and the vector loops below spell the multiply and the add apart).
+
+   Every output element is one running sum computed by one thread; the threads, the vector width
+   and the blocking only decide which elements are computed together and when, never the
+   operations on one element or their order. So every instruction set (AVX-512, AVX2, SSE2, plain
+   C) and every thread count gives the bits of ordered.py's torch loop, which tests hold them to.
+
+   The work is blocked as BLAS kernels block it: the right operand packed in panels of NR
+   columns, the left in panels of MR rows, KB values of k at a time; a block's running sums wait
+   in `out` between blocks of k, which changes no bit. */
+
+#include "portable.h"
+
+#define MR 6
+#define NR 16
+#define KB 256
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define X86 1
+#endif
+
+/* The MR x NR tile c (row r at c + r * ldc) += the packed panels' products over K values of k:
+   ap[k * MR + r] times bp[k * NR + q]. first: the tile starts as the first products (no add). */
+static void micro_plain(const double *ap, const double *bp, Py_ssize_t K, int first, double *c,
+                        Py_ssize_t ldc) {
+    Py_ssize_t k = 0;
+    if (first) {
+        for (int r = 0; r < MR; r++)
+            for (int q = 0; q < NR; q++) c[r * ldc + q] = ap[r] * bp[q];
+        k = 1;
+    }
+    for (; k < K; k++)
+        for (int r = 0; r < MR; r++)
+            for (int q = 0; q < NR; q++)
+                c[r * ldc + q] = c[r * ldc + q] + ap[k * MR + r] * bp[k * NR + q];
+}
+
+#ifdef X86
+/* SSE2 (every x86-64 CPU): the tile a quarter (4 columns) at a time, two 2-wide registers a
+   row. */
+static void micro_sse2(const double *ap, const double *bp, Py_ssize_t K, int first, double *c,
+                       Py_ssize_t ldc) {
+    for (int h = 0; h < NR; h += 4) {
+        __m128d acc[MR][2];
+        Py_ssize_t k = 0;
+        if (first) {
+            const __m128d b0 = _mm_loadu_pd(bp + h), b1 = _mm_loadu_pd(bp + h + 2);
+            for (int r = 0; r < MR; r++) {
+                const __m128d x = _mm_set1_pd(ap[r]);
+                acc[r][0] = _mm_mul_pd(x, b0), acc[r][1] = _mm_mul_pd(x, b1);
+            }
+            k = 1;
+        } else {
+            for (int r = 0; r < MR; r++)
+                acc[r][0] = _mm_loadu_pd(c + r * ldc + h),
+                acc[r][1] = _mm_loadu_pd(c + r * ldc + h + 2);
+        }
+        for (; k < K; k++) {
+            const __m128d b0 = _mm_loadu_pd(bp + k * NR + h),
+                          b1 = _mm_loadu_pd(bp + k * NR + h + 2);
+            for (int r = 0; r < MR; r++) {
+                const __m128d x = _mm_set1_pd(ap[k * MR + r]);
+                acc[r][0] = _mm_add_pd(acc[r][0], _mm_mul_pd(x, b0));
+                acc[r][1] = _mm_add_pd(acc[r][1], _mm_mul_pd(x, b1));
+            }
+        }
+        for (int r = 0; r < MR; r++)
+            _mm_storeu_pd(c + r * ldc + h, acc[r][0]),
+                _mm_storeu_pd(c + r * ldc + h + 2, acc[r][1]);
+    }
+}
+#endif
+
+/* AVX2: half the tile (8 columns) at a time, two 4-wide registers a row. */
+#if defined(X86) && (!defined(TWICE_NO_CLONES) || defined(__AVX2__))
+__attribute__((target("avx2"))) static void
+micro_avx2(const double *ap, const double *bp, Py_ssize_t K, int first, double *c, Py_ssize_t ldc) {
+    for (int h = 0; h < NR; h += 8) {
+        __m256d acc[MR][2];
+        Py_ssize_t k = 0;
+        if (first) {
+            const __m256d b0 = _mm256_loadu_pd(bp + h), b1 = _mm256_loadu_pd(bp + h + 4);
+            for (int r = 0; r < MR; r++) {
+                const __m256d x = _mm256_broadcast_sd(ap + r);
+                acc[r][0] = _mm256_mul_pd(x, b0), acc[r][1] = _mm256_mul_pd(x, b1);
+            }
+            k = 1;
+        } else {
+            for (int r = 0; r < MR; r++)
+                acc[r][0] = _mm256_loadu_pd(c + r * ldc + h),
+                acc[r][1] = _mm256_loadu_pd(c + r * ldc + h + 4);
+        }
+        for (; k < K; k++) {
+            const __m256d b0 = _mm256_loadu_pd(bp + k * NR + h);
+            const __m256d b1 = _mm256_loadu_pd(bp + k * NR + h + 4);
+            for (int r = 0; r < MR; r++) {
+                const __m256d x = _mm256_broadcast_sd(ap + k * MR + r);
+                acc[r][0] = _mm256_add_pd(acc[r][0], _mm256_mul_pd(x, b0));
+                acc[r][1] = _mm256_add_pd(acc[r][1], _mm256_mul_pd(x, b1));
+            }
+        }
+        for (int r = 0; r < MR; r++)
+            _mm256_storeu_pd(c + r * ldc + h, acc[r][0]),
+                _mm256_storeu_pd(c + r * ldc + h + 4, acc[r][1]);
+    }
+}
+#define HAS_AVX2 1
+#endif
+
+/* AVX-512: the whole tile, two 8-wide registers a row. */
+#if defined(X86) && (!defined(TWICE_NO_CLONES) || defined(__AVX512F__))
+__attribute__((target("avx512f"))) static void micro_avx512(const double *ap, const double *bp,
+                                                            Py_ssize_t K, int first, double *c,
+                                                            Py_ssize_t ldc) {
+    __m512d acc[MR][2];
+    Py_ssize_t k = 0;
+    if (first) {
+        const __m512d b0 = _mm512_loadu_pd(bp), b1 = _mm512_loadu_pd(bp + 8);
+        for (int r = 0; r < MR; r++) {
+            const __m512d x = _mm512_set1_pd(ap[r]);
+            acc[r][0] = _mm512_mul_pd(x, b0), acc[r][1] = _mm512_mul_pd(x, b1);
+        }
+        k = 1;
+    } else {
+        for (int r = 0; r < MR; r++)
+            acc[r][0] = _mm512_loadu_pd(c + r * ldc), acc[r][1] = _mm512_loadu_pd(c + r * ldc + 8);
+    }
+    for (; k < K; k++) {
+        const __m512d b0 = _mm512_loadu_pd(bp + k * NR), b1 = _mm512_loadu_pd(bp + k * NR + 8);
+        for (int r = 0; r < MR; r++) {
+            const __m512d x = _mm512_set1_pd(ap[k * MR + r]);
+            acc[r][0] = _mm512_add_pd(acc[r][0], _mm512_mul_pd(x, b0));
+            acc[r][1] = _mm512_add_pd(acc[r][1], _mm512_mul_pd(x, b1));
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        _mm512_storeu_pd(c + r * ldc, acc[r][0]), _mm512_storeu_pd(c + r * ldc + 8, acc[r][1]);
+}
+#define HAS_AVX512 1
+#endif
+
+/* The widest loop this CPU runs: 3 AVX-512, 2 AVX2, 1 SSE2, 0 plain C. */
+static int isa_level(void) {
+    static int level = -1;
+    if (level < 0) {
+        int found = 0;
+#ifdef X86
+        found = 1;
+#ifdef HAS_AVX2
+        if (__builtin_cpu_supports("avx2")) found = 2;
+#endif
+#ifdef HAS_AVX512
+        if (__builtin_cpu_supports("avx512f")) found = 3;
+#endif
+#endif
+        level = found;
+    }
+    return level;
+}
+
+static void micro(int isa, const double *ap, const double *bp, Py_ssize_t K, int first, double *c,
+                  Py_ssize_t ldc) {
+#ifdef HAS_AVX512
+    if (isa == 3) {
+        micro_avx512(ap, bp, K, first, c, ldc);
+        return;
+    }
+#endif
+#ifdef HAS_AVX2
+    if (isa == 2) {
+        micro_avx2(ap, bp, K, first, c, ldc);
+        return;
+    }
+#endif
+#ifdef X86
+    if (isa == 1) {
+        micro_sse2(ap, bp, K, first, c, ldc);
+        return;
+    }
+#endif
+    micro_plain(ap, bp, K, first, c, ldc);
+}
+
+typedef struct {
+    const double *a, *b;
+    double *out, *packed; /* packed: the right operand's panels of this call (see pack_range) */
+    Py_ssize_t m, k, n, mp, np;
+    Py_ssize_t a_batch, a_row, a_col, b_batch, b_row, b_col;
+    Py_ssize_t z0, k0, kw; /* the call's first batch index, and its block of k: [k0, k0 + kw) */
+    int isa, failed;
+} mm_ctx;
+
+/* Panels t in [lo, hi) of the right operand (batch z0 + t / np, columns (t % np) * NR on),
+   rows k0 .. k0 + kw: packed[t][k][q], zero past the last column. */
+static void pack_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    const mm_ctx *c = (const mm_ctx *)p;
+    for (Py_ssize_t t = lo; t < hi; t++) {
+        const Py_ssize_t z = c->z0 + t / c->np, j0 = (t % c->np) * NR;
+        const Py_ssize_t width = c->n - j0 < NR ? c->n - j0 : NR;
+        const double *src = c->b + z * c->b_batch + c->k0 * c->b_row + j0 * c->b_col;
+        double *dst = c->packed + t * c->kw * NR;
+        for (Py_ssize_t k = 0; k < c->kw; k++) {
+            int q = 0;
+            for (; q < width; q++) dst[k * NR + q] = src[k * c->b_row + q * c->b_col];
+            for (; q < NR; q++) dst[k * NR + q] = 0.0;
+        }
+    }
+}
+
+/* Row panels t in [lo, hi) (batch z0 + t / mp, rows (t % mp) * MR on), against every column
+   panel: the running sums over this call's block of k. */
+static void mm_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    mm_ctx *c = (mm_ctx *)p;
+    double *ap = (double *)malloc(sizeof(double) * MR * (size_t)c->kw);
+    if (!ap) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    double tile[MR * NR];
+    const int first = c->k0 == 0;
+    for (Py_ssize_t t = lo; t < hi; t++) {
+        const Py_ssize_t zi = t / c->mp, z = c->z0 + zi, i0 = (t % c->mp) * MR;
+        const Py_ssize_t rows = c->m - i0 < MR ? c->m - i0 : MR;
+        const double *src = c->a + z * c->a_batch + i0 * c->a_row + c->k0 * c->a_col;
+        for (Py_ssize_t k = 0; k < c->kw; k++) {
+            int r = 0;
+            for (; r < rows; r++) ap[k * MR + r] = src[r * c->a_row + k * c->a_col];
+            for (; r < MR; r++) ap[k * MR + r] = 0.0;
+        }
+        double *out = c->out + z * c->m * c->n + i0 * c->n;
+        for (Py_ssize_t j = 0; j < c->np; j++) {
+            const Py_ssize_t j0 = j * NR, width = c->n - j0 < NR ? c->n - j0 : NR;
+            const double *bp = c->packed + (zi * c->np + j) * c->kw * NR;
+            if (rows == MR && width == NR) { /* a whole tile: its running sums in out itself */
+                micro(c->isa, ap, bp, c->kw, first, out + j0, c->n);
+                continue;
+            }
+            if (!first) /* an edge tile: through a full-size tile, the valid part copied */
+                for (Py_ssize_t r = 0; r < rows; r++)
+                    memcpy(tile + r * NR, out + r * c->n + j0, sizeof(double) * width);
+            micro(c->isa, ap, bp, c->kw, first, tile, NR);
+            for (Py_ssize_t r = 0; r < rows; r++)
+                memcpy(out + r * c->n + j0, tile + r * NR, sizeof(double) * width);
+        }
+    }
+    free(ap);
+}
+
+/* p_ordered_mm(a, b, out, batch, m, k, n, a_strides, b_strides): out (contiguous float64,
+   batch x m x n) = a @ b for float64 a (batch x m x k) and b (batch x k x n) read through their
+   element strides (batch, row, column; a batch stride 0 repeats one matrix), each element's sum
+   in the fixed order above. k >= 1. */
+static PyObject *p_ordered_mm(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"a", "b", "out", "batch", "m", "k", "n", "a_strides", "b_strides", NULL};
+    buffer_t a, b, out;
+    Py_ssize_t batch, m, k, n, as[3], bs[3];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&O&nnnn(nnn)(nnn)", kw, buffer, &a, buffer,
+                                     &b, buffer, &out, &batch, &m, &k, &n, &as[0], &as[1], &as[2],
+                                     &bs[0], &bs[1], &bs[2]))
+        return NULL;
+    const char *name = "p_ordered_mm";
+    if (!size_ok(name, "batch", batch) || !size_ok(name, "m", m) || !size_ok(name, "n", n))
+        return NULL;
+    if (k < 1) {
+        PyErr_SetString(PyExc_ValueError, "p_ordered_mm: k is at least 1");
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++)
+        if (!size_ok(name, "a_strides", as[i]) || !size_ok(name, "b_strides", bs[i])) return NULL;
+    if (batch == 0 || m == 0 || n == 0) Py_RETURN_NONE;
+    const Py_ssize_t a_span = 1 + (batch - 1) * as[0] + (m - 1) * as[1] + (k - 1) * as[2];
+    const Py_ssize_t b_span = 1 + (batch - 1) * bs[0] + (k - 1) * bs[1] + (n - 1) * bs[2];
+    if (!buffer_holds(name, "a", &a, a_span, KIND_F64) ||
+        !buffer_holds(name, "b", &b, b_span, KIND_F64) ||
+        !buffer_holds(name, "out", &out, batch * m * n, KIND_F64))
+        return NULL;
+    mm_ctx c = {F64(a),
+                F64(b),
+                F64(out),
+                NULL,
+                m,
+                k,
+                n,
+                (m + MR - 1) / MR,
+                (n + NR - 1) / NR,
+                as[0],
+                as[1],
+                as[2],
+                bs[0],
+                bs[1],
+                bs[2],
+                0,
+                0,
+                0,
+                isa_level(),
+                0};
+    /* One block of k: every batch in one call (each right panel packed once); more: a batch at a
+       time, a block of k after another. */
+    const Py_ssize_t per_call = k <= KB ? batch : 1;
+    c.packed = (double *)PyMem_RawMalloc(sizeof(double) * per_call * c.np * NR *
+                                         (size_t)(k < KB ? k : KB));
+    if (!c.packed) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t z0 = 0; z0 < batch && !c.failed; z0 += per_call) {
+        for (Py_ssize_t k0 = 0; k0 < k && !c.failed; k0 += KB) {
+            c.z0 = z0, c.k0 = k0, c.kw = k - k0 < KB ? k - k0 : KB;
+            const Py_ssize_t tasks = per_call * c.mp;
+            parallel_for(per_call * c.np, per_call * c.kw * n, pack_range, &c);
+            parallel_for(tasks, per_call * c.kw * m * n / 4, mm_range, &c);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(c.packed);
+    if (c.failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"p_ordered_mm", KEYWORDS(p_ordered_mm),
+     "Portable mode: a float64 matrix product, each sum in k's order."},
+    {NULL, NULL, 0, NULL},
+};
+
+int bind_portable_ordered(PyObject *module) { return PyModule_AddFunctions(module, methods); }
