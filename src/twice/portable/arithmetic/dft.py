@@ -49,7 +49,7 @@ def _rows(n: int, start: int, stop: int, device) -> tuple[torch.Tensor, torch.Te
 def _blocks(n: int, rows: int, device, block: int | None):
     """(C, S) for blocks of the first `rows` rows of twiddles(n): one block of the
     cached matrices for short lengths, else a few rows at a time (the rows' twiddles computed
-    alone). An output row is sliced on its own grid, so no block size changes a bit."""
+    alone). An output row is computed on its own, so no block size changes a bit."""
     if n <= _CACHED and block is None:
         cos, sin = twiddles(n, device)
         yield cos[:rows], sin[:rows]

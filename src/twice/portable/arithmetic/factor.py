@@ -88,7 +88,7 @@ def solve_triangular(
     a: torch.Tensor, b: torch.Tensor, upper: bool, unit: bool = False
 ) -> torch.Tensor:
     """x with a x = b for triangular a (..., n, n) and b (..., n, k), float64, row by row
-    (forward for lower, backward for upper), each row one exact inner product then one
+    (forward for lower, backward for upper), each row one ordered inner product then one
     division. Only a's triangle is read; `unit` takes its diagonal as ones."""
     n = a.shape[-1]
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -114,7 +114,7 @@ def _swap_rows(x: torch.Tensor, k: int, other: torch.Tensor) -> torch.Tensor:
 def lu_factor(a: torch.Tensor, pivot: bool = True):
     """(LU, pivots, info) of float64 a (..., m, n) as LAPACK's getrf lays them out (L unit lower
     below the diagonal, U on and above it, pivots 1-based int32, info the first zero pivot's
-    order), by Crout's order: column k of L, then row k of U, each entry one exact inner product.
+    order), by Crout's order: column k of L, then row k of U, each entry one ordered inner product.
     The pivot of column k is the first row of largest magnitude from k down."""
     m, n = a.shape[-2:]
     lu = a.clone()

@@ -20,11 +20,14 @@ What follows from the definition:
 - `a @ b == (b.mT @ a.mT).mT`, and any block of rows or columns (a sample of a batch, a slice
   of the weight) is the whole product's block, bit for bit; but a product split along k and
   added back (two half sums) is another computation, with its own bits;
-- infinities and NaN propagate as IEEE arithmetic in that order gives them, and a running sum
-  can overflow where the exact sum would not.
+- infinities and NaN propagate as IEEE arithmetic in that order gives them (every NaN written
+  as the one quiet NaN `math.nan` is), and a running sum can overflow where the exact sum would
+  not.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -59,7 +62,7 @@ def _matrices(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.shape[-1] == 0 or a.numel() == 0 or b.numel() == 0:
         return torch.matmul(a, b)  # no term: +0 (or an empty result)
     if a.shape[-1] == 1:  # one term: its product (a rank-one update, a 1-feature input)
-        return a * b
+        return _canonical(a * b)
     fast = native_products.ordered_mm(a, b)
     if fast is not None:
         return fast
@@ -75,4 +78,10 @@ def ordered_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     total = a[..., :, :1] * b[..., :1, :]
     for k in range(1, a.shape[-1]):
         total = total + a[..., :, k : k + 1] * b[..., k : k + 1, :]
-    return total
+    return _canonical(total)
+
+
+def _canonical(x: torch.Tensor) -> torch.Tensor:
+    """Every NaN as the one quiet NaN `math.nan` is: the hardware picks a NaN's sign and payload
+    (x86 a negative one, ARM and CUDA a positive one)."""
+    return torch.where(x.isnan(), math.nan, x)

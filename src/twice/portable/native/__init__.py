@@ -171,7 +171,7 @@ def fallback():
 
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the compiled kernels apply to these tensors (built, in use, CPU, float32/64,
-    strided)."""
+    strided, their memory their values)."""
     if _module is None or not _state["on"]:
         return False
     if not _state["ready"]:
@@ -181,8 +181,8 @@ def usable(*tensors: torch.Tensor) -> bool:
         _module.p_threads(threads=threads)
         _state["threads"] = threads
     for t in tensors:
-        if not t.is_cpu or t.dtype not in KINDS or t.layout is not torch.strided:
-            return False
+        if not t.is_cpu or t.dtype not in KINDS or t.layout is not torch.strided or t.is_neg():
+            return False  # (a lazily negated view's memory holds the values before negation)
     return True
 
 

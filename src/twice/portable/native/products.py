@@ -27,6 +27,9 @@ def ordered_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
     if not native.usable(a, b) or a.shape[-1] != b.shape[-2] or a.shape[-1] < 1:
         return None
     (m, k), n = a.shape[-2:], b.shape[-1]
+    if b.dim() == 2 and a.dim() > 2:  # one right operand for the batch: the batch as rows
+        flat = ordered_mm(a.reshape(-1, k), b)  # (each row's sums its own: the same bits)
+        return None if flat is None else flat.reshape(*a.shape[:-1], n)
     if a.dim() == 2 and b.dim() == 2:  # the common case without broadcasting's Python cost
         batch, a3, b3, a_strides, b_strides = (), a, b, (0, *a.stride()), (0, *b.stride())
     else:

@@ -233,21 +233,25 @@ def uniform(count: int, key: int, device) -> torch.Tensor:
 
 @triton.jit
 def _ordered_mm_kernel(
-    a, b, out, m, n, k, a_batch, a_row, a_col, b_batch, b_row, b_col, row_blocks,
+    a, b, out, m, n, k, a_batch, a_row, a_col, b_batch, b_row, b_col, row_blocks, col_blocks,
     BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    z, rows = pid // row_blocks, (pid % row_blocks) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    pid = tl.program_id(0).to(tl.int64)  # one flat grid (no 65535 limit), 64-bit offsets
+    z, rest = pid // (row_blocks * col_blocks), pid % (row_blocks * col_blocks)
+    rows = (rest // col_blocks) * BM + tl.arange(0, BM).to(tl.int64)
+    cols = (rest % col_blocks) * BN + tl.arange(0, BN).to(tl.int64)
     in_rows, in_cols = rows < m, cols < n
     left, right = a + z * a_batch + rows * a_row, b + z * b_batch + cols * b_col
     x = tl.load(left, mask=in_rows, other=0.0)
     y = tl.load(right, mask=in_cols, other=0.0)
     acc = x[:, None] * y[None, :]  # the first products, then each next one added in k's order
-    for kk in range(1, k):
-        x = tl.load(left + kk * a_col, mask=in_rows, other=0.0)
-        y = tl.load(right + kk * b_row, mask=in_cols, other=0.0)
+    for _ in range(1, k):
+        left += a_col
+        right += b_row
+        x = tl.load(left, mask=in_rows, other=0.0)
+        y = tl.load(right, mask=in_cols, other=0.0)
         acc = acc + x[:, None] * y[None, :]
+    acc = tl.where(acc != acc, float("nan"), acc)  # one NaN, as the C kernel writes it
     where = out + z * m * n + rows[:, None] * n + cols[None, :]
     tl.store(where, acc, mask=in_rows[:, None] & in_cols[None, :])
 
@@ -261,10 +265,9 @@ def ordered_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if out.numel() == 0:
         return out
     bm = bn = 32
-    row_blocks = triton.cdiv(m, bm)
-    grid = (z * row_blocks, triton.cdiv(n, bn))
-    _ordered_mm_kernel[grid](
-        a, b, out, m, n, k, *a.stride(), *b.stride(), row_blocks, BM=bm, BN=bn,
+    row_blocks, col_blocks = triton.cdiv(m, bm), triton.cdiv(n, bn)
+    _ordered_mm_kernel[(z * row_blocks * col_blocks,)](
+        a, b, out, m, n, k, *a.stride(), *b.stride(), row_blocks, col_blocks, BM=bm, BN=bn,
         enable_fp_fusion=False,
     )  # fmt: skip
     return out

@@ -1,6 +1,7 @@
 """Convolutions in portable mode, forward and backward, 1-d to 3-d, ordinary and transposed:
 the input's windows cut into integers, times the weight's, exactly (exact.py), each output
-rounded once.
+rounded once; a float64 forward and weight gradient are the ordered product of the columns
+(ordered.py: each output's sum in the window's order).
 
 The forward is `weight @ columns`, the weight cut into slices once and each column of the input
 on its own grid: an output's bits depend on its window and the weight alone. The input's

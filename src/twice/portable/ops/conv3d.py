@@ -4,9 +4,9 @@ transposed convolution, the input gradient of an ordinary one, reaches them thro
 
 Each output depth's input planes become channels (`_slabs`, one copy) and the weight's depth
 joins its input channels: one 2-d convolution then forms every output from the same products
-as the 3-d one, exactly, rounded once, each window on its own grid, so an output's bits depend
-on its window and the weight alone, not on the batch. The weight's gradient is the 2-d one of
-the same planes (one exact sum over the whole batch). At stride 1 the input's gradient is a
+as the 3-d one, exactly, rounded once (float64: in order), each window on its own, so its bits
+depend on its window and the weight alone, not on the batch. The weight's gradient is the 2-d
+one of the same planes (one sum over the whole batch). At stride 1 the input's gradient is a
 forward convolution of the output gradient (conv_transpose's identity); at other strides the
 weight's transpose times the output's gradient, each sample on its own grid, is folded back
 onto the input as integers (exact in any order), then rounded once.

@@ -2,7 +2,7 @@
 (`_fft_r2c`, `_fft_c2r`, `_fft_c2c`, forward and backward), and for a complex tensor times or
 divided by a real one (their backward formulas double entries; a spectrum is scaled by hand).
 
-Each transformed dimension is one exact product with twice's own twiddle matrix
+Each transformed dimension is one float64 product (ordered.py) with twice's own twiddle matrix
 (arithmetic/dft.py), the dimensions one after another in the order of `dim` (a real-to-complex
 transform's last dimension first, a complex-to-real one's last), all in float64; the
 normalisation is one IEEE division of the float64 result (by n, or by the correctly rounded

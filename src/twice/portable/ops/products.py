@@ -1,5 +1,6 @@
 """Portable kernels for matrix products: mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot, all
-exact then rounded once (exact.py); mm with a CSR operand through sparse.py. A bias or a
+exact then rounded once (exact.py), in float64 each sum in one order (ordered.py); mm with a CSR
+operand through sparse.py. A bias or a
 scaled input is added after the product is rounded, as the separate operations torch's
 decompositions spell, so a linear layer has the same bits whichever form torch picks for it."""
 
@@ -45,8 +46,8 @@ def _addmm(bias, a, b, beta=1, alpha=1):
 
 @kernel("addbmm.default")
 def _addbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    """beta self + alpha sum_i batch1_i @ batch2_i: the sum over the batch is one exact product
-    of the batches laid side by side."""
+    """beta self + alpha sum_i batch1_i @ batch2_i: the sum over the batch is one product (exact;
+    float64: ordered, batch after batch) of the batches laid side by side."""
     floating(self, batch1, batch2)
     b, n, m = batch1.shape
     left = batch1.permute(1, 0, 2).reshape(n, b * m)

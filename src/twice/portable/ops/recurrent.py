@@ -8,7 +8,8 @@ and a backward that cuts the recurrent weight into slices again at every step an
 step's weight gradient into the total, one rounding per step. Here a layer is one autograd
 function whose steps (cells.py) call the same portable kernels directly, with the recurrent
 weight cut into slices once for all steps (`exact.Repeated`), and whose weight and bias
-gradients are each one exact product, or sum, over all steps and samples, rounded once. A cell's
+gradients are each one product (exact, rounded once; float64: in order) or exact sum, over all
+steps and samples. A cell's
 call (`torch._VF.lstm_cell`, `gru_cell`, `rnn_tanh_cell`, `rnn_relu_cell`) is that operation
 over one step: a loop of cells (pytorch/examples' time_sequence_prediction) runs two dozen
 operations fewer per step, forward and backward.
@@ -16,9 +17,10 @@ operations fewer per step, forward and backward.
 What that changes in bits, by construction: the outputs, the final states, and the gradients of
 the input, the initial states, the input weights and the input bias are the op-by-op route's
 bits (the same kernels on the same values in the same order: tests hold them equal); the
-recurrent weight's and the recurrent bias's gradients are exact sums over every step rounded
-once, where the op-by-op route rounds once per step. Both depend on the inputs alone. A cell's
-call is one step, so its outputs and first-order gradients are the op-by-op route's bits.
+recurrent weight's and the recurrent bias's gradients are one sum over every step (exact and
+rounded once; a float64 weight's in order), where the op-by-op route rounds once per step.
+Both depend on the inputs alone. A cell's call is one step, so its outputs and first-order
+gradients are the op-by-op route's bits.
 
 The fused path is taken for CPU tensors of float32 or float64, one dtype throughout, without
 projections (`proj_size`), packed sequences or autocast, when the portable mode is the
@@ -159,11 +161,12 @@ class _Last(Repeated):
 
 
 def _side_by_side(lefts, rights, wanted, dtype) -> list:
-    """`left @ right` for each wanted pair, exact and rounded once (None for the others). Where
+    """`left @ right` for each wanted pair, exact_matmul's (None for the others). Where
     both are wanted and share their left operand (a single step's input and hidden-state
     gradients; the weight gradients of an LSTM or RNN, whose gates' gradient is one tensor),
     one product of it and the two right operands side by side: every output is its row's and
-    its column's exact sum, so its bits are the separate products' (tests hold them equal)."""
+    its column's own sum (exact, or float64's in order), so its bits are the separate products'
+    (tests hold them equal)."""
     if all(wanted) and lefts[0] is lefts[1]:
         both = exact_matmul(lefts[0], torch.cat(rights, 1), dtype)
         cut = rights[0].shape[1]

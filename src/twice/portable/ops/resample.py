@@ -4,7 +4,7 @@ nearest-neighbour gradients as exact sums.
 
 Interpolation and adaptive average pooling are separable: along each spatial axis the
 output is a fixed matrix W (out x in) times the input, so y = W_h x W_w^T and the input's gradient
-is W_h^T g W_w. Both run as exact products (exact.py) with W built once from the sizes, in the
+is W_h^T g W_w. Both run as exact.py's products (float64 ones in order) with W built once, in the
 formulas torch uses for its source indices, so the forward and the backward are each other's
 adjoint and every bit depends on the values alone.
 """
@@ -135,7 +135,8 @@ def adaptive_weights(size_in: int, size_out: int) -> torch.Tensor:
 
 
 def _separable(x: torch.Tensor, wh: torch.Tensor, ww: torch.Tensor) -> torch.Tensor:
-    """W_h x W_w^T over the last two axes of x, exact products, the first kept in float64."""
+    """W_h x W_w^T over the last two axes of x, exact_matmul's products, the first kept in
+    float64."""
     n = math.prod(x.shape[:-2])
     flat = x.reshape(n, *x.shape[-2:])
     left = exact_matmul(
@@ -219,7 +220,7 @@ for _name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d"):
 
 
 def _along(x: torch.Tensor, axis: int, weights: torch.Tensor, out_dtype, precision):
-    """weights (out x in) applied along `axis` of x: an exact product."""
+    """weights (out x in) applied along `axis` of x: one exact_matmul."""
     moved = x.movedim(axis, -1)
     flat = moved.reshape(-1, moved.shape[-1])
     out = exact_matmul(flat, weights.t().contiguous(), out_dtype, precision=precision)
@@ -227,7 +228,7 @@ def _along(x: torch.Tensor, axis: int, weights: torch.Tensor, out_dtype, precisi
 
 
 def _three_axes(x, weights, dtype):
-    """weights[i] (out x in) along the last three axes in turn, exact products, the first two
+    """weights[i] (out x in) along the last three axes in turn, exact_matmul's, the first two
     results kept in float64."""
     out = x
     for position, axis in enumerate((-3, -2, -1)):

@@ -1,6 +1,7 @@
 """Portable kernels for products with a sparse compressed (CSR or CSC) matrix: its product with a
 dense matrix on either side (`mm`) and `sampled_addmm`, each output the portable product's sum
-of its products (exact on the operands' slices: docs/portable.md's precision), rounded once;
+of its products (exact on the operands' slices: docs/portable.md's precision), rounded once, in
+float64 added in order (ordered.py);
 and the selections of a CSR tensor (to_dense, sparse_mask), exact where it holds each position
 once.
 
@@ -68,7 +69,7 @@ def dense_of(x: torch.Tensor) -> torch.Tensor:
 
 
 def csr_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b where one is a CSR matrix and the other a dense one: exact, rounded once."""
+    """a @ b where one is a CSR matrix and the other a dense one: exact_matmul's."""
     strided, compressed = torch.strided, (torch.sparse_csr, torch.sparse_csc)
     if strided not in (a.layout, b.layout) or {a.layout, b.layout} - {strided, *compressed}:
         raise PortableUnsupported(f"a product of {a.layout} and {b.layout} tensors")

@@ -1,7 +1,7 @@
 """Portable kernels for the spectral decompositions and what is built on them: eigh, eigvalsh,
 svd, svdvals (through _linalg_svd), pinv, least squares and the matrix exponential (Jacobi
-rotations from arithmetic/jacobi.py, QR from arithmetic/householder.py, exact products), in
-float64, each result rounded once to its dtype."""
+rotations from arithmetic/jacobi.py, QR from arithmetic/householder.py, products in one order:
+ordered.py), in float64, each result rounded once to its dtype."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def _lstsq(a, b, rcond=None, *, driver=None):
 @kernel("linalg_matrix_exp.default")
 def _matrix_exp(a):
     """exp(a) by scaling and squaring: X = a / 2^s with |X|_1 <= 1/2 (s per matrix), Taylor's
-    series to degree 18 by Horner's rule (each product exact), then s squarings, a matrix
+    series to degree 18 by Horner's rule (each product ordered.py's), then s squarings, a matrix
     that needs fewer than the batch's most keeping its own (frozen) from then on."""
     (a64,) = as64(a)
     n = a.shape[-1]

@@ -62,12 +62,14 @@ def _draw(g, shape, layout, values):
     _VALUES, st.sampled_from([1, 2]), st.integers(0, 2**31),
 )  # fmt: skip
 def test_the_kernel_gives_the_loops_bits(m, k, n, batch, layout_a, layout_b, va, vb, threads, seed):
-    """Every output element's sum in k's order, whatever the blocking, the tails, the strides,
-    a broadcast batch (a batch of 3x1 against one of 2 on the other side), the values (NaN where
-    the loop gives NaN, an infinity, a zero's sign) and the thread count."""
+    """Every output element's sum in k's order, whatever the blocking, the tails, a single row or
+    column (the vector routes), the strides, a broadcast batch (a batch of 3x1 against one of 2
+    on the other side, one matrix for a batch), the values (NaN where the loop gives NaN, an
+    infinity, a zero's sign) and the thread count."""
     g = gen(seed)
     a = _draw(g, (*batch, m, k), layout_a, va)
-    b = _draw(g, ((2,) if batch == (3, 1) else batch) + (k, n), layout_b, vb)
+    b_batch = {(3, 1): (2,), (2,): () if seed % 2 else (2,)}.get(batch, batch)  # 2-d: shared
+    b = _draw(g, b_batch + (k, n), layout_b, vb)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -75,3 +77,62 @@ def test_the_kernel_gives_the_loops_bits(m, k, n, batch, layout_a, layout_b, va,
     finally:
         torch.set_num_threads(before)
     assert same_bits(got, ordered_loop(a, b)), (a.shape, b.shape, a.stride(), b.stride())
+
+
+@needs_native
+def test_every_nan_is_the_one_quiet_nan_on_every_route():
+    """x86 makes a negative NaN of inf * 0 or inf - inf, ARM and CUDA a positive one: a float64
+    product writes `math.nan`'s bits, through the tiles, the vector routes and the torch loop."""
+    from twice.portable.arithmetic.ordered import ordered_matmul
+    from unit.portable.bits import both
+
+    nan_bits = torch.tensor([math.nan], dtype=F64).view(torch.int64)
+    shapes = [((7, 3), (3, 17)), ((1, 3), (3, 5)), ((5, 3), (3, 1)), ((4, 1), (1, 4))]
+    for a_shape, b_shape in shapes:
+        a = torch.ones(*a_shape, dtype=F64)
+        b = torch.ones(*b_shape, dtype=F64)
+        a[0, 0], b[0, 0] = math.inf, 0.0  # inf * 0
+        for out in both(lambda a=a, b=b: ordered_matmul(a, b)):
+            bits = out.view(torch.int64)[out.isnan()]
+            assert bits.numel() and bool((bits == nan_bits).all()), (a_shape, b_shape)
+
+
+@needs_native
+def test_the_workers_flush_denormals_as_the_calling_thread_does():
+    """torch.set_flush_denormal sets the calling thread's mode alone; the compiled kernels'
+    workers (torch's OpenMP threads) take the caller's mode for each call, so a product whose
+    terms are subnormal, or an exp that underflows, has the same bits at any thread count."""
+    from twice.portable import native
+
+    g = gen(7)
+    a = torch.rand(120, 64, generator=g, dtype=F64) * 1e-154 + 1e-155
+    b = torch.rand(64, 300, generator=g, dtype=F64) * 1e-154
+    x = -700.0 - torch.rand(200_000, generator=g, dtype=F64) * 40
+    before = torch.get_num_threads()
+    results = {}
+    try:
+        for flush in (True, False):
+            torch.set_flush_denormal(flush)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                results[flush, threads] = (products.ordered_mm(a, b), native.unary("exp", x))
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(before)
+    for flush in (True, False):
+        for one, two in zip(results[flush, 1], results[flush, 2]):
+            assert same_bits(one, two), flush
+    assert not torch.equal(results[True, 1][0], results[False, 1][0])  # the mode took effect
+
+
+def test_a_lazily_negated_view_is_read_as_its_values():
+    """A view whose negation torch has not applied (the imaginary part of a conjugate) is not
+    read from memory by a kernel: the product is the loop's of its values."""
+    from twice.portable import native
+    from twice.portable.arithmetic.ordered import ordered_matmul
+
+    z = torch.randn(3, 5, generator=gen(8), dtype=torch.complex128)
+    view = z.conj().imag
+    assert view.is_neg() and not native.usable(view)
+    w = torch.randn(5, 4, generator=gen(9), dtype=F64)
+    assert same_bits(ordered_matmul(view, w), ordered_loop(view.clone(), w))

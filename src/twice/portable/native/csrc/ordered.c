@@ -185,6 +185,59 @@ static void micro(int isa, const double *ap, const double *bp, Py_ssize_t K, int
     micro_plain(ap, bp, K, first, c, ldc);
 }
 
+/* A NaN's bits follow the hardware (x86 makes a negative one, ARM and CUDA a positive one):
+   every NaN of a product is written as the one quiet NaN torch's `nan` is, as ordered.py's
+   loop writes it. */
+static void canonical_nans(double *c, Py_ssize_t ldc, Py_ssize_t rows, Py_ssize_t width) {
+    for (Py_ssize_t r = 0; r < rows; r++)
+        for (Py_ssize_t q = 0; q < width; q++)
+            if (c[r * ldc + q] != c[r * ldc + q]) c[r * ldc + q] = NAN;
+}
+
+/* One row times a matrix (m = 1: a vector-matrix product, a dot product; a matrix-vector
+   product comes here transposed, which changes no operation): columns [j0, j1) of out, each
+   its running sum in k's order. Rows of b in place (b_col 1): every k adds its row's products
+   into all the columns, a loop each instruction set vectorises over the columns; otherwise
+   each column its own running sum, eight at a time. */
+CLONED static void row_sums(const double *a, Py_ssize_t a_col, const double *b, Py_ssize_t b_row,
+                            Py_ssize_t b_col, Py_ssize_t k, Py_ssize_t j0, Py_ssize_t j1,
+                            double *restrict out) {
+    if (b_col == 1) {
+        const double x0 = a[0];
+        for (Py_ssize_t j = j0; j < j1; j++) out[j] = x0 * b[j];
+        for (Py_ssize_t kk = 1; kk < k; kk++) {
+            const double x = a[kk * a_col], *row = b + kk * b_row;
+            for (Py_ssize_t j = j0; j < j1; j++) out[j] = out[j] + x * row[j];
+        }
+        return;
+    }
+    for (Py_ssize_t j = j0; j < j1; j += 8) {
+        const int w = j1 - j < 8 ? (int)(j1 - j) : 8;
+        double acc[8];
+        for (int q = 0; q < w; q++) acc[q] = a[0] * b[(j + q) * b_col];
+        for (Py_ssize_t kk = 1; kk < k; kk++) {
+            const double x = a[kk * a_col];
+            for (int q = 0; q < w; q++) acc[q] = acc[q] + x * b[kk * b_row + (j + q) * b_col];
+        }
+        for (int q = 0; q < w; q++) out[j + q] = acc[q];
+    }
+}
+
+typedef struct {
+    const double *a, *b;
+    double *out;
+    Py_ssize_t k, n, a_col, b_row, b_col;
+} row_ctx;
+
+#define ROW_CHUNK 512
+
+static void row_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
+    const row_ctx *c = (const row_ctx *)p;
+    const Py_ssize_t j0 = lo * ROW_CHUNK, j1 = hi * ROW_CHUNK < c->n ? hi * ROW_CHUNK : c->n;
+    row_sums(c->a, c->a_col, c->b, c->b_row, c->b_col, c->k, j0, j1, c->out);
+    canonical_nans(c->out + j0, 0, 1, j1 - j0);
+}
+
 typedef struct {
     const double *a, *b;
     double *out, *packed; /* packed: the right operand's panels of this call (see pack_range) */
@@ -199,7 +252,7 @@ typedef struct {
 static void pack_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     const mm_ctx *c = (const mm_ctx *)p;
     for (Py_ssize_t t = lo; t < hi; t++) {
-        const Py_ssize_t z = c->z0 + t / c->np, j0 = (t % c->np) * NR;
+        const Py_ssize_t z = c->b_batch ? c->z0 + t / c->np : 0, j0 = (t % c->np) * NR;
         const Py_ssize_t width = c->n - j0 < NR ? c->n - j0 : NR;
         const double *src = c->b + z * c->b_batch + c->k0 * c->b_row + j0 * c->b_col;
         double *dst = c->packed + t * c->kw * NR;
@@ -221,7 +274,7 @@ static void mm_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
         return;
     }
     double tile[MR * NR];
-    const int first = c->k0 == 0;
+    const int first = c->k0 == 0, last = c->k0 + c->kw == c->k;
     for (Py_ssize_t t = lo; t < hi; t++) {
         const Py_ssize_t zi = t / c->mp, z = c->z0 + zi, i0 = (t % c->mp) * MR;
         const Py_ssize_t rows = c->m - i0 < MR ? c->m - i0 : MR;
@@ -234,9 +287,10 @@ static void mm_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
         double *out = c->out + z * c->m * c->n + i0 * c->n;
         for (Py_ssize_t j = 0; j < c->np; j++) {
             const Py_ssize_t j0 = j * NR, width = c->n - j0 < NR ? c->n - j0 : NR;
-            const double *bp = c->packed + (zi * c->np + j) * c->kw * NR;
+            const double *bp = c->packed + ((c->b_batch ? zi : 0) * c->np + j) * c->kw * NR;
             if (rows == MR && width == NR) { /* a whole tile: its running sums in out itself */
                 micro(c->isa, ap, bp, c->kw, first, out + j0, c->n);
+                if (last) canonical_nans(out + j0, c->n, rows, width);
                 continue;
             }
             if (!first) /* an edge tile: through a full-size tile, the valid part copied */
@@ -245,6 +299,7 @@ static void mm_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
             micro(c->isa, ap, bp, c->kw, first, tile, NR);
             for (Py_ssize_t r = 0; r < rows; r++)
                 memcpy(out + r * c->n + j0, tile + r * NR, sizeof(double) * width);
+            if (last) canonical_nans(out + j0, c->n, rows, width);
         }
     }
     free(ap);
@@ -278,8 +333,27 @@ static PyObject *p_ordered_mm(PyObject *module, PyObject *args, PyObject *kwargs
         !buffer_holds(name, "b", &b, b_span, KIND_F64) ||
         !buffer_holds(name, "out", &out, batch * m * n, KIND_F64))
         return NULL;
-    mm_ctx c = {F64(a),
-                F64(b),
+    const double *ap = F64(a), *bp = F64(b);
+    if (n == 1 && m > 1) { /* a matrix times a vector: its transpose, the same operations */
+        const double *t = ap;
+        const Py_ssize_t s0 = as[0], s1 = as[1], s2 = as[2];
+        ap = bp, bp = t;
+        as[0] = bs[0], as[1] = bs[2], as[2] = bs[1];
+        bs[0] = s0, bs[1] = s2, bs[2] = s1;
+        n = m, m = 1;
+    }
+    if (m == 1) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t z = 0; z < batch; z++) {
+            row_ctx rc = {ap + z * as[0], bp + z * bs[0], F64(out) + z * n, k, n, as[2],
+                          bs[1],          bs[2]};
+            parallel_for((n + ROW_CHUNK - 1) / ROW_CHUNK, k * n / 4, row_range, &rc);
+        }
+        Py_END_ALLOW_THREADS
+        Py_RETURN_NONE;
+    }
+    mm_ctx c = {ap,
+                bp,
                 F64(out),
                 NULL,
                 m,
@@ -298,18 +372,17 @@ static PyObject *p_ordered_mm(PyObject *module, PyObject *args, PyObject *kwargs
                 0,
                 isa_level(),
                 0};
-    /* One block of k: every batch in one call (each right panel packed once); more: a batch at a
-       time, a block of k after another. */
     const Py_ssize_t per_call = k <= KB ? batch : 1;
-    c.packed = (double *)PyMem_RawMalloc(sizeof(double) * per_call * c.np * NR *
-                                         (size_t)(k < KB ? k : KB));
+    const Py_ssize_t packs = bs[0] ? per_call : 1; /* a right operand shared by the batch: once */
+    c.packed =
+        (double *)PyMem_RawMalloc(sizeof(double) * packs * c.np * NR * (size_t)(k < KB ? k : KB));
     if (!c.packed) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t z0 = 0; z0 < batch && !c.failed; z0 += per_call) {
         for (Py_ssize_t k0 = 0; k0 < k && !c.failed; k0 += KB) {
             c.z0 = z0, c.k0 = k0, c.kw = k - k0 < KB ? k - k0 : KB;
             const Py_ssize_t tasks = per_call * c.mp;
-            parallel_for(per_call * c.np, per_call * c.kw * n, pack_range, &c);
+            parallel_for(packs * c.np, packs * c.kw * n, pack_range, &c);
             parallel_for(tasks, per_call * c.kw * m * n / 4, mm_range, &c);
         }
     }

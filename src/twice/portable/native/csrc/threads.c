@@ -11,6 +11,10 @@
 #include "portable.h"
 
 #include <dlfcn.h>
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <xmmintrin.h>
+#define FP_MODE 1 /* MXCSR: flush-to-zero, denormals-are-zero, rounding */
+#endif
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -27,14 +31,25 @@ typedef struct {
     range_fn fn;
     void *ctx;
     Py_ssize_t n;
+    unsigned mode; /* the calling thread's floating-point mode */
 } team_job;
 
+/* Each worker computes in the calling thread's floating-point mode: the mode is per thread
+   (torch.set_flush_denormal sets the caller's alone), and a worker that kept denormals where
+   the caller flushes them would make a result depend on which thread computed it. */
 static void team_body(void *p) {
     const team_job *job = (const team_job *)p;
     const Py_ssize_t team = omp_team_size(), t = omp_thread_num();
     const Py_ssize_t size = (job->n + team - 1) / team, lo = t * size;
     const Py_ssize_t hi = lo + size < job->n ? lo + size : job->n;
+#ifdef FP_MODE
+    const unsigned own = _mm_getcsr();
+    _mm_setcsr((own & 0x3F) | (job->mode & ~0x3Fu)); /* the caller's controls, our own flags */
+#endif
     if (lo < hi) job->fn(job->ctx, lo, hi);
+#ifdef FP_MODE
+    _mm_setcsr(own);
+#endif
 }
 
 void parallel_for(Py_ssize_t n, Py_ssize_t work, range_fn fn, void *ctx) {
@@ -45,7 +60,10 @@ void parallel_for(Py_ssize_t n, Py_ssize_t work, range_fn fn, void *ctx) {
         fn(ctx, 0, n);
         return;
     }
-    team_job job = {fn, ctx, n};
+    team_job job = {fn, ctx, n, 0};
+#ifdef FP_MODE
+    job.mode = _mm_getcsr();
+#endif
     gomp_parallel(team_body, &job, (unsigned)threads, 0);
 }
 
