@@ -10,8 +10,9 @@ reported with the pairs' quartiles. Target: at most 3x. And a float64 family: py
 time_sequence_prediction (two LSTMCells over the sequence, LBFGS), its step timed the same way
 with and without the mode.
 
-Kernels: matrix product and convolution in GFLOP/s, elementwise exp and a sum in GB/s (bytes of
-the input read), portable against torch, the best of several calls each.
+Kernels: matrix products (float32, and float64's ordered one) and convolution in GFLOP/s,
+elementwise exp and a sum in GB/s (bytes of the input read), portable against torch, the best of
+several calls each.
 
 Convolution routes: for ResNet, LeNet and DCGAN shapes, each route conv.py takes against the one
 it stands in for, alternately in one process: the input gradient in cache against torch's
@@ -371,6 +372,15 @@ def kernels():
         f"matmul 256x784x256 float32     torch {flops / t_torch / 1e9:7.2f} GFLOP/s   portable "
         f"{flops / t_port / 1e9:7.2f} GFLOP/s  ({t_port / t_torch:.1f}x the time)"
     )
+    for m, k, n in [(97, 51, 204), (97, 204, 51), (512, 512, 512), (2048, 2048, 1)]:
+        a, b = torch.randn(m, k, generator=g).double(), torch.randn(k, n, generator=g).double()
+        flops = 2 * m * k * n
+        t_torch = best(lambda a=a, b=b: a @ b)
+        t_port = best(lambda a=a, b=b: exact_matmul(a, b))
+        print(
+            f"{f'matmul {m}x{k}x{n} float64':30s} torch {flops / t_torch / 1e9:7.2f} GFLOP/s   "
+            f"portable {flops / t_port / 1e9:7.2f} GFLOP/s  ({t_port / t_torch:.1f}x the time)"
+        )
     x, w = torch.randn(32, 16, 32, 32, generator=g), torch.randn(32, 16, 3, 3, generator=g)
     flops = 2 * 32 * 32 * 32 * 32 * 16 * 9
     t_torch = best(lambda: torch.nn.functional.conv2d(x, w, padding=1))
