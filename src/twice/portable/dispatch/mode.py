@@ -3,11 +3,10 @@
 A `TorchDispatchMode` sees every aten operation below autograd: the forward, the backward (autograd
 decomposes it into aten operations too), the optimizer's update and the initialisation. Each
 operation is routed by rules (routes.py): computed by twice's kernel, left to torch when torch's
-bits already depend on the inputs alone (a view by its schema, an exact operation, or no
-floating-point tensor involved), decomposed by PyTorch's own tables into operations routed in
-turn, or uncovered: under "strict" an error naming the operation, the module and the user's
-line; under "warn" one warning per operation, the operation listed for the manifest, and torch's
-result.
+bits already depend on the inputs alone (a view, an exact operation, no floating-point tensor),
+decomposed by PyTorch's own tables into operations routed in turn, or uncovered: under "strict"
+an error naming the operation, the module and the user's line; under "warn" one warning per
+operation, the operation listed for the manifest, and torch's result.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ class PortableMode(TorchDispatchMode):
         self.policy = policy
         self.uncovered: dict[str, dict[str, Any]] = {}
         self.compiled = 0  # torch.compile calls run eagerly (see _compile_eagerly)
-        self._saved: list[tuple[bool, bool]] = []
+        self._saved: list[tuple[bool, bool, bool]] = []
         self.undo_compile = lambda: None
         self.counts: dict[str, int] = {}
 
@@ -114,16 +113,18 @@ class PortableMode(TorchDispatchMode):
             self._switches = (
                 torch._C._get_mkldnn_enabled(),
                 torch.backends.mha.get_fastpath_enabled(),
+                torch.backends.opt_einsum.enabled,
             )
         # oneDNN's fused recurrent kernel (mkldnn_rnn_layer) is one opaque operation; without it
         # torch runs LSTM, GRU and RNN layers as the matrix products and functions each is made
         # of. Likewise the fused inference path of nn.MultiheadAttention and the transformer
-        # layers (_transformer_encoder_layer_fwd, _native_multi_head_attention) gives way to
-        # their modules' ordinary operations. The mode enters again around its own foreach and
-        # decomposed operations, many times a step: only the outermost entry sets and restores.
+        # layers gives way to their modules' operations, and an einsum of three operands or more
+        # contracts left to right (opt_einsum's order would follow whether it is installed). The
+        # mode enters again many times a step: only the outermost entry sets and restores.
         if not self._saved:
             torch._C._set_mkldnn_enabled(False)
             torch.backends.mha.set_fastpath_enabled(False)
+            torch.backends.opt_einsum.enabled = False
             recurrent.install(PortableMode)  # nn.LSTM as one portable operation per layer
         self._saved.append(self._switches)
         return super().__enter__()
@@ -132,10 +133,11 @@ class PortableMode(TorchDispatchMode):
         try:
             return super().__exit__(*exc)
         finally:
-            mkldnn, fastpath = self._saved.pop()
+            mkldnn, fastpath, einsum = self._saved.pop()
             if not self._saved:
                 torch._C._set_mkldnn_enabled(mkldnn)
                 torch.backends.mha.set_fastpath_enabled(fastpath)
+                torch.backends.opt_einsum.enabled = einsum
                 recurrent.uninstall()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -176,9 +178,8 @@ class PortableMode(TorchDispatchMode):
                     why = "a sparse tensor that is not coalesced: its duplicates would be added"
                     return self._uncovered(func, name, args, kwargs, why)
             if found and not found & operands.VALUES and _SEEDED not in func.tags:
-                # Every floating-point operand is empty: where the result is empty too, no value
-                # was computed. One with values (a sum's 0, histogram edges from a range) is the
-                # kernel's: torch may compute it from Python numbers.
+                # Every floating-point operand is empty: an empty result computed no value; one
+                # with values (a sum's 0, histogram edges from a range) is the kernel's.
                 result = func(*args, **kwargs)
                 if not operands.scan((result,), None) & operands.VALUES:
                     return result

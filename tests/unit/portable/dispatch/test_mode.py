@@ -379,3 +379,23 @@ def test_a_dimension_out_of_range_is_torchs_index_error(name):
                 # where torch's kernel checks something else first (renorm: the rank), an error
                 got = type(exc) if expected is not RuntimeError else RuntimeError
             assert got == expected, (x.dim(), d)
+
+
+def test_an_einsum_of_three_operands_contracts_left_to_right_whether_opt_einsum_is_there():
+    """torch.einsum asks opt_einsum for a contraction order where that package is installed, so
+    a package's presence would choose the products (and their bits). Under the mode the order
+    is left to right on every machine; the switch is restored on leaving."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(40, 3, generator=g, dtype=torch.float64)
+    b = torch.randn(3, 40, generator=g, dtype=torch.float64)
+    c = torch.randn(40, 2, generator=g, dtype=torch.float64)
+    before = torch.backends.opt_einsum.enabled
+    with PortableMode("strict"):
+        assert torch.backends.opt_einsum.enabled is False
+        with PortableMode("strict"):  # the mode enters again inside itself
+            pass
+        assert torch.backends.opt_einsum.enabled is False
+        got = torch.einsum("ij,jk,kl->il", a, b, c)
+        left_to_right = (a @ b) @ c
+    assert torch.backends.opt_einsum.enabled == before
+    assert torch.equal(got, left_to_right)
