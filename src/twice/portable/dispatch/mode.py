@@ -42,7 +42,7 @@ import twice.portable.ops.spectral  # noqa: F401
 from twice.core.errors import DeterminismError
 from twice.core.escaping import escape_controls
 from twice.portable import native
-from twice.portable.dispatch import half, operands, routes, table
+from twice.portable.dispatch import half, operands, routes, switches, table
 from twice.portable.dispatch.table import COMPLEX_KERNELS, PortableUnsupported
 from twice.portable.ops import recurrent
 
@@ -104,40 +104,29 @@ class PortableMode(TorchDispatchMode):
         self.policy = policy
         self.uncovered: dict[str, dict[str, Any]] = {}
         self.compiled = 0  # torch.compile calls run eagerly (see _compile_eagerly)
-        self._saved: list[tuple[bool, bool, bool]] = []
+        self._saved: list[bool] = []  # one per entry of this thread's mode, nested
         self.undo_compile = lambda: None
         self.counts: dict[str, int] = {}
 
     def __enter__(self):
+        # torch settings that would choose other operations or other roundings (switches.py):
+        # the mode enters again around its own operations many times a step, so only this
+        # thread's outermost entry sets them and its exit restores them
         if not self._saved:
-            self._switches = (
-                torch._C._get_mkldnn_enabled(),
-                torch.backends.mha.get_fastpath_enabled(),
-                torch.backends.opt_einsum.enabled,
-            )
-        # oneDNN's fused recurrent kernel (mkldnn_rnn_layer) is one opaque operation; without it
-        # torch runs LSTM, GRU and RNN layers as the matrix products and functions each is made
-        # of. Likewise the fused inference path of nn.MultiheadAttention and the transformer
-        # layers gives way to their modules' operations, and an einsum of three operands or more
-        # contracts left to right (opt_einsum's order would follow whether it is installed). The
-        # mode enters again many times a step: only the outermost entry sets and restores.
-        if not self._saved:
-            torch._C._set_mkldnn_enabled(False)
-            torch.backends.mha.set_fastpath_enabled(False)
-            torch.backends.opt_einsum.enabled = False
+            switches.enter()
+            self._flushing = switches.stop_flushing()
             recurrent.install(PortableMode)  # nn.LSTM as one portable operation per layer
-        self._saved.append(self._switches)
+        self._saved.append(True)
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            mkldnn, fastpath, einsum = self._saved.pop()
+            self._saved.pop()
             if not self._saved:
-                torch._C._set_mkldnn_enabled(mkldnn)
-                torch.backends.mha.set_fastpath_enabled(fastpath)
-                torch.backends.opt_einsum.enabled = einsum
+                switches.resume_flushing(self._flushing)
+                switches.leave()
                 recurrent.uninstall()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -23,9 +23,9 @@ static int convert(PyObject *arg, buffer_t *b, int optional) {
     if (PyErr_Occurred()) return 0;
     if (count < 0 || (count > 0 && address == 0) || (kind != KIND_F32 && kind != KIND_F64)) {
         PyErr_Format(PyExc_ValueError,
-                     "a buffer of %zd elements at 0x%llx of dtype code %ld: the elements are at "
-                     "least 0, at an address not 0, the code 0 (float32) or 1 (float64)",
-                     count, address, kind);
+                     "a buffer of %zd elements at address %zu of dtype code %ld: the elements are "
+                     "at least 0, at an address not 0, the code 0 (float32) or 1 (float64)",
+                     count, (size_t)address, kind);
         return 0;
     }
     b->data = (char *)(uintptr_t)address, b->count = count, b->kind = (int)kind;
