@@ -39,107 +39,54 @@ static void micro_plain(const double *ap, const double *bp, Py_ssize_t K, int fi
                 c[r * ldc + q] = c[r * ldc + q] + ap[k * MR + r] * bp[k * NR + q];
 }
 
-#ifdef X86
-/* SSE2 (every x86-64 CPU): the tile a quarter (4 columns) at a time, two 2-wide registers a
-   row. */
-static void micro_sse2(const double *ap, const double *bp, Py_ssize_t K, int first, double *c,
-                       Py_ssize_t ldc) {
-    for (int h = 0; h < NR; h += 4) {
-        __m128d acc[MR][2];
-        Py_ssize_t k = 0;
-        if (first) {
-            const __m128d b0 = _mm_loadu_pd(bp + h), b1 = _mm_loadu_pd(bp + h + 2);
-            for (int r = 0; r < MR; r++) {
-                const __m128d x = _mm_set1_pd(ap[r]);
-                acc[r][0] = _mm_mul_pd(x, b0), acc[r][1] = _mm_mul_pd(x, b1);
-            }
-            k = 1;
-        } else {
-            for (int r = 0; r < MR; r++)
-                acc[r][0] = _mm_loadu_pd(c + r * ldc + h),
-                acc[r][1] = _mm_loadu_pd(c + r * ldc + h + 2);
-        }
-        for (; k < K; k++) {
-            const __m128d b0 = _mm_loadu_pd(bp + k * NR + h),
-                          b1 = _mm_loadu_pd(bp + k * NR + h + 2);
-            for (int r = 0; r < MR; r++) {
-                const __m128d x = _mm_set1_pd(ap[k * MR + r]);
-                acc[r][0] = _mm_add_pd(acc[r][0], _mm_mul_pd(x, b0));
-                acc[r][1] = _mm_add_pd(acc[r][1], _mm_mul_pd(x, b1));
-            }
-        }
-        for (int r = 0; r < MR; r++)
-            _mm_storeu_pd(c + r * ldc + h, acc[r][0]),
-                _mm_storeu_pd(c + r * ldc + h + 2, acc[r][1]);
+/* The same tile with one instruction set's vectors of `lanes` doubles: a strip of 2 * lanes
+   columns at a time, two vectors a row (AVX-512 the whole tile in one strip). Each vector lane
+   is one output's running sum, a multiply and an add apart, as in micro_plain. */
+#define MICRO_STRIPS(name, target, vec, lanes, load, store, set1, mul, add)                        \
+    target static void name(const double *ap, const double *bp, Py_ssize_t K, int first,           \
+                            double *c, Py_ssize_t ldc) {                                           \
+        for (int h = 0; h < NR; h += 2 * (lanes)) {                                                \
+            vec acc[MR][2];                                                                        \
+            Py_ssize_t k = 0;                                                                      \
+            if (first) {                                                                           \
+                const vec b0 = load(bp + h), b1 = load(bp + h + (lanes));                          \
+                for (int r = 0; r < MR; r++) {                                                     \
+                    const vec x = set1(ap[r]);                                                     \
+                    acc[r][0] = mul(x, b0), acc[r][1] = mul(x, b1);                                \
+                }                                                                                  \
+                k = 1;                                                                             \
+            } else {                                                                               \
+                for (int r = 0; r < MR; r++)                                                       \
+                    acc[r][0] = load(c + r * ldc + h),                                             \
+                    acc[r][1] = load(c + r * ldc + h + (lanes));                                   \
+            }                                                                                      \
+            for (; k < K; k++) {                                                                   \
+                const vec b0 = load(bp + k * NR + h), b1 = load(bp + k * NR + h + (lanes));        \
+                for (int r = 0; r < MR; r++) {                                                     \
+                    const vec x = set1(ap[k * MR + r]);                                            \
+                    acc[r][0] = add(acc[r][0], mul(x, b0));                                        \
+                    acc[r][1] = add(acc[r][1], mul(x, b1));                                        \
+                }                                                                                  \
+            }                                                                                      \
+            for (int r = 0; r < MR; r++)                                                           \
+                store(c + r * ldc + h, acc[r][0]), store(c + r * ldc + h + (lanes), acc[r][1]);    \
+        }                                                                                          \
     }
-}
+
+#ifdef X86 /* SSE2: every x86-64 CPU */
+MICRO_STRIPS(micro_sse2, , __m128d, 2, _mm_loadu_pd, _mm_storeu_pd, _mm_set1_pd, _mm_mul_pd,
+             _mm_add_pd)
 #endif
 
-/* AVX2: half the tile (8 columns) at a time, two 4-wide registers a row. */
 #if defined(X86) && (!defined(TWICE_NO_CLONES) || defined(__AVX2__))
-__attribute__((target("avx2"))) static void
-micro_avx2(const double *ap, const double *bp, Py_ssize_t K, int first, double *c, Py_ssize_t ldc) {
-    for (int h = 0; h < NR; h += 8) {
-        __m256d acc[MR][2];
-        Py_ssize_t k = 0;
-        if (first) {
-            const __m256d b0 = _mm256_loadu_pd(bp + h), b1 = _mm256_loadu_pd(bp + h + 4);
-            for (int r = 0; r < MR; r++) {
-                const __m256d x = _mm256_broadcast_sd(ap + r);
-                acc[r][0] = _mm256_mul_pd(x, b0), acc[r][1] = _mm256_mul_pd(x, b1);
-            }
-            k = 1;
-        } else {
-            for (int r = 0; r < MR; r++)
-                acc[r][0] = _mm256_loadu_pd(c + r * ldc + h),
-                acc[r][1] = _mm256_loadu_pd(c + r * ldc + h + 4);
-        }
-        for (; k < K; k++) {
-            const __m256d b0 = _mm256_loadu_pd(bp + k * NR + h);
-            const __m256d b1 = _mm256_loadu_pd(bp + k * NR + h + 4);
-            for (int r = 0; r < MR; r++) {
-                const __m256d x = _mm256_broadcast_sd(ap + k * MR + r);
-                acc[r][0] = _mm256_add_pd(acc[r][0], _mm256_mul_pd(x, b0));
-                acc[r][1] = _mm256_add_pd(acc[r][1], _mm256_mul_pd(x, b1));
-            }
-        }
-        for (int r = 0; r < MR; r++)
-            _mm256_storeu_pd(c + r * ldc + h, acc[r][0]),
-                _mm256_storeu_pd(c + r * ldc + h + 4, acc[r][1]);
-    }
-}
+MICRO_STRIPS(micro_avx2, __attribute__((target("avx2"))), __m256d, 4, _mm256_loadu_pd,
+             _mm256_storeu_pd, _mm256_set1_pd, _mm256_mul_pd, _mm256_add_pd)
 #define HAS_AVX2 1
 #endif
 
-/* AVX-512: the whole tile, two 8-wide registers a row. */
 #if defined(X86) && (!defined(TWICE_NO_CLONES) || defined(__AVX512F__))
-__attribute__((target("avx512f"))) static void micro_avx512(const double *ap, const double *bp,
-                                                            Py_ssize_t K, int first, double *c,
-                                                            Py_ssize_t ldc) {
-    __m512d acc[MR][2];
-    Py_ssize_t k = 0;
-    if (first) {
-        const __m512d b0 = _mm512_loadu_pd(bp), b1 = _mm512_loadu_pd(bp + 8);
-        for (int r = 0; r < MR; r++) {
-            const __m512d x = _mm512_set1_pd(ap[r]);
-            acc[r][0] = _mm512_mul_pd(x, b0), acc[r][1] = _mm512_mul_pd(x, b1);
-        }
-        k = 1;
-    } else {
-        for (int r = 0; r < MR; r++)
-            acc[r][0] = _mm512_loadu_pd(c + r * ldc), acc[r][1] = _mm512_loadu_pd(c + r * ldc + 8);
-    }
-    for (; k < K; k++) {
-        const __m512d b0 = _mm512_loadu_pd(bp + k * NR), b1 = _mm512_loadu_pd(bp + k * NR + 8);
-        for (int r = 0; r < MR; r++) {
-            const __m512d x = _mm512_set1_pd(ap[k * MR + r]);
-            acc[r][0] = _mm512_add_pd(acc[r][0], _mm512_mul_pd(x, b0));
-            acc[r][1] = _mm512_add_pd(acc[r][1], _mm512_mul_pd(x, b1));
-        }
-    }
-    for (int r = 0; r < MR; r++)
-        _mm512_storeu_pd(c + r * ldc, acc[r][0]), _mm512_storeu_pd(c + r * ldc + 8, acc[r][1]);
-}
+MICRO_STRIPS(micro_avx512, __attribute__((target("avx512f"))), __m512d, 8, _mm512_loadu_pd,
+             _mm512_storeu_pd, _mm512_set1_pd, _mm512_mul_pd, _mm512_add_pd)
 #define HAS_AVX512 1
 #endif
 
