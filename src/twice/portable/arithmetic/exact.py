@@ -192,7 +192,7 @@ def exact_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype=None, precision=Non
     out_dtype = out_dtype or a.dtype
     if (precision or out_dtype) == _F64:
         return ordered_matmul(a, b).to(out_dtype)
-    fast = _fast_matmul(a, b, out_dtype, None)
+    fast = _fast_matmul(a, b, out_dtype)
     if fast is not None:
         return fast
     return exact_bilinear(
@@ -200,7 +200,7 @@ def exact_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype=None, precision=Non
     )
 
 
-def _fast_matmul(a, b, out_dtype, bias):
+def _fast_matmul(a, b, out_dtype):
     """One slice of each operand split by the C kernel, one float64 product, scaled and rounded
     by the C kernel: exact_bilinear's steps for the common case, or None."""
     if a.dim() != b.dim() or a.dim() not in (2, 3) or a.numel() == 0 or b.numel() == 0:
@@ -214,14 +214,14 @@ def _fast_matmul(a, b, out_dtype, bias):
     sb = native.split_rows(b, (-2,), beta)
     if not sb:
         return None
-    return _scaled_product(sa[0], sb[0], out_dtype, bias)
+    return _scaled_product(sa[0], sb[0], out_dtype)
 
 
-def _scaled_product(part_a, part_b, out_dtype, bias=None):
+def _scaled_product(part_a, part_b, out_dtype):
     """The integer product of one slice of each operand, scaled by their units and rounded once
-    by the C kernel (plus the bias)."""
+    by the C kernel."""
     (ints_a, unit_a), (ints_b, unit_b) = part_a, part_b
-    return native.scaled(torch.matmul(ints_a, ints_b), unit_a, unit_b, out_dtype, bias)
+    return native.scaled(torch.matmul(ints_a, ints_b), unit_a, unit_b, out_dtype)
 
 
 class Repeated:

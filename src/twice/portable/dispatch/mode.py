@@ -104,7 +104,7 @@ class PortableMode(TorchDispatchMode):
         self.policy = policy
         self.uncovered: dict[str, dict[str, Any]] = {}
         self.compiled = 0  # torch.compile calls run eagerly (see _compile_eagerly)
-        self._saved: list[bool] = []  # one per entry of this thread's mode, nested
+        self._depth = 0  # this thread's entries of the mode, nested
         self.undo_compile = lambda: None
         self.counts: dict[str, int] = {}
 
@@ -112,19 +112,19 @@ class PortableMode(TorchDispatchMode):
         # torch settings that would choose other operations or other roundings (switches.py):
         # the mode enters again around its own operations many times a step, so only this
         # thread's outermost entry sets them and its exit restores them
-        if not self._saved:
+        if not self._depth:
             switches.enter()
             self._flushing = switches.stop_flushing()
             recurrent.install(PortableMode)  # nn.LSTM as one portable operation per layer
-        self._saved.append(True)
+        self._depth += 1
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            self._saved.pop()
-            if not self._saved:
+            self._depth -= 1
+            if not self._depth:
                 switches.resume_flushing(self._flushing)
                 switches.leave()
                 recurrent.uninstall()

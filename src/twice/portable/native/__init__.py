@@ -60,12 +60,8 @@ _state = {"on": True, "ready": False, "threads": 1}
 
 
 def gpu(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
-    """elementwise.<name>(x) by the Triton kernel, for a CUDA tensor where Triton is there (or,
-    for tests, any tensor under TRITON_INTERPRET=1); None otherwise."""
-    interpret = os.environ.get("TRITON_INTERPRET") == "1" and _state.get("gpu_tests")
-    if not _state["on"] or (x.device.type != "cuda" and not interpret) or x.dtype not in KINDS:
-        return None
-    kernels = gpu_kernels()
+    """elementwise.<name>(x) by the Triton kernel (gpu_kernels), or None."""
+    kernels = gpu_kernels(x.device) if x.dtype in KINDS else None
     if kernels is None or name not in kernels.FUNCTIONS:
         return None
     from twice.portable.arithmetic.coefficients import KERNEL_ARGS
@@ -75,21 +71,17 @@ def gpu(name: str, x: torch.Tensor, dtype=None) -> torch.Tensor | None:
 
 def gpu_uniform(count: int, key: int, device) -> torch.Tensor | None:
     """philox.uniform by the Triton kernel on a CUDA device, or None."""
+    kernels = gpu_kernels(torch.device(device)) if device is not None else None
+    return None if kernels is None else kernels.uniform(count, key, device)
+
+
+def gpu_kernels(device: torch.device):
+    """The Triton kernels' module (native/triton.py) for tensors on `device`: a CUDA device
+    where Triton is there (or, for tests, any device under TRITON_INTERPRET=1) and the kernels
+    are in use; None otherwise."""
     interpret = os.environ.get("TRITON_INTERPRET") == "1" and _state.get("gpu_tests")
-    if (
-        not _state["on"]
-        or device is None
-        or (torch.device(device).type != "cuda" and not interpret)
-    ):
+    if not _state["on"] or (device.type != "cuda" and not interpret):
         return None
-    kernels = gpu_kernels()
-    if kernels is None:
-        return None
-    return kernels.uniform(count, key, device)
-
-
-def gpu_kernels():
-    """The Triton kernels' module (native/triton.py), or None where Triton is not there."""
     if "gpu" not in _state:
         try:
             from twice.portable.native import triton as kernels

@@ -8,8 +8,6 @@ then takes the torch steps.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from twice.portable import native
@@ -52,12 +50,8 @@ def _as_batch(x: torch.Tensor, batch) -> torch.Tensor:
 
 
 def gpu_ordered_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
-    """ordered_mm by the Triton kernel, for CUDA tensors where Triton is there (or, for tests,
-    any tensor under TRITON_INTERPRET=1); None otherwise."""
-    interpret = os.environ.get("TRITON_INTERPRET") == "1" and native._state.get("gpu_tests")
-    if not native._state["on"] or (a.device.type != "cuda" and not interpret):
-        return None
-    kernels = native.gpu_kernels()
+    """ordered_mm by the Triton kernel (native.gpu_kernels: CUDA tensors), or None."""
+    kernels = native.gpu_kernels(a.device)
     if kernels is None or a.dtype != torch.float64 or b.dtype != torch.float64:
         return None
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
