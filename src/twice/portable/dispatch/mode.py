@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import twice.portable.ops.embedding  # noqa: F401  (each kernel module fills table.KERNELS)
+import twice.portable.ops.attention  # noqa: F401  (each kernel module fills table.KERNELS)
+import twice.portable.ops.embedding  # noqa: F401
 import twice.portable.ops.fft  # noqa: F401
 import twice.portable.ops.functions  # noqa: F401
 import twice.portable.ops.gridsample  # noqa: F401
@@ -113,7 +114,7 @@ class PortableMode(TorchDispatchMode):
         # the mode enters again around its own operations many times a step, so only this
         # thread's outermost entry sets them and its exit restores them
         if not self._depth:
-            switches.enter()
+            switches.enter(PortableMode)
             self._flushing = switches.stop_flushing()
             recurrent.install(PortableMode)  # nn.LSTM as one portable operation per layer
         self._depth += 1
@@ -176,6 +177,9 @@ class PortableMode(TorchDispatchMode):
                 operands.check_dims(func, args, kwargs)  # torch's IndexError, not another dim
                 if (check := getattr(handler, "precheck", None)) is not None:
                     check(*args, **kwargs)  # a kernel's own check on its arguments
+                if handler in table.COMPOSITE:  # torch operations, each routed by this mode
+                    with self:
+                        return handler(*args, **kwargs)
                 if found & operands.HALF:
                     return half.run(func, handler, args, kwargs)
                 return handler(*args, **kwargs)

@@ -18,6 +18,7 @@ __all__ = [
     "SPARSE_KERNELS",
     "COMPLEX_TAKING",
     "COMPLEX_KERNELS",
+    "COMPOSITE",
     "EXACT",
     "COMPLEX_EXACT",
     "NOT_EXACT",
@@ -28,33 +29,35 @@ __all__ = [
 
 KERNELS: dict[str, Callable] = {}
 SPARSE_KERNELS: set[Callable] = set()
-COMPLEX_TAKING: set[Callable] = set()
-"""The kernels written for complex operands (the complex FFTs): every other kernel refuses a
-complex tensor by name (its arithmetic is real)."""
 """The kernels written for sparse operands (to_dense, sparse_mask, add, sub), each taking them
 only coalesced (the mode refuses an uncoalesced one): every other kernel refuses a sparse tensor
 by name (its arithmetic reads strided memory)."""
+COMPLEX_TAKING: set[Callable] = set()
+"""The kernels written for complex operands (the complex FFTs): every other kernel refuses a
+complex tensor by name (its arithmetic is real)."""
+COMPOSITE: set[Callable] = set()
+"""The kernels written as torch operations that the mode routes in turn (the fused attention:
+the math route's operations, so that the route torch picks changes no bit)."""
 # Kernels for complex arguments of EXACT operations that are not exact on complex tensors (a
 # complex tensor times a real number): real arguments keep the exact route, untouched.
 COMPLEX_KERNELS: dict[str, Callable] = {}
-SPARSE_KERNELS: set[Callable] = set()
-COMPLEX_TAKING: set[Callable] = set()
-"""The kernels written for complex operands (the complex FFTs): every other kernel refuses a
-complex tensor by name (its arithmetic is real)."""
-"""The kernels written for sparse operands (to_dense, sparse_mask, add, sub), each taking them
-only coalesced (the mode refuses an uncoalesced one): every other kernel refuses a sparse tensor
-by name (its arithmetic reads strided memory)."""
 
 
 class PortableUnsupported(Exception):
     """A call portable mode has no implementation for (a dtype, a variant of its arguments)."""
 
 
-def kernel(*names: str, sparse: bool = False, complex_operands: bool = False) -> Callable:
+def kernel(
+    *names: str, sparse: bool = False, complex_operands: bool = False, composite: bool = False
+) -> Callable:
     """Register the decorated function as the portable implementation of aten overloads (taking
-    sparse operands too where `sparse`, complex ones where `complex_operands`)."""
+    sparse operands too where `sparse`, complex ones where `complex_operands`). A `composite`
+    kernel is written in torch operations that the mode routes in turn (it runs inside the
+    mode, on its operands as they are, half precision included)."""
 
     def register(function: Callable) -> Callable:
+        if composite:
+            COMPOSITE.add(function)
         for name in names:
             KERNELS[name] = function
         if sparse:

@@ -3,17 +3,14 @@ registered in table.KERNELS by aten overload name."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from twice.portable.arithmetic import elementwise as ew
-from twice.portable.arithmetic.exact import exact_matmul, exact_sum
+from twice.portable.arithmetic.exact import exact_sum
 from twice.portable.dispatch.table import PortableUnsupported, kernel
 from twice.portable.ops import conv, nn, norms
 from twice.portable.ops.math import floating
 
-__all__ = ["attention", "attention_backward"]
+__all__: list[str] = []
 
 _F64 = torch.float64
 
@@ -92,48 +89,3 @@ def _mse_backward(grad, x, target, reduction):
     norm = 2.0 / x.numel() if reduction == 1 else 2.0
     d = x.to(_F64) - target.to(_F64)
     return ((d * norm) * grad.to(_F64)).to(x.dtype)
-
-
-def _scores(q, k, attn_mask, is_causal, scale):
-    s = exact_matmul(q, k.transpose(-2, -1), _F64, q.dtype) * scale
-    if is_causal:
-        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, -math.inf)
-    if attn_mask is not None:
-        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask
-    return s
-
-
-def _lse(s, like):
-    top = s.amax(dim=-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, 0.0)
-    return top + ew.log(exact_sum(ew.exp(s - top), (-1,), True, _F64, like))
-
-
-@kernel("_scaled_dot_product_flash_attention_for_cpu.default")
-def attention(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    """softmax(q k^T * scale) v, exactly, with the log-sum-exp the backward reads."""
-    floating(q, k, v)
-    if dropout_p:
-        raise PortableUnsupported("attention with dropout in the fused CPU kernel")
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    s = _scores(q, k, attn_mask, is_causal, scale)
-    lse = _lse(s, q.dtype)
-    out = exact_matmul(ew.exp(s - lse), v.to(_F64), q.dtype)
-    return out, lse.squeeze(-1).to(torch.float32)
-
-
-@kernel("_scaled_dot_product_flash_attention_for_cpu_backward.default")
-def attention_backward(go, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
-    """The gradients of `attention` (the FlashAttention recurrences, computed exactly)."""
-    floating(go, q, k, v)
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    p = ew.exp(_scores(q, k, attn_mask, is_causal, scale) - lse.to(_F64).unsqueeze(-1))
-    g64 = go.to(_F64)
-    gv = exact_matmul(p.transpose(-2, -1), g64, v.dtype)
-    gp = exact_matmul(g64, v.to(_F64).transpose(-2, -1), _F64, go.dtype)
-    row = exact_sum(g64 * out.to(_F64), (-1,), True, _F64, go.dtype)
-    ds = p * (gp - row) * scale
-    gq = exact_matmul(ds, k.to(_F64), q.dtype)
-    gk = exact_matmul(ds.transpose(-2, -1), q.to(_F64), k.dtype)
-    return gq, gk, gv

@@ -35,16 +35,12 @@ def test_denormals_are_kept_under_the_mode_whatever_the_thread_count():
 
 
 def test_the_process_wide_switches_wait_for_the_last_mode_in_any_thread():
-    """oneDNN, the attention fast path and opt_einsum are one setting for the process while a
-    mode is per thread: a mode left in one thread leaves them off for another still inside,
-    and the last one out restores them."""
+    """oneDNN, cuDNN, the attention fast path and backends, opt_einsum are one setting for the
+    process while a mode is per thread: a mode left in one thread leaves them pinned for another
+    still inside, and the last one out restores them."""
 
     def settings():
-        return (
-            torch._C._get_mkldnn_enabled(),
-            torch.backends.mha.get_fastpath_enabled(),
-            torch.backends.opt_einsum.enabled,
-        )
+        return tuple(setting.get() for setting in switches.SETTINGS)
 
     before = settings()
     inside, leave, seen = threading.Event(), threading.Event(), []
@@ -62,5 +58,24 @@ def test_the_process_wide_switches_wait_for_the_last_mode_in_any_thread():
     seen.append(settings())  # this thread has left; the other is still inside
     leave.set()
     thread.join(10)
-    assert seen == [(False, False, False)] * 2
+    assert seen == [tuple(setting.value for setting in switches.SETTINGS)] * 2
     assert settings() == before
+
+
+def test_every_setting_is_pinned_inside_and_put_back_after_whatever_it_was():
+    """Each setting, set either way before the mode, holds the mode's value inside and its own
+    value after."""
+    for flip in (False, True):
+        before = [setting.get() for setting in switches.SETTINGS]
+        wanted = [(not value) if flip else value for value in before]
+        try:
+            for setting, value in zip(switches.SETTINGS, wanted):
+                setting.set(value)
+            with PortableMode("strict"):
+                inside = [setting.get() for setting in switches.SETTINGS]
+            after = [setting.get() for setting in switches.SETTINGS]
+        finally:
+            for setting, value in zip(switches.SETTINGS, before):
+                setting.set(value)
+        assert inside == [setting.value for setting in switches.SETTINGS]
+        assert after == wanted

@@ -8,7 +8,7 @@ from twice.portable.dispatch.table import KERNELS
 from twice.portable.ops import network
 
 
-def test_attention_runs_the_portable_kernel_with_its_backward():
+def test_attention_runs_portable_operations_with_its_backward():
     assert KERNELS["mse_loss.default"].__module__ == network.__name__
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 5, 4, generator=g, requires_grad=True) for _ in range(3))
