@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 __all__ = ["user_line", "line_from_traceback", "module_names", "division_operands"]
+__all__ += ["running_module_and_line"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _TWICE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the twice package
@@ -125,3 +126,21 @@ def division_operands(where: str | None) -> tuple[str, str] | None:
     if len(found) != 1:
         return None
     return ast.unparse(found[0][0]), ast.unparse(found[0][1])
+
+
+def running_module_and_line() -> tuple[str | None, str | None]:
+    """The module whose forward is running (by its path) and the user's line, from the stack."""
+    module = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if (
+            module is None
+            and isinstance(owner, torch.nn.Module)
+            and frame.f_code.co_name == "forward"
+        ):
+            names = module_names()
+            entry = names.get(id(owner))
+            module = entry[1] if entry is not None else type(owner).__name__
+        frame = frame.f_back
+    return module, user_line()

@@ -11,7 +11,6 @@ operation, the operation listed for the manifest, and torch's result.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import warnings
@@ -46,6 +45,7 @@ from twice.portable import native
 from twice.portable.dispatch import half, operands, routes, switches, table
 from twice.portable.dispatch.table import COMPLEX_KERNELS, PortableUnsupported
 from twice.portable.ops import recurrent
+from twice.record import callsite
 
 __all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]
 
@@ -69,26 +69,6 @@ _FACTORIES = ("rand", "random_", "normal.", "arange.", "linspace.", "logspace.")
 _decomposing = threading.local()  # the overloads whose decomposition runs in this thread
 
 
-def _where() -> tuple[str | None, str | None]:
-    """The module whose forward is running (by its path) and the user's line, from the stack."""
-    from twice.record import callsite
-
-    module = None
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if (
-            module is None
-            and isinstance(owner, torch.nn.Module)
-            and frame.f_code.co_name == "forward"
-        ):
-            names = callsite.module_names()
-            entry = names.get(id(owner))
-            module = entry[1] if entry is not None else type(owner).__name__
-        frame = frame.f_back
-    return module, callsite.user_line()
-
-
 class PortableMode(TorchDispatchMode):
     """Portable kernels for every covered operation; `policy` ("strict" or "warn") for the rest."""
 
@@ -96,7 +76,7 @@ class PortableMode(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         # torch wraps a mode's __torch_dispatch__ in Dynamo's `disable` (a few microseconds on
         # every operation, and an import of torch._dynamo on the first) unless the mode says
-        # no; under portable mode Dynamo is off altogether (_compile_eagerly).
+        # no; under portable mode Dynamo is off altogether (switches.compile_eagerly).
         return False
 
     def __init__(self, policy: str = "strict") -> None:
@@ -104,8 +84,8 @@ class PortableMode(TorchDispatchMode):
         native.keep_memory()
         self.policy = policy
         self.uncovered: dict[str, dict[str, Any]] = {}
-        self.compiled = 0  # torch.compile calls run eagerly (see _compile_eagerly)
-        self._depth = 0  # this thread's entries of the mode, nested
+        self.compiled = 0  # torch.compile calls run eagerly (switches.compile_eagerly)
+        self._thread = threading.local()  # .depth: this thread's entries of the mode, nested
         self.undo_compile = lambda: None
         self.counts: dict[str, int] = {}
 
@@ -113,20 +93,21 @@ class PortableMode(TorchDispatchMode):
         # torch settings that would choose other operations or other roundings (switches.py):
         # the mode enters again around its own operations many times a step, so only this
         # thread's outermost entry sets them and its exit restores them
-        if not self._depth:
+        depth = getattr(self._thread, "depth", 0)
+        if not depth:
             switches.enter(PortableMode)
-            self._flushing = switches.stop_flushing()
+            self._thread.flushing = switches.stop_flushing()
             recurrent.install(PortableMode)  # nn.LSTM as one portable operation per layer
-        self._depth += 1
+        self._thread.depth = depth + 1
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            self._depth -= 1
-            if not self._depth:
-                switches.resume_flushing(self._flushing)
+            self._thread.depth -= 1
+            if not self._thread.depth:
+                switches.resume_flushing(self._thread.flushing)
                 switches.leave()
                 recurrent.uninstall()
 
@@ -284,7 +265,7 @@ class PortableMode(TorchDispatchMode):
         op = name if "::" in name else f"{func.namespace}::{name}"
         entry = self.uncovered.get(op)
         if entry is None:
-            module, line = _where()
+            module, line = callsite.running_module_and_line()
             entry = {"op": op, "module": module, "line": line, "why": why, "count": 0}
             self.uncovered[op] = entry
             if self.policy == "strict":
@@ -314,66 +295,75 @@ class PortableMode(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-_state = threading.local()
-_modes: list[PortableMode] = []
+_enabled: dict = {"mode": None, "threads": {}}  # the mode `enable` made; thread id -> entered
+_lock = threading.Lock()
 
 
 def enable(policy: str = "strict") -> PortableMode:
-    """Route every operation of this thread (and the autograd it starts) through portable
-    kernels from now on; returns the mode (its `uncovered` lists what it could not cover)."""
-    if _modes:
-        _modes[0].policy = policy
-        return _modes[0]
-    mode = PortableMode(policy)
-    _compile_eagerly(mode)
+    """Route every operation of this thread (and the autograd it starts), and of every thread
+    started from now on, through portable kernels; returns the mode (its `uncovered` lists what
+    it could not cover). A dispatch mode is a thread's own: a thread the program starts would
+    otherwise run torch's kernels unseen, so each enters the mode as it starts."""
+    with _lock:
+        mode = _enabled["mode"]
+        if mode is None:
+            mode = _enabled["mode"] = PortableMode(policy)
+            switches.compile_eagerly(mode)
+            _enabled["profile"] = threading.getprofile()  # a program's own, chained
+            threading.setprofile(_enter_started_thread)
+        mode.policy = policy
+        me = threading.get_ident()
+        if me in _enabled["threads"]:
+            return mode
+        _enabled["threads"][me] = True
     mode.__enter__()
-    _modes.append(mode)
     return mode
 
 
-def _compile_eagerly(mode: PortableMode) -> None:
-    """Compiled code would bypass the mode (its kernels are Inductor's, with their own orders
-    and fusions), so under portable mode `torch.compile` runs the function eagerly, through the
-    mode: Dynamo is disabled (TORCHDYNAMO_DISABLE, inherited by worker processes, or its config
-    where it is already loaded), and each call of `torch.compile` is counted for the manifest."""
-    config = sys.modules.get("torch._dynamo.config")
-    saved_env = os.environ.get("TORCHDYNAMO_DISABLE")
-    saved_config = getattr(config, "disable", None)
-    os.environ["TORCHDYNAMO_DISABLE"] = "1"
-    if config is not None:
-        config.disable = True
-    original = torch.compile
+class _Leaving:
+    """Held in a started thread's local storage: when the thread ends, its entry of the mode is
+    left (the process-wide settings' count; the thread's mode stack ends with it)."""
 
-    def compile_eagerly(*args, **kwargs):
-        mode.compiled += 1
-        return original(*args, **kwargs)
+    def __init__(self) -> None:
+        self.ident = threading.get_ident()
 
-    torch.compile = compile_eagerly
+    def __del__(self) -> None:
+        _enabled["threads"].pop(self.ident, None)
+        switches.leave()
+        recurrent.uninstall()
 
-    def undo() -> None:
-        if torch.compile is compile_eagerly:
-            torch.compile = original
-        if saved_env is None:
-            os.environ.pop("TORCHDYNAMO_DISABLE", None)
-        else:
-            os.environ["TORCHDYNAMO_DISABLE"] = saved_env
-        if config is not None:
-            config.disable = saved_config
 
-    mode.undo_compile = undo
+_started = threading.local()
+
+
+def _enter_started_thread(frame, event, arg) -> None:
+    """threading's profile hook, run once in each thread started while the mode is enabled."""
+    sys.setprofile(_enabled.get("profile"))
+    mode = _enabled["mode"]
+    if mode is not None and threading.get_ident() not in _enabled["threads"]:
+        _enabled["threads"][threading.get_ident()] = False
+        mode.__enter__()
+        _started.leaving = _Leaving()
 
 
 def disable() -> None:
-    """Leave the portable mode `enable` installed (twice.deterministic's undo)."""
-    if _modes:
-        mode = _modes.pop()
-        mode.__exit__(None, None, None)
-        mode.undo_compile()
+    """Leave the portable mode `enable` installed (twice.deterministic's undo), in the thread
+    that enabled it; threads started meanwhile keep it until they end."""
+    with _lock:
+        mode = _enabled["mode"]
+        if mode is None or not _enabled["threads"].get(threading.get_ident()):
+            return
+        _enabled["threads"].pop(threading.get_ident())
+        if not any(_enabled["threads"].values()):  # no thread that called enable still has it
+            _enabled["mode"] = None
+            threading.setprofile(_enabled.get("profile"))
+            mode.undo_compile()
+    mode.__exit__(None, None, None)
 
 
 def active() -> PortableMode | None:
     """The mode `enable` installed in this process, if any."""
-    return _modes[0] if _modes else None
+    return _enabled["mode"]
 
 
 class suspended:
@@ -382,7 +372,7 @@ class suspended:
     def __enter__(self):
         from torch.utils._python_dispatch import _disable_current_modes
 
-        self._guard = _disable_current_modes() if _modes else None
+        self._guard = _disable_current_modes() if _enabled["mode"] is not None else None
         if self._guard is not None:
             self._guard.__enter__()
         return self

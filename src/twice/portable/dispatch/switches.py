@@ -30,6 +30,8 @@ functions that would take another route on a GPU.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -39,6 +41,7 @@ import torch
 from twice.portable.dispatch import detours
 
 __all__ = ["SETTINGS", "Setting", "enter", "leave", "stop_flushing", "resume_flushing"]
+__all__ += ["compile_eagerly"]
 
 
 class Setting(NamedTuple):
@@ -138,3 +141,35 @@ def resume_flushing(flushing: bool) -> None:
     """Put back the thread's flushing of denormals as stop_flushing found it."""
     if flushing:
         torch.set_flush_denormal(True)
+
+
+def compile_eagerly(mode) -> None:
+    """Compiled code would bypass the mode (its kernels are Inductor's, with their own orders
+    and fusions), so under portable mode `torch.compile` runs the function eagerly, through the
+    mode: Dynamo is disabled (TORCHDYNAMO_DISABLE, inherited by worker processes, or its config
+    where it is already loaded), and each call of `torch.compile` is counted for the manifest."""
+    config = sys.modules.get("torch._dynamo.config")
+    saved_env = os.environ.get("TORCHDYNAMO_DISABLE")
+    saved_config = getattr(config, "disable", None)
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    if config is not None:
+        config.disable = True
+    original = torch.compile
+
+    def compile_eagerly(*args, **kwargs):
+        mode.compiled += 1
+        return original(*args, **kwargs)
+
+    torch.compile = compile_eagerly
+
+    def undo() -> None:
+        if torch.compile is compile_eagerly:
+            torch.compile = original
+        if saved_env is None:
+            os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = saved_env
+        if config is not None:
+            config.disable = saved_config
+
+    mode.undo_compile = undo

@@ -3,6 +3,7 @@ gradcheck, training follows plain torch), and its policies for ops it does not c
 them with the user's line."""
 
 import os
+import threading
 import warnings
 
 import pytest
@@ -399,3 +400,57 @@ def test_an_einsum_of_three_operands_contracts_left_to_right_whether_opt_einsum_
         left_to_right = (a @ b) @ c
     assert torch.backends.opt_einsum.enabled == before
     assert torch.equal(got, left_to_right)
+
+
+def _in_a_thread(function):
+    box = {}
+
+    def run():
+        try:
+            box["value"] = function()
+        except Exception as exc:  # the thread's error, for the test's thread to see
+            box["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    return box
+
+
+def test_a_thread_the_program_starts_runs_under_the_mode_enable_installed():
+    """A dispatch mode is its thread's own: a thread the program starts after `enable` enters
+    the mode as it starts, so its operations are routed (the same bits as the enabling thread's,
+    an uncovered one refused) and not torch's kernels, unseen."""
+    from twice.portable.dispatch import mode as portable
+    from twice.portable.dispatch import switches
+
+    x = torch.linspace(-3, 3, 10_001, dtype=torch.float32) ** 3
+    portable.enable("strict")
+    try:
+        here = [x.sum(), torch.exp(x[:50]), torch.cumsum(x, 0)]
+        there = _in_a_thread(lambda: [x.sum(), torch.exp(x[:50]), torch.cumsum(x, 0)])
+        refused = _in_a_thread(lambda: torch.linalg.eigvals(torch.eye(3)))
+    finally:
+        portable.disable()
+    assert all(same_bits(a, b) for a, b in zip(here, there["value"]))
+    assert isinstance(refused.get("error"), PortableError)
+    assert _in_a_thread(lambda: torch.linalg.eigvals(torch.eye(3))).get("value") is not None
+    import gc
+
+    gc.collect()
+    assert switches._state["count"] == 0  # every thread's entry left: settings restored
+
+
+def test_disable_from_another_thread_leaves_the_enabling_threads_mode_in_place():
+    from twice.portable.dispatch import mode as portable
+
+    active = portable.enable("strict")
+    try:
+        _in_a_thread(portable.disable)
+        assert portable.active() is active
+        with pytest.raises(PortableError, match="linalg_eig"):
+            torch.linalg.eigvals(torch.eye(3))
+    finally:
+        portable.disable()
+    assert portable.active() is None
+    torch.linalg.eigvals(torch.eye(3))  # torch's own again
