@@ -30,8 +30,11 @@ def _roots(q: torch.Tensor, scale: float | None) -> tuple[float, float]:
     """The factors torch's math route scales q and k^T by: the square root of the scale
     (1/sqrt(E) where none is given), q's negated where the scale is negative."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    root = math.sqrt(abs(scale))
-    return (-root if scale < 0 else root), root
+    if scale < 0:
+        root = math.sqrt(-scale)
+        return -root, root
+    root = math.sqrt(scale)  # -0.0 for a scale of -0.0, as torch's
+    return root, root
 
 
 def _mask(attn_mask, is_causal, q, k, dtype):
@@ -44,9 +47,21 @@ def _mask(attn_mask, is_causal, q, k, dtype):
     return torch.where(attn_mask, zero, torch.scalar_tensor(-math.inf, dtype=dtype))
 
 
+def _groups(q, k):
+    """How many query heads share each key and value head (grouped-query attention)."""
+    heads, kv_heads = q.shape[-3] if q.dim() > 2 else 1, k.shape[-3] if k.dim() > 2 else 1
+    return heads // kv_heads if kv_heads and heads != kv_heads else 1
+
+
+def _repeat(t, groups):
+    """Each key or value head for its group of query heads, as the math route repeats it."""
+    return t if groups == 1 else t.repeat_interleave(groups, dim=-3)
+
+
 def _weights(q, k, attn_mask, is_causal, scale):
     """The math route's attention weights and the scaled operands they came from, computed in
     float32 for half-precision inputs as that route computes them."""
+    k = _repeat(k, _groups(q, k))
     if q.dtype in _HALF:
         q, k = q.float(), k.float()
     for_q, for_k = _roots(q, scale)
@@ -70,9 +85,10 @@ def attention(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=
     second output, float32)."""
     _no_dropout(dropout_p)
     attn, scores, _, _, _ = _weights(q, k, attn_mask, is_causal, scale)
-    value = v.float() if v.dtype in _HALF else v
+    value = _repeat(v.float() if v.dtype in _HALF else v, _groups(q, k))
     out = torch.matmul(attn, value).to(q.dtype)
-    return out, torch.logsumexp(scores, -1).to(torch.float32)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return out, torch.logsumexp(scores, -1).to(lse_dtype)
 
 
 @kernel("_scaled_dot_product_flash_attention_for_cpu_backward.default", composite=True)
@@ -81,14 +97,26 @@ def attention_backward(go, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask
     """The gradients autograd computes through the math route: of `attn @ v`, of
     `_safe_softmax` (from its output), of `qs @ ks` and of the two scalings."""
     _no_dropout(dropout_p)
+    groups = _groups(q, k)
     attn, _, qs, ks, (for_q, for_k) = _weights(q, k, attn_mask, is_causal, scale)
-    value = v.float() if v.dtype in _HALF else v
+    value = _repeat(v.float() if v.dtype in _HALF else v, groups)
     grad = go.float() if go.dtype in _HALF else go
     grad_attn = torch.matmul(grad, value.transpose(-2, -1))
     grad_v = torch.matmul(attn.transpose(-2, -1), grad)
     grad_scores = torch._softmax_backward_data(grad_attn, attn, -1, attn.dtype)
     grad_qs = torch.matmul(grad_scores, ks.transpose(-2, -1))
     grad_ks = torch.matmul(qs.transpose(-2, -1), grad_scores)
-    grad_k = (grad_ks * for_k).transpose(-2, -1)
+    grad_k = _fold(grad_ks * for_k, groups).transpose(-2, -1)
     grad_q = grad_qs * for_q
+    grad_v = _fold(grad_v, groups)
     return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype)
+
+
+def _fold(grad, groups):
+    """The gradient of `_repeat` (on a tensor whose heads are dimension -3): each group's heads
+    summed, as autograd sums an expanded dimension."""
+    if groups == 1:
+        return grad
+    shape = grad.shape
+    grouped = grad.reshape(*shape[:-3], shape[-3] // groups, groups, *shape[-2:])
+    return grouped.sum(-3)

@@ -3,6 +3,8 @@ registered in table.KERNELS by aten overload name."""
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from twice.portable.arithmetic.exact import exact_sum
@@ -89,3 +91,25 @@ def _mse_backward(grad, x, target, reduction):
     norm = 2.0 / x.numel() if reduction == 1 else 2.0
     d = x.to(_F64) - target.to(_F64)
     return ((d * norm) * grad.to(_F64)).to(x.dtype)
+
+
+@kernel("log_sigmoid_forward.default", composite=True)
+def _log_sigmoid_forward(x):
+    """torch's decomposition, with the buffer a GPU keeps (none): on a CPU it would keep
+    exp(-|x|) rounded to x's dtype for the backward, which a GPU recomputes in float32, so a
+    half-precision gradient would follow the device. Every device recomputes it."""
+    decompositions = importlib.import_module("torch._decomp.decompositions")
+    out, _ = decompositions.log_sigmoid_forward(x)
+    return out, x.new_zeros((0,))
+
+
+@kernel("_addmm_activation.default", composite=True)
+def _addmm_activation(self, mat1, mat2, beta=1, alpha=1, use_gelu=False):
+    """addmm then relu or GELU, computed in float32 for half-precision operands as torch's
+    decomposition computes it; GELU is the exact one on every device (the decomposition takes
+    tanh's approximation on a GPU, as cuBLAS's fused epilogue does)."""
+    wide = self.dtype in (torch.float16, torch.bfloat16)
+    operands = [t.float() if wide else t for t in (self, mat1, mat2)]
+    out = torch.addmm(*operands, beta=beta, alpha=alpha)
+    out = torch.nn.functional.gelu(out) if use_gelu else torch.relu(out)
+    return out.to(self.dtype)

@@ -22,12 +22,13 @@ rounded once; a float64 weight's in order), where the op-by-op route rounds once
 Both depend on the inputs alone. A cell's call is one step, so its outputs and first-order
 gradients are the op-by-op route's bits.
 
-The fused path is taken for CPU tensors of float32 or float64, one dtype throughout, without
-projections (`proj_size`), packed sequences or autocast, when the portable mode is the
-innermost dispatch mode; every other call runs op by op through the mode, as before. A backward
-with `create_graph=True` (a second derivative, a gradient penalty) runs the layer again op by op
-and differentiates that, so its gradients are the op-by-op route's and can be differentiated
-again. `TWICE_NO_FUSED_RNN=1` keeps every call op by op.
+The fused path is taken for tensors of float32 or float64, one dtype and one device throughout
+(a GPU's as a CPU's, so both round the weights' gradients once; the compiled kernels' torch
+fallbacks run there), without projections (`proj_size`), packed sequences or autocast, when the
+portable mode is the innermost dispatch mode; every other call runs op by op through the mode. A
+backward with `create_graph=True` (a second derivative, a gradient penalty) runs the layer again
+op by op and differentiates that, so its gradients are the op-by-op route's and can be
+differentiated again. `TWICE_NO_FUSED_RNN=1` keeps every call op by op.
 """
 
 from __future__ import annotations
@@ -272,8 +273,9 @@ def cell(kind, original, *args):
 
 
 def _cell_fusable(kind, args) -> bool:
-    """A batched call of CPU float32/float64 tensors of one dtype with the shapes torch accepts
-    (anything else runs as torch runs it, with torch's error where there is one)."""
+    """A batched call of float32/float64 tensors of one dtype and one device (a GPU's too: op by
+    op, a layer's weight gradients would round otherwise than on a CPU) with the shapes torch
+    accepts (anything else runs as torch runs it, with torch's error where there is one)."""
     if not 4 <= len(args) <= 6 or not _plain_autograd():
         return False
     x, hx, w_ih, w_hh, *biases = args
@@ -287,7 +289,7 @@ def _cell_fusable(kind, args) -> bool:
     tensors = [x, *states, w_ih, w_hh, *(b for b in biases if b is not None)]
     if any(not isinstance(t, torch.Tensor) for t in tensors) or x.dtype not in _DTYPES:
         return False
-    if any(t.dtype != x.dtype or t.device.type != "cpu" or t.is_sparse for t in tensors):
+    if any(t.dtype != x.dtype or t.device != x.device or t.is_sparse for t in tensors):
         return False
     if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
         return False
@@ -324,7 +326,7 @@ def _fusable(kind, args) -> bool:
     if any(not isinstance(t, torch.Tensor) for t in tensors) or inputs.dim() != 3:
         return False
     if inputs.dtype not in _DTYPES or any(
-        t.dtype != inputs.dtype or t.device.type != "cpu" for t in tensors
+        t.dtype != inputs.dtype or t.device != inputs.device for t in tensors
     ):
         return False
     if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):

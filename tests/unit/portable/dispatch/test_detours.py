@@ -216,20 +216,153 @@ def test_an_optimizer_left_to_choose_runs_its_single_tensor_form_on_every_device
         assert all(same_bits(a, b) for a, b in zip(single, chosen)), cls.__name__
 
 
-def test_every_optimizer_that_chooses_by_device_is_a_detour():
-    """Each torch.optim module that calls `_default_to_fused_or_foreach` is detoured."""
+# torch's functions that choose a multi-tensor or fused form by device
+CHOOSERS = {
+    "_default_to_fused_or_foreach",
+    "_get_foreach_kernels_supported_devices",
+    "_has_foreach_support",
+    "_get_fused_kernels_supported_devices",
+}
+
+
+def test_every_choice_by_device_in_torch_optim_and_nn_utils_is_a_detour():
+    """Each module of torch.optim and torch.nn.utils that calls a function choosing a form by
+    device calls it through a detour (optimizer.py only defines them; `fused=True`'s check
+    validates a form the program named)."""
+    import torch.nn.utils
     import torch.optim
 
     choosing = set()
-    for info in pkgutil.iter_modules(torch.optim.__path__):
-        module = importlib.import_module(f"torch.optim.{info.name}")
-        if info.name == "optimizer" or not hasattr(module, "__file__"):
-            continue
-        calls = {
-            _dotted(n.func)
-            for n in ast.walk(ast.parse(inspect.getsource(module)))
-            if isinstance(n, ast.Call)
-        }
-        if "_default_to_fused_or_foreach" in calls:
-            choosing.add((module.__name__, "_default_to_fused_or_foreach"))
-    assert choosing and choosing == {key for key in detours.DETOURS if "optim" in key[0]}
+    for package in (torch.optim, torch.nn.utils):
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            if module.__name__ == "torch.optim.optimizer":
+                continue
+            for n in ast.walk(ast.parse(inspect.getsource(module))):
+                if isinstance(n, ast.Call) and _dotted(n.func) in CHOOSERS:
+                    choosing.add((module.__name__, _dotted(n.func)))
+    detoured = {key for key in detours.DETOURS if key[1] in CHOOSERS}
+    assert choosing and choosing == detoured
+
+
+def _seeded(fn, seed):
+    def run(t):
+        torch.manual_seed(seed)
+        return fn(t)
+
+    return run
+
+
+DROPOUT = st.fixed_dictionaries(
+    {
+        "p": st.sampled_from([0.04, 0.1, 0.15, 0.42, 0.5, 0.87, 0.97]),
+        "dtype": st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+        "shape": st.sampled_from([(7,), (4, 33), (2, 3, 5)]),
+        "seed": st.integers(0, 2**16),
+    }
+)
+
+
+@EXAMPLES
+@given(DROPOUT)
+def test_dropout_takes_the_gpus_operation_on_every_device(case):
+    """A CPU's dropout is `bernoulli_`, `div_`, `mul` (a scale of 1/float32(1-p)); a GPU's is
+    `native_dropout` (1/(1-p) rounded once). Under the mode F.dropout is the latter here too."""
+    x = torch.randn(case["shape"], generator=gen(case["seed"])).to(case["dtype"])
+    p = case["p"]
+    dropout = _seeded(lambda t: F.dropout(t, p, training=True), case["seed"])
+    native = _seeded(lambda t: torch.native_dropout(t, p, True)[0], case["seed"])
+    for a, b in zip(_forward_backward(dropout, x, 1), _forward_backward(native, x, 1)):
+        assert same_bits(a, b)
+
+
+RMS = st.fixed_dictionaries(
+    {
+        "dtype": st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+        "shape": st.sampled_from([((4, 6), [6]), ((2, 3, 96), [96]), ((2, 3, 40), [3, 40])]),
+        "weight": st.booleans(),
+        "eps": st.sampled_from([None, 1e-5, 1e-2]),
+        "seed": st.integers(0, 2**16),
+    }
+)
+
+
+@EXAMPLES
+@given(RMS)
+def test_rms_norm_takes_the_gpus_operation_on_every_device(case):
+    """A CPU's rms_norm is operations autograd differentiates one by one; a GPU's is
+    `_fused_rms_norm` with its own backward. Under the mode F.rms_norm is the latter here too
+    (the input's gradient differed; the weight's is checked beside it)."""
+    shape, normalized = case["shape"]
+    g = gen(case["seed"])
+    x = (torch.randn(shape, generator=g) * 3).to(case["dtype"])
+    w = torch.randn(normalized, generator=g).to(case["dtype"]) if case["weight"] else None
+    eps = case["eps"]
+    grad = torch.randn(shape, generator=g).to(case["dtype"])
+
+    def run(fn):
+        inputs = [t.clone().requires_grad_() for t in (x, w) if t is not None]
+        with PortableMode("strict") as mode:
+            out = fn(*inputs)
+            grads = torch.autograd.grad(out, inputs, grad)
+        assert not mode.uncovered
+        return [out, *grads]
+
+    cpu = run(lambda t, *w: F.rms_norm(t, normalized, *w, eps=eps))
+    weight = w.clone().requires_grad_() if w is not None else None
+    inputs = [x.clone().requires_grad_(), *([weight] if w is not None else [])]
+    with PortableMode("strict"):  # the mode on a GPU: the operation, decomposed both ways
+        out, rstd = DECOMPOSITIONS._fused_rms_norm(inputs[0], normalized, weight, eps)
+        backward = DECOMPOSITIONS._fused_rms_norm_backward
+        grads = backward(grad, inputs[0], normalized, rstd, weight, [True, w is not None])
+    gpu = [out, *[t for t in grads if t is not None]]
+    assert all(same_bits(a, b) for a, b in zip(cpu, gpu))
+
+
+def test_averaged_model_and_clip_grad_take_one_form_on_every_device(monkeypatch):
+    """AveragedModel averages with `_foreach_lerp_`-style updates on a device with foreach
+    kernels and one tensor at a time elsewhere, and the two round otherwise; here a CPU is made
+    to look like a GPU (torch's list of such devices) and the bits stay the CPU's."""
+    from torch.optim import swa_utils
+
+    def averaged(looks_like_gpu):
+        if looks_like_gpu:
+            monkeypatch.setattr(
+                swa_utils, "_get_foreach_kernels_supported_devices", lambda: ["cpu", "cuda"]
+            )
+        g = gen(5)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(40, 100)
+        average = swa_utils.AveragedModel(model)
+        with PortableMode("strict"):
+            for _ in range(4):
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(torch.randn(p.shape, generator=g))
+                average.update_parameters(model)
+            params = [p.detach().clone() for p in average.parameters()]
+            model.weight.grad = torch.randn(model.weight.shape, generator=g) * 10
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        monkeypatch.undo()
+        return [*params, norm, model.weight.grad]
+
+    assert all(same_bits(a, b) for a, b in zip(averaged(False), averaged(True)))
+
+
+def test_einsum_contracts_left_to_right_even_if_opt_einsum_is_turned_on_again():
+    g = gen(7)
+    a, b, c = (
+        torch.randn(40, 3, generator=g),
+        torch.randn(3, 40, generator=g),
+        torch.randn(40, 2, generator=g),
+    )
+    with PortableMode("strict"):
+        reference = torch.einsum("ij,jk,kl->il", a, b, c)
+        before = torch.backends.opt_einsum.enabled
+        torch.backends.opt_einsum.enabled = True  # a program's own line, after twice's
+        try:
+            again = torch.einsum("ij,jk,kl->il", a, b, c)
+        finally:
+            torch.backends.opt_einsum.enabled = before
+        left_to_right = (a @ b) @ c
+    assert same_bits(reference, again) and same_bits(again, left_to_right)

@@ -24,7 +24,8 @@ CASES = st.fixed_dictionaries(
         "S": st.integers(1, 9),
         "E": st.sampled_from([1, 4, 8, 16]),
         "mask": st.sampled_from(["none", "causal", "float", "bool", "bool_broadcast"]),
-        "scale": st.sampled_from([None, 0.37, -0.2, 3.0]),
+        "scale": st.sampled_from([None, 0.37, -0.2, 3.0, 0.0, -0.0]),
+        "kv_heads": st.sampled_from([None, 1]),  # grouped-query attention: fewer k, v heads
         "values": st.sampled_from(["normal", "large", "with_inf"]),
         "seed": st.integers(0, 2**16),
     }
@@ -36,9 +37,12 @@ def _inputs(case):
     batch, L, S, E = case["batch"], case["L"], case["S"], case["E"]
     scale = {"normal": 1.0, "large": 60.0, "with_inf": 1.0}[case["values"]]
     q, k, v = (torch.randn(*batch, n, E, generator=g) * scale for n in (L, S, S))
+    grouped = bool(case["kv_heads"]) and len(batch) == 2 and batch[1] > 1
+    if grouped:
+        k, v = (t[:, : case["kv_heads"]].clone() for t in (k, v))
     if case["values"] == "with_inf":
         k.view(-1)[0] = -math.inf  # a score of -inf (or NaN where 0 * inf): masked like one
-    kwargs = {"scale": case["scale"]}
+    kwargs = {"scale": case["scale"], "enable_gqa": grouped}
     if case["mask"] == "causal":
         kwargs["is_causal"] = True
     elif case["mask"] == "float":

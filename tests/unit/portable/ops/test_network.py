@@ -6,6 +6,7 @@ import torch
 from twice.portable.dispatch.mode import PortableMode
 from twice.portable.dispatch.table import KERNELS
 from twice.portable.ops import network
+from unit.portable.bits import same_bits
 
 
 def test_attention_runs_portable_operations_with_its_backward():
@@ -29,3 +30,35 @@ def test_the_mean_squared_error_and_its_gradient_match_torch():
         (grad,) = torch.autograd.grad(loss, x)
     assert torch.allclose(loss, ((x - t) ** 2).mean(), rtol=1e-14)
     assert torch.allclose(grad, 2 * (x - t).detach() / x.numel(), rtol=1e-14)
+
+
+def test_logsigmoid_recomputes_its_buffer_on_every_device():
+    """On a CPU torch keeps exp(-|x|) rounded to x's dtype for the backward, on a GPU none (the
+    backward recomputes it in float32): under the mode every device keeps none, so a
+    half-precision gradient is the GPU's here, emulated by torch's own decompositions."""
+    import importlib
+
+    decompositions = importlib.import_module("torch._decomp.decompositions")
+    g = torch.Generator().manual_seed(2)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        x = (torch.randn(4096, generator=g) * 8).to(dtype)
+        grad = torch.randn(4096, generator=g).to(dtype)
+        leaf = x.clone().requires_grad_()
+        with PortableMode("strict"):
+            out = torch.nn.functional.logsigmoid(leaf)
+            (dx,) = torch.autograd.grad(out, leaf, grad)
+            buffer = torch.ops.aten.log_sigmoid_forward.default(x)[1]
+            gpu_out = decompositions.log_sigmoid_forward(x)[0]
+            gpu_dx = decompositions.log_sigmoid_backward(grad, x, x.new_zeros((0,)))
+        assert buffer.numel() == 0
+        assert same_bits(out, gpu_out) and same_bits(dx, gpu_dx), dtype
+
+
+def test_addmm_activation_is_addmm_then_the_exact_activation_on_every_device():
+    g = torch.Generator().manual_seed(3)
+    bias, a, b = torch.randn(5, generator=g), torch.randn(4, 6, generator=g), torch.randn(6, 5)
+    with PortableMode("strict") as mode:
+        for use_gelu, act in ((True, torch.nn.functional.gelu), (False, torch.relu)):
+            fused = torch._addmm_activation(bias, a, b, beta=0.5, alpha=2.0, use_gelu=use_gelu)
+            assert same_bits(fused, act(torch.addmm(bias, a, b, beta=0.5, alpha=2.0)))
+    assert not mode.uncovered

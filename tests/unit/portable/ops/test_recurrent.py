@@ -390,3 +390,25 @@ def test_a_cell_given_a_0_dimensional_input_raises_torchs_error():
     with PortableMode("strict"), pytest.raises(plain.type) as ours:
         torch._VF.gru_cell(*args)
     assert str(ours.value) == str(plain.value)
+
+
+def test_the_fused_path_takes_any_device_but_not_two():
+    """A GPU's layer takes the fused path as a CPU's does (op by op, its weights' gradients
+    would round once a step, as no CPU's do); tensors on two devices run as torch runs them.
+    The predicate is checked on the meta device, the one other device here."""
+    lstm = torch.nn.LSTM(4, 6, batch_first=True)
+    params = [p.detach() for p in lstm._flat_weights]
+
+    def args(x, params):
+        states = (torch.zeros(1, 3, 6, device=x.device),) * 2
+        return (x, states, params, True, 1, 0.0, True, False, True)
+
+    with PortableMode("strict"):
+        meta = [p.to("meta") for p in params]
+        assert recurrent._fusable("lstm", args(torch.randn(3, 5, 4, device="meta"), meta))
+        assert not recurrent._fusable("lstm", args(torch.randn(3, 5, 4, device="meta"), params))
+        gru = torch.nn.GRUCell(4, 6)
+        weights = [p.detach().to("meta") for p in (gru.weight_ih, gru.weight_hh, gru.bias_ih)]
+        cell = (torch.randn(3, 4, device="meta"), torch.zeros(3, 6, device="meta"), *weights)
+        assert recurrent._cell_fusable("gru", (*cell, gru.bias_hh.detach().to("meta")))
+        assert not recurrent._cell_fusable("gru", (*cell, gru.bias_hh.detach()))
