@@ -11,7 +11,6 @@ operation, the operation listed for the manifest, and torch's result.
 
 from __future__ import annotations
 
-import sys
 import threading
 import warnings
 from typing import Any
@@ -262,25 +261,28 @@ class PortableMode(TorchDispatchMode):
         return None if inplace else results
 
     def _uncovered(self, func, name, args, kwargs, why):
+        """strict: an error at every call (a program that catches it and calls again gets it
+        again, never torch's kernel); audit and warn: torch's result, the op listed for the
+        manifest (warn: one warning per operation)."""
         op = name if "::" in name else f"{func.namespace}::{name}"
         entry = self.uncovered.get(op)
-        if entry is None:
+        first = entry is None
+        if first or self.policy == "strict":
             module, line = callsite.running_module_and_line()
+        if first:
             entry = {"op": op, "module": module, "line": line, "why": why, "count": 0}
             self.uncovered[op] = entry
-            if self.policy == "strict":
-                raise PortableError(
-                    f"{op} is not covered by portable mode"
-                    + (f" ({why})" if why else "")
-                    + (f", in {module}" if module else "")
-                    + (f", called at {line}" if line else ""),
-                    hint="run `twice audit --portable -- <command>` for every uncovered "
-                    "operation; `--determinism warn` runs them with torch's kernels (their "
-                    "bits may then depend on the machine) and lists them in the manifest",
-                )
-            if self.policy == "audit":
-                entry["count"] += 1
-                return func(*args, **kwargs)
+        if self.policy == "strict":
+            raise PortableError(
+                f"{op} is not covered by portable mode"
+                + (f" ({why})" if why else "")
+                + (f", in {module}" if module else "")
+                + (f", called at {line}" if line else ""),
+                hint="run `twice audit --portable -- <command>` for every uncovered "
+                "operation; `--determinism warn` runs them with torch's kernels (their "
+                "bits may then depend on the machine) and lists them in the manifest",
+            )
+        if first and self.policy != "audit":
             warnings.warn(
                 escape_controls(
                     f"twice: {op} is not covered by portable mode"
@@ -295,7 +297,8 @@ class PortableMode(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-_enabled: dict = {"mode": None, "threads": {}}  # the mode `enable` made; thread id -> entered
+_enabled: dict = {"mode": None, "enablers": 0}  # the mode `enable` made, threads that called it
+_mine = threading.local()  # .mode: this thread's entry of it (its own instance)
 _lock = threading.Lock()
 
 
@@ -309,56 +312,60 @@ def enable(policy: str = "strict") -> PortableMode:
         if mode is None:
             mode = _enabled["mode"] = PortableMode(policy)
             switches.compile_eagerly(mode)
-            _enabled["profile"] = threading.getprofile()  # a program's own, chained
-            threading.setprofile(_enter_started_thread)
+            _enabled["bootstrap"] = threading.Thread._bootstrap_inner
+            threading.Thread._bootstrap_inner = _started_under_the_mode
         mode.policy = policy
-        me = threading.get_ident()
-        if me in _enabled["threads"]:
+        if getattr(_mine, "mode", None) is not None:
             return mode
-        _enabled["threads"][me] = True
-    mode.__enter__()
+        _enabled["enablers"] += 1
+        _mine.mode = mode if _enabled["enablers"] == 1 else _Sharing(mode)
+    _mine.mode.__enter__()  # one instance per thread: torch keeps a mode's state per instance
     return mode
 
 
-class _Leaving:
-    """Held in a started thread's local storage: when the thread ends, its entry of the mode is
-    left (the process-wide settings' count; the thread's mode stack ends with it)."""
+class _Sharing(PortableMode):
+    """The mode in another thread: `owner`'s policy and lists, and torch's own operations once
+    `disable` has retired the owner. In a thread started under the mode it holds none of the
+    process-wide settings (the enabling thread's entry holds them)."""
 
-    def __init__(self) -> None:
-        self.ident = threading.get_ident()
+    def __init__(self, owner: PortableMode, started: bool = False) -> None:
+        super().__init__(owner.policy)
+        self.owner, self.uncovered, self.counts = owner, owner.uncovered, owner.counts
+        if started:  # entered below, as nested: no settings of its own to save or restore
+            self._thread.depth, self._thread.flushing = 1, switches.stop_flushing()
 
-    def __del__(self) -> None:
-        _enabled["threads"].pop(self.ident, None)
-        switches.leave()
-        recurrent.uninstall()
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _enabled["mode"] is not self.owner:
+            return func(*args, **(kwargs or {}))
+        self.policy = self.owner.policy
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-_started = threading.local()
+def _started_under_the_mode(thread: threading.Thread) -> None:
+    """threading.Thread's start in a new thread while the mode is enabled: the mode first."""
+    owner = _enabled["mode"]
+    if owner is not None:
+        from torch.utils._python_dispatch import _push_mode
 
-
-def _enter_started_thread(frame, event, arg) -> None:
-    """threading's profile hook, run once in each thread started while the mode is enabled."""
-    sys.setprofile(_enabled.get("profile"))
-    mode = _enabled["mode"]
-    if mode is not None and threading.get_ident() not in _enabled["threads"]:
-        _enabled["threads"][threading.get_ident()] = False
-        mode.__enter__()
-        _started.leaving = _Leaving()
+        _push_mode(_Sharing(owner, started=True))  # (left with the thread)
+    _enabled["bootstrap"](thread)
 
 
 def disable() -> None:
-    """Leave the portable mode `enable` installed (twice.deterministic's undo), in the thread
-    that enabled it; threads started meanwhile keep it until they end."""
+    """Leave the portable mode `enable` installed (twice.deterministic's undo) in this thread,
+    if it called `enable`; the last such thread retires it, and threads started meanwhile run
+    torch's operations from then on."""
+    mine = getattr(_mine, "mode", None)
+    if mine is None:
+        return
     with _lock:
-        mode = _enabled["mode"]
-        if mode is None or not _enabled["threads"].get(threading.get_ident()):
-            return
-        _enabled["threads"].pop(threading.get_ident())
-        if not any(_enabled["threads"].values()):  # no thread that called enable still has it
-            _enabled["mode"] = None
-            threading.setprofile(_enabled.get("profile"))
-            mode.undo_compile()
-    mode.__exit__(None, None, None)
+        _mine.mode = None
+        _enabled["enablers"] -= 1
+        if not _enabled["enablers"]:
+            owner, _enabled["mode"] = _enabled["mode"], None
+            threading.Thread._bootstrap_inner = _enabled["bootstrap"]
+            owner.undo_compile()
+    mine.__exit__(None, None, None)
 
 
 def active() -> PortableMode | None:

@@ -113,3 +113,10 @@ def _addmm_activation(self, mat1, mat2, beta=1, alpha=1, use_gelu=False):
     out = torch.addmm(*operands, beta=beta, alpha=alpha)
     out = torch.nn.functional.gelu(out) if use_gelu else torch.relu(out)
     return out.to(self.dtype)
+
+
+@kernel("log_sigmoid_forward.output", composite=True)
+def _log_sigmoid_forward_out(x, *, output, buffer):
+    out, empty = _log_sigmoid_forward(x)
+    output.resize_(out.shape).copy_(out)
+    return output, buffer.resize_(empty.shape)

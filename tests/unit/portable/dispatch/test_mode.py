@@ -454,3 +454,77 @@ def test_disable_from_another_thread_leaves_the_enabling_threads_mode_in_place()
         portable.disable()
     assert portable.active() is None
     torch.linalg.eigvals(torch.eye(3))  # torch's own again
+
+
+def test_after_disable_a_thread_started_under_the_mode_runs_torchs_operations():
+    """A thread started while the mode was enabled keeps its entry until it ends (a mode is
+    its thread's own), but once `disable` retires the mode it runs torch's operations, and the
+    settings are the program's again at once, not when that thread ends."""
+    from twice.portable.dispatch import mode as portable
+    from twice.portable.dispatch import switches
+
+    checked, go, done, seen = threading.Event(), threading.Event(), threading.Event(), {}
+
+    def worker():
+        seen["before"] = _refuses_eig()
+        checked.set()
+        go.wait(10)
+        seen["after"] = _refuses_eig()
+        done.set()
+
+    before = [setting.get() for setting in switches.SETTINGS]
+    portable.enable("strict")
+    try:
+        thread = threading.Thread(target=worker)
+        thread.start()
+        checked.wait(10)
+    finally:
+        portable.disable()
+    assert [setting.get() for setting in switches.SETTINGS] == before
+    mkldnn = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(not mkldnn)  # the program's own setting, after disable
+    try:
+        go.set()
+        done.wait(10)
+        thread.join(10)
+        import gc
+
+        gc.collect()
+        assert torch._C._get_mkldnn_enabled() is (not mkldnn)  # not put back by the thread
+    finally:
+        torch._C._set_mkldnn_enabled(mkldnn)
+    assert seen == {"before": True, "after": False}
+
+
+def _refuses_eig() -> bool:
+    try:
+        torch.linalg.eigvals(torch.eye(3))
+    except PortableError:
+        return True
+    return False
+
+
+def test_a_pool_made_before_enable_runs_its_workers_under_the_mode():
+    """ThreadPoolExecutor starts its threads as work arrives: those started after `enable`
+    enter the mode."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from twice.portable.dispatch import mode as portable
+
+    pool = ThreadPoolExecutor(max_workers=2)
+    portable.enable("strict")
+    try:
+        refused = [pool.submit(_refuses_eig).result(10) for _ in range(3)]
+    finally:
+        portable.disable()
+        pool.shutdown()
+    assert refused == [True] * 3
+
+
+def test_strict_refuses_an_uncovered_operation_at_every_call():
+    """A program that catches the error and calls again gets it again, not torch's kernel."""
+    with PortableMode("strict") as mode:
+        for _ in range(3):
+            with pytest.raises(PortableError, match="linalg_eig"):
+                torch.linalg.eigvals(torch.eye(3))
+    assert list(mode.uncovered) == ["aten::linalg_eig.default"]
