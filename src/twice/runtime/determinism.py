@@ -330,7 +330,7 @@ def deterministic(
     if portable:
         from twice.portable.dispatch import mode as portable_mode
 
-        if portable_mode.active() is None:
+        if not portable_mode.entered():  # (this thread's own: a mode is per thread)
             portable_mode.enable("strict" if mode == "strict" else "warn")
             report._undo.append(portable_mode.disable)
     if mode == "off":

@@ -9,15 +9,17 @@ is active.
   operation itself, which the mode computes with one kernel on every device (deterministically,
   the reason torch took the decomposition).
 - An optimizer left to choose (`foreach=None`) runs its multi-tensor form on a GPU and its
-  single-tensor form on a CPU, and for some (ASGD) the two round differently; so do
-  `AveragedModel`'s averaging and `clip_grad_norm_`. Under the mode the choice is the
-  single-tensor form on every device; a program that names `foreach=True` or `fused=True`
-  gets that form everywhere.
-- torch's C++ takes another route on a GPU for dropout (`native_dropout`, whose scaling rounds
-  otherwise than the CPU's `bernoulli_`, `div_`, `mul`) and for `rms_norm` (`_fused_rms_norm`
-  and its backward, decomposed by the mode; a CPU differentiates the operations it is made of).
-  Under the mode every device takes the GPU's route: `native_dropout`, and `_fused_rms_norm`'s
-  decompositions forward and backward.
+  single-tensor form on a CPU, and for some (ASGD) the two round differently; so does
+  `AveragedModel`'s averaging. Under the mode the choice is the single-tensor form on every
+  device; a program that names `foreach=True` or `fused=True` gets that form everywhere.
+- Dropout: torch's C++ `aten::dropout` runs `native_dropout` on a GPU and `bernoulli_`,
+  `div_`, `mul` on a CPU, whose scale rounds otherwise. `OVERRIDES` registers the mode's own
+  kernel for it while the mode is active, so every caller (F.dropout, attention's math route,
+  the transformer layers, a stacked RNN) runs `native_dropout` on every device under the mode,
+  and torch's own operations in threads outside it.
+- `rms_norm` is operations autograd differentiates one by one on a CPU, and `_fused_rms_norm`
+  with its own backward on a GPU; `torch.rms_norm` (so F.rms_norm and nn.RMSNorm) runs the
+  former on every device under the mode.
 - `torch.einsum` asks opt_einsum for a contraction order when that package is installed and
   `torch.backends.opt_einsum.enabled` is on, so whether it is installed would choose the
   products; under the mode it is "not available", even if a program turns it on again.
@@ -30,6 +32,7 @@ torch.optim and fail on a branch of this kind that is not here.
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -64,54 +67,51 @@ def _no_foreach_devices(original):
     return []
 
 
-def _dropout(original, input, p, train):
-    """torch's CPU dropout is `bernoulli_`, `div_`, `mul`; on a GPU (0 < p < 1, not empty) it
-    is `native_dropout`, whose scaling rounds otherwise: every device takes the latter."""
-    if train and 0 < p < 1 and input.numel() > 0:
+def _dropout_as_torch(input, p, train):
+    """torch's own `aten::dropout` (ATen's Dropout.cpp), operation for operation: what a thread
+    outside portable mode runs while the mode's kernel for it is registered."""
+    fused_devices = ("cuda", "xpu", "lazy", torch._C._get_privateuse1_backend_name())
+    if train and 0 < p < 1 and input.numel() > 0 and input.device.type in fused_devices:
         return torch.native_dropout(input, p, train)[0]
-    return original(input, p, train)
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if p == 0 or not train or input.numel() == 0:
+        return input
+    if p == 1:
+        return input.mul(torch.zeros((), dtype=input.dtype, device=input.device))
+    noise = torch.empty_like(input)
+    noise.bernoulli_(1 - p)
+    noise.div_(1 - p)
+    return input.mul(noise)
 
 
-class _FusedRMSNorm(torch.autograd.Function):
-    """`_fused_rms_norm` as a GPU computes it under the mode, on any device: its decomposition
-    forward and its backward's (on a CPU the operation has no kernel of its own, so torch would
-    inline operations autograd differentiates one by one, with other bits)."""
+def _dropout(input, p, train):
+    """`aten::dropout` for every caller, C++ ones included (attention's math route, the
+    transformer layers, a stacked RNN's dropout): under the mode `native_dropout`, a GPU's
+    route, on every device; elsewhere torch's own."""
+    if _portable_thread() and train and 0 < p < 1 and input.numel() > 0:
+        if input.is_floating_point():
+            return torch.native_dropout(input, p, train)[0]
+    return _dropout_as_torch(input, p, train)
 
-    @staticmethod
-    def forward(ctx, input, normalized_shape, weight, eps):
-        decompositions = importlib.import_module(_DECOMPOSITIONS)
-        out, rstd = decompositions._fused_rms_norm(input, normalized_shape, weight, eps)
-        ctx.save_for_backward(input, rstd, weight)
-        ctx.normalized_shape = normalized_shape
-        return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        input, rstd, weight = ctx.saved_tensors
-        mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[2]]
-        decompositions = importlib.import_module(_DECOMPOSITIONS)
-        grad_input, grad_weight = decompositions._fused_rms_norm_backward(
-            grad, input, ctx.normalized_shape, rstd, weight, mask
-        )
-        return grad_input, None, grad_weight, None
+OVERRIDES: dict[str, Callable] = {"dropout": _dropout}
+"""aten's composite operations whose kernel the mode replaces while it is active (torch's C++
+picks the route inside them by device, below any Python-level detour)."""
 
 
 def _rms_norm(original, input, normalized_shape, weight=None, eps=None):
     """torch's rms_norm is operations autograd differentiates one by one on a CPU, and
-    `_fused_rms_norm` with its own backward on a GPU: every device takes the latter."""
+    `_fused_rms_norm` with its own backward on a GPU: every device runs the former, as the
+    operations of torch's decomposition (so derivatives of any order follow them)."""
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if len(shape) > input.dim() or list(input.shape[input.dim() - len(shape) :]) != shape:
+        return original(input, normalized_shape, weight, eps)  # torch's error
     decompositions = importlib.import_module(_DECOMPOSITIONS)
-    transformed = torch._C._functorch.peek_interpreter_stack() is not None
-    forward_ad = torch.autograd.forward_ad._current_level >= 0
-    if transformed or forward_ad or not hasattr(decompositions, "_fused_rms_norm_backward"):
-        return original(input, normalized_shape, weight, eps)  # (no rules for these)
-    return _FusedRMSNorm.apply(input, list(normalized_shape), weight, eps)
+    return decompositions._fused_rms_norm(input, shape, weight, eps)[0]
 
 
 def _no_opt_einsum(original):
-    return False
-
-
-def _no_foreach(original, *args, **kwargs):
     return False
 
 
@@ -127,8 +127,6 @@ DETOURS: dict[tuple[str, str], Callable] = {
         for name in _OPTIMIZERS
     },
     ("torch.optim.swa_utils", "_get_foreach_kernels_supported_devices"): _no_foreach_devices,
-    ("torch.nn.utils.clip_grad", "_has_foreach_support"): _no_foreach,  # foreach=None
-    ("torch._VF", "dropout"): _dropout,  # F.dropout, nn.Dropout
     ("torch", "rms_norm"): _rms_norm,  # F.rms_norm, nn.RMSNorm
     ("torch.backends.opt_einsum", "is_available"): _no_opt_einsum,  # even if enabled again
 }
@@ -140,7 +138,7 @@ _state: dict = {"count": 0, "saved": None, "mode": ()}
 
 def _portable_thread() -> bool:
     modes = _get_current_dispatch_mode_stack()
-    return any(isinstance(mode, _state["mode"]) for mode in modes)
+    return any(isinstance(mode, _state["mode"]) and mode.live for mode in modes)
 
 
 def _detour(original: Callable, operation: Callable) -> Callable:
@@ -166,8 +164,17 @@ def install(mode_type: type) -> None:
         original = getattr(module, name, None)
         if original is not None:  # (an older torch without it)
             saved[module_name, name] = original
-            setattr(module, name, _detour(original, operation))
+            detour = _detour(original, operation)
+            if module is torch:  # TorchScript compiles a call of it as the aten operation
+                torch.jit._builtins._register_builtin(detour, f"aten::{name}")
+            setattr(module, name, detour)
     _state["saved"] = saved
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # torch warns once that a kernel is overridden
+        warnings.simplefilter("ignore")
+        for name, kernel in OVERRIDES.items():
+            library.impl(name, kernel, "CompositeImplicitAutograd")
+    _state["library"] = library
 
 
 def uninstall() -> None:
@@ -180,3 +187,4 @@ def uninstall() -> None:
     for (module_name, name), original in _state["saved"].items():
         setattr(importlib.import_module(module_name), name, original)
     _state["saved"] = None
+    _state.pop("library")._destroy()  # torch's own kernels again

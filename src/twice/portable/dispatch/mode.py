@@ -46,7 +46,8 @@ from twice.portable.dispatch.table import COMPLEX_KERNELS, PortableUnsupported
 from twice.portable.ops import recurrent
 from twice.record import callsite
 
-__all__ = ["PortableMode", "PortableError", "enable", "disable", "active", "suspended", "coverage"]
+__all__ = ["PortableMode", "PortableError", "enable", "disable", "entered", "active"]
+__all__ += ["coverage"]
 
 
 class PortableError(DeterminismError):
@@ -70,6 +71,8 @@ _decomposing = threading.local()  # the overloads whose decomposition runs in th
 
 class PortableMode(TorchDispatchMode):
     """Portable kernels for every covered operation; `policy` ("strict" or "warn") for the rest."""
+
+    live = True  # routes operations (a thread's mode left from a disabled `enable` does not)
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -318,37 +321,50 @@ def enable(policy: str = "strict") -> PortableMode:
         if getattr(_mine, "mode", None) is not None:
             return mode
         _enabled["enablers"] += 1
-        _mine.mode = mode if _enabled["enablers"] == 1 else _Sharing(mode)
+        _mine.mode = mode if _enabled["enablers"] == 1 else _Sharing()
     _mine.mode.__enter__()  # one instance per thread: torch keeps a mode's state per instance
     return mode
 
 
 class _Sharing(PortableMode):
-    """The mode in another thread: `owner`'s policy and lists, and torch's own operations once
-    `disable` has retired the owner. In a thread started under the mode it holds none of the
-    process-wide settings (the enabling thread's entry holds them)."""
+    """The mode in another thread: the policy and lists of the mode `enable` made (whichever is
+    enabled now), and torch's own operations while none is. In a thread started under the mode
+    it holds none of the process-wide settings (the enabling threads' entries hold them)."""
 
-    def __init__(self, owner: PortableMode, started: bool = False) -> None:
-        super().__init__(owner.policy)
-        self.owner, self.uncovered, self.counts = owner, owner.uncovered, owner.counts
+    def __init__(self, started: bool = False) -> None:
+        super().__init__()
         if started:  # entered below, as nested: no settings of its own to save or restore
             self._thread.depth, self._thread.flushing = 1, switches.stop_flushing()
 
+    @property
+    def live(self) -> bool:
+        return _enabled["mode"] is not None
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _enabled["mode"] is not self.owner:
+        owner = _enabled["mode"]
+        if owner is None:
             return func(*args, **(kwargs or {}))
-        self.policy = self.owner.policy
+        self.policy, self.uncovered, self.counts = owner.policy, owner.uncovered, owner.counts
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 def _started_under_the_mode(thread: threading.Thread) -> None:
-    """threading.Thread's start in a new thread while the mode is enabled: the mode first."""
-    owner = _enabled["mode"]
-    if owner is not None:
-        from torch.utils._python_dispatch import _push_mode
+    """threading.Thread's start in a new thread while the mode is enabled: the mode first, and
+    off the thread's stack when it ends (torch aborts a process whose thread ends inside one)."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
 
-        _push_mode(_Sharing(owner, started=True))  # (left with the thread)
-    _enabled["bootstrap"](thread)
+    if _enabled["mode"] is None:
+        return _enabled["bootstrap"](thread)
+    _push_mode(_Sharing(started=True))
+    try:
+        _enabled["bootstrap"](thread)
+    finally:
+        _pop_mode()
+
+
+def entered() -> bool:
+    """Whether this thread called `enable` (and not yet `disable`)."""
+    return getattr(_mine, "mode", None) is not None
 
 
 def disable() -> None:
@@ -371,20 +387,3 @@ def disable() -> None:
 def active() -> PortableMode | None:
     """The mode `enable` installed in this process, if any."""
     return _enabled["mode"]
-
-
-class suspended:
-    """Leave portable mode for a block (twice's own bookkeeping on the user's tensors)."""
-
-    def __enter__(self):
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        self._guard = _disable_current_modes() if _enabled["mode"] is not None else None
-        if self._guard is not None:
-            self._guard.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self._guard is not None:
-            self._guard.__exit__(*exc)
-        return False

@@ -73,9 +73,9 @@ class LSTM:
         """The steps, each one compiled pass where the C module applies; saves the gates, the
         cell states' tanh and the cell state each step started from."""
         steps, batch, hidden = y.shape
-        acts = torch.empty(steps, batch, 4 * hidden, dtype=y.dtype)
-        tanh_c = torch.empty(steps, batch, hidden, dtype=y.dtype)
-        c_prev = torch.empty(steps, batch, hidden, dtype=y.dtype)
+        acts = torch.empty(steps, batch, 4 * hidden, dtype=y.dtype, device=y.device)
+        tanh_c = torch.empty(steps, batch, hidden, dtype=y.dtype, device=y.device)
+        c_prev = torch.empty(steps, batch, hidden, dtype=y.dtype, device=y.device)
         h, c = h0, c0
         g_cols = slice(2 * hidden, 3 * hidden)
         steps_ = native_rnn.Steps(recurrent, y, batch, hidden)
@@ -83,7 +83,7 @@ class LSTM:
             steps_.usable = False
         for t in order:
             c_prev[t].copy_(c)
-            c_next = torch.empty(batch, hidden, dtype=y.dtype)
+            c_next = torch.empty(batch, hidden, dtype=y.dtype, device=y.device)
             if steps_.usable and (steps_.cut or steps_.cut_from(h)):  # one compiled call
                 steps_.forward(b_hh, gx[t], c_prev[t], acts[t], c_next, tanh_c[t], y[t])
                 h, c = y[t], c_next
@@ -119,7 +119,7 @@ class LSTM:
         if steps_.usable and not native_rnn.ready(acts, tanh_c, c_prev, dy, dh_n, dc_n):
             steps_.usable = False
         for t in reversed(order):
-            dg, dc_next = dgates[t], torch.empty(batch, hidden, dtype=y.dtype)
+            dg, dc_next = dgates[t], torch.empty(batch, hidden, dtype=y.dtype, device=y.device)
             dy_t = dy[t] if dy is not None else None
             reached = dy_t is not None or dh_rec is not None or (steps_.usable and steps_.cut)
             if reached and steps_.usable and (steps_.cut or native_rnn.ready(dh_rec, y)):
@@ -175,8 +175,9 @@ class GRU:
     def forward(gx, recurrent, h0, c0, b_hh, order, y):
         """The steps; saves r, z, n and the recurrent product's n block."""
         steps, batch, hidden = y.shape
-        acts = torch.empty(steps, batch, 3 * hidden, dtype=y.dtype)  # r, z, n
-        hns = torch.empty(steps, batch, hidden, dtype=y.dtype)  # hg_n, before r multiplies it
+        acts = torch.empty(steps, batch, 3 * hidden, dtype=y.dtype, device=y.device)  # r, z, n
+        # hg_n, before r multiplies it
+        hns = torch.empty(steps, batch, hidden, dtype=y.dtype, device=y.device)
         h = h0
         two = 2 * hidden
         for t in order:

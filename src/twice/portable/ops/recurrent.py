@@ -94,7 +94,7 @@ class RecurrentLayer(torch.autograd.Function):
             steps, batch = x.shape[0], x.shape[1]
             gx = _linear(x.reshape(steps * batch, -1), w_ih, b_ih).reshape(steps, batch, -1)
             recurrent = Repeated(w_hh.t(), x.dtype, "right")
-            y = torch.empty(steps, batch, w_hh.shape[1], dtype=x.dtype)
+            y = torch.empty(steps, batch, w_hh.shape[1], dtype=x.dtype, device=x.device)
             order = _order(steps, reverse)
             saved, h_n, c_n = cell.forward(gx, recurrent, h0, c0, b_hh, order, y)
         ctx.kind, ctx.reverse = kind, reverse
@@ -308,7 +308,8 @@ def _plain_autograd() -> bool:
     """Portable mode is the thread's innermost dispatch mode, and neither a torch.func transform
     (grad, vmap, jvp) nor forward-mode AD is active: the fused Function has no rules for them,
     so such calls run op by op."""
-    if not isinstance(_get_current_dispatch_mode(), _installed["mode"]):
+    mode = _get_current_dispatch_mode()
+    if not isinstance(mode, _installed["mode"]) or not mode.live:
         return False
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return False

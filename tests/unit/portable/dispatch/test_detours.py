@@ -9,6 +9,7 @@ import inspect
 import pkgutil
 import threading
 
+import pytest
 import torch
 import torch.nn.functional as F
 import torch.nn.modules
@@ -220,9 +221,8 @@ def test_an_optimizer_left_to_choose_runs_its_single_tensor_form_on_every_device
 CHOOSERS = {
     "_default_to_fused_or_foreach",
     "_get_foreach_kernels_supported_devices",
-    "_has_foreach_support",
     "_get_fused_kernels_supported_devices",
-}
+}  # (clip_grad's _has_foreach_support counts a CPU as a foreach device: one form everywhere)
 
 
 def test_every_choice_by_device_in_torch_optim_and_nn_utils_is_a_detour():
@@ -289,10 +289,11 @@ RMS = st.fixed_dictionaries(
 
 @EXAMPLES
 @given(RMS)
-def test_rms_norm_takes_the_gpus_operation_on_every_device(case):
-    """A CPU's rms_norm is operations autograd differentiates one by one; a GPU's is
-    `_fused_rms_norm` with its own backward. Under the mode F.rms_norm is the latter here too
-    (the input's gradient differed; the weight's is checked beside it)."""
+def test_rms_norm_runs_the_cpus_operations_on_every_device(case):
+    """torch's rms_norm differentiates its operations one by one on a CPU and runs
+    `_fused_rms_norm` with its own backward on a GPU. Here torch.rms_norm is made to act as on
+    a GPU (the fused operation's decompositions, forward and backward, as the mode runs them
+    there): under the mode F.rms_norm still gives the CPU's bits, computed beforehand."""
     shape, normalized = case["shape"]
     g = gen(case["seed"])
     x = (torch.randn(shape, generator=g) * 3).to(case["dtype"])
@@ -300,26 +301,52 @@ def test_rms_norm_takes_the_gpus_operation_on_every_device(case):
     eps = case["eps"]
     grad = torch.randn(shape, generator=g).to(case["dtype"])
 
-    def run(fn):
+    def run():
         inputs = [t.clone().requires_grad_() for t in (x, w) if t is not None]
         with PortableMode("strict") as mode:
-            out = fn(*inputs)
+            out = F.rms_norm(inputs[0], normalized, *inputs[1:], eps=eps)
             grads = torch.autograd.grad(out, inputs, grad)
         assert not mode.uncovered
         return [out, *grads]
 
-    cpu = run(lambda t, *w: F.rms_norm(t, normalized, *w, eps=eps))
-    weight = w.clone().requires_grad_() if w is not None else None
-    inputs = [x.clone().requires_grad_(), *([weight] if w is not None else [])]
-    with PortableMode("strict"):  # the mode on a GPU: the operation, decomposed both ways
-        out, rstd = DECOMPOSITIONS._fused_rms_norm(inputs[0], normalized, weight, eps)
-        backward = DECOMPOSITIONS._fused_rms_norm_backward
-        grads = backward(grad, inputs[0], normalized, rstd, weight, [True, w is not None])
-    gpu = [out, *[t for t in grads if t is not None]]
+    cpu = run()
+
+    class AsOnAGpu(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, normalized_shape, weight, eps):
+            out, rstd = DECOMPOSITIONS._fused_rms_norm(x, normalized_shape, weight, eps)
+            ctx.save_for_backward(x, rstd, weight)
+            ctx.shape = normalized_shape
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, rstd, weight = ctx.saved_tensors
+            mask = [True, weight is not None]
+            gx, gw = DECOMPOSITIONS._fused_rms_norm_backward(grad, x, ctx.shape, rstd, weight, mask)
+            return gx, None, gw, None
+
+    original = torch.rms_norm
+    torch.rms_norm = lambda x, shape, weight=None, eps=None: AsOnAGpu.apply(
+        x, list(shape), weight, eps
+    )
+    try:
+        gpu = run()
+    finally:
+        torch.rms_norm = original
     assert all(same_bits(a, b) for a, b in zip(cpu, gpu))
 
 
-def test_averaged_model_and_clip_grad_take_one_form_on_every_device(monkeypatch):
+def test_rms_norm_under_the_mode_has_second_derivatives_and_torchs_errors():
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    with PortableMode("strict"):
+        assert torch.autograd.gradgradcheck(lambda x, w: F.rms_norm(x, [5], w), (x, w))
+        with pytest.raises(RuntimeError, match="normalized_shape"):
+            F.rms_norm(x, [4])
+
+
+def test_averaged_model_takes_one_form_on_every_device(monkeypatch):
     """AveragedModel averages with `_foreach_lerp_`-style updates on a device with foreach
     kernels and one tensor at a time elsewhere, and the two round otherwise; here a CPU is made
     to look like a GPU (torch's list of such devices) and the bits stay the CPU's."""
@@ -340,11 +367,8 @@ def test_averaged_model_and_clip_grad_take_one_form_on_every_device(monkeypatch)
                     for p in model.parameters():
                         p.add_(torch.randn(p.shape, generator=g))
                 average.update_parameters(model)
-            params = [p.detach().clone() for p in average.parameters()]
-            model.weight.grad = torch.randn(model.weight.shape, generator=g) * 10
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         monkeypatch.undo()
-        return [*params, norm, model.weight.grad]
+        return [p.detach().clone() for p in average.parameters()]
 
     assert all(same_bits(a, b) for a, b in zip(averaged(False), averaged(True)))
 
@@ -366,3 +390,56 @@ def test_einsum_contracts_left_to_right_even_if_opt_einsum_is_turned_on_again():
             torch.backends.opt_einsum.enabled = before
         left_to_right = (a @ b) @ c
     assert same_bits(reference, again) and same_bits(again, left_to_right)
+
+
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_every_caller_of_dropout_takes_native_dropout_under_the_mode():
+    """torch's C++ calls `aten::dropout` from attention's math route, the transformer layers
+    and a stacked RNN; the mode's kernel for it serves them all, so none draws `bernoulli_`."""
+    x = torch.randn(2, 3, 5, 8)
+    lstm = torch.nn.LSTM(8, 8, num_layers=2, dropout=0.3)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.2, batch_first=True)
+    calls = {
+        "F.dropout": lambda: F.dropout(x, 0.3),
+        "attention": lambda: F.scaled_dot_product_attention(x, x, x, dropout_p=0.3),
+        "stacked LSTM": lambda: lstm(x[0]),
+        "transformer layer": lambda: layer(x[0]),
+    }
+    for name, call in calls.items():
+        with PortableMode("strict"), _Ops() as ops:
+            call()
+        assert "native_dropout" in ops.seen and "bernoulli_" not in ops.seen, name
+
+
+def test_a_thread_outside_the_mode_gets_torchs_dropout_meanwhile():
+    """The kernel is registered for the process while the mode is active; a thread outside it
+    gets torch's own operations and bits."""
+    x = torch.randn(4, 64)
+    torch.manual_seed(3)
+    plain = F.dropout(x, 0.15)
+    seen = {}
+
+    def other():
+        torch.manual_seed(3)
+        with _Ops() as ops:
+            seen["out"] = F.dropout(x, 0.15)
+        seen["ops"] = ops.seen
+
+    mode = PortableMode("strict")  # entered here alone: a thread started meanwhile has none
+    mode.__enter__()
+    try:
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(10)
+    finally:
+        mode.__exit__(None, None, None)
+    assert same_bits(seen["out"], plain) and "bernoulli_" in seen["ops"]

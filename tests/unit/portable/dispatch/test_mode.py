@@ -528,3 +528,79 @@ def test_strict_refuses_an_uncovered_operation_at_every_call():
             with pytest.raises(PortableError, match="linalg_eig"):
                 torch.linalg.eigvals(torch.eye(3))
     assert list(mode.uncovered) == ["aten::linalg_eig.default"]
+
+
+def test_a_thread_started_under_the_mode_leaves_it_when_it_ends(monkeypatch):
+    """torch can abort a process whose thread ended with a dispatch mode on its stack: the start
+    of a thread under the mode pushes it before the thread's work and pops it after, even when
+    the work raises. (Run here in this thread, on a stand-in for threading's own start.)"""
+    from torch.utils._python_dispatch import (
+        _disable_current_modes,
+        _get_current_dispatch_mode_stack,
+    )
+
+    from twice.portable.dispatch import mode as portable
+
+    inside = []
+
+    def bootstrap(thread):
+        inside.append([type(m).__name__ for m in _get_current_dispatch_mode_stack()])
+        if thread == "raises":
+            raise ValueError("the thread's work failed")
+
+    portable.enable("strict")
+    try:
+        monkeypatch.setitem(portable._enabled, "bootstrap", bootstrap)
+        with _disable_current_modes():  # this thread's own entry set aside, as in a new one
+            portable._started_under_the_mode("works")
+            assert _get_current_dispatch_mode_stack() == []
+            with pytest.raises(ValueError):
+                portable._started_under_the_mode("raises")
+            assert _get_current_dispatch_mode_stack() == []
+    finally:
+        monkeypatch.undo()
+        portable.disable()
+    assert inside == [["_Sharing"], ["_Sharing"]]
+
+
+def test_a_thread_started_under_one_enable_runs_under_the_next():
+    from twice.portable.dispatch import mode as portable
+
+    go, done, seen = threading.Event(), threading.Event(), []
+
+    def worker():
+        while not done.is_set():
+            if go.wait(0.05):
+                go.clear()
+                seen.append(_refuses_eig())
+
+    portable.enable("strict")
+    thread = threading.Thread(target=worker)
+    thread.start()
+    portable.disable()
+    try:
+        portable.enable("strict")
+        go.set()
+        while not seen:
+            threading.Event().wait(0.01)
+    finally:
+        portable.disable()
+        done.set()
+        thread.join(10)
+    assert seen == [True]
+
+
+def test_deterministic_inside_an_enabled_thread_leaves_its_mode_in_place():
+    """twice.deterministic(portable=True) in a thread that enabled the mode already neither
+    enters it again nor leaves it on exit."""
+    import twice
+    from twice.portable.dispatch import mode as portable
+
+    portable.enable("strict")
+    try:
+        with twice.deterministic(seed=0, mode="warn", portable=True):
+            assert _refuses_eig()
+        assert _refuses_eig() and portable.entered()
+    finally:
+        portable.disable()
+    assert not portable.entered() and not _refuses_eig()

@@ -19,13 +19,13 @@ from unit.portable.bits import EXAMPLES, gen, same_bits
 CASES = st.fixed_dictionaries(
     {
         "dtype": st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]),
-        "batch": st.sampled_from([(1, 1), (2, 3), (3,)]),
+        "batch": st.sampled_from([(1, 1), (2, 3), (2, 4), (3,)]),
         "L": st.integers(1, 9),
         "S": st.integers(1, 9),
         "E": st.sampled_from([1, 4, 8, 16]),
         "mask": st.sampled_from(["none", "causal", "float", "bool", "bool_broadcast"]),
         "scale": st.sampled_from([None, 0.37, -0.2, 3.0, 0.0, -0.0]),
-        "kv_heads": st.sampled_from([None, 1]),  # grouped-query attention: fewer k, v heads
+        "kv_heads": st.sampled_from([None, 1, 2]),  # grouped-query attention: fewer k, v heads
         "values": st.sampled_from(["normal", "large", "with_inf"]),
         "seed": st.integers(0, 2**16),
     }
@@ -37,7 +37,8 @@ def _inputs(case):
     batch, L, S, E = case["batch"], case["L"], case["S"], case["E"]
     scale = {"normal": 1.0, "large": 60.0, "with_inf": 1.0}[case["values"]]
     q, k, v = (torch.randn(*batch, n, E, generator=g) * scale for n in (L, S, S))
-    grouped = bool(case["kv_heads"]) and len(batch) == 2 and batch[1] > 1
+    kv = case["kv_heads"]
+    grouped = bool(kv) and len(batch) == 2 and batch[1] > kv and batch[1] % kv == 0
     if grouped:
         k, v = (t[:, : case["kv_heads"]].clone() for t in (k, v))
     if case["values"] == "with_inf":
