@@ -95,12 +95,22 @@ def _mse_backward(grad, x, target, reduction):
 
 @kernel("log_sigmoid_forward.default", composite=True)
 def _log_sigmoid_forward(x):
-    """torch's decomposition, with the buffer a GPU keeps (none): on a CPU it would keep
-    exp(-|x|) rounded to x's dtype for the backward, which a GPU recomputes in float32, so a
-    half-precision gradient would follow the device. Every device recomputes it."""
+    """torch's decomposition, and the buffer a CPU keeps (exp(-|x|) in x's dtype), whatever the
+    device: torch's own backward reads it outside the mode. The mode's backward does not (see
+    `_log_sigmoid_backward`)."""
     decompositions = importlib.import_module("torch._decomp.decompositions")
     out, _ = decompositions.log_sigmoid_forward(x)
-    return out, x.new_zeros((0,))
+    wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return out, torch.exp(-torch.abs(wide)).to(x.dtype)
+
+
+@kernel("log_sigmoid_backward.default", composite=True)
+def _log_sigmoid_backward(grad, x, buffer):
+    """torch's decomposition as a GPU runs it: exp(-|x|) recomputed in float32 for half
+    precision, where a CPU's reads the buffer rounded to it, so a gradient would follow the
+    device."""
+    decompositions = importlib.import_module("torch._decomp.decompositions")
+    return decompositions.log_sigmoid_backward(grad, x, x.new_zeros((0,)))
 
 
 @kernel("_addmm_activation.default", composite=True)
@@ -117,6 +127,6 @@ def _addmm_activation(self, mat1, mat2, beta=1, alpha=1, use_gelu=False):
 
 @kernel("log_sigmoid_forward.output", composite=True)
 def _log_sigmoid_forward_out(x, *, output, buffer):
-    out, empty = _log_sigmoid_forward(x)
+    out, kept = _log_sigmoid_forward(x)
     output.resize_(out.shape).copy_(out)
-    return output, buffer.resize_(empty.shape)
+    return output, buffer.resize_(kept.shape).copy_(kept)
