@@ -111,6 +111,27 @@ def _rms_norm(original, input, normalized_shape, weight=None, eps=None):
     return decompositions._fused_rms_norm(input, shape, weight, eps)[0]
 
 
+def _batch_norm_as_on_a_cpu(original, input, weight, bias, running_mean, running_var,
+                            training, momentum, eps, functional=False):  # fmt: skip
+    """torch's batch-norm decomposition helper (for `_batch_norm_with_update`,
+    `_native_batch_norm_legit`'s no-stats and functional forms, `native_batch_norm.out`)
+    returns the saved statistics cast to the input's dtype on a CPU and in float32 elsewhere
+    (and, in evaluation, empty on a CPU, the running ones elsewhere): a half-precision
+    gradient would follow the device. Every device gets the CPU's."""
+    out = original(input, weight, bias, running_mean, running_var, training, momentum, eps,
+                   functional)  # fmt: skip
+    return _cpu_statistics(input, training, out)
+
+
+def _cpu_statistics(input, training, out):
+    if input.device.type == "cpu":
+        return out
+    output, save_mean, save_rstd, *running = out
+    if not training:
+        save_mean, save_rstd = input.new_zeros((0,)), input.new_zeros((0,))
+    return (output, save_mean.to(input.dtype), save_rstd.to(input.dtype), *running)
+
+
 def _no_opt_einsum(original):
     return False
 
@@ -122,6 +143,7 @@ DETOURS: dict[tuple[str, str], Callable] = {
     (_DECOMPOSITIONS, "_upsample_linear_vec"): _linear,  # F.interpolate, bilinear, trilinear
     (_DECOMPOSITIONS, "max_pool3d_with_indices"): _max_pool3d,  # F.max_pool3d's indices
     (_DECOMPOSITIONS, "_replication_pad"): _replicate,  # F.pad, mode replicate
+    (_DECOMPOSITIONS, "native_batch_norm_helper"): _batch_norm_as_on_a_cpu,
     **{
         (f"torch.optim.{name}", "_default_to_fused_or_foreach"): _single_tensor
         for name in _OPTIMIZERS

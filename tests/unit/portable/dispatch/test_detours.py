@@ -149,7 +149,7 @@ def test_every_deterministic_branch_of_torch_nn_is_a_detour():
             detoured = {name for module_name, name in detours.DETOURS if "_decomp" in module_name}
             assert called <= detoured, f"{called - detoured} at {where}"
             taken |= called
-    assert taken == detoured
+    assert taken == detoured - {"native_batch_norm_helper"}  # (a decomposition's own helper)
 
 
 # torch.backends settings read by torch.nn's Python, each pinned by the mode (switches.SETTINGS)
@@ -443,3 +443,22 @@ def test_a_thread_outside_the_mode_gets_torchs_dropout_meanwhile():
     finally:
         mode.__exit__(None, None, None)
     assert same_bits(seen["out"], plain) and "bernoulli_" in seen["ops"]
+
+
+def test_batch_norms_decomposition_gives_every_device_the_cpus_statistics():
+    """torch's helper keeps the saved statistics in float32 off a CPU (and the running ones in
+    evaluation) and casts them to a half-precision input's dtype on a CPU. The meta device,
+    not a CPU, stands in for a GPU: the detour's results have the CPU's dtypes and shapes."""
+    helper = DECOMPOSITIONS.native_batch_norm_helper
+    for training in (True, False):
+        shapes = {}
+        for device in ("cpu", "meta"):
+            x = torch.randn(4, 3, 5).to(torch.bfloat16).to(device)
+            stats = [torch.zeros(3, device=device), torch.ones(3, device=device)]
+            out = detours._batch_norm_as_on_a_cpu(
+                helper, x, None, None, *stats, training, 0.1, 1e-5, True
+            )
+            shapes[device] = [(t.dtype, tuple(t.shape)) for t in out[:3]]
+        assert shapes["cpu"] == shapes["meta"], training
+        plain = helper(x, None, None, *stats, training, 0.1, 1e-5, True)  # (meta, torch's own)
+        assert [(t.dtype, tuple(t.shape)) for t in plain[:3]] != shapes["cpu"], training

@@ -35,10 +35,8 @@ REVIEWED = {
     "_upsample_nearest": "chooses the result's memory format: no value",
     "_reflection_or_replication_pad": "chooses the result's memory format: no value",
     "_safe_copy_out": "checks that out= is on the input's device: no value",
-    "native_batch_norm_helper": "left: casts the saved statistics to a half-precision input's "
-    "dtype on a CPU only; reached by `_batch_norm_with_update`, `_native_batch_norm_legit`'s "
-    "no-stats and functional forms and `native_batch_norm.out` (exported or functionalized "
-    "programs), not by eager batch norm, whose `native_batch_norm` is the mode's own kernel",
+    "native_batch_norm_helper": "casts the saved statistics on a CPU only: detours.py gives "
+    "every device the CPU's",
 }
 
 
