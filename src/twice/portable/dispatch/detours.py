@@ -89,9 +89,9 @@ def _dropout(input, p, train):
     """`aten::dropout` for every caller, C++ ones included (attention's math route, the
     transformer layers, a stacked RNN's dropout): under the mode `native_dropout`, a GPU's
     route, on every device; elsewhere torch's own."""
-    if _portable_thread() and train and 0 < p < 1 and input.numel() > 0:
-        if input.is_floating_point():
-            return torch.native_dropout(input, p, train)[0]
+    fused = train and 0 < p < 1 and input.numel() > 0 and input.is_floating_point()
+    if fused and _portable_thread():
+        return torch.native_dropout(input, p, train)[0]
     return _dropout_as_torch(input, p, train)
 
 
@@ -120,10 +120,6 @@ def _batch_norm_as_on_a_cpu(original, input, weight, bias, running_mean, running
     gradient would follow the device. Every device gets the CPU's."""
     out = original(input, weight, bias, running_mean, running_var, training, momentum, eps,
                    functional)  # fmt: skip
-    return _cpu_statistics(input, training, out)
-
-
-def _cpu_statistics(input, training, out):
     if input.device.type == "cpu":
         return out
     output, save_mean, save_rstd, *running = out
@@ -155,7 +151,7 @@ DETOURS: dict[tuple[str, str], Callable] = {
 """(module, function) -> what a thread under portable mode runs instead (given torch's
 function first)."""
 
-_state: dict = {"count": 0, "saved": None, "mode": ()}
+_state: dict = {"saved": None, "mode": ()}
 
 
 def _portable_thread() -> bool:
@@ -174,12 +170,9 @@ def _detour(original: Callable, operation: Callable) -> Callable:
 
 
 def install(mode_type: type) -> None:
-    """One more portable mode (an instance of `mode_type`) in the process (the caller holds
-    switches' lock): the first replaces the functions."""
+    """Replace the functions for threads under a mode of `mode_type` (switches.py calls it for
+    the first mode in the process, under its lock, and `uninstall` for the last)."""
     _state["mode"] = mode_type
-    _state["count"] += 1
-    if _state["count"] > 1:
-        return
     saved = {}
     for (module_name, name), operation in DETOURS.items():
         module = importlib.import_module(module_name)
@@ -200,11 +193,8 @@ def install(mode_type: type) -> None:
 
 
 def uninstall() -> None:
-    """One mode fewer: the last puts torch's functions back."""
-    if _state["count"] == 0:
-        return
-    _state["count"] -= 1
-    if _state["count"] or _state["saved"] is None:
+    """Put torch's functions back."""
+    if _state["saved"] is None:
         return
     for (module_name, name), original in _state["saved"].items():
         setattr(importlib.import_module(module_name), name, original)

@@ -99,9 +99,11 @@ def _log_sigmoid_forward(x):
     device: torch's own backward reads it outside the mode. The mode's backward does not (see
     `_log_sigmoid_backward`)."""
     decompositions = importlib.import_module("torch._decomp.decompositions")
-    out, _ = decompositions.log_sigmoid_forward(x)
-    wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    return out, torch.exp(-torch.abs(wide)).to(x.dtype)
+    out, buffer = decompositions.log_sigmoid_forward(x)
+    if buffer.numel() != x.numel():  # off a CPU the decomposition keeps none: the same one
+        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        buffer = torch.exp(-torch.abs(wide)).to(x.dtype)
+    return out, buffer
 
 
 @kernel("log_sigmoid_backward.default", composite=True)
