@@ -29,7 +29,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         bind_portable_threads(self) < 0 || bind_portable_unary(self) < 0 ||
         bind_portable_exact(self) < 0 || bind_portable_norms(self) < 0 ||
         bind_portable_conv(self) < 0 || bind_portable_recurrent(self) < 0 ||
-        bind_portable_random(self) < 0 || bind_portable_ordered(self) < 0) {
+        bind_portable_random(self) < 0 || bind_portable_ordered(self) < 0 ||
+        bind_portable_optim(self) < 0) {
         Py_DECREF(self);
         return NULL;
     }

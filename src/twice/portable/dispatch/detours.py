@@ -24,6 +24,10 @@ is active.
   `torch.backends.opt_einsum.enabled` is on, so whether it is installed would choose the
   products; under the mode it is "not available", even if a program turns it on again.
 
+- Adam's (and AdamW's) single-tensor step, eight or so operations per parameter, each a trip
+  through the mode, runs as one compiled pass per parameter with the same bits
+  (ops/optim.py's `single_tensor_adam`): not a route of its own, a speed-up.
+
 Each detour applies to the calls made in a thread under a portable mode; other threads get
 torch's function. `DETOURS` lists them; tests of the inventory read torch.nn.functional and
 torch.optim and fail on a branch of this kind that is not here.
@@ -37,6 +41,8 @@ from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from twice.portable.ops.optim import single_tensor_adam
 
 __all__ = ["DETOURS", "install", "uninstall"]
 
@@ -147,6 +153,8 @@ DETOURS: dict[tuple[str, str], Callable] = {
     ("torch.optim.swa_utils", "_get_foreach_kernels_supported_devices"): _no_foreach_devices,
     ("torch", "rms_norm"): _rms_norm,  # F.rms_norm, nn.RMSNorm
     ("torch.backends.opt_einsum", "is_available"): _no_opt_einsum,  # even if enabled again
+    # not a route but a speed-up: each parameter's step in one compiled pass, the same bits
+    ("torch.optim.adam", "_single_tensor_adam"): single_tensor_adam,
 }
 """(module, function) -> what a thread under portable mode runs instead (given torch's
 function first)."""

@@ -136,17 +136,33 @@ _POINTS = """## Compiled entry points
 Each C entry point of `twice._native` portable mode calls: the C file whose method table binds
 it, the functions of `portable/native/` that call it (each returns None, or False, where it does
 not apply, and its caller computes the same bits with torch), and how many rows above name it
-(none: set-up, called once or by every kernel's check `native.usable`).
+(none: set-up, called once or by every kernel's check `native.usable`; or a detour, a torch
+function portable mode replaces, `dispatch/detours.py`).
 
 | entry point | defined in (under `src/twice/`) | called from (under `twice.portable`) | rows |
 |---|---|---|---|
 """
 
 
+def _detoured() -> dict[str, str]:
+    """Entry point -> the detours (dispatch/detours.py) whose code reaches it."""
+    from twice.portable.dispatch import detours, entrypoints
+
+    found: dict[str, list] = {}
+    setup = entrypoints.setup_entry_points()
+    for operation in detours.DETOURS.values():
+        for point in entrypoints.reach(operation).entry_points - setup:
+            name = f"{operation.__module__.removeprefix('twice.portable.')}.{operation.__name__}"
+            found.setdefault(point, []).append(name)
+    return {point: ", ".join(sorted(set(names))) for point, names in found.items()}
+
+
 def _points(points: list, rows: list) -> str:
-    lines = []
+    lines, detoured = [], _detoured()
     for name, defined, called in points:
         used = sum(f"`{name}`" in r.compiled for r in rows)
+        if not used and name in detoured:
+            used = f"a detour: {_code(detoured[name])}"
         lines.append(f"| `{name}` | `{defined}` | {_code(called)} | {used or 'set-up'} |")
     return _POINTS + "\n".join(lines) + "\n"
 

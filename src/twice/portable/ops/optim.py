@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from twice.portable.dispatch.table import KERNELS, kernel
+from twice.portable.native import optim as native_optim
 from twice.portable.ops.math import _add, _addcdiv, _addcmul, _lerp, floating
 
 __all__: list[str] = []
@@ -98,3 +99,54 @@ def _fused_adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weig
         state_sums[i].copy_(_addcmul(state_sums[i], grad, grad, value=1))
         std = torch.add(sqrt(state_sums[i]), eps)
         param.copy_(_addcdiv(param, grad, std, value=-clr))
+
+
+_ADAM_OPTIONS = {"amsgrad", "has_complex", "beta1", "beta2", "lr", "weight_decay", "eps"}
+_ADAM_OPTIONS |= {"maximize", "capturable", "differentiable", "decoupled_weight_decay"}
+
+
+def single_tensor_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                       state_steps, grad_scale=None, found_inf=None, **options):  # fmt: skip
+    """torch.optim.adam's `_single_tensor_adam` (Adam, and AdamW through it) under portable
+    mode: each parameter's step in one compiled pass (native.optim.adam) with the bits the mode
+    gives torch's loop of eight or so operations, where the pass applies; torch's loop (each
+    operation through the mode) for a parameter where it does not, and for every option it
+    does not cover (amsgrad, tensors as hyperparameters, complex parameters, capturable or
+    differentiable steps, GradScaler's arguments)."""
+    lr, beta1, beta2 = options.get("lr"), options.get("beta1"), options.get("beta2")
+    weight_decay, eps = options.get("weight_decay"), options.get("eps")
+    scalars = (lr, beta1, beta2, weight_decay, eps)
+    if (
+        grad_scale is not None
+        or found_inf is not None
+        or not set(options) <= _ADAM_OPTIONS
+        or any(type(x) not in (float, int) for x in scalars)
+        or any(options.get(flag) for flag in ("amsgrad", "has_complex", "capturable"))
+        or options.get("differentiable")
+        or torch.compiler.is_compiling()
+    ):
+        return original(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                        grad_scale, found_inf, **options)  # fmt: skip
+    maximize = bool(options.get("maximize"))
+    decay, decay_value = 0, 0.0
+    if weight_decay != 0:
+        decoupled = options.get("decoupled_weight_decay")
+        decay, decay_value = (1, 1 - lr * weight_decay) if decoupled else (2, weight_decay)
+    for i, param in enumerate(params):
+        grad, exp_avg, exp_avg_sq, step_t = grads[i], exp_avgs[i], exp_avg_sqs[i], state_steps[i]
+        if not native_optim.applies(param, grad, exp_avg, exp_avg_sq):
+            one = slice(i, i + 1)
+            original(params[one], grads[one], exp_avgs[one], exp_avg_sqs[one],
+                     max_exp_avg_sqs[one], state_steps[one], None, None, **options)  # fmt: skip
+            continue
+        step_t += 1  # torch's operations from here, in its order, on Python floats
+        step = step_t.item()
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
+        step_size = lr / bias_correction1
+        native_optim.adam(
+            param, grad, exp_avg, exp_avg_sq, maximize=maximize, decay=decay,
+            decay_value=decay_value, lerp_weight=1 - beta1, beta2=beta2,
+            one_minus_beta2=1 - beta2, bc2_sqrt=bias_correction2**0.5, eps=eps,
+            neg_step=-step_size,
+        )  # fmt: skip

@@ -30,6 +30,7 @@ int bind_portable_conv(PyObject *module);      /* conv.c: convolutions */
 int bind_portable_recurrent(PyObject *module); /* recurrent.c: the LSTM cell and step */
 int bind_portable_random(PyObject *module);    /* random.c: Philox */
 int bind_portable_ordered(PyObject *module);   /* ordered.c: float64 products in k order */
+int bind_portable_optim(PyObject *module);     /* optim.c: an optimizer's step in one pass */
 
 /* A METH_VARARGS | METH_KEYWORDS function in a PyMethodDef. */
 #define KEYWORDS(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
