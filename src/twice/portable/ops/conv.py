@@ -237,7 +237,7 @@ def _input_grad(g, w4, size, stride, padding, dilation, dtype):
         part = whole and native.split_rows(g[lo:hi], (1, 2, 3), beta)
         if part:
             (ints_w, unit_w), (ints_g, unit_g) = whole[0], part[0]
-            cols = torch.matmul(ints_w.unsqueeze(0), ints_g).reshape(hi - lo, groups * k, -1)
+            cols = _integer_columns(ints_w, ints_g)
             part = native_conv.fold_scaled(
                 cols, size, kernel, stride, padding, dilation, unit_w, unit_g.reshape(-1), dtype
             )
@@ -245,6 +245,25 @@ def _input_grad(g, w4, size, stride, padding, dilation, dtype):
             part = exact_bilinear(wt, g[lo:hi], form, None, (1, 2, 3), terms, dtype, scale=scale)
         gi[lo:hi] = part
     return gi
+
+
+# Below this many output positions a sample, the samples' columns are one matrix product (a
+# product per sample is too narrow to run at the float64 rate: 0.13x to 0.73x the time at 1 to 64
+# positions, DCGAN's and strided shapes; about the same from 256; bench_portable.py conv routes)
+ONE_PRODUCT_BELOW = 256
+
+
+def _integer_columns(ints_w, ints_g):
+    """The integer columns weight^T @ gradient, (samples, groups * k, positions), for weight
+    integers (groups, k, cg) and gradient integers (samples, groups, cg, positions): exact sums
+    of integers, so one product over every sample's positions and one per sample are the same
+    bits, and the faster is taken."""
+    m, groups, cg, positions = ints_g.shape
+    if positions >= ONE_PRODUCT_BELOW:
+        return torch.matmul(ints_w.unsqueeze(0), ints_g).reshape(m, -1, positions)
+    wide = ints_g.permute(1, 2, 0, 3).reshape(groups, cg, m * positions)
+    cols = torch.matmul(ints_w, wide).reshape(groups, -1, m, positions)
+    return cols.permute(2, 0, 1, 3).reshape(m, -1, positions)
 
 
 _BACKENDS = getattr(torch._C, "_ConvBackend", None)

@@ -58,8 +58,11 @@ def test_a_convolution_has_the_same_bits_whatever_its_chunk(case):
         w[-1, 0, 0, 0] = math.inf
     results = []
     # the compiled kernels in cache; columns unfolded a sample at a time, or the whole batch in
-    # one chunk (torch's float64 kernel for the input gradient); and the torch steps one by one
-    routes = ((1, True, True), (1, True, False), (1 << 40, True, False), (1, False, False))
+    # one chunk (torch's float64 kernel for the input gradient), the input gradient's columns as
+    # a product per sample or one product over the chunk; and the torch steps one by one
+    many, one = 0, 1 << 40  # pconv.ONE_PRODUCT_BELOW
+    routes = ((1, True, True, many), (1, True, False, many), (1, True, False, one))
+    routes += ((1 << 40, True, False, many), (1 << 40, True, False, one), (1, False, False, one))
     kernels = ("forward", "weight_grad", "input_grad")
     seen = {name: [] for name in kernels}
 
@@ -73,9 +76,10 @@ def test_a_convolution_has_the_same_bits_whatever_its_chunk(case):
         return spied
 
     spies = {name: spy(name) for name in kernels}
-    for chunk, compiled, in_cache in routes:
+    for chunk, compiled, in_cache, below in routes:
         with pytest.MonkeyPatch.context() as patch, compiled_kernels(compiled):
             patch.setattr(pconv, "COLUMN_CHUNK", chunk)
+            patch.setattr(pconv, "ONE_PRODUCT_BELOW", below)
             patch.setattr(pconv, "WHOLE_WEIGHT_GRAD", 2 * chunk)
             patch.setattr(native_conv, "INPUT_GRAD_CHANNELS", 1)  # any count takes it
             for name in kernels:
