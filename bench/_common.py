@@ -1,6 +1,7 @@
 """Helpers shared by the bench scripts."""
 
 import os
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +19,14 @@ def size(name: str, full, tiny):
     if raw is not None:
         return type(full)(raw)
     return tiny if TINY else full
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a launcher's rendezvous: two benches run side by
+    side (the smoke test runs them in parallel) would otherwise both take torchrun's 29500."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_folder() -> tempfile.TemporaryDirectory:

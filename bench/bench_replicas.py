@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import size
+from _common import free_port, size
 
 TIMED = size("STEPS", 580, 2)  # timed steps per run, after 20 of warm-up
 ROUNDS = size("ROUNDS", 7, 1)
@@ -44,7 +44,19 @@ dist.destroy_process_group()
 def loop_ms(folder: Path, every: str) -> float:
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     out = subprocess.run(
-        [sys.executable, "-m", "twice", "run", "--", torchrun, "--nproc_per_node", "2", "t.py"],
+        [
+            sys.executable,
+            "-m",
+            "twice",
+            "run",
+            "--",
+            torchrun,
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            "t.py",
+        ],  # fmt: skip
         cwd=folder,
         capture_output=True,
         text=True,

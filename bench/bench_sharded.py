@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import size
+from _common import free_port, size
 
 STEPS = size("STEPS", 300, 3)
 ROUNDS = size("ROUNDS", 5, 1)
@@ -62,7 +62,8 @@ dist.destroy_process_group()
 
 def loop_ms(folder: Path, kind: str) -> float:
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    command = [torchrun, "--nproc_per_node", "2", "t.py", str(STEPS), str(WIDTH)]
+    command = [torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()), "t.py"]
+    command += [str(STEPS), str(WIDTH)]
     if kind != "plain":
         command = [sys.executable, "-m", "twice", "run", "--", *command]
     if kind == "untraced":

@@ -26,7 +26,8 @@ is active.
 
 - Adam's (and AdamW's) single-tensor step, eight or so operations per parameter, each a trip
   through the mode, runs as one compiled pass per parameter with the same bits
-  (ops/optim.py's `single_tensor_adam`): not a route of its own, a speed-up.
+  (ops/optim.py's `single_tensor_adam`): not a route of its own, a speed-up, taken only where
+  no other dispatch mode is in force (one would see the operations).
 
 Each detour applies to the calls made in a thread under a portable mode; other threads get
 torch's function. `DETOURS` lists them; tests of the inventory read torch.nn.functional and
@@ -138,6 +139,16 @@ def _no_opt_einsum(original):
     return False
 
 
+def _adam(original, *args, **kwargs):
+    """Adam's step in one compiled pass where portable modes are the only dispatch modes in
+    force: another mode (twice's op recorder and numerics watch, a program's own) sees torch's
+    operations, each one, and the tensors' versions, as without the pass."""
+    modes = _get_current_dispatch_mode_stack()
+    if all(isinstance(mode, _state["mode"]) for mode in modes):
+        return single_tensor_adam(original, *args, **kwargs)
+    return original(*args, **kwargs)
+
+
 _OPTIMIZERS = ("adadelta", "adagrad", "adam", "adamax", "asgd", "nadam", "radam", "rmsprop")
 _OPTIMIZERS += ("rprop", "sgd")
 
@@ -154,7 +165,7 @@ DETOURS: dict[tuple[str, str], Callable] = {
     ("torch", "rms_norm"): _rms_norm,  # F.rms_norm, nn.RMSNorm
     ("torch.backends.opt_einsum", "is_available"): _no_opt_einsum,  # even if enabled again
     # not a route but a speed-up: each parameter's step in one compiled pass, the same bits
-    ("torch.optim.adam", "_single_tensor_adam"): single_tensor_adam,
+    ("torch.optim.adam", "_single_tensor_adam"): _adam,
 }
 """(module, function) -> what a thread under portable mode runs instead (given torch's
 function first)."""

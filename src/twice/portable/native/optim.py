@@ -23,9 +23,12 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def applies(param, grad, exp_avg, exp_avg_sq) -> bool:
     """Whether `adam` can take these tensors: the compiled kernels in use, plain CPU tensors of
-    one dtype (float32 or float64), one shape, contiguous, none sharing memory with another."""
+    one dtype (float32 or float64), one shape, contiguous, none sharing memory with another,
+    none a ZeroTensor (no memory) or an inference tensor (torch refuses to update it)."""
     tensors = (param, grad, exp_avg, exp_avg_sq)
     if not native.usable(*tensors) or any(type(t) not in _PLAIN for t in tensors):
+        return False
+    if any(t._is_zerotensor() or t.is_inference() for t in tensors):
         return False
     if any(
         t.dtype != param.dtype or t.shape != param.shape or not t.is_contiguous() for t in tensors
@@ -34,15 +37,19 @@ def applies(param, grad, exp_avg, exp_avg_sq) -> bool:
     return _apart(tensors)
 
 
-def adam(param, grad, exp_avg, exp_avg_sq, *, maximize, decay, decay_value, lerp_weight, beta2,
+def adam(param, grad, exp_avg, exp_avg_sq, *, decay, decay_value, lerp_weight, beta2,
          one_minus_beta2, bc2_sqrt, eps, neg_step) -> None:  # fmt: skip
     """One parameter's step of single-tensor Adam in place, on tensors `applies` takes (see
-    csrc/optim.c for the steps and the scalars)."""
+    csrc/optim.c for the steps and the scalars). Each tensor's version counter goes up as
+    torch's in-place operations would move it (param once, twice with decoupled decay; exp_avg
+    once; exp_avg_sq twice), so autograd still refuses a graph that saved one of them."""
     buffer = native.buffer
     native.module().p_adam(
         param=buffer(param), grad=buffer(grad), exp_avg=buffer(exp_avg),
-        exp_avg_sq=buffer(exp_avg_sq), maximize=int(bool(maximize)), decay=decay,
+        exp_avg_sq=buffer(exp_avg_sq), decay=decay,
         decay_value=float(decay_value), lerp_weight=float(lerp_weight), beta2=float(beta2),
         one_minus_beta2=float(one_minus_beta2), bc2_sqrt=float(bc2_sqrt), eps=float(eps),
         neg_step=float(neg_step),
     )  # fmt: skip
+    moved = [param, exp_avg, exp_avg_sq, exp_avg_sq] + ([param] if decay == 1 else [])
+    torch.autograd.graph.increment_version(moved)

@@ -257,7 +257,8 @@ def _integer_columns(ints_w, ints_g):
     """The integer columns weight^T @ gradient, (samples, groups * k, positions), for weight
     integers (groups, k, cg) and gradient integers (samples, groups, cg, positions): exact sums
     of integers, so one product over every sample's positions and one per sample are the same
-    bits, and the faster is taken."""
+    values, and the faster is taken. (Not always the same sign of a zero sum, which BLAS sets
+    by where it starts: the fold adds every sum onto +0.0, exact.py's ZERO_SIGN.)"""
     m, groups, cg, positions = ints_g.shape
     if positions >= ONE_PRODUCT_BELOW:
         return torch.matmul(ints_w.unsqueeze(0), ints_g).reshape(m, -1, positions)

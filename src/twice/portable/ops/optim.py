@@ -108,26 +108,27 @@ _ADAM_OPTIONS |= {"maximize", "capturable", "differentiable", "decoupled_weight_
 def single_tensor_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                        state_steps, grad_scale=None, found_inf=None, **options):  # fmt: skip
     """torch.optim.adam's `_single_tensor_adam` (Adam, and AdamW through it) under portable
-    mode: each parameter's step in one compiled pass (native.optim.adam) with the bits the mode
-    gives torch's loop of eight or so operations, where the pass applies; torch's loop (each
-    operation through the mode) for a parameter where it does not, and for every option it
-    does not cover (amsgrad, tensors as hyperparameters, complex parameters, capturable or
-    differentiable steps, GradScaler's arguments)."""
+    mode, with no other dispatch mode active (detours.py checks): each parameter's step in one
+    compiled pass (native.optim.adam) with the bits the mode gives torch's loop of eight or so
+    operations, where the pass applies; torch's loop (each operation through the mode) for a
+    parameter where it does not, and for every option it does not cover (amsgrad, maximize,
+    tensors as hyperparameters, values outside the constructor's ranges, complex parameters,
+    capturable or differentiable steps, GradScaler's arguments)."""
     lr, beta1, beta2 = options.get("lr"), options.get("beta1"), options.get("beta2")
     weight_decay, eps = options.get("weight_decay"), options.get("eps")
     scalars = (lr, beta1, beta2, weight_decay, eps)
+    flags = ("amsgrad", "has_complex", "capturable", "differentiable", "maximize")
     if (
         grad_scale is not None
         or found_inf is not None
         or not set(options) <= _ADAM_OPTIONS
         or any(type(x) not in (float, int) for x in scalars)
-        or any(options.get(flag) for flag in ("amsgrad", "has_complex", "capturable"))
-        or options.get("differentiable")
+        or not (0 <= beta1 < 1 and 0 <= beta2 < 1 and lr >= 0 and eps >= 0 and weight_decay >= 0)
+        or any(options.get(flag) for flag in flags)
         or torch.compiler.is_compiling()
     ):
         return original(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
                         grad_scale, found_inf, **options)  # fmt: skip
-    maximize = bool(options.get("maximize"))
     decay, decay_value = 0, 0.0
     if weight_decay != 0:
         decoupled = options.get("decoupled_weight_decay")
@@ -145,8 +146,7 @@ def single_tensor_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_a
         bias_correction2 = 1 - beta2**step
         step_size = lr / bias_correction1
         native_optim.adam(
-            param, grad, exp_avg, exp_avg_sq, maximize=maximize, decay=decay,
-            decay_value=decay_value, lerp_weight=1 - beta1, beta2=beta2,
-            one_minus_beta2=1 - beta2, bc2_sqrt=bias_correction2**0.5, eps=eps,
-            neg_step=-step_size,
+            param, grad, exp_avg, exp_avg_sq, decay=decay, decay_value=decay_value,
+            lerp_weight=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2,
+            bc2_sqrt=bias_correction2**0.5, eps=eps, neg_step=-step_size,
         )  # fmt: skip

@@ -9,14 +9,14 @@
 #include "portable.h"
 
 typedef struct {
-    int kind, maximize, decay; /* decay: 0 none, 1 decoupled (AdamW), 2 added to the gradient */
+    int kind, decay; /* decay: 0 none, 1 decoupled (AdamW), 2 added to the gradient */
     double decay_value, lerp_weight, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step;
     char *param, *exp_avg, *exp_avg_sq;
     const char *grad;
 } adam_ctx;
 
 /* Elements [0, n) of one parameter in T. The steps, as `_single_tensor_adam` calls them:
-   grad = -grad (maximize); param *= 1 - lr wd (decoupled) or grad = grad + param * wd
+   param *= 1 - lr wd (decoupled) or grad = grad + param * wd
    (add with alpha); exp_avg.lerp_(grad, 1 - beta1) (torch's two-sided formula);
    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2);
    denom = sqrt(exp_avg_sq) / bc2_sqrt + eps; param.addcdiv_(exp_avg, denom, value=-step_size). */
@@ -27,9 +27,9 @@ typedef struct {
         const T wd = (T)c->decay_value, lw = (T)c->lerp_weight, lw1 = (T)(1.0 - c->lerp_weight);   \
         const T b2 = (T)c->beta2, ob2 = (T)c->one_minus_beta2, bc = (T)c->bc2_sqrt;                \
         const T eps = (T)c->eps, step = (T)c->neg_step;                                            \
-        const int low = fabs(c->lerp_weight) < 0.5, maximize = c->maximize, decay = c->decay;      \
+        const int low = fabs(c->lerp_weight) < 0.5, decay = c->decay;                              \
         _Pragma("GCC ivdep") for (Py_ssize_t i = lo; i < hi; i++) {                                \
-            T gi = maximize ? -g[i] : g[i], pi = p[i];                                             \
+            T gi = g[i], pi = p[i];                                                                \
             if (decay == 1) {                                                                      \
                 pi = pi * wd;                                                                      \
             } else if (decay == 2) {                                                               \
@@ -69,20 +69,20 @@ static void adam_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
         adam_float(c, lo, hi);
 }
 
-/* p_adam(param, grad, exp_avg, exp_avg_sq, maximize, decay, decay_value, lerp_weight, beta2,
+/* p_adam(param, grad, exp_avg, exp_avg_sq, decay, decay_value, lerp_weight, beta2,
    one_minus_beta2, bc2_sqrt, eps, neg_step): param, exp_avg and exp_avg_sq updated in place;
    every buffer of one dtype and param's count, none overlapping another. decay_value is
    1 - lr * weight_decay (decay 1) or weight_decay (decay 2). */
 static PyObject *p_adam(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kw[] = {"param",    "grad",        "exp_avg",     "exp_avg_sq", "maximize",
-                         "decay",    "decay_value", "lerp_weight", "beta2",      "one_minus_beta2",
-                         "bc2_sqrt", "eps",         "neg_step",    NULL};
+    static char *kw[] = {"param",       "grad",        "exp_avg", "exp_avg_sq",      "decay",
+                         "decay_value", "lerp_weight", "beta2",   "one_minus_beta2", "bc2_sqrt",
+                         "eps",         "neg_step",    NULL};
     buffer_t param, grad, exp_avg, exp_avg_sq;
     adam_ctx c;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&O&O&iiddddddd", kw, buffer, &param, buffer,
-                                     &grad, buffer, &exp_avg, buffer, &exp_avg_sq, &c.maximize,
-                                     &c.decay, &c.decay_value, &c.lerp_weight, &c.beta2,
-                                     &c.one_minus_beta2, &c.bc2_sqrt, &c.eps, &c.neg_step))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&O&O&iddddddd", kw, buffer, &param, buffer,
+                                     &grad, buffer, &exp_avg, buffer, &exp_avg_sq, &c.decay,
+                                     &c.decay_value, &c.lerp_weight, &c.beta2, &c.one_minus_beta2,
+                                     &c.bc2_sqrt, &c.eps, &c.neg_step))
         return NULL;
     const Py_ssize_t n = param.count;
     if (!buffer_holds("p_adam", "param", &param, n, ANY_KIND) ||
