@@ -43,20 +43,10 @@ dist.destroy_process_group()
 
 def loop_ms(folder: Path, every: str) -> float:
     torchrun = str(Path(sys.executable).with_name("torchrun"))
+    command = [sys.executable, "-m", "twice", "run", "--", torchrun, "--nproc_per_node", "2"]
+    command += ["--master_port", str(free_port()), "t.py"]
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "twice",
-            "run",
-            "--",
-            torchrun,
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            "t.py",
-        ],  # fmt: skip
+        command,
         cwd=folder,
         capture_output=True,
         text=True,

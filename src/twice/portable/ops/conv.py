@@ -247,9 +247,10 @@ def _input_grad(g, w4, size, stride, padding, dilation, dtype):
     return gi
 
 
-# Below this many output positions a sample, the samples' columns are one matrix product (a
-# product per sample is too narrow to run at the float64 rate: 0.13x to 0.73x the time at 1 to 64
-# positions, DCGAN's and strided shapes; about the same from 256; bench_portable.py conv routes)
+# Below this many output positions a sample, the samples' columns are one matrix product: a
+# product per sample is too narrow to run at the float64 rate (float64 products timed side by
+# side, 2 threads, AMD EPYC with AVX-512: one product took 0.13x to 0.73x the time at 1 to 64
+# positions, DCGAN's and strided shapes; 0.93x to 1.30x from 256)
 ONE_PRODUCT_BELOW = 256
 
 
