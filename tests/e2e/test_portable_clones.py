@@ -108,6 +108,9 @@ for m, k, n in [(13, 300, 37), (1, 1, 1), (6, 257, 16), (7, 16, 17)]:
     a[0, : min(k, 16)], b[: min(k, 16), -1] = sp[: min(k, 16)], sp.flip(0)[: min(k, 16)]
     add(need(products.ordered_mm(a, b)),
         need(products.ordered_mm(a.expand(2, m, k), b.t().contiguous().t())))
+    top = 2.0 ** ((53 - math.ceil(math.log2(max(k, 2)))) // 2)  # exact.py's slices' bound
+    ia, ib = (a * top / 4).trunc().clamp(-top, top), (b * top / 4).trunc().clamp(-top, top)
+    add(need(products.integer_mm(ia, ib)), need(products.integer_mm(ia.expand(2, m, k), ib)))
 key = 123456789
 add(philox.uniform(50_001, key, "cpu"), philox.normal(50_001, key, "cpu"))
 print(digest.hexdigest())

@@ -38,9 +38,11 @@ from torch._prims_common import canonicalize_dim
 from twice.portable import native
 from twice.portable.arithmetic import scaling
 from twice.portable.arithmetic.ordered import ordered_matmul
+from twice.portable.native import products as native_products
 
 __all__ = [
     "exact_matmul",
+    "integer_matmul",
     "exact_addmm",
     "exact_sum",
     "exact_cumsum",
@@ -196,8 +198,16 @@ def exact_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype=None, precision=Non
     if fast is not None:
         return fast
     return exact_bilinear(
-        a, b, torch.matmul, (-1,), (-2,), max(1, a.shape[-1]), out_dtype, precision=precision
+        a, b, integer_matmul, (-1,), (-2,), max(1, a.shape[-1]), out_dtype, precision=precision
     )
+
+
+def integer_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.matmul of float64 slices of integers (every partial sum exact, as this module cuts
+    them): the exact sums, one value whatever computes them, so the compiled kernel where it
+    applies (faster than the BLAS torch links on some CPUs) and torch.matmul otherwise."""
+    found = native_products.integer_mm(a, b)
+    return torch.matmul(a, b) if found is None else found
 
 
 def _fast_matmul(a, b, out_dtype):
@@ -221,7 +231,7 @@ def _scaled_product(part_a, part_b, out_dtype):
     """The integer product of one slice of each operand, scaled by their units and rounded once
     by the C kernel."""
     (ints_a, unit_a), (ints_b, unit_b) = part_a, part_b
-    return native.scaled(torch.matmul(ints_a, ints_b), unit_a, unit_b, out_dtype)
+    return native.scaled(integer_matmul(ints_a, ints_b), unit_a, unit_b, out_dtype)
 
 
 class Repeated:

@@ -24,6 +24,7 @@ from twice.portable.arithmetic.exact import (
     exact_bilinear,
     exact_matmul,
     exact_sum,
+    integer_matmul,
     slices_for,
     unit_for,
 )
@@ -221,7 +222,7 @@ def _input_grad(g, w4, size, stride, padding, dilation, dtype):
     whole = slices_for(dtype) == 1 and native.split_rows(wt, None, beta)
 
     def form(a, b):
-        cols = torch.matmul(a.unsqueeze(0), b).reshape(b.shape[0], groups * k, -1)
+        cols = integer_matmul(a.unsqueeze(0), b).reshape(b.shape[0], groups * k, -1)
         return _fold(cols, size, kernel, dilation, padding, stride)
 
     def scale(ua, ub):
@@ -262,9 +263,9 @@ def _integer_columns(ints_w, ints_g):
     by where it starts: the fold adds every sum onto +0.0, exact.py's ZERO_SIGN.)"""
     m, groups, cg, positions = ints_g.shape
     if positions >= ONE_PRODUCT_BELOW:
-        return torch.matmul(ints_w.unsqueeze(0), ints_g).reshape(m, -1, positions)
+        return integer_matmul(ints_w.unsqueeze(0), ints_g).reshape(m, -1, positions)
     wide = ints_g.permute(1, 2, 0, 3).reshape(groups, cg, m * positions)
-    cols = torch.matmul(ints_w, wide).reshape(groups, -1, m, positions)
+    cols = integer_matmul(ints_w, wide).reshape(groups, -1, m, positions)
     return cols.permute(2, 0, 1, 3).reshape(m, -1, positions)
 
 
@@ -362,7 +363,7 @@ def _weight_grad(g, x4, w4, stride, padding, dilation, dtype):
         if ints_b is None:
             cols = _columns(x4[lo:hi], w4, stride, padding, dilation)
             ints_b = native.split_given(cols, unit_b)
-        part = torch.matmul(ints_a.reshape(groups, cg, -1), ints_b.reshape(groups, k, -1).mT)
+        part = integer_matmul(ints_a.reshape(groups, cg, -1), ints_b.reshape(groups, k, -1).mT)
         total = part if total is None else total.add_(part)
     units = unit_a.reshape(groups, cg, 1), unit_b.reshape(groups, 1, k)
     return native.scaled(total, *units, dtype, None)

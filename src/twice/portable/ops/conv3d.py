@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from twice.portable.arithmetic.exact import exact_bilinear, exact_sum
+from twice.portable.arithmetic.exact import exact_bilinear, exact_sum, integer_matmul
 
 __all__ = ["convolution", "convolution_backward", "out_size", "COLUMN_CHUNK"]
 
@@ -154,7 +154,7 @@ def _input_grad(g, weight, size, stride, padding, dilation, dtype):
     wt = weight.reshape(groups, cg, k).transpose(1, 2)  # (groups, k, cg)
 
     def form(a, b):
-        cols = torch.matmul(a.unsqueeze(0), b).reshape(b.shape[0], groups * k, -1)
+        cols = integer_matmul(a.unsqueeze(0), b).reshape(b.shape[0], groups * k, -1)
         return _fold(cols, size, kernel, stride, padding, dilation)
 
     def scale(ua, ub):

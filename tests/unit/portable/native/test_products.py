@@ -1,6 +1,7 @@
 """native/products: the compiled float64 product in k's order (csrc/ordered.c) gives the torch
 loop's bits (arithmetic/ordered.py) over generated shapes, layouts, values and thread counts;
-what it does not take it declines."""
+what it does not take it declines. Its twin for integer slices (p_integer_mm) gives
+torch.matmul's exact sums."""
 
 import math
 
@@ -8,6 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from twice.portable.arithmetic.exact import beta_for
 from twice.portable.arithmetic.ordered import ordered_loop
 from twice.portable.native import products
 from unit.portable.bits import EXAMPLES, F64, gen, needs_native, same_bits
@@ -136,3 +138,76 @@ def test_a_lazily_negated_view_is_read_as_its_values():
     assert view.is_neg() and not native.usable(view)
     w = torch.randn(5, 4, generator=gen(9), dtype=F64)
     assert same_bits(ordered_matmul(view, w), ordered_loop(view.clone(), w))
+
+
+# What an integer slice holds: values on both sides of zero, every one at the largest magnitude
+# exact.py's bound allows (the running sums reach 2**53), signed zeros only, and sparse ones.
+_INTEGERS = st.sampled_from(["random", "largest", "zeros", "sparse"])
+
+
+def _integers(g, shape, layout, values):
+    """Float64 integers below exact.py's bound for a product of shape[-1] terms, laid out as
+    _draw lays them out."""
+    k = shape[-1]
+    top = 2.0 ** beta_for(k, 2)
+    if values == "largest":
+        x = torch.where(torch.rand(*shape, generator=g) < 0.5, -top, top).to(F64)
+    elif values == "zeros":
+        x = torch.where(torch.rand(*shape, generator=g) < 0.5, 0.0, -0.0).to(F64)
+    else:
+        x = torch.randint(-int(top), int(top) + 1, shape, generator=g).to(F64)
+        if values == "sparse":
+            x = torch.where(torch.rand(*shape, generator=g) < 0.9, -0.0, x)
+    return _draw_layout(x, layout)
+
+
+def _draw_layout(x, layout):
+    if layout == "transposed":
+        return x.mT.contiguous().mT
+    if layout == "strided":
+        wide = torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=F64)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    if layout == "broadcast":
+        return x[..., :1, :].expand(*x.shape)
+    return x
+
+
+def _canonical(x):
+    """The bits of x + 0.0: exact.py's ZERO_SIGN, which every caller applies before scaling."""
+    return (x + 0.0).view(torch.int64)
+
+
+@needs_native
+@EXAMPLES
+@given(
+    _SIZES, _INNER, st.sampled_from([1, 5, 16, 17, 33, 130, 300]), st.sampled_from([(), (2,)]),
+    _LAYOUTS, _LAYOUTS, _INTEGERS, _INTEGERS, st.sampled_from([1, 2]), st.integers(0, 2**31),
+)  # fmt: skip
+def test_the_integer_kernel_gives_the_exact_sums(m, k, n, batch, la, lb, va, vb, threads, seed):
+    """p_integer_mm fuses each multiply and add: on integer slices (every partial sum exact,
+    up to 2**53) it gives torch.matmul's exact sums, bit for bit once a zero's sign is made
+    +0, whatever the tiles, the column groups the threads share, the k blocks and the
+    layouts."""
+    g = gen(seed)
+    a = _integers(g, (*batch, m, k), la, va)
+    b = _integers(g, (*batch, k, n), lb, vb) if seed % 2 else _integers(g, (k, n), lb, vb)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = products.integer_mm(a, b)
+        into = torch.full(got.shape, math.nan, dtype=F64)
+        assert products.integer_mm(a, b, out=into) is into
+    finally:
+        torch.set_num_threads(before)
+    want = torch.matmul(a, b)
+    assert torch.equal(_canonical(got), _canonical(want)), (a.shape, b.shape, a.stride())
+    assert torch.equal(_canonical(into), _canonical(want))
+
+
+def test_the_integer_kernel_declines_what_it_does_not_take():
+    x = torch.ones(3, 4, dtype=F64)
+    assert products.integer_mm(x.float(), x.t().float()) is None  # float64 only
+    assert products.integer_mm(x, x.t(), out=torch.empty(3, 4, dtype=F64)) is None  # its shape
+    assert products.integer_mm(x, x.t(), out=torch.empty(3, 3)) is None  # float64 out only
+    assert products.integer_mm(x, x.t(), out=torch.empty(3, 6, dtype=F64)[:, ::2]) is None

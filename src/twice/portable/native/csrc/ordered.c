@@ -10,7 +10,12 @@
 
    The work is blocked as BLAS kernels block it: the right operand packed in panels of NR
    columns, the left in panels of MR rows, KB values of k at a time; a block's running sums wait
-   in `out` between blocks of k, which changes no bit. */
+   in `out` between blocks of k, which changes no bit.
+
+   p_integer_mm is the same product for operands of integers whose every partial sum is exact
+   (arithmetic/exact.py's slices): its sums have one value in any order, so its tiles may fuse
+   the multiply and the add, and it gives the bits of torch.matmul, faster than the BLAS torch
+   links on some CPUs (docs/performance.md). */
 
 #include "portable.h"
 
@@ -42,7 +47,7 @@ static void micro_plain(const double *ap, const double *bp, Py_ssize_t K, int fi
 /* The same tile with one instruction set's vectors of `lanes` doubles: a strip of 2 * lanes
    columns at a time, two vectors a row (AVX-512 the whole tile in one strip). Each vector lane
    is one output's running sum, a multiply and an add apart, as in micro_plain. */
-#define MICRO_STRIPS(name, target, vec, lanes, load, store, set1, mul, add)                        \
+#define MICRO_STRIPS(name, target, vec, lanes, load, store, set1, mul, madd)                       \
     target static void name(const double *ap, const double *bp, Py_ssize_t K, int first,           \
                             double *c, Py_ssize_t ldc) {                                           \
         for (int h = 0; h < NR; h += 2 * (lanes)) {                                                \
@@ -64,8 +69,8 @@ static void micro_plain(const double *ap, const double *bp, Py_ssize_t K, int fi
                 const vec b0 = load(bp + k * NR + h), b1 = load(bp + k * NR + h + (lanes));        \
                 for (int r = 0; r < MR; r++) {                                                     \
                     const vec x = set1(ap[k * MR + r]);                                            \
-                    acc[r][0] = add(acc[r][0], mul(x, b0));                                        \
-                    acc[r][1] = add(acc[r][1], mul(x, b1));                                        \
+                    acc[r][0] = madd(acc[r][0], x, b0);                                            \
+                    acc[r][1] = madd(acc[r][1], x, b1);                                            \
                 }                                                                                  \
             }                                                                                      \
             for (int r = 0; r < MR; r++)                                                           \
@@ -73,24 +78,43 @@ static void micro_plain(const double *ap, const double *bp, Py_ssize_t K, int fi
         }                                                                                          \
     }
 
+/* A running sum's step: the multiply and the add apart (ordered), or fused (integers). */
+#define SSE2_STEP(acc, x, b) _mm_add_pd(acc, _mm_mul_pd(x, b))
+#define AVX2_STEP(acc, x, b) _mm256_add_pd(acc, _mm256_mul_pd(x, b))
+#define AVX2_FUSED(acc, x, b) _mm256_fmadd_pd(x, b, acc)
+#define AVX512_STEP(acc, x, b) _mm512_add_pd(acc, _mm512_mul_pd(x, b))
+#define AVX512_FUSED(acc, x, b) _mm512_fmadd_pd(x, b, acc)
+
 #ifdef X86 /* SSE2: every x86-64 CPU */
 MICRO_STRIPS(micro_sse2, , __m128d, 2, _mm_loadu_pd, _mm_storeu_pd, _mm_set1_pd, _mm_mul_pd,
-             _mm_add_pd)
+             SSE2_STEP)
 #endif
 
 #if defined(X86) && (!defined(TWICE_NO_CLONES) || defined(__AVX2__))
 MICRO_STRIPS(micro_avx2, __attribute__((target("avx2"))), __m256d, 4, _mm256_loadu_pd,
-             _mm256_storeu_pd, _mm256_set1_pd, _mm256_mul_pd, _mm256_add_pd)
+             _mm256_storeu_pd, _mm256_set1_pd, _mm256_mul_pd, AVX2_STEP)
+MICRO_STRIPS(fused_avx2, __attribute__((target("avx2,fma"))), __m256d, 4, _mm256_loadu_pd,
+             _mm256_storeu_pd, _mm256_set1_pd, _mm256_mul_pd, AVX2_FUSED)
 #define HAS_AVX2 1
 #endif
 
 #if defined(X86) && (!defined(TWICE_NO_CLONES) || defined(__AVX512F__))
 MICRO_STRIPS(micro_avx512, __attribute__((target("avx512f"))), __m512d, 8, _mm512_loadu_pd,
-             _mm512_storeu_pd, _mm512_set1_pd, _mm512_mul_pd, _mm512_add_pd)
+             _mm512_storeu_pd, _mm512_set1_pd, _mm512_mul_pd, AVX512_STEP)
+MICRO_STRIPS(fused_avx512, __attribute__((target("avx512f"))), __m512d, 8, _mm512_loadu_pd,
+             _mm512_storeu_pd, _mm512_set1_pd, _mm512_mul_pd, AVX512_FUSED)
 #define HAS_AVX512 1
 #endif
 
 /* The widest loop this CPU runs: 3 AVX-512, 2 AVX2, 1 SSE2, 0 plain C. */
+static int has_fma(void) {
+#if defined(X86) && defined(HAS_AVX2)
+    return __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
 static int isa_level(void) {
     static int level = -1;
     if (level < 0) {
@@ -109,17 +133,18 @@ static int isa_level(void) {
     return level;
 }
 
-static void micro(int isa, const double *ap, const double *bp, Py_ssize_t K, int first, double *c,
-                  Py_ssize_t ldc) {
+/* fused: integer operands (p_integer_mm), whose tiles may fuse the multiply and the add. */
+static void micro(int isa, int fused, const double *ap, const double *bp, Py_ssize_t K, int first,
+                  double *c, Py_ssize_t ldc) {
 #ifdef HAS_AVX512
     if (isa == 3) {
-        micro_avx512(ap, bp, K, first, c, ldc);
+        (fused ? fused_avx512 : micro_avx512)(ap, bp, K, first, c, ldc);
         return;
     }
 #endif
 #ifdef HAS_AVX2
     if (isa == 2) {
-        micro_avx2(ap, bp, K, first, c, ldc);
+        (fused && has_fma() ? fused_avx2 : micro_avx2)(ap, bp, K, first, c, ldc);
         return;
     }
 #endif
@@ -191,7 +216,8 @@ typedef struct {
     Py_ssize_t m, k, n, mp, np;
     Py_ssize_t a_batch, a_row, a_col, b_batch, b_row, b_col;
     Py_ssize_t z0, k0, kw; /* the call's first batch index, and its block of k: [k0, k0 + kw) */
-    int isa, failed;
+    Py_ssize_t per_call, group; /* batch entries per call; column panels a task computes */
+    int isa, fused, failed;
 } mm_ctx;
 
 /* Panels t in [lo, hi) of the right operand (batch z0 + t / np, columns (t % np) * NR on),
@@ -211,8 +237,10 @@ static void pack_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     }
 }
 
-/* Row panels t in [lo, hi) (batch z0 + t / mp, rows (t % mp) * MR on), against every column
-   panel: the running sums over this call's block of k. */
+/* Tasks t in [lo, hi): row panel r = t % (rows' panels of the call) (batch z0 + r / mp, rows
+   (r % mp) * MR on) against column panels [g * group, (g + 1) * group), g = t / (row panels):
+   the running sums over this call's block of k. Consecutive tasks share their column panels
+   (in cache), and a narrow product still makes enough tasks for every thread. */
 static void mm_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     mm_ctx *c = (mm_ctx *)p;
     double *ap = (double *)malloc(sizeof(double) * MR * (size_t)c->kw);
@@ -222,28 +250,35 @@ static void mm_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     }
     double tile[MR * NR];
     const int first = c->k0 == 0, last = c->k0 + c->kw == c->k;
+    const Py_ssize_t panels = c->per_call * c->mp;
+    Py_ssize_t packed_row = -1;
     for (Py_ssize_t t = lo; t < hi; t++) {
-        const Py_ssize_t zi = t / c->mp, z = c->z0 + zi, i0 = (t % c->mp) * MR;
+        const Py_ssize_t row = t % panels, g = t / panels;
+        const Py_ssize_t zi = row / c->mp, z = c->z0 + zi, i0 = (row % c->mp) * MR;
         const Py_ssize_t rows = c->m - i0 < MR ? c->m - i0 : MR;
-        const double *src = c->a + z * c->a_batch + i0 * c->a_row + c->k0 * c->a_col;
-        for (Py_ssize_t k = 0; k < c->kw; k++) {
-            int r = 0;
-            for (; r < rows; r++) ap[k * MR + r] = src[r * c->a_row + k * c->a_col];
-            for (; r < MR; r++) ap[k * MR + r] = 0.0;
+        if (row != packed_row) {
+            const double *src = c->a + z * c->a_batch + i0 * c->a_row + c->k0 * c->a_col;
+            for (Py_ssize_t k = 0; k < c->kw; k++) {
+                int r = 0;
+                for (; r < rows; r++) ap[k * MR + r] = src[r * c->a_row + k * c->a_col];
+                for (; r < MR; r++) ap[k * MR + r] = 0.0;
+            }
+            packed_row = row;
         }
         double *out = c->out + z * c->m * c->n + i0 * c->n;
-        for (Py_ssize_t j = 0; j < c->np; j++) {
+        const Py_ssize_t j_end = (g + 1) * c->group < c->np ? (g + 1) * c->group : c->np;
+        for (Py_ssize_t j = g * c->group; j < j_end; j++) {
             const Py_ssize_t j0 = j * NR, width = c->n - j0 < NR ? c->n - j0 : NR;
             const double *bp = c->packed + ((c->b_batch ? zi : 0) * c->np + j) * c->kw * NR;
             if (rows == MR && width == NR) { /* a whole tile: its running sums in out itself */
-                micro(c->isa, ap, bp, c->kw, first, out + j0, c->n);
+                micro(c->isa, c->fused, ap, bp, c->kw, first, out + j0, c->n);
                 if (last) canonical_nans(out + j0, c->n, rows, width);
                 continue;
             }
             if (!first) /* an edge tile: through a full-size tile, the valid part copied */
                 for (Py_ssize_t r = 0; r < rows; r++)
                     memcpy(tile + r * NR, out + r * c->n + j0, sizeof(double) * width);
-            micro(c->isa, ap, bp, c->kw, first, tile, NR);
+            micro(c->isa, c->fused, ap, bp, c->kw, first, tile, NR);
             for (Py_ssize_t r = 0; r < rows; r++)
                 memcpy(out + r * c->n + j0, tile + r * NR, sizeof(double) * width);
             if (last) canonical_nans(out + j0, c->n, rows, width);
@@ -252,11 +287,19 @@ static void mm_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
     free(ap);
 }
 
-/* p_ordered_mm(a, b, out, batch, m, k, n, a_strides, b_strides): out (contiguous float64,
-   batch x m x n) = a @ b for float64 a (batch x m x k) and b (batch x k x n) read through their
-   element strides (batch, row, column; a batch stride 0 repeats one matrix), each element's sum
-   in the fixed order above. k >= 1. */
-static PyObject *p_ordered_mm(PyObject *module, PyObject *args, PyObject *kwargs) {
+/* Column panels per task: up to 8 (their packed panels stay in cache while the row panels
+   pass), fewer where that would leave less than TASKS tasks to share between the threads. */
+#define TASKS 16
+
+static Py_ssize_t column_group(Py_ssize_t row_panels, Py_ssize_t np) {
+    Py_ssize_t group = row_panels * np / TASKS;
+    return group < 1 ? 1 : group > 8 ? 8 : group;
+}
+
+/* out (contiguous float64, batch x m x n) = a @ b for float64 a (batch x m x k) and b (batch x
+   k x n) read through their element strides (batch, row, column; a batch stride 0 repeats one
+   matrix). k >= 1. fused: integer operands, p_integer_mm. */
+static PyObject *product(PyObject *args, PyObject *kwargs, int fused, const char *name) {
     static char *kw[] = {"a", "b", "out", "batch", "m", "k", "n", "a_strides", "b_strides", NULL};
     buffer_t a, b, out;
     Py_ssize_t batch, m, k, n, as[3], bs[3];
@@ -264,11 +307,10 @@ static PyObject *p_ordered_mm(PyObject *module, PyObject *args, PyObject *kwargs
                                      &b, buffer, &out, &batch, &m, &k, &n, &as[0], &as[1], &as[2],
                                      &bs[0], &bs[1], &bs[2]))
         return NULL;
-    const char *name = "p_ordered_mm";
     if (!size_ok(name, "batch", batch) || !size_ok(name, "m", m) || !size_ok(name, "n", n))
         return NULL;
     if (k < 1) {
-        PyErr_SetString(PyExc_ValueError, "p_ordered_mm: k is at least 1");
+        PyErr_Format(PyExc_ValueError, "%s: k is at least 1", name);
         return NULL;
     }
     for (int i = 0; i < 3; i++)
@@ -299,38 +341,35 @@ static PyObject *p_ordered_mm(PyObject *module, PyObject *args, PyObject *kwargs
         Py_END_ALLOW_THREADS
         Py_RETURN_NONE;
     }
-    mm_ctx c = {ap,
-                bp,
-                F64(out),
-                NULL,
-                m,
-                k,
-                n,
-                (m + MR - 1) / MR,
-                (n + NR - 1) / NR,
-                as[0],
-                as[1],
-                as[2],
-                bs[0],
-                bs[1],
-                bs[2],
-                0,
-                0,
-                0,
-                isa_level(),
-                0};
-    const Py_ssize_t per_call = k <= KB ? batch : 1;
-    const Py_ssize_t packs = bs[0] ? per_call : 1; /* a right operand shared by the batch: once */
+    mm_ctx c = {.a = ap,
+                .b = bp,
+                .out = F64(out),
+                .m = m,
+                .k = k,
+                .n = n,
+                .mp = (m + MR - 1) / MR,
+                .np = (n + NR - 1) / NR,
+                .a_batch = as[0],
+                .a_row = as[1],
+                .a_col = as[2],
+                .b_batch = bs[0],
+                .b_row = bs[1],
+                .b_col = bs[2],
+                .per_call = k <= KB ? batch : 1,
+                .isa = isa_level(),
+                .fused = fused};
+    const Py_ssize_t packs = bs[0] ? c.per_call : 1; /* a right operand shared by the batch: once */
+    c.group = column_group(c.per_call * c.mp, c.np);
     c.packed =
         (double *)PyMem_RawMalloc(sizeof(double) * packs * c.np * NR * (size_t)(k < KB ? k : KB));
     if (!c.packed) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t z0 = 0; z0 < batch && !c.failed; z0 += per_call) {
+    for (Py_ssize_t z0 = 0; z0 < batch && !c.failed; z0 += c.per_call) {
         for (Py_ssize_t k0 = 0; k0 < k && !c.failed; k0 += KB) {
             c.z0 = z0, c.k0 = k0, c.kw = k - k0 < KB ? k - k0 : KB;
-            const Py_ssize_t tasks = per_call * c.mp;
+            const Py_ssize_t tasks = c.per_call * c.mp * ((c.np + c.group - 1) / c.group);
             parallel_for(packs * c.np, packs * c.kw * n, pack_range, &c);
-            parallel_for(tasks, per_call * c.kw * m * n / 4, mm_range, &c);
+            parallel_for(tasks, c.per_call * c.kw * m * n / 4, mm_range, &c);
         }
     }
     Py_END_ALLOW_THREADS
@@ -339,9 +378,23 @@ static PyObject *p_ordered_mm(PyObject *module, PyObject *args, PyObject *kwargs
     Py_RETURN_NONE;
 }
 
+/* p_ordered_mm(a, b, out, batch, m, k, n, a_strides, b_strides): product()'s, each element's
+   sum in the fixed order above. */
+static PyObject *p_ordered_mm(PyObject *module, PyObject *args, PyObject *kwargs) {
+    return product(args, kwargs, 0, "p_ordered_mm");
+}
+
+/* p_integer_mm(...): p_ordered_mm's arguments, for operands of integers whose every partial
+   sum is exact (so its value, the exact sum, has one set of bits in any order). */
+static PyObject *p_integer_mm(PyObject *module, PyObject *args, PyObject *kwargs) {
+    return product(args, kwargs, 1, "p_integer_mm");
+}
+
 static PyMethodDef methods[] = {
     {"p_ordered_mm", KEYWORDS(p_ordered_mm),
      "Portable mode: a float64 matrix product, each sum in k's order."},
+    {"p_integer_mm", KEYWORDS(p_integer_mm),
+     "Portable mode: a float64 product of integers whose partial sums are exact."},
     {NULL, NULL, 0, NULL},
 };
 
