@@ -89,12 +89,13 @@ def weight_grad(x, geometry, ints_a, units_b):
     return total
 
 
-INPUT_GRAD_CHANNELS = 48
+INPUT_GRAD_CHANNELS = 32
 """From how many input channels (per group) `input_grad` takes the input gradient: each panel's
 packing is shared by the input channels' sums, so with few of them torch's float64 kernel is
-faster. Measured here side by side against it (3x3, 32 samples, 1 / 2 threads): 2.2x its time
-at 3 channels, 1.1x at 16, even at 32; from 64, 0.67x to 1.07x by shape (64 in, 16 out, 14x14:
-0.71x / 0.67x; 128 in and out, 8x8: 0.82x / 0.77x; 64 in and out, 16x16: 1.07x / 0.99x)."""
+faster. Measured side by side against it (3x3, 32 samples): on an Intel Xeon (1 / 2 threads)
+2.2x its time at 3 channels, 1.1x at 16, even at 32, from 64 0.67x to 1.07x by shape; on an
+AMD EPYC with AVX-512 (2 threads), whose MKL runs a slower float64 path, 1.19x at 16 channels,
+0.84x to 0.98x at 32 (32x32 and 16x16 images), 0.71x at 64 (8x8)."""
 
 
 def input_grad(g, weight_part, shape, size, stride, padding, dilation, beta, dtype):

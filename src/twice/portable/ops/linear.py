@@ -33,7 +33,7 @@ def exact_linear(x: torch.Tensor, form, dims, terms: int, precision) -> torch.Te
         parts = native.split_rows(x, dims, beta_for(terms, 1))
         if parts:
             ints, unit = parts[0]
-            return (form(ints) + 0.0) * unit  # an exact zero is +0 (exact.py: ZERO_SIGN)
+            return _scaled(form(ints), unit)
     x64 = x.to(_F64)
     finite = torch.isfinite(x64)
     total = None
@@ -49,6 +49,17 @@ def exact_linear(x: torch.Tensor, form, dims, terms: int, precision) -> torch.Te
         total = torch.where(negative > 0, -math.inf, total)
         total = torch.where((nan > 0) | ((positive > 0) & (negative > 0)), math.nan, total)
     return total
+
+
+def _scaled(total: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+    """(total + 0.0) * unit (an exact zero is +0: exact.py's ZERO_SIGN), in place where `total`
+    is a tensor of its own that the product does not widen: the same values, and two passes
+    over fresh memory fewer."""
+    own = total.dtype == _F64 and total._base is None
+    own = own and torch._debug_has_internal_overlap(total) == 0
+    if own and torch.broadcast_shapes(total.shape, unit.shape) == total.shape:
+        return total.add_(0.0).mul_(unit)
+    return (total + 0.0) * unit
 
 
 @kernel("cumsum.default")
@@ -118,7 +129,7 @@ def _avg_pool_backward(
 
     ones = torch.ones((1,) * (x.dim() - spatial) + tuple(x.shape[-spatial:]), dtype=_F64)
     shared = grad.to(_F64) / _pool_divisors(ones, pool, divisor)
-    like = x.to(_F64)
+    like = torch.empty_strided(x.shape, x.stride(), dtype=_F64)  # its shape and layout alone
 
     def spread(t):
         return backward(t, like, kernel_size, stride, padding, ceil_mode, pad, 1)

@@ -87,3 +87,36 @@ def test_every_output_channel_count_gives_the_torch_steps_bits(dtype):
                 results.append((out, *grads[:2]))
         for fast, slow in zip(*results):
             assert torch.equal(fast, slow), m
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the compiled kernels")
+@pytest.mark.parametrize("rows", [3, 20])  # the 4-row tiles, and a 16-row block with its tail
+def test_scales_beyond_the_band_give_p_scales_bits(rows):
+    """p_conv_forward stores a panel as a run where every column's unit times every row's lies
+    in scale_by's band, and takes the two-step scaling elsewhere. Float32 inputs never leave
+    the band, so the kernel is called directly with units at float64's edges (products below
+    the subnormals and above 2**900) for some rows and not others: every output has the bits
+    of torch's steps (unfold, round onto each column's unit, one integer product, p_scale)."""
+    g = torch.Generator().manual_seed(11)
+    n, c, h, w = 2, 3, 4, 9
+    cols, area = n * h * w, h * w
+    units = torch.ones(cols, dtype=torch.float64)
+    units[:area], units[area:] = 2.0**-80, 2.0**150  # one unit a sample: its values' grid
+    x = torch.randint(-50, 50, (n, c, h, w), generator=g).to(torch.float64)
+    x *= units.reshape(n, 1, h, w)[:, :, :1, :1]
+    wints = torch.randint(-9, 9, (rows, c * 9), generator=g).to(torch.float64)
+    wunits = 2.0 ** torch.randint(-4, 4, (rows,), generator=g).to(torch.float64)
+    wunits[0], wunits[-1] = 2.0**-1000, 2.0**800  # 2**-1080 on sample 0, 2**950 on sample 1
+    out, inv = torch.empty(n, rows, h * w, dtype=torch.float64), 1.0 / units
+    ok = native.module().p_conv_forward(
+        src=native.buffer(x), geometry=(n, c, h, w, 3, 3, 1, 1, 1, 1, 1, 1, h, w), c0=0, cc=c,
+        beta=0, wints=native.buffer(wints), wunits=native.buffer(wunits), m=rows,
+        out=native.buffer(out), out_c=rows, co0=0, units=native.buffer(units),
+        inv=native.buffer(inv),
+    )  # fmt: skip
+    assert ok
+    unfolded = torch.nn.functional.unfold(x, 3, padding=1)  # (n, c 9, h w)
+    ints = torch.round(unfolded.permute(1, 0, 2).reshape(c * 9, cols) / units)
+    want = native.scaled(wints @ ints, wunits.reshape(-1, 1), units.reshape(1, -1), torch.float64)
+    want = want.reshape(rows, n, h * w).transpose(0, 1)
+    assert torch.equal(out.view(torch.int64), want.contiguous().view(torch.int64))

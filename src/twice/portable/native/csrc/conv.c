@@ -435,6 +435,11 @@ static void convf_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
             inv[q] = q < count ? f->inv[at] : 0.0;
         }
         const int row = nq[count - 1] == nq[0] && oyq[count - 1] == oyq[0];
+        /* whole: PANEL columns of one sample, consecutive in out; their units' range */
+        const int whole = count == PANEL && nq[PANEL - 1] == nq[0];
+        double ub[PANEL], lo_u, hi_u;
+        for (int q = 0; q < PANEL; q++) ub[q] = f->units[col + (q < count ? q : 0)];
+        unit_bounds(ub, PANEL, &lo_u, &hi_u);
         if (f->kind)
             pack_panel_double((const double *)f->x, g, f->c0, f->cc, nq, oyq, oxq, count, row, inv,
                               bp);
@@ -456,6 +461,23 @@ static void convf_range(void *p, Py_ssize_t lo, Py_ssize_t hi) {
                     micro(f->fma, a + r0, WIDE, 1, bp, f->K, c + r0 * PANEL);
             }
             const Py_ssize_t rs = narrow ? PANEL : 1, qs = narrow ? 1 : WIDE;
+            /* one run of a sample's columns, every scale in the band: scale_by's first branch
+               without a test an element, stored as a run */
+            int fast = whole;
+            for (int r = 0; fast && r < WIDE && b * WIDE + r < f->m; r++)
+                fast = in_band(f->wunits[b * WIDE + r], lo_u, hi_u);
+            for (int r = 0; fast && r < WIDE && b * WIDE + r < f->m; r++) {
+                const Py_ssize_t o = b * WIDE + r;
+                const double unit = f->wunits[o];
+                const Py_ssize_t at = (nq[0] * f->out_c + f->co0 + o) * L + lq[0];
+                double v[PANEL];
+                for (int q = 0; q < PANEL; q++) v[q] = (c[r * rs + q * qs] + 0.0) * (unit * ub[q]);
+                if (f->out_kind)
+                    memcpy((double *)f->out + at, v, sizeof v);
+                else
+                    for (int q = 0; q < PANEL; q++) ((float *)f->out)[at + q] = (float)v[q];
+            }
+            if (fast) continue;
             for (int r = 0; r < WIDE && b * WIDE + r < f->m; r++) {
                 const Py_ssize_t o = b * WIDE + r;
                 const double unit = f->wunits[o];
