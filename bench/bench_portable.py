@@ -33,7 +33,7 @@ from torch import nn
 
 from twice.portable import native
 from twice.portable.arithmetic import elementwise as ew
-from twice.portable.arithmetic.exact import exact_matmul, exact_sum
+from twice.portable.arithmetic.exact import beta_for, exact_matmul, exact_sum, integer_matmul
 from twice.portable.dispatch.mode import PortableMode
 from twice.portable.native import conv as native_conv
 from twice.portable.ops import conv as pconv
@@ -381,6 +381,15 @@ def kernels():
             f"{f'matmul {m}x{k}x{n} float64':30s} torch {flops / t_torch / 1e9:7.2f} GFLOP/s   "
             f"portable {flops / t_port / 1e9:7.2f} GFLOP/s  ({t_port / t_torch:.1f}x the time)"
         )
+    for m, k, n in [(64, 784, 256), (16, 256, 1024), (512, 1000, 512)]:  # MLP, LSTM, LSTM head
+        top = 2 ** beta_for(k, 2)  # integer slices at exact.py's bound
+        a = torch.randint(-top, top, (m, k), generator=g).double()
+        b = torch.randint(-top, top, (k, n), generator=g).double()
+        flops, (t_torch, t_port) = 2 * m * k * n, _paired_times(a, b)
+        print(
+            f"{f'integer slices {m}x{k}x{n}':30s} torch {flops / t_torch / 1e9:7.2f} GFLOP/s   "
+            f"portable {flops / t_port / 1e9:7.2f} GFLOP/s  ({t_port / t_torch:.2f}x the time)"
+        )
     x, w = torch.randn(32, 16, 32, 32, generator=g), torch.randn(32, 16, 3, 3, generator=g)
     flops = 2 * 32 * 32 * 32 * 32 * 16 * 9
     t_torch = best(lambda: torch.nn.functional.conv2d(x, w, padding=1))
@@ -401,6 +410,12 @@ def kernels():
             f"GB/s      portable {size / t_port / 1e9:7.2f} GB/s      "
             f"({t_port / t_torch:.1f}x the time)"
         )
+
+
+def _paired_times(a, b, rounds=7):
+    """Median times of torch.matmul and p_integer_mm on the same integers, taken in turn."""
+    pairs = [(best(lambda: a @ b, 3), best(lambda: integer_matmul(a, b), 3)) for _ in range(rounds)]
+    return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
 
 
 def _paired(first, second, rounds):
