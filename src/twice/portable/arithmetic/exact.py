@@ -204,10 +204,9 @@ def exact_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype=None, precision=Non
 
 def integer_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """torch.matmul of float64 slices of integers (every partial sum exact, as this module cuts
-    them): the exact sums, one value whatever computes them, so the compiled kernel where it
-    applies (faster than the BLAS torch links on some CPUs) and torch.matmul otherwise."""
-    found = native_products.integer_mm(a, b)
-    return torch.matmul(a, b) if found is None else found
+    them): the exact sums, one value whatever computes them, so by the faster of the compiled
+    kernel and torch's own product (native/products.py: integer_product)."""
+    return native_products.integer_product(a, b)
 
 
 def _fast_matmul(a, b, out_dtype):

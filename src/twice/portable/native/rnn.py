@@ -13,7 +13,7 @@ import torch
 
 from twice.portable import native
 from twice.portable.native import buffer
-from twice.portable.native.products import integer_mm
+from twice.portable.native.products import integer_product
 
 __all__ = ["lstm_cell", "lstm_cell_backward", "ready", "Steps"]
 
@@ -55,7 +55,7 @@ def lstm_cell_backward(dy, dh, dc, act, tanh_c, c_prev, dgates, dc_out) -> bool:
 
 class Steps:
     """An LSTM layer's time steps by p_lstm_step (p_lstm_step_backward): each step one float64
-    product of integers (p_integer_mm's) and one compiled call that scales and rounds it as
+    product of integers (integer_product's) and one compiled call that scales and rounds it as
     `Repeated`'s product does, runs the cell, and cuts the next product's operand (the hidden
     state forward, the gates' gradients backward) as `native.split_rows` does, the same bits
     as the separate kernels. `repeated` is the recurrent weight's `exact.Repeated` (right
@@ -94,8 +94,7 @@ class Steps:
 
     def _product(self) -> tuple:
         """The pending product into self.prod; (its buffer, its row units' buffer)."""
-        if integer_mm(self.ints, self.ints_w, out=self.prod) is None:
-            torch.matmul(self.ints, self.ints_w, out=self.prod)
+        integer_product(self.ints, self.ints_w, out=self.prod)
         units = self.units[self.flip]
         self.flip ^= 1
         return buffer(self.prod), buffer(units)

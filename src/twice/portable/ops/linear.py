@@ -129,7 +129,7 @@ def _avg_pool_backward(
 
     ones = torch.ones((1,) * (x.dim() - spatial) + tuple(x.shape[-spatial:]), dtype=_F64)
     shared = grad.to(_F64) / _pool_divisors(ones, pool, divisor)
-    like = torch.empty_strided(x.shape, x.stride(), dtype=_F64)  # its shape and layout alone
+    like = torch.empty_strided(x.shape, x.stride(), dtype=_F64, device=x.device)  # its layout
 
     def spread(t):
         return backward(t, like, kernel_size, stride, padding, ceil_mode, pad, 1)

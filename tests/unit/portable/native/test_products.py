@@ -211,3 +211,46 @@ def test_the_integer_kernel_declines_what_it_does_not_take():
     assert products.integer_mm(x, x.t(), out=torch.empty(3, 4, dtype=F64)) is None  # its shape
     assert products.integer_mm(x, x.t(), out=torch.empty(3, 3)) is None  # float64 out only
     assert products.integer_mm(x, x.t(), out=torch.empty(3, 6, dtype=F64)[:, ::2]) is None
+
+
+@needs_native
+def test_the_integer_product_takes_the_faster_route_with_the_same_bits(monkeypatch):
+    """integer_product times p_integer_mm against torch's product once a thread count and takes
+    the faster: either route gives the same bits (out= too), and with the kernels turned off it
+    is torch's, without keeping that answer for when they are back."""
+    from twice.portable import native
+
+    g = gen(3)
+    top = 2 ** beta_for(300, 2)
+    a = torch.randint(-top, top, (13, 300), generator=g).to(F64)
+    b = torch.randint(-top, top, (300, 37), generator=g).to(F64)
+    assert isinstance(products.faster_than_torch(), bool)
+    assert torch.get_num_threads() in products._FASTER
+    results = []
+    for faster in (True, False):
+        monkeypatch.setitem(products._FASTER, torch.get_num_threads(), faster)
+        into = torch.full((13, 37), math.nan, dtype=F64)
+        assert products.integer_product(a, b, out=into) is into
+        results += [products.integer_product(a, b), into]
+    for got in results:
+        assert torch.equal(_canonical(got), _canonical(results[0]))
+    monkeypatch.setattr(products, "_FASTER", {})
+    with native.fallback():
+        assert products.faster_than_torch() is False
+    assert products._FASTER == {}
+
+
+def test_the_integer_kernel_leaves_empty_products_and_aliased_outs_to_torch():
+    """An empty product, or an `out` that is one of the operands (the kernel would read what it
+    writes), is declined: the caller's torch.matmul decides, as it would without the kernel."""
+    x = torch.ones(2, 3, 4, dtype=F64)
+    assert (
+        products.integer_mm(x, torch.ones(4, 0, dtype=F64), out=torch.empty(2, 3, 0, dtype=F64))
+        is None
+    )
+    assert products.integer_mm(x[:, :0], torch.ones(4, 5, dtype=F64)) is None
+    square = torch.ones(6, 6, dtype=F64)
+    assert products.integer_mm(square, square, out=square) is None
+    assert (
+        products.integer_mm(square[:3], square[3:].t(), out=square[3:, :3].contiguous()) is not None
+    )

@@ -106,7 +106,7 @@ MICRO_STRIPS(fused_avx512, __attribute__((target("avx512f"))), __m512d, 8, _mm51
 #define HAS_AVX512 1
 #endif
 
-/* The widest loop this CPU runs: 3 AVX-512, 2 AVX2, 1 SSE2, 0 plain C. */
+/* Whether the CPU fuses multiply-adds (the AVX2 tiles of p_integer_mm). */
 static int has_fma(void) {
 #if defined(X86) && defined(HAS_AVX2)
     return __builtin_cpu_supports("fma");
@@ -115,6 +115,7 @@ static int has_fma(void) {
 #endif
 }
 
+/* The widest loop this CPU runs: 3 AVX-512, 2 AVX2, 1 SSE2, 0 plain C. */
 static int isa_level(void) {
     static int level = -1;
     if (level < 0) {
