@@ -56,6 +56,33 @@ static inline void inside(Py_ssize_t out, Py_ssize_t s, Py_ssize_t p, Py_ssize_t
 #define PANEL 8
 #define MR 4
 
+/* A panel's run of PANEL values as one vector (GCC's vector extensions: the widest vectors of
+   the function's target take them, AVX-512 one register), and round_even's operations on it:
+   the same IEEE operations on each lane as on one double, so the same bits. */
+typedef double run_d __attribute__((vector_size(PANEL * sizeof(double))));
+typedef float run_f __attribute__((vector_size(PANEL * sizeof(float))));
+typedef int64_t run_l __attribute__((vector_size(PANEL * sizeof(int64_t))));
+
+STAGE void load8_float(const float *s, run_d *x) {
+    run_f f;
+    memcpy(&f, s, sizeof f);
+    *x = __builtin_convertvector(f, run_d);
+}
+STAGE void load8_double(const double *s, run_d *x) { memcpy(x, s, sizeof *x); }
+
+/* dst[q] = round_even(x[q] * iv[q]) for q < PANEL. */
+STAGE void round_run(const run_d *x, const double *iv, double *dst) {
+    run_d inv;
+    memcpy(&inv, iv, sizeof inv);
+    const double m = 6755399441055744.0;
+    const run_d magic = {m, m, m, m, m, m, m, m}; /* PANEL lanes */
+    const run_l bit = {INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN,
+                       INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN};
+    const run_d v = *x * inv, r = (v + magic) - magic;
+    const run_d out = (run_d)(((run_l)r & ~bit) | ((run_l)v & bit)); /* copysign(r, v) */
+    memcpy(dst, &out, sizeof out);
+}
+
 #define T float
 #define U uint32_t
 #define INF INF_F32

@@ -113,8 +113,9 @@ static void TYPED(pack_panel)(const T *x, const conv_geom *g, Py_ssize_t c0, Py_
                 for (Py_ssize_t c = 0; c < cc; c++, src += plane) {
                     double *restrict dst = bp + (c * kk + i * g->kw + j) * PANEL;
                     if (lo == 0 && hi == PANEL && g->sw == 1) {
-                        const T *restrict s = src + ix0;
-                        for (int q = 0; q < PANEL; q++) dst[q] = round_even((double)s[q] * iv[q]);
+                        run_d run;
+                        TYPED(load8)(src + ix0, &run);
+                        round_run(&run, iv, dst);
                         continue;
                     }
                     for (Py_ssize_t q = 0; q < lo; q++) dst[q] = 0.0;
