@@ -40,7 +40,7 @@ def integer_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None =
     where it applies and runs faster than torch's own product on this CPU at this thread count
     (`faster_than_torch`), else by torch.matmul. The sums are exact, so both give the same
     values (tests hold them to the same bits); only the time differs."""
-    if faster_than_torch():
+    if native.usable(a, b) and faster_than_torch():
         found = integer_mm(a, b, out)
         if found is not None:
             return found
@@ -59,18 +59,25 @@ def faster_than_torch() -> bool:
         return False
     threads = torch.get_num_threads()
     if threads not in _FASTER:
-        _FASTER[threads] = _timed_faster()
+        faster = _timed_faster()
+        if faster is None:  # the kernel declined meanwhile (turned off in another thread)
+            return False
+        _FASTER[threads] = faster
     return _FASTER[threads]
 
 
-def _timed_faster(rounds: int = 5) -> bool:
-    g = torch.Generator().manual_seed(0)
-    a = torch.randint(-(2**20), 2**20, (48, 256), generator=g).to(torch.float64)
-    b = torch.randint(-(2**20), 2**20, (256, 256), generator=g).to(torch.float64)
+def _timed_faster(rounds: int = 5) -> bool | None:
+    """Whether p_integer_mm took less time than torch.matmul (median of `rounds`, in turn);
+    None where the kernel declined."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ints = {"generator": g, "device": "cpu", "dtype": torch.float64}
+    a = torch.randint(-(2**20), 2**20, (48, 256), **ints)
+    b = torch.randint(-(2**20), 2**20, (256, 256), **ints)
     ours, theirs = [], []
     for _ in range(rounds + 1):  # the first of each is a warm-up
         start = time.perf_counter()
-        integer_mm(a, b)
+        if integer_mm(a, b) is None:
+            return None
         middle = time.perf_counter()
         torch.matmul(a, b)
         ours.append(middle - start)
@@ -116,9 +123,19 @@ def _product(a: torch.Tensor, b: torch.Tensor, kernel: str, out=None) -> torch.T
 
 
 def _shares(out: torch.Tensor, *operands: torch.Tensor) -> bool:
-    """Whether `out`'s memory is any operand's (the kernel reads its operands while it writes)."""
-    mine = out.untyped_storage().data_ptr()
-    return any(x.untyped_storage().data_ptr() == mine for x in operands)
+    """Whether `out`'s bytes meet any operand's (the kernel reads its operands while it writes),
+    whatever storages hold them (two tensors over one array are two storages)."""
+    return any(_overlap(_bytes(out), _bytes(x)) for x in operands)
+
+
+def _bytes(x: torch.Tensor) -> tuple[int, int]:
+    """The span of memory x's elements lie in: [first byte, past the last)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride())) if x.numel() else 0
+    return x.data_ptr(), x.data_ptr() + span * x.element_size()
+
+
+def _overlap(one: tuple[int, int], other: tuple[int, int]) -> bool:
+    return one[0] < other[1] and other[0] < one[1]
 
 
 def _as_batch(x: torch.Tensor, batch) -> torch.Tensor:

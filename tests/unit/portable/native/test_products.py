@@ -5,6 +5,7 @@ torch.matmul's exact sums."""
 
 import math
 
+import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -251,6 +252,25 @@ def test_the_integer_kernel_leaves_empty_products_and_aliased_outs_to_torch():
     assert products.integer_mm(x[:, :0], torch.ones(4, 5, dtype=F64)) is None
     square = torch.ones(6, 6, dtype=F64)
     assert products.integer_mm(square, square, out=square) is None
+    array = np.ones((6, 6))  # two storages over one array's memory: still the same bytes
+    one, other = torch.from_numpy(array), torch.from_numpy(array)
+    assert products.integer_mm(one, one, out=other) is None
     assert (
         products.integer_mm(square[:3], square[3:].t(), out=square[3:, :3].contiguous()) is not None
     )
+
+
+@needs_native
+def test_the_timing_keeps_no_answer_it_could_not_measure(monkeypatch):
+    """The timing runs on the CPU whatever torch's default device, and where the kernel declines
+    during it (turned off meanwhile by another thread) it keeps no answer and takes torch's."""
+    monkeypatch.setattr(products, "_FASTER", {})
+    torch.set_default_device("meta")
+    try:
+        assert isinstance(products.faster_than_torch(), bool)
+    finally:
+        torch.set_default_device("cpu")
+    monkeypatch.setattr(products, "_FASTER", {})
+    monkeypatch.setattr(products, "integer_mm", lambda a, b, out=None: None)
+    assert products.faster_than_torch() is False
+    assert products._FASTER == {}
