@@ -269,7 +269,7 @@ def test_the_timing_keeps_no_answer_it_could_not_measure(monkeypatch):
     try:
         assert isinstance(products.faster_than_torch(), bool)
     finally:
-        torch.set_default_device("cpu")
+        torch.set_default_device(None)  # no device context left behind
     monkeypatch.setattr(products, "_FASTER", {})
     monkeypatch.setattr(products, "integer_mm", lambda a, b, out=None: None)
     assert products.faster_than_torch() is False
