@@ -412,6 +412,32 @@ def kernels():
         )
 
 
+def optimizer():
+    """Adam's step alone on the MLP's parameters, plain against portable, single-tensor and
+    fused (`fused=True`): both take one compiled pass a parameter under the mode."""
+    for threads in (1,) if TINY else (1, 2):
+        torch.set_num_threads(threads)
+        for fused in (False, True):
+            torch.manual_seed(0)
+            model, data = mlp()
+            x, _ = data()
+            model(x).sum().backward()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused)
+            ratios, plain_ms = [], []
+            for _ in range(ROUNDS):
+                plain = best(opt.step, STEPS)
+                with PortableMode("warn"):
+                    portable = best(opt.step, STEPS)
+                ratios.append(portable / plain)
+                plain_ms.append(plain * 1e3)
+            q1, med, q3 = statistics.quantiles(ratios, n=4)
+            name = f"Adam{' fused' if fused else ''}, {threads} thread{'s' * (threads > 1)}"
+            print(
+                f"{name:28s} plain {statistics.median(plain_ms):7.3f} ms/step   portable "
+                f"{med:5.2f}x  (quartiles {q1:.2f}x, {q3:.2f}x)"
+            )
+
+
 def _paired_times(a, b, rounds=7):
     """Median times of torch.matmul and p_integer_mm on the same integers, taken in turn."""
     pairs = [(best(lambda: a @ b, 3), best(lambda: integer_matmul(a, b), 3)) for _ in range(rounds)]
@@ -514,6 +540,7 @@ for _threads in (1,) if TINY else (1, 2):
         lambda threads=_threads: float64_case(threads)
     )
 CASES["kernels"] = kernels
+CASES["optimizer"] = optimizer
 CASES["conv routes"] = conv_routes
 
 

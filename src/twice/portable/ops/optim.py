@@ -1,7 +1,9 @@
 """The fused optimizer kernels (`Adam`, `AdamW`, `SGD` and `Adagrad` with `fused=True`) in
 portable mode:
 torch's single-tensor forms, operation for operation, with portable kernels for each step, so a
-fused optimizer gives the bits its unfused form gives under `--portable`."""
+fused optimizer gives the bits its unfused form gives under `--portable`; Adam's and AdamW's
+plain steps (no amsgrad, maximize or GradScaler) in the one compiled pass the single-tensor
+form takes (`single_tensor_adam`)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,14 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, b
     if found_inf is not None and float(found_inf) != 0:
         return  # GradScaler found an inf: the step is skipped, as torch's kernel skips it
     sqrt = KERNELS["sqrt.default"]
+    one_pass = grad_scale is None and not amsgrad and not maximize
+    one_pass = one_pass and _in_range(lr, beta1, beta2, weight_decay, eps)
     for i, param in enumerate(params):
+        if one_pass and _one_pass(
+            param, grads[i], exp_avgs[i], exp_avg_sqs[i], float(steps[i]), lr, beta1, beta2,
+            weight_decay, eps, decoupled,
+        ):  # fmt: skip
+            continue  # (the step was counted before the fused kernel was called)
         grad = grads[i] if grad_scale is None else torch.div(grads[i], grad_scale)
         grad = -grad if maximize else grad
         exp_avg, exp_avg_sq = exp_avgs[i], exp_avg_sqs[i]
@@ -116,23 +125,18 @@ def single_tensor_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_a
     capturable or differentiable steps, GradScaler's arguments)."""
     lr, beta1, beta2 = options.get("lr"), options.get("beta1"), options.get("beta2")
     weight_decay, eps = options.get("weight_decay"), options.get("eps")
-    scalars = (lr, beta1, beta2, weight_decay, eps)
     flags = ("amsgrad", "has_complex", "capturable", "differentiable", "maximize")
     if (
         grad_scale is not None
         or found_inf is not None
         or not set(options) <= _ADAM_OPTIONS
-        or any(type(x) not in (float, int) for x in scalars)
-        or not (0 <= beta1 < 1 and 0 <= beta2 < 1 and lr >= 0 and eps >= 0 and weight_decay >= 0)
+        or not _in_range(lr, beta1, beta2, weight_decay, eps)
         or any(options.get(flag) for flag in flags)
         or torch.compiler.is_compiling()
     ):
         return original(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
                         grad_scale, found_inf, **options)  # fmt: skip
-    decay, decay_value = 0, 0.0
-    if weight_decay != 0:
-        decoupled = options.get("decoupled_weight_decay")
-        decay, decay_value = (1, 1 - lr * weight_decay) if decoupled else (2, weight_decay)
+    decoupled = bool(options.get("decoupled_weight_decay"))
     for i, param in enumerate(params):
         grad, exp_avg, exp_avg_sq, step_t = grads[i], exp_avgs[i], exp_avg_sqs[i], state_steps[i]
         if not native_optim.applies(param, grad, exp_avg, exp_avg_sq):
@@ -141,12 +145,35 @@ def single_tensor_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_a
                      max_exp_avg_sqs[one], state_steps[one], None, None, **options)  # fmt: skip
             continue
         step_t += 1  # torch's operations from here, in its order, on Python floats
-        step = step_t.item()
-        bias_correction1 = 1 - beta1**step
-        bias_correction2 = 1 - beta2**step
-        step_size = lr / bias_correction1
-        native_optim.adam(
-            param, grad, exp_avg, exp_avg_sq, decay=decay, decay_value=decay_value,
-            lerp_weight=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2,
-            bc2_sqrt=bias_correction2**0.5, eps=eps, neg_step=-step_size,
-        )  # fmt: skip
+        _one_pass(param, grad, exp_avg, exp_avg_sq, step_t.item(), lr, beta1, beta2,
+                  weight_decay, eps, decoupled)  # fmt: skip
+
+
+def _in_range(lr, beta1, beta2, weight_decay, eps) -> bool:
+    """Whether the hyperparameters are numbers in the constructor's ranges (the one pass's)."""
+    scalars = (lr, beta1, beta2, weight_decay, eps)
+    if any(type(x) not in (float, int) for x in scalars):
+        return False
+    return 0 <= beta1 < 1 and 0 <= beta2 < 1 and lr >= 0 and eps >= 0 and weight_decay >= 0
+
+
+def _one_pass(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, weight_decay, eps,
+              decoupled) -> bool:  # fmt: skip
+    """Step `step` of single-tensor Adam (AdamW where decoupled) for one parameter in one
+    compiled pass (native.optim.adam: the bits of torch's loop under the mode), its scalars
+    computed as torch's loop computes them, on Python floats; False where the pass does not
+    take these tensors (nothing done then)."""
+    if not native_optim.applies(param, grad, exp_avg, exp_avg_sq):
+        return False
+    decay, decay_value = 0, 0.0
+    if weight_decay != 0:
+        decay, decay_value = (1, 1 - lr * weight_decay) if decoupled else (2, weight_decay)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    step_size = lr / bias_correction1
+    native_optim.adam(
+        param, grad, exp_avg, exp_avg_sq, decay=decay, decay_value=decay_value,
+        lerp_weight=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2,
+        bc2_sqrt=bias_correction2**0.5, eps=eps, neg_step=-step_size,
+    )  # fmt: skip
+    return True
