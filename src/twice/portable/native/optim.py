@@ -38,11 +38,12 @@ def applies(param, grad, exp_avg, exp_avg_sq) -> bool:
 
 
 def adam(param, grad, exp_avg, exp_avg_sq, *, decay, decay_value, lerp_weight, beta2,
-         one_minus_beta2, bc2_sqrt, eps, neg_step) -> None:  # fmt: skip
+         one_minus_beta2, bc2_sqrt, eps, neg_step, versions=True) -> None:  # fmt: skip
     """One parameter's step of single-tensor Adam in place, on tensors `applies` takes (see
-    csrc/optim.c for the steps and the scalars). Each tensor's version counter goes up as
-    torch's in-place operations would move it (param once, twice with decoupled decay; exp_avg
-    once; exp_avg_sq twice), so autograd still refuses a graph that saved one of them."""
+    csrc/optim.c for the steps and the scalars). With `versions`, each tensor's version counter
+    goes up as torch's in-place operations would move it (param once, twice with decoupled
+    decay; exp_avg once; exp_avg_sq twice), so autograd still refuses a graph that saved one of
+    them; without (the fused kernel's step, which moves none), they stay."""
     buffer = native.buffer
     native.module().p_adam(
         param=buffer(param), grad=buffer(grad), exp_avg=buffer(exp_avg),
@@ -51,5 +52,6 @@ def adam(param, grad, exp_avg, exp_avg_sq, *, decay, decay_value, lerp_weight, b
         one_minus_beta2=float(one_minus_beta2), bc2_sqrt=float(bc2_sqrt), eps=float(eps),
         neg_step=float(neg_step),
     )  # fmt: skip
-    moved = [param, exp_avg, exp_avg_sq, exp_avg_sq] + ([param] if decay == 1 else [])
-    torch.autograd.graph.increment_version(moved)
+    if versions:
+        moved = [param, exp_avg, exp_avg_sq, exp_avg_sq] + ([param] if decay == 1 else [])
+        torch.autograd.graph.increment_version(moved)

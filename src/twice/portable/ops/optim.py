@@ -3,7 +3,9 @@ portable mode:
 torch's single-tensor forms, operation for operation, with portable kernels for each step, so a
 fused optimizer gives the bits its unfused form gives under `--portable`; Adam's and AdamW's
 plain steps (no amsgrad, maximize or GradScaler) in the one compiled pass the single-tensor
-form takes (`single_tensor_adam`)."""
+form takes (`single_tensor_adam`). Not yet where the unfused form computes in tensors what the
+fused kernel computes on Python floats: a tensor learning rate or betas, float16 or bfloat16
+parameters, GradScaler's unscaling (the same bits on every machine, not the unfused form's)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, b
     for i, param in enumerate(params):
         if one_pass and _one_pass(
             param, grads[i], exp_avgs[i], exp_avg_sqs[i], float(steps[i]), lr, beta1, beta2,
-            weight_decay, eps, decoupled,
+            weight_decay, eps, decoupled, versions=False,
         ):  # fmt: skip
             continue  # (the step was counted before the fused kernel was called)
         grad = grads[i] if grad_scale is None else torch.div(grads[i], grad_scale)
@@ -158,11 +160,12 @@ def _in_range(lr, beta1, beta2, weight_decay, eps) -> bool:
 
 
 def _one_pass(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, weight_decay, eps,
-              decoupled) -> bool:  # fmt: skip
+              decoupled, versions=True) -> bool:  # fmt: skip
     """Step `step` of single-tensor Adam (AdamW where decoupled) for one parameter in one
     compiled pass (native.optim.adam: the bits of torch's loop under the mode), its scalars
     computed as torch's loop computes them, on Python floats; False where the pass does not
-    take these tensors (nothing done then)."""
+    take these tensors (nothing done then). versions: move the tensors' version counters as
+    the single-tensor loop does (the fused kernel, as torch's, moves none)."""
     if not native_optim.applies(param, grad, exp_avg, exp_avg_sq):
         return False
     decay, decay_value = 0, 0.0
@@ -174,6 +177,6 @@ def _one_pass(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, weight_d
     native_optim.adam(
         param, grad, exp_avg, exp_avg_sq, decay=decay, decay_value=decay_value,
         lerp_weight=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2,
-        bc2_sqrt=bias_correction2**0.5, eps=eps, neg_step=-step_size,
+        bc2_sqrt=bias_correction2**0.5, eps=eps, neg_step=-step_size, versions=versions,
     )  # fmt: skip
     return True

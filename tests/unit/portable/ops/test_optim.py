@@ -1,6 +1,8 @@
 """ops/optim: the fused optimizers give their unfused bits, and every torch optimizer runs
 under portable mode in each of its forms."""
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -95,3 +97,25 @@ def test_fused_adagrad_gives_its_unfused_bits_through_this_modules_kernel():
                 opt.step()
         finals.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert torch.equal(*finals)
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+def test_a_fused_step_moves_the_version_counters_as_torchs_fused_kernel(cls):
+    """Torch's fused kernel moves no version counter (a graph that saved a parameter still runs
+    backward after the step); the mode's step, in one compiled pass or operation by operation,
+    leaves each tensor's version where torch's leaves it, so a program runs as it does without
+    the mode."""
+    versions = []
+    for portable in (False, True):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(5, 3))
+        opt = cls([p], lr=1e-2, weight_decay=0.1, fused=True)
+        (p * p).sum().backward()
+        opt.step()  # the state exists now
+        y = (p * p).sum()
+        with PortableMode("strict") if portable else contextlib.nullcontext():
+            opt.step()
+        state = opt.state[p]
+        versions.append((p._version, state["exp_avg"]._version, state["exp_avg_sq"]._version))
+        y.backward()  # raises where a counter moved
+    assert versions[0] == versions[1]
