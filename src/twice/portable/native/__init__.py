@@ -26,6 +26,7 @@ __all__ = [
     "module",
     "buffer",
     "strided",
+    "span",
     "KINDS",
     "fallback",
     "gpu",
@@ -127,8 +128,12 @@ def buffer(t: torch.Tensor | None):
 def strided(t: torch.Tensor):
     """A strided (or broadcast) tensor as the compiled kernels take it: buffer()'s description
     with the elements it spans in memory, for a kernel given its strides beside it."""
-    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
-    return (t.data_ptr(), span, KINDS[t.dtype])
+    return (t.data_ptr(), span(t), KINDS[t.dtype])
+
+
+def span(t: torch.Tensor) -> int:
+    """How many elements a strided tensor's memory spans, from its first to its last."""
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
 
 
 def module():

@@ -130,8 +130,7 @@ def _shares(out: torch.Tensor, *operands: torch.Tensor) -> bool:
 
 def _bytes(x: torch.Tensor) -> tuple[int, int]:
     """The span of memory x's elements lie in: [first byte, past the last)."""
-    span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride())) if x.numel() else 0
-    return x.data_ptr(), x.data_ptr() + span * x.element_size()
+    return x.data_ptr(), x.data_ptr() + native.span(x) * x.element_size()
 
 
 def _overlap(one: tuple[int, int], other: tuple[int, int]) -> bool:

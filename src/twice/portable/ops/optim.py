@@ -30,10 +30,11 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, b
     one_pass = grad_scale is None and not amsgrad and not maximize
     one_pass = one_pass and _in_range(lr, beta1, beta2, weight_decay, eps)
     for i, param in enumerate(params):
-        if one_pass and _one_pass(
-            param, grads[i], exp_avgs[i], exp_avg_sqs[i], float(steps[i]), lr, beta1, beta2,
-            weight_decay, eps, decoupled, versions=False,
-        ):  # fmt: skip
+        if one_pass and native_optim.applies(param, grads[i], exp_avgs[i], exp_avg_sqs[i]):
+            _one_pass(
+                param, grads[i], exp_avgs[i], exp_avg_sqs[i], float(steps[i]), lr, beta1, beta2,
+                weight_decay, eps, decoupled, versions=False,
+            )  # fmt: skip
             continue  # (the step was counted before the fused kernel was called)
         grad = grads[i] if grad_scale is None else torch.div(grads[i], grad_scale)
         grad = -grad if maximize else grad
@@ -160,14 +161,12 @@ def _in_range(lr, beta1, beta2, weight_decay, eps) -> bool:
 
 
 def _one_pass(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, weight_decay, eps,
-              decoupled, versions=True) -> bool:  # fmt: skip
+              decoupled, versions=True) -> None:  # fmt: skip
     """Step `step` of single-tensor Adam (AdamW where decoupled) for one parameter in one
-    compiled pass (native.optim.adam: the bits of torch's loop under the mode), its scalars
-    computed as torch's loop computes them, on Python floats; False where the pass does not
-    take these tensors (nothing done then). versions: move the tensors' version counters as
-    the single-tensor loop does (the fused kernel, as torch's, moves none)."""
-    if not native_optim.applies(param, grad, exp_avg, exp_avg_sq):
-        return False
+    compiled pass (native.optim.adam: the bits of torch's loop under the mode), on tensors
+    `native_optim.applies` takes, its scalars computed as torch's loop computes them, on Python
+    floats. versions: move the tensors' version counters as the single-tensor loop does (the
+    fused kernel, as torch's, moves none)."""
     decay, decay_value = 0, 0.0
     if weight_decay != 0:
         decay, decay_value = (1, 1 - lr * weight_decay) if decoupled else (2, weight_decay)
@@ -179,4 +178,3 @@ def _one_pass(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, weight_d
         lerp_weight=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2,
         bc2_sqrt=bias_correction2**0.5, eps=eps, neg_step=-step_size, versions=versions,
     )  # fmt: skip
-    return True

@@ -134,7 +134,8 @@ static int isa_level(void) {
     return level;
 }
 
-/* fused: integer operands (p_integer_mm), whose tiles may fuse the multiply and the add. */
+/* fused: integer operands (p_integer_mm), whose tiles may fuse the multiply and the add (with
+   AVX2, only where the CPU has FMA: product() checks once). */
 static void micro(int isa, int fused, const double *ap, const double *bp, Py_ssize_t K, int first,
                   double *c, Py_ssize_t ldc) {
 #ifdef HAS_AVX512
@@ -145,7 +146,7 @@ static void micro(int isa, int fused, const double *ap, const double *bp, Py_ssi
 #endif
 #ifdef HAS_AVX2
     if (isa == 2) {
-        (fused && has_fma() ? fused_avx2 : micro_avx2)(ap, bp, K, first, c, ldc);
+        (fused ? fused_avx2 : micro_avx2)(ap, bp, K, first, c, ldc);
         return;
     }
 #endif
@@ -358,7 +359,7 @@ static PyObject *product(PyObject *args, PyObject *kwargs, int fused, const char
                 .b_col = bs[2],
                 .per_call = k <= KB ? batch : 1,
                 .isa = isa_level(),
-                .fused = fused};
+                .fused = fused && (isa_level() != 2 || has_fma())};
     const Py_ssize_t packs = bs[0] ? c.per_call : 1; /* a right operand shared by the batch: once */
     c.group = column_group(c.per_call * c.mp, c.np);
     c.packed =
